@@ -1,0 +1,37 @@
+package threshold_test
+
+import (
+	"fmt"
+
+	"github.com/bidikv/bidikv/threshold"
+)
+
+func Example() {
+	p := threshold.Default()
+
+	// The decode engine holds 1200 tokens of the conversation; the router
+	// does not know the new prompt's length or the prefill cache.
+	fmt.Println(p.Reuse(threshold.Input{RemoteTokens: 1200}))
+
+	// The prefill engine already caches all but 40 of those tokens: fewer
+	// than 64 to pull, so it would recompute them.
+	fmt.Println(p.Reuse(threshold.Input{RemoteTokens: 1200, CachedTokens: 1160}))
+	// Output:
+	// true
+	// false
+}
+
+func ExampleNewEngine() {
+	p, err := threshold.NewEngine(0) // match engines run with kv_recompute_threshold 0
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(p.Reuse(threshold.Input{RemoteTokens: 1}))
+
+	_, err = threshold.NewEngine(-1)
+	fmt.Println(err)
+	// Output:
+	// true
+	// threshold: threshold must not be negative: got -1; use 0 to disable the check or 64 for the engine default
+}
