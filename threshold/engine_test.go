@@ -58,16 +58,16 @@ func TestEngineReuse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := threshold.NewEngine(tt.threshold)
+			p, err := threshold.Engine(tt.threshold)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, p.Reuse(tt.in))
 		})
 	}
 }
 
-func TestNewEngineRejectsNegative(t *testing.T) {
+func TestEngineRejectsNegative(t *testing.T) {
 	for _, n := range []int{-1, -64} {
-		p, err := threshold.NewEngine(n)
+		p, err := threshold.Engine(n)
 		assert.ErrorIs(t, err, threshold.ErrNegativeThreshold)
 		assert.Nil(t, p)
 	}

@@ -21,15 +21,15 @@ func Example() {
 	// false
 }
 
-func ExampleNewEngine() {
-	p, err := threshold.NewEngine(0) // match engines run with kv_recompute_threshold 0
+func ExampleEngine() {
+	p, err := threshold.Engine(0) // match engines run with kv_recompute_threshold 0
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println(p.Reuse(threshold.Input{RemoteTokens: 1}))
 
-	_, err = threshold.NewEngine(-1)
+	_, err = threshold.Engine(-1)
 	fmt.Println(err)
 	// Output:
 	// true
