@@ -1,0 +1,76 @@
+package jsonraw_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+func m(k, v string) jsonraw.Member { return jsonraw.Member{Key: k, Value: []byte(v)} }
+
+func TestEdit(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		del  []string
+		set  []jsonraw.Member
+		want string
+	}{
+		{"no-op", `{"a":1}`, []string{"z"}, nil, `{"a":1}`},
+		{"set same value is a no-op", `{"a": 1}`, nil, []jsonraw.Member{m("a", "1")}, `{"a": 1}`},
+		{"delete first", `{"a":1,"b":2,"c":3}`, []string{"a"}, nil, `{"b":2,"c":3}`},
+		{"delete middle", `{"a":1,"b":2,"c":3}`, []string{"b"}, nil, `{"a":1,"c":3}`},
+		{"delete last", `{"a":1,"b":2,"c":3}`, []string{"c"}, nil, `{"a":1,"b":2}`},
+		{"delete all duplicates", `{"a":1,"b":2,"a":3}`, []string{"a"}, nil, `{"b":2}`},
+		{"delete escaped key", `{"kv\u005ftransfer_params":{"x":1},"b":2}`, []string{"kv_transfer_params"}, nil, `{"b":2}`},
+		{"delete everything keeps outer bytes", " {\n \"a\": 1\n} \n", []string{"a"}, nil, " {\n} \n"},
+		{"replace keeps position and raw key", `{"m\u0061x_tokens":100,"s":true}`, nil, []jsonraw.Member{m("max_tokens", "1")}, `{"m\u0061x_tokens":1,"s":true}`},
+		{"replace removes duplicates keeps first position", `{"a":1,"b":2,"a":3}`, nil, []jsonraw.Member{m("a", `"x"`)}, `{"a":"x","b":2}`},
+		{"append", `{"a":1}`, nil, []jsonraw.Member{m("k", `{"do_remote_decode":true}`)}, `{"a":1,"k":{"do_remote_decode":true}}`},
+		{"append to empty", `{ }`, nil, []jsonraw.Member{m("k", "1")}, `{"k":1 }`},
+		{"append before trailing whitespace", "{\n  \"a\": 1\n}", nil, []jsonraw.Member{m("k", "2")}, "{\n  \"a\": 1,\"k\":2\n}"},
+		{"append quotes the key", `{}`, nil, []jsonraw.Member{m("a\"b\n", "1")}, `{"a\"b\n":1}`},
+		{"empty value is null", `{"a":1}`, nil, []jsonraw.Member{m("a", "")}, `{"a":null}`},
+		{"delete then set appends", `{"a":1,"b":2}`, []string{"a"}, []jsonraw.Member{m("a", "9")}, `{"b":2,"a":9}`},
+		{"delete all then append", `{"a":1, "b":2 }`, []string{"a", "b"}, []jsonraw.Member{m("c", "3")}, `{"c":3 }`},
+		{"later set wins in place", `{"a":1,"b":2}`, nil, []jsonraw.Member{m("a", "8"), m("a", "9")}, `{"a":9,"b":2}`},
+		{"later set wins when appended", `{"b":2}`, nil, []jsonraw.Member{m("a", "8"), m("c", "0"), m("a", "9")}, `{"b":2,"a":9,"c":0}`},
+		{
+			"P-leg rewrite",
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_completion_tokens":50,"stream_options":{"include_usage":true},"kv_transfer_params":{"evil":1},"conversation_id":"c"}`,
+			[]string{"max_completion_tokens", "min_tokens", "min_completion_tokens", "stream_options", "conversation_id"},
+			[]jsonraw.Member{m("stream", "false"), m("max_tokens", "1"), m("kv_transfer_params", `{"do_remote_decode":true}`)},
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false,"kv_transfer_params":{"do_remote_decode":true},"max_tokens":1}`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := []byte(tt.in)
+			o, err := jsonraw.Parse(in)
+			require.NoError(t, err)
+			got := o.Edit(tt.del, tt.set...)
+			assert.Equal(t, tt.want, string(got))
+			assert.True(t, json.Valid(got))
+			assert.Equal(t, tt.in, string(in), "input not modified")
+		})
+	}
+}
+
+func TestEditZeroObject(t *testing.T) {
+	var o jsonraw.Object
+	assert.Equal(t, 0, o.Len())
+	assert.Equal(t, `{"a":1}`, string(o.Edit(nil, m("a", "1"))))
+}
+
+func TestEditUnchangedReturnsSameSlice(t *testing.T) {
+	in := []byte(`{"a":1,"b":[2]}`)
+	o, err := jsonraw.Parse(in)
+	require.NoError(t, err)
+	got := o.Edit([]string{"c"}, m("b", "[2]"))
+	require.Len(t, got, len(in))
+	assert.Same(t, &in[0], &got[0])
+}

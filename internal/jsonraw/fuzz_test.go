@@ -1,0 +1,149 @@
+package jsonraw_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `{"a":1}`, ` {"a" : [1,{"b":null}], "a":"x\u0041"} `, `[]`, `"s"`, `{"a":1,}`,
+		`[1,"a\\",{"b\"":[]}]`, `["\\\""]`,
+		`{"kv\u005ftransfer_params":{"remote_block_ids":[[1,2]]}}`, "{\"\xff\":1}", `{"a":1e+5,"b":-0.5E-3}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// The trusting walkers must never panic, whatever the input.
+		_ = jsonraw.Elements(data, func([]byte) error { return nil })
+		_ = jsonraw.Members(data, func(string, []byte) error { return nil })
+
+		valid := json.Valid(data)
+		checkElements(t, data, valid)
+		if got := jsonraw.Valid(data); got != valid {
+			t.Fatalf("Valid = %v, json.Valid = %v", got, valid)
+		}
+		trimmed := bytes.TrimLeft(data, " \t\r\n")
+		isObj := valid && len(trimmed) > 0 && trimmed[0] == '{'
+		o, err := jsonraw.Parse(data)
+		if (err == nil) != isObj {
+			t.Fatalf("Parse err = %v, want object %v", err, isObj)
+		}
+		if err != nil {
+			var se *jsonraw.SyntaxError
+			if valid != !errors.As(err, &se) || (valid && !errors.Is(err, jsonraw.ErrNotObject)) {
+				t.Fatalf("wrong error kind %v for valid=%v", err, valid)
+			}
+			return
+		}
+		var want map[string]json.RawMessage
+		if err := json.Unmarshal(data, &want); err != nil {
+			t.Fatalf("encoding/json rejects accepted object: %v", err)
+		}
+		seen := map[string]bool{}
+		for i := 0; i < o.Len(); i++ {
+			k, _ := o.Member(i)
+			seen[k] = true
+		}
+		if len(seen) != len(want) {
+			t.Fatalf("%d distinct keys, encoding/json has %d", len(seen), len(want))
+		}
+		for k, w := range want {
+			v, ok := o.Get(k)
+			if !ok || !bytes.Equal(v, w) {
+				t.Fatalf("Get(%q) = %q, %v; want %q", k, v, ok, w)
+			}
+		}
+		n := 0
+		if err := jsonraw.Members(data, func(k string, v []byte) error {
+			mk, mv := o.Member(n)
+			if k != mk || !bytes.Equal(v, mv) {
+				t.Fatalf("Members disagrees with Member at %d", n)
+			}
+			n++
+			return nil
+		}); err != nil || n != o.Len() {
+			t.Fatalf("Members: %v after %d of %d", err, n, o.Len())
+		}
+	})
+}
+
+func FuzzEdit(f *testing.F) {
+	f.Add([]byte(`{"a":1,"b":2,"a":3}`), "a", "b", []byte(`[1]`))
+	f.Add([]byte(` { } `), "", "k", []byte(`"v"`))
+	f.Add([]byte("{\n \"x\" : 1 ,\n \"kv\\u005ftransfer_params\":{}\n}"), "kv_transfer_params", "stream", []byte(`false`))
+	f.Add([]byte(`{"a":1}`), "a", "a", []byte(` 2 `))
+	f.Fuzz(func(t *testing.T, data []byte, del, key string, val []byte) {
+		o, err := jsonraw.Parse(data)
+		if err != nil {
+			return
+		}
+		if !json.Valid(val) {
+			val = []byte("null")
+		}
+		// Keys are documented to be valid UTF-8 (decoded keys always are).
+		del, key = string([]rune(del)), string([]rune(key))
+		out := o.Edit([]string{del}, jsonraw.Member{Key: key, Value: val})
+		got, err := jsonraw.Parse(out)
+		if err != nil || !json.Valid(out) {
+			t.Fatalf("Edit output invalid (%v): %q", err, out)
+		}
+		// Expected member sequence.
+		type kv struct {
+			k string
+			v []byte
+		}
+		var want []kv
+		placed := false
+		for i := 0; i < o.Len(); i++ {
+			k, v := o.Member(i)
+			switch {
+			case k == del:
+			case k == key && !placed:
+				want = append(want, kv{k, val})
+				placed = true
+			case k == key:
+			default:
+				want = append(want, kv{k, v})
+			}
+		}
+		if !placed {
+			want = append(want, kv{key, val})
+		}
+		if got.Len() != len(want) {
+			t.Fatalf("got %d members, want %d: %q", got.Len(), len(want), out)
+		}
+		for i, w := range want {
+			k, v := got.Member(i)
+			if k != w.k || !bytes.Equal(v, bytes.Trim(w.v, " \t\r\n")) {
+				t.Fatalf("member %d = %q:%q, want %q:%q", i, k, v, w.k, w.v)
+			}
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatalf("encoding/json: %v", err)
+		}
+	})
+}
+
+func checkElements(t *testing.T, data []byte, valid bool) {
+	var want []json.RawMessage
+	if !valid || json.Unmarshal(data, &want) != nil {
+		return
+	}
+	i := 0
+	err := jsonraw.Elements(data, func(v []byte) error {
+		if i >= len(want) || !bytes.Equal(v, want[i]) {
+			t.Fatalf("element %d = %q", i, v)
+		}
+		i++
+		return nil
+	})
+	if err != nil || i != len(want) {
+		t.Fatalf("Elements: %v after %d of %d", err, i, len(want))
+	}
+}

@@ -1,0 +1,51 @@
+package jsonraw
+
+// intern converts a raw (escape-free) key to a string without allocating for
+// the keys of OpenAI-style request bodies and messages.
+func intern(b []byte) string {
+	switch string(b) {
+	case "role":
+		return "role"
+	case "content":
+		return "content"
+	case "name":
+		return "name"
+	case "type":
+		return "type"
+	case "text":
+		return "text"
+	case "id":
+		return "id"
+	case "tool_calls":
+		return "tool_calls"
+	case "tool_call_id":
+		return "tool_call_id"
+	case "function":
+		return "function"
+	case "arguments":
+		return "arguments"
+	case "reasoning_content":
+		return "reasoning_content"
+	case "reasoning":
+		return "reasoning"
+	case "image_url":
+		return "image_url"
+	case "url":
+		return "url"
+	case "index":
+		return "index"
+	case "model":
+		return "model"
+	case "messages":
+		return "messages"
+	case "prompt":
+		return "prompt"
+	case "stream":
+		return "stream"
+	case "max_tokens":
+		return "max_tokens"
+	case "kv_transfer_params":
+		return "kv_transfer_params"
+	}
+	return string(b)
+}

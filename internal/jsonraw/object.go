@@ -1,0 +1,115 @@
+package jsonraw
+
+import "unicode/utf8"
+
+// Object indexes the top-level members of a JSON object held as bytes. The
+// zero Object is an empty object with no source bytes. An Object is
+// read-only and safe for concurrent use; it aliases the bytes given to
+// Parse.
+type Object struct {
+	data    []byte
+	open    int // index of '{'
+	close   int // index of '}'
+	members []span
+}
+
+// span locates one member in data.
+type span struct {
+	start    int // just after the preceding '{' or ','
+	keyStart int // opening quote of the key
+	keyEnd   int // just after the closing quote of the key
+	valStart int
+	valEnd   int
+	end      int    // index of the following ',' or '}'
+	key      string // decoded key, set only when the raw key needs decoding
+	escaped  bool   // the raw key has escapes or invalid UTF-8
+}
+
+// needsDecode reports whether the quoted key q differs from its decoding.
+func needsDecode(q []byte, escaped bool) bool {
+	return escaped || !utf8.Valid(q)
+}
+
+// Parse validates data as a whole JSON document and indexes the members of
+// its top-level object. It returns a *SyntaxError for malformed input
+// (including trailing data after the value) and ErrNotObject for a valid
+// document that is not an object.
+func Parse(data []byte) (Object, error) {
+	s := scanner{data: data}
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		// Validate anyway so that malformed input is reported as such.
+		end, err := s.value(i)
+		if err != nil {
+			return Object{}, err
+		}
+		if err := s.trailing(end); err != nil {
+			return Object{}, err
+		}
+		return Object{}, ErrNotObject
+	}
+	o := Object{data: data, open: i, members: make([]span, 0, 16)}
+	end, err := s.object(i, func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error {
+		sp := span{start: start, keyStart: keyStart, keyEnd: keyEnd, valStart: valStart, valEnd: valEnd, end: end}
+		if needsDecode(data[keyStart:keyEnd], escaped) {
+			sp.escaped = true
+			sp.key = string(unquote(nil, data[keyStart:keyEnd]))
+		}
+		o.members = append(o.members, sp)
+		return nil
+	})
+	if err != nil {
+		return Object{}, err
+	}
+	if err := s.trailing(end); err != nil {
+		return Object{}, err
+	}
+	o.close = end - 1
+	return o, nil
+}
+
+// Bytes returns the document Parse was given.
+func (o Object) Bytes() []byte { return o.data }
+
+// Len returns the number of members, counting duplicate keys separately.
+func (o Object) Len() int { return len(o.members) }
+
+// Member returns the unescaped key and the raw value (without surrounding
+// whitespace) of the i-th member in document order. It panics if i is out
+// of range.
+func (o Object) Member(i int) (key string, value []byte) {
+	m := &o.members[i]
+	return o.keyOf(m), o.data[m.valStart:m.valEnd:m.valEnd]
+}
+
+func (o Object) keyOf(m *span) string {
+	if m.escaped {
+		return m.key
+	}
+	return intern(o.data[m.keyStart+1 : m.keyEnd-1])
+}
+
+func (o Object) keyIs(m *span, key string) bool {
+	if m.escaped {
+		return m.key == key
+	}
+	return string(o.data[m.keyStart+1:m.keyEnd-1]) == key
+}
+
+// Get returns the raw value of the member named key. When the key occurs
+// more than once the last occurrence wins, as with encoding/json.
+func (o Object) Get(key string) (value []byte, ok bool) {
+	for i := len(o.members) - 1; i >= 0; i-- {
+		m := &o.members[i]
+		if o.keyIs(m, key) {
+			return o.data[m.valStart:m.valEnd:m.valEnd], true
+		}
+	}
+	return nil, false
+}
+
+// Has reports whether a member named key exists.
+func (o Object) Has(key string) bool {
+	_, ok := o.Get(key)
+	return ok
+}

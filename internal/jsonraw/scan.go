@@ -1,0 +1,324 @@
+package jsonraw
+
+import (
+	"bytes"
+	"encoding/binary"
+)
+
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
+
+// plain8 reports whether none of the eight bytes in x is a quote, a
+// backslash or a control character (< 0x20).
+func plain8(x uint64) bool {
+	// Bytes >= 0x80 never match; mask them out so the borrow tricks below
+	// only see ASCII.
+	ascii := ^x & msb
+	y := x & ^uint64(msb)
+	lt20 := (y - lsb*0x20) & ascii
+	quote := ((y ^ lsb*'"') - lsb) & ascii
+	bslash := ((y ^ lsb*'\\') - lsb) & ascii
+	return (lt20|quote|bslash)&msb == 0
+}
+
+// scanner validates JSON values in data. Each method takes the index where
+// its token starts and returns the index just past it.
+type scanner struct {
+	data  []byte
+	depth int
+	// trusted skips the validation of string contents: the input is known
+	// to be valid JSON, so only the closing quote needs to be found.
+	trusted bool
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\n' || c == '\r' || c == '\t'
+}
+
+// skipSpace returns the index of the first non-whitespace byte at or after i.
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && isSpace(data[i]) {
+		i++
+	}
+	return i
+}
+
+func (s *scanner) unexpected(i int, what string) error {
+	if i >= len(s.data) {
+		return syntaxErr(len(s.data), "unexpected end of input "+what)
+	}
+	return syntaxErr(i, "invalid character "+quoteByte(s.data[i])+" "+what)
+}
+
+func quoteByte(c byte) string {
+	switch {
+	case c == '\'':
+		return `'\''`
+	case c == '"':
+		return `'"'`
+	case c >= 0x20 && c < 0x7f:
+		return "'" + string(rune(c)) + "'"
+	default:
+		const hex = "0123456789abcdef"
+		return `'\x` + string([]byte{hex[c>>4], hex[c&0xf]}) + "'"
+	}
+}
+
+// value validates the value starting at data[i] (no leading whitespace).
+func (s *scanner) value(i int) (int, error) {
+	if i >= len(s.data) {
+		return i, s.unexpected(i, "looking for beginning of value")
+	}
+	switch c := s.data[i]; c {
+	case '"':
+		end, _, err := s.str(i)
+		return end, err
+	case '{':
+		return s.object(i, nil)
+	case '[':
+		return s.array(i, nil)
+	case 't':
+		return s.literal(i, "true")
+	case 'f':
+		return s.literal(i, "false")
+	case 'n':
+		return s.literal(i, "null")
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			return s.number(i)
+		}
+		return i, s.unexpected(i, "looking for beginning of value")
+	}
+}
+
+func (s *scanner) literal(i int, lit string) (int, error) {
+	for j := 0; j < len(lit); j++ {
+		if i+j >= len(s.data) || s.data[i+j] != lit[j] {
+			return i + j, s.unexpected(i+j, "in literal "+lit)
+		}
+	}
+	return i + len(lit), nil
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func (s *scanner) number(i int) (int, error) {
+	d := s.data
+	if d[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case i < len(d) && d[i] >= '1' && d[i] <= '9':
+		i++
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	default:
+		return i, s.unexpected(i, "in numeric literal")
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		if i >= len(d) || !isDigit(d[i]) {
+			return i, s.unexpected(i, "after decimal point in numeric literal")
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if i >= len(d) || !isDigit(d[i]) {
+			return i, s.unexpected(i, "in exponent of numeric literal")
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	return i, nil
+}
+
+func isHex(c byte) bool {
+	return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// str validates the string starting at the quote data[i]. escaped reports
+// whether it contains a backslash escape.
+func (s *scanner) str(i int) (end int, escaped bool, err error) {
+	if s.trusted {
+		return s.trustedStr(i)
+	}
+	d := s.data
+	i++
+	for {
+		// Fast path over plain bytes, eight at a time.
+		for i+8 <= len(d) && plain8(binary.LittleEndian.Uint64(d[i:])) {
+			i += 8
+		}
+		for i < len(d) {
+			c := d[i]
+			if c == '"' || c == '\\' || c < 0x20 {
+				break
+			}
+			i++
+		}
+		if i >= len(d) {
+			return i, escaped, s.unexpected(i, "in string literal")
+		}
+		switch d[i] {
+		case '"':
+			return i + 1, escaped, nil
+		case '\\':
+			escaped = true
+			i++
+			if i >= len(d) {
+				return i, escaped, s.unexpected(i, "in string escape code")
+			}
+			switch d[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				i++
+				for k := 0; k < 4; k++ {
+					if i >= len(d) || !isHex(d[i]) {
+						return i, escaped, s.unexpected(i, "in \\u hexadecimal character escape")
+					}
+					i++
+				}
+			default:
+				return i, escaped, s.unexpected(i, "in string escape code")
+			}
+		default: // control character
+			return i, escaped, s.unexpected(i, "in string literal")
+		}
+	}
+}
+
+// trustedStr finds the end of the string starting at the quote data[i]
+// without validating its contents.
+func (s *scanner) trustedStr(i int) (end int, escaped bool, err error) {
+	d := s.data
+	j := i + 1
+	for {
+		k := bytes.IndexByte(d[j:], '"')
+		if k < 0 {
+			return len(d), escaped, s.unexpected(len(d), "in string literal")
+		}
+		k += j
+		// The quote is escaped if an odd number of backslashes precede it.
+		n := 0
+		for k-1-n > i && d[k-1-n] == '\\' {
+			n++
+		}
+		if n%2 == 0 {
+			return k + 1, bytes.IndexByte(d[i+1:k], '\\') >= 0, nil
+		}
+		j = k + 1
+	}
+}
+
+// memberFunc receives the spans of one object member: start is just after
+// the '{' or ',' before it, key spans the quoted key, val the value, and end
+// is the index of the ',' or '}' after it.
+type memberFunc func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error
+
+func (s *scanner) push(i int) error {
+	s.depth++
+	if s.depth > maxDepth {
+		return syntaxErr(i, "exceeded max depth")
+	}
+	return nil
+}
+
+// object validates the object starting at data[i] == '{', calling fn (if
+// not nil) for each member.
+func (s *scanner) object(i int, fn memberFunc) (int, error) {
+	if err := s.push(i); err != nil {
+		return i, err
+	}
+	d := s.data
+	i++
+	start := i
+	i = skipSpace(d, i)
+	if i < len(d) && d[i] == '}' {
+		s.depth--
+		return i + 1, nil
+	}
+	for {
+		if i >= len(d) || d[i] != '"' {
+			return i, s.unexpected(i, "looking for beginning of object key string")
+		}
+		keyStart := i
+		keyEnd, escaped, err := s.str(i)
+		if err != nil {
+			return keyEnd, err
+		}
+		i = skipSpace(d, keyEnd)
+		if i >= len(d) || d[i] != ':' {
+			return i, s.unexpected(i, "after object key")
+		}
+		i = skipSpace(d, i+1)
+		valStart := i
+		valEnd, err := s.value(i)
+		if err != nil {
+			return valEnd, err
+		}
+		i = skipSpace(d, valEnd)
+		if i >= len(d) || (d[i] != ',' && d[i] != '}') {
+			return i, s.unexpected(i, "after object key:value pair")
+		}
+		if fn != nil {
+			if err := fn(start, keyStart, keyEnd, escaped, valStart, valEnd, i); err != nil {
+				return i, err
+			}
+		}
+		if d[i] == '}' {
+			s.depth--
+			return i + 1, nil
+		}
+		i++
+		start = i
+		i = skipSpace(d, i)
+	}
+}
+
+// array validates the array starting at data[i] == '[', calling fn (if not
+// nil) with the span of each element.
+func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error) {
+	if err := s.push(i); err != nil {
+		return i, err
+	}
+	d := s.data
+	i = skipSpace(d, i+1)
+	if i < len(d) && d[i] == ']' {
+		s.depth--
+		return i + 1, nil
+	}
+	for {
+		valStart := i
+		valEnd, err := s.value(i)
+		if err != nil {
+			return valEnd, err
+		}
+		i = skipSpace(d, valEnd)
+		if i >= len(d) || (d[i] != ',' && d[i] != ']') {
+			return i, s.unexpected(i, "after array element")
+		}
+		if fn != nil {
+			if err := fn(valStart, valEnd); err != nil {
+				return i, err
+			}
+		}
+		if d[i] == ']' {
+			s.depth--
+			return i + 1, nil
+		}
+		i = skipSpace(d, i+1)
+	}
+}
