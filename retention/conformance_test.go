@@ -1,0 +1,27 @@
+package retention_test
+
+import (
+	"testing"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/retention"
+)
+
+var _ kvroute.Store = (*retention.Memory)(nil)
+
+func TestMemoryConformance(t *testing.T) {
+	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
+		m := retention.NewMemory()
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	})
+}
+
+func TestMemoryConformanceSmall(t *testing.T) {
+	// The suite's largest value is 32 KiB and it holds at most a few dozen
+	// entries at once.
+	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
+		return retention.NewMemory(retention.WithMaxEntries(64), retention.WithMaxValueSize(32<<10))
+	})
+}
