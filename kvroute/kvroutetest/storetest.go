@@ -44,7 +44,7 @@ import (
 // Expiry cannot use a virtual clock, so that subtest waits in real time: it
 // stores entries with a 100 ms ttl and polls until one is gone (at most about
 // 5 s), then checks that every other short-lived entry is gone too and that
-// a long-lived one is still there. The whole suite takes about a second
+// a long-lived one is still there. The whole suite takes well under a second
 // against an in-memory store.
 func TestStore(t *testing.T, newStore func(t *testing.T) kvroute.Store) {
 	s := storeSuite{newStore: newStore, prefix: "kvroutetest:" + rand.Text() + ":"}
