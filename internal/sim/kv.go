@@ -1,0 +1,192 @@
+package sim
+
+import (
+	"hash/fnv"
+	"strings"
+)
+
+// The simulated model. The KV value at position p is
+//
+//	kv[p] = mix(kv[p-1], token[p], p)      with kv[-1] = seed(model)
+//
+// computed from whatever the engine holds at p-1, so a block read from the
+// wrong place poisons every later position. The next token is a function of
+// the last KV value only, so an engine's answer depends on the KV it actually
+// holds for the prompt, never on the prompt text directly.
+
+// words is the fixed reply vocabulary (letters only, so replies re-tokenize
+// to exactly the generated tokens).
+var words = strings.Fields(`amber basil cedar delta ember fable garnet harbor
+ivory jasper kernel lagoon meadow nectar orbit pebble quartz raven saffron
+timber umber velvet willow xenon yonder zephyr anchor beacon canyon dune
+falcon glacier hollow island jungle kite lantern marble nimbus oasis prairie
+quill river summit tundra valley wander acorn breeze coral dawn`)
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+func mix(prev uint64, tok uint32, pos int) uint64 {
+	return splitmix(prev ^ uint64(tok)<<17 ^ uint64(pos)*0x2545f4914f6cdd1d)
+}
+
+// Seed is kv[-1] for a model name.
+func Seed(model string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(model))
+	return splitmix(h.Sum64())
+}
+
+// chain returns kv values for toks computed from prev at positions from on.
+func chain(prev uint64, toks []uint32, from int) []uint64 {
+	out := make([]uint64, len(toks))
+	for i, t := range toks {
+		prev = mix(prev, t, from+i)
+		out[i] = prev
+	}
+	return out
+}
+
+// GenParams bounds generation.
+type GenParams struct {
+	MaxTokens int // 0: no bound but the reply's own length
+	MinTokens int
+	IgnoreEOS bool
+	Stop      []string
+	Reasoning bool
+	// Sample selects among n > 1 choices; 0 is the reference sample.
+	Sample int
+}
+
+// Generated is a decoded reply.
+type Generated struct {
+	Tokens    []Token
+	KV        []uint64 // KV of each generated token, at positions n, n+1, ...
+	Content   string
+	Reasoning string
+	Finish    string // "stop" or "length"
+	// StopString is the stop string that ended the reply, if any.
+	StopString string
+}
+
+// maxIgnoreEOS bounds replies with ignore_eos and no max_tokens.
+const maxIgnoreEOS = 1024
+
+// Generate decodes a reply after a prompt of n tokens whose last KV value is
+// last. The plan (reasoning length, reply length) comes from last; each token
+// from the KV of the token before it.
+func Generate(last uint64, n int, p GenParams) Generated {
+	if p.Sample > 0 {
+		last = splitmix(last + uint64(p.Sample)*0x9e3779b97f4a7c15)
+	}
+	plan := splitmix(last ^ 0x5bd1e995)
+	nWords := 4 + int(plan%13)
+	nReason := 3 + int((plan>>8)%6)
+	var g Generated
+	prev := last
+	var content, reason strings.Builder
+	wordsDone, reasonDone := 0, 0
+	phase := 0 // 0 think open, 1 reasoning, 2 think close, 3 blank, 4 content
+	if !p.Reasoning {
+		phase = 4
+	}
+	emit := func(t Token) {
+		prev = mix(prev, t.ID, n+len(g.Tokens))
+		g.Tokens = append(g.Tokens, t)
+		g.KV = append(g.KV, prev)
+	}
+	word := func(first bool) Token {
+		w := words[splitmix(prev)%uint64(len(words))]
+		if !first {
+			w = " " + w
+		}
+		return Token{ID: pieceID(w), Text: w}
+	}
+	for {
+		if p.MaxTokens > 0 && len(g.Tokens) >= p.MaxTokens {
+			g.Finish = "length"
+			break
+		}
+		if p.MaxTokens == 0 && len(g.Tokens) >= maxIgnoreEOS {
+			g.Finish = "length"
+			break
+		}
+		switch phase {
+		case 0:
+			emit(Token{ID: specialID(TokThinkOpen), Text: TokThinkOpen})
+			phase = 1
+		case 1:
+			t := word(reasonDone == 0)
+			emit(t)
+			reason.WriteString(t.Text)
+			reasonDone++
+			if reasonDone == nReason {
+				phase = 2
+			}
+		case 2:
+			emit(Token{ID: specialID(TokThinkClose), Text: TokThinkClose})
+			phase = 3
+		case 3:
+			emit(Token{ID: pieceID("\n\n"), Text: "\n\n"})
+			phase = 4
+		default:
+			if wordsDone >= nWords && !p.IgnoreEOS && len(g.Tokens)+1 > p.MinTokens {
+				emit(Token{ID: specialID(TokIMEnd), Text: ""})
+				g.Finish = "stop"
+				break
+			}
+			t := word(wordsDone == 0)
+			emit(t)
+			content.WriteString(t.Text)
+			wordsDone++
+			if s, cut, ok := findStop(content.String(), p.Stop); ok {
+				g.Content, g.Reasoning, g.Finish, g.StopString = cut, reason.String(), "stop", s
+				return g
+			}
+		}
+		if g.Finish != "" {
+			break
+		}
+	}
+	g.Content, g.Reasoning = content.String(), reason.String()
+	return g
+}
+
+func findStop(text string, stops []string) (stop, cut string, ok bool) {
+	best := -1
+	for _, s := range stops {
+		if s == "" {
+			continue
+		}
+		if i := strings.Index(text, s); i >= 0 && (best < 0 || i < best) {
+			best, stop = i, s
+		}
+	}
+	if best < 0 {
+		return "", "", false
+	}
+	return stop, text[:best], true
+}
+
+// Reference generates what a single engine holding the correct KV for prompt
+// answers.
+func Reference(model string, prompt []uint32, p GenParams) Generated {
+	kv := chain(Seed(model), prompt, 0)
+	return Generate(kv[len(kv)-1], len(prompt), p)
+}
+
+// sameTokens reports whether two generations produced the same tokens.
+func sameTokens(a, b []Token) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,292 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+// reply writes a finished turn as vLLM's OpenAI server does.
+type reply struct {
+	e       *Engine
+	t       *turn
+	id      string
+	created int64
+	kv      json.RawMessage // the handle, nil when none
+}
+
+type usage struct {
+	PromptTokens        int       `json:"prompt_tokens"`
+	TotalTokens         int       `json:"total_tokens"`
+	CompletionTokens    int       `json:"completion_tokens"`
+	PromptTokensDetails *struct{} `json:"prompt_tokens_details"`
+}
+
+func (o *reply) usage() usage {
+	n, c := o.t.rec.PromptTokens, o.t.rec.CompletionTokens
+	return usage{PromptTokens: n, TotalTokens: n + c, CompletionTokens: c}
+}
+
+func (o *reply) chat() bool { return o.t.req.Path == PathChat }
+
+func (o *reply) model() string { return o.e.cfg.Model }
+
+func nullable(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+func stopReason(g Generated) any {
+	if g.StopString != "" {
+		return g.StopString
+	}
+	return nil
+}
+
+// RawText is the completions text: every generated token, cut at the stop
+// string.
+func RawText(g Generated) string {
+	var sb strings.Builder
+	for _, t := range g.Tokens {
+		sb.WriteString(t.Text)
+	}
+	s := sb.String()
+	if g.StopString != "" {
+		if i := strings.LastIndex(s, g.StopString); i >= 0 {
+			s = s[:i]
+		}
+	}
+	return s
+}
+
+func (o *reply) json(w http.ResponseWriter) {
+	var body any
+	if o.chat() {
+		type msg struct {
+			Role             string  `json:"role"`
+			Content          *string `json:"content"`
+			ReasoningContent *string `json:"reasoning_content"`
+			ToolCalls        []any   `json:"tool_calls"`
+		}
+		type choice struct {
+			Index        int    `json:"index"`
+			Message      msg    `json:"message"`
+			Logprobs     any    `json:"logprobs"`
+			FinishReason string `json:"finish_reason"`
+			StopReason   any    `json:"stop_reason"`
+		}
+		choices := make([]choice, len(o.t.gens))
+		for i, g := range o.t.gens {
+			c := g.Content
+			m := msg{Role: "assistant", Content: &c, ToolCalls: []any{}}
+			if o.e.cfg.Reasoning {
+				r := g.Reasoning
+				m.ReasoningContent = &r
+			}
+			choices[i] = choice{Index: i, Message: m, FinishReason: g.Finish, StopReason: stopReason(g)}
+		}
+		body = struct {
+			ID               string          `json:"id"`
+			Object           string          `json:"object"`
+			Created          int64           `json:"created"`
+			Model            string          `json:"model"`
+			Choices          []choice        `json:"choices"`
+			Usage            usage           `json:"usage"`
+			PromptLogprobs   any             `json:"prompt_logprobs"`
+			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+		}{o.id, "chat.completion", o.created, o.model(), choices, o.usage(), nil, nullable(o.kv)}
+	} else {
+		type choice struct {
+			Index        int    `json:"index"`
+			Text         string `json:"text"`
+			Logprobs     any    `json:"logprobs"`
+			FinishReason string `json:"finish_reason"`
+			StopReason   any    `json:"stop_reason"`
+		}
+		choices := make([]choice, len(o.t.gens))
+		for i, g := range o.t.gens {
+			choices[i] = choice{Index: i, Text: RawText(g), FinishReason: g.Finish, StopReason: stopReason(g)}
+		}
+		body = struct {
+			ID               string          `json:"id"`
+			Object           string          `json:"object"`
+			Created          int64           `json:"created"`
+			Model            string          `json:"model"`
+			Choices          []choice        `json:"choices"`
+			Usage            usage           `json:"usage"`
+			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+		}{o.id, "text_completion", o.created, o.model(), choices, o.usage(), nullable(o.kv)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// delta is a chat stream delta.
+type delta struct {
+	Role             string  `json:"role,omitempty"`
+	Content          *string `json:"content,omitempty"`
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
+}
+
+type streamChoice struct {
+	Index        int     `json:"index"`
+	Delta        *delta  `json:"delta,omitempty"`
+	Text         *string `json:"text,omitempty"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason,omitempty"`
+}
+
+type chunk struct {
+	ID               string          `json:"id"`
+	Object           string          `json:"object"`
+	Created          int64           `json:"created"`
+	Model            string          `json:"model"`
+	Choices          []streamChoice  `json:"choices"`
+	Usage            *usage          `json:"usage,omitempty"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+}
+
+// event is one SSE data payload and whether a decode step precedes it.
+type event struct {
+	data  []byte
+	token bool
+}
+
+// events builds the stream: role chunks (chat), one chunk per generated token
+// with text (the last one of a choice carries finish_reason; tokens that
+// render nothing, like <think>, are skipped), a usage chunk when
+// include_usage, then [DONE]. With stream handles (#40186) the last finish
+// chunk carries the top-level kv_transfer_params.
+func (o *reply) events() []event {
+	obj := "text_completion"
+	if o.chat() {
+		obj = "chat.completion.chunk"
+	}
+	mk := func(c streamChoice) chunk {
+		return chunk{ID: o.id, Object: obj, Created: o.created, Model: o.model(), Choices: []streamChoice{c}}
+	}
+	var out []event
+	add := func(c chunk, token bool) {
+		b, _ := json.Marshal(c)
+		out = append(out, event{data: b, token: token})
+	}
+	if o.chat() {
+		for i := range o.t.gens {
+			empty := ""
+			add(mk(streamChoice{Index: i, Delta: &delta{Role: "assistant", Content: &empty}}), false)
+		}
+	}
+	for i, g := range o.t.gens {
+		inThink, afterThink := false, false
+		sent, target := "", g.Content // text sent so far, and all that may be sent
+		if !o.chat() {
+			target = RawText(g)
+		}
+		for j, tok := range g.Tokens {
+			last := j == len(g.Tokens)-1
+			text := tok.Text
+			isReason := false
+			if o.chat() && o.e.cfg.Reasoning {
+				switch {
+				case tok.Text == TokThinkOpen:
+					inThink, text = true, ""
+				case tok.Text == TokThinkClose:
+					inThink, afterThink, text = false, true, ""
+				case afterThink && tok.Text == "\n\n":
+					afterThink, text = false, ""
+				case inThink:
+					isReason = true
+				}
+			}
+			if !isReason {
+				// never send text beyond a stop string
+				switch {
+				case len(sent) >= len(target):
+					text = ""
+				case len(sent)+len(text) > len(target):
+					text = target[len(sent):]
+				}
+				sent += text
+			}
+			if text == "" && !last {
+				continue
+			}
+			c := streamChoice{Index: i}
+			if o.chat() {
+				d := &delta{}
+				if isReason {
+					d.ReasoningContent = &text
+				} else {
+					d.Content = &text
+				}
+				c.Delta = d
+			} else {
+				c.Text = &text
+			}
+			ch := mk(c)
+			if last {
+				f := g.Finish
+				ch.Choices[0].FinishReason = &f
+				ch.Choices[0].StopReason = stopReason(g)
+				if i == len(o.t.gens)-1 && o.e.cfg.StreamHandles && o.kv != nil {
+					ch.KVTransferParams = o.kv
+				}
+			}
+			add(ch, true)
+		}
+	}
+	if o.t.req.IncludeUsage {
+		u := o.usage()
+		c := chunk{ID: o.id, Object: obj, Created: o.created, Model: o.model(), Choices: []streamChoice{}, Usage: &u}
+		b, _ := json.Marshal(c)
+		out = append(out, event{data: b})
+	}
+	out = append(out, event{data: []byte("[DONE]")})
+	return out
+}
+
+// stream writes the events, one decode step before each token chunk. A cut
+// (CutStreamAfter) or a client that goes away aborts the request: its blocks
+// are freed and no handle survives.
+func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
+	e, rec := o.e, o.t.rec
+	e.mu.Lock()
+	cut := e.cutAfter
+	e.cutAfter = -1
+	e.mu.Unlock()
+
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	itl := e.cfg.Profile.InterTokenLatency
+	for k, ev := range o.events() {
+		if k == cut {
+			e.abort(o.t)
+			e.finish(rec, http.StatusOK, "stream cut")
+			panic(errCut)
+		}
+		if ev.token && e.sleep(ctx, itl) != nil {
+			e.abort(o.t)
+			e.finish(rec, 499, "client disconnected")
+			return
+		}
+		if _, err := w.Write(append(append([]byte("data: "), ev.data...), '\n', '\n')); err != nil {
+			e.abort(o.t)
+			e.finish(rec, 499, "client disconnected")
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			e.abort(o.t)
+			e.finish(rec, 499, "client disconnected")
+			return
+		}
+	}
+	e.finish(rec, http.StatusOK, "")
+}

@@ -1,0 +1,244 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// maxBody bounds a request body.
+const maxBody = 64 << 20
+
+// ServeHTTP serves POST /v1/chat/completions, POST /v1/completions,
+// GET /health and GET /v1/models.
+func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/health":
+		if !allow(w, r, http.MethodGet) {
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case "/v1/models":
+		if !allow(w, r, http.MethodGet) {
+			return
+		}
+		e.serveModels(w)
+	case PathChat, PathCompletions:
+		if !allow(w, r, http.MethodPost) {
+			return
+		}
+		e.serveCompletion(w, r)
+	default:
+		writeDetail(w, http.StatusNotFound, "Not Found")
+	}
+}
+
+func allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	writeDetail(w, http.StatusMethodNotAllowed, "Method Not Allowed")
+	return false
+}
+
+// writeDetail answers as FastAPI does for routing errors.
+func writeDetail(w http.ResponseWriter, status int, detail string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
+}
+
+type errorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+// ErrorBody is vLLM's ErrorResponse: {"error": {message, type, param, code}}.
+func ErrorBody(status int, msg string) []byte {
+	typ := strings.ReplaceAll(http.StatusText(status), " ", "") + "Error"
+	if status == http.StatusBadRequest {
+		typ = "BadRequestError"
+	}
+	b, _ := json.Marshal(struct {
+		Error errorInfo `json:"error"`
+	}{errorInfo{Message: msg, Type: typ, Code: status}})
+	return b
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(ErrorBody(status, msg))
+}
+
+func (e *Engine) serveModels(w http.ResponseWriter) {
+	type model struct {
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+	body := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.clock.Now().Unix(), OwnedBy: "vllm", Root: e.cfg.Model, MaxModelLen: e.cfg.NumBlocks * e.cfg.BlockSize}}}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// newRecord appends the record of an arriving request.
+func (e *Engine) newRecord(r *http.Request, body []byte) *Record {
+	rec := &Record{Path: r.URL.Path, Header: r.Header.Clone(), Body: body, RequestID: r.Header.Get("X-Request-Id")}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.records = append(e.records, rec)
+	e.stats.Requests++
+	return rec
+}
+
+func (e *Engine) finish(rec *Record, status int, errMsg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rec.Status = status
+	if errMsg != "" {
+		rec.Error = errMsg
+		e.stats.Errors++
+	}
+}
+
+// takeFault consumes the armed faults that apply to a completion request.
+func (e *Engine) takeFault() (failStatus int, stall time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failN > 0 {
+		e.failN--
+		return e.failStatus, 0
+	}
+	stall, e.stall = e.stall, 0
+	return 0, stall
+}
+
+func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	rec := e.newRecord(r, body)
+	if err != nil {
+		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+		return
+	}
+	failStatus, stall := e.takeFault()
+	if failStatus != 0 {
+		e.fail(w, rec, failStatus, "simulated failure")
+		return
+	}
+	req, err := ParseRequest(r.URL.Path, body)
+	if err != nil {
+		e.fail(w, rec, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		e.fail(w, rec, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	t := &turn{rec: rec, req: req, toks: ids(req.Prompt)}
+	if req.KVParams != nil {
+		if t.params, err = ParseParams(req.KVParams); err != nil {
+			e.fail(w, rec, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	t.role = roleOf(t.params)
+	prefix := "chatcmpl-"
+	if req.Path == PathCompletions {
+		prefix = "cmpl-"
+	}
+	respID := prefix + rec.RequestID
+	if rec.RequestID == "" {
+		respID = prefix + randHex(16)
+	}
+	e.mu.Lock()
+	rec.Role, rec.PromptTokens = t.role, len(t.toks)
+	rec.EngineRequestID = respID + "-" + randHex(4)
+	switch t.role {
+	case RolePrefill:
+		e.stats.PrefillRequests++
+	case RoleDecode:
+		e.stats.DecodeRequests++
+	default:
+		e.stats.PlainRequests++
+	}
+	e.mu.Unlock()
+
+	ctx := r.Context()
+	if apiErr := e.execute(ctx, t); apiErr != nil {
+		e.fail(w, rec, apiErr.status, apiErr.msg)
+		return
+	}
+	// Time to first token: transfer and prefill, then any stall.
+	if e.sleep(ctx, rec.Transfer+rec.Prefill) != nil || realSleep(ctx, stall) != nil {
+		e.abort(t)
+		e.finish(rec, 499, "client disconnected")
+		return
+	}
+	kv := e.hold(t)
+	out := &reply{e: e, t: t, id: respID, created: e.clock.Now().Unix(), kv: kv}
+	if req.Stream {
+		out.stream(ctx, w)
+		return
+	}
+	if e.sleep(ctx, rec.Decode) != nil {
+		e.abort(t)
+		e.finish(rec, 499, "client disconnected")
+		return
+	}
+	out.json(w)
+	e.finish(rec, http.StatusOK, "")
+}
+
+func (e *Engine) fail(w http.ResponseWriter, rec *Record, status int, msg string) {
+	writeError(w, status, msg)
+	e.finish(rec, status, msg)
+}
+
+// sleep waits a modelled duration: on a Sleeper clock in full, otherwise in
+// real time divided by the speed (never when the speed is 0). It returns
+// ctx's error when the client went away.
+func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
+	if d > 0 {
+		if s, ok := e.clock.(Sleeper); ok {
+			if err := s.Sleep(ctx, d); err != nil {
+				return err
+			}
+		} else if e.cfg.Speed > 0 {
+			return realSleep(ctx, time.Duration(float64(d)/e.cfg.Speed))
+		}
+	}
+	return ctx.Err()
+}
+
+func realSleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// errCut is the panic value that cuts a connection (http.ErrAbortHandler).
+var errCut = http.ErrAbortHandler
+

@@ -1,0 +1,58 @@
+// Package kvroutetest provides test helpers for kvroute, in the manner of
+// net/http/httptest: simulated vLLM prefill and decode engines that speak the
+// bidirectional KV protocol (and fail the way real ones fail), and TestStore,
+// a conformance suite for Store implementations.
+//
+// # Engines
+//
+// NewEngine starts a simulated vLLM OpenAI server on 127.0.0.1. Like vLLM,
+// an engine is a prefiller or a decoder per request, decided by the
+// request's kv_transfer_params:
+//
+//   - none: plain serving, prefill and decode locally, no handle;
+//   - do_remote_decode (P role): prefill, reading what it lacks from the D
+//     handle if one is given (remote_engine_id, remote_request_id,
+//     remote_host, remote_port present and remote_block_ids non-empty), and
+//     when the request stops on max_tokens answer with a P handle and hold
+//     the blocks for the lease (WithLeaseDuration);
+//   - do_remote_prefill (D role): read P's blocks, decode, and on a normal
+//     finish keep the blocks for decoder_kv_blocks_ttl and answer with a D
+//     handle whose remote_blocks_expiry_time is on the engine's own
+//     monotonic clock (an arbitrary offset, not Unix time).
+//
+// NewCluster starts several engines sharing one side-channel Registry, so
+// they can read each other's blocks; engines in different registries cannot.
+//
+// # The model
+//
+// Tokens come from a deterministic tokenizer and a ChatML-like chat template
+// (<|im_start|>{role}\n{content}<|im_end|>\n per message, tools in a system
+// preamble, <|im_start|>assistant\n as the generation prompt; see
+// internal/sim/template.go). The KV value at each position is chained from the
+// value held at the position before it, and each generated token is a
+// function of the last KV value. So the answer depends on the KV the engine
+// actually holds: a stale, double or mismatched read changes it, and
+// Stats.WrongOutputs counts decode outputs that differ from Reference. The
+// reply's text re-tokenizes to exactly the generated tokens, so a client that
+// sends it back unchanged extends the previous sequence.
+//
+// # Rules
+//
+// The engines follow protocol.md: the pull count min(remote_num_tokens,
+// prompt) - local prefix hit with a strict < kv_recompute_threshold; handles
+// are single-use (the reader notifies, the emitter frees; a second read gets
+// whatever the blocks hold now); reads are positional (the remote block list
+// is trimmed to its last blocks) and never compare tokens; P declines a read
+// within 5 s of the D handle's expiry and then applies
+// kv_load_failure_policy; P frees blocks not read within the lease; D frees
+// at once when its request is aborted.
+//
+// # Faults and time
+//
+// FailNext, CutStreamAfter, Stall, Restart and Refuse inject faults. A
+// Profile models prefill, transfer and decode time (LookupProfile has
+// profiles calibrated on published results); modelled durations are in
+// RequestRecord, and WithSpeed or a VirtualClock make them pass.
+//
+// An Engine, a Cluster and a Registry are safe for concurrent use.
+package kvroutetest

@@ -1,0 +1,130 @@
+package kvroutetest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+// Engine is a running simulated vLLM server (one process in vLLM terms). Like
+// vLLM, one engine acts as prefiller or decoder per request, decided by the
+// request's kv_transfer_params. It serves POST /v1/chat/completions,
+// POST /v1/completions, GET /health and GET /v1/models on 127.0.0.1. Safe
+// for concurrent use.
+type Engine struct {
+	sim  *sim.Engine
+	srv  *httptest.Server
+	ln   *refuser
+	once sync.Once
+}
+
+// NewEngine starts an engine on 127.0.0.1; tb.Cleanup closes it. Invalid
+// options fail the test.
+func NewEngine(tb testing.TB, opts ...Option) *Engine {
+	tb.Helper()
+	e, err := StartEngine(opts...)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(e.Close)
+	return e
+}
+
+// StartEngine is NewEngine outside a test: the caller must Close the engine.
+// Invalid options give an error wrapping ErrInvalidConfig.
+func StartEngine(opts ...Option) (*Engine, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.reg != nil {
+		c.sim.Registry = c.reg.r
+	}
+	se, err := sim.New(c.sim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		se.Close()
+		return nil, fmt.Errorf("kvroutetest: listen: %w", err)
+	}
+	e := &Engine{sim: se, ln: &refuser{Listener: ln}}
+	e.srv = &httptest.Server{Listener: e.ln, Config: &http.Server{Handler: se}}
+	e.srv.Start()
+	return e, nil
+}
+
+// ErrInvalidConfig is wrapped by StartEngine errors for invalid options.
+var ErrInvalidConfig = errors.New("kvroutetest: invalid engine option")
+
+// URL returns the HTTP base URL, such as "http://127.0.0.1:41234".
+func (e *Engine) URL() string { return e.srv.URL }
+
+// SideChannel returns the side-channel address the engine puts in its
+// handles (remote_host, remote_port); it differs from the HTTP address.
+func (e *Engine) SideChannel() (host string, port int) { return e.sim.SideChannel() }
+
+// EngineID returns the engine id put in handles (remote_engine_id). It
+// changes on Restart.
+func (e *Engine) EngineID() string { return e.sim.EngineID() }
+
+// Stats returns a snapshot of the counters, after freeing whatever expired.
+func (e *Engine) Stats() Stats { return fromSimStats(e.sim.Stats()) }
+
+// Requests returns a record of every completion request received, in
+// arrival order.
+func (e *Engine) Requests() []RequestRecord {
+	rs := e.sim.Records()
+	out := make([]RequestRecord, len(rs))
+	for i, r := range rs {
+		out[i] = fromSimRecord(r)
+	}
+	return out
+}
+
+// Monotonic returns the engine's monotonic clock in seconds, the clock of
+// remote_blocks_expiry_time (its offset is arbitrary).
+func (e *Engine) Monotonic() float64 { return e.sim.Mono() }
+
+// FailNext makes the next n completion requests answer status with vLLM's
+// error JSON, before anything else happens (no read, no notify).
+func (e *Engine) FailNext(n int, status int) { e.sim.FailNext(n, status) }
+
+// CutStreamAfter cuts the next streaming response (the connection is closed
+// without a terminating chunk) after k events; the request counts as aborted.
+func (e *Engine) CutStreamAfter(k int) { e.sim.CutStreamAfter(k) }
+
+// Stall makes the next completion request wait d in real time after its
+// prefill and before answering; a client that goes away meanwhile aborts it.
+func (e *Engine) Stall(d time.Duration) { e.sim.Stall(d) }
+
+// Restart loses all blocks and handles and takes a new engine id; the URL
+// and side channel stay.
+func (e *Engine) Restart() { e.sim.Restart() }
+
+// Refuse makes the engine accept and close every new connection while on;
+// turning it on also closes open idle connections.
+func (e *Engine) Refuse(on bool) {
+	e.ln.refusing.Store(on)
+	if on {
+		e.srv.CloseClientConnections()
+	}
+}
+
+// Close stops the server and unregisters the side channel. It is safe to
+// call more than once.
+func (e *Engine) Close() {
+	e.once.Do(func() {
+		e.srv.CloseClientConnections()
+		e.srv.Close()
+		e.sim.Close()
+	})
+}

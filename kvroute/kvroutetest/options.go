@@ -1,0 +1,118 @@
+package kvroutetest
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+// Defaults of the engine options, as vLLM's.
+const (
+	DefaultModel              = "sim-model"
+	DefaultBlockSize          = 16
+	DefaultNumBlocks          = 8192
+	DefaultRecomputeThreshold = 64
+	DefaultDecoderBlocksTTL   = 480 * time.Second
+	DefaultLeaseDuration      = 30 * time.Second
+	// DeclineWindow is how close to a D handle's expiry P declines a read.
+	DeclineWindow = 5 * time.Second
+)
+
+// An Option configures an Engine.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	sim  sim.Config
+	reg  *Registry
+	side bool // side channel set explicitly
+}
+
+func defaultConfig() config { return config{sim: sim.DefaultConfig()} }
+
+// WithRegistry puts the engine's side channel in r, so engines in the same
+// registry can read each other's blocks. Default: a private registry, which
+// no other engine can reach (a read from it fails as an unreachable side
+// channel does).
+func WithRegistry(r *Registry) Option { return optionFunc(func(c *config) { c.reg = r }) }
+
+// WithClock sets the clock behind leases, TTLs and handle expiry times.
+// Default: real time. A clock with a Sleep(ctx, d) error method (such as
+// *VirtualClock) also receives the modelled durations instead of sleeps.
+func WithClock(clk Clock) Option { return optionFunc(func(c *config) { c.sim.Clock = clk }) }
+
+// WithModel sets the served model name (default "sim-model"). Requests naming
+// another model get 404; the name also seeds the simulated model.
+func WithModel(name string) Option { return optionFunc(func(c *config) { c.sim.Model = name }) }
+
+// WithBlockSize sets the KV block size in tokens (default 16; must be >= 1).
+func WithBlockSize(n int) Option { return optionFunc(func(c *config) { c.sim.BlockSize = n }) }
+
+// WithNumBlocks sets the pool capacity in blocks (default 8192; must be >=
+// 1). A request that finds no free block gets 503.
+func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.NumBlocks = n }) }
+
+// WithPrefixCaching turns prefix caching on (default) or off (vLLM's
+// --no-enable-prefix-caching).
+func WithPrefixCaching(on bool) Option { return optionFunc(func(c *config) { c.sim.PrefixCaching = on }) }
+
+// WithStreamHandles chooses the stream behaviour: false (default) is stock
+// vLLM, with no handle in any stream chunk; true is vLLM with PR #40186, a
+// top-level kv_transfer_params on the final chunk.
+func WithStreamHandles(on bool) Option { return optionFunc(func(c *config) { c.sim.StreamHandles = on }) }
+
+// WithRecomputeThreshold sets kv_recompute_threshold (default 64; 0 disables
+// the check; negative is invalid): P recomputes instead of pulling when the
+// count is strictly below it.
+func WithRecomputeThreshold(n int) Option {
+	return optionFunc(func(c *config) { c.sim.RecomputeThreshold = n })
+}
+
+// WithDecoderBlocksTTL sets decoder_kv_blocks_ttl (default 480 s; must be
+// positive), how long D keeps its blocks after a normal finish.
+func WithDecoderBlocksTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.sim.DecoderBlocksTTL = d })
+}
+
+// WithKVLoadFailurePolicy sets kv_load_failure_policy: "fail" (default, the
+// request ends with vLLM's 500 error) or "recompute" (computed locally).
+func WithKVLoadFailurePolicy(p string) Option {
+	return optionFunc(func(c *config) { c.sim.KVLoadFailurePolicy = p })
+}
+
+// WithLeaseDuration sets kv_lease_duration (default 30 s; must be positive),
+// how long P holds blocks no decoder has read.
+func WithLeaseDuration(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.sim.LeaseDuration = d })
+}
+
+// WithProfile sets the cost model (default: zero cost).
+func WithProfile(p Profile) Option { return optionFunc(func(c *config) { c.sim.Profile = sim.Profile(p) }) }
+
+// WithSpeed makes the engine sleep modelled/speed in real time (default 0:
+// never sleep; negative is invalid). Sleeps end early when the client goes
+// away.
+func WithSpeed(f float64) Option { return optionFunc(func(c *config) { c.sim.Speed = f }) }
+
+// WithTPSize sets the tp_size put in handles (default 1).
+func WithTPSize(n int) Option { return optionFunc(func(c *config) { c.sim.TPSize = n }) }
+
+// WithSideChannel sets the side-channel address put in handles (default: a
+// synthetic address such as 10.0.0.1:5600 from the registry). It differs from
+// the HTTP address, as VLLM_NIXL_SIDE_CHANNEL_HOST/PORT do.
+func WithSideChannel(host string, port int) Option {
+	return optionFunc(func(c *config) { c.sim.SideHost, c.sim.SidePort, c.side = host, port, true })
+}
+
+// WithReasoning makes replies start with reasoning, returned as
+// reasoning_content, which the chat template drops from past assistant turns
+// as Qwen3's does (default false).
+func WithReasoning(on bool) Option { return optionFunc(func(c *config) { c.sim.Reasoning = on }) }
+
+// WithLogger sets the logger (default: silent). Prompts and bodies are never
+// logged.
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.sim.Logger = l }) }

@@ -1,0 +1,42 @@
+package kvroutetest
+
+import (
+	"time"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+// Profile is a cost model:
+//
+//	prefill  = PrefillOverhead + PrefillPerToken×computed + AttentionNanos×Σ position (ns)
+//	transfer = TransferFixed + TransferPerToken×transferred (0 when nothing moves)
+//	decode   = InterTokenLatency×generated
+//
+// The zero Profile costs nothing.
+type Profile struct {
+	Name              string
+	PrefillOverhead   time.Duration
+	PrefillPerToken   time.Duration
+	AttentionNanos    float64 // nanoseconds per computed token per position of context
+	TransferFixed     time.Duration
+	TransferPerToken  time.Duration
+	InterTokenLatency time.Duration
+}
+
+// Prefill models computing n tokens after ctx positions already held.
+func (p Profile) Prefill(n, ctx int) time.Duration { return sim.Profile(p).Prefill(n, ctx) }
+
+// Transfer models reading n tokens of KV.
+func (p Profile) Transfer(n int) time.Duration { return sim.Profile(p).Transfer(n) }
+
+// Decode models generating n tokens.
+func (p Profile) Decode(n int) time.Duration { return sim.Profile(p).Decode(n) }
+
+// LookupProfile returns a named profile: "qwen3-32b" or "glm-5-fp8",
+// calibrated on the published 1P1D P5en results (recompute TTFT 158 ms at 2k
+// to 778 ms at 24k tokens and transfer 30-130 ms; 500 ms at 2k to 2,334 ms at
+// 20k and transfer 29-110 ms). The fit is documented in internal/sim/cost.go.
+func LookupProfile(name string) (Profile, bool) {
+	p, ok := sim.LookupProfile(name)
+	return Profile(p), ok
+}

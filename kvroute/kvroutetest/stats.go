@@ -1,0 +1,103 @@
+package kvroutetest
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+// Stats is a snapshot of an engine's counters since it started (Restart
+// keeps them).
+type Stats struct {
+	// Requests counts completion requests received, faults included;
+	// PrefillRequests, DecodeRequests and PlainRequests split those that
+	// got as far as a role.
+	Requests, PrefillRequests, DecodeRequests, PlainRequests int
+	// TokensComputed counts prompt positions computed locally.
+	TokensComputed int
+	// TokensPulledIn counts tokens this engine read from a remote;
+	// TokensPulledOut tokens remotes read from this engine.
+	TokensPulledIn, TokensPulledOut int
+	// PrefixHitTokens counts prompt tokens served by the local prefix cache.
+	PrefixHitTokens int
+	// FreedReads and ExpiredReads count reads (as the emitter) of handles
+	// whose blocks were already freed (consumed, aborted, unknown) or had
+	// expired (lease or TTL). The reader got whatever the blocks held.
+	FreedReads, ExpiredReads int
+	// WrongOutputs counts decode and plain outputs that differ from
+	// Reference.
+	WrongOutputs int
+	// BlocksPinned is the number of blocks held for a remote reader now;
+	// FreeBlocks the number in the free queue.
+	BlocksPinned, FreeBlocks int
+	// Aborted counts requests ended by a client disconnect or a cut stream.
+	Aborted int
+	// HandlesEmitted counts handles returned to clients.
+	HandlesEmitted int
+	// LoadFailures counts failed reads (declined, unreachable, wrong engine
+	// id); DeclinedReads those declined within 5 s of the handle's expiry.
+	LoadFailures, DeclinedReads int
+	// Recomputed counts prefills that recomputed because the count was
+	// below kv_recompute_threshold.
+	Recomputed int
+	// LeaseExpiries and TTLExpiries count handles freed by time.
+	LeaseExpiries, TTLExpiries int
+	// Errors counts error responses; Restarts calls to Restart.
+	Errors, Restarts int
+}
+
+// RequestRecord is what an engine saw and did for one request.
+type RequestRecord struct {
+	Path   string
+	Header http.Header
+	Body   []byte
+	// RequestID is the X-Request-Id header; EngineRequestID the engine's
+	// internal id (remote_request_id of its handle).
+	RequestID, EngineRequestID string
+	// Role is "prefill", "decode" or "plain" ("" when rejected earlier).
+	Role string
+	// PromptTokens, CachedTokens (prefix-cache hit), ComputedTokens,
+	// PulledTokens (read from a remote) and CompletionTokens.
+	PromptTokens, CachedTokens, ComputedTokens, PulledTokens, CompletionTokens int
+	// Pull is the pull decision: "none", "pull", "recompute" or "failed".
+	Pull string
+	// Prefill, Transfer and Decode are the modelled durations; modelled
+	// TTFT on this engine is Transfer + Prefill.
+	Prefill, Transfer, Decode time.Duration
+	// Status is the HTTP status sent (499: client went away first).
+	Status int
+	// Finish is the finish reason of the first choice.
+	Finish string
+	// Aborted: the client went away or the stream was cut; no handle.
+	Aborted bool
+	// Wrong: the output differs from Reference (decode and plain only).
+	Wrong bool
+	// Handle is the kv_transfer_params emitted, nil when none.
+	Handle json.RawMessage
+	// Error is the error message sent, if any.
+	Error string
+}
+
+func fromSimStats(s sim.Stats) Stats {
+	return Stats{
+		Requests: s.Requests, PrefillRequests: s.PrefillRequests, DecodeRequests: s.DecodeRequests,
+		PlainRequests: s.PlainRequests, TokensComputed: s.TokensComputed, TokensPulledIn: s.TokensPulledIn,
+		TokensPulledOut: s.TokensPulledOut, PrefixHitTokens: s.PrefixHitTokens, FreedReads: s.FreedReads,
+		ExpiredReads: s.ExpiredReads, WrongOutputs: s.WrongOutputs, BlocksPinned: s.BlocksPinned,
+		FreeBlocks: s.FreeBlocks, Aborted: s.Aborted, HandlesEmitted: s.HandlesEmitted,
+		LoadFailures: s.LoadFailures, DeclinedReads: s.DeclinedReads, Recomputed: s.Recomputed,
+		LeaseExpiries: s.LeaseExpiries, TTLExpiries: s.TTLExpiries, Errors: s.Errors, Restarts: s.Restarts,
+	}
+}
+
+func fromSimRecord(r sim.Record) RequestRecord {
+	return RequestRecord{
+		Path: r.Path, Header: r.Header, Body: r.Body, RequestID: r.RequestID, EngineRequestID: r.EngineRequestID,
+		Role: r.Role, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, ComputedTokens: r.ComputedTokens,
+		PulledTokens: r.PulledTokens, CompletionTokens: r.CompletionTokens, Pull: r.Pull, Prefill: r.Prefill,
+		Transfer: r.Transfer, Decode: r.Decode, Status: r.Status, Finish: r.Finish, Aborted: r.Aborted,
+		Wrong: r.Wrong, Handle: r.Handle, Error: r.Error,
+	}
+}
