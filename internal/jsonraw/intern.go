@@ -44,6 +44,20 @@ func intern(b []byte) string {
 		return "stream"
 	case "max_tokens":
 		return "max_tokens"
+	case "choices":
+		return "choices"
+	case "delta":
+		return "delta"
+	case "finish_reason":
+		return "finish_reason"
+	case "usage":
+		return "usage"
+	case "logprobs":
+		return "logprobs"
+	case "object":
+		return "object"
+	case "created":
+		return "created"
 	case "kv_transfer_params":
 		return "kv_transfer_params"
 	}

@@ -35,37 +35,54 @@ func needsDecode(q []byte, escaped bool) bool {
 // (including trailing data after the value) and ErrNotObject for a valid
 // document that is not an object.
 func Parse(data []byte) (Object, error) {
+	var o Object
+	if err := o.Reset(data); err != nil {
+		return Object{}, err
+	}
+	return o, nil
+}
+
+// Reset is Parse into o, reusing o's storage, so that parsing many documents
+// in turn does not allocate in steady state. On error o is left empty.
+func (o *Object) Reset(data []byte) error {
+	members := o.members[:0]
+	*o = Object{}
 	s := scanner{data: data}
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
+		o.members = members
 		// Validate anyway so that malformed input is reported as such.
 		end, err := s.value(i)
 		if err != nil {
-			return Object{}, err
+			return err
 		}
 		if err := s.trailing(end); err != nil {
-			return Object{}, err
+			return err
 		}
-		return Object{}, ErrNotObject
+		return ErrNotObject
 	}
-	o := Object{data: data, open: i, members: make([]span, 0, 16)}
+	if members == nil {
+		members = make([]span, 0, 16)
+	}
 	end, err := s.object(i, func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error {
 		sp := span{start: start, keyStart: keyStart, keyEnd: keyEnd, valStart: valStart, valEnd: valEnd, end: end}
 		if needsDecode(data[keyStart:keyEnd], escaped) {
 			sp.escaped = true
 			sp.key = string(unquote(nil, data[keyStart:keyEnd]))
 		}
-		o.members = append(o.members, sp)
+		members = append(members, sp)
 		return nil
 	})
 	if err != nil {
-		return Object{}, err
+		o.members = members[:0]
+		return err
 	}
 	if err := s.trailing(end); err != nil {
-		return Object{}, err
+		o.members = members[:0]
+		return err
 	}
-	o.close = end - 1
-	return o, nil
+	*o = Object{data: data, open: i, close: end - 1, members: members}
+	return nil
 }
 
 // Bytes returns the document Parse was given.

@@ -140,3 +140,22 @@ func TestParseInvalidUTF8LikeEncodingJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(v, &want))
 	assert.Equal(t, want, s)
 }
+
+func TestResetReusesStorage(t *testing.T) {
+	var o jsonraw.Object
+	docs := [][]byte{[]byte(`{"a":1,"b":2}`), []byte(`{"c":3}`)}
+	require.NoError(t, o.Reset(docs[0]))
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := o.Reset(docs[1]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs)
+	assert.Equal(t, 1, o.Len())
+	v, _ := o.Get("c")
+	assert.Equal(t, "3", string(v))
+
+	assert.Error(t, o.Reset([]byte(`{"a":`)))
+	assert.Equal(t, 0, o.Len(), "left empty on error")
+	assert.ErrorIs(t, o.Reset([]byte(`[]`)), jsonraw.ErrNotObject)
+}

@@ -64,3 +64,34 @@ func Valid(data []byte) bool {
 	end, err := s.value(skipSpace(data, 0))
 	return err == nil && s.trailing(end) == nil
 }
+
+// Lookup returns the raw value of the member named key in the JSON object
+// obj (last occurrence wins), comparing unescaped keys without allocating
+// for keys free of escapes. Like Members it trusts obj to be valid JSON; ok
+// is false when the member is absent or obj is not an object.
+func Lookup(obj []byte, key string) (value []byte, ok bool) {
+	s := scanner{data: obj, trusted: true}
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return nil, false
+	}
+	_, err := s.object(i, func(_, keyStart, keyEnd int, escaped bool, valStart, valEnd, _ int) error {
+		if keyEquals(obj[keyStart:keyEnd], escaped, key) {
+			value, ok = obj[valStart:valEnd:valEnd], true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false
+	}
+	return value, ok
+}
+
+// keyEquals reports whether the quoted key q decodes to key.
+func keyEquals(q []byte, escaped bool, key string) bool {
+	if !needsDecode(q, escaped) {
+		return string(q[1:len(q)-1]) == key
+	}
+	var buf [64]byte
+	return string(unquote(buf[:0], q)) == key
+}

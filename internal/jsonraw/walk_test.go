@@ -74,3 +74,29 @@ func TestMembersNoAllocForCommonKeys(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+func TestLookup(t *testing.T) {
+	obj := []byte(`{"index":0,"delta":{"content":"hi"},"finish_reason":null,"ind\u0065x":1}`)
+	tests := []struct {
+		key  string
+		want string
+		ok   bool
+	}{
+		{"index", "1", true},
+		{"delta", `{"content":"hi"}`, true},
+		{"finish_reason", "null", true},
+		{"content", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			v, ok := jsonraw.Lookup(obj, tt.key)
+			assert.Equal(t, tt.ok, ok)
+			assert.Equal(t, tt.want, string(v))
+		})
+	}
+	_, ok := jsonraw.Lookup([]byte(`[1]`), "a")
+	assert.False(t, ok)
+	_, ok = jsonraw.Lookup([]byte(`{"a":`), "a")
+	assert.False(t, ok)
+	assert.Zero(t, testing.AllocsPerRun(50, func() { _, _ = jsonraw.Lookup(obj, "delta") }))
+}
