@@ -1,0 +1,27 @@
+// Package bidikv is the map of an embeddable Go router for vLLM
+// prefill/decode disaggregation with bidirectional KV transfer: a decode
+// engine keeps a conversation's KV after a turn, and the next turn's
+// prefill pulls it back instead of recomputing the whole history.
+//
+// The packages:
+//
+//   - kvroute: the Router. kvroute.New(opts...) builds one; Router.Do runs a
+//     turn (pick, prefill, decode, capture, store); Router is also an
+//     http.Handler for /v1/chat/completions and /v1/completions. Start here.
+//   - kvroute/kvroutetest: simulated vLLM prefill and decode engines that
+//     follow the engines' bidirectional-KV rules, failure modes included,
+//     and a conformance suite for Store implementations.
+//   - retention: where decode handles wait between turns; retention.Memory
+//     is the in-process default. retention/redisstore (its own module)
+//     shares them across router replicas through Redis.
+//   - threshold: whether attaching a retained handle is worth a pull.
+//   - transport: upstream HTTP: one tuned transport, per-phase deadlines,
+//     retries with backoff, endpoint addresses.
+//   - sse: server-sent-event parsing, pass-through with a flush per event,
+//     and capture and removal of kv_transfer_params from stream chunks.
+//   - examples/demo: `go run ./examples/demo` shows the win on simulated
+//     engines. examples/vllmsim runs a simulated engine as a process.
+//
+// The wire protocol the router speaks is described in kvroute's package
+// documentation.
+package bidikv

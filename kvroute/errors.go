@@ -1,0 +1,140 @@
+package kvroute
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrInvalidConfig is wrapped by every error New returns for a bad option.
+	ErrInvalidConfig = errors.New("kvroute: invalid configuration")
+	// ErrBadRequest is wrapped by errors about the client's request: the
+	// client gets 400.
+	ErrBadRequest = errors.New("kvroute: bad request")
+	// ErrNoHandle means the prefill engine answered without a
+	// kv_transfer_params handle, so the decode leg cannot pull its KV.
+	ErrNoHandle = errors.New("kvroute: prefill engine returned no kv_transfer_params")
+	// ErrNoEndpoint means no endpoint was available for a leg.
+	ErrNoEndpoint = errors.New("kvroute: no endpoint available")
+	// ErrClosed is returned by Do after Close.
+	ErrClosed = errors.New("kvroute: router closed")
+	// ErrStreamCut means the decode stream ended before its final event.
+	ErrStreamCut = errors.New("kvroute: decode stream ended early")
+)
+
+// Phase names a step of a turn.
+type Phase string
+
+// The phases of a turn, in order.
+const (
+	PhaseLookup  Phase = "lookup"
+	PhasePrefill Phase = "prefill"
+	PhaseDecode  Phase = "decode"
+	PhaseStream  Phase = "stream"
+	PhaseStore   Phase = "store"
+)
+
+// UpstreamError reports a failed upstream leg.
+type UpstreamError struct {
+	Phase    Phase  // PhasePrefill, PhaseDecode or PhaseStream
+	Endpoint string // base URL of the engine
+	Status   int    // the engine's HTTP status, 0 when none was received
+	Body     []byte // the engine's error body when it sent one (bounded)
+	Err      error  // the cause
+
+	retryAfter time.Duration
+}
+
+// Error describes the failure without any request content.
+func (e *UpstreamError) Error() string {
+	s := "kvroute: " + string(e.Phase) + " on " + e.Endpoint
+	if e.Status != 0 {
+		s += ": status " + strconv.Itoa(e.Status)
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the cause.
+func (e *UpstreamError) Unwrap() error { return e.Err }
+
+// HTTPStatus maps an error from Do to the status a client should get: 400
+// for ErrBadRequest; the engine's own 4xx when an engine rejected the
+// request (429 becomes 503); 503 when no endpoint is available or the
+// router is closed; 504 for timeouts; 502 for every other upstream failure.
+func HTTPStatus(err error) int {
+	var ue *UpstreamError
+	switch {
+	case err == nil:
+		return http.StatusOK
+	case errors.Is(err, ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrNoEndpoint), errors.Is(err, ErrClosed):
+		return http.StatusServiceUnavailable
+	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 && ue.Status != http.StatusRequestTimeout && ue.Status != http.StatusTooManyRequests:
+		return ue.Status
+	case errors.As(err, &ue) && ue.Status == http.StatusTooManyRequests:
+		return http.StatusServiceUnavailable
+	case errors.Is(err, transport.ErrFirstByteTimeout), errors.Is(err, transport.ErrIdleTimeout),
+		errors.Is(err, transport.ErrTotalTimeout), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout
+	default:
+		return http.StatusBadGateway
+	}
+}
+
+// errorBody renders err in OpenAI's error shape. It never includes request
+// content: messages come from the router's own errors, and an engine's
+// error message is included only as the engine wrote it.
+func errorBody(status int, err error) []byte {
+	typ := "server_error"
+	code := "upstream_error"
+	switch {
+	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge || status == http.StatusUnprocessableEntity:
+		typ, code = "invalid_request_error", "invalid_request"
+	case status == http.StatusNotFound:
+		typ, code = "invalid_request_error", "not_found"
+	case status == http.StatusMethodNotAllowed:
+		typ, code = "invalid_request_error", "method_not_allowed"
+	case status == http.StatusUnauthorized:
+		typ, code = "authentication_error", "invalid_api_key"
+	case status == http.StatusServiceUnavailable:
+		code = "upstream_unavailable"
+	case status == http.StatusGatewayTimeout:
+		code = "upstream_timeout"
+	}
+	var ue *UpstreamError
+	if errors.As(err, &ue) {
+		code = string(ue.Phase) + "_failed"
+		if status == http.StatusGatewayTimeout {
+			code = string(ue.Phase) + "_timeout"
+		}
+	}
+	b, _ := json.Marshal(openAIError{Error: openAIErrorDetail{Message: err.Error(), Type: typ, Code: code}})
+	return b
+}
+
+type openAIError struct {
+	Error openAIErrorDetail `json:"error"`
+}
+
+type openAIErrorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}

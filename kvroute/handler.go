@@ -1,0 +1,96 @@
+package kvroute
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// ServeHTTP serves POST /v1/chat/completions and POST /v1/completions by
+// running Do. Errors before the response reach the client in OpenAI's JSON
+// error shape with the status HTTPStatus gives; an engine's own 4xx error
+// body is passed through. Once a stream's headers are sent, an error can
+// only end the stream: the client gets an SSE event
+// `data: {"error":{...}}` and the connection is closed without
+// `data: [DONE]`.
+func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
+	if hr.URL.Path != PathChatCompletions && hr.URL.Path != PathCompletions {
+		writeError(w, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
+		return
+	}
+	if hr.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, errors.New("kvroute: request body larger than "+strconv.FormatInt(mbe.Limit, 10)+" bytes"))
+			return
+		}
+		writeError(w, http.StatusBadRequest, badRequest("reading the request body: %v", err))
+		return
+	}
+	resp, err := r.Do(hr.Context(), &Request{Path: hr.URL.Path, Header: hr.Header, Body: body})
+	if err != nil {
+		if hr.Context().Err() != nil {
+			return // the client is gone
+		}
+		status := HTTPStatus(err)
+		var ue *UpstreamError
+		if errors.As(err, &ue) && status == ue.Status && len(ue.Body) > 0 && isJSONObject(ue.Body) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(ue.Body)
+			return
+		}
+		writeError(w, status, err)
+		return
+	}
+	defer resp.Close()
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	if !resp.Streaming() {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if _, err := resp.WriteTo(w); err != nil && hr.Context().Err() == nil {
+		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
+			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
+		if resp.Streaming() {
+			_, _ = w.Write(sseError(HTTPStatus(err), err))
+			_ = flush(w)
+		}
+	}
+}
+
+func isJSONObject(b []byte) bool {
+	_, err := jsonraw.Parse(b)
+	return err == nil
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	b := errorBody(status, err)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// sseError frames an error as the SSE event vLLM itself sends when a
+// stream fails.
+func sseError(status int, err error) []byte {
+	b := errorBody(status, err)
+	out := make([]byte, 0, len(b)+8)
+	out = append(out, "data: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}

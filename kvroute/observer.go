@@ -1,0 +1,66 @@
+package kvroute
+
+import "time"
+
+// Observer receives one TurnRecord per turn, when the turn ends: after the
+// last byte of a stream, after a non-streaming body, or on failure. It is
+// called synchronously on the goroutine that ended the turn and must not
+// block; it must not keep rec after returning.
+type Observer interface {
+	ObserveTurn(rec *TurnRecord)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(rec *TurnRecord)
+
+// ObserveTurn calls f(rec).
+func (f ObserverFunc) ObserveTurn(rec *TurnRecord) { f(rec) }
+
+// Reuse outcomes of a turn.
+const (
+	ReuseHit  = "hit"  // a retained handle was attached to the prefill request
+	ReuseMiss = "miss" // no usable handle: the prefill engine computed everything it lacked
+	ReuseOff  = "off"  // reuse disabled (WithReuse(false))
+)
+
+// Miss reasons reported in TurnRecord.MissReason.
+const (
+	MissNoKey      = "no_key"      // the Identifier gave no key to look up
+	MissNotFound   = "not_found"   // no handle retained under any key
+	MissExpired    = "expired"     // a handle was found past the retention TTL
+	MissThreshold  = "threshold"   // too few reusable tokens for the policy
+	MissStoreError = "store_error" // the Store failed; the turn went on as a miss
+	MissBadEntry   = "bad_entry"   // the retained value was unusable
+	MissRetry      = "retry"       // the prefill leg with the handle failed and was retried without it
+	MissMismatch   = "mismatch"    // a handle was found but the request does not continue it
+)
+
+// TurnRecord describes one finished turn. Durations are measured on the
+// router's clock from the moment Do started.
+type TurnRecord struct {
+	RequestID string
+	Path      string
+	Stream    bool
+
+	Reuse          string        // ReuseHit, ReuseMiss or ReuseOff
+	MissReason     string        // a Miss* constant when Reuse is ReuseMiss
+	HandleAge      time.Duration // age of the attached handle on a hit
+	ReusableTokens int           // remote_num_tokens of the attached handle
+
+	PrefillEndpoint string
+	DecodeEndpoint  string
+	PrefillAttempts int
+	LocalFallback   bool // D prefilled locally because P returned no handle
+
+	Prefill   time.Duration // the prefill leg, request to P's answer
+	FirstByte time.Duration // decode request to D's response headers
+	TTFT      time.Duration // Do's start to the first event (or body) handed to the caller
+	Total     time.Duration // Do's start to the end of the turn
+	Bytes     int64         // response bytes handed to the caller
+
+	Stored       bool   // D's handle was retained for the next turn
+	StoreRefusal string // why nothing was retained, when Stored is false
+
+	Err      error // the turn's error, nil on success
+	ErrPhase Phase // where it failed
+}

@@ -1,0 +1,328 @@
+package kvroute
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/bidikv/bidikv/threshold"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Defaults users reason about. Every option documents its own default too.
+const (
+	// DefaultRetentionTTL is how long a decode handle is kept after the
+	// router saw the decode engine's answer: 30 s under the engines' default
+	// decoder_kv_blocks_ttl, as vLLM's reference proxy does.
+	DefaultRetentionTTL = 450 * time.Second
+	// DefaultDecoderBlocksTTL is vLLM's default decoder_kv_blocks_ttl.
+	DefaultDecoderBlocksTTL = 480 * time.Second
+	// ExpiryGuard is how close to a handle's expiry a prefill engine declines
+	// to read it (vLLM PR #47021). The retention TTL must leave at least this
+	// margin under the decoder TTL.
+	ExpiryGuard = 5 * time.Second
+	// DefaultPrefillTimeout bounds the whole prefill leg (request and body).
+	DefaultPrefillTimeout = 60 * time.Second
+	// DefaultFirstByteTimeout bounds the wait for the decode engine's
+	// response headers.
+	DefaultFirstByteTimeout = 60 * time.Second
+	// DefaultIdleTimeout bounds the gap between two reads of the decode
+	// stream that return data.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultMaxBodyBytes bounds a request body accepted by ServeHTTP and a
+	// non-streaming upstream body read by Do.
+	DefaultMaxBodyBytes = 32 << 20
+)
+
+// Option configures a Router. Options are created by the With* functions.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	prefill, decode  []string
+	store            Store
+	retentionTTL     time.Duration
+	decoderTTL       time.Duration
+	threshold        int
+	policy           threshold.Policy
+	transport        http.RoundTripper
+	retry            transport.RetryPolicy
+	logger           *slog.Logger
+	prefillTimeout   time.Duration
+	firstByteTimeout time.Duration
+	idleTimeout      time.Duration
+	identifier       Identifier
+	tenant           TenantFunc
+	clock            func() time.Time
+	apiKey           string
+	maxBodyBytes     int64
+	reuse            bool
+	localFallback    bool
+	observer         Observer
+	selector         Selector
+	errs             []error
+}
+
+func defaultConfig() config {
+	return config{
+		retentionTTL:     DefaultRetentionTTL,
+		decoderTTL:       DefaultDecoderBlocksTTL,
+		threshold:        threshold.DefaultThreshold,
+		prefillTimeout:   DefaultPrefillTimeout,
+		firstByteTimeout: DefaultFirstByteTimeout,
+		idleTimeout:      DefaultIdleTimeout,
+		maxBodyBytes:     DefaultMaxBodyBytes,
+		reuse:            true,
+		clock:            time.Now,
+	}
+}
+
+func (c *config) fail(option, format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, option, fmt.Sprintf(format, args...)))
+}
+
+// WithPrefill sets the prefill engines' base URLs ("http://10.0.0.5:8100",
+// "10.0.0.5:8100", "[fd00::5]:8100"). At least one is required. Later calls
+// append.
+func WithPrefill(addrs ...string) Option {
+	return optionFunc(func(c *config) { c.prefill = append(c.prefill, addrs...) })
+}
+
+// WithDecode sets the decode engines' base URLs, in the same forms as
+// WithPrefill. At least one is required. Later calls append.
+func WithDecode(addrs ...string) Option {
+	return optionFunc(func(c *config) { c.decode = append(c.decode, addrs...) })
+}
+
+// WithStore sets where decode handles are retained between turns. The
+// default is an in-memory retention.Memory with its default bounds. A nil
+// store is an error.
+func WithStore(s Store) Option {
+	return optionFunc(func(c *config) {
+		if s == nil {
+			c.fail("WithStore", "store is nil")
+			return
+		}
+		c.store = s
+	})
+}
+
+// WithRetentionTTL sets how long a decode handle is kept, counted from the
+// moment the router saw the decode engine finish. The default is
+// DefaultRetentionTTL (450 s). It must be positive and at least ExpiryGuard
+// shorter than the engines' decoder_kv_blocks_ttl (see
+// WithDecoderBlocksTTL), or New fails.
+func WithRetentionTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.retentionTTL = d })
+}
+
+// WithDecoderBlocksTTL tells the router the decode engines'
+// decoder_kv_blocks_ttl, used only to validate the retention TTL. The
+// default is DefaultDecoderBlocksTTL (480 s, vLLM's default). It must be
+// positive.
+func WithDecoderBlocksTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.decoderTTL = d })
+}
+
+// WithThreshold sets the recompute threshold of the default reuse policy,
+// mirroring the engines' kv_recompute_threshold: a retained handle is
+// attached only when at least n tokens can be pulled. The default is 64; 0
+// disables the check (any reusable token is worth a pull); a negative n is
+// an error. WithThresholdPolicy overrides it.
+func WithThreshold(n int) Option {
+	return optionFunc(func(c *config) { c.threshold = n })
+}
+
+// WithThresholdPolicy sets the reuse decision. The default is
+// threshold.Engine with the WithThreshold value. A nil policy is an error.
+func WithThresholdPolicy(p threshold.Policy) Option {
+	return optionFunc(func(c *config) {
+		if p == nil {
+			c.fail("WithThresholdPolicy", "policy is nil")
+			return
+		}
+		c.policy = p
+	})
+}
+
+// WithTransport sets the round tripper for upstream requests, wrapped in a
+// client with no overall timeout. The default is transport.NewTransport().
+//
+// Upstream requests never use a client-wide timeout, which would cut long
+// streams; see WithPrefillTimeout, WithFirstByteTimeout and WithIdleTimeout.
+func WithTransport(rt http.RoundTripper) Option {
+	return optionFunc(func(c *config) {
+		if rt == nil {
+			c.fail("WithTransport", "round tripper is nil")
+			return
+		}
+		c.transport = rt
+	})
+}
+
+// WithRetryPolicy sets how failed prefill legs are retried (attempts,
+// backoff, the longest Retry-After honoured). The default is the zero
+// transport.RetryPolicy: 3 attempts, backoff from 50 ms doubling to 1 s,
+// Retry-After honoured up to 5 s. MaxAttempts 1 disables retries. Decode
+// legs are never retried.
+func WithRetryPolicy(p transport.RetryPolicy) Option {
+	return optionFunc(func(c *config) { c.retry = p })
+}
+
+// WithLogger sets the logger. The default discards everything. The router
+// never logs prompts, bodies or credentials.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithPrefillTimeout bounds the prefill leg, from sending the request to
+// reading P's whole answer. The default is DefaultPrefillTimeout (60 s); 0
+// means no limit; negative is an error.
+func WithPrefillTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.prefillTimeout = d })
+}
+
+// WithFirstByteTimeout bounds the wait for the decode engine's response
+// headers. The default is DefaultFirstByteTimeout (60 s); 0 means no limit;
+// negative is an error.
+func WithFirstByteTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.firstByteTimeout = d })
+}
+
+// WithIdleTimeout bounds the gap between two stream reads from the decode
+// engine. The default is DefaultIdleTimeout (120 s); 0 means no limit;
+// negative is an error.
+func WithIdleTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.idleTimeout = d })
+}
+
+// WithIdentifier sets how turns map to retention keys. The default is
+// ContinuationKeys, which needs no client cooperation.
+func WithIdentifier(id Identifier) Option {
+	return optionFunc(func(c *config) {
+		if id == nil {
+			c.fail("WithIdentifier", "identifier is nil")
+			return
+		}
+		c.identifier = id
+	})
+}
+
+// WithTenant sets the function that scopes retained handles: identical
+// histories from two tenants never share a handle. The default is
+// AuthorizationTenant (a digest of the inbound Authorization header).
+func WithTenant(f TenantFunc) Option {
+	return optionFunc(func(c *config) {
+		if f == nil {
+			c.fail("WithTenant", "tenant function is nil")
+			return
+		}
+		c.tenant = f
+	})
+}
+
+// WithClock sets the router's clock, used for handle ages and retention
+// deadlines. The default is time.Now.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) {
+		if now == nil {
+			c.fail("WithClock", "clock is nil")
+			return
+		}
+		c.clock = now
+	})
+}
+
+// WithUpstreamAPIKey sets the bearer token sent to the engines (vLLM's
+// --api-key). The default sends none; the client's own Authorization header
+// is never forwarded.
+func WithUpstreamAPIKey(key string) Option {
+	return optionFunc(func(c *config) { c.apiKey = key })
+}
+
+// WithMaxBodyBytes bounds request bodies accepted by ServeHTTP (larger ones
+// get 413) and non-streaming upstream bodies read by Do. The default is
+// DefaultMaxBodyBytes (32 MiB); it must be positive.
+func WithMaxBodyBytes(n int64) Option {
+	return optionFunc(func(c *config) { c.maxBodyBytes = n })
+}
+
+// WithReuse turns bidirectional KV reuse on (the default) or off. Off, every
+// turn is a plain P→D turn with the miss handle and no handle is retained:
+// the one-way disaggregation baseline.
+func WithReuse(on bool) Option {
+	return optionFunc(func(c *config) { c.reuse = on })
+}
+
+// WithLocalPrefillFallback chooses what happens when the prefill engine
+// answers without a handle. Off (the default), the turn fails with 502. On,
+// the decode engine gets the client's request with no kv_transfer_params and
+// prefills locally; the fallback is logged and reported to the Observer.
+// The miss handle is never sent to a decode engine either way.
+func WithLocalPrefillFallback(on bool) Option {
+	return optionFunc(func(c *config) { c.localFallback = on })
+}
+
+// WithObserver sets the receiver of one TurnRecord per turn. The default
+// observes nothing.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(c *config) {
+		if o == nil {
+			c.fail("WithObserver", "observer is nil")
+			return
+		}
+		c.observer = o
+	})
+}
+
+// WithSelector sets how endpoints are chosen for each leg. The default sends
+// decode to the engine holding the conversation's KV and otherwise to the
+// least loaded engine.
+func WithSelector(s Selector) Option {
+	return optionFunc(func(c *config) {
+		if s == nil {
+			c.fail("WithSelector", "selector is nil")
+			return
+		}
+		c.selector = s
+	})
+}
+
+func (c *config) validate() {
+	if len(c.prefill) == 0 {
+		c.fail("WithPrefill", "no prefill endpoint; pass at least one URL")
+	}
+	if len(c.decode) == 0 {
+		c.fail("WithDecode", "no decode endpoint; pass at least one URL")
+	}
+	if c.decoderTTL <= 0 {
+		c.fail("WithDecoderBlocksTTL", "%v is not positive", c.decoderTTL)
+	}
+	switch {
+	case c.retentionTTL <= 0:
+		c.fail("WithRetentionTTL", "%v is not positive", c.retentionTTL)
+	case c.decoderTTL > 0 && c.retentionTTL > c.decoderTTL-ExpiryGuard:
+		c.fail("WithRetentionTTL", "%v leaves less than %v under the engines' decoder_kv_blocks_ttl of %v; use at most %v (or raise WithDecoderBlocksTTL to match the engines)",
+			c.retentionTTL, ExpiryGuard, c.decoderTTL, c.decoderTTL-ExpiryGuard)
+	}
+	if c.threshold < 0 {
+		c.fail("WithThreshold", "%d is negative; use 0 to disable the check", c.threshold)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"WithPrefillTimeout", c.prefillTimeout}, {"WithFirstByteTimeout", c.firstByteTimeout}, {"WithIdleTimeout", c.idleTimeout}} {
+		if d.v < 0 {
+			c.fail(d.name, "%v is negative; use 0 for no limit", d.v)
+		}
+	}
+	if c.maxBodyBytes <= 0 {
+		c.fail("WithMaxBodyBytes", "%d is not positive", c.maxBodyBytes)
+	}
+}

@@ -1,0 +1,203 @@
+package kvroute
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Members removed from the client's body on the prefill leg (protocol.md,
+// "Rewrites of the P leg"), besides those replaced.
+var prefillDrop = []string{kvKey, "stream_options", "max_completion_tokens", "min_tokens", "min_completion_tokens", "conversation_id"}
+
+// Members removed from the client's body on the decode leg.
+var decodeDrop = []string{kvKey, "conversation_id"}
+
+// maxErrorBody bounds how much of an engine's error body is kept.
+const maxErrorBody = 64 << 10
+
+var (
+	jsonOne = []byte("1")
+)
+
+// prefillBody is message 1 or 2 with the P-leg rewrites.
+func (t *turn) prefillBody(handle []byte) []byte {
+	return t.req.obj.Edit(prefillDrop,
+		jsonraw.Member{Key: "stream", Value: jsonFalse},
+		jsonraw.Member{Key: "max_tokens", Value: jsonOne},
+		jsonraw.Member{Key: kvKey, Value: handle})
+}
+
+// runPrefill sends the prefill leg, retrying safe failures on other
+// engines, and returns P's handle (nil when P gave none and the local
+// fallback is on) and P's URL. A retained handle goes to the first attempt
+// only: every retry is a plain miss, so a consumed handle is never resent.
+func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, error) {
+	handle, attached := missHandle, false
+	if ent != nil {
+		h, err := hitHandle(ent.handle)
+		if err != nil {
+			t.miss(MissBadEntry)
+		} else {
+			handle, attached = h, true
+		}
+	}
+	start := t.r.cfg.clock()
+	var (
+		tried []string
+		ph    []byte
+		url   string
+	)
+	err := transport.Retry(ctx, t.r.cfg.retry, func(int) (time.Duration, error) {
+		ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", tried)
+		if errors.Is(err, ErrNoEndpoint) && len(tried) > 0 {
+			tried = tried[:0] // every engine failed once: try them again
+			ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", tried)
+		}
+		if err != nil {
+			return 0, transport.Permanent(err)
+		}
+		t.rec.PrefillAttempts++
+		t.rec.PrefillEndpoint = ep.url
+		h, err := t.prefillOnce(ctx, ep, t.prefillBody(handle))
+		if err == nil {
+			ph, url = h, ep.url
+			return 0, nil
+		}
+		if ctx.Err() != nil || !retryablePrefill(err, attached) {
+			return 0, transport.Permanent(err)
+		}
+		if attached {
+			// The handle was sent: whether or not P read it, it is spent.
+			t.r.stats.hitRetries.Add(1)
+			t.miss(MissRetry)
+			handle, attached = missHandle, false
+		}
+		tried = append(tried, ep.url)
+		t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
+			slog.String("request_id", t.id), slog.String("endpoint", ep.url), slog.String("err", err.Error()))
+		var ue *UpstreamError
+		errors.As(err, &ue)
+		return ue.retryAfter, err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	t.rec.Prefill = t.r.cfg.clock().Sub(start)
+	return ph, url, nil
+}
+
+// retryablePrefill reports whether a failed prefill attempt may be retried:
+// connection failures and 502/503/504 always; any 5xx when a handle was
+// attached, since the engine's KV load may have failed and a plain
+// prefill can still serve the turn.
+func retryablePrefill(err error, hit bool) bool {
+	var ue *UpstreamError
+	if !errors.As(err, &ue) {
+		return false
+	}
+	if errors.Is(err, ErrNoHandle) {
+		return false
+	}
+	if ue.Status == 0 {
+		return true
+	}
+	switch ue.Status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return hit && ue.Status >= 500
+}
+
+// prefillOnce sends one prefill request and returns P's handle.
+func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]byte, error) {
+	ep.inflight.Add(1)
+	defer ep.inflight.Add(-1)
+	hreq, err := t.upstreamRequest(ctx, ep, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.prefillTimeout})
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		ue := &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Body: b, Err: errors.New(http.StatusText(resp.StatusCode))}
+		if d, ok := transport.RetryAfter(resp.Header, t.r.cfg.clock()); ok {
+			ue.retryAfter = d
+		}
+		return nil, ue
+	}
+	b, err := readLimited(resp.Body, t.r.cfg.maxBodyBytes)
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
+	}
+	obj, err := jsonraw.Parse(b)
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
+	}
+	h, ok := obj.Get(kvKey)
+	if !ok || jsonraw.IsNull(h) {
+		return nil, t.noHandle(ep, resp.StatusCode, errors.New("no kv_transfer_params in the answer"))
+	}
+	if _, err := inspectHandle(h); err != nil {
+		return nil, t.noHandle(ep, resp.StatusCode, err)
+	}
+	return slices.Clip(h), nil
+}
+
+// noHandle handles a prefill answer without a usable handle: an error, or
+// with the local fallback a nil handle (D will prefill by itself).
+func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
+	t.r.stats.noPrefillHandle.Add(1)
+	if t.r.cfg.localFallback {
+		t.rec.LocalFallback = true
+		t.r.log.LogAttrs(context.Background(), slog.LevelWarn, "kvroute: prefill engine returned no handle; decode will prefill locally",
+			slog.String("request_id", t.id), slog.String("endpoint", ep.url))
+		return nil
+	}
+	return &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: status, Err: errors.Join(ErrNoHandle, cause)}
+}
+
+// upstreamRequest builds a POST of body to ep for the client's path, with
+// the client's end-to-end headers, the turn's request id and the upstream
+// credential.
+func (t *turn) upstreamRequest(ctx context.Context, ep *endpoint, body []byte) (*http.Request, error) {
+	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, t.req.Path, bytes.NewReader(body))
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Err: err}
+	}
+	hreq.Header = transport.RequestHeader(t.req.Header)
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set(headerRequestID, t.id)
+	if t.r.cfg.apiKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+t.r.cfg.apiKey)
+	}
+	ep.ep.Apply(hreq)
+	hreq.ContentLength = int64(len(body))
+	return hreq, nil
+}
+
+var errBodyTooLarge = errors.New("body exceeds the size limit")
+
+func readLimited(r io.Reader, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errBodyTooLarge
+	}
+	return b, nil
+}
+

@@ -1,0 +1,93 @@
+package kvroute
+
+import (
+	"net/http"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// The routes a Router serves.
+const (
+	PathChatCompletions = "/v1/chat/completions"
+	PathCompletions     = "/v1/completions"
+)
+
+// Request is one turn as the client sent it.
+type Request struct {
+	// Path is PathChatCompletions or PathCompletions.
+	Path string
+	// Header holds the client's headers. The router reads X-Request-Id,
+	// X-Session-ID and Authorization (for the tenant; never forwarded) and
+	// forwards end-to-end headers other than Authorization to both legs.
+	Header http.Header
+	// Body is the client's JSON body. Do does not modify it.
+	Body []byte
+
+	obj    jsonraw.Object
+	tenant string
+}
+
+// Field returns the raw JSON of a top-level member of the request body, as
+// the client sent it. It is valid once Do (or ServeHTTP) has parsed the
+// body, which is when Identifier and TenantFunc implementations see the
+// Request.
+func (r *Request) Field(key string) ([]byte, bool) {
+	return r.obj.Get(key)
+}
+
+// Chat reports whether the request is a chat completion.
+func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
+
+// parse validates the request and indexes its body.
+func (r *Request) parse() error {
+	if r.Path != PathChatCompletions && r.Path != PathCompletions {
+		return badRequest("unsupported path %q; use %s or %s", r.Path, PathChatCompletions, PathCompletions)
+	}
+	obj, err := jsonraw.Parse(r.Body)
+	if err != nil {
+		return badRequest("request body is not a JSON object: %v", err)
+	}
+	r.obj = obj
+	if v, ok := obj.Get("model"); ok {
+		if _, isStr := jsonraw.String(v); !isStr {
+			return badRequest("model must be a string")
+		}
+	}
+	if r.Chat() {
+		v, ok := obj.Get("messages")
+		if !ok || len(v) == 0 || v[0] != '[' {
+			return badRequest("messages must be a non-empty array")
+		}
+		n := 0
+		if err := jsonraw.Elements(v, func(m []byte) error {
+			if len(m) == 0 || m[0] != '{' {
+				return badRequest("messages[%d] must be an object", n)
+			}
+			n++
+			return nil
+		}); err != nil {
+			return err
+		}
+		if n == 0 {
+			return badRequest("messages must be a non-empty array")
+		}
+	} else if v, ok := obj.Get("prompt"); !ok || jsonraw.IsNull(v) {
+		return badRequest("prompt is required")
+	}
+	if v, ok := obj.Get("stream"); ok && !jsonraw.IsNull(v) {
+		if _, isBool := jsonraw.Bool(v); !isBool {
+			return badRequest("stream must be a boolean")
+		}
+	}
+	return nil
+}
+
+// Streaming reports whether the client asked for a stream.
+func (r *Request) Streaming() bool {
+	v, ok := r.obj.Get("stream")
+	if !ok {
+		return false
+	}
+	b, _ := jsonraw.Bool(v)
+	return b
+}

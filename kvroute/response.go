@@ -1,0 +1,333 @@
+package kvroute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
+)
+
+// storeTimeout bounds the Put that retains a handle after the turn; it runs
+// even if the client's context ended right after the last event.
+const storeTimeout = 2 * time.Second
+
+// Response is the decode engine's answer to one turn, with every
+// kv_transfer_params removed and all other bytes as the engine sent them.
+//
+// A non-streaming response is complete when Do returns: Body holds it. A
+// streaming response is read event by event with Next, or forwarded whole
+// with WriteTo. Either way the caller must call Close, which aborts the
+// decode request on the engine if the stream was not read to its end.
+type Response struct {
+	// StatusCode is the decode engine's status (2xx: errors are returned
+	// by Do).
+	StatusCode int
+	// Header holds the decode engine's end-to-end headers plus
+	// X-Request-Id and X-Bidikv-Reuse (hit, miss or off).
+	Header http.Header
+	// Body is the whole body of a non-streaming response; nil for a stream.
+	Body []byte
+
+	t       *turn
+	ep      *endpoint
+	body    io.ReadCloser
+	cancel  context.CancelFunc
+	stream  bool
+	reader  *sse.Reader
+	capture *sse.Capture
+	first   bool
+	err     error
+	once    sync.Once
+}
+
+// Streaming reports whether the response is an SSE stream.
+func (r *Response) Streaming() bool { return r.stream }
+
+// Reuse reports whether the turn reused retained KV (ReuseHit), did not
+// (ReuseMiss), or had reuse disabled (ReuseOff).
+func (r *Response) Reuse() string { return r.t.rec.Reuse }
+
+// RequestID is the X-Request-Id both legs carried.
+func (r *Response) RequestID() string { return r.t.id }
+
+// Next returns the next event of a stream as raw SSE bytes, ready to write
+// to a client, including the blank line that ends it. The slice is valid
+// until the next call. At the end of a complete stream Next returns io.EOF
+// and the decode handle has been retained. If the stream breaks, Next
+// returns an error (an *UpstreamError in PhaseStream, or ErrStreamCut when
+// the engine closed it before data: [DONE]) and nothing is retained.
+func (r *Response) Next() ([]byte, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	if !r.stream {
+		r.err = errors.New("kvroute: Next on a non-streaming response")
+		return nil, r.err
+	}
+	ev, err := r.reader.Next()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			if r.capture.Done() {
+				r.end(nil)
+				r.err = io.EOF
+				return nil, io.EOF
+			}
+			err = ErrStreamCut
+		}
+		r.err = r.streamError(err)
+		r.end(r.err)
+		return nil, r.err
+	}
+	out := r.capture.Event(ev)
+	if !r.first {
+		r.first = true
+		r.t.rec.TTFT = r.t.since()
+	}
+	r.t.rec.Bytes += int64(len(out))
+	return out, nil
+}
+
+func (r *Response) streamError(err error) error {
+	var ue *UpstreamError
+	if errors.As(err, &ue) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return &UpstreamError{Phase: PhaseStream, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
+}
+
+// WriteTo writes the response to w: the body, or every event of the stream
+// as it arrives, flushing after each one when w supports it (an
+// http.ResponseWriter, or anything with Flush() or Flush() error). It
+// returns the bytes written and the first error; io.EOF is not an error.
+func (r *Response) WriteTo(w io.Writer) (int64, error) {
+	if !r.stream {
+		n, err := w.Write(r.Body)
+		return int64(n), err
+	}
+	var total int64
+	for {
+		ev, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+		n, werr := w.Write(ev)
+		total += int64(n)
+		if werr != nil {
+			return total, werr
+		}
+		if ferr := flush(w); ferr != nil {
+			return total, ferr
+		}
+	}
+}
+
+func flush(w io.Writer) error {
+	switch f := w.(type) {
+	case http.ResponseWriter:
+		err := http.NewResponseController(f).Flush()
+		if errors.Is(err, http.ErrNotSupported) {
+			return nil
+		}
+		return err
+	case interface{ Flush() error }:
+		return f.Flush()
+	case interface{ Flush() }:
+		f.Flush()
+	}
+	return nil
+}
+
+// Close releases the response. If a stream was not read to its end, the
+// decode request is aborted, so the engine frees its blocks, and nothing
+// is retained.
+func (r *Response) Close() error {
+	if r.stream && r.err == nil {
+		r.err = ErrStreamCut
+		r.t.rec.StoreRefusal = "closed_early"
+		r.end(context.Canceled)
+	}
+	r.release()
+	return nil
+}
+
+// release closes the upstream body and cancels the decode request once.
+func (r *Response) release() {
+	r.once.Do(func() {
+		_ = r.body.Close()
+		r.cancel()
+		r.ep.inflight.Add(-1)
+	})
+}
+
+// end finishes a stream: retains D's handle when the stream completed,
+// reports the turn.
+func (r *Response) end(err error) {
+	t := r.t
+	if err == nil {
+		t.retain(r.capture.Handle(), r.capture.Reply())
+	} else {
+		if t.rec.StoreRefusal == "" {
+			t.rec.StoreRefusal = "stream_error"
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.rec.Err = err
+			t.rec.ErrPhase = PhaseStream
+			t.r.stats.failures.Add(1)
+		}
+	}
+	r.release()
+	t.finish()
+}
+
+// readBody reads a non-streaming answer, strips its handle and retains it.
+func (r *Response) readBody() error {
+	defer r.release()
+	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
+	if err != nil {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
+	}
+	obj, err := jsonraw.Parse(b)
+	if err != nil {
+		// Not JSON: nothing to strip or capture; pass it on untouched.
+		r.Body = b
+		r.t.rec.StoreRefusal = "not_json"
+		r.finishBody()
+		return nil
+	}
+	var handle []byte
+	if h, ok := obj.Get(kvKey); ok {
+		if !jsonraw.IsNull(h) {
+			handle = append([]byte(nil), h...)
+		}
+		b = obj.Edit([]string{kvKey})
+	}
+	r.Body = b
+	r.Header.Del("Content-Length")
+	r.t.retain(handle, replyFromBody(obj, r.t.req.Chat()))
+	r.finishBody()
+	return nil
+}
+
+func (r *Response) finishBody() {
+	r.t.rec.TTFT = r.t.since()
+	r.t.rec.Bytes = int64(len(r.Body))
+	r.t.finish()
+}
+
+// retain stores D's handle for the next turn, or records why not.
+func (t *turn) retain(handle []byte, reply *Reply) {
+	r := t.r
+	if !r.cfg.reuse {
+		t.rec.StoreRefusal = "reuse_off"
+		return
+	}
+	if handle == nil {
+		if t.rec.Stream {
+			r.stats.noStreamHandle.Add(1)
+			r.noStreamHandle.Do(func() {
+				r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
+			})
+			t.rec.StoreRefusal = "no_stream_handle"
+		} else {
+			t.rec.StoreRefusal = "no_handle"
+		}
+		return
+	}
+	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
+		t.rec.StoreRefusal = "finish_" + reply.FinishReason
+		return
+	}
+	hi, err := inspectHandle(handle)
+	if err != nil {
+		t.rec.StoreRefusal = "unusable_handle"
+		return
+	}
+	ret, err := r.ident.Key(t.req, reply)
+	if err != nil || ret.Key == "" {
+		t.rec.StoreRefusal = ret.Refusal
+		if err != nil {
+			t.rec.StoreRefusal = "identifier_error"
+		}
+		r.stats.refusals.Add(1)
+		return
+	}
+	key := ret.Key
+	e := entry{created: r.cfg.clock(), endpoint: t.rec.DecodeEndpoint, tokens: hi.tokens, check: ret.Check, handle: handle}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := r.store.Put(ctx, key, e.encode(), r.cfg.retentionTTL); err != nil {
+		r.stats.storeErrors.Add(1)
+		t.rec.StoreRefusal = "store_error"
+		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put failed; the next turn will miss",
+			slog.String("request_id", t.id), slog.String("err", err.Error()))
+		return
+	}
+	r.stats.stored.Add(1)
+	t.rec.Stored = true
+}
+
+// replyFromBody reads choice 0 of a non-streaming answer.
+func replyFromBody(obj jsonraw.Object, chat bool) *Reply {
+	rep := &Reply{}
+	choices, ok := obj.Get("choices")
+	if !ok {
+		rep.Incomplete = true
+		return rep
+	}
+	var first []byte
+	_ = jsonraw.Elements(choices, func(c []byte) error { first = c; return errStop })
+	if first == nil {
+		rep.Incomplete = true
+		return rep
+	}
+	c, err := jsonraw.Parse(first)
+	if err != nil {
+		rep.Incomplete = true
+		return rep
+	}
+	if v, ok := c.Get("finish_reason"); ok {
+		rep.FinishReason, _ = jsonraw.String(v)
+	}
+	if v, ok := c.Get("stop_reason"); ok {
+		rep.StopReason = append([]byte(nil), v...)
+	}
+	if !chat {
+		if v, ok := c.Get("text"); ok {
+			rep.Content, _ = jsonraw.String(v)
+		}
+		return rep
+	}
+	mv, ok := c.Get("message")
+	if !ok {
+		rep.Incomplete = true
+		return rep
+	}
+	m, err := jsonraw.Parse(mv)
+	if err != nil {
+		rep.Incomplete = true
+		return rep
+	}
+	if v, ok := m.Get("content"); ok {
+		rep.Content, _ = jsonraw.String(v)
+	}
+	if v, ok := m.Get("tool_calls"); ok && !jsonraw.IsNull(v) && len(v) > 2 {
+		rep.ToolCalls = append([]byte(nil), v...)
+	}
+	for _, k := range [...]string{"reasoning_content", "reasoning"} {
+		if v, ok := m.Get(k); ok {
+			if s, _ := jsonraw.String(v); s != "" {
+				rep.Reasoning = s
+			}
+		}
+	}
+	return rep
+}

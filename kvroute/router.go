@@ -1,0 +1,263 @@
+package kvroute
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/threshold"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Router runs turns of multi-turn conversations over prefill and decode
+// engines, carrying decode handles from one turn to the next. A Router is
+// safe for concurrent use.
+type Router struct {
+	cfg      config
+	client   *transport.Client
+	log      *slog.Logger
+	store    Store
+	policy   threshold.Policy
+	ident    Identifier
+	tenant   TenantFunc
+	selector Selector
+	prefill  *pool
+	decode   *pool
+	closers  []func() error
+
+	closed atomic.Bool
+	stats  counters
+
+	noStreamHandle sync.Once
+}
+
+// New returns a Router configured by opts. It validates every option and
+// returns an error wrapping ErrInvalidConfig that names the option at fault.
+// New does no network I/O.
+func New(opts ...Option) (*Router, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	cfg.validate()
+	r := &Router{cfg: cfg}
+	var err error
+	if r.prefill, err = newPool(PhasePrefill, cfg.prefill); err != nil {
+		cfg.fail("WithPrefill", "%v", err)
+	}
+	if r.decode, err = newPool(PhaseDecode, cfg.decode); err != nil {
+		cfg.fail("WithDecode", "%v", err)
+	}
+	if len(cfg.errs) > 0 {
+		return nil, errors.Join(cfg.errs...)
+	}
+	r.log = cfg.logger
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	rt := cfg.transport
+	if rt == nil {
+		t, err := transport.NewTransport()
+		if err != nil {
+			return nil, fmt.Errorf("%w: WithTransport: %v", ErrInvalidConfig, err)
+		}
+		rt = t
+		r.closers = append(r.closers, func() error { t.CloseIdleConnections(); return nil })
+	}
+	r.client = transport.NewClient(rt)
+	r.store = cfg.store
+	if r.store == nil {
+		m := retention.NewMemory()
+		r.store = m
+		r.closers = append(r.closers, m.Close)
+	}
+	r.policy = cfg.policy
+	if r.policy == nil {
+		p, err := threshold.Engine(cfg.threshold)
+		if err != nil {
+			return nil, fmt.Errorf("%w: WithThreshold: %v", ErrInvalidConfig, err)
+		}
+		r.policy = p
+	}
+	r.ident = cfg.identifier
+	if r.ident == nil {
+		r.ident = ContinuationKeys{}
+	}
+	r.tenant = cfg.tenant
+	if r.tenant == nil {
+		r.tenant = AuthorizationTenant
+	}
+	r.selector = cfg.selector
+	if r.selector == nil {
+		r.selector = &LeastLoaded{}
+	}
+	return r, nil
+}
+
+// Close stops what the Router started. Turns already running finish; Do
+// returns ErrClosed afterwards. Close is idempotent.
+func (r *Router) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	for _, c := range r.closers {
+		if err := c(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns the Router's counters since New.
+func (r *Router) Stats() Stats { return r.stats.snapshot() }
+
+// Do runs one turn: look up a retained handle, prefill on a prefill engine,
+// decode on a decode engine, and return the decode engine's response with
+// every kv_transfer_params removed. The handle D returns is retained when
+// the turn ends: at once for a non-streaming response, when the stream's
+// last event has been read for a streaming one.
+//
+// The caller must Close the Response. An error before any response maps to
+// an HTTP status with HTTPStatus. Do does not modify req.Body. The context
+// governs both legs and the whole stream: cancelling it aborts the decode
+// request on the engine.
+func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
+	t := r.newTurn(req)
+	if r.closed.Load() {
+		return nil, t.fail(PhaseLookup, ErrClosed)
+	}
+	if err := req.parse(); err != nil {
+		return nil, t.fail(PhaseLookup, err)
+	}
+	t.rec.Stream = req.Streaming()
+	req.tenant = r.tenant(req)
+	ent := t.lookup(ctx)
+	ph, pURL, err := t.runPrefill(ctx, ent)
+	if err != nil {
+		return nil, t.fail(PhasePrefill, err)
+	}
+	resp, err := t.runDecode(ctx, ph, pURL, ent)
+	if err != nil {
+		return nil, t.fail(PhaseDecode, err)
+	}
+	return resp, nil
+}
+
+// turn is the state of one Do call.
+type turn struct {
+	r     *Router
+	req   *Request
+	id    string
+	start time.Time
+	rec   TurnRecord
+	done  bool
+}
+
+func (r *Router) newTurn(req *Request) *turn {
+	t := &turn{r: r, req: req, start: r.cfg.clock()}
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	t.id = req.Header.Get(headerRequestID)
+	if t.id == "" {
+		t.id = newRequestID()
+	}
+	t.rec.RequestID = t.id
+	t.rec.Path = req.Path
+	t.rec.Reuse = ReuseMiss
+	if !r.cfg.reuse {
+		t.rec.Reuse = ReuseOff
+	}
+	return t
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "bidikv-" + hex.EncodeToString(b[:])
+}
+
+func (t *turn) since() time.Duration { return t.r.cfg.clock().Sub(t.start) }
+
+// fail ends the turn with err and reports it.
+func (t *turn) fail(phase Phase, err error) error {
+	t.rec.Err = err
+	t.rec.ErrPhase = phase
+	t.r.stats.failures.Add(1)
+	t.finish()
+	return err
+}
+
+// finish reports the turn once.
+func (t *turn) finish() {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.rec.Total = t.since()
+	if t.r.cfg.observer != nil {
+		t.r.cfg.observer.ObserveTurn(&t.rec)
+	}
+}
+
+// lookup takes the retained handle this request continues, if any, and
+// decides whether to attach it.
+func (t *turn) lookup(ctx context.Context) *entry {
+	r := t.r
+	if !r.cfg.reuse {
+		return nil
+	}
+	keys, err := r.ident.Lookup(t.req)
+	if err != nil {
+		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: identifier lookup failed", slog.String("request_id", t.id), slog.String("err", err.Error()))
+		return t.miss(MissNoKey)
+	}
+	if len(keys) == 0 {
+		return t.miss(MissNoKey)
+	}
+	for _, k := range keys {
+		v, ok, err := r.store.Take(ctx, k)
+		if err != nil {
+			r.stats.storeErrors.Add(1)
+			r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store take failed; continuing as a miss", slog.String("request_id", t.id), slog.String("err", err.Error()))
+			return t.miss(MissStoreError)
+		}
+		if !ok {
+			continue
+		}
+		e, err := decodeEntry(v)
+		if err != nil {
+			return t.miss(MissBadEntry)
+		}
+		if !r.ident.Verify(t.req, e.check) {
+			return t.miss(MissMismatch)
+		}
+		age := r.cfg.clock().Sub(e.created)
+		if age >= r.cfg.retentionTTL {
+			return t.miss(MissExpired)
+		}
+		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
+			return t.miss(MissThreshold)
+		}
+		t.rec.Reuse = ReuseHit
+		t.rec.HandleAge = age
+		t.rec.ReusableTokens = e.tokens
+		return &e
+	}
+	return t.miss(MissNotFound)
+}
+
+func (t *turn) miss(reason string) *entry {
+	t.rec.Reuse = ReuseMiss
+	t.rec.MissReason = reason
+	return nil
+}
