@@ -1,0 +1,206 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is a [kvroute.Store] in Redis. A Store is safe for concurrent use,
+// and any number of Stores, in any number of processes, may share one Redis.
+type Store struct {
+	client    redis.UniversalClient
+	owned     bool // Close closes client
+	prefix    string
+	maxValue  int
+	timeout   time.Duration
+	log       *slog.Logger
+	script    *redis.Script
+	useScript atomic.Bool
+	health    health
+	counters  counters
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New returns a Store that uses client, which the caller keeps owning:
+// [Store.Close] does not close it. New does no network I/O.
+//
+// For the per-call timeout to bound waits on the network, the client should
+// have ContextTimeoutEnabled set (see [WithTimeout]). New fails with an error
+// matching [ErrInvalidConfig] when client is nil or an option is invalid.
+func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: New: client is nil", ErrInvalidConfig)
+	}
+	return newStore(client, false, opts)
+}
+
+// NewFromURL returns a Store with its own client for the Redis at rawURL,
+// in the form go-redis's ParseURL reads: redis://[[user]:password@]host[:port][/db]
+// or rediss:// for TLS, with optional query parameters such as
+// dial_timeout or pool_size. The client honours context deadlines, so
+// [WithTimeout] bounds every call. [Store.Close] closes the client.
+//
+// NewFromURL does no network I/O: an unreachable Redis shows up as failed
+// calls, not as an error here. It fails with an error matching
+// [ErrInvalidConfig] when the URL or an option is invalid; the error never
+// contains the password.
+func NewFromURL(rawURL string, opts ...Option) (*Store, error) {
+	ro, err := redis.ParseURL(rawURL)
+	if err != nil {
+		// url.Error quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%w: NewFromURL: %v", ErrInvalidConfig, err)
+	}
+	ro.ContextTimeoutEnabled = true
+	// Validate the options before creating a client that would need closing.
+	if _, err := configure(opts); err != nil {
+		return nil, err
+	}
+	return newStore(redis.NewClient(ro), true, opts)
+}
+
+func configure(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	return cfg, errors.Join(cfg.errs...)
+}
+
+func newStore(client redis.UniversalClient, owned bool, opts []Option) (*Store, error) {
+	cfg, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		client:   client,
+		owned:    owned,
+		prefix:   cfg.prefix,
+		maxValue: cfg.maxValue,
+		timeout:  cfg.timeout,
+		log:      log,
+		script:   redis.NewScript(takeScript),
+	}
+	s.health.log = log
+	s.useScript.Store(cfg.scriptTake)
+	return s, nil
+}
+
+// Key returns the Redis key under which the Store keeps the value for key:
+// the prefix followed by key.
+func (s *Store) Key(key string) string { return s.prefix + key }
+
+// Close closes the client if the Store created it ([NewFromURL]); a Store
+// from [New] leaves its client open. Close is safe to call more than once.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		if s.owned {
+			s.closeErr = s.client.Close()
+		}
+	})
+	return s.closeErr
+}
+
+// Put stores value under key for ttl with SET key value PX ttl, replacing
+// any earlier value; ttl is rounded up to a whole millisecond. A ttl <= 0
+// fails with [ErrInvalidTTL] and a value over the size bound with
+// [ErrValueTooLarge], both without reaching Redis. Any other error means
+// the value may or may not be stored.
+func (s *Store) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		s.counters.rejected.Add(1)
+		return fmt.Errorf("%w: got %v", ErrInvalidTTL, ttl)
+	}
+	if len(value) > s.maxValue {
+		s.counters.rejected.Add(1)
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), s.maxValue)
+	}
+	if err := ctx.Err(); err != nil {
+		s.counters.canceled.Add(1)
+		return fmt.Errorf("redisstore: put: %w", err)
+	}
+	ms := ttl.Milliseconds()
+	if ttl%time.Millisecond != 0 {
+		ms++
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	cmd := redis.NewStatusCmd(cctx, "set", s.prefix+key, value, "px", ms)
+	if err := s.client.Process(cctx, cmd); err != nil {
+		return s.failed(ctx, cctx, opPut, err)
+	}
+	s.counters.puts.Add(1)
+	s.health.ok(ctx)
+	return nil
+}
+
+// Take removes and returns the value stored under key with GETDEL (or the
+// equivalent script), atomically across every Store sharing the Redis.
+// ok is false when there is none. On an error the value, if there was one,
+// may be gone: it is never returned twice.
+func (s *Store) Take(ctx context.Context, key string) (value []byte, ok bool, err error) {
+	if err := ctx.Err(); err != nil {
+		s.counters.canceled.Add(1)
+		return nil, false, fmt.Errorf("redisstore: take: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := s.take(cctx, s.prefix+key)
+	switch {
+	case errors.Is(err, redis.Nil):
+		s.counters.misses.Add(1)
+		s.health.ok(ctx)
+		return nil, false, nil
+	case err != nil:
+		return nil, false, s.failed(ctx, cctx, opTake, err)
+	}
+	s.counters.hits.Add(1)
+	s.health.ok(ctx)
+	return v, true, nil
+}
+
+// failed counts and wraps a failed call. A call that failed because the
+// caller's context ended is the caller's doing, not an outage; a call that
+// outlived the per-call timeout always matches context.DeadlineExceeded.
+func (s *Store) failed(parent, call context.Context, op string, err error) error {
+	if perr := parent.Err(); perr != nil {
+		s.counters.canceled.Add(1)
+		if !errors.Is(err, perr) {
+			return fmt.Errorf("redisstore: %s: %w: %w", op, perr, err)
+		}
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	if op == opTake {
+		s.counters.takeErrors.Add(1)
+	} else {
+		s.counters.putErrors.Add(1)
+	}
+	s.health.fail(parent, op, err)
+	if call.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("redisstore: %s: %w after %v: %w", op, context.DeadlineExceeded, s.timeout, err)
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+const (
+	opPut  = "put"
+	opTake = "take"
+)
