@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,7 +72,7 @@ var handleKeys = []string{"do_remote_decode", "do_remote_prefill", "remote_block
 // A hand-driven P→D turn and a D→P→D second turn (protocol.md's two flows).
 func TestDisaggregatedTwoTurns(t *testing.T) {
 	reg := sim.NewRegistry()
-	clk := &vclock{now: time.Unix(1_700_000_000, 0)}
+	clk := newClock()
 	// P without prefix caching, as in the published benchmark.
 	p := start(t, reg, clk, func(c *sim.Config) { c.PrefixCaching = false })
 	d := start(t, reg, clk, nil)
@@ -114,7 +113,7 @@ func TestDisaggregatedTwoTurns(t *testing.T) {
 	assert.EqualValues(t, rd.Prompt+rd.Complete-1, dh["remote_num_tokens"])
 	exp := dh["remote_blocks_expiry_time"].(float64)
 	assert.InDelta(t, d.Mono()+480, exp, 0.001, "expiry on D's monotonic clock")
-	assert.Less(t, exp, float64(clk.now.Unix()), "not Unix time")
+	assert.Less(t, exp, float64(clk.Now().Unix()), "not Unix time")
 
 	// Turn 2 on P with D's handle: P reads what it lacks from D.
 	turn2 := chat(msg{"user", words("first", 100)}, msg{"assistant", rd.Text}, msg{"user", words("second", 120)})

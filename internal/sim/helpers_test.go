@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,9 +26,24 @@ type node struct {
 }
 
 // vclock is a virtual clock for the tests.
-type vclock struct{ now time.Time }
+type vclock struct {
+	mu  sync.Mutex
+	now time.Time
+}
 
-func (c *vclock) Now() time.Time { return c.now }
+func newClock() *vclock { return &vclock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *vclock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *vclock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
 
 func start(t *testing.T, reg *sim.Registry, clk sim.Clock, mod func(*sim.Config)) *node {
 	t.Helper()

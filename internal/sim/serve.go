@@ -62,9 +62,9 @@ type errorInfo struct {
 
 // ErrorBody is vLLM's ErrorResponse: {"error": {message, type, param, code}}.
 func ErrorBody(status int, msg string) []byte {
-	typ := strings.ReplaceAll(http.StatusText(status), " ", "") + "Error"
-	if status == http.StatusBadRequest {
-		typ = "BadRequestError"
+	typ := strings.ReplaceAll(http.StatusText(status), " ", "")
+	if !strings.HasSuffix(typ, "Error") {
+		typ += "Error"
 	}
 	b, _ := json.Marshal(struct {
 		Error errorInfo `json:"error"`
