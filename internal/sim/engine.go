@@ -125,27 +125,27 @@ type Stats struct {
 
 // Record describes one request. See kvroutetest.RequestRecord.
 type Record struct {
-	Path            string
-	Header          http.Header
-	Body            []byte
-	RequestID       string
-	EngineRequestID string
-	Role            string
-	PromptTokens    int
-	CachedTokens    int
-	ComputedTokens  int
-	PulledTokens    int
+	Path             string
+	Header           http.Header
+	Body             []byte
+	RequestID        string
+	EngineRequestID  string
+	Role             string
+	PromptTokens     int
+	CachedTokens     int
+	ComputedTokens   int
+	PulledTokens     int
 	CompletionTokens int
-	Pull            string
-	Prefill         time.Duration
-	Transfer        time.Duration
-	Decode          time.Duration
-	Status          int
-	Finish          string
-	Aborted         bool
-	Wrong           bool
-	Handle          json.RawMessage
-	Error           string
+	Pull             string
+	Prefill          time.Duration
+	Transfer         time.Duration
+	Decode           time.Duration
+	Status           int
+	Finish           string
+	Aborted          bool
+	Wrong            bool
+	Handle           json.RawMessage
+	Error            string
 }
 
 type heldState int

@@ -160,4 +160,3 @@ func TestRewrittenHostFails(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, rd.Status)
 	assert.Equal(t, 1, d.Stats().LoadFailures)
 }
-

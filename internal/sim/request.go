@@ -33,18 +33,18 @@ type Request struct {
 
 // chatBody is the chat completions body, prompt-shaping fields included.
 type chatBody struct {
-	Model                string            `json:"model"`
-	Messages             []message         `json:"messages"`
-	Tools                json.RawMessage   `json:"tools"`
-	ChatTemplate         *string           `json:"chat_template"`
-	ChatTemplateKwargs   json.RawMessage   `json:"chat_template_kwargs"`
-	AddGenerationPrompt  *bool             `json:"add_generation_prompt"`
-	ContinueFinalMessage bool              `json:"continue_final_message"`
-	AddSpecialTokens     bool              `json:"add_special_tokens"`
-	Documents            json.RawMessage   `json:"documents"`
-	ReasoningEffort      json.RawMessage   `json:"reasoning_effort"`
-	MaxCompletionTokens  *int              `json:"max_completion_tokens"`
-	TruncatePromptTokens *int              `json:"truncate_prompt_tokens"`
+	Model                string          `json:"model"`
+	Messages             []message       `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	ChatTemplate         *string         `json:"chat_template"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddSpecialTokens     bool            `json:"add_special_tokens"`
+	Documents            json.RawMessage `json:"documents"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
+	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
+	TruncatePromptTokens *int            `json:"truncate_prompt_tokens"`
 	common
 }
 

@@ -241,4 +241,3 @@ func realSleep(ctx context.Context, d time.Duration) error {
 
 // errCut is the panic value that cuts a connection (http.ErrAbortHandler).
 var errCut = http.ErrAbortHandler
-

@@ -58,12 +58,16 @@ func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.Num
 
 // WithPrefixCaching turns prefix caching on (default) or off (vLLM's
 // --no-enable-prefix-caching).
-func WithPrefixCaching(on bool) Option { return optionFunc(func(c *config) { c.sim.PrefixCaching = on }) }
+func WithPrefixCaching(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.PrefixCaching = on })
+}
 
 // WithStreamHandles chooses the stream behaviour: false (default) is stock
 // vLLM, with no handle in any stream chunk; true is vLLM with PR #40186, a
 // top-level kv_transfer_params on the final chunk.
-func WithStreamHandles(on bool) Option { return optionFunc(func(c *config) { c.sim.StreamHandles = on }) }
+func WithStreamHandles(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.StreamHandles = on })
+}
 
 // WithRecomputeThreshold sets kv_recompute_threshold (default 64; 0 disables
 // the check; negative is invalid): P recomputes instead of pulling when the
@@ -91,7 +95,9 @@ func WithLeaseDuration(d time.Duration) Option {
 }
 
 // WithProfile sets the cost model (default: zero cost).
-func WithProfile(p Profile) Option { return optionFunc(func(c *config) { c.sim.Profile = sim.Profile(p) }) }
+func WithProfile(p Profile) Option {
+	return optionFunc(func(c *config) { c.sim.Profile = sim.Profile(p) })
+}
 
 // WithSpeed makes the engine sleep modelled/speed in real time (default 0:
 // never sleep; negative is invalid). Sleeps end early when the client goes

@@ -12,8 +12,8 @@ type Answer struct {
 	// Text is the content (chat) or text (completions) of the first choice.
 	Text string
 	// Reasoning is reasoning_content (chat with WithReasoning).
-	Reasoning    string
-	FinishReason string
+	Reasoning                      string
+	FinishReason                   string
 	PromptTokens, CompletionTokens int
 }
 
