@@ -21,7 +21,7 @@ return v`
 func (s *Store) take(ctx context.Context, key string) ([]byte, error) {
 	if !s.useScript.Load() {
 		v, err := s.client.GetDel(ctx, key).Bytes()
-		if err == nil || !unknownCommand(err) {
+		if err == nil || errors.Is(err, redis.Nil) || !unknownCommand(err) {
 			return v, err
 		}
 		if s.useScript.CompareAndSwap(false, true) {
