@@ -57,13 +57,16 @@ type Config struct {
 	SideHost            string // empty: Registry.NextAddr
 	SidePort            int
 	Reasoning           bool
-	Clock               Clock     // nil: real time
-	Registry            *Registry // nil: a private registry
-	Logger              *slog.Logger
+	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
+	// when false D emits no handle and P ignores D handles.
+	Bidirectional bool
+	Clock         Clock     // nil: real time
+	Registry      *Registry // nil: a private registry
+	Logger        *slog.Logger
 }
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
-// blocks, prefix caching on, stock streams, threshold 64, TTL 480 s, lease
+// blocks, prefix caching on, bidirectional, stock streams, threshold 64, TTL 480 s, lease
 // 30 s, policy fail, zero-cost profile, speed 0, TP 1.
 func DefaultConfig() Config {
 	return Config{
@@ -76,6 +79,7 @@ func DefaultConfig() Config {
 		LeaseDuration:       30 * time.Second,
 		KVLoadFailurePolicy: PolicyFail,
 		TPSize:              1,
+		Bidirectional:       true,
 	}
 }
 

@@ -14,7 +14,8 @@ import (
 const maxBody = 64 << 20
 
 // ServeHTTP serves POST /v1/chat/completions, POST /v1/completions,
-// GET /health and GET /v1/models.
+// GET /health and GET /v1/models, and the simulator's own GET /sim/stats
+// (the Stats counters as JSON, for clients in other processes).
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/health":
@@ -27,6 +28,11 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.serveModels(w)
+	case "/sim/stats":
+		if !allow(w, r, http.MethodGet) {
+			return
+		}
+		writeJSON(w, e.Stats())
 	case PathChat, PathCompletions:
 		if !allow(w, r, http.MethodPost) {
 			return
@@ -114,6 +120,11 @@ func (e *Engine) finish(rec *Record, status int, errMsg string) {
 		rec.Error = errMsg
 		e.stats.Errors++
 	}
+	// Counts and decisions only: never prompts or bodies.
+	e.log.Info("request", "role", rec.Role, "status", status, "pull", rec.Pull,
+		"prompt_tokens", rec.PromptTokens, "cached", rec.CachedTokens, "pulled", rec.PulledTokens,
+		"computed", rec.ComputedTokens, "completion_tokens", rec.CompletionTokens, "aborted", rec.Aborted,
+		"x_request_id", rec.RequestID)
 }
 
 // takeFault consumes the armed faults that apply to a completion request.

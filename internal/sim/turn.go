@@ -172,7 +172,7 @@ var errDeclined = errors.New("sim: read declined, blocks about to expire")
 // first, first+1, ... or the load failure.
 func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int, failed error) {
 	p := t.params
-	if t.role == RolePlain || p == nil || !p.Usable() {
+	if t.role == RolePlain || p == nil || !p.Usable() || (t.role == RolePrefill && !e.cfg.Bidirectional) {
 		t.rec.Pull = PullNone
 		return nil, 0, nil
 	}
@@ -243,7 +243,7 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	g := t.gens[0]
-	due := (t.role == RolePrefill && g.Finish == "length") || t.role == RoleDecode
+	due := (t.role == RolePrefill && g.Finish == "length") || (t.role == RoleDecode && e.cfg.Bidirectional)
 	if !due || t.pool != e.pool {
 		t.seq.release()
 		return nil

@@ -122,3 +122,11 @@ func WithReasoning(on bool) Option { return optionFunc(func(c *config) { c.sim.R
 // WithLogger sets the logger (default: silent). Prompts and bodies are never
 // logged.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.sim.Logger = l }) }
+
+// WithBidirectional sets kv_connector_extra_config.bidirectional_kv_xfer
+// (default true). When false the engine is a stock one-way P/D engine: D
+// emits no handle and frees its blocks when it finishes, and P ignores D
+// handles (it neither reads nor notifies).
+func WithBidirectional(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.Bidirectional = on })
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+// options are the parsed command line.
+type options struct {
+	host, sideHost string
+	port, sidePort int
+	cfg            sim.Config
+	verbose        bool
+}
+
+// kvTransferConfig is the part of vLLM's --kv-transfer-config the simulator
+// reads. The engine settings may sit at the top level or in
+// kv_connector_extra_config; the latter wins.
+type kvTransferConfig struct {
+	KVConnector string `json:"kv_connector"`
+	KVRole      string `json:"kv_role"`
+	engineKnobs
+	Extra engineKnobs `json:"kv_connector_extra_config"`
+}
+
+type engineKnobs struct {
+	Bidirectional       *bool    `json:"bidirectional_kv_xfer"`
+	RecomputeThreshold  *int     `json:"kv_recompute_threshold"`
+	DecoderBlocksTTL    *float64 `json:"decoder_kv_blocks_ttl"`
+	LeaseDuration       *float64 `json:"kv_lease_duration"`
+	KVLoadFailurePolicy *string  `json:"kv_load_failure_policy"`
+}
+
+func (k engineKnobs) apply(c *sim.Config) {
+	if k.Bidirectional != nil {
+		c.Bidirectional = *k.Bidirectional
+	}
+	if k.RecomputeThreshold != nil {
+		c.RecomputeThreshold = *k.RecomputeThreshold
+	}
+	if k.DecoderBlocksTTL != nil {
+		c.DecoderBlocksTTL = seconds(*k.DecoderBlocksTTL)
+	}
+	if k.LeaseDuration != nil {
+		c.LeaseDuration = seconds(*k.LeaseDuration)
+	}
+	if k.KVLoadFailurePolicy != nil {
+		c.KVLoadFailurePolicy = *k.KVLoadFailurePolicy
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{cfg: sim.DefaultConfig()}
+	fs := flag.NewFlagSet("vllmsim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.host, "host", "127.0.0.1", "address to serve the OpenAI API on")
+	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
+	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
+	fs.StringVar(&o.cfg.Model, "served-model-name", o.cfg.Model, "alias of --model")
+	kvc := fs.String("kv-transfer-config", "", "vLLM KV transfer config JSON (bidirectional_kv_xfer, kv_recompute_threshold, decoder_kv_blocks_ttl, kv_lease_duration, kv_load_failure_policy)")
+	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
+	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
+	fs.IntVar(&o.cfg.NumBlocks, "num-gpu-blocks-override", o.cfg.NumBlocks, "KV pool capacity in blocks")
+	fs.IntVar(&o.cfg.TPSize, "tensor-parallel-size", o.cfg.TPSize, "tp_size put in handles")
+	profile := fs.String("profile", "", "cost profile: qwen3-32b or glm-5-fp8 (default: zero cost)")
+	fs.Float64Var(&o.cfg.Speed, "speed", 0, "sleep modelled time / speed in real time (0: never sleep)")
+	fs.BoolVar(&o.cfg.StreamHandles, "stream-handles", false, "put kv_transfer_params on the final stream chunk (vLLM PR #40186)")
+	fs.BoolVar(&o.cfg.Reasoning, "reasoning", false, "start replies with reasoning returned as reasoning_content")
+	fs.StringVar(&o.sideHost, "side-channel-host", "127.0.0.1", "side-channel host (VLLM_NIXL_SIDE_CHANNEL_HOST), also put in handles")
+	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT; 0: any)")
+	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	switch fs.NArg() {
+	case 0:
+	case 1: // vllm serve MODEL
+		o.cfg.Model = fs.Arg(0)
+	default:
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.cfg.PrefixCaching = !*noCache
+	if *kvc != "" {
+		var k kvTransferConfig
+		if err := json.Unmarshal([]byte(*kvc), &k); err != nil {
+			return nil, fmt.Errorf("--kv-transfer-config: %w", err)
+		}
+		k.engineKnobs.apply(&o.cfg)
+		k.Extra.apply(&o.cfg)
+	}
+	if *profile != "" {
+		p, ok := sim.LookupProfile(*profile)
+		if !ok {
+			return nil, fmt.Errorf("--profile %q: unknown (known: %v)", *profile, sim.ProfileNames())
+		}
+		o.cfg.Profile = p
+	}
+	return o, nil
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/internal/sim"
+)
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{
+		"--port", "8100", "--no-enable-prefix-caching", "--block-size", "32", "--profile", "glm-5-fp8",
+		"--speed", "10", "--stream-handles", "--side-channel-host", "fd00::1", "--side-channel-port", "5601",
+		"--kv-transfer-config", `{"kv_load_failure_policy":"recompute","kv_connector_extra_config":{"bidirectional_kv_xfer":false,"kv_recompute_threshold":0,"decoder_kv_blocks_ttl":60,"kv_lease_duration":2.5}}`,
+	}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", o.host)
+	assert.Equal(t, 8100, o.port)
+	assert.Equal(t, "fd00::1", o.sideHost)
+	assert.Equal(t, 5601, o.sidePort)
+	c := o.cfg
+	assert.False(t, c.PrefixCaching)
+	assert.Equal(t, 32, c.BlockSize)
+	assert.Equal(t, "glm-5-fp8", c.Profile.Name)
+	assert.Equal(t, 10.0, c.Speed)
+	assert.True(t, c.StreamHandles)
+	assert.False(t, c.Bidirectional)
+	assert.Zero(t, c.RecomputeThreshold)
+	assert.Equal(t, time.Minute, c.DecoderBlocksTTL)
+	assert.Equal(t, 2500*time.Millisecond, c.LeaseDuration)
+	assert.Equal(t, sim.PolicyRecompute, c.KVLoadFailurePolicy)
+}
+
+func TestParseFlagsDefaults(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, sim.DefaultConfig().RecomputeThreshold, o.cfg.RecomputeThreshold)
+	assert.True(t, o.cfg.PrefixCaching)
+	assert.True(t, o.cfg.Bidirectional)
+	assert.Equal(t, 5600, o.sidePort)
+}
+
+func TestParseFlagsModel(t *testing.T) {
+	o, err := parseFlags([]string{"--port", "1", "Qwen/Qwen3-32B"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "Qwen/Qwen3-32B", o.cfg.Model)
+}
+
+func TestParseFlagsErrors(t *testing.T) {
+	tests := map[string][]string{
+		"bad json":        {"--kv-transfer-config", "{"},
+		"unknown profile": {"--profile", "llama"},
+		"two models":      {"a", "b"},
+		"unknown flag":    {"--gpu-memory-utilization-typo", "1"},
+	}
+	for name, args := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseFlags(args, io.Discard)
+			assert.Error(t, err)
+		})
+	}
+}

@@ -1,0 +1,36 @@
+// Command vllmsim runs one simulated vLLM engine as a process, so a proxy or
+// any other client can be pointed at real processes. Its flags follow
+// vLLM's:
+//
+//	vllmsim [--model NAME | NAME] --port 8100 --side-channel-port 5600 \
+//	  --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+//	    "kv_connector_extra_config":{"bidirectional_kv_xfer":true,
+//	      "kv_recompute_threshold":64,"decoder_kv_blocks_ttl":480}}'
+//
+// The engine serves vLLM's OpenAI API on --host:--port and its side channel
+// (the stand-in for NIXL) over HTTP on --side-channel-host:--side-channel-port,
+// the address it puts in its handles. Engines in other processes are read
+// through their side channels. It prints one line when ready:
+//
+//	vllmsim: serving http://127.0.0.1:8100 side channel 127.0.0.1:5600 engine sim-...
+//
+// and stops on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "vllmsim:", err)
+		stop()
+		os.Exit(1)
+	}
+}
