@@ -2,10 +2,18 @@
 // any other client can be pointed at real processes. Its flags follow
 // vLLM's:
 //
-//	vllmsim [--model NAME | NAME] --port 8100 --side-channel-port 5600 \
+//	vllmsim --port 8100 --side-channel-port 5600 \
 //	  --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",
 //	    "kv_connector_extra_config":{"bidirectional_kv_xfer":true,
-//	      "kv_recompute_threshold":64,"decoder_kv_blocks_ttl":480}}'
+//	      "kv_recompute_threshold":64,"decoder_kv_blocks_ttl":480}}' \
+//	  [MODEL]
+//
+// Other flags: --host (default 127.0.0.1), --model, --no-enable-prefix-caching,
+// --block-size, --num-gpu-blocks-override, --tensor-parallel-size, --profile
+// (qwen3-32b, glm-5-fp8), --speed, --stream-handles, --reasoning,
+// --side-channel-host, --verbose. The settings in --kv-transfer-config may
+// also sit at its top level (kv_load_failure_policy, kv_lease_duration).
+// GET /sim/stats returns the engine's counters as JSON.
 //
 // The engine serves vLLM's OpenAI API on --host:--port and its side channel
 // (the stand-in for NIXL) over HTTP on --side-channel-host:--side-channel-port,
