@@ -34,13 +34,37 @@ type Store struct {
 // [Store.Close] does not close it. New does no network I/O.
 //
 // For the per-call timeout to bound waits on the network, the client should
-// have ContextTimeoutEnabled set (see [WithTimeout]). New fails with an error
+// have ContextTimeoutEnabled set (see [WithTimeout]); New logs a warning
+// through the injected logger when a go-redis Client, ClusterClient or Ring
+// has it off. New fails with an error
 // matching [ErrInvalidConfig] when client is nil or an option is invalid.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: New: client is nil", ErrInvalidConfig)
 	}
-	return newStore(client, false, opts)
+	s, err := newStore(client, false, opts)
+	if err != nil {
+		return nil, err
+	}
+	if ignoresContextDeadlines(client) {
+		s.log.Warn("redisstore: the client has ContextTimeoutEnabled off, so an unresponsive Redis holds each call for the client's read/write timeout, not the store's timeout",
+			slog.Duration("store_timeout", s.timeout))
+	}
+	return s, nil
+}
+
+// ignoresContextDeadlines reports whether client is a go-redis client known
+// to leave context deadlines out of its socket reads and writes.
+func ignoresContextDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return !c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return !c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // NewFromURL returns a Store with its own client for the Redis at rawURL,

@@ -342,3 +342,20 @@ func TestNewFromURL(t *testing.T) {
 		})
 	}
 }
+
+func TestNewWarnsWithoutContextTimeouts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		on   bool
+		want int // warnings
+	}{{"off", false, 1}, {"on", true, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: tc.on})
+			t.Cleanup(func() { _ = client.Close() })
+			logs := &logRecorder{}
+			_, err := redisstore.New(client, redisstore.WithLogger(slog.New(logs)))
+			require.NoError(t, err)
+			assert.Len(t, logs.messages(), tc.want)
+		})
+	}
+}
