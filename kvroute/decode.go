@@ -61,7 +61,7 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 		out.stream = true
 		out.Header.Del("Content-Length")
 		out.reader = sse.NewReader(resp.Body)
-		out.capture = sse.NewCapture(t.req.Chat())
+		out.capture = &capture{chat: t.req.Chat()}
 		return out, nil
 	}
 	if err := out.readBody(); err != nil {

@@ -21,7 +21,7 @@ var (
 	ErrBadRequest = errors.New("kvroute: bad request")
 	// ErrNoHandle means the prefill engine answered without a
 	// kv_transfer_params handle, so the decode leg cannot pull its KV.
-	ErrNoHandle = errors.New("kvroute: prefill engine returned no kv_transfer_params")
+	ErrNoHandle = errors.New("kvroute: prefill engine returned no KV transfer handle")
 	// ErrNoEndpoint means no endpoint was available for a leg.
 	ErrNoEndpoint = errors.New("kvroute: no endpoint available")
 	// ErrClosed is returned by Do after Close.

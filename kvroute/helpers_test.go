@@ -247,6 +247,12 @@ func roleRecords(e *kvroutetest.Engine, role string) []kvroutetest.RequestRecord
 	return out
 }
 
+// systemPrompt is long enough (over 64 tokens) for the first turn's KV to
+// be worth a pull.
+const systemPrompt = "You are a coding agent working in a large Go repository. You can list files, read them, run the tests and edit code. " +
+	"Think about the failing tests before you change anything, keep changes small, explain each step in one sentence, " +
+	"and never invent file names: list the directory first. When the tests pass, summarise what you changed and why."
+
 func userText(i int) string {
 	return fmt.Sprintf("Turn %d: please look at the tool output below and continue the plan. The file has %d lines and the test suite reports %d failures in module m%d.", i, 100+i*7, i%5, i)
 }

@@ -148,7 +148,7 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]by
 	}
 	h, ok := obj.Get(kvKey)
 	if !ok || jsonraw.IsNull(h) {
-		return nil, t.noHandle(ep, resp.StatusCode, errors.New("no kv_transfer_params in the answer"))
+		return nil, t.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
 	if _, err := inspectHandle(h); err != nil {
 		return nil, t.noHandle(ep, resp.StatusCode, err)

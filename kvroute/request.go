@@ -24,14 +24,18 @@ type Request struct {
 	Body []byte
 
 	obj    jsonraw.Object
+	parsed bool
 	tenant string
 }
 
 // Field returns the raw JSON of a top-level member of the request body, as
-// the client sent it. It is valid once Do (or ServeHTTP) has parsed the
-// body, which is when Identifier and TenantFunc implementations see the
-// Request.
-func (r *Request) Field(key string) ([]byte, bool) {
+// the client sent it; ok is false when the member is absent or the body is
+// not a JSON object. The body is indexed once, on first use.
+func (r *Request) Field(key string) (value []byte, ok bool) {
+	if !r.parsed {
+		r.parsed = true
+		r.obj, _ = jsonraw.Parse(r.Body)
+	}
 	return r.obj.Get(key)
 }
 
@@ -47,7 +51,7 @@ func (r *Request) parse() error {
 	if err != nil {
 		return badRequest("request body is not a JSON object: %v", err)
 	}
-	r.obj = obj
+	r.obj, r.parsed = obj, true
 	if v, ok := obj.Get("model"); ok {
 		if _, isStr := jsonraw.String(v); !isStr {
 			return badRequest("model must be a string")
@@ -84,7 +88,7 @@ func (r *Request) parse() error {
 
 // Streaming reports whether the client asked for a stream.
 func (r *Request) Streaming() bool {
-	v, ok := r.obj.Get("stream")
+	v, ok := r.Field("stream")
 	if !ok {
 		return false
 	}

@@ -40,7 +40,7 @@ type Response struct {
 	cancel  context.CancelFunc
 	stream  bool
 	reader  *sse.Reader
-	capture *sse.Capture
+	capture *capture
 	first   bool
 	err     error
 	once    sync.Once
@@ -73,7 +73,7 @@ func (r *Response) Next() ([]byte, error) {
 	ev, err := r.reader.Next()
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			if r.capture.Done() {
+			if r.capture.done {
 				r.end(nil)
 				r.err = io.EOF
 				return nil, io.EOF
@@ -84,7 +84,7 @@ func (r *Response) Next() ([]byte, error) {
 		r.end(r.err)
 		return nil, r.err
 	}
-	out := r.capture.Event(ev)
+	out := r.capture.event(ev)
 	if !r.first {
 		r.first = true
 		r.t.rec.TTFT = r.t.since()
@@ -173,7 +173,7 @@ func (r *Response) release() {
 func (r *Response) end(err error) {
 	t := r.t
 	if err == nil {
-		t.retain(r.capture.Handle(), r.capture.Reply())
+		t.retain(r.capture.handle, r.capture.reply())
 	} else {
 		if t.rec.StoreRefusal == "" {
 			t.rec.StoreRefusal = "stream_error"

@@ -245,12 +245,12 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		if age >= r.cfg.retentionTTL {
 			return t.miss(MissExpired)
 		}
+		t.rec.ReusableTokens = e.tokens
 		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
 			return t.miss(MissThreshold)
 		}
 		t.rec.Reuse = ReuseHit
 		t.rec.HandleAge = age
-		t.rec.ReusableTokens = e.tokens
 		return &e
 	}
 	return t.miss(MissNotFound)

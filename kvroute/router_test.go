@@ -37,14 +37,16 @@ func TestConversation(t *testing.T) {
 }
 
 func runConversation(t *testing.T, path string, stream, handles bool) {
-	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(handles))
+	// Prefix caching off, as on the published experiment's prefill engine:
+	// everything P does not pull, it computes.
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(handles), kvroutetest.WithPrefixCaching(false))
 	r := newRouter(t, c)
 	url := serve(t, r)
 	conv := &conversation{path: path, stream: stream, maxTok: 24}
 	if path == kvroute.PathChatCompletions {
-		conv.messages = []message{{Role: "system", Content: "You are a coding agent. Use the tools you are given."}}
+		conv.messages = []message{{Role: "system", Content: systemPrompt}}
 	} else {
-		conv.prompt = "A transcript of a coding agent at work."
+		conv.prompt = systemPrompt
 	}
 	canReuse := !stream || handles
 	const turns = 20
@@ -92,10 +94,10 @@ func runConversation(t *testing.T, path string, stream, handles bool) {
 
 // TestPrefillRewrites checks messages 1, 2 and 4 of protocol.md byte for byte.
 func TestPrefillRewrites(t *testing.T) {
-	c := kvroutetest.NewCluster(t, 1, 1)
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 	r := newRouter(t, c)
 	url := serve(t, r)
-	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, extra: map[string]any{
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, stream: true, messages: []message{{Role: "system", Content: systemPrompt}}, extra: map[string]any{
 		"max_completion_tokens": 16, "min_tokens": 2, "stream_options": map[string]any{"include_usage": true},
 		"conversation_id":    "conv-1",
 		"kv_transfer_params": map[string]any{"remote_engine_id": "evil", "do_remote_prefill": true},
@@ -162,7 +164,7 @@ func TestConcurrentFollowUps(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
 	r := newRouter(t, c)
 	url := serve(t, r)
-	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16}
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	conv.say(userText(1))
 	res := post(t, url, kvroute.PathChatCompletions, conv.body(), nil)
 	require.Equal(t, http.StatusOK, res.status)
@@ -213,7 +215,8 @@ func TestConcurrentFollowUps(t *testing.T) {
 // TestRetentionTTL: once the retention TTL has passed, the next turn is a
 // plain prefill with a correct answer.
 func TestRetentionTTL(t *testing.T) {
-	c := kvroutetest.NewCluster(t, 1, 1)
+	clock := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithClock(clock))
 	var recs []kvroute.TurnRecord
 	var mu sync.Mutex
 	r := newRouter(t, c, kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) {
@@ -222,12 +225,12 @@ func TestRetentionTTL(t *testing.T) {
 		mu.Unlock()
 	})))
 	url := serve(t, r)
-	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16}
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	conv.say(userText(1))
 	res := post(t, url, kvroute.PathChatCompletions, conv.body(), nil)
 	require.Equal(t, http.StatusOK, res.status)
 	conv.hear(res.text)
-	c.Clock.Advance(kvroute.DefaultRetentionTTL + time.Second)
+	clock.Advance(kvroute.DefaultRetentionTTL + time.Second)
 	conv.say(userText(2))
 	body := conv.body()
 	res = post(t, url, kvroute.PathChatCompletions, body, nil)
@@ -340,7 +343,7 @@ func TestPrefillWithoutHandle(t *testing.T) {
 			dec := c.Decode[0].Requests()
 			if !fallback {
 				assert.Equal(t, http.StatusBadGateway, res.status)
-				assert.Contains(t, string(res.raw), "no kv_transfer_params")
+				assert.Contains(t, string(res.raw), "no KV transfer handle")
 				assert.Empty(t, dec)
 				return
 			}
