@@ -11,12 +11,18 @@ import (
 
 // Defaults used by [Retry] for zero fields of a [RetryPolicy].
 const (
-	DefaultMaxAttempts         = 3
-	DefaultInitialInterval     = 50 * time.Millisecond
-	DefaultMaxInterval         = time.Second
-	DefaultMultiplier          = 2.0
+	// DefaultMaxAttempts is the number of calls, the first included.
+	DefaultMaxAttempts = 3
+	// DefaultInitialInterval is the backoff before the first retry.
+	DefaultInitialInterval = 50 * time.Millisecond
+	// DefaultMaxInterval caps the backoff before jitter.
+	DefaultMaxInterval = time.Second
+	// DefaultMultiplier grows the backoff after each retry.
+	DefaultMultiplier = 2.0
+	// DefaultRandomizationFactor spreads each backoff over ±50%.
 	DefaultRandomizationFactor = 0.5
-	DefaultMaxRetryAfter       = 5 * time.Second
+	// DefaultMaxRetryAfter is the longest Retry-After that is waited for.
+	DefaultMaxRetryAfter = 5 * time.Second
 )
 
 // RetryPolicy configures [Retry]. The zero value is the default policy:
