@@ -49,11 +49,8 @@ type Client struct {
 // [NewTransport].
 func NewClient(rt http.RoundTripper) *Client {
 	if rt == nil {
-		t, err := NewTransport()
-		if err != nil {
-			panic("transport: default configuration is invalid: " + err.Error()) // unreachable
-		}
-		rt = t
+		c := defaultConfig()
+		rt = c.transport()
 	}
 	return &Client{
 		hc: &http.Client{
