@@ -1,0 +1,67 @@
+package kvroute_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// Example runs two turns of a conversation through a Router over one
+// simulated prefill engine and one simulated decode engine. The second
+// turn's prefill pulls the KV the decode engine kept from the first.
+func Example() {
+	reg := kvroutetest.NewRegistry()
+	// Prefix caching off on the prefill engine, as in vLLM's published
+	// experiment: whatever P does not pull, it recomputes.
+	p, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg), kvroutetest.WithPrefixCaching(false))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	d, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer d.Close()
+
+	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer router.Close()
+
+	messages := []map[string]string{
+		{"role": "system", "content": "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."},
+		{"role": "user", "content": "The test TestParse fails with an index out of range."},
+	}
+	for turn := 1; turn <= 2; turn++ {
+		body, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": messages, "max_tokens": 16})
+		resp, err := router.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
+		if err != nil {
+			log.Fatal(err)
+		}
+		var out struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(resp.Body, &out); err != nil {
+			log.Fatal(err)
+		}
+		resp.Close()
+		ref, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body)
+		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, resp.Reuse(), out.Choices[0].Message.Content == ref.Text)
+		messages = append(messages,
+			map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+			map[string]string{"role": "user", "content": "Now run the whole suite."})
+	}
+	fmt.Printf("prefill engine: %d tokens computed, %d pulled from the decode engine\n", p.Stats().TokensComputed, p.Stats().TokensPulledIn)
+	// Output:
+	// turn 1: miss, answer identical to a single engine: true
+	// turn 2: hit, answer identical to a single engine: true
+	// prefill engine: 79 tokens computed, 68 pulled from the decode engine
+}
