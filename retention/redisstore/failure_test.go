@@ -50,7 +50,9 @@ func waitRecovered(t *testing.T, s *redisstore.Store) int {
 func TestServerKilled(t *testing.T) {
 	srv := startServer(t)
 	logs := &logRecorder{}
-	s := newStore(t, srv, redisstore.WithLogger(slog.New(logs)))
+	// A long timeout: a dead Redis must fail the call at once (refused
+	// connection, no retries), not when the timeout runs out.
+	s := newStore(t, srv, redisstore.WithLogger(slog.New(logs)), redisstore.WithTimeout(time.Minute))
 	ctx := t.Context()
 	require.NoError(t, s.Put(ctx, "k", []byte("before"), time.Hour), "warm the pool")
 
@@ -60,11 +62,14 @@ func TestServerKilled(t *testing.T) {
 		noHang(t, "Take", func() {
 			got, ok, err := s.Take(ctx, "k")
 			assert.Error(t, err, "take %d", i)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded, "take %d", i)
 			assert.False(t, ok)
 			assert.Nil(t, got)
 		})
 		noHang(t, "Put", func() {
-			assert.Error(t, s.Put(ctx, "k", []byte("during"), time.Hour), "put %d", i)
+			err := s.Put(ctx, "k", []byte("during"), time.Hour)
+			assert.Error(t, err, "put %d", i)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded, "put %d", i)
 		})
 	}
 	st := s.Stats()

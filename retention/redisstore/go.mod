@@ -10,6 +10,7 @@ require (
 )
 
 require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jellydator/ttlcache/v3 v3.4.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect

@@ -11,7 +11,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/bidikv/bidikv/kvroute"
 )
+
+var _ kvroute.Store = (*Store)(nil)
 
 // Store is a [kvroute.Store] in Redis. A Store is safe for concurrent use,
 // and any number of Stores, in any number of processes, may share one Redis.
@@ -36,8 +40,10 @@ type Store struct {
 // For the per-call timeout to bound waits on the network, the client should
 // have ContextTimeoutEnabled set (see [WithTimeout]); New logs a warning
 // through the injected logger when a go-redis Client, ClusterClient or Ring
-// has it off. New fails with an error
-// matching [ErrInvalidConfig] when client is nil or an option is invalid.
+// has it off. For calls to fail at once rather than at the timeout when
+// Redis is down, set DialerRetries to 1 and MaxRetries to -1, as
+// [NewFromURL] does. New fails with an error matching [ErrInvalidConfig]
+// when client is nil or an option is invalid.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: New: client is nil", ErrInvalidConfig)
@@ -71,7 +77,9 @@ func ignoresContextDeadlines(client redis.UniversalClient) bool {
 // in the form go-redis's ParseURL reads: redis://[[user]:password@]host[:port][/db]
 // or rediss:// for TLS, with optional query parameters such as
 // dial_timeout or pool_size. The client honours context deadlines, so
-// [WithTimeout] bounds every call. [Store.Close] closes the client.
+// [WithTimeout] bounds every call, and fails fast when Redis is down: one
+// dial attempt per call and no retries (unless the URL sets max_retries).
+// [Store.Close] closes the client.
 //
 // NewFromURL does no network I/O: an unreachable Redis shows up as failed
 // calls, not as an error here. It fails with an error matching
@@ -88,11 +96,26 @@ func NewFromURL(rawURL string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: NewFromURL: %v", ErrInvalidConfig, err)
 	}
 	ro.ContextTimeoutEnabled = true
+	// Fail fast when Redis is down: go-redis's defaults (5 dial attempts,
+	// 3 retries with backoff) would spend the whole timeout on every call
+	// before the turn goes on as a miss. Stale pooled connections are
+	// detected before use, so a restarted Redis needs no retry.
+	ro.DialerRetries = 1
+	if !hasQuery(rawURL, "max_retries") {
+		ro.MaxRetries = -1
+	}
 	// Validate the options before creating a client that would need closing.
 	if _, err := configure(opts); err != nil {
 		return nil, err
 	}
 	return newStore(redis.NewClient(ro), true, opts)
+}
+
+// hasQuery reports whether rawURL, which redis.ParseURL accepted, sets
+// the query parameter key.
+func hasQuery(rawURL, key string) bool {
+	u, err := url.Parse(rawURL)
+	return err == nil && u.Query().Has(key)
 }
 
 func configure(opts []Option) (config, error) {
