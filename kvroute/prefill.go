@@ -108,7 +108,9 @@ func retryablePrefill(err error, hit bool) bool {
 		return false
 	}
 	if ue.Status == 0 {
-		return true
+		// Connection failures and a stalled engine; not our own total
+		// timeout or the caller's cancellation.
+		return transport.Retryable(nil, ue.Err)
 	}
 	switch ue.Status {
 	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
