@@ -105,6 +105,7 @@ func randomConversation(t *testing.T, r *kvroute.Router, seed int) (continuation
 		resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body,
 			Header: http.Header{"Authorization": {tenant}}})
 		require.NoError(t, err)
+		assert.NotContains(t, string(resp.Body), "kv_transfer_params")
 		text, _ := parseBody(t, resp.Body)
 		_ = resp.Close()
 		if text != reference(t, kvroute.PathChatCompletions, body) {
