@@ -3,7 +3,7 @@ module github.com/bidikv/bidikv/retention/redisstore
 go 1.26.0
 
 require (
-	github.com/bidikv/bidikv v0.0.0-00010101000000-000000000000
+	github.com/bidikv/bidikv v0.0.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
