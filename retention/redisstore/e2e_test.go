@@ -292,23 +292,30 @@ func newFleetDefault(t *testing.T) *e2eFleet {
 	return f
 }
 
-// TestReplicasRedisRestart kills Redis between two rounds of turns and
-// starts an empty one on the same port two rounds later: no client sees an
-// error, the turns in between miss, and hits resume.
+// TestReplicasRedisRestart kills Redis while a round of turns is in flight,
+// runs a round with Redis down and then starts an empty one on the same
+// port: no client sees an error, the turns in between miss, and hits
+// resume.
 func TestReplicasRedisRestart(t *testing.T) {
-	const killAfter = 4 // rounds before Redis goes away
+	const killAt = 5 // the round during which Redis goes away
 	srv := startServer(t)
 	stores := e2eStores(t, srv, 3)
 	f := newFleet(t, asStores(stores))
 	convs := newConversations()
 
-	for n := 1; n <= killAfter; n++ {
-		_, _, failed := f.round(t, convs, n)
+	for n := 1; n < killAt; n++ {
+		hits, _, failed := f.round(t, convs, n)
 		require.Zero(t, failed, "turn %d", n)
+		assert.Equal(t, min(n-1, 1)*e2eConversations, hits, "turn %d", n)
 	}
 
-	srv.kill()
-	hits, misses, failed := f.round(t, convs, killAfter+1)
+	killed := make(chan struct{})
+	go func() { defer close(killed); srv.kill() }()
+	_, _, failed := f.round(t, convs, killAt)
+	<-killed
+	require.Zero(t, failed, "Redis killed mid-round: a client saw an error")
+
+	hits, misses, failed := f.round(t, convs, killAt+1)
 	require.Zero(t, failed, "Redis down: a client saw an error")
 	assert.Equal(t, [2]int{0, e2eConversations}, [2]int{hits, misses}, "Redis down: every turn misses")
 
@@ -317,22 +324,22 @@ func TestReplicasRedisRestart(t *testing.T) {
 	for _, s := range stores {
 		probeErrs += waitRecovered(t, s)
 	}
-	hits, misses, failed = f.round(t, convs, killAfter+2)
+	hits, misses, failed = f.round(t, convs, killAt+2)
 	require.Zero(t, failed)
 	assert.Equal(t, [2]int{0, e2eConversations}, [2]int{hits, misses},
 		"the restarted Redis is empty and the turn before could not store")
-	for n := killAfter + 3; n <= e2eTurns; n++ {
+	for n := killAt + 3; n <= e2eTurns; n++ {
 		hits, _, failed := f.round(t, convs, n)
 		require.Zero(t, failed, "turn %d", n)
 		assert.Equal(t, e2eConversations, hits, "turn %d: hits resume", n)
 	}
 	f.checkEngines(t)
 
-	var takeErrs, putErrs int64
+	var st redisstore.Stats
 	for _, s := range stores {
-		takeErrs += s.Stats().TakeErrors
-		putErrs += s.Stats().PutErrors
+		st.TakeErrors += s.Stats().TakeErrors
+		st.PutErrors += s.Stats().PutErrors
 	}
-	assert.Equal(t, int64(e2eConversations+probeErrs), takeErrs, "one failed take per turn while Redis was down")
-	assert.Equal(t, int64(e2eConversations), putErrs, "one failed put per turn while Redis was down")
+	assert.GreaterOrEqual(t, st.TakeErrors, int64(e2eConversations+probeErrs), "a failed take per turn while Redis was down")
+	assert.GreaterOrEqual(t, st.PutErrors, int64(e2eConversations), "a failed put per turn while Redis was down")
 }
