@@ -1,0 +1,276 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
+)
+
+// errUsage wraps every command-line error, so main can exit with status 2.
+var errUsage = errors.New("proxy: invalid command line")
+
+// config is the parsed command line.
+type config struct {
+	host string
+	port int
+
+	prefillHosts, decodeHosts []string
+	prefillPorts, decodePorts []string
+	prefillURLs, decodeURLs   []string
+
+	retentionTTL      time.Duration
+	decoderBlocksTTL  time.Duration
+	recomputeThresh   int
+	reuse             bool
+	keyMode           string
+	localFallback     bool
+	redisURL          string
+	apiKeys           []string
+	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
+	maxBodyBytes      int64
+	prefillTimeout    time.Duration
+	firstByteTimeout  time.Duration
+	idleTimeout       time.Duration
+	readHeaderTimeout time.Duration
+	shutdownGrace     time.Duration
+	healthInterval    time.Duration
+	healthTimeout     time.Duration
+	logLevel          slog.Level
+	logFormat         string
+}
+
+// Key modes for --key-mode.
+const (
+	keyContent        = "content"
+	keyConversationID = "conversation-id"
+)
+
+// listFlag collects a flag given once with several values (argparse's
+// nargs="+"), several times, or as a comma-separated list.
+type listFlag struct {
+	vals *[]string
+	set  bool // a value was given: the first one replaces the default
+}
+
+func (l *listFlag) String() string {
+	if l == nil || l.vals == nil {
+		return ""
+	}
+	return strings.Join(*l.vals, ",")
+}
+
+func (l *listFlag) Set(s string) error {
+	if !l.set {
+		*l.vals = nil
+		l.set = true
+	}
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l.vals = append(*l.vals, v)
+		}
+	}
+	return nil
+}
+
+// isListFlag reports whether a flag takes several values after one name,
+// as the reference proxy's argparse nargs="+" does.
+func isListFlag(name string) bool {
+	switch name {
+	case "prefiller-host", "prefiller-hosts", "prefiller-port", "prefiller-ports",
+		"decoder-host", "decoder-hosts", "decoder-port", "decoder-ports",
+		"prefill", "decode", "api-key":
+		return true
+	}
+	return false
+}
+
+// expandLists rewrites "--decoder-ports 8200 8201" into
+// "--decoder-ports 8200 --decoder-ports 8201" so that the flag package reads
+// the reference proxy's command lines unchanged.
+func expandLists(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		if a == "--" {
+			return append(out, args[i+1:]...)
+		}
+		name := strings.TrimLeft(a, "-")
+		if !strings.HasPrefix(a, "-") || strings.Contains(name, "=") || !isListFlag(name) {
+			continue
+		}
+		// The first value follows as usual; the rest get the name repeated.
+		if i+1 < len(args) {
+			i++
+			out = append(out, args[i])
+		}
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			i++
+			out = append(out, a, args[i])
+		}
+	}
+	return out
+}
+
+// parseConfig reads the command line. getenv is os.Getenv in main.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{
+		prefillHosts: []string{"localhost"}, prefillPorts: []string{"8100"},
+		decodeHosts: []string{"localhost"}, decodePorts: []string{"8200"},
+	}
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&c.port, "port", 8000, "port to listen on (0: any free port)")
+
+	ph := &listFlag{vals: &c.prefillHosts}
+	pp := &listFlag{vals: &c.prefillPorts}
+	dh := &listFlag{vals: &c.decodeHosts}
+	dp := &listFlag{vals: &c.decodePorts}
+	for _, n := range []string{"prefiller-hosts", "prefiller-host"} {
+		fs.Var(ph, n, "prefill engine hosts, one or more (default localhost)")
+	}
+	for _, n := range []string{"prefiller-ports", "prefiller-port"} {
+		fs.Var(pp, n, "prefill engine ports, one per host (default 8100)")
+	}
+	for _, n := range []string{"decoder-hosts", "decoder-host"} {
+		fs.Var(dh, n, "decode engine hosts, one or more (default localhost)")
+	}
+	for _, n := range []string{"decoder-ports", "decoder-port"} {
+		fs.Var(dp, n, "decode engine ports, one per host (default 8200)")
+	}
+	fs.Var(&listFlag{vals: &c.prefillURLs}, "prefill", "prefill engine URLs (http://host:port), replacing --prefiller-hosts/--prefiller-ports")
+	fs.Var(&listFlag{vals: &c.decodeURLs}, "decode", "decode engine URLs (http://host:port), replacing --decoder-hosts/--decoder-ports")
+
+	fs.DurationVar(&c.retentionTTL, "retention-ttl", kvroute.DefaultRetentionTTL, "how long a decode handle is kept; at least 5s under --decoder-kv-blocks-ttl")
+	fs.DurationVar(&c.decoderBlocksTTL, "decoder-kv-blocks-ttl", kvroute.DefaultDecoderBlocksTTL, "the decode engines' decoder_kv_blocks_ttl")
+	fs.IntVar(&c.recomputeThresh, "recompute-threshold", 64, "attach a handle only if at least this many tokens can be pulled (the engines' kv_recompute_threshold; 0: always)")
+	fs.BoolVar(&c.reuse, "reuse", true, "bidirectional KV reuse; false: plain one-way P→D disaggregation")
+	fs.StringVar(&c.keyMode, "key-mode", keyContent, "how turns are matched: content (the conversation itself) or conversation-id (conversation_id body field / X-Session-ID header, as the reference proxy)")
+	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
+	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis (redis://[user:password@]host:port/db); default in memory")
+	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY); none: no authentication")
+	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.DefaultPrefillTimeout, "bound on the prefill leg (0: none)")
+	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.DefaultFirstByteTimeout, "bound on the wait for the decode engine's headers (0: none)")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.DefaultIdleTimeout, "bound on the gap between two decode stream reads (0: none)")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 30*time.Second, "bound on reading a client's request headers")
+	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
+	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
+	fs.DurationVar(&c.healthTimeout, "health-timeout", 2*time.Second, "bound on one engine health probe")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+
+	if err := fs.Parse(expandLists(args)); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	if err := c.level(*level); err != nil {
+		return nil, err
+	}
+	c.upstreamAPIKey = getenv("OPENAI_API_KEY")
+	if err := c.endpoints(ph.set || pp.set, dh.set || dp.set); err != nil {
+		return nil, err
+	}
+	return c, c.validate()
+}
+
+func (c *config) level(s string) error {
+	if err := c.logLevel.UnmarshalText([]byte(s)); err != nil {
+		return fmt.Errorf("%w: --log-level %q: use debug, info, warn or error", errUsage, s)
+	}
+	return nil
+}
+
+// endpoints turns host and port lists into URLs, unless --prefill or
+// --decode gave URLs, which cannot be mixed with them.
+func (c *config) endpoints(prefillPairs, decodePairs bool) error {
+	var err error
+	switch {
+	case len(c.prefillURLs) > 0 && prefillPairs:
+		return fmt.Errorf("%w: use either --prefill or --prefiller-hosts/--prefiller-ports, not both", errUsage)
+	case len(c.prefillURLs) == 0:
+		if c.prefillURLs, err = pairs("prefiller", c.prefillHosts, c.prefillPorts); err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(c.decodeURLs) > 0 && decodePairs:
+		return fmt.Errorf("%w: use either --decode or --decoder-hosts/--decoder-ports, not both", errUsage)
+	case len(c.decodeURLs) == 0:
+		if c.decodeURLs, err = pairs("decoder", c.decodeHosts, c.decodePorts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pairs zips hosts and ports into base URLs.
+func pairs(role string, hosts, ports []string) ([]string, error) {
+	if len(hosts) != len(ports) {
+		return nil, fmt.Errorf("%w: %d --%s-hosts but %d --%s-ports: give one port per host",
+			errUsage, len(hosts), role, len(ports), role)
+	}
+	out := make([]string, len(hosts))
+	for i, h := range hosts {
+		p, err := strconv.Atoi(ports[i])
+		if err != nil || p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("%w: --%s-ports: %q is not a port", errUsage, role, ports[i])
+		}
+		out[i] = "http://" + net.JoinHostPort(strings.Trim(h, "[]"), strconv.Itoa(p))
+	}
+	return out, nil
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.port < 0 || c.port > 65535:
+		return fmt.Errorf("%w: --port %d out of range", errUsage, c.port)
+	case c.keyMode != keyContent && c.keyMode != keyConversationID:
+		return fmt.Errorf("%w: --key-mode %q: use %s or %s", errUsage, c.keyMode, keyContent, keyConversationID)
+	case c.logFormat != "text" && c.logFormat != "json":
+		return fmt.Errorf("%w: --log-format %q: use text or json", errUsage, c.logFormat)
+	case c.shutdownGrace < 0:
+		return fmt.Errorf("%w: --shutdown-grace must not be negative", errUsage)
+	case c.healthInterval <= 0 || c.healthTimeout <= 0:
+		return fmt.Errorf("%w: --health-interval and --health-timeout must be positive", errUsage)
+	case c.readHeaderTimeout <= 0:
+		return fmt.Errorf("%w: --read-header-timeout must be positive", errUsage)
+	}
+	return nil
+}
+
+// routerOptions maps the configuration onto kvroute options. The store is
+// added by the caller.
+func (c *config) routerOptions() []kvroute.Option {
+	opts := []kvroute.Option{
+		kvroute.WithPrefill(c.prefillURLs...),
+		kvroute.WithDecode(c.decodeURLs...),
+		kvroute.WithRetentionTTL(c.retentionTTL),
+		kvroute.WithDecoderBlocksTTL(c.decoderBlocksTTL),
+		kvroute.WithThreshold(c.recomputeThresh),
+		kvroute.WithReuse(c.reuse),
+		kvroute.WithLocalPrefillFallback(c.localFallback),
+		kvroute.WithMaxBodyBytes(c.maxBodyBytes),
+		kvroute.WithPrefillTimeout(c.prefillTimeout),
+		kvroute.WithFirstByteTimeout(c.firstByteTimeout),
+		kvroute.WithIdleTimeout(c.idleTimeout),
+	}
+	if c.upstreamAPIKey != "" {
+		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))
+	}
+	if c.keyMode == keyConversationID {
+		opts = append(opts, kvroute.WithIdentifier(kvroute.ExplicitID{}))
+	}
+	return opts
+}

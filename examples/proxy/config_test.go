@@ -1,0 +1,90 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func noEnv(string) string { return "" }
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		name            string
+		args            []string
+		prefill, decode []string
+	}{
+		{"defaults as the reference proxy", nil,
+			[]string{"http://localhost:8100"}, []string{"http://localhost:8200"}},
+		{"singular names", []string{"--prefiller-host", "p", "--prefiller-port", "1", "--decoder-host", "d", "--decoder-port", "2"},
+			[]string{"http://p:1"}, []string{"http://d:2"}},
+		{"nargs lists", []string{"--prefiller-hosts", "a", "b", "--prefiller-ports", "1", "2", "--decoder-hosts", "c", "--decoder-ports", "3"},
+			[]string{"http://a:1", "http://b:2"}, []string{"http://c:3"}},
+		{"repeated and comma lists", []string{"--decoder-hosts", "a,b", "--decoder-ports", "1", "--decoder-ports", "2"},
+			[]string{"http://localhost:8100"}, []string{"http://a:1", "http://b:2"}},
+		{"equals form", []string{"--prefiller-hosts=x", "--prefiller-ports=9"},
+			[]string{"http://x:9"}, []string{"http://localhost:8200"}},
+		{"bracketed IPv6", []string{"--decoder-hosts", "[::1]", "--decoder-ports", "8"},
+			[]string{"http://localhost:8100"}, []string{"http://[::1]:8"}},
+		{"URL lists", []string{"--prefill", "http://p1:1", "http://p2:2", "--decode", "d:3"},
+			[]string{"http://p1:1", "http://p2:2"}, []string{"d:3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseConfig(tt.args, noEnv, io.Discard)
+			require.NoError(t, err)
+			assert.Equal(t, tt.prefill, c.prefillURLs)
+			assert.Equal(t, tt.decode, c.decodeURLs)
+		})
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		name, want string
+		args       []string
+	}{
+		{"count mismatch", "2 --prefiller-hosts but 1 --prefiller-ports", []string{"--prefiller-hosts", "a", "b", "--prefiller-ports", "1"}},
+		{"decoder count mismatch", "1 --decoder-hosts but 2 --decoder-ports", []string{"--decoder-ports", "1", "2"}},
+		{"bad port", `"x" is not a port`, []string{"--decoder-ports", "x"}},
+		{"URLs and pairs", "use either --prefill or", []string{"--prefill", "p:1", "--prefiller-hosts", "a"}},
+		{"unknown flag", "flag provided but not defined", []string{"--nope"}},
+		{"stray argument", `unexpected argument "x"`, []string{"--port", "1", "x"}},
+		{"log level", "--log-level", []string{"--log-level", "loud"}},
+		{"log format", "--log-format", []string{"--log-format", "xml"}},
+		{"key mode", "--key-mode", []string{"--key-mode", "guess"}},
+		{"grace", "--shutdown-grace", []string{"--shutdown-grace", "-1s"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(tt.args, noEnv, io.Discard)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, errUsage))
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestParseConfigSettings(t *testing.T) {
+	env := map[string]string{"OPENAI_API_KEY": "sk-up"}
+	c, err := parseConfig([]string{
+		"--retention-ttl", "100s", "--recompute-threshold", "0", "--api-key", "k1", "k2",
+		"--max-body-bytes", "1024", "--shutdown-grace", "3s", "--reuse=false", "--key-mode", "conversation-id",
+		"--log-level", "debug", "--log-format", "json",
+	}, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 100*time.Second, c.retentionTTL)
+	assert.Equal(t, 0, c.recomputeThresh)
+	assert.Equal(t, []string{"k1", "k2"}, c.apiKeys)
+	assert.Equal(t, int64(1024), c.maxBodyBytes)
+	assert.Equal(t, 3*time.Second, c.shutdownGrace)
+	assert.False(t, c.reuse)
+	assert.Equal(t, keyConversationID, c.keyMode)
+	assert.Equal(t, "sk-up", c.upstreamAPIKey)
+	assert.Equal(t, "json", c.logFormat)
+	assert.Len(t, c.routerOptions(), 13, "upstream key and identifier options added")
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Engine roles, as labels in metrics and logs.
+const (
+	rolePrefill = "prefill"
+	roleDecode  = "decode"
+)
+
+// engine is one upstream engine and what its last health probe said.
+type engine struct {
+	role, url string
+	up        atomic.Bool
+	probed    atomic.Bool // up has been set at least once
+}
+
+// health probes the engines' GET /health.
+type health struct {
+	client   *http.Client
+	engines  []*engine
+	timeout  time.Duration
+	log      *slog.Logger
+	onChange func(e *engine, up bool) // called on every change, and on the first probe
+}
+
+func newHealth(client *http.Client, prefill, decode []string, timeout time.Duration, log *slog.Logger) *health {
+	h := &health{client: client, timeout: timeout, log: log}
+	for _, u := range prefill {
+		h.engines = append(h.engines, &engine{role: rolePrefill, url: strings.TrimRight(u, "/")})
+	}
+	for _, u := range decode {
+		h.engines = append(h.engines, &engine{role: roleDecode, url: strings.TrimRight(u, "/")})
+	}
+	return h
+}
+
+// check probes every engine at once and reports whether at least one
+// prefill and one decode engine answered 200.
+func (h *health) check(ctx context.Context) (prefillUp, decodeUp bool) {
+	var wg sync.WaitGroup
+	for _, e := range h.engines {
+		wg.Go(func() { h.probe(ctx, e) })
+	}
+	wg.Wait()
+	for _, e := range h.engines {
+		if e.up.Load() {
+			prefillUp = prefillUp || e.role == rolePrefill
+			decodeUp = decodeUp || e.role == roleDecode
+		}
+	}
+	return prefillUp, decodeUp
+}
+
+func (h *health) probe(parent context.Context, e *engine) {
+	ctx, cancel := context.WithTimeout(parent, h.timeout)
+	defer cancel()
+	up := false
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/health", nil)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = h.client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+			_ = resp.Body.Close()
+			up = resp.StatusCode == http.StatusOK
+		}
+	}
+	if !up && parent.Err() != nil {
+		return // the caller went away: no verdict
+	}
+	was := e.up.Swap(up)
+	first := !e.probed.Swap(true)
+	if first || was != up {
+		if !first || !up {
+			level := slog.LevelInfo
+			if !up {
+				level = slog.LevelWarn
+			}
+			h.log.LogAttrs(ctx, level, "engine health changed",
+				slog.String("role", e.role), slog.String("endpoint", e.url), slog.Bool("up", up))
+		}
+		if h.onChange != nil {
+			h.onChange(e, up)
+		}
+	}
+}
+
+// run probes every interval until ctx is done.
+func (h *health) run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		h.check(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ordered returns the engines last seen up first, decode before prefill.
+func (h *health) ordered() []*engine {
+	out := make([]*engine, 0, len(h.engines))
+	for _, pass := range []func(e *engine) bool{
+		func(e *engine) bool { return e.up.Load() && e.role == roleDecode },
+		func(e *engine) bool { return e.up.Load() && e.role == rolePrefill },
+		func(e *engine) bool { return !e.up.Load() },
+	} {
+		for _, e := range h.engines {
+			if pass(e) {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/bidikv/bidikv/kvroute"
+)
+
+const namespace = "bidikv"
+
+// metrics are the proxy's Prometheus collectors, in a registry of their
+// own (never the global one).
+type metrics struct {
+	reg *prometheus.Registry
+
+	turns     *prometheus.CounterVec // path, reuse, result
+	hits      prometheus.Counter
+	misses    *prometheus.CounterVec // reason
+	errors    *prometheus.CounterVec // phase
+	stored    prometheus.Counter
+	refusals  *prometheus.CounterVec // reason
+	fallbacks prometheus.Counter
+	bytes     prometheus.Counter
+
+	ttft      *prometheus.HistogramVec // reuse
+	prefill   *prometheus.HistogramVec // reuse
+	firstByte *prometheus.HistogramVec // reuse
+	duration  *prometheus.HistogramVec // reuse
+	handleAge prometheus.Histogram
+	reusable  prometheus.Histogram
+
+	inflight   prometheus.Gauge
+	endpointUp *prometheus.GaugeVec // role, endpoint
+}
+
+func newMetrics() *metrics {
+	seconds := prometheus.ExponentialBuckets(0.005, 2, 14) // 5 ms to 41 s
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "turns_total",
+			Help: "Turns routed, by path, reuse outcome (hit, miss, off, none when the turn failed before lookup) and result (ok, error)."},
+			[]string{"path", "reuse", "result"}),
+		hits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "reuse_hits_total",
+			Help: "Turns whose prefill leg carried a retained decode handle."}),
+		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "reuse_misses_total",
+			Help: "Turns without a usable retained handle, by reason (no_key, not_found, expired, threshold, store_error, bad_entry, retry, mismatch)."},
+			[]string{"reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "turn_errors_total",
+			Help: "Turns that ended with an error, by phase (lookup, prefill, decode, stream, store)."},
+			[]string{"phase"}),
+		stored: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "handles_stored_total",
+			Help: "Decode handles retained for a next turn."}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "store_refusals_total",
+			Help: "Finished turns whose handle was not retained, by reason."},
+			[]string{"reason"}),
+		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "local_prefill_fallbacks_total",
+			Help: "Turns the decode engine prefilled locally because the prefill engine returned no handle."}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "response_bytes_total",
+			Help: "Response bytes handed to clients."}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "ttft_seconds",
+			Help: "Time from the request to the first response event handed to the client.", Buckets: seconds},
+			[]string{"reuse"}),
+		prefill: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "prefill_seconds",
+			Help: "Duration of the prefill leg, request to the prefill engine's answer.", Buckets: seconds},
+			[]string{"reuse"}),
+		firstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "decode_first_byte_seconds",
+			Help: "Time from the decode request to the decode engine's response headers.", Buckets: seconds},
+			[]string{"reuse"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "turn_duration_seconds",
+			Help: "Time from the request to the end of the turn.", Buckets: seconds},
+			[]string{"reuse"}),
+		handleAge: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "handle_age_seconds",
+			Help: "Age of the retained handle attached on a hit.", Buckets: prometheus.ExponentialBuckets(0.1, 2, 13)}),
+		reusable: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "reusable_tokens",
+			Help: "Tokens the attached handle covers (remote_num_tokens) on a hit.", Buckets: prometheus.ExponentialBuckets(64, 2, 12)}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
+			Help: "Completion requests being served now."}),
+		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "endpoint_up",
+			Help: "1 when the engine's last /health probe answered 200, else 0."},
+			[]string{"role", "endpoint"}),
+	}
+	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes,
+		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.inflight, m.endpointUp,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// watchRouter exports the router's own counters.
+func (m *metrics) watchRouter(r *kvroute.Router) {
+	stat := func(name, help string, get func(kvroute.Stats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help},
+			func() float64 { return float64(get(r.Stats())) })
+	}
+	m.reg.MustRegister(
+		stat("stream_without_handle_total", "Streaming turns whose decode engine sent no handle (stock vLLM without PR #40186): nothing to reuse.",
+			func(s kvroute.Stats) int64 { return s.NoStreamHandle }),
+		stat("prefill_without_handle_total", "Prefill answers without a usable handle.",
+			func(s kvroute.Stats) int64 { return s.NoPrefillHandle }),
+		stat("hit_retries_total", "Prefill attempts with a handle that failed and were retried as plain misses.",
+			func(s kvroute.Stats) int64 { return s.HitRetries }),
+		stat("store_errors_total", "Store failures; each turn went on as a miss.",
+			func(s kvroute.Stats) int64 { return s.StoreErrors }),
+	)
+}
+
+// watchStore exports the number of retained handles when the store can
+// count them (retention.Memory can; Redis cannot cheaply).
+func (m *metrics) watchStore(s kvroute.Store) {
+	l, ok := s.(interface{ Len() int })
+	if !ok {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "retained_handles",
+		Help: "Decode handles retained in the store now."}, func() float64 { return float64(l.Len()) }))
+}
+
+// observe records one finished turn.
+func (m *metrics) observe(rec *kvroute.TurnRecord) {
+	reuse := rec.Reuse
+	if reuse == "" {
+		reuse = "none"
+	}
+	result := "ok"
+	if rec.Err != nil {
+		result = "error"
+		m.errors.WithLabelValues(string(rec.ErrPhase)).Inc()
+	}
+	m.turns.WithLabelValues(rec.Path, reuse, result).Inc()
+	switch rec.Reuse {
+	case kvroute.ReuseHit:
+		m.hits.Inc()
+		m.handleAge.Observe(rec.HandleAge.Seconds())
+		m.reusable.Observe(float64(rec.ReusableTokens))
+	case kvroute.ReuseMiss:
+		m.misses.WithLabelValues(rec.MissReason).Inc()
+	}
+	if rec.Stored {
+		m.stored.Inc()
+	} else if rec.StoreRefusal != "" {
+		m.refusals.WithLabelValues(rec.StoreRefusal).Inc()
+	}
+	if rec.LocalFallback {
+		m.fallbacks.Inc()
+	}
+	m.bytes.Add(float64(rec.Bytes))
+	if rec.Prefill > 0 {
+		m.prefill.WithLabelValues(reuse).Observe(rec.Prefill.Seconds())
+	}
+	if rec.FirstByte > 0 {
+		m.firstByte.WithLabelValues(reuse).Observe(rec.FirstByte.Seconds())
+	}
+	if rec.Err == nil && rec.TTFT > 0 {
+		m.ttft.WithLabelValues(reuse).Observe(rec.TTFT.Seconds())
+	}
+	m.duration.WithLabelValues(reuse).Observe(rec.Total.Seconds())
+}
+
+// setUp records an engine's health.
+func (m *metrics) setUp(e *engine, up bool) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.endpointUp.WithLabelValues(e.role, e.url).Set(v)
+}
+
+// handler serves the Prometheus text format.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/redisstore"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// run serves until ctx is done, then drains: the listener closes at once,
+// requests in flight get up to --shutdown-grace to finish, and whatever is
+// left is then cut.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+
+	store, closeStore, err := newStore(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	tr, err := transport.NewTransport()
+	if err != nil {
+		return err
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+
+	m := newMetrics()
+	m.watchStore(store)
+	obs := kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) {
+		m.observe(rec)
+		logTurn(ctx, log, rec)
+	})
+	opts := append(cfg.routerOptions(),
+		kvroute.WithStore(store), kvroute.WithObserver(obs), kvroute.WithTransport(tr),
+		kvroute.WithLogger(log.With(slog.String("component", "kvroute"))))
+	router, err := kvroute.New(opts...)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	defer router.Close()
+	m.watchRouter(router)
+
+	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
+	h.onChange = m.setUp
+	s := &server{router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log}
+	for _, k := range cfg.apiKeys {
+		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+	}
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: cfg.readHeaderTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		h.run(pollCtx, cfg.healthInterval)
+	}()
+	defer func() { stopPoll(); <-polled }()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "proxy: serving http://%s prefill %v decode %v\n", ln.Addr(), cfg.prefillURLs, cfg.decodeURLs)
+	log.Info("serving", slog.String("addr", ln.Addr().String()),
+		slog.Any("prefill", cfg.prefillURLs), slog.Any("decode", cfg.decodeURLs),
+		slog.Bool("reuse", cfg.reuse), slog.String("key_mode", cfg.keyMode),
+		slog.Bool("redis", cfg.redisURL != ""), slog.Int("inbound_keys", len(cfg.apiKeys)))
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	return drain(srv, served, cfg, log)
+}
+
+// drain stops accepting and lets requests in flight finish within the
+// grace period.
+func drain(srv *http.Server, served <-chan error, cfg *config, log *slog.Logger) error {
+	log.Info("draining", slog.Duration("grace", cfg.shutdownGrace))
+	graceCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownGrace)
+	defer cancel()
+	err := srv.Shutdown(graceCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("grace period over: closing the remaining connections")
+		err = srv.Close()
+	}
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
+	}
+	if err == nil {
+		log.Info("drained")
+	}
+	return err
+}
+
+// newStore returns Redis when --redis-url is set, else an in-memory store.
+func newStore(cfg *config, log *slog.Logger) (kvroute.Store, func(), error) {
+	if cfg.redisURL != "" {
+		rs, err := redisstore.NewFromURL(cfg.redisURL, redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: --redis-url: %v", errUsage, err)
+		}
+		return rs, func() { _ = rs.Close() }, nil
+	}
+	mem := retention.NewMemory()
+	return mem, func() { _ = mem.Close() }, nil
+}
+
+// newLogger builds the process logger from --log-level and --log-format.
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	ho := &slog.HandlerOptions{Level: cfg.logLevel}
+	if cfg.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// logTurn logs one turn at debug level (warn when it failed), with ids and
+// timings only: never prompts, bodies or credentials.
+func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
+	level := slog.LevelDebug
+	attrs := []slog.Attr{
+		slog.String("request_id", rec.RequestID), slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
+		slog.String("reuse", rec.Reuse), slog.String("miss_reason", rec.MissReason),
+		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),
+		slog.String("prefill_endpoint", rec.PrefillEndpoint), slog.String("decode_endpoint", rec.DecodeEndpoint),
+		slog.Int("prefill_attempts", rec.PrefillAttempts),
+		slog.Duration("prefill", rec.Prefill), slog.Duration("first_byte", rec.FirstByte),
+		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
+		slog.Bool("stored", rec.Stored), slog.String("store_refusal", rec.StoreRefusal),
+	}
+	if rec.Err != nil {
+		level = slog.LevelWarn
+		attrs = append(attrs, slog.String("phase", string(rec.ErrPhase)), slog.String("err", rec.Err.Error()))
+	}
+	log.LogAttrs(ctx, level, "turn", attrs...)
+}
