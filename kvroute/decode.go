@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -22,19 +23,97 @@ func (t *turn) decodeBody(pHandle []byte) []byte {
 	return t.req.obj.Edit(decodeDrop, jsonraw.Member{Key: kvKey, Value: pHandle})
 }
 
-// runDecode sends the decode leg at once and wraps D's answer.
+// errLeaseExpired means P's lease on its blocks had less than ExpiryGuard
+// left when the decode leg was to be sent: D could read freed blocks.
+var errLeaseExpired = errors.New("kvroute: the prefill engine's lease ran out before the decode leg")
+
+// runDecode sends the decode leg and wraps D's answer. While nothing has
+// reached the caller, a leg that failed before any connection was made (so
+// no engine can have read P's handle) is sent again, with the same handle,
+// to another decode engine, as long as P's lease still has ExpiryGuard
+// left. Any other failure is returned; Do decides whether to redo the turn.
 func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *entry) (*Response, error) {
 	affinity := ""
 	if ent != nil && t.rec.Reuse == ReuseHit {
 		affinity = ent.endpoint
 	}
-	ep, err := t.r.decode.pick(ctx, t.r.selector, t.req, affinity, nil)
-	if err != nil {
-		return nil, err
+	body := t.decodeBody(pHandle)
+	var last error
+	for {
+		if t.decodeLegs >= t.r.hp.cfg.decodeAttempts {
+			return nil, last
+		}
+		ep, err := t.r.decode.pick(ctx, t.r.selector, t.req, affinity, t.hint, t.avoidD)
+		if errors.Is(err, ErrNoEndpoint) && len(t.avoidD) > 0 {
+			t.avoidD = t.avoidD[:0] // every engine failed once: try them again
+			ep, err = t.r.decode.pick(ctx, t.r.selector, t.req, affinity, t.hint, t.avoidD)
+		}
+		if err != nil {
+			if last != nil {
+				return nil, last
+			}
+			return nil, err
+		}
+		t.decodeLegs++
+		if pHandle != nil && t.r.cfg.clock().Sub(t.pDone) > t.r.hp.cfg.lease-ExpiryGuard {
+			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
+		}
+		resp, err := t.decodeOnce(ctx, ep, body)
+		if err == nil {
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if unhealthy(err, false) {
+			t.r.hp.failed(ep, err)
+		}
+		t.avoidD = append(t.avoidD, ep.url)
+		if !redoable(err) || (pHandle != nil && !unsent(err)) {
+			return nil, err
+		}
+		last = err
+		affinity = ""
 	}
+}
+
+// redo reports whether a turn whose decode leg failed with err may run
+// again as a plain miss: nothing reached the caller (Do has not returned),
+// the failure is one another engine may not repeat, and decode legs are
+// left.
+func (t *turn) redo(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && redoable(err) && t.decodeLegs < t.r.hp.cfg.decodeAttempts && !t.r.closed.Load()
+}
+
+// redoable reports whether a failed decode leg is worth another engine:
+// connection failures and timeouts, 5xx answers, a 2xx whose body or first
+// event failed, and a lapsed P lease. An engine's 4xx is the request's
+// fault and is passed to the client.
+func redoable(err error) bool {
+	if errors.Is(err, errLeaseExpired) {
+		return true
+	}
+	var ue *UpstreamError
+	if !errors.As(err, &ue) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return ue.Status == 0 || ue.Status >= 500 || ue.Status/100 == 2
+}
+
+// unsent reports whether err is a failure to connect: the request never
+// reached an engine, so no engine read the handle it carried.
+func unsent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// decodeOnce sends one decode leg to ep. A stream's first event is read
+// before it returns, so that a stream that breaks at once can still be
+// retried: nothing has reached the caller yet.
+func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Response, error) {
 	t.rec.DecodeEndpoint = ep.url
 	dctx, cancel := context.WithCancel(ctx)
-	hreq, err := t.upstreamRequest(dctx, ep, t.decodeBody(pHandle))
+	hreq, err := t.upstreamRequest(dctx, ep, body)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -62,11 +141,22 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 		out.Header.Del("Content-Length")
 		out.reader = sse.NewReader(resp.Body)
 		out.capture = &capture{chat: t.req.Chat()}
+		ev, err := out.reader.Next()
+		if err != nil {
+			out.release()
+			if errors.Is(err, io.EOF) {
+				err = ErrStreamCut
+			}
+			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
+		}
+		out.pending, out.hasPending = ev, true
+		t.r.hp.succeeded(ep)
 		return out, nil
 	}
 	if err := out.readBody(); err != nil {
 		return nil, err
 	}
+	t.r.hp.succeeded(ep)
 	return out, nil
 }
 

@@ -66,6 +66,7 @@ type config struct {
 	localFallback    bool
 	observer         Observer
 	selector         Selector
+	ends             endpointConfig
 	errs             []error
 }
 
@@ -80,6 +81,7 @@ func defaultConfig() config {
 		maxBodyBytes:     DefaultMaxBodyBytes,
 		reuse:            true,
 		clock:            time.Now,
+		ends:             defaultEndpointConfig(),
 	}
 }
 
@@ -295,10 +297,11 @@ func WithSelector(s Selector) Option {
 }
 
 func (c *config) validate() {
-	if len(c.prefill) == 0 {
+	c.validateEndpoints()
+	if len(c.prefill)+len(c.ends.prefill) == 0 {
 		c.fail("WithPrefill", "no prefill endpoint; pass at least one URL")
 	}
-	if len(c.decode) == 0 {
+	if len(c.decode)+len(c.ends.decode) == 0 {
 		c.fail("WithDecode", "no decode endpoint; pass at least one URL")
 	}
 	if c.decoderTTL <= 0 {

@@ -52,15 +52,15 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 	}
 	start := t.r.cfg.clock()
 	var (
-		tried []string
+		tried = slices.Clone(t.avoidP) // a redone turn prefers a fresh engine
 		ph    []byte
 		url   string
 	)
 	err := transport.Retry(ctx, t.r.cfg.retry, func(int) (time.Duration, error) {
-		ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", tried)
+		ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, tried)
 		if errors.Is(err, ErrNoEndpoint) && len(tried) > 0 {
 			tried = tried[:0] // every engine failed once: try them again
-			ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", tried)
+			ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, tried)
 		}
 		if err != nil {
 			return 0, transport.Permanent(err)
@@ -69,8 +69,12 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		t.rec.PrefillEndpoint = ep.url
 		h, err := t.prefillOnce(ctx, ep, t.prefillBody(handle))
 		if err == nil {
+			t.r.hp.succeeded(ep)
 			ph, url = h, ep.url
 			return 0, nil
+		}
+		if ctx.Err() == nil && unhealthy(err, attached) {
+			t.r.hp.failed(ep, err)
 		}
 		if ctx.Err() != nil || !retryablePrefill(err, attached) {
 			return 0, transport.Permanent(err)
@@ -91,8 +95,27 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 	if err != nil {
 		return nil, "", err
 	}
-	t.rec.Prefill = t.r.cfg.clock().Sub(start)
+	t.pDone = t.r.cfg.clock()
+	t.rec.Prefill = t.pDone.Sub(start)
 	return ph, url, nil
+}
+
+// unhealthy reports whether a failed leg counts against the endpoint's
+// health: connection failures, timeouts and 5xx answers, except the 500
+// of a prefill whose read of a retained handle failed (the handle's fault,
+// not the engine's). A prefill answer without a handle does not count.
+func unhealthy(err error, hit bool) bool {
+	var ue *UpstreamError
+	if !errors.As(err, &ue) || errors.Is(err, ErrNoHandle) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	switch {
+	case ue.Status == 0:
+		return true
+	case ue.Status == http.StatusInternalServerError && hit && ue.Phase == PhasePrefill:
+		return false
+	}
+	return ue.Status >= 500 || ue.Status/100 == 2 // 2xx: the body or stream broke
 }
 
 // retryablePrefill reports whether a failed prefill attempt may be retried:
@@ -202,4 +225,3 @@ func readLimited(r io.Reader, limit int64) ([]byte, error) {
 	}
 	return b, nil
 }
-

@@ -34,16 +34,18 @@ type Response struct {
 	// Body is the whole body of a non-streaming response; nil for a stream.
 	Body []byte
 
-	t       *turn
-	ep      *endpoint
-	body    io.ReadCloser
-	cancel  context.CancelFunc
-	stream  bool
-	reader  *sse.Reader
-	capture *capture
-	first   bool
-	err     error
-	once    sync.Once
+	t          *turn
+	ep         *endpoint
+	body       io.ReadCloser
+	cancel     context.CancelFunc
+	stream     bool
+	reader     *sse.Reader
+	capture    *capture
+	pending    sse.Event // the first event, read by Do
+	hasPending bool
+	first      bool
+	err        error
+	once       sync.Once
 }
 
 // Streaming reports whether the response is an SSE stream.
@@ -70,7 +72,14 @@ func (r *Response) Next() ([]byte, error) {
 		r.err = errors.New("kvroute: Next on a non-streaming response")
 		return nil, r.err
 	}
-	ev, err := r.reader.Next()
+	var ev sse.Event
+	var err error
+	if r.hasPending {
+		ev, r.hasPending = r.pending, false
+		r.pending = sse.Event{}
+	} else {
+		ev, err = r.reader.Next()
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			if r.capture.done {
@@ -179,6 +188,7 @@ func (r *Response) end(err error) {
 			t.rec.StoreRefusal = "stream_error"
 		}
 		if !errors.Is(err, context.Canceled) {
+			t.r.hp.failed(r.ep, err)
 			t.rec.Err = err
 			t.rec.ErrPhase = PhaseStream
 			t.r.stats.failures.Add(1)

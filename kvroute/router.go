@@ -31,6 +31,7 @@ type Router struct {
 	selector Selector
 	prefill  *pool
 	decode   *pool
+	hp       *healthPolicy
 	closers  []func() error
 
 	closed atomic.Bool
@@ -49,11 +50,15 @@ func New(opts ...Option) (*Router, error) {
 	}
 	cfg.validate()
 	r := &Router{cfg: cfg}
+	r.hp = &healthPolicy{cfg: cfg.ends, clock: cfg.clock}
+	if eo, ok := cfg.observer.(EndpointObserver); ok {
+		r.hp.observer = eo
+	}
 	var err error
-	if r.prefill, err = newPool(PhasePrefill, cfg.prefill); err != nil {
+	if r.prefill, err = newPool(PhasePrefill, r.hp, cfg.prefill, cfg.ends.prefill); err != nil {
 		cfg.fail("WithPrefill", "%v", err)
 	}
-	if r.decode, err = newPool(PhaseDecode, cfg.decode); err != nil {
+	if r.decode, err = newPool(PhaseDecode, r.hp, cfg.decode, cfg.ends.decode); err != nil {
 		cfg.fail("WithDecode", "%v", err)
 	}
 	if len(cfg.errs) > 0 {
@@ -97,7 +102,11 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.selector = cfg.selector
 	if r.selector == nil {
-		r.selector = &LeastLoaded{}
+		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
+	}
+	if stop := r.startProbes(); stop != nil {
+		// Stop the probes before the transport's connections are closed.
+		r.closers = append([]func() error{stop}, r.closers...)
 	}
 	return r, nil
 }
@@ -140,16 +149,29 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	}
 	t.rec.Stream = req.Streaming()
 	req.tenant = r.tenant(req)
+	t.hint = ConversationHint(req)
 	ent := t.lookup(ctx)
-	ph, pURL, err := t.runPrefill(ctx, ent)
-	if err != nil {
-		return nil, t.fail(PhasePrefill, err)
+	for {
+		ph, pURL, err := t.runPrefill(ctx, ent)
+		if err != nil {
+			return nil, t.fail(PhasePrefill, err)
+		}
+		resp, err := t.runDecode(ctx, ph, pURL, ent)
+		if err == nil {
+			return resp, nil
+		}
+		if !t.redo(ctx, err) {
+			return nil, t.fail(PhaseDecode, err)
+		}
+		// Nothing reached the caller and P's handle may be spent or
+		// stale: run the whole turn again as a plain miss.
+		if ent != nil {
+			t.r.stats.hitRetries.Add(1)
+			t.miss(MissRetry)
+		}
+		ent = nil
+		t.avoidP = append(t.avoidP, pURL)
 	}
-	resp, err := t.runDecode(ctx, ph, pURL, ent)
-	if err != nil {
-		return nil, t.fail(PhaseDecode, err)
-	}
-	return resp, nil
 }
 
 // turn is the state of one Do call.
@@ -160,6 +182,12 @@ type turn struct {
 	start time.Time
 	rec   TurnRecord
 	done  bool
+
+	hint       string    // ConversationHint, for placement only
+	pDone      time.Time // when P answered the last prefill leg
+	avoidP     []string  // prefill engines of legs a redo abandoned
+	avoidD     []string  // decode engines that failed this turn
+	decodeLegs int       // decode legs started
 }
 
 func (r *Router) newTurn(req *Request) *turn {

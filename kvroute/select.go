@@ -2,18 +2,33 @@ package kvroute
 
 import (
 	"context"
+	"hash/fnv"
+	"math/rand/v2"
 	"slices"
 	"sync/atomic"
-
-	"github.com/bidikv/bidikv/transport"
 )
+
+// DefaultAffinityMaxInFlight is the in-flight limit above which the default
+// Selector stops sending a conversation's decode leg to the engine that
+// holds its KV and balances it instead.
+const DefaultAffinityMaxInFlight = 64
 
 // Candidate is an endpoint a Selector may choose.
 type Candidate struct {
-	// URL is the endpoint's base URL, as configured.
+	// URL identifies the endpoint: its base URL, followed by " (rank N)"
+	// when it is pinned to a data-parallel rank (transport.Endpoint.String).
 	URL string
 	// InFlight is the number of this router's requests now open on it.
 	InFlight int
+	// Weight is the endpoint's relative capacity (transport.Endpoint.Weight,
+	// at least 1).
+	Weight int
+	// Rank is the data-parallel rank the endpoint is pinned to, or
+	// transport.NoRank.
+	Rank int
+	// Healthy is false only when every endpoint of the phase is ejected:
+	// the candidates are then all of them, as a last resort.
+	Healthy bool
 }
 
 // Selection is one choice of endpoint for one leg of a turn.
@@ -22,14 +37,18 @@ type Selection struct {
 	Phase Phase
 	// Request is the turn being routed.
 	Request *Request
-	// Candidates are the endpoints to choose from, in configuration order,
-	// less those in Exclude. It is never empty.
+	// Candidates are the endpoints to choose from, in configuration order:
+	// the healthy ones less those in Exclude, or, when none is healthy,
+	// every endpoint less those in Exclude. It is never empty.
 	Candidates []Candidate
 	// Affinity is, on the decode leg of a hit, the URL of the decode
 	// endpoint that held the retained KV: its own prefix cache still covers
 	// the conversation, so only the new suffix crosses the network. Empty
-	// otherwise.
+	// otherwise, and empty when that endpoint is not among the Candidates.
 	Affinity string
+	// Hint is the client's conversation id (ConversationHint), for
+	// placement only: a hint never unlocks a retained handle.
+	Hint string
 	// Exclude lists endpoints that already failed this turn.
 	Exclude []string
 }
@@ -46,76 +65,121 @@ type SelectorFunc func(ctx context.Context, s *Selection) (int, error)
 // Select calls f(ctx, s).
 func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { return f(ctx, s) }
 
-// LeastLoaded is the default Selector: the affinity endpoint when there is
-// one, otherwise the candidate with the fewest in-flight requests, ties
-// broken by rotating the starting point.
+// LeastLoaded is the default Selector.
+//
+// Decode: the affinity endpoint when there is one and it has fewer than
+// MaxInFlight requests open; otherwise the candidate with the fewest
+// in-flight requests per unit of weight, ties broken by rotating the
+// starting point. Prefill: the less loaded of two candidates drawn at random
+// (power of two choices), which spreads load without herding onto the one
+// engine that looked idle. With HashHints, a leg without affinity whose
+// request carries a conversation hint goes to the candidate the hint hashes
+// to (rendezvous hashing, so adding or removing an engine moves only its own
+// share), unless that candidate is over MaxInFlight.
+//
+// The zero LeastLoaded has no in-flight limit and ignores hints; the
+// Router's default is &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}.
 type LeastLoaded struct {
+	// MaxInFlight is the number of in-flight requests at which an affinity
+	// or hinted endpoint is passed over; 0 means no limit.
+	MaxInFlight int
+	// HashHints pins legs without affinity by their conversation hint.
+	HashHints bool
+
 	next atomic.Uint64
 }
 
 // Select implements Selector.
 func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 	if s.Affinity != "" {
-		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 {
+		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 && l.under(s.Candidates[i]) {
 			return i, nil
 		}
+	}
+	if l.HashHints && s.Hint != "" && s.Affinity == "" {
+		if i := rendezvous(s.Candidates, s.Hint); l.under(s.Candidates[i]) {
+			return i, nil
+		}
+	}
+	if s.Phase == PhasePrefill && len(s.Candidates) > 2 {
+		a := rand.IntN(len(s.Candidates))
+		b := rand.IntN(len(s.Candidates) - 1)
+		if b >= a {
+			b++
+		}
+		if lighter(s.Candidates[b], s.Candidates[a]) {
+			return b, nil
+		}
+		return a, nil
 	}
 	n := len(s.Candidates)
 	start := int(l.next.Add(1) % uint64(n))
 	best := start
 	for k := 1; k < n; k++ {
 		i := (start + k) % n
-		if s.Candidates[i].InFlight < s.Candidates[best].InFlight {
+		if lighter(s.Candidates[i], s.Candidates[best]) {
 			best = i
 		}
 	}
 	return best, nil
 }
 
-// endpoint is a configured upstream with its live load.
-type endpoint struct {
-	ep       transport.Endpoint
-	url      string
-	inflight atomic.Int64
+func (l *LeastLoaded) under(c Candidate) bool {
+	return l.MaxInFlight <= 0 || c.InFlight < l.MaxInFlight
 }
 
-type pool struct {
-	phase     Phase
-	endpoints []*endpoint
+// lighter reports whether a carries less load per unit of weight than b.
+func lighter(a, b Candidate) bool {
+	return int64(a.InFlight)*int64(weight(b)) < int64(b.InFlight)*int64(weight(a))
 }
 
-func newPool(phase Phase, addrs []string) (*pool, error) {
-	p := &pool{phase: phase}
-	for _, a := range addrs {
-		ep, err := transport.ParseEndpoint(a)
-		if err != nil {
-			return nil, err
+func weight(c Candidate) int {
+	if c.Weight < 1 {
+		return 1
+	}
+	return c.Weight
+}
+
+// rendezvous returns the candidate with the lowest hash of key and its
+// URL, scaled down by its weight, so that heavier endpoints win more keys
+// and removing one endpoint moves only the keys it had.
+func rendezvous(cands []Candidate, key string) int {
+	best, bestScore := 0, uint64(0)
+	for i, c := range cands {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(c.URL))
+		score := mix(h.Sum64()) / uint64(weight(c))
+		if i == 0 || score < bestScore {
+			best, bestScore = i, score
 		}
-		p.endpoints = append(p.endpoints, &endpoint{ep: ep, url: ep.String()})
 	}
-	return p, nil
+	return best
 }
 
-// pick runs the selector over the endpoints not excluded.
-func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity string, exclude []string) (*endpoint, error) {
-	cands := make([]Candidate, 0, len(p.endpoints))
-	eps := make([]*endpoint, 0, len(p.endpoints))
-	for _, e := range p.endpoints {
-		if slices.Contains(exclude, e.url) {
-			continue
-		}
-		cands = append(cands, Candidate{URL: e.url, InFlight: int(e.inflight.Load())})
-		eps = append(eps, e)
+// mix finalises a 64-bit hash (splitmix64) so that similar keys spread.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// RoundRobin is a Selector that rotates through the candidates of each
+// phase and ignores load and affinity, as vLLM's reference proxy does. It
+// is a baseline for measurements, not a recommendation.
+type RoundRobin struct {
+	prefill, decode atomic.Uint64
+}
+
+// Select implements Selector.
+func (r *RoundRobin) Select(_ context.Context, s *Selection) (int, error) {
+	n := &r.decode
+	if s.Phase == PhasePrefill {
+		n = &r.prefill
 	}
-	if len(cands) == 0 {
-		return nil, ErrNoEndpoint
-	}
-	i, err := sel.Select(ctx, &Selection{Phase: p.phase, Request: req, Candidates: cands, Affinity: affinity, Exclude: exclude})
-	if err != nil {
-		return nil, err
-	}
-	if i < 0 || i >= len(eps) {
-		return nil, ErrNoEndpoint
-	}
-	return eps[i], nil
+	return int((n.Add(1) - 1) % uint64(len(s.Candidates))), nil
 }

@@ -1,0 +1,186 @@
+package kvroute
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bidikv/bidikv/transport"
+)
+
+// endpoint is an upstream engine (or one data-parallel rank of one) with
+// its live load and health. A turn keeps the *endpoint it picked until it
+// ends, even if SetEndpoints removes it meanwhile.
+type endpoint struct {
+	ep       transport.Endpoint
+	url      string
+	phase    Phase
+	inflight atomic.Int64
+	health   health
+}
+
+// pool is the set of endpoints of one phase. Readers load the slice
+// without locking; SetEndpoints swaps it.
+type pool struct {
+	phase Phase
+	hp    *healthPolicy
+	mu    sync.Mutex // serialises set
+	eps   atomic.Pointer[[]*endpoint]
+}
+
+func newPool(phase Phase, hp *healthPolicy, addrs []string, eps []transport.Endpoint) (*pool, error) {
+	all := make([]transport.Endpoint, 0, len(addrs)+len(eps))
+	for _, a := range addrs {
+		ep, err := transport.ParseEndpoint(a)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ep)
+	}
+	all = append(all, eps...)
+	p := &pool{phase: phase, hp: hp}
+	if _, err := p.set(all, false); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// list returns the current endpoints; the caller must not modify it.
+func (p *pool) list() []*endpoint {
+	if l := p.eps.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
+// set replaces the endpoints, keeping the load and health state of those
+// that stay, and returns the events to report.
+func (p *pool) set(eps []transport.Endpoint, report bool) ([]EndpointEvent, error) {
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("no %s endpoint; pass at least one", p.phase)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.list()
+	next := make([]*endpoint, 0, len(eps))
+	var events []EndpointEvent
+	for _, ep := range eps {
+		if ep.URL == nil {
+			return nil, fmt.Errorf("%w: endpoint without URL", transport.ErrInvalidEndpoint)
+		}
+		if ep.Weight < 0 {
+			return nil, fmt.Errorf("%w: endpoint %s has negative weight %d", transport.ErrInvalidEndpoint, ep, ep.Weight)
+		}
+		if ep.Weight == 0 {
+			ep.Weight = 1
+		}
+		key := ep.String()
+		if slices.ContainsFunc(next, func(e *endpoint) bool { return e.url == key }) {
+			return nil, fmt.Errorf("%w: endpoint %s listed twice", transport.ErrInvalidEndpoint, key)
+		}
+		if i := slices.IndexFunc(old, func(e *endpoint) bool { return e.url == key }); i >= 0 && old[i].ep.Weight == ep.Weight {
+			next = append(next, old[i])
+			continue
+		}
+		next = append(next, &endpoint{ep: ep, url: key, phase: p.phase})
+		events = append(events, EndpointEvent{Phase: p.phase, Endpoint: key, Kind: EndpointAdded})
+	}
+	for _, e := range old {
+		if !slices.ContainsFunc(next, func(n *endpoint) bool { return n == e }) {
+			events = append(events, EndpointEvent{Phase: p.phase, Endpoint: e.url, Kind: EndpointRemoved})
+		}
+	}
+	p.eps.Store(&next)
+	if !report {
+		events = nil
+	}
+	return events, nil
+}
+
+// pick runs the selector over the healthy endpoints not excluded (or, when
+// none is healthy, over all those not excluded).
+func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, hint string, exclude []string) (*endpoint, error) {
+	all := p.list()
+	now := p.hp.now()
+	cands := make([]Candidate, 0, len(all))
+	eps := make([]*endpoint, 0, len(all))
+	for _, healthy := range [...]bool{true, false} {
+		for _, e := range all {
+			if slices.Contains(exclude, e.url) || (healthy && !e.health.eligible(now)) {
+				continue
+			}
+			cands = append(cands, Candidate{URL: e.url, InFlight: int(e.inflight.Load()), Weight: e.ep.Weight, Rank: e.ep.Rank, Healthy: healthy})
+			eps = append(eps, e)
+		}
+		if len(cands) > 0 {
+			break
+		}
+	}
+	if len(cands) == 0 {
+		return nil, ErrNoEndpoint
+	}
+	if !slices.ContainsFunc(cands, func(c Candidate) bool { return c.URL == affinity }) {
+		affinity = ""
+	}
+	i, err := sel.Select(ctx, &Selection{Phase: p.phase, Request: req, Candidates: cands, Affinity: affinity, Hint: hint, Exclude: exclude})
+	if err != nil {
+		return nil, err
+	}
+	if i < 0 || i >= len(eps) {
+		return nil, fmt.Errorf("%w: the selector returned %d for %d candidates", ErrNoEndpoint, i, len(eps))
+	}
+	return eps[i], nil
+}
+
+// SetEndpoints replaces the endpoints of phase (PhasePrefill or
+// PhaseDecode), for discovery by DNS, Kubernetes or a configuration file.
+// Endpoints that stay (same URL and rank) keep their load and health;
+// turns in flight finish on the endpoint they picked, even a removed one.
+// Added and removed endpoints are reported to an EndpointObserver. An empty
+// list, a duplicate, an endpoint without URL or with a negative weight is an
+// error and changes nothing; a zero weight means 1.
+func (r *Router) SetEndpoints(phase Phase, eps ...transport.Endpoint) error {
+	var p *pool
+	switch phase {
+	case PhasePrefill:
+		p = r.prefill
+	case PhaseDecode:
+		p = r.decode
+	default:
+		return fmt.Errorf("%w: SetEndpoints: phase %q is neither %q nor %q", ErrInvalidConfig, phase, PhasePrefill, PhaseDecode)
+	}
+	events, err := p.set(eps, true)
+	if err != nil {
+		return fmt.Errorf("%w: SetEndpoints: %v", ErrInvalidConfig, err)
+	}
+	for _, ev := range events {
+		r.hp.notify(ev)
+	}
+	return nil
+}
+
+// Endpoints returns the endpoints of phase with their state, in
+// configuration order.
+func (r *Router) Endpoints(phase Phase) []EndpointStatus {
+	var p *pool
+	switch phase {
+	case PhasePrefill:
+		p = r.prefill
+	case PhaseDecode:
+		p = r.decode
+	default:
+		return nil
+	}
+	now := r.hp.now()
+	var out []EndpointStatus
+	for _, e := range p.list() {
+		fails, until := e.health.state()
+		out = append(out, EndpointStatus{
+			Endpoint: e.ep, URL: e.url, InFlight: int(e.inflight.Load()),
+			Healthy: e.health.eligible(now), Failures: fails, EjectedUntil: until,
+		})
+	}
+	return out
+}
