@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// runMain parses args, runs both modes, prints the tables and writes the
+// chart.
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	var bar io.Writer
+	if c.progress {
+		bar = stderr
+	}
+	s, err := run(ctx, c, bar)
+	if err != nil {
+		return err
+	}
+	s.print(stdout)
+	if c.svg != "" {
+		f, err := os.Create(c.svg)
+		if err != nil {
+			return err
+		}
+		if err := writeSVG(f, s); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "chart: %s\n", c.svg)
+	}
+	fmt.Fprintf(stdout, "done in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
+// run runs the conversations with reuse off, then on, and summarizes.
+func run(ctx context.Context, c config, bar io.Writer) (summary, error) {
+	p := &progress{w: bar, total: 2 * c.conversations * c.turns}
+	p.setLabel("reuse off")
+	off, err := runMode(ctx, c, false, p.tick)
+	if err != nil {
+		return summary{}, err
+	}
+	p.setLabel("reuse on")
+	on, err := runMode(ctx, c, true, p.tick)
+	if err != nil {
+		return summary{}, err
+	}
+	return summarize(c, off, on), nil
+}
