@@ -1,0 +1,252 @@
+package sse
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// HandleKey is the top-level member of an engine's response that carries
+// its KV handle.
+const HandleKey = "kv_transfer_params"
+
+// ErrMalformedData is returned by Capture.Forward for an event whose data
+// may carry a kv_transfer_params member but is not valid JSON, so that the
+// member cannot be removed safely. Such an event must not be forwarded.
+var ErrMalformedData = errors.New("sse: malformed event data may carry kv_transfer_params")
+
+// CaptureOption configures a Capture.
+type CaptureOption interface {
+	applyCapture(*Capture)
+}
+
+type captureOptionFunc func(*Capture)
+
+func (f captureOptionFunc) applyCapture(c *Capture) { f(c) }
+
+// WithReply makes the Capture reassemble the reply of choice 0 (content,
+// reasoning and tool calls of chat chunks, text of completions chunks) for
+// Capture.Reply. It is off by default, which keeps Forward free of
+// allocations for events that carry no handle.
+func WithReply() CaptureOption {
+	return captureOptionFunc(func(c *Capture) { c.reply = true })
+}
+
+// Capture inspects the events of a vLLM /v1/chat/completions or
+// /v1/completions stream on their way to the client. For each event,
+// Forward returns the bytes to forward, with the top-level
+// kv_transfer_params member removed; the Capture keeps the last non-null
+// value of that member, and records the finish reason of choice 0, the
+// usage and whether the "[DONE]" event was seen.
+//
+// A Capture serves one stream and is not safe for concurrent use.
+type Capture struct {
+	reply bool
+
+	obj    jsonraw.Object
+	out    []byte
+	handle []byte
+	usage  []byte
+	finish string
+	done   bool
+
+	asm assembler
+}
+
+// NewCapture returns a Capture for one stream.
+func NewCapture(opts ...CaptureOption) *Capture {
+	c := &Capture{}
+	for _, o := range opts {
+		o.applyCapture(c)
+	}
+	return c
+}
+
+// Forward inspects e and returns the bytes to send to the client in its
+// place.
+//
+// An event without kv_transfer_params is returned unchanged: the result is
+// e.Raw itself, and no memory is allocated. An event whose JSON data has a
+// top-level kv_transfer_params member (whatever the escaping of its key) is
+// rewritten without it; the rest of the JSON keeps its bytes, but the event
+// is re-framed with the JSON on a single "data: " line (line breaks between
+// JSON tokens of a multi-line data field become spaces) while its other
+// lines are kept. The result is then owned by the Capture and valid until
+// the next call to Forward.
+//
+// Forward returns ErrMalformedData, and no bytes, when e's data may hold the
+// member but is not valid JSON.
+func (c *Capture) Forward(e Event) ([]byte, error) {
+	if !e.HasData {
+		return e.Raw, nil
+	}
+	d := e.Data
+	if string(d) == "[DONE]" {
+		c.done = true
+		return e.Raw, nil
+	}
+	c.inspect(d)
+	if !mayHoldHandle(d) {
+		return e.Raw, nil
+	}
+	if err := c.obj.Reset(d); err != nil {
+		if errors.Is(err, jsonraw.ErrNotObject) {
+			return e.Raw, nil
+		}
+		return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
+	}
+	v, ok := c.obj.Get(HandleKey)
+	if !ok {
+		return e.Raw, nil
+	}
+	if !jsonraw.IsNull(v) {
+		c.handle = bytes.Clone(v)
+	}
+	c.out = reframe(c.out[:0], e.Raw, c.obj.Edit([]string{HandleKey}))
+	return c.out, nil
+}
+
+// mayHoldHandle is the cheap test for a kv_transfer_params key: a key that
+// decodes to it is either spelled literally or contains a \u escape (no
+// other JSON escape produces a letter or '_').
+func mayHoldHandle(d []byte) bool {
+	return bytes.Contains(d, []byte(HandleKey)) || bytes.Contains(d, []byte(`\u`))
+}
+
+// Handle returns a copy of the last non-null kv_transfer_params value seen,
+// as raw JSON, or nil.
+func (c *Capture) Handle() []byte { return c.handle }
+
+// FinishReason returns the last non-null finish_reason of choice 0, or "".
+func (c *Capture) FinishReason() string { return c.finish }
+
+// Done reports whether the "data: [DONE]" event was seen.
+func (c *Capture) Done() bool { return c.done }
+
+// Usage returns the raw JSON of the last non-null top-level usage member
+// seen, or nil. The slice is owned by the Capture and valid until the next
+// call to Forward.
+func (c *Capture) Usage() []byte { return c.usage }
+
+// inspect records the finish reason, usage and reply fragments of a chunk.
+// It trusts the engine's JSON: malformed data is ignored (at worst its
+// metadata is missed).
+func (c *Capture) inspect(d []byte) {
+	_ = jsonraw.Members(d, func(key string, v []byte) error {
+		switch key {
+		case "choices":
+			c.choices(v)
+		case "usage":
+			if !jsonraw.IsNull(v) {
+				c.usage = append(c.usage[:0], v...)
+			}
+		}
+		return nil
+	})
+}
+
+// choices handles the choice with index 0 (or, without an index, the first).
+func (c *Capture) choices(arr []byte) {
+	pos := 0
+	_ = jsonraw.Elements(arr, func(choice []byte) error {
+		var index, delta, text, finish []byte
+		_ = jsonraw.Members(choice, func(key string, v []byte) error {
+			switch key {
+			case "index":
+				index = v
+			case "delta":
+				delta = v
+			case "text":
+				text = v
+			case "finish_reason":
+				finish = v
+			}
+			return nil
+		})
+		first := pos == 0
+		pos++
+		if index != nil {
+			if n, ok := jsonraw.Int(index); !ok || n != 0 {
+				return nil
+			}
+		} else if !first {
+			return nil
+		}
+		if finish != nil && !jsonraw.IsNull(finish) {
+			c.finish = finishReason(finish)
+		}
+		if c.reply {
+			c.asm.add(delta, text)
+		}
+		return nil
+	})
+}
+
+// finishReason decodes a finish_reason without allocating for the values
+// vLLM uses.
+func finishReason(v []byte) string {
+	switch string(v) {
+	case `"stop"`:
+		return "stop"
+	case `"length"`:
+		return "length"
+	case `"tool_calls"`:
+		return "tool_calls"
+	case `"abort"`:
+		return "abort"
+	case `"error"`:
+		return "error"
+	}
+	s, _ := jsonraw.String(v)
+	return s
+}
+
+// reframe appends to dst the event raw with its data lines replaced by one
+// "data: " line holding data, at the place of the first data line.
+func reframe(dst, raw, data []byte) []byte {
+	wrote := false
+	for len(raw) > 0 {
+		end, next := lineEnd(raw)
+		// A byte order mark before a data line is dropped with it: the
+		// Reader ignores one only at the start of a stream.
+		line := raw[:end]
+		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) {
+			dst = append(dst, line...)
+			dst = append(dst, raw[end:next]...)
+			raw = raw[next:]
+			continue
+		}
+		if !wrote {
+			wrote = true
+			dst = append(dst, "data: "...)
+			for _, b := range data {
+				if b == '\n' || b == '\r' {
+					b = ' '
+				}
+				dst = append(dst, b)
+			}
+			dst = append(dst, '\n')
+		}
+		raw = raw[next:]
+	}
+	return dst
+}
+
+func isDataLine(line []byte) bool {
+	return bytes.HasPrefix(line, []byte("data")) && (len(line) == 4 || line[4] == ':')
+}
+
+// lineEnd returns the end of the first line of b and the start of the next.
+func lineEnd(b []byte) (end, next int) {
+	i := bytes.IndexAny(b, "\r\n")
+	switch {
+	case i < 0:
+		return len(b), len(b)
+	case b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n':
+		return i, i + 2
+	default:
+		return i, i + 1
+	}
+}

@@ -1,0 +1,88 @@
+package sse
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+)
+
+// Writer forwards an SSE stream to a client, flushing after every write so
+// that each event leaves at once. It does not set response headers; the
+// caller sets Content-Type (text/event-stream) and the status before the
+// first write.
+//
+// A Writer is not safe for concurrent use.
+type Writer struct {
+	w       io.Writer
+	rc      *http.ResponseController
+	buf     []byte
+	noFlush bool
+}
+
+// NewWriter returns a Writer on w. Flushing goes through
+// http.NewResponseController, so it works through ResponseWriter wrappers
+// that implement Unwrap. If w cannot flush at all, writes still succeed and
+// the bytes leave when the server flushes them.
+func NewWriter(w http.ResponseWriter) *Writer {
+	return &Writer{w: w, rc: http.NewResponseController(w)}
+}
+
+// WriteRaw writes raw unchanged (for example Event.Raw) and flushes.
+func (w *Writer) WriteRaw(raw []byte) error {
+	if _, err := w.w.Write(raw); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// WriteData writes data as one event and flushes. Each line of data
+// (split at "\r\n", "\r" or "\n") becomes a "data: " line, so a client
+// receives exactly data.
+func (w *Writer) WriteData(data []byte) error {
+	w.buf = AppendData(w.buf[:0], data)
+	return w.WriteRaw(w.buf)
+}
+
+// WriteDone writes the "data: [DONE]" event that ends an OpenAI-style
+// stream, and flushes.
+func (w *Writer) WriteDone() error {
+	return w.WriteRaw([]byte(doneEvent))
+}
+
+const doneEvent = "data: [DONE]\n\n"
+
+// Flush sends buffered bytes to the client. It returns nil if the
+// underlying ResponseWriter does not support flushing.
+func (w *Writer) Flush() error {
+	if w.noFlush {
+		return nil
+	}
+	err := w.rc.Flush()
+	if errors.Is(err, http.ErrNotSupported) {
+		w.noFlush = true
+		return nil
+	}
+	return err
+}
+
+// AppendData appends to dst the framing of data as one event: one
+// "data: " line per line of data, then a blank line.
+func AppendData(dst, data []byte) []byte {
+	for {
+		i := bytes.IndexAny(data, "\r\n")
+		if i < 0 {
+			break
+		}
+		dst = append(dst, "data: "...)
+		dst = append(dst, data[:i]...)
+		dst = append(dst, '\n')
+		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
+			i++
+		}
+		data = data[i+1:]
+	}
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	return append(dst, '\n', '\n')
+}
