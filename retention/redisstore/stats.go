@@ -60,8 +60,12 @@ func (h *health) fail(ctx context.Context, op string, err error) {
 	h.failures.Add(1)
 	if h.down.CompareAndSwap(false, true) {
 		h.since.Store(time.Now().UnixNano())
+		msg := err.Error()
+		if unknownCommand(err) {
+			msg = "unknown command" // Redis quotes the arguments, the key among them
+		}
 		h.log.LogAttrs(ctx, slog.LevelWarn, "redisstore: redis failing; takes miss and puts are dropped until it answers again",
-			slog.String("op", op), slog.String("err", err.Error()))
+			slog.String("op", op), slog.String("err", msg))
 	}
 }
 
