@@ -1,11 +1,17 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+		os.Exit(code)
+	}))
 }
