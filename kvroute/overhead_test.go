@@ -1,0 +1,385 @@
+package kvroute_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// The overhead benchmarks measure what the router adds to time to first
+// token: the client's TTFT through the router minus the time the router's
+// upstream requests waited on the engines (prefill: until P's body was read
+// to its end; decode: until D's first bytes), per turn, on the same requests.
+//
+//	go test -run '^$' -bench Overhead -benchtime 2000x ./kvroute
+//
+// Two kinds of zero-latency engines: "canned" answers every request at once
+// with fixed bytes (a P handle, or a short stream whose final chunk carries
+// a D handle), so nearly all CPU is the router's; "sim" is kvroutetest with
+// a zero-cost profile, which tokenizes and checks every prompt on the same
+// two cores and so competes with the router for CPU.
+
+// benchClock is a RoundTripper measuring each turn's wait on the engines,
+// keyed by X-Request-Id.
+type benchClock struct {
+	rt    http.RoundTripper
+	mu    sync.Mutex
+	waits map[string]time.Duration
+}
+
+func (c *benchClock) RoundTrip(req *http.Request) (*http.Response, error) {
+	id := req.Header.Get("X-Request-Id")
+	start := time.Now()
+	resp, err := c.rt.RoundTrip(req)
+	if err != nil {
+		c.add(id, time.Since(start))
+		return nil, err
+	}
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	resp.Body = &benchBody{ReadCloser: resp.Body, c: c, id: id, start: start, stream: stream}
+	return resp, nil
+}
+
+func (c *benchClock) add(id string, d time.Duration) {
+	c.mu.Lock()
+	c.waits[id] += d
+	c.mu.Unlock()
+}
+
+func (c *benchClock) take(id string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.waits[id]
+	delete(c.waits, id)
+	return d
+}
+
+type benchBody struct {
+	io.ReadCloser
+	c      *benchClock
+	id     string
+	start  time.Time
+	stream bool
+	once   sync.Once
+}
+
+func (b *benchBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if (b.stream && n > 0) || err != nil {
+		b.done()
+	}
+	return n, err
+}
+
+func (b *benchBody) Close() error {
+	b.done()
+	return b.ReadCloser.Close()
+}
+
+func (b *benchBody) done() { b.once.Do(func() { b.c.add(b.id, time.Since(b.start)) }) }
+
+// cannedEngines starts a prefill and a decode server on 127.0.0.1 that
+// answer at once with fixed bytes: P a one-token completion with a P
+// handle, D a three-event stream whose final chunk carries a D handle
+// (as engines with vLLM PR #40186 send).
+func cannedEngines(tb testing.TB) (prefill, decode string) {
+	tb.Helper()
+	var seq atomic.Int64
+	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		n := seq.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
+	})
+	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		n := seq.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := http.NewResponseController(w)
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n", n)
+		_ = fl.Flush()
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Done, the tests pass.\"},\"finish_reason\":null}]}\n\n", n)
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":null}],\"kv_transfer_params\":{\"do_remote_prefill\":false,\"do_remote_decode\":true,\"remote_block_ids\":[[11,12,13,14,15,16,17,18]],\"remote_engine_id\":\"d-engine\",\"remote_request_id\":\"d-%d\",\"remote_host\":\"10.0.0.2\",\"remote_port\":5601,\"tp_size\":1,\"remote_num_tokens\":5000,\"remote_blocks_expiry_time\":12345.5}}\n\ndata: [DONE]\n\n", n, n)
+	})
+	ps, ds := httptest.NewServer(p), httptest.NewServer(d)
+	tb.Cleanup(ps.Close)
+	tb.Cleanup(ds.Close)
+	return ps.URL, ds.URL
+}
+
+// simEngines starts a zero-cost simulated 1P1D pair.
+func simEngines(tb testing.TB, blocks int) (prefill, decode string) {
+	c := kvroutetest.NewCluster(tb, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithNumBlocks(blocks))
+	return c.Prefill[0].URL(), c.Decode[0].URL()
+}
+
+// benchConv is a chat conversation with a large first message.
+type benchConv struct {
+	id       string
+	messages []map[string]string
+}
+
+// benchHistory returns about n bytes of tool output.
+func benchHistory(n int, salt string) string {
+	var b strings.Builder
+	b.WriteString(salt)
+	words := []string{" func", " return", " err", " nil", " struct", " handle", " decode", " prefill", " stream", " token"}
+	for i := 0; b.Len() < n; i++ {
+		if i%16 == 15 {
+			b.WriteString("\n")
+		}
+		b.WriteString(words[i%len(words)])
+	}
+	return b.String()
+}
+
+func newBenchConv(id string, hist int) *benchConv {
+	return &benchConv{id: id, messages: []map[string]string{
+		{"role": "system", "content": "You are a coding agent."},
+		{"role": "user", "content": benchHistory(hist, id)},
+	}}
+}
+
+func (c *benchConv) body() []byte {
+	b, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": c.messages, "max_tokens": 8, "stream": true})
+	return b
+}
+
+// turnsPerConv bounds how long a benchmark conversation grows: after it,
+// a new conversation starts (a miss).
+const turnsPerConv = 8
+
+// ovhResult is what one overhead run measured.
+type ovhResult struct {
+	added   []time.Duration
+	hits    int
+	turns   int
+	elapsed time.Duration
+}
+
+// runOverhead runs n turns through a router at the given concurrency.
+func runOverhead(b *testing.B, prefill, decode string, conc, hist, n int) ovhResult {
+	b.Helper()
+	rt, err := transport.NewTransport()
+	if err != nil {
+		b.Fatal(err)
+	}
+	clock := &benchClock{rt: rt, waits: map[string]time.Duration{}}
+	r, err := kvroute.New(kvroute.WithPrefill(prefill), kvroute.WithDecode(decode), kvroute.WithTransport(clock))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close(); rt.CloseIdleConnections() })
+	srv := httptest.NewServer(r)
+	b.Cleanup(srv.Close)
+	crt, err := transport.NewTransport()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(crt.CloseIdleConnections)
+	client := &http.Client{Transport: crt}
+
+	var next atomic.Int64
+	var mu sync.Mutex
+	res := ovhResult{}
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var conv *benchConv
+			for k := 0; ; k++ {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				if k%turnsPerConv == 0 {
+					conv = newBenchConv(fmt.Sprintf("w%d-c%d ", w, k), hist)
+				}
+				id := fmt.Sprintf("ovh-%d", i)
+				added, hit, reply, err := benchTurn(client, srv.URL, conv.body(), id, clock)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				conv.messages = append(conv.messages,
+					map[string]string{"role": "assistant", "content": reply},
+					map[string]string{"role": "user", "content": fmt.Sprintf("Now run step %d.", k)})
+				mu.Lock()
+				res.added = append(res.added, added)
+				res.turns++
+				if hit {
+					res.hits++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	b.StopTimer()
+	return res
+}
+
+// benchTurn posts one streaming turn and returns the TTFT the router added,
+// whether it was a hit, and the reply text.
+func benchTurn(c *http.Client, url string, body []byte, id string, clock *benchClock) (time.Duration, bool, string, error) {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url+kvroute.PathChatCompletions, bytes.NewReader(body))
+	if err != nil {
+		return 0, false, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, false, "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
+		return 0, false, "", fmt.Errorf("status %d: %s", resp.StatusCode, raw)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(1); err != nil {
+		return 0, false, "", err
+	}
+	ttft := time.Since(start)
+	var text strings.Builder
+	for {
+		line, err := br.ReadBytes('\n')
+		if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: ")); ok && !bytes.Equal(data, []byte("[DONE]")) {
+			var ch struct {
+				Choices []struct {
+					Delta struct{ Content string } `json:"delta"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal(data, &ch) == nil && len(ch.Choices) > 0 {
+				text.WriteString(ch.Choices[0].Delta.Content)
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, false, "", err
+		}
+	}
+	return max(0, ttft-clock.take(id)), resp.Header.Get("X-Bidikv-Reuse") == kvroute.ReuseHit, text.String(), nil
+}
+
+func benchPercentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}
+
+// BenchmarkOverhead reports the TTFT the router adds (p50, p99, in µs),
+// turns per second and the hit rate, per engine kind, history size and
+// concurrency. One op is one turn.
+func BenchmarkOverhead(b *testing.B) {
+	for _, engines := range []string{"canned", "sim"} {
+		for _, hist := range []int{10 << 10, 100 << 10} {
+			for _, conc := range []int{1, 64, 256} {
+				b.Run(fmt.Sprintf("engines=%s/hist=%dKB/conc=%d", engines, hist>>10, conc), func(b *testing.B) {
+					var p, d string
+					if engines == "canned" {
+						p, d = cannedEngines(b)
+					} else {
+						p, d = simEngines(b, 1<<20)
+					}
+					b.ReportAllocs()
+					res := runOverhead(b, p, d, conc, hist, b.N)
+					if res.turns == 0 {
+						return
+					}
+					b.ReportMetric(float64(benchPercentile(res.added, 50))/1e3, "added-p50-µs")
+					b.ReportMetric(float64(benchPercentile(res.added, 99))/1e3, "added-p99-µs")
+					b.ReportMetric(float64(res.turns)/res.elapsed.Seconds(), "turns/s")
+					b.ReportMetric(float64(res.hits)/float64(res.turns), "hit-rate")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkRetainedBytes reports the heap a Router keeps per retained
+// conversation (after a GC, with b.N conversations retained in the default
+// store) next to the size of the handle JSON it retains.
+//
+//	go test -run '^$' -bench RetainedBytes -benchtime 5000x ./kvroute
+func BenchmarkRetainedBytes(b *testing.B) {
+	p, d := cannedEngines(b)
+	rt, err := transport.NewTransport()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rt.CloseIdleConnections)
+	r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close() })
+	// Warm up connections and pools, then measure from a clean heap.
+	warm := newBenchConv("warm ", 1<<10)
+	for range 4 {
+		benchDo(b, r, warm.body())
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b.ResetTimer()
+	for i := range b.N {
+		benchDo(b, r, newBenchConv(fmt.Sprintf("c%d ", i), 1<<10).body())
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	stored := r.Stats().Stored - 4
+	if stored < int64(b.N) {
+		b.Fatalf("stored %d of %d handles", stored, b.N)
+	}
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(b.N)
+	b.ReportMetric(per, "retained-B/conv")
+	b.ReportMetric(float64(len(cannedDHandle)), "handle-json-B")
+	b.ReportMetric(per/float64(len(cannedDHandle)), "ratio")
+	runtime.KeepAlive(r)
+}
+
+// cannedDHandle is the D handle the canned decode engine sends (with a
+// request id of typical length).
+const cannedDHandle = `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[11,12,13,14,15,16,17,18]],"remote_engine_id":"d-engine","remote_request_id":"d-1234","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":5000,"remote_blocks_expiry_time":12345.5}`
+
+// benchDo runs one streaming turn through Do and drains it.
+func benchDo(b *testing.B, r *kvroute.Router, body []byte) {
+	resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: body})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := resp.WriteTo(io.Discard); err != nil {
+		b.Fatal(err)
+	}
+	_ = resp.Close()
+}
