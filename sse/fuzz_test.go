@@ -2,6 +2,7 @@ package sse_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -133,4 +134,51 @@ func TestReaderAgreesWithGoSSE(t *testing.T) {
 			t.Errorf("event %d: ours %q, go-sse %q, want %q", i, got[i], ref[i], want[i])
 		}
 	}
+}
+
+// FuzzCapture checks that Forward never panics and that whenever it returns
+// bytes, an EventSource reading them sees no top-level kv_transfer_params in
+// any event's JSON data.
+func FuzzCapture(f *testing.F) {
+	f.Add([]byte("data: {\"kv_transfer_params\":{\"a\":1},\"b\":2}\n\n"))
+	f.Add([]byte("data: {\"kv\\u005ftransfer_params\":1}\r\rdata: [DONE]\r\r"))
+	f.Add([]byte("event: x\ndata: {\"a\":\ndata: 1, \"kv_transfer_params\": null}\n: c\n\n"))
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"i\",\"function\":{\"name\":\"n\",\"arguments\":\"{\"}}]}}]}\n\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r := sse.NewReader(bytes.NewReader(in))
+		c := sse.NewCapture(sse.WithReply())
+		var out bytes.Buffer
+		for range len(in) + 2 {
+			e, err := r.Next()
+			if err != nil {
+				break
+			}
+			b, err := c.Forward(e)
+			if err != nil {
+				if !errors.Is(err, sse.ErrMalformedData) {
+					t.Fatalf("unexpected error %v", err)
+				}
+				continue
+			}
+			out.Write(b)
+			if !e.Incomplete && !bytes.HasSuffix(out.Bytes(), []byte("\n")) && !bytes.HasSuffix(out.Bytes(), []byte("\r")) {
+				t.Fatalf("forwarded event lost its terminator: %q", b)
+			}
+		}
+		_ = c.Reply()
+		// Read back what the client would see.
+		cr := sse.NewReader(bytes.NewReader(out.Bytes()))
+		for range out.Len() + 2 {
+			e, err := cr.Next()
+			if err != nil {
+				break
+			}
+			var m map[string]json.RawMessage
+			if e.HasData && json.Unmarshal(e.Data, &m) == nil {
+				if _, ok := m[sse.HandleKey]; ok {
+					t.Fatalf("handle reached the client: %q", e.Raw)
+				}
+			}
+		}
+	})
 }

@@ -38,6 +38,10 @@ type Reader struct {
 	start int    // start of the current block in buf
 	pos   int    // start of the current line
 	scan  int    // no line terminator in buf[pos:scan]
+	// nextLF is the index of the first '\n' at or after scan, if it is not
+	// below scan; otherwise buf[scan:noLF] holds no '\n'.
+	nextLF int
+	noLF   int
 
 	skipLF  bool // the last line ended in '\r' at the end of the buffer
 	started bool // the first line (which may carry a BOM) was seen
@@ -64,7 +68,7 @@ type Reader struct {
 
 // NewReader returns a Reader that parses r.
 func NewReader(r io.Reader, opts ...ReaderOption) *Reader {
-	rd := &Reader{r: r, max: DefaultMaxEventSize}
+	rd := &Reader{r: r, max: DefaultMaxEventSize, nextLF: -1}
 	for _, o := range opts {
 		o.applyReader(rd)
 	}
@@ -91,8 +95,6 @@ func (r *Reader) Next() (Event, error) {
 }
 
 func (r *Reader) next() (Event, error) {
-	// Forget the block returned by the previous call.
-	r.pos, r.scan = r.start, r.start
 	for {
 		if r.skipLF && r.pos < len(r.buf) {
 			r.skipLF = false
@@ -132,17 +134,23 @@ func (r *Reader) next() (Event, error) {
 // the length of its terminator, or -1 if the buffer holds no complete line.
 // A '\r' that is the last buffered byte ends the line; a '\n' that may
 // follow it in the next read is then skipped (skipLF).
+//
+// Each byte is searched at most once for '\n' and once for '\r', so long
+// lines arriving in small reads and '\r'-only streams stay linear.
 func (r *Reader) findEOL() (eol, termLen int) {
-	rest := r.buf[r.scan:]
-	i := bytes.IndexByte(rest, '\n')
-	var j int
-	if i < 0 {
-		j = bytes.IndexByte(rest, '\r')
-	} else {
-		j = bytes.IndexByte(rest[:i], '\r')
+	if r.nextLF < r.scan {
+		from := max(r.scan, r.noLF)
+		if i := bytes.IndexByte(r.buf[from:], '\n'); i >= 0 {
+			r.nextLF = from + i
+		} else {
+			r.noLF = len(r.buf)
+		}
 	}
-	switch {
-	case j >= 0:
+	limit := len(r.buf)
+	if r.nextLF >= r.scan {
+		limit = r.nextLF
+	}
+	if j := bytes.IndexByte(r.buf[r.scan:limit], '\r'); j >= 0 {
 		eol = r.scan + j
 		if eol+1 < len(r.buf) {
 			if r.buf[eol+1] == '\n' {
@@ -152,12 +160,12 @@ func (r *Reader) findEOL() (eol, termLen int) {
 		}
 		r.skipLF = !r.eof
 		return eol, 1
-	case i >= 0:
-		return r.scan + i, 1
-	default:
-		r.scan = len(r.buf)
-		return -1, 0
 	}
+	if limit < len(r.buf) {
+		return limit, 1
+	}
+	r.scan = len(r.buf)
+	return -1, 0
 }
 
 // fill reads more input, compacting or growing the buffer as needed.
@@ -171,6 +179,8 @@ func (r *Reader) fill() error {
 			r.buf = r.buf[:n]
 			r.pos -= r.start
 			r.scan -= r.start
+			r.nextLF -= r.start
+			r.noLF = max(r.noLF-r.start, 0)
 			r.start = 0
 		}
 		if cap(r.buf)-len(r.buf) < minRead {

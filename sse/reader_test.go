@@ -313,3 +313,25 @@ func TestReaderLongStream(t *testing.T) {
 		})
 	}
 }
+
+func TestReaderCROnlyStreamWithLateLF(t *testing.T) {
+	// Many '\r'-terminated events followed by a single '\n': each line must
+	// not trigger a new search for that distant '\n' (this would be
+	// quadratic and never finish in a test run).
+	const n = 50000
+	in := strings.Repeat("data: x\r\r", n) + "\n"
+	r := sse.NewReader(strings.NewReader(in))
+	count := 0
+	for {
+		e, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if e.HasData {
+			count++
+			require.Equal(t, "x", string(e.Data))
+		}
+	}
+	assert.Equal(t, n, count)
+}
