@@ -51,7 +51,11 @@ func StartEngine(opts ...Option) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := c.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		se.Close()
 		return nil, fmt.Errorf("kvroutetest: listen: %w", err)

@@ -29,7 +29,8 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	sim  sim.Config
 	reg  *Registry
-	side bool // side channel set explicitly
+	side bool   // side channel set explicitly
+	addr string // HTTP listen address; "" is 127.0.0.1:0
 }
 
 func defaultConfig() config { return config{sim: sim.DefaultConfig()} }

@@ -1,0 +1,212 @@
+package kvroute_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// tally counts what a fault run did, for the totals in the report.
+type tally struct {
+	mu                                    sync.Mutex
+	faults, turns, correct, errors, wrong int
+	freedReads, expiredReads              int
+}
+
+func (t *tally) add(o *tally) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.faults += o.faults
+	t.turns += o.turns
+	t.correct += o.correct
+	t.errors += o.errors
+	t.wrong += o.wrong
+	t.freedReads += o.freedReads
+	t.expiredReads += o.expiredReads
+}
+
+// lastTurn records the router's last TurnRecord and endpoint events.
+type lastTurn struct {
+	mu     sync.Mutex
+	rec    kvroute.TurnRecord
+	events []kvroute.EndpointEvent
+}
+
+func (l *lastTurn) ObserveTurn(rec *kvroute.TurnRecord) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rec = *rec
+}
+
+func (l *lastTurn) ObserveEndpoint(ev kvroute.EndpointEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, ev)
+}
+
+func (l *lastTurn) last() kvroute.TurnRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec
+}
+
+func (l *lastTurn) kinds() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, ev := range l.events {
+		out = append(out, ev.Kind+" "+ev.Endpoint)
+	}
+	return out
+}
+
+// rig is a router over a cluster with one conversation through it.
+type rig struct {
+	t    *testing.T
+	c    *kvroutetest.Cluster
+	r    *kvroute.Router
+	url  string
+	obs  *lastTurn
+	conv *conversation
+	n    tally
+}
+
+func newRig(t *testing.T, c *kvroutetest.Cluster, stream bool, opts ...kvroute.Option) *rig {
+	obs := &lastTurn{}
+	r := newRouter(t, c, append([]kvroute.Option{kvroute.WithObserver(obs)}, opts...)...)
+	g := &rig{t: t, c: c, r: r, url: serve(t, r), obs: obs}
+	g.conv = &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+	return g
+}
+
+// engine returns the cluster engine at url.
+func (g *rig) engine(url string) *kvroutetest.Engine {
+	for _, e := range append(append([]*kvroutetest.Engine(nil), g.c.Prefill...), g.c.Decode...) {
+		if e.URL() == url {
+			return e
+		}
+	}
+	g.t.Fatalf("no engine at %q", url)
+	return nil
+}
+
+// lastDecode and lastPrefill are the engines of the last successful turn.
+func (g *rig) lastDecode() *kvroutetest.Engine  { return g.engine(g.obs.last().DecodeEndpoint) }
+func (g *rig) lastPrefill() *kvroutetest.Engine { return g.engine(g.obs.last().PrefillEndpoint) }
+
+// turn sends the conversation's next turn and checks the answer against
+// the single-engine reference; mayFail allows a clear error instead.
+func (g *rig) turn(i int, mayFail bool) turnResult {
+	t := g.t
+	t.Helper()
+	g.conv.say(userText(i))
+	body := g.conv.body()
+	res, streamErr := postLenient(t, g.url, g.conv.path, body)
+	g.n.turns++
+	if res.status != http.StatusOK || streamErr {
+		g.n.errors++
+		require.True(t, mayFail, "turn %d failed: %d %s", i, res.status, res.raw)
+		// A clear error: OpenAI-shaped JSON, or an SSE error event.
+		require.Contains(t, string(res.raw), `"error"`, "turn %d", i)
+		g.conv.messages = g.conv.messages[:len(g.conv.messages)-1]
+		return res
+	}
+	if res.text == reference(t, g.conv.path, body) {
+		g.n.correct++
+	} else {
+		g.n.wrong++
+		t.Errorf("turn %d: answer differs from the single-engine reference", i)
+	}
+	g.conv.hear(res.text)
+	return res
+}
+
+// finish adds the engines' read counters and checks them.
+func (g *rig) finish() {
+	for _, e := range append(append([]*kvroutetest.Engine(nil), g.c.Prefill...), g.c.Decode...) {
+		st := e.Stats()
+		g.n.freedReads += st.FreedReads
+		g.n.expiredReads += st.ExpiredReads
+	}
+	g.t.Logf("faults %d turns %d correct %d errors %d wrong %d freed reads %d expired reads %d",
+		g.n.faults, g.n.turns, g.n.correct, g.n.errors, g.n.wrong, g.n.freedReads, g.n.expiredReads)
+	require.Zero(g.t, g.n.freedReads, "reads of freed blocks")
+	require.Zero(g.t, g.n.expiredReads, "reads of expired blocks")
+	require.Zero(g.t, g.n.wrong, "wrong answers")
+}
+
+// postLenient is post for turns that may end in an SSE error event.
+func postLenient(t testing.TB, url, path string, body []byte) (turnResult, bool) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	res := turnResult{status: resp.StatusCode, header: resp.Header, raw: raw}
+	if resp.StatusCode != http.StatusOK {
+		return res, false
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		res.text, res.finish = parseBody(t, raw)
+		return res, false
+	}
+	var text strings.Builder
+	done, failed := false, false
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var ch struct {
+			Choices []choice
+			Error   json.RawMessage
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &ch), "%s", data)
+		if ch.Error != nil {
+			failed = true
+		}
+		for _, c := range ch.Choices {
+			text.WriteString(c.Delta.Content + c.Text)
+		}
+	}
+	res.text = text.String()
+	return res, failed || !done
+}
+
+// instantTimer is a backoff.Timer that fires at once and records waits.
+type instantTimer struct {
+	mu    *sync.Mutex
+	waits *[]time.Duration
+	c     chan time.Time
+}
+
+func (t *instantTimer) Start(d time.Duration) {
+	t.mu.Lock()
+	*t.waits = append(*t.waits, d)
+	t.mu.Unlock()
+	t.c = make(chan time.Time, 1)
+	t.c <- time.Time{}
+}
+func (t *instantTimer) Stop()               {}
+func (t *instantTimer) C() <-chan time.Time { return t.c }
