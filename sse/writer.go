@@ -47,7 +47,8 @@ func (w *Writer) WriteData(data []byte) error {
 // WriteDone writes the "data: [DONE]" event that ends an OpenAI-style
 // stream, and flushes.
 func (w *Writer) WriteDone() error {
-	return w.WriteRaw([]byte(doneEvent))
+	w.buf = append(w.buf[:0], doneEvent...)
+	return w.WriteRaw(w.buf)
 }
 
 const doneEvent = "data: [DONE]\n\n"
