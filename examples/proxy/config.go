@@ -136,16 +136,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	dh := &listFlag{vals: &c.decodeHosts}
 	dp := &listFlag{vals: &c.decodePorts}
 	for _, n := range []string{"prefiller-hosts", "prefiller-host"} {
-		fs.Var(ph, n, "prefill engine hosts, one or more (default localhost)")
+		fs.Var(ph, n, "prefill engine hosts, one or more")
 	}
 	for _, n := range []string{"prefiller-ports", "prefiller-port"} {
-		fs.Var(pp, n, "prefill engine ports, one per host (default 8100)")
+		fs.Var(pp, n, "prefill engine ports, one per host")
 	}
 	for _, n := range []string{"decoder-hosts", "decoder-host"} {
-		fs.Var(dh, n, "decode engine hosts, one or more (default localhost)")
+		fs.Var(dh, n, "decode engine hosts, one or more")
 	}
 	for _, n := range []string{"decoder-ports", "decoder-port"} {
-		fs.Var(dp, n, "decode engine ports, one per host (default 8200)")
+		fs.Var(dp, n, "decode engine ports, one per host")
 	}
 	fs.Var(&listFlag{vals: &c.prefillURLs}, "prefill", "prefill engine URLs (http://host:port), replacing --prefiller-hosts/--prefiller-ports")
 	fs.Var(&listFlag{vals: &c.decodeURLs}, "decode", "decode engine URLs (http://host:port), replacing --decoder-hosts/--decoder-ports")
@@ -170,6 +170,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 
 	if err := fs.Parse(expandLists(args)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
