@@ -1,0 +1,37 @@
+// Command bench is a multi-turn load generator for any OpenAI-compatible
+// chat endpoint: a kvroute router, the proxy, or an engine directly.
+//
+//	go run ./examples/bench --url http://127.0.0.1:8000 --input conversations.json \
+//	  --clients 8 --max-active 32 --request-rate 4 --output stats.json
+//
+// The input is one of vLLM's multi-turn benchmark inputs
+// (benchmarks/multi_turn): a JSON list of conversations
+// [{"id": ..., "messages": [{"role": ..., "content": ...}, ...]}], or a
+// generate_conversations config with its distributions. Like vLLM's
+// benchmark_serving_multi_turn.py, every turn sends the whole history with
+// stream true, and the streamed reply is appended as the assistant message.
+//
+// It reports time to first token (to the first chunk with non-empty
+// delta.content), time per output token (per content chunk after the
+// first) and latency as percentiles, the reuse hit rate from the router's
+// X-Bidikv-Reuse response header (when present), and writes per-request
+// stats as JSON with --output. --send-conversation-id adds the body field
+// conversation_id and the X-Session-ID header; --header adds any header.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		stop()
+		os.Exit(1)
+	}
+}
