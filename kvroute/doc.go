@@ -53,14 +53,62 @@
 // 4xx passed through, 502 for a failed upstream leg (*UpstreamError names
 // the phase, the endpoint and the status), 503 when no endpoint is
 // available, 504 on a timeout. A prefill leg that fails on a connection
-// error or with 502/503/504 is retried on another engine with backoff; if
-// the failed attempt carried a retained handle, the handle is spent and
-// every retry is a plain miss, so the turn still gets a correct answer. If P
-// answers without a handle the turn fails with 502, or, with
-// WithLocalPrefillFallback, D prefills by itself. Once a stream has started,
+// error or with 502/503/504 is retried on another engine with backoff (see
+// Failure paths). Once a stream has started,
 // an error can only end it: ServeHTTP writes an SSE event
 // data: {"error":{...}} and closes the connection without data: [DONE], and
 // nothing is retained. A Store failure never fails a turn: it is a miss.
+//
+// # Many engines
+//
+// Each leg's engine is chosen by a Selector over the healthy endpoints
+// (LeastLoaded by default): decode goes to the engine that holds the
+// conversation's KV unless it is ejected or has DefaultAffinityMaxInFlight
+// requests open, else to the least loaded one per unit of weight; prefill
+// takes the lighter of two random engines. With LeastLoaded.HashHints a
+// conversation hint pins turns without affinity by rendezvous hashing; a
+// hint never unlocks a handle. Endpoints carry a data-parallel rank
+// (X-Data-Parallel-Rank) and a weight (WithPrefillEndpoints,
+// WithDecodeEndpoints) and can be replaced at run time with SetEndpoints.
+// WithEjection ejects an endpoint after consecutive failures for an
+// exponential backoff; WithHealthCheck adds /health probes, which Close
+// stops. An Observer that implements EndpointObserver hears of ejections,
+// re-admissions, additions and removals.
+//
+// # Failure paths
+//
+// What the client sees, what is retained, what is counted (Stats, the
+// TurnRecord given to the Observer, endpoint health):
+//
+//   - Prefill engine down, refusing, or answering 502/503/504: retried on
+//     another engine with backoff, honouring Retry-After, within
+//     WithRetryPolicy. An attempt that carried a retained handle spent it:
+//     every retry is a plain miss (MissRetry, Stats.HitRetries). A prefill
+//     that fails with 500 while reading a retained handle (expired, engine
+//     restarted) is retried once as a miss. Errors transport.Retryable does
+//     not retry (the prefill total timeout, a pooled connection the engine
+//     closed) fail the turn: 504 or 502. Each failure counts against the
+//     endpoint's health, except a 500 on a failed handle read.
+//   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle),
+//     or with WithLocalPrefillFallback D prefills by itself; the miss handle
+//     never reaches D.
+//   - Decode leg fails before anything reached the client (Do has not
+//     returned; a stream's first event is read inside Do): if the connection
+//     was never made, the same P handle goes to another decode engine while
+//     P's lease (WithPrefillLease) has ExpiryGuard left. Any other failure
+//     (refused after accept, 5xx, timeout, a stream cut before its first
+//     event, a lapsed lease) redoes the whole turn as a plain miss: a new
+//     prefill, preferring another prefill engine, then another decode
+//     engine, because the failed D may have read P's handle. At most
+//     WithDecodeAttempts decode legs per turn; then 502 or 504. A decode
+//     engine's 4xx is passed to the client as is.
+//   - After the first event: the stream ends with an SSE error event and no
+//     data: [DONE]; nothing is retained; the turn counts in Stats.Failures
+//     and against the endpoint's health.
+//   - No endpoint left (all excluded this turn): 503 ErrNoEndpoint. When all
+//     are ejected they are tried anyway.
+//   - A retained handle past the retention TTL is a miss (MissExpired) and
+//     is never attached.
 //
 // # Concurrency
 //

@@ -93,7 +93,8 @@ func faultCases() []faultCase {
 		}},
 		{name: "prefill stall", router: []kvroute.Option{kvroute.WithPrefillTimeout(300 * time.Millisecond)}, inject: func(g *rig, i int) (int, bool) {
 			if !at(i) {
-				return 0, false
+				// The stall stays armed until P0 is picked.
+				return 0, i > 3
 			}
 			for _, e := range g.c.Prefill {
 				e.Stall(time.Minute)
