@@ -140,7 +140,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 		out.stream = true
 		out.Header.Del("Content-Length")
 		out.reader = sse.NewReader(resp.Body)
-		out.capture = &capture{chat: t.req.Chat()}
+		out.capture = sse.NewCapture(sse.WithReply())
 		ev, err := out.reader.Next()
 		if err != nil {
 			out.release()

@@ -40,7 +40,8 @@ type Response struct {
 	cancel     context.CancelFunc
 	stream     bool
 	reader     *sse.Reader
-	capture    *capture
+	capture    *sse.Capture
+	retained   bool
 	pending    sse.Event // the first event, read by Do
 	hasPending bool
 	first      bool
@@ -82,7 +83,7 @@ func (r *Response) Next() ([]byte, error) {
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			if r.capture.done {
+			if r.capture.Done() {
 				r.end(nil)
 				r.err = io.EOF
 				return nil, io.EOF
@@ -93,7 +94,19 @@ func (r *Response) Next() ([]byte, error) {
 		r.end(r.err)
 		return nil, r.err
 	}
-	out := r.capture.event(ev)
+	out, ferr := r.capture.Forward(ev)
+	if ferr != nil {
+		// Data that may hold a handle but is not JSON: never forward it.
+		r.err = r.streamError(ferr)
+		r.end(r.err)
+		return nil, r.err
+	}
+	if r.capture.Done() && !r.retained {
+		// Retain before the client sees data: [DONE], so that a client
+		// that sends its next turn at once finds the handle.
+		r.retained = true
+		r.t.retain(r.capture.Handle(), streamReply(r.capture))
+	}
 	if !r.first {
 		r.first = true
 		r.t.rec.TTFT = r.t.since()
@@ -182,7 +195,10 @@ func (r *Response) release() {
 func (r *Response) end(err error) {
 	t := r.t
 	if err == nil {
-		t.retain(r.capture.handle, r.capture.reply())
+		if !r.retained {
+			r.retained = true
+			t.retain(r.capture.Handle(), streamReply(r.capture))
+		}
 	} else {
 		if t.rec.StoreRefusal == "" {
 			t.rec.StoreRefusal = "stream_error"
@@ -196,6 +212,19 @@ func (r *Response) end(err error) {
 	}
 	r.release()
 	t.finish()
+}
+
+// streamReply converts what the capture reassembled.
+func streamReply(c *sse.Capture) *Reply {
+	sr := c.Reply()
+	return &Reply{
+		Content:      sr.Content,
+		ToolCalls:    sr.ToolCalls,
+		Reasoning:    sr.Reasoning,
+		FinishReason: sr.FinishReason,
+		StopReason:   c.StopReason(),
+		Incomplete:   sr.Incomplete,
+	}
 }
 
 // readBody reads a non-streaming answer, strips its handle and retains it.

@@ -50,6 +50,7 @@ type Capture struct {
 	handle []byte
 	usage  []byte
 	finish string
+	stop   []byte
 	done   bool
 
 	asm assembler
@@ -119,6 +120,11 @@ func mayHoldHandle(d []byte) bool {
 // as raw JSON, or nil.
 func (c *Capture) Handle() []byte { return c.handle }
 
+// StopReason returns vLLM's stop_reason that came with choice 0's last
+// finish_reason, as raw JSON (null for end of sequence, a number for a stop
+// token, a string for a stop string), or nil when the engine sent none.
+func (c *Capture) StopReason() []byte { return c.stop }
+
 // FinishReason returns the last non-null finish_reason of choice 0, or "".
 func (c *Capture) FinishReason() string { return c.finish }
 
@@ -151,7 +157,7 @@ func (c *Capture) inspect(d []byte) {
 func (c *Capture) choices(arr []byte) {
 	pos := 0
 	_ = jsonraw.Elements(arr, func(choice []byte) error {
-		var index, delta, text, finish []byte
+		var index, delta, text, finish, stop []byte
 		_ = jsonraw.Members(choice, func(key string, v []byte) error {
 			switch key {
 			case "index":
@@ -162,6 +168,8 @@ func (c *Capture) choices(arr []byte) {
 				text = v
 			case "finish_reason":
 				finish = v
+			case "stop_reason":
+				stop = v
 			}
 			return nil
 		})
@@ -176,6 +184,10 @@ func (c *Capture) choices(arr []byte) {
 		}
 		if finish != nil && !jsonraw.IsNull(finish) {
 			c.finish = finishReason(finish)
+			c.stop = append(c.stop[:0], stop...)
+			if stop == nil {
+				c.stop = nil
+			}
 		}
 		if c.reply {
 			c.asm.add(delta, text)
