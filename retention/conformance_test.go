@@ -19,9 +19,9 @@ func TestMemoryConformance(t *testing.T) {
 }
 
 func TestMemoryConformanceSmall(t *testing.T) {
-	// The suite's largest value is 32 KiB and it holds at most a few dozen
-	// entries at once.
+	// The suite's largest value is 32 KiB and it holds up to 256 entries at
+	// once (ConcurrentKeys: 8 workers x 32 keys).
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		return retention.NewMemory(retention.WithMaxEntries(64), retention.WithMaxValueSize(32<<10))
+		return retention.NewMemory(retention.WithMaxEntries(300), retention.WithMaxValueSize(32<<10))
 	})
 }

@@ -39,7 +39,8 @@ import (
 // Put and the caller owning it after Take; cancelled and expired contexts;
 // ttl <= 0 rejected; keys with odd bytes (separators, unicode, NUL, invalid
 // UTF-8, 1 KiB); exactly one winner among 100 goroutines racing to Take one
-// key; and concurrent puts and takes on many keys. Run it with -race.
+// key; and concurrent puts and takes on many keys (up to 256 entries held at
+// once: a bounded store must hold at least that many). Run it with -race.
 //
 // Expiry cannot use a virtual clock, so that subtest waits in real time: it
 // stores entries with a 100 ms ttl and polls until one is gone (at most about
