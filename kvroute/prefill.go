@@ -131,9 +131,13 @@ func retryablePrefill(err error, hit bool) bool {
 		return false
 	}
 	if ue.Status == 0 {
-		// Connection failures and a stalled engine; not our own total
-		// timeout or the caller's cancellation.
-		return transport.Retryable(nil, ue.Err)
+		// No answer: connection failures (including a reused connection
+		// the engine had closed, which Go does not retry for a POST) and a
+		// stalled engine. A retry is always a plain miss, so it is safe;
+		// not retried: the caller's cancellation and our own prefill
+		// deadline, which would only double the load on a slow engine.
+		return !errors.Is(ue.Err, context.Canceled) && !errors.Is(ue.Err, context.DeadlineExceeded) &&
+			!errors.Is(ue.Err, transport.ErrTotalTimeout)
 	}
 	switch ue.Status {
 	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
