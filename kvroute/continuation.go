@@ -106,6 +106,7 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.chain, req.chained = cur, true // Key extends it with the reply
 	// A request whose last message is the stored reply itself sends
 	// nothing new: it is no continuation.
 	if last := lastRole(msgs); last == "assistant" && len(keys) > 0 {
@@ -123,14 +124,17 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	if !req.Chat() {
 		return c.completionKey(req, reply)
 	}
-	msgs, _ := req.Field("messages")
-	cur := shapingDigest(req, "chat", chatShaping)
-	if err := jsonraw.Elements(msgs, func(m []byte) error {
-		var err error
-		cur, _, err = chainMessage(cur, m)
-		return err
-	}); err != nil {
-		return Retention{}, err
+	cur := req.chain
+	if !req.chained {
+		msgs, _ := req.Field("messages")
+		cur = shapingDigest(req, "chat", chatShaping)
+		if err := jsonraw.Elements(msgs, func(m []byte) error {
+			var err error
+			cur, _, err = chainMessage(cur, m)
+			return err
+		}); err != nil {
+			return Retention{}, err
+		}
 	}
 	h := sha256.New()
 	h.Write(cur[:])

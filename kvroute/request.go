@@ -26,6 +26,11 @@ type Request struct {
 	obj    jsonraw.Object
 	parsed bool
 	tenant string
+
+	// chain is ContinuationKeys' digest of the whole conversation, kept
+	// from Lookup so that Key hashes only the reply.
+	chain   [32]byte
+	chained bool
 }
 
 // Field returns the raw JSON of a top-level member of the request body, as
@@ -51,7 +56,7 @@ func (r *Request) parse() error {
 	if err != nil {
 		return badRequest("request body is not a JSON object: %v", err)
 	}
-	r.obj, r.parsed = obj, true
+	r.obj, r.parsed, r.chained = obj, true, false
 	if v, ok := obj.Get("model"); ok {
 		if _, isStr := jsonraw.String(v); !isStr {
 			return badRequest("model must be a string")
