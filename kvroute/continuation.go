@@ -85,23 +85,13 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 	if !req.Chat() {
 		return c.completionLookup(req)
 	}
-	msgs, _ := req.Field("messages")
-	base := shapingDigest(req, "chat", chatShaping)
 	var keys []string
-	cur := base
-	n := 0
-	err := jsonraw.Elements(msgs, func(m []byte) error {
-		n++
-		var role string
-		var err error
-		cur, role, err = chainMessage(cur, m)
-		if err != nil {
-			return err
-		}
+	last := ""
+	cur, err := chainConversation(req, func(cur [32]byte, role string) {
 		if role == "assistant" {
 			keys = append(keys, digestKey("c", cur))
 		}
-		return nil
+		last = role
 	})
 	if err != nil {
 		return nil, err
@@ -109,7 +99,7 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 	req.chain, req.chained = cur, true // Key extends it with the reply
 	// A request whose last message is the stored reply itself sends
 	// nothing new: it is no continuation.
-	if last := lastRole(msgs); last == "assistant" && len(keys) > 0 {
+	if last == "assistant" && len(keys) > 0 {
 		keys = keys[:len(keys)-1]
 	}
 	slices.Reverse(keys)
@@ -126,19 +116,14 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	}
 	cur := req.chain
 	if !req.chained {
-		msgs, _ := req.Field("messages")
-		cur = shapingDigest(req, "chat", chatShaping)
-		if err := jsonraw.Elements(msgs, func(m []byte) error {
-			var err error
-			cur, _, err = chainMessage(cur, m)
-			return err
-		}); err != nil {
+		var err error
+		if cur, err = chainConversation(req, nil); err != nil {
 			return Retention{}, err
 		}
 	}
 	h := sha256.New()
 	h.Write(cur[:])
-	writeMessage(h, "assistant", contentText(reply.Content), nil, reply.ToolCalls, nil)
+	writeMessage(h, "assistant", contentText(reply.Content), "", "", reply.ToolCalls, nil)
 	var next [32]byte
 	h.Sum(next[:0])
 	return Retention{Key: digestKey("c", next)}, nil
@@ -327,10 +312,7 @@ func shapingDigest(req *Request, kind string, fields []string) [32]byte {
 			continue
 		}
 		buf.Reset()
-		if json.Compact(&buf, v) != nil {
-			buf.Write(v)
-		}
-		writeField(h, f, buf.Bytes())
+		writeField(h, f, compact(&buf, v))
 	}
 	var sum [32]byte
 	h.Sum(sum[:0])
@@ -371,7 +353,7 @@ func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
 	h := sha256.New()
 	h.Write(prev[:])
 	slices.SortFunc(extra, func(a, b [2][]byte) int { return bytes.Compare(a[0], b[0]) })
-	writeMessage(h, role, canonicalContent(content), []string{name, toolCallID}, toolCalls, extra)
+	writeMessage(h, role, canonicalContent(content), name, toolCallID, toolCalls, extra)
 	var sum [32]byte
 	h.Sum(sum[:0])
 	return sum, role, nil
@@ -423,10 +405,7 @@ func canonicalContent(v []byte) []byte {
 	}
 	var buf bytes.Buffer
 	buf.WriteByte('j')
-	if json.Compact(&buf, v) != nil {
-		buf.Write(v)
-	}
-	return buf.Bytes()
+	return compact(&buf, v)
 }
 
 func contentText(s string) []byte {
@@ -436,23 +415,16 @@ func contentText(s string) []byte {
 }
 
 // writeMessage hashes one message in canonical form.
-func writeMessage(h hash.Hash, role string, content []byte, names []string, toolCalls []byte, extra [][2][]byte) {
+func writeMessage(h hash.Hash, role string, content []byte, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
 	writeField(h, "role", []byte(role))
 	writeField(h, "content", content)
-	if len(names) == 2 {
-		writeField(h, "name", []byte(names[0]))
-		writeField(h, "tool_call_id", []byte(names[1]))
-	} else {
-		writeField(h, "name", nil)
-		writeField(h, "tool_call_id", nil)
-	}
+	writeField(h, "name", []byte(name))
+	writeField(h, "tool_call_id", []byte(toolCallID))
 	writeToolCalls(h, toolCalls)
+	var buf bytes.Buffer
 	for _, e := range extra {
-		var buf bytes.Buffer
-		if json.Compact(&buf, e[1]) != nil {
-			buf.Write(e[1])
-		}
-		writeField(h, "x:"+string(e[0]), buf.Bytes())
+		buf.Reset()
+		writeField(h, "x:"+string(e[0]), compact(&buf, e[1]))
 	}
 	h.Write([]byte{0xff}) // end of message
 }
@@ -505,16 +477,32 @@ func writeField(h hash.Hash, name string, v []byte) {
 	h.Write(v)
 }
 
-// lastRole returns the role of the last message.
-func lastRole(msgs []byte) string {
-	var last []byte
-	_ = jsonraw.Elements(msgs, func(m []byte) error { last = m; return nil })
-	role := ""
-	_ = jsonraw.Members(last, func(k string, v []byte) error {
-		if k == "role" {
-			role, _ = jsonraw.String(v)
+// compact appends v without insignificant whitespace to buf and returns
+// buf's bytes, so that formatting does not change a digest. v comes from a
+// validated body; should it not be JSON, it is appended as is.
+func compact(buf *bytes.Buffer, v []byte) []byte {
+	if json.Compact(buf, v) != nil {
+		buf.Write(v)
+	}
+	return buf.Bytes()
+}
+
+// chainConversation hashes the tenant, the prompt-shaping fields and every
+// message in one pass, calling visit (if not nil) after each message with
+// the digest of the conversation up to and including it.
+func chainConversation(req *Request, visit func(cur [32]byte, role string)) ([32]byte, error) {
+	msgs, _ := req.Field("messages")
+	cur := shapingDigest(req, "chat", chatShaping)
+	err := jsonraw.Elements(msgs, func(m []byte) error {
+		var role string
+		var err error
+		if cur, role, err = chainMessage(cur, m); err != nil {
+			return err
+		}
+		if visit != nil {
+			visit(cur, role)
 		}
 		return nil
 	})
-	return role
+	return cur, err
 }

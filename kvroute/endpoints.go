@@ -142,13 +142,8 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 // list, a duplicate, an endpoint without URL or with a negative weight is an
 // error and changes nothing; a zero weight means 1.
 func (r *Router) SetEndpoints(phase Phase, eps ...transport.Endpoint) error {
-	var p *pool
-	switch phase {
-	case PhasePrefill:
-		p = r.prefill
-	case PhaseDecode:
-		p = r.decode
-	default:
+	p := r.pool(phase)
+	if p == nil {
 		return fmt.Errorf("%w: SetEndpoints: phase %q is neither %q nor %q", ErrInvalidConfig, phase, PhasePrefill, PhaseDecode)
 	}
 	events, err := p.set(eps, true)
@@ -161,16 +156,22 @@ func (r *Router) SetEndpoints(phase Phase, eps ...transport.Endpoint) error {
 	return nil
 }
 
+// pool returns the endpoints of phase, nil for a phase without endpoints.
+func (r *Router) pool(phase Phase) *pool {
+	switch phase {
+	case PhasePrefill:
+		return r.prefill
+	case PhaseDecode:
+		return r.decode
+	}
+	return nil
+}
+
 // Endpoints returns the endpoints of phase with their state, in
 // configuration order.
 func (r *Router) Endpoints(phase Phase) []EndpointStatus {
-	var p *pool
-	switch phase {
-	case PhasePrefill:
-		p = r.prefill
-	case PhaseDecode:
-		p = r.decode
-	default:
+	p := r.pool(phase)
+	if p == nil {
 		return nil
 	}
 	now := r.hp.now()

@@ -314,55 +314,43 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	t.rec.Stored = true
 }
 
-// replyFromBody reads choice 0 of a non-streaming answer.
+// replyFromBody reads choice 0 of a non-streaming answer. obj was
+// validated by Parse, so its nested values are read without validating
+// them again.
 func replyFromBody(obj jsonraw.Object, chat bool) *Reply {
 	rep := &Reply{}
-	choices, ok := obj.Get("choices")
-	if !ok {
+	choices, _ := obj.Get("choices")
+	var c []byte
+	_ = jsonraw.Elements(choices, func(v []byte) error { c = v; return errStop })
+	if len(c) == 0 || c[0] != '{' {
 		rep.Incomplete = true
 		return rep
 	}
-	var first []byte
-	_ = jsonraw.Elements(choices, func(c []byte) error { first = c; return errStop })
-	if first == nil {
-		rep.Incomplete = true
-		return rep
-	}
-	c, err := jsonraw.Parse(first)
-	if err != nil {
-		rep.Incomplete = true
-		return rep
-	}
-	if v, ok := c.Get("finish_reason"); ok {
+	if v, ok := jsonraw.Lookup(c, "finish_reason"); ok {
 		rep.FinishReason, _ = jsonraw.String(v)
 	}
-	if v, ok := c.Get("stop_reason"); ok {
+	if v, ok := jsonraw.Lookup(c, "stop_reason"); ok {
 		rep.StopReason = append([]byte(nil), v...)
 	}
 	if !chat {
-		if v, ok := c.Get("text"); ok {
+		if v, ok := jsonraw.Lookup(c, "text"); ok {
 			rep.Content, _ = jsonraw.String(v)
 		}
 		return rep
 	}
-	mv, ok := c.Get("message")
-	if !ok {
+	m, ok := jsonraw.Lookup(c, "message")
+	if !ok || len(m) == 0 || m[0] != '{' {
 		rep.Incomplete = true
 		return rep
 	}
-	m, err := jsonraw.Parse(mv)
-	if err != nil {
-		rep.Incomplete = true
-		return rep
-	}
-	if v, ok := m.Get("content"); ok {
+	if v, ok := jsonraw.Lookup(m, "content"); ok {
 		rep.Content, _ = jsonraw.String(v)
 	}
-	if v, ok := m.Get("tool_calls"); ok && !jsonraw.IsNull(v) && len(v) > 2 {
+	if v, ok := jsonraw.Lookup(m, "tool_calls"); ok && !jsonraw.IsNull(v) && len(v) > 2 {
 		rep.ToolCalls = append([]byte(nil), v...)
 	}
 	for _, k := range [...]string{"reasoning_content", "reasoning"} {
-		if v, ok := m.Get(k); ok {
+		if v, ok := jsonraw.Lookup(m, k); ok {
 			if s, _ := jsonraw.String(v); s != "" {
 				rep.Reasoning = s
 			}
