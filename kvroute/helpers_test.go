@@ -146,8 +146,8 @@ type turnResult struct {
 	raw    []byte
 }
 
-// post sends body to the router and reads the reply text.
-func post(t testing.TB, url, path string, body []byte, header http.Header) turnResult {
+// send posts body to the router and reads the whole response.
+func send(t testing.TB, url, path string, body []byte, header http.Header) turnResult {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url+path, bytes.NewReader(body))
 	require.NoError(t, err)
@@ -160,14 +160,24 @@ func post(t testing.TB, url, path string, body []byte, header http.Header) turnR
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	res := turnResult{status: resp.StatusCode, header: resp.Header, raw: raw}
-	if resp.StatusCode != http.StatusOK {
+	return turnResult{status: resp.StatusCode, header: resp.Header, raw: raw}
+}
+
+func (r turnResult) streamed() bool {
+	return strings.HasPrefix(r.header.Get("Content-Type"), "text/event-stream")
+}
+
+// post sends body to the router and reads the reply text.
+func post(t testing.TB, url, path string, body []byte, header http.Header) turnResult {
+	t.Helper()
+	res := send(t, url, path, body, header)
+	if res.status != http.StatusOK {
 		return res
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		res.text, res.finish = parseStream(t, raw)
+	if res.streamed() {
+		res.text, res.finish = parseStream(t, res.raw)
 	} else {
-		res.text, res.finish = parseBody(t, raw)
+		res.text, res.finish = parseBody(t, res.raw)
 	}
 	return res
 }
@@ -195,37 +205,52 @@ func parseBody(t testing.TB, raw []byte) (string, string) {
 	return c.Message.Content + c.Text, fin
 }
 
-func parseStream(t testing.TB, raw []byte) (string, string) {
+// streamScan is what a client read from an SSE stream.
+type streamScan struct {
+	text, finish string
+	done         bool   // data: [DONE] arrived
+	errData      string // the first error event's data, "" when none
+}
+
+func scanStream(t testing.TB, raw []byte) streamScan {
+	var s streamScan
 	var text strings.Builder
-	fin := ""
-	done := false
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
 		}
 		if data == "[DONE]" {
-			done = true
+			s.done = true
 			continue
 		}
 		var ch struct {
 			Choices []choice
-			Error   any
+			Error   json.RawMessage
 		}
 		require.NoError(t, json.Unmarshal([]byte(data), &ch), "%s", data)
-		require.Nil(t, ch.Error, "stream error: %s", data)
+		if ch.Error != nil && s.errData == "" {
+			s.errData = data
+		}
 		for _, c := range ch.Choices {
 			text.WriteString(c.Delta.Content + c.Text)
 			if c.FinishReason != nil {
-				fin = *c.FinishReason
+				s.finish = *c.FinishReason
 			}
 		}
 	}
-	require.True(t, done, "stream ended without [DONE]")
-	return text.String(), fin
+	s.text = text.String()
+	return s
+}
+
+// parseStream reads a stream that must have completed without error.
+func parseStream(t testing.TB, raw []byte) (string, string) {
+	s := scanStream(t, raw)
+	require.Empty(t, s.errData, "stream error")
+	require.True(t, s.done, "stream ended without [DONE]")
+	return s.text, s.finish
 }
 
 // reference is the single-engine answer for body.

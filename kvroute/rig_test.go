@@ -1,12 +1,7 @@
 package kvroute_test
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,49 +144,17 @@ func (g *rig) finish() {
 // postLenient is post for turns that may end in an SSE error event.
 func postLenient(t testing.TB, url, path string, body []byte) (turnResult, bool) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+path, bytes.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	res := turnResult{status: resp.StatusCode, header: resp.Header, raw: raw}
-	if resp.StatusCode != http.StatusOK {
+	res := send(t, url, path, body, nil)
+	if res.status != http.StatusOK {
 		return res, false
 	}
-	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		res.text, res.finish = parseBody(t, raw)
+	if !res.streamed() {
+		res.text, res.finish = parseBody(t, res.raw)
 		return res, false
 	}
-	var text strings.Builder
-	done, failed := false, false
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			done = true
-			continue
-		}
-		var ch struct {
-			Choices []choice
-			Error   json.RawMessage
-		}
-		require.NoError(t, json.Unmarshal([]byte(data), &ch), "%s", data)
-		if ch.Error != nil {
-			failed = true
-		}
-		for _, c := range ch.Choices {
-			text.WriteString(c.Delta.Content + c.Text)
-		}
-	}
-	res.text = text.String()
-	return res, failed || !done
+	s := scanStream(t, res.raw)
+	res.text = s.text
+	return res, s.errData != "" || !s.done
 }
 
 // instantTimer is a backoff.Timer that fires at once and records waits.
