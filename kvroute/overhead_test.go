@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/upstreamclock"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/transport"
@@ -35,64 +36,6 @@ import (
 // a zero-cost profile, which tokenizes and checks every prompt on the same
 // two cores and so competes with the router for CPU.
 
-// benchClock is a RoundTripper measuring each turn's wait on the engines,
-// keyed by X-Request-Id.
-type benchClock struct {
-	rt    http.RoundTripper
-	mu    sync.Mutex
-	waits map[string]time.Duration
-}
-
-func (c *benchClock) RoundTrip(req *http.Request) (*http.Response, error) {
-	id := req.Header.Get("X-Request-Id")
-	start := time.Now()
-	resp, err := c.rt.RoundTrip(req)
-	if err != nil {
-		c.add(id, time.Since(start))
-		return nil, err
-	}
-	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	resp.Body = &benchBody{ReadCloser: resp.Body, c: c, id: id, start: start, stream: stream}
-	return resp, nil
-}
-
-func (c *benchClock) add(id string, d time.Duration) {
-	c.mu.Lock()
-	c.waits[id] += d
-	c.mu.Unlock()
-}
-
-func (c *benchClock) take(id string) time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d := c.waits[id]
-	delete(c.waits, id)
-	return d
-}
-
-type benchBody struct {
-	io.ReadCloser
-	c      *benchClock
-	id     string
-	start  time.Time
-	stream bool
-	once   sync.Once
-}
-
-func (b *benchBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if (b.stream && n > 0) || err != nil {
-		b.done()
-	}
-	return n, err
-}
-
-func (b *benchBody) Close() error {
-	b.done()
-	return b.ReadCloser.Close()
-}
-
-func (b *benchBody) done() { b.once.Do(func() { b.c.add(b.id, time.Since(b.start)) }) }
 
 // cannedEngines starts a prefill and a decode server on 127.0.0.1 that
 // answer at once with fixed bytes: P a one-token completion with a P
@@ -180,7 +123,7 @@ func runOverhead(b *testing.B, prefill, decode string, conc, hist, n int) ovhRes
 	if err != nil {
 		b.Fatal(err)
 	}
-	clock := &benchClock{rt: rt, waits: map[string]time.Duration{}}
+	clock := upstreamclock.New(rt)
 	r, err := kvroute.New(kvroute.WithPrefill(prefill), kvroute.WithDecode(decode), kvroute.WithTransport(clock))
 	if err != nil {
 		b.Fatal(err)
@@ -241,7 +184,7 @@ func runOverhead(b *testing.B, prefill, decode string, conc, hist, n int) ovhRes
 
 // benchTurn posts one streaming turn and returns the TTFT the router added,
 // whether it was a hit, and the reply text.
-func benchTurn(c *http.Client, url string, body []byte, id string, clock *benchClock) (time.Duration, bool, string, error) {
+func benchTurn(c *http.Client, url string, body []byte, id string, clock *upstreamclock.Clock) (time.Duration, bool, string, error) {
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url+kvroute.PathChatCompletions, bytes.NewReader(body))
 	if err != nil {
 		return 0, false, "", err
@@ -283,7 +226,7 @@ func benchTurn(c *http.Client, url string, body []byte, id string, clock *benchC
 			return 0, false, "", err
 		}
 	}
-	return max(0, ttft-clock.take(id)), resp.Header.Get("X-Bidikv-Reuse") == kvroute.ReuseHit, text.String(), nil
+	return max(0, ttft-clock.Take(id)), resp.Header.Get("X-Bidikv-Reuse") == kvroute.ReuseHit, text.String(), nil
 }
 
 func benchPercentile(ds []time.Duration, p float64) time.Duration {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/bidikv/bidikv/internal/upstreamclock"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/transport"
@@ -71,7 +72,7 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 		return modeResult{}, err
 	}
 	defer rt.CloseIdleConnections()
-	clock := newUpstreamClock(rt)
+	clock := upstreamclock.New(rt)
 	router, err := kvroute.New(
 		kvroute.WithPrefill(p.URL()),
 		kvroute.WithDecode(d.URL()),
@@ -113,7 +114,7 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 
 // runTurn sends one turn through the router and measures the time to the
 // first event in real time.
-func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamClock, cv *conversation, index int, reuse bool) (turn, error) {
+func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamclock.Clock, cv *conversation, index int, reuse bool) (turn, error) {
 	body, err := cv.next(index)
 	if err != nil {
 		return turn{}, err
@@ -151,7 +152,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamClock, cv *c
 		conv:     cv.id,
 		index:    index,
 		outcome:  resp.Reuse(),
-		overhead: max(0, first-clock.take(id)),
+		overhead: max(0, first-clock.Take(id)),
 	}, nil
 }
 
