@@ -113,7 +113,7 @@ func unsent(err error) bool {
 func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Response, error) {
 	t.rec.DecodeEndpoint = ep.url
 	dctx, cancel := context.WithCancel(ctx)
-	hreq, err := t.upstreamRequest(dctx, ep, body)
+	hreq, err := t.upstreamRequest(dctx, PhaseDecode, ep, body)
 	if err != nil {
 		cancel()
 		return nil, err

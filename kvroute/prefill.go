@@ -150,7 +150,7 @@ func retryablePrefill(err error, hit bool) bool {
 func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]byte, error) {
 	ep.inflight.Add(1)
 	defer ep.inflight.Add(-1)
-	hreq, err := t.upstreamRequest(ctx, ep, body)
+	hreq, err := t.upstreamRequest(ctx, PhasePrefill, ep, body)
 	if err != nil {
 		return nil, err
 	}
@@ -201,10 +201,10 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 // upstreamRequest builds a POST of body to ep for the client's path, with
 // the client's end-to-end headers, the turn's request id and the upstream
 // credential.
-func (t *turn) upstreamRequest(ctx context.Context, ep *endpoint, body []byte) (*http.Request, error) {
+func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body []byte) (*http.Request, error) {
 	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, t.req.Path, bytes.NewReader(body))
 	if err != nil {
-		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Err: err}
+		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}
 	hreq.Header = transport.RequestHeader(t.req.Header)
 	hreq.Header.Set("Content-Type", "application/json")
