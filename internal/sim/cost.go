@@ -11,6 +11,19 @@ type Profile struct {
 	TransferFixed     time.Duration
 	TransferPerToken  time.Duration
 	InterTokenLatency time.Duration
+	// RenderOverhead and RenderPerToken model the render endpoints
+	// (/v1/chat/completions/render, /v1/completions/render, /tokenize):
+	// the chat template plus the tokenizer, on the API server's CPU.
+	RenderOverhead time.Duration
+	RenderPerToken time.Duration
+}
+
+// Render models rendering and tokenizing a prompt of n tokens.
+func (p Profile) Render(n int) time.Duration {
+	if n <= 0 {
+		return p.RenderOverhead
+	}
+	return p.RenderOverhead + time.Duration(n)*p.RenderPerToken
 }
 
 // Prefill models computing n tokens after ctx positions already held:

@@ -21,6 +21,8 @@ type Profile struct {
 	TransferFixed     time.Duration
 	TransferPerToken  time.Duration
 	InterTokenLatency time.Duration
+	RenderOverhead    time.Duration // render endpoints: fixed cost per call
+	RenderPerToken    time.Duration // render endpoints: cost per prompt token
 }
 
 // Prefill models computing n tokens after ctx positions already held.
@@ -31,6 +33,9 @@ func (p Profile) Transfer(n int) time.Duration { return sim.Profile(p).Transfer(
 
 // Decode models generating n tokens.
 func (p Profile) Decode(n int) time.Duration { return sim.Profile(p).Decode(n) }
+
+// Render models a render or tokenize call for a prompt of n tokens.
+func (p Profile) Render(n int) time.Duration { return sim.Profile(p).Render(n) }
 
 // LookupProfile returns a named profile: "qwen3-32b" or "glm-5-fp8",
 // calibrated on the published 1P1D P5en results (recompute TTFT 158 ms at 2k
