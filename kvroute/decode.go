@@ -16,11 +16,25 @@ import (
 // decodeBody is message 4: the client's body with P's handle, or with no
 // kv_transfer_params at all when P gave none (the local fallback). The
 // miss handle never reaches a decode engine.
+// In token mode it also asks D for token ids (return_token_ids), unless the
+// client asked for them itself.
 func (t *turn) decodeBody(pHandle []byte) []byte {
-	if pHandle == nil {
-		return t.req.obj.Edit(decodeDrop)
+	set := make([]jsonraw.Member, 0, 2)
+	if pHandle != nil {
+		set = append(set, jsonraw.Member{Key: kvKey, Value: pHandle})
 	}
-	return t.req.obj.Edit(decodeDrop, jsonraw.Member{Key: kvKey, Value: pHandle})
+	if t.r.cfg.reuse && t.r.cfg.verification == VerifyTokens {
+		if v, ok := t.req.Field("return_token_ids"); ok {
+			t.idsAsked, _ = reqBool(v)
+		}
+		if !t.idsAsked {
+			t.idsAdded = true
+			set = append(set, jsonraw.Member{Key: "return_token_ids", Value: jsonTrue})
+		}
+	} else if v, ok := t.req.Field("return_token_ids"); ok {
+		t.idsAsked, _ = reqBool(v)
+	}
+	return t.req.obj.Edit(decodeDrop, set...)
 }
 
 // errLeaseExpired means P's lease on its blocks had less than ExpiryGuard
@@ -140,7 +154,11 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 		out.stream = true
 		out.Header.Del("Content-Length")
 		out.reader = sse.NewReader(resp.Body)
-		out.capture = sse.NewCapture(sse.WithReply())
+		opts := []sse.CaptureOption{sse.WithReply()}
+		if t.idsAdded || t.idsAsked {
+			opts = append(opts, sse.WithTokenIDs(t.idsAdded))
+		}
+		out.capture = sse.NewCapture(opts...)
 		ev, err := out.reader.Next()
 		if err != nil {
 			out.release()

@@ -36,6 +36,7 @@ type Phase string
 // The phases of a turn, in order.
 const (
 	PhaseLookup  Phase = "lookup"
+	PhaseVerify  Phase = "verify" // token verification's render call; never fails a turn
 	PhasePrefill Phase = "prefill"
 	PhaseDecode  Phase = "decode"
 	PhaseStream  Phase = "stream"

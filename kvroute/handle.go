@@ -3,6 +3,7 @@ package kvroute
 import (
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -21,7 +22,8 @@ var (
 
 // handleInfo is what the router reads from an engine's handle.
 type handleInfo struct {
-	tokens int // remote_num_tokens, 0 when absent
+	tokens   int  // remote_num_tokens, 0 when absent
+	pushMode bool // transfer_mode "push": not usable bidirectionally
 }
 
 var errUnusableHandle = errors.New("handle lacks remote_engine_id, remote_request_id, remote_host, remote_port or remote_block_ids")
@@ -49,6 +51,10 @@ func inspectHandle(raw []byte) (handleInfo, error) {
 		if n, ok := jsonraw.Int(v); ok && n > 0 {
 			hi.tokens = int(n)
 		}
+	}
+	if v, ok := obj.Get("transfer_mode"); ok {
+		s, _ := jsonraw.String(v)
+		hi.pushMode = s == "push"
 	}
 	return hi, nil
 }
@@ -91,65 +97,218 @@ func hitHandle(dHandle []byte) ([]byte, error) {
 
 // entry is a retained decode handle with what the router knows about it.
 type entry struct {
-	created  time.Time // when the router saw D finish (router clock)
-	endpoint string    // the decode endpoint that holds the blocks
-	tokens   int       // remote_num_tokens
-	check    []byte    // the Identifier's Retention.Check
-	handle   []byte    // D's kv_transfer_params, verbatim
+	created   time.Time   // when the router saw D finish (router clock)
+	endpoint  string      // the decode endpoint that holds the blocks
+	tokens    int         // remote_num_tokens
+	check     []byte      // the Identifier's Retention.Check
+	contentOK bool        // the Identifier accepted the turn (no Refusal): content verification may be used
+	fp        fingerprint // the token fingerprint of D's blocks, nil when unknown
+	handle    []byte      // D's kv_transfer_params, verbatim
+
+	raw []byte // the stored value, for putting it back
 }
 
-const entryVersion = 1
+// Entry encodings: version 1 had no flags and no fingerprint.
+const (
+	entryVersion1 = 1
+	entryVersion  = 2
+)
 
-// encode serialises e compactly: a version byte, varints, the endpoint and
-// the check, then the handle JSON as is.
+const flagContentOK = 1
+
+// encode serialises e compactly: a version byte, varints, the endpoint, the
+// check, a flag byte and the fingerprint, then the handle JSON as is.
 func (e entry) encode() []byte {
-	b := make([]byte, 0, 1+4*binary.MaxVarintLen64+len(e.endpoint)+len(e.check)+len(e.handle))
+	b := make([]byte, 0, 2+6*binary.MaxVarintLen64+len(e.endpoint)+len(e.check)+len(e.fp)+len(e.handle))
 	b = append(b, entryVersion)
 	b = binary.AppendVarint(b, e.created.UnixNano())
 	b = binary.AppendUvarint(b, uint64(e.tokens))
-	b = binary.AppendUvarint(b, uint64(len(e.endpoint)))
-	b = append(b, e.endpoint...)
-	b = binary.AppendUvarint(b, uint64(len(e.check)))
-	b = append(b, e.check...)
+	b = appendBytes(b, []byte(e.endpoint))
+	b = appendBytes(b, e.check)
+	var flags byte
+	if e.contentOK {
+		flags |= flagContentOK
+	}
+	b = append(b, flags)
+	b = appendBytes(b, e.fp)
 	return append(b, e.handle...)
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
 }
 
 var errBadEntry = errors.New("kvroute: retained value is not a kvroute entry")
 
+// entryReader reads the fields of an encoded entry in order.
+type entryReader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *entryReader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *entryReader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *entryReader) bytes() []byte {
+	l := r.uvarint()
+	if r.bad || uint64(len(r.b)) < l {
+		r.bad = true
+		return nil
+	}
+	v := r.b[:l:l]
+	r.b = r.b[l:]
+	return v
+}
+
+func (r *entryReader) byte() byte {
+	if len(r.b) == 0 {
+		r.bad = true
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
 func decodeEntry(b []byte) (entry, error) {
 	var e entry
-	if len(b) < 1 || b[0] != entryVersion {
+	if len(b) < 1 || (b[0] != entryVersion && b[0] != entryVersion1) {
 		return e, errBadEntry
 	}
-	b = b[1:]
-	created, n := binary.Varint(b)
-	if n <= 0 {
-		return e, errBadEntry
+	r := entryReader{b: b[1:]}
+	created := r.varint()
+	e.tokens = int(r.uvarint())
+	e.endpoint = string(r.bytes())
+	e.check = r.bytes()
+	if b[0] == entryVersion1 {
+		e.contentOK = true
+	} else {
+		e.contentOK = r.byte()&flagContentOK != 0
+		if fp := r.bytes(); len(fp) > 0 {
+			e.fp = fingerprint(fp)
+		}
 	}
-	b = b[n:]
-	tokens, n := binary.Uvarint(b)
-	if n <= 0 {
-		return e, errBadEntry
+	if r.bad || len(r.b) == 0 {
+		return entry{}, errBadEntry
 	}
-	b = b[n:]
-	el, n := binary.Uvarint(b)
-	if n <= 0 || uint64(len(b)-n) < el {
-		return e, errBadEntry
-	}
-	b = b[n:]
-	e.endpoint = string(b[:el])
-	b = b[el:]
-	cl, n := binary.Uvarint(b)
-	if n <= 0 || uint64(len(b)-n) < cl {
-		return e, errBadEntry
-	}
-	b = b[n:]
-	e.check = b[:cl]
-	e.handle = b[cl:]
+	e.handle = r.b
 	e.created = time.Unix(0, created)
-	e.tokens = int(tokens)
-	if len(e.handle) == 0 {
-		return e, errBadEntry
-	}
+	e.raw = b
 	return e, nil
+}
+
+// Why a handle cannot be read partially (TurnRecord.MissReason detail and
+// Stats.PartialRefused).
+var (
+	errPartialDCP    = errors.New("handle has dcp_size > 1: decode-context-parallel blocks cannot be cut from the front")
+	errPartialGroups = errors.New("handle's KV groups differ in length (sliding-window or state groups cannot be cut from the front)")
+	errPartialBlocks = errors.New("handle's block count does not match remote_num_tokens at the configured block size (check WithBlockSize)")
+	errPartialFlat   = errors.New("handle has no remote_block_ids list")
+)
+
+// cutHandle returns a copy of a decode handle that lets the prefill engine
+// read only the first tokens positions (protocol.md, "Partial reads"):
+// remote_num_tokens lowered to tokens and every KV group's remote_block_ids
+// cut from the front to its first ceil(tokens/blockSize) blocks. The handle
+// must be one whose blocks can be cut: dcp_size 1 (or absent), every group of
+// equal length, and that length ceil(remote_num_tokens/blockSize), which
+// catches a block size that differs from the engine's.
+func cutHandle(raw []byte, tokens, blockSize int) ([]byte, error) {
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
+		if n, ok := jsonraw.Int(v); !ok || n > 1 {
+			return nil, errPartialDCP
+		}
+	}
+	rv, _ := obj.Get("remote_num_tokens")
+	r, ok := jsonraw.Int(rv)
+	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
+		return nil, errUnusableHandle
+	}
+	want := int((r + int64(blockSize) - 1) / int64(blockSize))
+	keep := (tokens + blockSize - 1) / blockSize
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || len(blocks) == 0 || blocks[0] != '[' {
+		return nil, errPartialFlat
+	}
+	// Nested [[...], ...] per group, or the flat [...] of very old engines
+	// (one group).
+	nested := false
+	_ = jsonraw.Elements(blocks, func(e []byte) error {
+		nested = len(e) > 0 && e[0] == '['
+		return errStop
+	})
+	out := make([]byte, 0, len(blocks))
+	cutGroup := func(dst, group []byte) ([]byte, error) {
+		n := 0
+		dst = append(dst, '[')
+		err := jsonraw.Elements(group, func(e []byte) error {
+			if n < keep {
+				if n > 0 {
+					dst = append(dst, ',')
+				}
+				dst = append(dst, e...)
+			}
+			n++
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if n != want {
+			return nil, errPartialBlocks
+		}
+		return append(dst, ']'), nil
+	}
+	if !nested {
+		if out, err = cutGroup(out, blocks); err != nil {
+			return nil, err
+		}
+	} else {
+		out = append(out, '[')
+		g := 0
+		err := jsonraw.Elements(blocks, func(group []byte) error {
+			if len(group) == 0 || group[0] != '[' {
+				return errPartialGroups
+			}
+			if g > 0 {
+				out = append(out, ',')
+			}
+			g++
+			var err error
+			out, err = cutGroup(out, group)
+			if errors.Is(err, errPartialBlocks) && g > 1 {
+				return errPartialGroups
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ']')
+	}
+	return obj.Edit(nil,
+		jsonraw.Member{Key: "remote_num_tokens", Value: strconv.AppendInt(nil, int64(tokens), 10)},
+		jsonraw.Member{Key: "remote_block_ids", Value: out}), nil
 }

@@ -33,6 +33,15 @@ const (
 	MissBadEntry   = "bad_entry"   // the retained value was unusable
 	MissRetry      = "retry"       // the prefill leg with the handle failed and was retried without it
 	MissMismatch   = "mismatch"    // a handle was found but the request does not continue it
+	// MissUnverified: a handle was found but could not be verified (no
+	// render endpoint or token ids for this request, and the handle was
+	// not retained under content rules); the turn ran as a plain prefill.
+	MissUnverified = "unverified"
+	// MissPartialRefused: only a prefix of the handle's tokens matched and
+	// the handle cannot be read partially (dcp_size > 1, KV groups of
+	// unequal length, a block count that does not fit WithBlockSize, or
+	// WithBlockSize(0)).
+	MissPartialRefused = "partial_refused"
 )
 
 // TurnRecord describes one finished turn. Durations are measured on the
@@ -45,7 +54,27 @@ type TurnRecord struct {
 	Reuse          string        // ReuseHit, ReuseMiss or ReuseOff
 	MissReason     string        // a Miss* constant when Reuse is ReuseMiss
 	HandleAge      time.Duration // age of the attached handle on a hit
-	ReusableTokens int           // remote_num_tokens of the attached handle
+	ReusableTokens int           // tokens the attached handle lets P read: remote_num_tokens, or the verified prefix
+	// Verification is how the attached (or rejected) handle was checked:
+	// VerifyTokens, VerifyContent, or "" when no handle was found.
+	Verification Verification
+	// HandleTokens is remote_num_tokens of the handle found, before any
+	// cut to the verified prefix (0 when none was found).
+	HandleTokens int
+	// VerifiedTokens is the common prefix, in tokens, of the new prompt and
+	// the sequence the handle's blocks hold (token verification only).
+	VerifiedTokens int
+	// PromptTokens is the new prompt's length in tokens, when token
+	// verification obtained it.
+	PromptTokens int
+	// Partial reports that the handle was cut to the verified prefix.
+	Partial bool
+	// TokenSource says where the prompt's tokens came from (TokensFrom*),
+	// "" when they were not needed.
+	TokenSource string
+	// Render is the time spent obtaining the prompt's tokens (the render
+	// call), part of the turn's TTFT.
+	Render time.Duration
 
 	PrefillEndpoint string
 	DecodeEndpoint  string

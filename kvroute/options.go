@@ -30,6 +30,11 @@ const (
 	// DefaultIdleTimeout bounds the gap between two reads of the decode
 	// stream that return data.
 	DefaultIdleTimeout = 120 * time.Second
+	// DefaultBlockSize is the decode engines' KV block size assumed for
+	// partial reads: vLLM's default --block-size on CUDA.
+	DefaultBlockSize = 16
+	// DefaultRenderTimeout bounds one call to an engine's render endpoint.
+	DefaultRenderTimeout = 10 * time.Second
 	// DefaultMaxBodyBytes bounds a request body accepted by ServeHTTP and a
 	// non-streaming upstream body read by Do.
 	DefaultMaxBodyBytes = 32 << 20
@@ -66,6 +71,9 @@ type config struct {
 	localFallback    bool
 	observer         Observer
 	selector         Selector
+	verification     Verification
+	blockSize        int
+	renderTimeout    time.Duration
 	ends             endpointConfig
 	errs             []error
 }
@@ -80,6 +88,9 @@ func defaultConfig() config {
 		idleTimeout:      DefaultIdleTimeout,
 		maxBodyBytes:     DefaultMaxBodyBytes,
 		reuse:            true,
+		verification:     VerifyTokens,
+		blockSize:        DefaultBlockSize,
+		renderTimeout:    DefaultRenderTimeout,
 		clock:            time.Now,
 		ends:             defaultEndpointConfig(),
 	}
@@ -296,7 +307,68 @@ func WithSelector(s Selector) Option {
 	})
 }
 
+// Verification selects how the router proves that a retained handle's KV is
+// the KV the next prompt needs. See WithVerification.
+type Verification string
+
+// The verification modes.
+const (
+	// VerifyTokens compares tokens: the decode leg asks the engine for token
+	// ids (return_token_ids), a compact fingerprint of the sequence D's
+	// blocks hold is kept with the handle, and before a prefill leg the new
+	// prompt is rendered by an engine (POST .../render, or /tokenize) and
+	// compared with it. Only the verified common prefix is attached. It is
+	// exact: no answer can differ from a single engine's. The default.
+	VerifyTokens Verification = "tokens"
+	// VerifyContent compares content: a handle is used only when the request
+	// resends exactly the stored conversation and reply (ContinuationKeys'
+	// digests), and turns whose next render may differ (reasoning output,
+	// stop strings, ...) are not retained. It needs no engine support, but it
+	// cannot see what a chat template or tokenizer does to the text (see the
+	// README's Limitations).
+	VerifyContent Verification = "content"
+)
+
+// WithVerification sets how reuse is verified: VerifyTokens (the default)
+// or VerifyContent. In token mode, a turn whose engine sends no token ids or
+// serves no render endpoint falls back to content verification with all of
+// its refusals; the fallback is logged once and counted in
+// Stats.TokenFallbacks. Any other value is an error.
+func WithVerification(v Verification) Option {
+	return optionFunc(func(c *config) { c.verification = v })
+}
+
+// WithBlockSize tells the router the decode engines' KV block size (vLLM's
+// --block-size), which token verification needs to attach only a verified
+// prefix of a handle: remote_num_tokens is lowered to a multiple of it and
+// every KV group's remote_block_ids is cut from the front. The default is
+// DefaultBlockSize (16). 0 disables partial reads: a handle is then
+// attached only when the new prompt begins with its whole sequence. A handle
+// whose block count does not fit the size is never cut (counted in
+// Stats.PartialRefused). Negative is an error.
+func WithBlockSize(n int) Option {
+	return optionFunc(func(c *config) { c.blockSize = n })
+}
+
+// WithRenderTimeout bounds one render call in token verification. The
+// default is DefaultRenderTimeout (10 s); a call that times out makes the
+// turn a plain prefill. It must be positive.
+func WithRenderTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.renderTimeout = d })
+}
+
 func (c *config) validate() {
+	switch c.verification {
+	case VerifyTokens, VerifyContent:
+	default:
+		c.fail("WithVerification", "%q is not a mode; use kvroute.VerifyTokens or kvroute.VerifyContent", c.verification)
+	}
+	if c.blockSize < 0 {
+		c.fail("WithBlockSize", "%d is negative; use 0 to disable partial reads", c.blockSize)
+	}
+	if c.renderTimeout <= 0 {
+		c.fail("WithRenderTimeout", "%v is not positive", c.renderTimeout)
+	}
 	c.validateEndpoints()
 	if len(c.prefill)+len(c.ends.prefill) == 0 {
 		c.fail("WithPrefill", "no prefill endpoint; pass at least one URL")

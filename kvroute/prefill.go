@@ -202,7 +202,12 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 // the client's end-to-end headers, the turn's request id and the upstream
 // credential.
 func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body []byte) (*http.Request, error) {
-	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, t.req.Path, bytes.NewReader(body))
+	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body)
+}
+
+// upstreamRequestTo is upstreamRequest for another path of the engine.
+func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body []byte) (*http.Request, error) {
+	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {
 		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}

@@ -105,6 +105,7 @@ func (r *Response) Next() ([]byte, error) {
 		// Retain before the client sees data: [DONE], so that a client
 		// that sends its next turn at once finds the handle.
 		r.retained = true
+		r.t.tokenIDs(r.capture)
 		r.t.retain(r.capture.Handle(), streamReply(r.capture))
 	}
 	if !r.first {
@@ -197,6 +198,7 @@ func (r *Response) end(err error) {
 	if err == nil {
 		if !r.retained {
 			r.retained = true
+			t.tokenIDs(r.capture)
 			t.retain(r.capture.Handle(), streamReply(r.capture))
 		}
 	} else {
@@ -243,10 +245,18 @@ func (r *Response) readBody() error {
 		return nil
 	}
 	var handle []byte
-	if h, ok := obj.Get(kvKey); ok {
-		if !jsonraw.IsNull(h) {
-			handle = append([]byte(nil), h...)
-		}
+	h, hasHandle := obj.Get(kvKey)
+	if hasHandle && !jsonraw.IsNull(h) {
+		handle = append([]byte(nil), h...)
+	}
+	if r.t.idsAdded || r.t.idsAsked {
+		r.t.bodyTokenIDs(obj)
+	}
+	switch {
+	case r.t.idsAdded:
+		// The client did not ask for token ids: they never reach it.
+		b, _ = sse.StripTokenIDs(obj.Edit([]string{kvKey}))
+	case hasHandle:
 		b = obj.Edit([]string{kvKey})
 	}
 	r.Body = b
@@ -290,20 +300,34 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = "unusable_handle"
 		return
 	}
-	ret, err := r.ident.Key(t.req, reply)
-	if err != nil || ret.Key == "" {
-		t.rec.StoreRefusal = ret.Refusal
-		if err != nil {
-			t.rec.StoreRefusal = "identifier_error"
-		}
+	if hi.pushMode {
+		t.rec.StoreRefusal = "push_handle"
+		return
+	}
+	fp, hard := t.fingerprint(hi.tokens)
+	if hard != "" {
+		t.rec.StoreRefusal = hard
 		r.stats.refusals.Add(1)
 		return
 	}
-	key := ret.Key
-	e := entry{created: r.cfg.clock(), endpoint: t.rec.DecodeEndpoint, tokens: hi.tokens, check: ret.Check, handle: handle}
+	ret, err := r.ident.Key(t.req, reply)
+	if err != nil {
+		t.rec.StoreRefusal = "identifier_error"
+		r.stats.refusals.Add(1)
+		return
+	}
+	// A refusal with a key: the turn may be retained, but only for token
+	// verification.
+	if ret.Key == "" || (ret.Refusal != "" && fp == nil) {
+		t.rec.StoreRefusal = ret.Refusal
+		r.stats.refusals.Add(1)
+		return
+	}
+	e := entry{created: r.cfg.clock(), endpoint: t.rec.DecodeEndpoint, tokens: hi.tokens, check: ret.Check,
+		contentOK: ret.Refusal == "", fp: fp, handle: handle}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if err := r.store.Put(ctx, key, e.encode(), r.cfg.retentionTTL); err != nil {
+	if err := r.store.Put(ctx, ret.Key, e.encode(), r.cfg.retentionTTL); err != nil {
 		r.stats.storeErrors.Add(1)
 		t.rec.StoreRefusal = "store_error"
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put failed; the next turn will miss",
@@ -312,6 +336,76 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	r.stats.stored.Add(1)
 	t.rec.Stored = true
+}
+
+// Refusals of token verification (TurnRecord.StoreRefusal).
+const (
+	// RefuseNoTokenIDs: token mode, but the decode engine sent no token ids
+	// (an engine without return_token_ids, or one that drops them, e.g.
+	// with include_reasoning false or media); the turn is retained under
+	// content rules only.
+	RefuseNoTokenIDs = "no_token_ids"
+	// RefuseTokenCount: the engine's token ids are fewer than the
+	// handle's remote_num_tokens.
+	RefuseTokenCount = "token_count"
+)
+
+// fingerprint returns the token fingerprint of D's blocks in token mode
+// (nil in content mode or when the engine sent no token ids), or a refusal
+// that holds in every mode.
+func (t *turn) fingerprint(tokens int) (fingerprint, string) {
+	r := t.r
+	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
+		if n, ok := reqInt(v); !ok || n != 1 {
+			return nil, RefuseN // which choice's tokens D's blocks hold is unknown
+		}
+	}
+	if r.cfg.verification != VerifyTokens {
+		return nil, ""
+	}
+	if !t.hasIDs || tokens <= 0 {
+		r.stats.tokenFallbacks.Add(1)
+		r.logOnce(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
+		return nil, ""
+	}
+	bs := r.cfg.blockSize
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	fp := newFingerprint(t.promptIDs, t.genIDs, tokens, bs)
+	if fp == nil {
+		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
+	}
+	return fp, ""
+}
+
+// tokenIDs takes the token ids a stream's capture collected.
+func (t *turn) tokenIDs(c *sse.Capture) {
+	if !t.idsAdded && !t.idsAsked {
+		return
+	}
+	t.promptIDs, t.genIDs, t.hasIDs = c.PromptTokenIDs(), c.TokenIDs(), c.HasTokenIDs()
+}
+
+// bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's
+// at the top level (chat) or in choice 0 (completions), the generated ones
+// in choice 0.
+func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
+	var prompt, gen []byte
+	if v, ok := obj.Get(sse.PromptTokenIDsKey); ok {
+		prompt = v
+	}
+	choices, _ := obj.Get("choices")
+	_ = jsonraw.Elements(choices, func(c []byte) error {
+		if v, ok := jsonraw.Lookup(c, sse.PromptTokenIDsKey); ok && prompt == nil {
+			prompt = v
+		}
+		gen, _ = jsonraw.Lookup(c, sse.TokenIDsKey)
+		return errStop
+	})
+	p, okP := sse.AppendTokenIDs(nil, prompt)
+	g, okG := sse.AppendTokenIDs(nil, gen)
+	t.promptIDs, t.genIDs, t.hasIDs = p, g, okP && okG
 }
 
 // replyFromBody reads choice 0 of a non-streaming answer. obj was

@@ -38,6 +38,8 @@ type Router struct {
 	stats  counters
 
 	noStreamHandle sync.Once
+	once           sync.Map // logOnce keys
+	caps           renderCaps
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -188,6 +190,13 @@ type turn struct {
 	avoidP     []string  // prefill engines of legs a redo abandoned
 	avoidD     []string  // decode engines that failed this turn
 	decodeLegs int       // decode legs started
+
+	// Token verification: whether the decode leg asked for token ids on
+	// the client's behalf (they are then stripped from the answer) or the
+	// client asked itself, and the ids D's answer carried.
+	idsAdded, idsAsked bool
+	promptIDs, genIDs  []uint32
+	hasIDs             bool
 }
 
 func (r *Router) newTurn(req *Request) *turn {
@@ -238,7 +247,10 @@ func (t *turn) finish() {
 }
 
 // lookup takes the retained handle this request continues, if any, and
-// decides whether to attach it.
+// decides whether to attach it. A handle taken from the store but not
+// attached (it fails verification, is below the threshold, or cannot be
+// cut to the verified prefix) is put back for its remaining retention
+// time: a request never destroys a handle it does not use.
 func (t *turn) lookup(ctx context.Context) *entry {
 	r := t.r
 	if !r.cfg.reuse {
@@ -266,22 +278,117 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		if err != nil {
 			return t.miss(MissBadEntry)
 		}
-		if !r.ident.Verify(t.req, e.check) {
-			return t.miss(MissMismatch)
-		}
 		age := r.cfg.clock().Sub(e.created)
 		if age >= r.cfg.retentionTTL {
 			return t.miss(MissExpired)
 		}
-		t.rec.ReusableTokens = e.tokens
-		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
-			return t.miss(MissThreshold)
+		t.rec.HandleTokens = e.tokens
+		if reason := t.verify(ctx, &e); reason != "" {
+			t.putBack(ctx, k, &e, age)
+			return t.miss(reason)
 		}
 		t.rec.Reuse = ReuseHit
 		t.rec.HandleAge = age
 		return &e
 	}
 	return t.miss(MissNotFound)
+}
+
+// verify decides whether e may be attached to this request and, for a
+// verified prefix shorter than the handle, cuts e.handle to it. It returns
+// a Miss* reason, or "" to attach.
+func (t *turn) verify(ctx context.Context, e *entry) string {
+	r := t.r
+	if r.cfg.verification == VerifyTokens && e.fp != nil {
+		t.rec.Verification = VerifyTokens
+		// Skip the render call when no verified prefix could pay.
+		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
+			return MissThreshold
+		}
+		toks, err := t.promptTokens(ctx)
+		if err != nil {
+			if errors.Is(err, errNoRenderer) {
+				r.stats.tokenFallbacks.Add(1)
+				r.logOnce(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
+			} else {
+				r.stats.renderFailures.Add(1)
+				r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: render call failed; verifying by content instead",
+					slog.String("request_id", t.id), slog.String("err", err.Error()))
+			}
+			return t.verifyContent(e)
+		}
+		t.rec.PromptTokens = len(toks)
+		n, err := e.fp.commonPrefix(toks)
+		if err != nil {
+			return MissBadEntry
+		}
+		t.rec.VerifiedTokens = n
+		if n == 0 {
+			return MissMismatch
+		}
+		t.rec.ReusableTokens = n
+		if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
+			return MissThreshold
+		}
+		if n < e.tokens {
+			if r.cfg.blockSize == 0 {
+				r.stats.partialRefused.Add(1)
+				return MissPartialRefused
+			}
+			n -= n % r.cfg.blockSize // a block-aligned R' (fingerprint blocks may be smaller)
+			h, err := cutHandle(e.handle, n, r.cfg.blockSize)
+			if err != nil || n == 0 {
+				r.stats.partialRefused.Add(1)
+				if err != nil {
+					r.logOnce(ctx, "partial:"+err.Error(), "kvroute: a handle cannot be read partially; such turns run as plain prefills",
+						slog.String("reason", err.Error()))
+				}
+				return MissPartialRefused
+			}
+			t.rec.ReusableTokens = n
+			if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
+				return MissThreshold
+			}
+			e.handle, e.tokens = h, n
+			t.rec.Partial = true
+			r.stats.partialHits.Add(1)
+		}
+		return ""
+	}
+	t.rec.Verification = VerifyContent
+	return t.verifyContent(e)
+}
+
+// verifyContent checks e by the Identifier's content rules.
+func (t *turn) verifyContent(e *entry) string {
+	t.rec.Verification = VerifyContent
+	if !e.contentOK {
+		return MissUnverified
+	}
+	if !t.r.ident.Verify(t.req, e.check) {
+		return MissMismatch
+	}
+	t.rec.ReusableTokens = e.tokens
+	if !t.r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
+		return MissThreshold
+	}
+	return ""
+}
+
+// putBack returns a taken, unused entry to the store for the rest of its
+// retention time.
+func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Duration) {
+	left := t.r.cfg.retentionTTL - age
+	if left <= 0 {
+		return
+	}
+	if err := t.r.store.Put(ctx, key, e.raw, left); err != nil {
+		t.r.stats.storeErrors.Add(1)
+		t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put-back failed; the handle is lost",
+			slog.String("request_id", t.id), slog.String("err", err.Error()))
+		return
+	}
+	t.r.stats.putBacks.Add(1)
 }
 
 func (t *turn) miss(reason string) *entry {

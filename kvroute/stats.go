@@ -21,10 +21,29 @@ type Stats struct {
 	Refusals int64
 	// Failures counts turns that ended with an error.
 	Failures int64
+	// Renders counts render (or tokenize) calls made to verify reuse.
+	Renders int64
+	// RenderFailures counts render calls that failed; each such turn ran
+	// without the handle unless content verification could stand in.
+	RenderFailures int64
+	// TokenFallbacks counts turns in token mode that fell back to content
+	// rules because an engine served no render endpoint or sent no token
+	// ids.
+	TokenFallbacks int64
+	// PartialHits counts hits that attached only a verified prefix of a
+	// handle (remote_num_tokens lowered, blocks cut from the front).
+	PartialHits int64
+	// PartialRefused counts handles that matched only in part and could not
+	// be cut (see MissPartialRefused).
+	PartialRefused int64
+	// PutBacks counts handles taken for verification, not attached, and
+	// returned to the store for their remaining retention time.
+	PutBacks int64
 }
 
 type counters struct {
 	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures atomic.Int64
+	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -36,5 +55,11 @@ func (c *counters) snapshot() Stats {
 		StoreErrors:     c.storeErrors.Load(),
 		Refusals:        c.refusals.Load(),
 		Failures:        c.failures.Load(),
+		Renders:         c.renders.Load(),
+		RenderFailures:  c.renderFailures.Load(),
+		TokenFallbacks:  c.tokenFallbacks.Load(),
+		PartialHits:     c.partialHits.Load(),
+		PartialRefused:  c.partialRefused.Load(),
+		PutBacks:        c.putBacks.Load(),
 	}
 }

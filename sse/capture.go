@@ -54,6 +54,11 @@ type Capture struct {
 	done   bool
 
 	asm assembler
+
+	tokens, stripTokens     bool
+	promptIDs, genIDs       []uint32
+	sawPromptIDs, sawGenIDs bool
+	badIDs                  bool
 }
 
 // NewCapture returns a Capture for one stream.
@@ -89,7 +94,8 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		return e.Raw, nil
 	}
 	c.inspect(d)
-	if !mayHoldHandle(d) {
+	strip := c.stripTokens && mayHoldTokenIDs(d)
+	if !strip && !mayHoldHandle(d) {
 		return e.Raw, nil
 	}
 	if err := c.obj.Reset(d); err != nil {
@@ -98,14 +104,23 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
 	}
-	v, ok := c.obj.Get(HandleKey)
-	if !ok {
-		return e.Raw, nil
-	}
-	if !jsonraw.IsNull(v) {
+	v, hasHandle := c.obj.Get(HandleKey)
+	if hasHandle && !jsonraw.IsNull(v) {
 		c.handle = bytes.Clone(v)
 	}
-	c.out = reframe(c.out[:0], e.Raw, c.obj.Edit([]string{HandleKey}))
+	var data []byte
+	switch {
+	case strip:
+		data = stripTokenIDs(c.obj, hasHandle)
+		if !hasHandle && len(data) == len(d) {
+			return e.Raw, nil
+		}
+	case hasHandle:
+		data = c.obj.Edit([]string{HandleKey})
+	default:
+		return e.Raw, nil
+	}
+	c.out = reframe(c.out[:0], e.Raw, data)
 	return c.out, nil
 }
 
@@ -148,6 +163,10 @@ func (c *Capture) inspect(d []byte) {
 			if !jsonraw.IsNull(v) {
 				c.usage = append(c.usage[:0], v...)
 			}
+		case PromptTokenIDsKey:
+			if c.tokens {
+				c.addPromptIDs(v)
+			}
 		}
 		return nil
 	})
@@ -157,9 +176,13 @@ func (c *Capture) inspect(d []byte) {
 func (c *Capture) choices(arr []byte) {
 	pos := 0
 	_ = jsonraw.Elements(arr, func(choice []byte) error {
-		var index, delta, text, finish, stop []byte
+		var index, delta, text, finish, stop, promptIDs, genIDs []byte
 		_ = jsonraw.Members(choice, func(key string, v []byte) error {
 			switch key {
+			case PromptTokenIDsKey:
+				promptIDs = v
+			case TokenIDsKey:
+				genIDs = v
 			case "index":
 				index = v
 			case "delta":
@@ -191,6 +214,14 @@ func (c *Capture) choices(arr []byte) {
 		}
 		if c.reply {
 			c.asm.add(delta, text)
+		}
+		if c.tokens {
+			if promptIDs != nil {
+				c.addPromptIDs(promptIDs)
+			}
+			if genIDs != nil {
+				c.addGenIDs(genIDs)
+			}
 		}
 		return nil
 	})

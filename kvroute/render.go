@@ -1,0 +1,204 @@
+package kvroute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Where the tokens of a new prompt came from (TurnRecord.TokenSource).
+const (
+	TokensFromPrompt   = "prompt"   // a completions prompt given as token ids
+	TokensFromRender   = "render"   // POST /v1/chat/completions/render or /v1/completions/render
+	TokensFromTokenize = "tokenize" // POST /tokenize (older engines)
+)
+
+// Fields vLLM's /tokenize does not take (protocol.md, "Rendering in"): a
+// request that sets one of them renders differently there than for
+// generation, so /tokenize cannot verify it.
+var tokenizeUnsupported = []string{"tool_choice", "documents", "reasoning_effort", "response_format"}
+
+// The members of a chat or completions body that /tokenize takes.
+var (
+	tokenizeChat       = []string{"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"}
+	tokenizeCompletion = []string{"model", "prompt", "add_special_tokens"}
+)
+
+// renderRetry is how long an engine that answered a render path with 404 or
+// 501 is not asked on that path again.
+const renderRetry = 5 * time.Minute
+
+var (
+	errNoRenderer  = errors.New("kvroute: no engine serves a render or tokenize endpoint for this request")
+	errRenderShape = errors.New("kvroute: the render answer has no token ids")
+)
+
+// renderCaps remembers, per prefill endpoint and path, until when it is
+// known not to serve that path.
+type renderCaps struct {
+	mu      sync.Mutex
+	missing map[string]time.Time // endpoint URL + " " + path -> retry after
+}
+
+func (c *renderCaps) available(ep, path string, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until, ok := c.missing[ep+" "+path]
+	return !ok || now.After(until)
+}
+
+func (c *renderCaps) markMissing(ep, path string, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.missing == nil {
+		c.missing = map[string]time.Time{}
+	}
+	c.missing[ep+" "+path] = now.Add(renderRetry)
+}
+
+// promptTokens returns the token ids the engines will compute for the
+// request's prompt: from the body when a completions prompt is given as
+// token ids, else from a prefill engine's render endpoint, else from its
+// /tokenize when the request uses nothing /tokenize ignores.
+func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
+	if !t.req.Chat() {
+		if p, ok := t.req.Field("prompt"); ok {
+			if ids, ok := sse.AppendTokenIDs(nil, p); ok {
+				t.rec.TokenSource = TokensFromPrompt
+				return ids, nil
+			}
+			// A list holding one list of ids.
+			var inner []byte
+			n := 0
+			if jsonraw.Elements(p, func(v []byte) error { inner = v; n++; return nil }) == nil && n == 1 {
+				if ids, ok := sse.AppendTokenIDs(nil, inner); ok {
+					t.rec.TokenSource = TokensFromPrompt
+					return ids, nil
+				}
+			}
+		}
+	}
+	start := t.r.cfg.clock()
+	defer func() { t.rec.Render += t.r.cfg.clock().Sub(start) }()
+	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, nil)
+	if err != nil {
+		return nil, err
+	}
+	renderPath := t.req.Path + "/render"
+	now := t.r.cfg.clock()
+	if t.r.caps.available(ep.url, renderPath, now) {
+		body := t.req.obj.Edit([]string{kvKey, "conversation_id"})
+		ids, status, err := t.renderCall(ctx, ep, renderPath, body, !t.req.Chat())
+		if err == nil {
+			t.rec.TokenSource = TokensFromRender
+			return ids, nil
+		}
+		if status != http.StatusNotFound && status != http.StatusNotImplemented && status != http.StatusMethodNotAllowed {
+			return nil, err
+		}
+		t.r.caps.markMissing(ep.url, renderPath, now)
+	}
+	body, ok := t.tokenizeBody()
+	if !ok || !t.r.caps.available(ep.url, pathTokenize, now) {
+		return nil, errNoRenderer
+	}
+	ids, status, err := t.renderCall(ctx, ep, pathTokenize, body, false)
+	if err == nil {
+		t.rec.TokenSource = TokensFromTokenize
+		return ids, nil
+	}
+	if status == http.StatusNotFound || status == http.StatusNotImplemented || status == http.StatusMethodNotAllowed {
+		t.r.caps.markMissing(ep.url, pathTokenize, now)
+		return nil, errNoRenderer
+	}
+	return nil, err
+}
+
+const pathTokenize = "/tokenize"
+
+// tokenizeBody builds a /tokenize body from the request, or reports that
+// /tokenize cannot render it as generation would.
+func (t *turn) tokenizeBody() ([]byte, bool) {
+	for _, f := range tokenizeUnsupported {
+		if v, ok := t.req.Field(f); ok && !jsonraw.IsNull(v) {
+			return nil, false
+		}
+	}
+	fields := tokenizeChat
+	if !t.req.Chat() {
+		fields = tokenizeCompletion
+		if p, ok := t.req.Field("prompt"); !ok || len(p) == 0 || p[0] != '"' {
+			return nil, false
+		}
+	}
+	set := make([]jsonraw.Member, 0, len(fields))
+	for _, f := range fields {
+		if v, ok := t.req.Field(f); ok {
+			set = append(set, jsonraw.Member{Key: f, Value: v})
+		}
+	}
+	return (jsonraw.Object{}).Edit(nil, set...), true
+}
+
+// renderCall posts body to path on ep and reads the token ids of the
+// answer: token_ids of a render object (or of the single element of a
+// completions render list), or tokens of a /tokenize answer. It returns the
+// engine's status when it answered.
+func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body []byte, list bool) ([]uint32, int, error) {
+	t.r.stats.renders.Add(1)
+	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.renderTimeout})
+	if err != nil {
+		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
+	}
+	b, err := readLimited(resp.Body, t.r.cfg.maxBodyBytes)
+	if err != nil {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
+	}
+	obj := b
+	if list {
+		n := 0
+		if jsonraw.Elements(b, func(v []byte) error { obj = v; n++; return nil }) != nil || n != 1 {
+			return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
+		}
+	}
+	key := "token_ids"
+	if path == pathTokenize {
+		key = "tokens"
+	}
+	o, err := jsonraw.Parse(obj)
+	if err != nil {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
+	}
+	v, _ := o.Get(key)
+	ids, ok := sse.AppendTokenIDs(nil, v)
+	if !ok {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
+	}
+	return ids, resp.StatusCode, nil
+}
+
+// logOnce logs msg at warning level the first time key is seen by the
+// Router.
+func (r *Router) logOnce(ctx context.Context, key, msg string, attrs ...slog.Attr) {
+	if _, loaded := r.once.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	r.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+}

@@ -1,0 +1,190 @@
+package sse
+
+import (
+	"bytes"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// The members in which vLLM returns token ids when a request sets
+// return_token_ids (vLLM PR #22587): prompt_token_ids at the top level of a
+// chat response (or its first stream chunk) and in each completions choice,
+// token_ids in each choice.
+const (
+	PromptTokenIDsKey = "prompt_token_ids"
+	TokenIDsKey       = "token_ids"
+)
+
+// WithTokenIDs makes the Capture collect the token ids of choice 0: the
+// prompt's (prompt_token_ids, top level or in the choice) and the generated
+// ones (the choice's token_ids, concatenated over the stream's chunks), for
+// Capture.PromptTokenIDs and Capture.TokenIDs. With strip, Forward also
+// removes those members from every event, so that a client that did not ask
+// for token ids never sees them.
+func WithTokenIDs(strip bool) CaptureOption {
+	return captureOptionFunc(func(c *Capture) { c.tokens, c.stripTokens = true, strip })
+}
+
+// PromptTokenIDs returns the prompt's token ids seen so far (nil when the
+// engine sent none). Only a Capture made WithTokenIDs collects them.
+func (c *Capture) PromptTokenIDs() []uint32 { return c.promptIDs }
+
+// TokenIDs returns choice 0's generated token ids seen so far, in order.
+func (c *Capture) TokenIDs() []uint32 { return c.genIDs }
+
+// HasTokenIDs reports whether the engine sent both the prompt's and the
+// generated token ids.
+func (c *Capture) HasTokenIDs() bool { return c.sawPromptIDs && c.sawGenIDs && !c.badIDs }
+
+// mayHoldTokenIDs is the cheap test for a token-id member (see
+// mayHoldHandle for the escape rule).
+func mayHoldTokenIDs(d []byte) bool {
+	return bytes.Contains(d, []byte(TokenIDsKey)) || bytes.Contains(d, []byte(`\u`))
+}
+
+// AppendTokenIDs appends the ids of a JSON array of non-negative integers
+// below 2^32 to dst; ok is false (and dst is returned unchanged) for any
+// other value.
+func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, bool) {
+	n := len(dst)
+	i := 0
+	skip := func() {
+		for i < len(arr) && (arr[i] == ' ' || arr[i] == '\n' || arr[i] == '\r' || arr[i] == '\t') {
+			i++
+		}
+	}
+	skip()
+	if i >= len(arr) || arr[i] != '[' {
+		return dst[:n], false
+	}
+	i++
+	skip()
+	if i < len(arr) && arr[i] == ']' {
+		i++
+		skip()
+		return dst, i == len(arr)
+	}
+	for {
+		skip()
+		start := i
+		var v uint64
+		for i < len(arr) && arr[i] >= '0' && arr[i] <= '9' {
+			v = v*10 + uint64(arr[i]-'0')
+			if v > 1<<32-1 {
+				return dst[:n], false
+			}
+			i++
+		}
+		if i == start || (arr[start] == '0' && i-start > 1) {
+			return dst[:n], false
+		}
+		dst = append(dst, uint32(v))
+		skip()
+		if i >= len(arr) {
+			return dst[:n], false
+		}
+		if arr[i] == ',' {
+			i++
+			continue
+		}
+		if arr[i] != ']' {
+			return dst[:n], false
+		}
+		i++
+		skip()
+		if i != len(arr) {
+			return dst[:n], false
+		}
+		return dst, true
+	}
+}
+
+// addPromptIDs records a prompt_token_ids value.
+func (c *Capture) addPromptIDs(v []byte) {
+	if jsonraw.IsNull(v) {
+		return
+	}
+	ids, ok := AppendTokenIDs(c.promptIDs[:0], v)
+	if !ok {
+		c.badIDs = true
+		return
+	}
+	c.promptIDs, c.sawPromptIDs = ids, true
+}
+
+// addGenIDs appends a choice's token_ids value.
+func (c *Capture) addGenIDs(v []byte) {
+	if jsonraw.IsNull(v) {
+		return
+	}
+	ids, ok := AppendTokenIDs(c.genIDs, v)
+	if !ok {
+		c.badIDs = true
+		return
+	}
+	c.genIDs, c.sawGenIDs = ids, true
+}
+
+// StripTokenIDs returns the JSON object data without prompt_token_ids at
+// the top level and without prompt_token_ids and token_ids in the elements
+// of its choices array. It returns data itself when there is nothing to
+// remove, and an error when data is not a JSON object.
+func StripTokenIDs(data []byte) ([]byte, error) {
+	obj, err := jsonraw.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	return stripTokenIDs(obj, false), nil
+}
+
+var (
+	topTokenKeys    = []string{PromptTokenIDsKey}
+	topAllKeys      = []string{HandleKey, PromptTokenIDsKey}
+	choiceTokenKeys = []string{PromptTokenIDsKey, TokenIDsKey}
+)
+
+// stripTokenIDs removes the token-id members from a parsed object, and the
+// handle too when dropHandle is set.
+func stripTokenIDs(obj jsonraw.Object, dropHandle bool) []byte {
+	var set []jsonraw.Member
+	if choices, ok := obj.Get("choices"); ok && mayHoldTokenIDs(choices) {
+		if edited, changed := stripChoices(choices); changed {
+			set = append(set, jsonraw.Member{Key: "choices", Value: edited})
+		}
+	}
+	del := topTokenKeys
+	if dropHandle {
+		del = topAllKeys
+	}
+	return obj.Edit(del, set...)
+}
+
+// stripChoices rewrites a choices array without the token-id members of
+// its elements.
+func stripChoices(arr []byte) ([]byte, bool) {
+	out := make([]byte, 0, len(arr))
+	out = append(out, '[')
+	changed := false
+	n := 0
+	err := jsonraw.Elements(arr, func(v []byte) error {
+		if n > 0 {
+			out = append(out, ',')
+		}
+		n++
+		o, err := jsonraw.Parse(v)
+		if err != nil {
+			out = append(out, v...)
+			return nil
+		}
+		e := o.Edit(choiceTokenKeys)
+		if len(e) != len(v) {
+			changed = true
+		}
+		out = append(out, e...)
+		return nil
+	})
+	if err != nil || !changed {
+		return arr, false
+	}
+	return append(out, ']'), true
+}
