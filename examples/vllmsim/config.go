@@ -73,6 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.cfg.Speed, "speed", 0, "sleep modelled time / speed in real time (0: never sleep)")
 	fs.BoolVar(&o.cfg.StreamHandles, "stream-handles", false, "put kv_transfer_params on the final stream chunk (vLLM PR #40186)")
 	fs.BoolVar(&o.cfg.Reasoning, "reasoning", false, "start replies with reasoning returned as reasoning_content")
+	fs.StringVar(&o.cfg.Render, "render-api", sim.RenderEnabled, "render endpoints /v1/chat/completions/render and /v1/completions/render: enabled, disabled (501 NotImplementedError, no renderer) or absent (404, an engine older than the render API)")
 	fs.StringVar(&o.sideHost, "side-channel-host", "127.0.0.1", "side-channel host (VLLM_NIXL_SIDE_CHANNEL_HOST), also put in handles")
 	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT; 0: any)")
 	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")

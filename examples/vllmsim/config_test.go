@@ -42,6 +42,26 @@ func TestParseFlagsDefaults(t *testing.T) {
 	assert.True(t, o.cfg.PrefixCaching)
 	assert.True(t, o.cfg.Bidirectional)
 	assert.Equal(t, 5600, o.sidePort)
+	assert.Equal(t, sim.RenderEnabled, o.cfg.Render)
+}
+
+func TestParseFlagsRenderAPI(t *testing.T) {
+	tests := []struct{ arg, want string }{
+		{"enabled", sim.RenderEnabled},
+		{"disabled", sim.RenderDisabled},
+		{"absent", sim.RenderAbsent},
+	}
+	for _, tt := range tests {
+		t.Run(tt.arg, func(t *testing.T) {
+			o, err := parseFlags([]string{"--render-api", tt.arg}, io.Discard)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, o.cfg.Render)
+		})
+	}
+	o, err := parseFlags([]string{"--render-api", "sometimes"}, io.Discard)
+	require.NoError(t, err, "validated when the engine starts")
+	_, err = sim.New(o.cfg)
+	assert.ErrorIs(t, err, sim.ErrInvalidConfig)
 }
 
 func TestParseFlagsModel(t *testing.T) {

@@ -60,9 +60,12 @@ type Config struct {
 	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
 	// when false D emits no handle and P ignores D handles.
 	Bidirectional bool
-	Clock         Clock     // nil: real time
-	Registry      *Registry // nil: a private registry
-	Logger        *slog.Logger
+	// Render is the render endpoints' mode: RenderEnabled (default; ""
+	// means the same), RenderDisabled (501) or RenderAbsent (404).
+	Render   string
+	Clock    Clock     // nil: real time
+	Registry *Registry // nil: a private registry
+	Logger   *slog.Logger
 }
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
@@ -80,6 +83,7 @@ func DefaultConfig() Config {
 		KVLoadFailurePolicy: PolicyFail,
 		TPSize:              1,
 		Bidirectional:       true,
+		Render:              RenderEnabled,
 	}
 }
 
@@ -109,6 +113,8 @@ func (c *Config) validate() error {
 		return bad("speed %v must be >= 0", c.Speed)
 	case c.TPSize < 1:
 		return bad("tp size %d must be at least 1", c.TPSize)
+	case c.Render != "" && c.Render != RenderEnabled && c.Render != RenderDisabled && c.Render != RenderAbsent:
+		return bad("render mode %q must be %q, %q or %q", c.Render, RenderEnabled, RenderDisabled, RenderAbsent)
 	}
 	return nil
 }
@@ -125,6 +131,9 @@ type Stats struct {
 	LoadFailures, DeclinedReads, Recomputed                  int
 	LeaseExpiries, TTLExpiries                               int
 	Errors, Restarts                                         int
+	// RenderRequests counts calls to the render endpoints, TokenizeRequests
+	// calls to /tokenize (neither counts in Requests).
+	RenderRequests, TokenizeRequests int
 }
 
 // Record describes one request. See kvroutetest.RequestRecord.

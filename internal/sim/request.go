@@ -29,54 +29,40 @@ type Request struct {
 	Prompt []Token
 	// KVParams is the raw kv_transfer_params value (nil when absent or null).
 	KVParams json.RawMessage
+	// ReturnTokenIDs is return_token_ids (vLLM PR #22587): the response
+	// carries prompt_token_ids and each choice's token_ids.
+	ReturnTokenIDs bool
+	// BodyRequestID is the body's request_id field ("" when absent).
+	BodyRequestID string
+	// Thinking is false when the template was told not to think
+	// (chat_template_kwargs.enable_thinking false, or reasoning_effort
+	// "none"), so the model emits no reasoning.
+	Thinking bool
+	// Raw holds the body's top-level keys as sent (the last of duplicate
+	// keys), for the render endpoints, which echo sampling fields the
+	// simulator does not model.
+	Raw map[string]json.RawMessage
 }
 
 // chatBody is the chat completions body, prompt-shaping fields included.
 type chatBody struct {
-	Model                string          `json:"model"`
-	Messages             []message       `json:"messages"`
-	Tools                json.RawMessage `json:"tools"`
-	ChatTemplate         *string         `json:"chat_template"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
-	AddSpecialTokens     bool            `json:"add_special_tokens"`
-	Documents            json.RawMessage `json:"documents"`
-	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
-	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
-	TruncatePromptTokens *int            `json:"truncate_prompt_tokens"`
-	common
-}
-
-type completionBody struct {
-	Model                string          `json:"model"`
-	Prompt               json.RawMessage `json:"prompt"`
-	TruncatePromptTokens *int            `json:"truncate_prompt_tokens"`
-	common
-}
-
-type common struct {
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	MaxTokens     *int            `json:"max_tokens"`
-	MinTokens     int             `json:"min_tokens"`
-	IgnoreEOS     bool            `json:"ignore_eos"`
-	N             *int            `json:"n"`
-	Stop          json.RawMessage `json:"stop"`
-	KVParams      json.RawMessage `json:"kv_transfer_params"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	Messages             []message
+	Tools                json.RawMessage
+	ChatTemplate         *string
+	ChatTemplateKwargs   json.RawMessage
+	AddGenerationPrompt  bool
+	ContinueFinalMessage bool
+	AddSpecialTokens     bool
+	Documents            json.RawMessage
+	ReasoningEffort      json.RawMessage
 }
 
 type message struct {
-	Role             string          `json:"role"`
-	Content          json.RawMessage `json:"content"`
-	ReasoningContent json.RawMessage `json:"reasoning_content"`
-	ToolCalls        json.RawMessage `json:"tool_calls"`
-	ToolCallID       string          `json:"tool_call_id"`
-	Name             string          `json:"name"`
+	Role       string
+	Content    json.RawMessage
+	ToolCalls  json.RawMessage
+	ToolCallID string
+	Name       string
 }
 
 // errBadRequest marks errors answered with 400.
@@ -86,50 +72,152 @@ func badRequest(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errBadRequest}, a...)...)
 }
 
-// ParseRequest parses and renders a request body for path.
+// ParseRequest parses and renders a request body for path with the default
+// configuration's template.
 func ParseRequest(path string, body []byte) (*Request, error) {
+	c := DefaultConfig()
+	return c.ParseRequest(path, body)
+}
+
+// ParseRequest parses and renders a request body for path as an engine
+// with configuration c does (its template and reasoning settings).
+//
+// Parsing follows vLLM's pydantic request models in lax mode: keys are
+// case-sensitive and unknown keys are ignored, the last of duplicate keys
+// wins, booleans accept true/false, 0/1 and the strings "true"/"false",
+// "1"/"0", "yes"/"no", "on"/"off", "t"/"f", "y"/"n" (any case), and integers
+// accept 5, 5.0 and "5" (not 5.5).
+func (c *Config) ParseRequest(path string, body []byte) (*Request, error) {
+	m, err := decodeObject(body)
+	if err != nil {
+		return nil, err
+	}
+	var req *Request
 	switch path {
 	case PathChat:
-		return parseChat(body)
+		req, err = c.parseChat(m)
 	case PathCompletions:
-		return parseCompletion(body)
+		req, err = parseCompletion(m)
 	default:
 		return nil, badRequest("unknown path %q", path)
 	}
-}
-
-func parseChat(body []byte) (*Request, error) {
-	var b chatBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		return nil, badRequest("invalid JSON body: %v", err)
-	}
-	if len(b.Messages) == 0 {
-		return nil, badRequest("messages: field required")
-	}
-	prompt, err := renderChat(&b)
 	if err != nil {
 		return nil, err
 	}
-	req, err := fillCommon(PathChat, b.Model, &b.common, b.TruncatePromptTokens, prompt)
-	if err != nil {
-		return nil, err
-	}
-	if b.MaxCompletionTokens != nil {
-		req.MaxTokens = *b.MaxCompletionTokens
-	}
+	req.Raw = m
 	return req, nil
 }
 
-func parseCompletion(body []byte) (*Request, error) {
-	var b completionBody
-	if err := json.Unmarshal(body, &b); err != nil {
+func (e *Engine) parse(path string, body []byte) (*Request, error) {
+	return e.cfg.ParseRequest(path, body)
+}
+
+// decodeObject decodes a JSON object into its raw members, keeping the last
+// of duplicate keys and the keys' exact case.
+func decodeObject(body []byte) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, badRequest("invalid JSON body: %v", err)
 	}
-	prompt, err := completionPrompt(b.Prompt)
+	if m == nil {
+		return nil, badRequest("the body must be a JSON object")
+	}
+	return m, nil
+}
+
+func (c *Config) parseChat(m map[string]json.RawMessage) (*Request, error) {
+	b, err := parseChatBody(m)
 	if err != nil {
 		return nil, err
 	}
-	return fillCommon(PathCompletions, b.Model, &b.common, b.TruncatePromptTokens, prompt)
+	prompt, err := c.renderChat(b)
+	if err != nil {
+		return nil, err
+	}
+	req, err := fillCommon(PathChat, m, prompt)
+	if err != nil {
+		return nil, err
+	}
+	mct, ok, err := laxIntPtr(m, "max_completion_tokens")
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if mct < 1 {
+			return nil, badRequest("max_completion_tokens: must be at least 1, got %d", mct)
+		}
+		req.MaxTokens = mct
+	}
+	req.Thinking = c.thinking(b)
+	return req, nil
+}
+
+// parseChatBody reads the prompt-shaping fields of a chat body.
+func parseChatBody(m map[string]json.RawMessage) (*chatBody, error) {
+	b := &chatBody{Tools: m["tools"], ChatTemplateKwargs: m["chat_template_kwargs"],
+		Documents: m["documents"], ReasoningEffort: m["reasoning_effort"]}
+	raw, ok := m["messages"]
+	if !ok || !present(raw) {
+		return nil, badRequest("messages: field required")
+	}
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, badRequest("messages: must be a list")
+	}
+	if len(msgs) == 0 {
+		return nil, badRequest("messages: field required")
+	}
+	for i, rm := range msgs {
+		mm, err := decodeObject(rm)
+		if err != nil {
+			return nil, badRequest("messages[%d]: must be an object", i)
+		}
+		var msg message
+		if err := laxString(mm, "role", &msg.Role); err != nil {
+			return nil, badRequest("messages[%d].%v", i, err)
+		}
+		_ = laxString(mm, "tool_call_id", &msg.ToolCallID)
+		_ = laxString(mm, "name", &msg.Name)
+		msg.Content, msg.ToolCalls = mm["content"], mm["tool_calls"]
+		b.Messages = append(b.Messages, msg)
+	}
+	if v, ok := m["chat_template"]; ok && present(v) {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, badRequest("chat_template: must be a string")
+		}
+		b.ChatTemplate = &s
+	}
+	var err error
+	if b.AddGenerationPrompt, err = laxBool(m, "add_generation_prompt", true); err != nil {
+		return nil, err
+	}
+	if b.ContinueFinalMessage, err = laxBool(m, "continue_final_message", false); err != nil {
+		return nil, err
+	}
+	if b.AddSpecialTokens, err = laxBool(m, "add_special_tokens", false); err != nil {
+		return nil, err
+	}
+	if present(b.ChatTemplateKwargs) {
+		var kw map[string]json.RawMessage
+		if err := json.Unmarshal(b.ChatTemplateKwargs, &kw); err != nil {
+			return nil, badRequest("chat_template_kwargs: must be an object")
+		}
+	}
+	return b, nil
+}
+
+func parseCompletion(m map[string]json.RawMessage) (*Request, error) {
+	prompt, err := completionPrompt(m["prompt"])
+	if err != nil {
+		return nil, err
+	}
+	req, err := fillCommon(PathCompletions, m, prompt)
+	if err != nil {
+		return nil, err
+	}
+	req.Thinking = true
+	return req, nil
 }
 
 func completionPrompt(raw json.RawMessage) ([]Token, error) {
@@ -155,47 +243,88 @@ func completionPrompt(raw json.RawMessage) ([]Token, error) {
 			if id < 0 || id > 1<<32-1 {
 				return nil, badRequest("prompt: token id %d out of range", id)
 			}
-			out[i] = Token{ID: uint32(id), Text: fmt.Sprintf("<%d>", id)}
+			out[i] = tokenOfID(uint32(id))
 		}
 		return out, nil
 	}
 	return nil, badRequest("prompt: must be a string, a list of one string or a list of token ids")
 }
 
-func fillCommon(path, model string, c *common, truncate *int, prompt []Token) (*Request, error) {
-	req := &Request{Path: path, Model: model, Stream: c.Stream, MinTokens: c.MinTokens, IgnoreEOS: c.IgnoreEOS, N: 1}
-	if c.StreamOptions != nil {
-		if !c.Stream {
+func fillCommon(path string, m map[string]json.RawMessage, prompt []Token) (*Request, error) {
+	req := &Request{Path: path, N: 1}
+	var err error
+	if v, ok := m["model"]; ok && present(v) {
+		if err := json.Unmarshal(v, &req.Model); err != nil {
+			return nil, badRequest("model: must be a string")
+		}
+	}
+	if v, ok := m["request_id"]; ok && present(v) {
+		if err := json.Unmarshal(v, &req.BodyRequestID); err != nil {
+			return nil, badRequest("request_id: must be a string")
+		}
+	}
+	if req.Stream, err = laxBool(m, "stream", false); err != nil {
+		return nil, err
+	}
+	if req.IgnoreEOS, err = laxBool(m, "ignore_eos", false); err != nil {
+		return nil, err
+	}
+	if req.ReturnTokenIDs, err = laxBool(m, "return_token_ids", false); err != nil {
+		return nil, err
+	}
+	if _, err = laxBool(m, "echo", false); err != nil {
+		return nil, err
+	}
+	if req.MinTokens, err = laxInt(m, "min_tokens", 0); err != nil {
+		return nil, err
+	}
+	if v, ok := m["stream_options"]; ok && present(v) {
+		if !req.Stream {
 			return nil, badRequest("stream_options: only allowed when stream is true")
 		}
-		req.IncludeUsage = c.StreamOptions.IncludeUsage
-	}
-	if c.MaxTokens != nil {
-		if *c.MaxTokens < 1 {
-			return nil, badRequest("max_tokens: must be at least 1, got %d", *c.MaxTokens)
+		so, err := decodeObject(v)
+		if err != nil {
+			return nil, badRequest("stream_options: must be an object")
 		}
-		req.MaxTokens = *c.MaxTokens
-	}
-	if c.N != nil {
-		if *c.N < 1 {
-			return nil, badRequest("n: must be at least 1")
+		if req.IncludeUsage, err = laxBool(so, "include_usage", false); err != nil {
+			return nil, err
 		}
-		req.N = *c.N
 	}
-	stop, err := parseStop(c.Stop)
+	mt, ok, err := laxIntPtr(m, "max_tokens")
 	if err != nil {
 		return nil, err
 	}
-	req.Stop = stop
-	if truncate != nil && *truncate >= 1 && *truncate < len(prompt) {
-		prompt = prompt[len(prompt)-*truncate:]
+	if ok {
+		if mt < 1 {
+			return nil, badRequest("max_tokens: must be at least 1, got %d", mt)
+		}
+		req.MaxTokens = mt
+	}
+	n, ok, err := laxIntPtr(m, "n")
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if n < 1 {
+			return nil, badRequest("n: must be at least 1")
+		}
+		req.N = n
+	}
+	if req.Stop, err = parseStop(m["stop"]); err != nil {
+		return nil, err
+	}
+	truncate, ok, err := laxIntPtr(m, "truncate_prompt_tokens")
+	if err != nil {
+		return nil, err
+	}
+	if ok && truncate >= 1 && truncate < len(prompt) {
+		prompt = prompt[len(prompt)-truncate:]
 	}
 	if len(prompt) == 0 {
 		return nil, badRequest("prompt is empty")
 	}
 	req.Prompt = prompt
-	kv := bytes.TrimSpace(c.KVParams)
-	if len(kv) > 0 && !bytes.Equal(kv, []byte("null")) {
+	if kv := bytes.TrimSpace(m["kv_transfer_params"]); present(kv) {
 		req.KVParams = kv
 	}
 	return req, nil

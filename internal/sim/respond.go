@@ -62,6 +62,31 @@ func RawText(g Generated) string {
 	return s
 }
 
+// promptIDs is the prompt_token_ids value: the prompt's ids with
+// return_token_ids, null without (vLLM writes the key either way).
+func (o *reply) promptIDs() []uint32 {
+	if !o.t.req.ReturnTokenIDs {
+		return nil
+	}
+	return append([]uint32{}, o.t.toks...)
+}
+
+// tokenIDs is a choice's token_ids value for toks, null without
+// return_token_ids.
+func (o *reply) tokenIDs(toks []Token) []uint32 {
+	if !o.t.req.ReturnTokenIDs {
+		return nil
+	}
+	return append([]uint32{}, ids(toks)...)
+}
+
+// rawIDs is tokenIDs as a raw value for chunks, where the key is present
+// (null or a list) only when set.
+func (o *reply) rawIDs(toks []Token) json.RawMessage {
+	b, _ := json.Marshal(o.tokenIDs(toks))
+	return b
+}
+
 func (o *reply) json(w http.ResponseWriter) {
 	var body any
 	if o.chat() {
@@ -72,11 +97,12 @@ func (o *reply) json(w http.ResponseWriter) {
 			ToolCalls        []any   `json:"tool_calls"`
 		}
 		type choice struct {
-			Index        int    `json:"index"`
-			Message      msg    `json:"message"`
-			Logprobs     any    `json:"logprobs"`
-			FinishReason string `json:"finish_reason"`
-			StopReason   any    `json:"stop_reason"`
+			Index        int      `json:"index"`
+			Message      msg      `json:"message"`
+			Logprobs     any      `json:"logprobs"`
+			FinishReason string   `json:"finish_reason"`
+			StopReason   any      `json:"stop_reason"`
+			TokenIDs     []uint32 `json:"token_ids"`
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
@@ -86,7 +112,7 @@ func (o *reply) json(w http.ResponseWriter) {
 				r := g.Reasoning
 				m.ReasoningContent = &r
 			}
-			choices[i] = choice{Index: i, Message: m, FinishReason: g.Finish, StopReason: stopReason(g)}
+			choices[i] = choice{Index: i, Message: m, FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID               string          `json:"id"`
@@ -96,19 +122,24 @@ func (o *reply) json(w http.ResponseWriter) {
 			Choices          []choice        `json:"choices"`
 			Usage            usage           `json:"usage"`
 			PromptLogprobs   any             `json:"prompt_logprobs"`
+			PromptTokenIDs   []uint32        `json:"prompt_token_ids"`
 			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		}{o.id, "chat.completion", o.created, o.model(), choices, o.usage(), nil, nullable(o.kv)}
+		}{o.id, "chat.completion", o.created, o.model(), choices, o.usage(), nil, o.promptIDs(), nullable(o.kv)}
 	} else {
 		type choice struct {
-			Index        int    `json:"index"`
-			Text         string `json:"text"`
-			Logprobs     any    `json:"logprobs"`
-			FinishReason string `json:"finish_reason"`
-			StopReason   any    `json:"stop_reason"`
+			Index          int      `json:"index"`
+			Text           string   `json:"text"`
+			Logprobs       any      `json:"logprobs"`
+			FinishReason   string   `json:"finish_reason"`
+			StopReason     any      `json:"stop_reason"`
+			TokenIDs       []uint32 `json:"token_ids"`
+			PromptLogprobs any      `json:"prompt_logprobs"`
+			PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
-			choices[i] = choice{Index: i, Text: RawText(g), FinishReason: g.Finish, StopReason: stopReason(g)}
+			choices[i] = choice{Index: i, Text: RawText(g), FinishReason: g.Finish, StopReason: stopReason(g),
+				TokenIDs: o.tokenIDs(g.Tokens), PromptTokenIDs: o.promptIDs()}
 		}
 		body = struct {
 			ID               string          `json:"id"`
@@ -139,6 +170,10 @@ type streamChoice struct {
 	Logprobs     any     `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
 	StopReason   any     `json:"stop_reason,omitempty"`
+	// TokenIDs and PromptTokenIDs are raw so that a chunk can carry the key
+	// as null (vLLM sets it explicitly), a list, or not at all.
+	TokenIDs       json.RawMessage `json:"token_ids,omitempty"`
+	PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
 }
 
 type chunk struct {
@@ -148,6 +183,7 @@ type chunk struct {
 	Model            string          `json:"model"`
 	Choices          []streamChoice  `json:"choices"`
 	Usage            *usage          `json:"usage,omitempty"`
+	PromptTokenIDs   json.RawMessage `json:"prompt_token_ids,omitempty"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
@@ -159,9 +195,16 @@ type event struct {
 
 // events builds the stream: role chunks (chat), one chunk per generated token
 // with text (the last one of a choice carries finish_reason; tokens that
-// render nothing, like <think>, are skipped), a usage chunk when
-// include_usage, then [DONE]. With stream handles (#40186) the last finish
-// chunk carries the top-level kv_transfer_params.
+// render nothing, like <think>, are skipped unless return_token_ids asks for
+// every token), a usage chunk when include_usage, then [DONE]. With stream
+// handles (#40186) the last finish chunk carries the top-level
+// kv_transfer_params.
+//
+// As vLLM's exclude_unset serialization does: chat role chunks carry a
+// top-level prompt_token_ids (null without return_token_ids) and no
+// token_ids; chat delta and finish chunks carry choices[].token_ids (null
+// without return_token_ids); completions chunks carry both per choice, the
+// prompt ids on each choice's first chunk only.
 func (o *reply) events() []event {
 	obj := "text_completion"
 	if o.chat() {
@@ -175,10 +218,14 @@ func (o *reply) events() []event {
 		b, _ := json.Marshal(c)
 		out = append(out, event{data: b, token: token})
 	}
+	promptIDs, _ := json.Marshal(o.promptIDs())
+	every := o.t.req.ReturnTokenIDs
 	if o.chat() {
 		for i := range o.t.gens {
 			empty := ""
-			add(mk(streamChoice{Index: i, Delta: &delta{Role: "assistant", Content: &empty}}), false)
+			c := mk(streamChoice{Index: i, Delta: &delta{Role: "assistant", Content: &empty}})
+			c.PromptTokenIDs = promptIDs
+			add(c, false)
 		}
 	}
 	for i, g := range o.t.gens {
@@ -187,6 +234,7 @@ func (o *reply) events() []event {
 		if !o.chat() {
 			target = RawText(g)
 		}
+		firstChunk := true
 		for j, tok := range g.Tokens {
 			last := j == len(g.Tokens)-1
 			text := tok.Text
@@ -213,21 +261,27 @@ func (o *reply) events() []event {
 				}
 				sent += text
 			}
-			if text == "" && !last {
+			if text == "" && !last && !every {
 				continue
 			}
-			c := streamChoice{Index: i}
+			c := streamChoice{Index: i, TokenIDs: o.rawIDs(g.Tokens[j : j+1])}
 			if o.chat() {
 				d := &delta{}
-				if isReason {
+				switch {
+				case isReason:
 					d.ReasoningContent = &text
-				} else {
+				case text != "" || last:
 					d.Content = &text
 				}
 				c.Delta = d
 			} else {
 				c.Text = &text
+				c.PromptTokenIDs = json.RawMessage("null")
+				if firstChunk {
+					c.PromptTokenIDs = promptIDs
+				}
 			}
+			firstChunk = false
 			ch := mk(c)
 			if last {
 				f := g.Finish

@@ -13,7 +13,9 @@ import (
 // maxBody bounds a request body.
 const maxBody = 64 << 20
 
-// ServeHTTP serves POST /v1/chat/completions, POST /v1/completions,
+// ServeHTTP serves POST /v1/chat/completions, POST /v1/completions, their
+// render endpoints (POST /v1/chat/completions/render,
+// POST /v1/completions/render; see Config.Render), POST /tokenize,
 // GET /health and GET /v1/models, and the simulator's own GET /sim/stats
 // (the Stats counters as JSON, for clients in other processes).
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -38,6 +40,20 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.serveCompletion(w, r)
+	case PathChatRender, PathCompletionsRender:
+		if e.cfg.renderMode() == RenderAbsent {
+			writeDetail(w, http.StatusNotFound, "Not Found")
+			return
+		}
+		if !allow(w, r, http.MethodPost) {
+			return
+		}
+		e.serveRender(w, r)
+	case PathTokenize:
+		if !allow(w, r, http.MethodPost) {
+			return
+		}
+		e.serveTokenize(w, r)
 	default:
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	}
@@ -102,13 +118,16 @@ func (e *Engine) serveModels(w http.ResponseWriter) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-// newRecord appends the record of an arriving request.
-func (e *Engine) newRecord(r *http.Request, body []byte) *Record {
+// newRecord appends the record of an arriving request; completion requests
+// count in Stats.Requests.
+func (e *Engine) newRecord(r *http.Request, body []byte, completion bool) *Record {
 	rec := &Record{Path: r.URL.Path, Header: r.Header.Clone(), Body: body, RequestID: r.Header.Get("X-Request-Id")}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.records = append(e.records, rec)
-	e.stats.Requests++
+	if completion {
+		e.stats.Requests++
+	}
 	return rec
 }
 
@@ -141,7 +160,7 @@ func (e *Engine) takeFault() (failStatus int, stall time.Duration) {
 
 func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	rec := e.newRecord(r, body)
+	rec := e.newRecord(r, body, true)
 	if err != nil {
 		e.fail(w, rec, http.StatusBadRequest, "could not read body")
 		return
@@ -151,7 +170,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		e.fail(w, rec, failStatus, "simulated failure")
 		return
 	}
-	req, err := ParseRequest(r.URL.Path, body)
+	req, err := e.parse(r.URL.Path, body)
 	if err != nil {
 		e.fail(w, rec, http.StatusBadRequest, err.Error())
 		return

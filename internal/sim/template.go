@@ -25,7 +25,7 @@ import (
 // <|im_end|>\n) and no generation prompt is added. Every JSON value is
 // rendered canonically (sorted keys), so any change to a prompt-shaping field
 // changes the tokens.
-func renderChat(b *chatBody) ([]Token, error) {
+func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 	var sb strings.Builder
 	if b.AddSpecialTokens {
 		sb.WriteString(TokEndOfText)
@@ -90,11 +90,33 @@ func renderChat(b *chatBody) ([]Token, error) {
 		}
 		writeTurn(&sb, m.Role, text, !(last && b.ContinueFinalMessage))
 	}
-	addGen := b.AddGenerationPrompt == nil || *b.AddGenerationPrompt
-	if addGen && !b.ContinueFinalMessage {
+	if b.AddGenerationPrompt && !b.ContinueFinalMessage {
 		sb.WriteString(TokIMStart + "assistant\n")
 	}
 	return Tokenize(sb.String()), nil
+}
+
+func (e *Engine) renderChat(b *chatBody) ([]Token, error) { return e.cfg.renderChat(b) }
+
+// thinking reports whether the model thinks for this body: not when
+// chat_template_kwargs.enable_thinking is false, nor when reasoning_effort
+// is "none" and enable_thinking is not given (vLLM's build_chat_params sets
+// enable_thinking = reasoning_effort != "none").
+func (c *Config) thinking(b *chatBody) bool {
+	var kw map[string]json.RawMessage
+	_ = json.Unmarshal(b.ChatTemplateKwargs, &kw)
+	if v, ok := kw["enable_thinking"]; ok {
+		var on bool
+		if json.Unmarshal(v, &on) == nil {
+			return on
+		}
+		return true
+	}
+	var effort string
+	if json.Unmarshal(b.ReasoningEffort, &effort) == nil && effort == "none" {
+		return false
+	}
+	return true
 }
 
 func writeTurn(sb *strings.Builder, role, content string, closed bool) {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"hash/fnv"
 	"strings"
 	"unicode"
@@ -136,6 +137,17 @@ func wordRun(s string) int {
 		n += size
 	}
 	return n
+}
+
+// tokenOfID is the token of a raw id given in a prompt: a special token
+// decodes to its text, any other id to "<id>".
+func tokenOfID(id uint32) Token {
+	for _, sp := range specials {
+		if sp.id == id {
+			return Token{ID: id, Text: sp.text}
+		}
+	}
+	return Token{ID: id, Text: fmt.Sprintf("<%d>", id)}
 }
 
 // ids returns the ids of toks.

@@ -57,9 +57,13 @@ func roleOf(p *Params) string {
 	}
 }
 
-func (e *Engine) genParams(r *Request, sample int) GenParams {
-	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop, Reasoning: e.cfg.Reasoning, Sample: sample}
+// GenParams returns the generation parameters an engine with configuration
+// c uses for choice sample of req.
+func (c *Config) GenParams(r *Request, sample int) GenParams {
+	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop, Reasoning: c.Reasoning, Sample: sample}
 }
+
+func (e *Engine) genParams(r *Request, sample int) GenParams { return e.cfg.GenParams(r, sample) }
 
 // execute prefills (reading from a remote when the handle says so) and
 // generates. On success t.seq holds the request's blocks.

@@ -36,6 +36,23 @@
 // reply's text re-tokenizes to exactly the generated tokens, so a client that
 // sends it back unchanged extends the previous sequence.
 //
+// # Token ids and rendering
+//
+// As current vLLM: return_token_ids: true (chat and completions) adds the
+// rendered prompt's ids (prompt_token_ids) and every generated id of each
+// choice (token_ids, a final <|im_end|> and tokens cut by a stop string
+// included); in streams prompt_token_ids rides on the first chunk only and
+// each chunk carries the token_ids it covers, one chunk per generated token.
+// Without the flag the keys are present as null, as vLLM writes them. D's
+// handle then satisfies remote_num_tokens == len(prompt_token_ids) +
+// len(token_ids) - 1, its blocks holding (prompt_token_ids ++ token_ids)
+// [:remote_num_tokens]. POST /v1/chat/completions/render and
+// /v1/completions/render return vLLM's GenerateRequest (for completions a
+// list of one) whose token_ids are exactly the prompt generation would use
+// (WithRenderer, WithRenderRoutes); POST /tokenize applies vLLM's reduced
+// field set (no documents, reasoning_effort, tool_choice, response_format).
+// Reference returns the ids too (Answer.PromptTokenIDs, Answer.TokenIDs).
+//
 // # Rules
 //
 // The engines follow protocol.md: the pull count min(remote_num_tokens,

@@ -131,3 +131,33 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.s
 func WithBidirectional(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.Bidirectional = on })
 }
+
+// WithRenderer turns the render endpoints (POST /v1/chat/completions/render
+// and POST /v1/completions/render) on (default) or off. Off, they answer as
+// vLLM does without a renderer: 501 with vLLM's error JSON, type
+// "NotImplementedError". WithRenderRoutes(false) takes precedence.
+func WithRenderer(on bool) Option {
+	return optionFunc(func(c *config) {
+		switch {
+		case c.sim.Render == sim.RenderAbsent:
+		case on:
+			c.sim.Render = sim.RenderEnabled
+		default:
+			c.sim.Render = sim.RenderDisabled
+		}
+	})
+}
+
+// WithRenderRoutes(false) makes the engine an older vLLM without the render
+// API: the render paths do not exist and answer 404 {"detail":"Not Found"}
+// (default true). POST /tokenize is served either way.
+func WithRenderRoutes(on bool) Option {
+	return optionFunc(func(c *config) {
+		switch {
+		case !on:
+			c.sim.Render = sim.RenderAbsent
+		case c.sim.Render == sim.RenderAbsent:
+			c.sim.Render = sim.RenderEnabled
+		}
+	})
+}

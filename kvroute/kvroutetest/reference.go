@@ -15,6 +15,10 @@ type Answer struct {
 	Reasoning                      string
 	FinishReason                   string
 	PromptTokens, CompletionTokens int
+	// PromptTokenIDs and TokenIDs are what return_token_ids returns:
+	// the rendered prompt's ids and every generated id of the first
+	// choice (a final EOS and tokens cut by a stop string included).
+	PromptTokenIDs, TokenIDs []uint32
 }
 
 // Reference returns the answer of a single engine that holds the correct KV
@@ -28,7 +32,7 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	req, err := sim.ParseRequest(path, body)
+	req, err := c.sim.ParseRequest(path, body)
 	if err != nil {
 		return Answer{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
@@ -40,11 +44,12 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 	for i, t := range req.Prompt {
 		toks[i] = t.ID
 	}
-	g := sim.Reference(model, toks, sim.GenParams{
-		MaxTokens: req.MaxTokens, MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
-		Stop: req.Stop, Reasoning: c.sim.Reasoning,
-	})
-	a := Answer{Text: g.Content, Reasoning: g.Reasoning, FinishReason: g.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens)}
+	g := sim.Reference(model, toks, c.sim.GenParams(req, 0))
+	a := Answer{Text: g.Content, Reasoning: g.Reasoning, FinishReason: g.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens),
+		PromptTokenIDs: toks, TokenIDs: make([]uint32, len(g.Tokens))}
+	for i, t := range g.Tokens {
+		a.TokenIDs[i] = t.ID
+	}
 	if path == sim.PathCompletions {
 		a.Text = sim.RawText(g)
 	}

@@ -46,6 +46,11 @@ type Stats struct {
 	LeaseExpiries, TTLExpiries int
 	// Errors counts error responses; Restarts calls to Restart.
 	Errors, Restarts int
+	// RenderRequests counts calls to the render endpoints and
+	// TokenizeRequests calls to POST /tokenize; neither counts in
+	// Requests. Both appear in Requests() with Role "render" or
+	// "tokenize".
+	RenderRequests, TokenizeRequests int
 }
 
 // RequestRecord is what an engine saw and did for one request.
@@ -56,7 +61,8 @@ type RequestRecord struct {
 	// RequestID is the X-Request-Id header; EngineRequestID the engine's
 	// internal id (remote_request_id of its handle).
 	RequestID, EngineRequestID string
-	// Role is "prefill", "decode" or "plain" ("" when rejected earlier).
+	// Role is "prefill", "decode" or "plain" ("" when rejected earlier) for
+	// completion requests, "render" or "tokenize" for those endpoints.
 	Role string
 	// PromptTokens, CachedTokens (prefix-cache hit), ComputedTokens,
 	// PulledTokens (read from a remote) and CompletionTokens.
@@ -89,6 +95,7 @@ func fromSimStats(s sim.Stats) Stats {
 		FreeBlocks: s.FreeBlocks, Aborted: s.Aborted, HandlesEmitted: s.HandlesEmitted,
 		LoadFailures: s.LoadFailures, DeclinedReads: s.DeclinedReads, Recomputed: s.Recomputed,
 		LeaseExpiries: s.LeaseExpiries, TTLExpiries: s.TTLExpiries, Errors: s.Errors, Restarts: s.Restarts,
+		RenderRequests: s.RenderRequests, TokenizeRequests: s.TokenizeRequests,
 	}
 }
 

@@ -1,0 +1,88 @@
+package kvroutetest_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+func postPath(t *testing.T, url, path string, body []byte) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post(url+path, "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+func TestRenderOptions(t *testing.T) {
+	tests := []struct {
+		name   string
+		opts   []kvroutetest.Option
+		status int
+	}{
+		{"default", nil, http.StatusOK},
+		{"renderer off", []kvroutetest.Option{kvroutetest.WithRenderer(false)}, http.StatusNotImplemented},
+		{"old engine", []kvroutetest.Option{kvroutetest.WithRenderRoutes(false)}, http.StatusNotFound},
+		{"old engine wins over renderer on", []kvroutetest.Option{kvroutetest.WithRenderRoutes(false), kvroutetest.WithRenderer(true)}, http.StatusNotFound},
+		{"routes back on", []kvroutetest.Option{kvroutetest.WithRenderRoutes(false), kvroutetest.WithRenderRoutes(true)}, http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := kvroutetest.NewEngine(t, tt.opts...)
+			status, b := postPath(t, e.URL(), "/v1/chat/completions/render", body(t, nil, 0))
+			assert.Equal(t, tt.status, status, string(b))
+			status, _ = postPath(t, e.URL(), "/tokenize", body(t, nil, 0))
+			assert.Equal(t, http.StatusOK, status)
+			st := e.Stats()
+			if tt.status == http.StatusNotFound {
+				assert.Zero(t, st.RenderRequests, "no route, nothing served")
+			} else {
+				assert.Equal(t, 1, st.RenderRequests)
+			}
+			assert.Equal(t, 1, st.TokenizeRequests)
+			assert.Zero(t, st.Requests)
+		})
+	}
+}
+
+// Reference's token ids are what an engine returns with return_token_ids,
+// and the render endpoint agrees with its prompt ids.
+func TestReferenceTokenIDs(t *testing.T) {
+	e := kvroutetest.NewEngine(t, kvroutetest.WithReasoning(true))
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(body(t, nil, 0), &m))
+	m["return_token_ids"] = true
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	ref, err := kvroutetest.Reference(chatPath, b, kvroutetest.WithReasoning(true))
+	require.NoError(t, err)
+	status, out := postPath(t, e.URL(), chatPath, b)
+	require.Equal(t, http.StatusOK, status, string(out))
+	var got struct {
+		PromptTokenIDs []uint32 `json:"prompt_token_ids"`
+		Choices        []struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(out, &got))
+	assert.Equal(t, ref.PromptTokenIDs, got.PromptTokenIDs)
+	assert.Equal(t, ref.TokenIDs, got.Choices[0].TokenIDs)
+	assert.Len(t, ref.TokenIDs, ref.CompletionTokens)
+
+	status, rb := postPath(t, e.URL(), "/v1/chat/completions/render", b)
+	require.Equal(t, http.StatusOK, status)
+	var gr struct {
+		TokenIDs []uint32 `json:"token_ids"`
+	}
+	require.NoError(t, json.Unmarshal(rb, &gr))
+	assert.Equal(t, ref.PromptTokenIDs, gr.TokenIDs)
+}
