@@ -60,7 +60,8 @@ func laxBool(m map[string]json.RawMessage, key string, def bool) (bool, error) {
 }
 
 // laxIntPtr reads an integer field: a JSON integer, a float with no
-// fractional part (5.0), or a string holding an integer ("5"). ok is false
+// fractional part (5.0), a string holding an integer ("5", " 5 ", "5.0"), or
+// a boolean (1 or 0), as pydantic's lax int does. ok is false
 // when the field is absent (or null, for nullable fields).
 func laxIntPtr(m map[string]json.RawMessage, key string) (n int, ok bool, err error) {
 	raw, present := m[key]
@@ -81,6 +82,11 @@ func laxIntPtr(m map[string]json.RawMessage, key string) (n int, ok bool, err er
 		return 0, false, badRequest("%s: Input should be a valid integer", key)
 	}
 	switch x := v.(type) {
+	case bool:
+		if x {
+			return 1, true, nil
+		}
+		return 0, true, nil
 	case json.Number:
 		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
 			return int(i), true, nil
