@@ -9,6 +9,8 @@ import (
 	"hash"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -27,25 +29,93 @@ import (
 // chained pass over the messages. Completions requests are looked up under
 // the conversation hint (ConversationHint), if any, otherwise under the
 // prompt's leading bytes, and the handle is used only after the new prompt
-// is verified to begin with the stored prompt plus the generated text.
+// is verified to begin with the stored prompt plus the generated text, to
+// go on beyond it, and to go on at a clean token boundary (see below).
 //
-// Equal meaning hashes equal: content as a string or as text parts; absent,
-// null and empty optional fields; echoed assistant fields such as refusal,
-// annotations or audio. A finished turn is refused (not retained) when the
-// next prompt cannot reproduce the engine's tokens: reasoning output, n
-// other than 1, truncate_prompt_tokens, a stop string cut from the reply,
-// continue_final_message, echo, a reply that could not be reassembled, or
-// one over MaxReplyBytes.
+// Equal meaning hashes equal: content as a string or as a single text part
+// (vLLM hands the template the same thing for both); absent, null and
+// empty content; absent, null and empty optional message fields; echoed
+// assistant fields such as refusal, annotations or audio; tool calls whose
+// members come in another order, and an absent tool-call type and
+// "function". Different rendering hashes differently: two or more text
+// parts never hash like a string (vLLM's "openai" content format
+// concatenates them, its "string" format joins them with newlines); a
+// tool call's arguments given as a string hash as that text, given as any
+// other JSON value as its compacted JSON, with distinct tags, and object
+// members inside arguments keep their order (the template renders them in
+// that order: transformers' tojson does not sort keys); every member of a
+// tool call and of its function is hashed, so any change to a call
+// changes the digest.
+//
+// Request flags are read as vLLM's pydantic models read them (lax mode:
+// "echo": 1 and "continue_final_message": "true" are true); a flag that
+// cannot be read counts as the value that refuses.
+//
+// A finished turn is refused (Retention.Refusal) when the next prompt may
+// not reproduce the engine's tokens. A hard refusal returns no key: the
+// turn is not retained. A soft refusal (marked "soft" below) returns the
+// key with the refusal: content rules never use such a handle, but the
+// router may retain it for token verification (WithVerification), which
+// compares the engine's token ids and so is exact where these rules guess.
+//   - RefuseReasoning: the engine returned reasoning output (the template
+//     strips it from past turns);
+//   - RefuseInlineReasoning (soft): a chat reply's content holds a
+//     reasoning close tag (ReasoningCloseTags): a reasoning model served
+//     without a reasoning parser, whose template strips the reasoning from
+//     past turns;
+//   - RefuseThinkingOff (soft): chat_template_kwargs.enable_thinking is set
+//     to anything but true (Qwen3-style templates put an empty think block
+//     in the generation prompt that past turns do not render);
+//   - RefuseNoGenerationPrompt (soft): add_generation_prompt is false, so
+//     the reply follows the user message directly while the next render
+//     puts the assistant header in between;
+//   - RefuseN: n other than 1;
+//   - RefuseTruncate: truncate_prompt_tokens is set;
+//   - RefuseStopString: a stop string ended the reply and was cut from it;
+//   - RefuseContinueFinal: continue_final_message;
+//   - RefuseEcho: echo;
+//   - RefuseIncomplete: the reply could not be reassembled;
+//   - RefuseTooLarge: the reply is over MaxReplyBytes;
+//   - RefuseUnkeyable: a completions prompt that is not a single string, has
+//     a suffix, or is too short to anchor;
+//   - RefuseTokenBoundary (soft): a completions prompt and its reply do not
+//     meet at a clean token boundary, or their text ends in whitespace.
+//
+// Completions token boundaries are a heuristic for BPE tokenizers (GPT-2,
+// Llama 3, Qwen and tiktoken style pre-tokenizers, and SentencePiece): D
+// tokenized the prompt alone and generated the reply's tokens after it,
+// while the next prompt is tokenized in one piece, so the two agree only if
+// no token spans the seams. Such tokenizers attach a space to the word
+// after it, merge letter and digit runs, let a punctuation mark take the
+// newlines after it, and let one punctuation mark prefix the next word. A
+// seam is taken as clean only when the text before it ends in a
+// non-whitespace rune and the text after it begins with a space, or with a
+// newline after a letter or digit. Key refuses when the prompt ends in
+// whitespace, when prompt and reply do not meet cleanly, or when
+// prompt+reply ends in whitespace; Verify refuses a handle when the new
+// prompt does not go on cleanly right after the stored text. Even a clean
+// seam cannot show that the engine's tokens equal a fresh tokenization of
+// its own text: only the token verification mode (WithVerification),
+// which compares the engine's token ids, is exact.
 //
 // The zero value is ready to use.
 type ContinuationKeys struct {
 	// MaxReplyBytes bounds the reply that is keyed; a longer one is
 	// refused. 0 means DefaultMaxReplyBytes.
 	MaxReplyBytes int
+	// ReasoningCloseTags are the strings that, found in a chat reply's
+	// content, mark reasoning served inline (RefuseInlineReasoning). nil
+	// means the one tag DefaultReasoningCloseTag; an empty, non-nil slice
+	// turns the check off.
+	ReasoningCloseTags []string
 }
 
 // DefaultMaxReplyBytes is ContinuationKeys' default reply bound.
 const DefaultMaxReplyBytes = 1 << 20
+
+// DefaultReasoningCloseTag is ContinuationKeys' default reasoning close
+// tag, used by Qwen3, DeepSeek-R1 and most open reasoning models.
+const DefaultReasoningCloseTag = "</think>"
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).
 const (
@@ -58,6 +128,16 @@ const (
 	RefuseIncomplete    = "incomplete_reply"
 	RefuseTooLarge      = "reply_too_large"
 	RefuseUnkeyable     = "unkeyable_prompt"
+	// RefuseNoGenerationPrompt: add_generation_prompt is false.
+	RefuseNoGenerationPrompt = "no_generation_prompt"
+	// RefuseInlineReasoning: the reply's content holds a reasoning close
+	// tag.
+	RefuseInlineReasoning = "inline_reasoning"
+	// RefuseThinkingOff: chat_template_kwargs.enable_thinking is not true.
+	RefuseThinkingOff = "thinking_disabled"
+	// RefuseTokenBoundary: a completions prompt and its reply do not meet
+	// at a clean token boundary, or their text ends in whitespace.
+	RefuseTokenBoundary = "token_boundary"
 )
 
 // Fields that shape the rendered prompt in vLLM's chat and completion
@@ -108,7 +188,8 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 
 // Key implements Identifier.
 func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
-	if reason := c.refusal(req, reply); reason != "" {
+	reason, soft := c.refusal(req, reply)
+	if reason != "" && !soft {
 		return Retention{Refusal: reason}, nil
 	}
 	if !req.Chat() {
@@ -126,12 +207,15 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	writeMessage(h, "assistant", contentText(reply.Content), "", "", reply.ToolCalls, nil)
 	var next [32]byte
 	h.Sum(next[:0])
-	return Retention{Key: digestKey("c", next)}, nil
+	return Retention{Key: digestKey("c", next), Refusal: reason}, nil
 }
 
 // Verify implements Identifier: chat keys need no check; a completions
 // handle is used only if the new prompt begins with the stored text and
-// goes on beyond it.
+// goes on beyond it at a clean token boundary (cleanSeam: the stored text
+// ends in a rune that is not whitespace and the new text begins with a
+// space, or with a newline after a letter or digit). The boundary rule is
+// a heuristic (see ContinuationKeys); token verification is exact.
 func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
 	if req.Chat() || len(check) == 0 {
 		return len(check) == 0
@@ -145,44 +229,123 @@ func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
 		return false
 	}
 	sum := sha256.Sum256([]byte(prompt[:n]))
-	return bytes.Equal(sum[:], check[k:])
+	return bytes.Equal(sum[:], check[k:]) && cleanSeam(prompt[:n], prompt[n:])
 }
 
-func (c ContinuationKeys) refusal(req *Request, reply *Reply) string {
+// cleanSeam reports whether a BPE tokenizer is taken to split left+right
+// between left and right (the heuristic of ContinuationKeys' doc): left
+// ends in a rune that is not whitespace, and right begins with a space, or
+// with a newline after a letter or digit. Punctuation takes the newlines
+// after it ("." + "\n" is one Llama 3 token), one punctuation mark or a
+// space prefixes the word after it, and letter and digit runs merge, so
+// every other seam is refused.
+func cleanSeam(left, right string) bool {
+	a, _ := utf8.DecodeLastRuneInString(left)
+	b, _ := utf8.DecodeRuneInString(right)
+	if left == "" || right == "" || a == utf8.RuneError || unicode.IsSpace(a) {
+		return false
+	}
+	switch b {
+	case ' ':
+		return true
+	case '\n', '\r':
+		return isWordRune(a)
+	}
+	return false
+}
+
+func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsNumber(r) }
+
+// endsInSpace reports whether s ends in a whitespace rune.
+func endsInSpace(s string) bool {
+	r, _ := utf8.DecodeLastRuneInString(s)
+	return s != "" && unicode.IsSpace(r)
+}
+
+// refusal returns why the turn must not be retained under content rules,
+// and whether the refusal is soft: the key is still computed and returned
+// with the refusal, so that the router may retain the turn for token
+// verification only.
+func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason string, soft bool) {
 	max := c.MaxReplyBytes
 	if max <= 0 {
 		max = DefaultMaxReplyBytes
 	}
 	switch {
 	case reply.Reasoning != "":
-		return RefuseReasoning
+		return RefuseReasoning, false
 	case reply.Incomplete:
-		return RefuseIncomplete
+		return RefuseIncomplete, false
 	case len(reply.Content)+len(reply.ToolCalls) > max:
-		return RefuseTooLarge
+		return RefuseTooLarge, false
 	}
 	if v, ok := req.Field("n"); ok && !jsonraw.IsNull(v) {
-		if n, ok := jsonraw.Int(v); !ok || n != 1 {
-			return RefuseN
+		if n, ok := lenientInt(v); !ok || n != 1 {
+			return RefuseN, false
 		}
 	}
 	if v, ok := req.Field("truncate_prompt_tokens"); ok && !jsonraw.IsNull(v) {
-		return RefuseTruncate
+		return RefuseTruncate, false
 	}
-	if v, ok := req.Field("continue_final_message"); ok {
-		if b, _ := jsonraw.Bool(v); b {
-			return RefuseContinueFinal
-		}
+	if flagTrue(req, "continue_final_message") {
+		return RefuseContinueFinal, false
 	}
-	if v, ok := req.Field("echo"); ok {
-		if b, _ := jsonraw.Bool(v); b {
-			return RefuseEcho
-		}
+	if flagTrue(req, "echo") {
+		return RefuseEcho, false
 	}
 	if reply.FinishReason == "stop" && hasStopStrings(req) && !stopStringKept(req) && !stopByToken(reply.StopReason) {
-		return RefuseStopString
+		return RefuseStopString, false
 	}
-	return ""
+	// Soft refusals: the turn is keyed as usual, for token verification
+	// only.
+	if req.Chat() {
+		if v, ok := req.Field("add_generation_prompt"); ok && !jsonraw.IsNull(v) {
+			if b, ok := lenientBool(v); !ok || !b {
+				return RefuseNoGenerationPrompt, true
+			}
+		}
+		if thinkingDisabled(req) {
+			return RefuseThinkingOff, true
+		}
+		if c.inlineReasoning(reply.Content) {
+			return RefuseInlineReasoning, true
+		}
+	}
+	return "", false
+}
+
+// inlineReasoning reports whether content holds one of the reasoning
+// close tags.
+func (c ContinuationKeys) inlineReasoning(content string) bool {
+	if c.ReasoningCloseTags == nil {
+		return strings.Contains(content, DefaultReasoningCloseTag)
+	}
+	for _, t := range c.ReasoningCloseTags {
+		if t != "" && strings.Contains(content, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// thinkingDisabled reports whether chat_template_kwargs sets
+// enable_thinking to anything but true. Qwen3-style templates then append
+// an empty "<think>\n\n</think>\n\n" to the generation prompt but render
+// past assistant turns without it, so D's tokens are not a prefix of the
+// next prompt. (The template sees the raw value: only true is sure to
+// leave the generation prompt alone; absent means the template's default,
+// thinking, whose output is refused as reasoning.)
+func thinkingDisabled(req *Request) bool {
+	kw, ok := req.Field("chat_template_kwargs")
+	if !ok || len(kw) == 0 || kw[0] != '{' {
+		return false
+	}
+	v, ok := jsonraw.Lookup(kw, "enable_thinking")
+	if !ok {
+		return false
+	}
+	b, isBool := jsonraw.Bool(v)
+	return !isBool || !b
 }
 
 // hasStopStrings reports whether the request sets non-empty stop strings.
@@ -210,7 +373,7 @@ func stopStringKept(req *Request) bool {
 	if !ok {
 		return false
 	}
-	b, _ := jsonraw.Bool(v)
+	b, _ := lenientBool(v)
 	return b
 }
 
@@ -255,7 +418,18 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, 
 	if !ok {
 		return Retention{Refusal: RefuseUnkeyable}, nil
 	}
+	// D tokenized the prompt alone: it must end where the next prompt's
+	// tokenization will also cut, and so must the reply (checked by
+	// Verify against what follows it).
+	// A bad seam is a soft refusal: the key is still returned.
+	refusal := ""
+	if endsInSpace(prompt) || (reply.Content != "" && !cleanSeam(prompt, reply.Content)) {
+		refusal = RefuseTokenBoundary
+	}
 	text := prompt + reply.Content
+	if endsInSpace(text) {
+		refusal = RefuseTokenBoundary
+	}
 	base := shapingDigest(req, "completion", completionShaping)
 	var key string
 	if hint := ConversationHint(req); hint != "" {
@@ -272,7 +446,7 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, 
 	}
 	sum := sha256.Sum256([]byte(text))
 	check := binary.AppendUvarint(nil, uint64(len(text)))
-	return Retention{Key: key, Check: append(check, sum[:]...)}, nil
+	return Retention{Key: key, Check: append(check, sum[:]...), Refusal: refusal}, nil
 }
 
 // promptString returns a completions prompt given as one string.
@@ -361,10 +535,15 @@ func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
 
 func isEmptyString(v []byte) bool { return len(v) == 2 && v[0] == '"' && v[1] == '"' }
 
-// canonicalContent maps content to one form: a string and a list of text
-// parts (joined with newlines, as vLLM does for string-format templates)
-// give the text tagged "t"; null and absent give the empty text; anything
-// else (images, audio) gives its compacted JSON tagged "j".
+// canonicalContent maps content to one form. vLLM turns string content
+// into a list of one text part and null into no parts, then hands the
+// template either the parts (its "openai" content format, where a template
+// concatenates text parts) or their texts joined with newlines ("string"
+// format); the router cannot know which. So a string and a single text
+// part give the text tagged "t", and null, absent, "" and [] the empty
+// text; two or more text parts give their texts, each length-prefixed,
+// tagged "p", unlike any string; anything else (images, audio, parts with
+// other members) gives its compacted JSON tagged "j".
 func canonicalContent(v []byte) []byte {
 	if len(v) == 0 || jsonraw.IsNull(v) {
 		return contentText("")
@@ -400,7 +579,18 @@ func canonicalContent(v []byte) []byte {
 			return nil
 		})
 		if allText {
-			return contentText(strings.Join(parts, "\n"))
+			switch len(parts) {
+			case 0:
+				return contentText("")
+			case 1:
+				return contentText(parts[0])
+			}
+			b := []byte{'p'}
+			for _, p := range parts {
+				b = binary.AppendUvarint(b, uint64(len(p)))
+				b = append(b, p...)
+			}
+			return b
 		}
 	}
 	var buf bytes.Buffer
@@ -429,43 +619,142 @@ func writeMessage(h hash.Hash, role string, content []byte, name, toolCallID str
 	h.Write([]byte{0xff}) // end of message
 }
 
-// writeToolCalls hashes tool calls as id, type, function name and
-// arguments; null and [] hash like none.
+// writeToolCalls hashes tool calls; null and [] hash like none. Each call
+// hashes every member that is not null, in key order (clients re-serialize
+// calls in their own member order: the OpenAI SDK echoes
+// {"id","function":{"arguments","name"},"type"} for the engine's
+// {"id","type","function":{"name","arguments"}}), with an absent type read
+// as "function". function's members are hashed the same way, arguments by
+// toolArguments, every other value as canonical JSON.
 func writeToolCalls(h hash.Hash, v []byte) {
 	if len(v) == 0 || jsonraw.IsNull(v) {
 		return
 	}
+	var buf []byte
 	_ = jsonraw.Elements(v, func(call []byte) error {
-		var id, typ, name, args string
-		_ = jsonraw.Members(call, func(k string, cv []byte) error {
-			switch k {
-			case "id":
-				id, _ = jsonraw.String(cv)
-			case "type":
-				typ, _ = jsonraw.String(cv)
-			case "function":
-				_ = jsonraw.Members(cv, func(fk string, fv []byte) error {
-					switch fk {
-					case "name":
-						name, _ = jsonraw.String(fv)
-					case "arguments":
-						args, _ = jsonraw.String(fv)
-					}
-					return nil
-				})
-			}
+		writeField(h, "call", nil)
+		if len(call) == 0 || call[0] != '{' {
+			buf = canonicalJSON(buf[:0], call)
+			writeField(h, "c", buf)
 			return nil
-		})
-		if typ == "" {
-			typ = "function"
 		}
-		writeField(h, "call.id", []byte(id))
-		writeField(h, "call.type", []byte(typ))
-		writeField(h, "call.name", []byte(name))
-		writeField(h, "call.args", []byte(args))
+		hasType := false
+		members := sortedMembers(call)
+		for _, m := range members {
+			if m.key == "type" {
+				hasType = true
+			}
+		}
+		if !hasType {
+			members = append(members, member{"type", []byte(`"function"`)})
+			slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
+		}
+		for _, m := range members {
+			if m.key == "function" && len(m.v) > 0 && m.v[0] == '{' {
+				writeField(h, "c:function", []byte("object"))
+				for _, f := range sortedMembers(m.v) {
+					if f.key == "arguments" {
+						buf = toolArguments(buf[:0], f.v)
+					} else {
+						buf = canonicalJSON(buf[:0], f.v)
+					}
+					writeField(h, "f:"+f.key, buf)
+				}
+				continue
+			}
+			buf = canonicalJSON(buf[:0], m.v)
+			writeField(h, "c:"+m.key, buf)
+		}
 		return nil
 	})
 }
+
+// toolArguments appends the canonical form of a tool call's arguments: a
+// string as 's' and its text, any other JSON value as 'j' and its
+// canonical JSON, so the string "{}" and the object {} differ (the engine
+// returns the string form, and a client that echoes it back unchanged
+// hits; the object form renders through the template's own serializer).
+func toolArguments(dst, v []byte) []byte {
+	if s, ok := jsonraw.String(v); ok {
+		return append(append(dst, 's'), s...)
+	}
+	return canonicalJSON(append(dst, 'j'), v)
+}
+
+type member struct {
+	key string
+	v   []byte
+}
+
+// sortedMembers returns obj's members that are not null, sorted by key
+// (stably: duplicates keep their order).
+func sortedMembers(obj []byte) []member {
+	var ms []member
+	_ = jsonraw.Members(obj, func(k string, v []byte) error {
+		if !jsonraw.IsNull(v) {
+			ms = append(ms, member{k, v})
+		}
+		return nil
+	})
+	slices.SortStableFunc(ms, func(a, b member) int { return strings.Compare(a.key, b.key) })
+	return ms
+}
+
+// canonicalJSON appends v without insignificant whitespace and with every
+// string re-encoded in one escaping, so "\u0061" and "a" agree. Object
+// members keep their order, as Python dicts (and so chat templates) do;
+// numbers keep their spelling.
+func canonicalJSON(dst, v []byte) []byte {
+	i := 0
+	for i < len(v) && isJSONSpace(v[i]) {
+		i++
+	}
+	j := len(v)
+	for j > i && isJSONSpace(v[j-1]) {
+		j--
+	}
+	v = v[i:j]
+	if len(v) == 0 {
+		return dst
+	}
+	switch v[0] {
+	case '"':
+		s, ok := jsonraw.String(v)
+		if !ok {
+			return append(dst, v...)
+		}
+		return jsonraw.AppendQuote(dst, s)
+	case '{':
+		dst = append(dst, '{')
+		n := 0
+		_ = jsonraw.Members(v, func(k string, mv []byte) error {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			n++
+			dst = jsonraw.AppendQuote(dst, k)
+			dst = append(dst, ':')
+			dst = canonicalJSON(dst, mv)
+			return nil
+		})
+		return append(dst, '}')
+	case '[':
+		dst = append(dst, '[')
+		n := 0
+		_ = jsonraw.Elements(v, func(e []byte) error {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			n++
+			dst = canonicalJSON(dst, e)
+			return nil
+		})
+		return append(dst, ']')
+	}
+	return append(dst, v...)
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // writeField writes a length-prefixed name and value, so no two different
 // sequences of fields hash the same input.

@@ -84,19 +84,21 @@ func (r *Request) parse() error {
 		return badRequest("prompt is required")
 	}
 	if v, ok := obj.Get("stream"); ok && !jsonraw.IsNull(v) {
-		if _, isBool := jsonraw.Bool(v); !isBool {
-			return badRequest("stream must be a boolean")
+		if _, isBool := lenientBool(v); !isBool {
+			return badRequest(`stream must be a boolean: true or false, 0 or 1, or one of the strings "true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n"`)
 		}
 	}
 	return nil
 }
 
-// Streaming reports whether the client asked for a stream.
+// Streaming reports whether the client asked for a stream. stream is read
+// as vLLM reads it (pydantic's lax bool: 1 and "true" are true); absent,
+// null and a value that is not a boolean (which parse refuses) are false.
 func (r *Request) Streaming() bool {
 	v, ok := r.Field("stream")
 	if !ok {
 		return false
 	}
-	b, _ := jsonraw.Bool(v)
+	b, _ := lenientBool(v)
 	return b
 }
