@@ -25,14 +25,14 @@ func (t *turn) decodeBody(pHandle []byte) []byte {
 	}
 	if t.r.cfg.reuse && t.r.cfg.verification == VerifyTokens {
 		if v, ok := t.req.Field("return_token_ids"); ok {
-			t.idsAsked, _ = reqBool(v)
+			t.idsAsked, _ = lenientBool(v)
 		}
 		if !t.idsAsked {
 			t.idsAdded = true
 			set = append(set, jsonraw.Member{Key: "return_token_ids", Value: jsonTrue})
 		}
 	} else if v, ok := t.req.Field("return_token_ids"); ok {
-		t.idsAsked, _ = reqBool(v)
+		t.idsAsked, _ = lenientBool(v)
 	}
 	return t.req.obj.Edit(decodeDrop, set...)
 }

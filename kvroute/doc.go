@@ -10,8 +10,10 @@
 //  1. Pick: the Identifier gives the retention keys the request may
 //     continue, most specific first; the first handle found is taken from
 //     the Store (atomically: a handle goes to at most one prefill request,
-//     ever) and the threshold.Policy decides whether attaching it is worth
-//     a pull. A Selector picks the prefill engine.
+//     ever), verified (see Verification), and the threshold.Policy decides
+//     whether attaching the verified tokens is worth a pull. A handle taken
+//     but not attached is put back for its remaining retention time. A
+//     Selector picks the prefill engine.
 //  2. Prefill: the client's body goes to P with stream false, max_tokens 1,
 //     max_completion_tokens, min_tokens, min_completion_tokens and
 //     stream_options removed, and kv_transfer_params set to the retained
@@ -28,7 +30,64 @@
 //     engines send none in streams, which is logged once and counted).
 //  5. Store: when the turn ended normally (finish_reason stop or length, the
 //     stream complete), the handle is retained under the key the Identifier
-//     derives from the request and the reply, for the retention TTL.
+//     derives from the request and the reply, for the retention TTL, with
+//     the token fingerprint of what D's blocks hold.
+//
+// # Verification
+//
+// P copies D's blocks by position and never compares tokens: a read is
+// correct only if D's first remote_num_tokens tokens are exactly the first
+// tokens of P's new prompt. WithVerification chooses how the router proves
+// that before P pulls (verifying after would be too late: with prefix
+// caching, P caches pulled blocks under its own token hashes, so a bad read
+// poisons later requests too).
+//
+// VerifyTokens (the default) is exact. The decode leg carries
+// return_token_ids: true (unless the client asked itself, the ids are
+// removed from what the client receives), so D's answer names the prompt
+// and generated token ids; the first remote_num_tokens of them are what D's
+// blocks hold. A fingerprint of that sequence (a 64-bit chained hash per
+// block of WithBlockSize tokens and one over the whole sequence, 8 bytes a
+// block; never the ids) is stored with the handle. On a later turn, after
+// the Identifier's candidate is taken and if its tokens could pass the
+// threshold at all, the new prompt is rendered by a prefill engine exactly
+// as generation would (POST /v1/chat/completions/render or
+// /v1/completions/render; older engines' /tokenize when the request uses
+// none of the fields it ignores; a completions prompt of token ids is used
+// as is), and compared block by block with the fingerprint. The longest
+// common prefix L decides:
+//
+//   - L = remote_num_tokens: the handle is attached as stored.
+//   - L shorter (an edited or compacted history, reasoning the template
+//     stripped from the last reply, a chat template that rewrites past
+//     turns, a reply whose tokens re-tokenize differently): the handle is
+//     cut to the block-aligned prefix R' = L - L mod B (B = WithBlockSize):
+//     remote_num_tokens becomes R' and every KV group's remote_block_ids
+//     keeps its first R'/B blocks, so P reads exactly the verified blocks
+//     (TurnRecord.Partial, Stats.PartialHits). A handle that cannot be cut
+//     safely is not attached (MissPartialRefused): dcp_size above 1, KV
+//     groups of unequal length (sliding-window or state groups), or a block
+//     count other than ceil(remote_num_tokens/B), which catches a B that
+//     differs from the engines' --block-size.
+//   - L = 0, or R' below the threshold: not attached (MissMismatch,
+//     MissThreshold), put back.
+//
+// Failure paths of verification never fail a turn. An engine that answers
+// a render path with 404 or 501 is not asked on it for five minutes; with
+// no render endpoint and no usable /tokenize, or a render call that fails,
+// the candidate is verified by content instead if it was retained under
+// content rules, else not attached (MissUnverified). A decode engine that
+// sends no token ids (older engines; vLLM drops them with media, or with
+// include_reasoning false under a parser) makes its turn retained under
+// content rules only. Each fallback is counted (Stats.TokenFallbacks,
+// Stats.RenderFailures) and logged once.
+//
+// VerifyContent needs no engine support: a handle is attached only when the
+// request resends the stored conversation and reply exactly (the
+// Identifier's digests), and turns the next render could reproduce
+// differently are not retained (ContinuationKeys lists the refusals). It
+// cannot see what a chat template or a tokenizer does to the text, so it
+// can be wrong where VerifyTokens cannot (README, Limitations).
 //
 // Both legs carry the same X-Request-Id (the client's, or a generated one)
 // and are built from the caller's context: a client that goes away cancels

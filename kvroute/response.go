@@ -356,7 +356,7 @@ const (
 func (t *turn) fingerprint(tokens int) (fingerprint, string) {
 	r := t.r
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
-		if n, ok := reqInt(v); !ok || n != 1 {
+		if n, ok := lenientInt(v); !ok || n != 1 {
 			return nil, RefuseN // which choice's tokens D's blocks hold is unknown
 		}
 	}

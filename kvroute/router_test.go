@@ -290,7 +290,7 @@ func TestBadRequests(t *testing.T) {
 		{"no messages", http.MethodPost, kvroute.PathChatCompletions, `{"model":"m"}`, 400},
 		{"empty messages", http.MethodPost, kvroute.PathChatCompletions, `{"model":"m","messages":[]}`, 400},
 		{"message not object", http.MethodPost, kvroute.PathChatCompletions, `{"messages":["hi"]}`, 400},
-		{"stream not bool", http.MethodPost, kvroute.PathChatCompletions, `{"messages":[{"role":"user","content":"x"}],"stream":"yes"}`, 400},
+		{"stream not bool", http.MethodPost, kvroute.PathChatCompletions, `{"messages":[{"role":"user","content":"x"}],"stream":"maybe"}`, 400},
 		{"no prompt", http.MethodPost, kvroute.PathCompletions, `{"model":"m"}`, 400},
 		{"wrong method", http.MethodGet, kvroute.PathChatCompletions, ``, 405},
 		{"unknown path", http.MethodPost, "/v1/embeddings", `{}`, 404},
