@@ -29,7 +29,31 @@ func storedKey(t testing.TB, body map[string]any, reply *kvroute.Reply) string {
 	ret, err := kvroute.ContinuationKeys{}.Key(chatReq(t, body), reply)
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key, "refused: %s", ret.Refusal)
+	require.Empty(t, ret.Refusal)
 	return ret.Key
+}
+
+// rawChat builds a chat request from a literal body, for cases where key
+// order and spelling matter.
+func rawChat(body string) *kvroute.Request {
+	return &kvroute.Request{Path: kvroute.PathChatCompletions, Body: []byte(body)}
+}
+
+// rawKey is the key a turn with the literal body is retained under.
+func rawKey(t testing.TB, body string, reply *kvroute.Reply) string {
+	t.Helper()
+	ret, err := kvroute.ContinuationKeys{}.Key(rawChat(body), reply)
+	require.NoError(t, err)
+	require.NotEmpty(t, ret.Key, "refused: %s", ret.Refusal)
+	require.Empty(t, ret.Refusal)
+	return ret.Key
+}
+
+func rawLookup(t testing.TB, body string) []string {
+	t.Helper()
+	keys, err := kvroute.ContinuationKeys{}.Lookup(rawChat(body))
+	require.NoError(t, err)
+	return keys
 }
 
 func lookup(t testing.TB, body map[string]any) []string {
@@ -170,59 +194,319 @@ func TestContinuationLongestPrefixFirst(t *testing.T) {
 
 func TestContinuationRefusals(t *testing.T) {
 	base := map[string]any{"messages": msgs(user("a"))}
-	with := func(k string, v any) map[string]any { m := clone(base); m[k] = v; return m }
+	with := func(kv ...any) map[string]any {
+		m := clone(base)
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
 	ok := &kvroute.Reply{Content: "A", FinishReason: "stop"}
+	content := func(s string) *kvroute.Reply { return &kvroute.Reply{Content: s, FinishReason: "stop"} }
+	thinking := func(v any) map[string]any { return with("chat_template_kwargs", map[string]any{"enable_thinking": v}) }
+	type keys = kvroute.ContinuationKeys
 	cases := []struct {
 		name  string
+		ck    keys
 		body  map[string]any
 		reply *kvroute.Reply
-		want  string
+		want  string // "" retains
+		soft  bool   // the key comes with the refusal
 	}{
-		{"reasoning", base, &kvroute.Reply{Content: "A", Reasoning: "hmm", FinishReason: "stop"}, kvroute.RefuseReasoning},
-		{"n", with("n", 2), ok, kvroute.RefuseN},
-		{"truncate_prompt_tokens", with("truncate_prompt_tokens", 100), ok, kvroute.RefuseTruncate},
-		{"stop string", with("stop", []string{"END"}), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte(`"END"`)}, kvroute.RefuseStopString},
-		{"stop string, engine silent", with("stop", "END"), ok, kvroute.RefuseStopString},
-		{"incomplete", base, &kvroute.Reply{Content: "A", FinishReason: "stop", Incomplete: true}, kvroute.RefuseIncomplete},
-		{"too large", base, &kvroute.Reply{Content: strings.Repeat("x", kvroute.DefaultMaxReplyBytes+1), FinishReason: "stop"}, kvroute.RefuseTooLarge},
-		{"continue_final_message", with("continue_final_message", true), ok, kvroute.RefuseContinueFinal},
+		{"reasoning", keys{}, base, &kvroute.Reply{Content: "A", Reasoning: "hmm", FinishReason: "stop"}, kvroute.RefuseReasoning, false},
+		{"n", keys{}, with("n", 2), ok, kvroute.RefuseN, false},
+		{"n as string", keys{}, with("n", "2"), ok, kvroute.RefuseN, false},
+		{"n as float", keys{}, with("n", 2.0), ok, kvroute.RefuseN, false},
+		{"n unreadable", keys{}, with("n", "two"), ok, kvroute.RefuseN, false},
+		{"n=1", keys{}, with("n", 1), ok, "", false},
+		{"n=\"1\"", keys{}, with("n", "1"), ok, "", false},
+		{"n=1.0", keys{}, with("n", json.Number("1.0")), ok, "", false},
+		{"n=true", keys{}, with("n", true), ok, "", false},
+		{"truncate_prompt_tokens", keys{}, with("truncate_prompt_tokens", 100), ok, kvroute.RefuseTruncate, false},
+		{"stop string", keys{}, with("stop", []string{"END"}), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte(`"END"`)}, kvroute.RefuseStopString, false},
+		{"stop string, engine silent", keys{}, with("stop", "END"), ok, kvroute.RefuseStopString, false},
+		{"stop string ended by EOS", keys{}, with("stop", "END"), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte("null")}, "", false},
+		{"stop string kept", keys{}, with("stop", "END", "include_stop_str_in_output", true), ok, "", false},
+		{"stop string kept, as string", keys{}, with("stop", "END", "include_stop_str_in_output", "true"), ok, "", false},
+		{"stop string kept, as 1", keys{}, with("stop", "END", "include_stop_str_in_output", 1), ok, "", false},
+		{"stop string not kept, as \"off\"", keys{}, with("stop", "END", "include_stop_str_in_output", "off"), ok, kvroute.RefuseStopString, false},
+		{"incomplete", keys{}, base, &kvroute.Reply{Content: "A", FinishReason: "stop", Incomplete: true}, kvroute.RefuseIncomplete, false},
+		{"too large", keys{}, base, content(strings.Repeat("x", kvroute.DefaultMaxReplyBytes+1)), kvroute.RefuseTooLarge, false},
+		{"continue_final_message", keys{}, with("continue_final_message", true), ok, kvroute.RefuseContinueFinal, false},
+		{"continue_final_message as \"true\"", keys{}, with("continue_final_message", "true"), ok, kvroute.RefuseContinueFinal, false},
+		{"continue_final_message as 1", keys{}, with("continue_final_message", 1), ok, kvroute.RefuseContinueFinal, false},
+		{"continue_final_message as \"yes\"", keys{}, with("continue_final_message", "yes"), ok, kvroute.RefuseContinueFinal, false},
+		{"continue_final_message unreadable", keys{}, with("continue_final_message", "sure"), ok, kvroute.RefuseContinueFinal, false},
+		{"continue_final_message as \"false\"", keys{}, with("continue_final_message", "false"), ok, "", false},
+		{"continue_final_message as 0", keys{}, with("continue_final_message", 0), ok, "", false},
+		{"echo", keys{}, with("echo", true), ok, kvroute.RefuseEcho, false},
+		{"echo as 1", keys{}, with("echo", 1), ok, kvroute.RefuseEcho, false},
+		{"echo as \"True\"", keys{}, with("echo", "True"), ok, kvroute.RefuseEcho, false},
+		{"echo as 1.0", keys{}, with("echo", json.Number("1.0")), ok, kvroute.RefuseEcho, false},
+		{"echo as \"no\"", keys{}, with("echo", "no"), ok, "", false},
+		{"add_generation_prompt false", keys{}, with("add_generation_prompt", false), ok, kvroute.RefuseNoGenerationPrompt, true},
+		{"add_generation_prompt 0", keys{}, with("add_generation_prompt", 0), ok, kvroute.RefuseNoGenerationPrompt, true},
+		{"add_generation_prompt \"false\"", keys{}, with("add_generation_prompt", "false"), ok, kvroute.RefuseNoGenerationPrompt, true},
+		{"add_generation_prompt \"n\"", keys{}, with("add_generation_prompt", "n"), ok, kvroute.RefuseNoGenerationPrompt, true},
+		{"add_generation_prompt unreadable", keys{}, with("add_generation_prompt", "later"), ok, kvroute.RefuseNoGenerationPrompt, true},
+		{"add_generation_prompt true", keys{}, with("add_generation_prompt", true), ok, "", false},
+		{"add_generation_prompt \"yes\"", keys{}, with("add_generation_prompt", "yes"), ok, "", false},
+		{"add_generation_prompt null", keys{}, with("add_generation_prompt", nil), ok, "", false},
+		{"inline reasoning", keys{}, base, content("<think>let me see</think>\n\nA"), kvroute.RefuseInlineReasoning, true},
+		{"inline reasoning, close tag only", keys{}, base, content("let me see</think>A"), kvroute.RefuseInlineReasoning, true},
+		{"inline reasoning, custom tag", keys{ReasoningCloseTags: []string{"</seed:think>"}}, base, content("x</seed:think>A"), kvroute.RefuseInlineReasoning, true},
+		{"custom tags replace the default", keys{ReasoningCloseTags: []string{"</seed:think>"}}, base, content("x</think>A"), "", false},
+		{"inline reasoning check off", keys{ReasoningCloseTags: []string{}}, base, content("x</think>A"), "", false},
+		{"open tag alone is content", keys{}, base, content("use <think> tags"), "", false},
+		{"enable_thinking false", keys{}, thinking(false), ok, kvroute.RefuseThinkingOff, true},
+		{"enable_thinking \"false\"", keys{}, thinking("false"), ok, kvroute.RefuseThinkingOff, true},
+		{"enable_thinking null", keys{}, thinking(nil), ok, kvroute.RefuseThinkingOff, true},
+		{"enable_thinking true", keys{}, thinking(true), ok, "", false},
+		{"other chat_template_kwargs", keys{}, with("chat_template_kwargs", map[string]any{"x": false}), ok, "", false},
+		{"hard refusal wins over soft", keys{}, with("n", 2, "add_generation_prompt", false), ok, kvroute.RefuseN, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ret, err := kvroute.ContinuationKeys{}.Key(chatReq(t, tc.body), tc.reply)
+			ret, err := tc.ck.Key(chatReq(t, tc.body), tc.reply)
 			require.NoError(t, err)
-			assert.Empty(t, ret.Key)
 			assert.Equal(t, tc.want, ret.Refusal)
+			if tc.want == "" || tc.soft {
+				assert.NotEmpty(t, ret.Key)
+			} else {
+				assert.Empty(t, ret.Key)
+			}
 		})
 	}
-	t.Run("stop string ended by EOS is kept", func(t *testing.T) {
-		ret, err := kvroute.ContinuationKeys{}.Key(chatReq(t, with("stop", "END")), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte("null")})
-		require.NoError(t, err)
-		assert.NotEmpty(t, ret.Key)
-	})
-	t.Run("n=1 is fine", func(t *testing.T) {
-		ret, err := kvroute.ContinuationKeys{}.Key(chatReq(t, with("n", 1)), ok)
-		require.NoError(t, err)
-		assert.NotEmpty(t, ret.Key)
-	})
+}
+
+// TestContinuationToolCallArguments: arguments hash by JSON type and
+// value, so an edited earlier tool call misses whatever the form of its
+// arguments.
+func TestContinuationToolCallArguments(t *testing.T) {
+	// A conversation whose history holds an assistant tool call with the
+	// given function object, then a tool result.
+	body := func(function string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"list"},` +
+			`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":` + function + `}]},` +
+			`{"role":"tool","tool_call_id":"call_1","content":"a.go"}]}`
+	}
+	reply := &kvroute.Reply{Content: "Done.", FinishReason: "stop"}
+	// next sends the stored turn back with the reply and a new message.
+	next := func(function string) string {
+		b := body(function)
+		return b[:len(b)-2] + `,{"role":"assistant","content":"Done."},{"role":"user","content":"more"}]}`
+	}
+	cases := []struct {
+		name          string
+		stored, later string
+		hit           bool
+	}{
+		{"string unchanged", `{"name":"ls","arguments":"{\"dir\":\".\"}"}`, `{"name":"ls","arguments":"{\"dir\":\".\"}"}`, true},
+		{"string edited", `{"name":"ls","arguments":"{\"dir\":\".\"}"}`, `{"name":"ls","arguments":"{\"dir\":\"/\"}"}`, false},
+		{"string respaced", `{"name":"ls","arguments":"{\"dir\":\".\"}"}`, `{"name":"ls","arguments":"{\"dir\": \".\"}"}`, false},
+		{"object unchanged", `{"name":"ls","arguments":{"dir":"."}}`, `{"name":"ls","arguments":{"dir":"."}}`, true},
+		{"object edited", `{"name":"ls","arguments":{"dir":"."}}`, `{"name":"ls","arguments":{"dir":"/"}}`, false},
+		{"object member added", `{"name":"ls","arguments":{"dir":"."}}`, `{"name":"ls","arguments":{"dir":".","all":true}}`, false},
+		{"object respaced", `{"name":"ls","arguments":{"dir":".","all":true}}`, `{"name":"ls","arguments": { "dir" : ".", "all" : true } }`, true},
+		{"object escapes", `{"name":"ls","arguments":{"dir":"a"}}`, `{"name":"ls","arguments":{"dir":"\u0061"}}`, true},
+		// The template serializes dicts in their order (transformers'
+		// tojson does not sort keys), so a reordered object renders
+		// differently.
+		{"object reordered", `{"name":"ls","arguments":{"dir":".","all":true}}`, `{"name":"ls","arguments":{"all":true,"dir":"."}}`, false},
+		{"nested object edited", `{"name":"ls","arguments":{"opts":{"depth":1}}}`, `{"name":"ls","arguments":{"opts":{"depth":2}}}`, false},
+		{"array edited", `{"name":"ls","arguments":["a","b"]}`, `{"name":"ls","arguments":["a","c"]}`, false},
+		{"array unchanged", `{"name":"ls","arguments":["a","b"]}`, `{"name":"ls","arguments":[ "a", "b" ]}`, true},
+		{"number edited", `{"name":"ls","arguments":1}`, `{"name":"ls","arguments":2}`, false},
+		{"string {} is not object {}", `{"name":"ls","arguments":"{}"}`, `{"name":"ls","arguments":{}}`, false},
+		{"string \"1\" is not number 1", `{"name":"ls","arguments":"1"}`, `{"name":"ls","arguments":1}`, false},
+		{"string of the object is not the object", `{"name":"ls","arguments":"{\"dir\":\".\"}"}`, `{"name":"ls","arguments":{"dir":"."}}`, false},
+		{"name edited", `{"name":"ls","arguments":{}}`, `{"name":"cat","arguments":{}}`, false},
+		{"function members reordered", `{"name":"ls","arguments":{"dir":"."}}`, `{"arguments":{"dir":"."},"name":"ls"}`, true},
+		{"function member added", `{"name":"ls","arguments":{}}`, `{"name":"ls","arguments":{},"strict":true}`, false},
+		{"function null member", `{"name":"ls","arguments":{}}`, `{"name":"ls","arguments":{},"strict":null}`, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := rawKey(t, body(tc.stored), reply)
+			keys := rawLookup(t, next(tc.later))
+			if tc.hit {
+				require.NotEmpty(t, keys)
+				assert.Equal(t, key, keys[0])
+			} else {
+				assert.NotContains(t, keys, key)
+			}
+		})
+	}
+}
+
+// TestContinuationToolCallMembers: every member of a call is hashed, in
+// any order; the engine's string form echoed back hits.
+func TestContinuationToolCallMembers(t *testing.T) {
+	engine := `[{"id":"call_1","type":"function","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`
+	turn1 := `{"model":"m","messages":[{"role":"user","content":"list"}]}`
+	key := rawKey(t, turn1, &kvroute.Reply{ToolCalls: []byte(engine), FinishReason: "tool_calls"})
+	next := func(calls string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"list"},{"role":"assistant","content":null,"tool_calls":` + calls +
+			`},{"role":"tool","tool_call_id":"call_1","content":"a.go"}]}`
+	}
+	cases := []struct {
+		name  string
+		calls string
+		hit   bool
+	}{
+		{"engine form", engine, true},
+		// The OpenAI SDK's model_dump order.
+		{"SDK member order", `[{"id":"call_1","function":{"arguments":"{\"dir\":\".\"}","name":"ls"},"type":"function"}]`, true},
+		{"whitespace", `[ { "id" : "call_1", "type" : "function", "function" : { "name" : "ls", "arguments" : "{\"dir\":\".\"}" } } ]`, true},
+		{"type absent", `[{"id":"call_1","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`, true},
+		{"null member", `[{"id":"call_1","type":"function","index":null,"function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`, true},
+		{"id edited", `[{"id":"call_2","type":"function","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`, false},
+		{"type edited", `[{"id":"call_1","type":"custom","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`, false},
+		{"member added", `[{"id":"call_1","type":"function","index":0,"function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`, false},
+		{"arguments as object", `[{"id":"call_1","type":"function","function":{"name":"ls","arguments":{"dir":"."}}}]`, false},
+		{"arguments absent", `[{"id":"call_1","type":"function","function":{"name":"ls"}}]`, false},
+		{"second call", `[` + engine[1:len(engine)-1] + `,{"id":"call_2","type":"function","function":{"name":"ls","arguments":"{}"}}]`, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			keys := rawLookup(t, next(tc.calls))
+			if tc.hit {
+				require.NotEmpty(t, keys)
+				assert.Equal(t, key, keys[0])
+			} else {
+				assert.NotContains(t, keys, key)
+			}
+		})
+	}
+}
+
+// TestContinuationContentParts: one text part is the string; two or more
+// never are (vLLM's openai content format concatenates them, its string
+// format joins them with newlines).
+func TestContinuationContentParts(t *testing.T) {
+	text := func(s ...string) []any {
+		parts := []any{}
+		for _, p := range s {
+			parts = append(parts, map[string]any{"type": "text", "text": p})
+		}
+		return parts
+	}
+	keyOf := func(t *testing.T, content any) string {
+		return storedKey(t, map[string]any{"messages": msgs(map[string]any{"role": "user", "content": content})},
+			&kvroute.Reply{Content: "A", FinishReason: "stop"})
+	}
+	cases := []struct {
+		name string
+		a, b any
+		same bool
+	}{
+		{"one part is the string", "ab", text("ab"), true},
+		{"two parts are not the newline join", "a\nb", text("a", "b"), false},
+		{"two parts are not the concatenation", "ab", text("a", "b"), false},
+		{"two parts are not one", text("ab"), text("a", "b"), false},
+		{"split elsewhere", text("a", "bc"), text("ab", "c"), false},
+		{"same parts", text("a", "b"), text("a", "b"), true},
+		{"three parts are not two", text("a", "b", ""), text("a", "b"), false},
+		{"null is empty", nil, "", true},
+		{"no parts are null", []any{}, nil, true},
+		{"one empty part is empty", text(""), "", true},
+		{"image part", text("a"), []any{map[string]any{"type": "image_url", "image_url": map[string]any{"url": "x"}}}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := keyOf(t, tc.a), keyOf(t, tc.b)
+			if tc.same {
+				assert.Equal(t, a, b)
+			} else {
+				assert.NotEqual(t, a, b)
+			}
+		})
+	}
+}
+
+func completionReq(prompt string) *kvroute.Request {
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt})
+	return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
 }
 
 func TestContinuationCompletions(t *testing.T) {
-	req := func(prompt string) *kvroute.Request {
-		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt})
-		return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
-	}
 	ck := kvroute.ContinuationKeys{}
-	p1 := strings.Repeat("history ", 40)
-	ret, err := ck.Key(req(p1), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+	p1 := strings.Repeat("history ", 40) + "Q:"
+	ret, err := ck.Key(completionReq(p1), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key)
-	next := req(p1 + " answer\nUser: more")
+	require.Empty(t, ret.Refusal)
+	next := completionReq(p1 + " answer\nUser: more")
 	keys, err := ck.Lookup(next)
 	require.NoError(t, err)
 	assert.Contains(t, keys, ret.Key)
 	assert.True(t, ck.Verify(next, ret.Check))
-	assert.False(t, ck.Verify(req(p1+" answxr\nUser: more"), ret.Check), "edited reply")
-	assert.False(t, ck.Verify(req(p1+" answer"), ret.Check), "nothing new")
-	assert.False(t, ck.Verify(req("x"+p1+" answer\nUser: more"), ret.Check))
+	assert.False(t, ck.Verify(completionReq(p1+" answxr\nUser: more"), ret.Check), "edited reply")
+	assert.False(t, ck.Verify(completionReq(p1+" answer"), ret.Check), "nothing new")
+	assert.False(t, ck.Verify(completionReq("x"+p1+" answer\nUser: more"), ret.Check))
+}
+
+// TestContinuationCompletionSeams: a prompt and its reply must meet where
+// a BPE tokenizer cuts anyway, and so must the stored text and what the
+// next prompt adds.
+func TestContinuationCompletionSeams(t *testing.T) {
+	head := strings.Repeat("history ", 10)
+	keyCases := []struct {
+		name, prompt, reply string
+		clean               bool
+	}{
+		{"space starts the reply", head + "A:", " Sure.", true},
+		{"newline after a word", head + "A", "\nSure.", true},
+		{"newline after a digit", head + "A1", "\nSure.", true},
+		{"empty reply", head + "A:", "", true},
+		{"prompt ends in a space", head + "A: ", "Sure.", false},
+		{"prompt ends in a newline", head + "A:\n", "Sure.", false},
+		{"prompt ends in a space, empty reply", head + "A: ", "", false},
+		{"reply continues the word", head + "Hel", "lo there.", false},
+		{"reply continues the number", head + "12", "34 apples.", false},
+		{"word after punctuation", head + "A:", "Sure.", false},      // ":Sure" is one Llama 3 pre-token
+		{"newline after punctuation", head + "A:", "\nSure.", false}, // ":\n" is one token
+		{"punctuation after punctuation", head + "Wait.", "..", false},
+		{"reply ends in a space", head + "A:", " Sure. ", false},
+		{"reply ends in a newline", head + "A:", " Sure.\n", false},
+		{"non-ASCII letters", head + "Straße", "n sind lang.", false},
+	}
+	for _, tc := range keyCases {
+		t.Run("key/"+tc.name, func(t *testing.T) {
+			ret, err := kvroute.ContinuationKeys{}.Key(completionReq(tc.prompt), &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
+			require.NoError(t, err)
+			assert.NotEmpty(t, ret.Key, "soft refusal: the key is kept for token verification")
+			assert.NotEmpty(t, ret.Check)
+			if tc.clean {
+				assert.Empty(t, ret.Refusal)
+			} else {
+				assert.Equal(t, kvroute.RefuseTokenBoundary, ret.Refusal)
+			}
+		})
+	}
+	verifyCases := []struct {
+		name, reply, then string
+		ok                bool
+	}{
+		{"newline after a word", " the answer", "\nUser: more", true},
+		{"space after a word", " the answer", " and more", true},
+		{"space after punctuation", " the answer.", " More", true},
+		{"word continued", " the answer", "s are wrong", false},
+		{"number continued", " it is 12", "34", false},
+		{"newline after punctuation", " the answer.", "\nUser: more", false},
+		{"punctuation after a word", " the answer", ".", false},
+		{"punctuation after punctuation", " the answer.", "..", false},
+		{"word after punctuation", " the answer:", "yes", false},
+		{"tab", " the answer", "\tmore", false},
+	}
+	prompt := head + "Q:"
+	for _, tc := range verifyCases {
+		t.Run("verify/"+tc.name, func(t *testing.T) {
+			ck := kvroute.ContinuationKeys{}
+			ret, err := ck.Key(completionReq(prompt), &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
+			require.NoError(t, err)
+			require.Empty(t, ret.Refusal)
+			assert.Equal(t, tc.ok, ck.Verify(completionReq(prompt+tc.reply+tc.then), ret.Check))
+		})
+	}
 }
