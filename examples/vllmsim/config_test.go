@@ -84,3 +84,22 @@ func TestParseFlagsErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestParseFlagsTemplate(t *testing.T) {
+	o, err := parseFlags([]string{"--reasoning", "--inline-reasoning", "--reasoning-field", "both", "--template", "llama3",
+		"--chat-template-content-format", "openai"}, io.Discard)
+	require.NoError(t, err)
+	c := o.cfg
+	assert.True(t, c.Reasoning)
+	assert.True(t, c.InlineReasoning)
+	assert.Equal(t, sim.ReasoningFieldBoth, c.ReasoningField)
+	assert.Equal(t, sim.TemplateLlama3, c.Template)
+	assert.Equal(t, sim.ContentFormatOpenAI, c.ContentFormat)
+
+	d, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.False(t, d.cfg.InlineReasoning)
+	assert.Equal(t, sim.ReasoningFieldReasoning, d.cfg.ReasoningField)
+	assert.Equal(t, sim.TemplateChatML, d.cfg.Template)
+	assert.Equal(t, sim.ContentFormatString, d.cfg.ContentFormat)
+}

@@ -57,6 +57,21 @@ type Config struct {
 	SideHost            string // empty: Registry.NextAddr
 	SidePort            int
 	Reasoning           bool
+	// InlineReasoning serves Reasoning without a reasoning parser: the
+	// reply's content holds "<think>…</think>\n\n…" and no reasoning is
+	// split out.
+	InlineReasoning bool
+	// ReasoningField names the reasoning key of messages and deltas:
+	// ReasoningFieldReasoning (default, current vLLM; "" means the same),
+	// ReasoningFieldContent (older engines) or ReasoningFieldBoth.
+	ReasoningField string
+	// Template is the chat template family: TemplateChatML (default; ""
+	// means the same) or TemplateLlama3.
+	Template string
+	// ContentFormat is how text parts reach the template:
+	// ContentFormatString (default; "" means the same) or
+	// ContentFormatOpenAI.
+	ContentFormat string
 	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
 	// when false D emits no handle and P ignores D handles.
 	Bidirectional bool
@@ -84,6 +99,9 @@ func DefaultConfig() Config {
 		TPSize:              1,
 		Bidirectional:       true,
 		Render:              RenderEnabled,
+		Template:            TemplateChatML,
+		ContentFormat:       ContentFormatString,
+		ReasoningField:      ReasoningFieldReasoning,
 	}
 }
 
@@ -113,10 +131,29 @@ func (c *Config) validate() error {
 		return bad("speed %v must be >= 0", c.Speed)
 	case c.TPSize < 1:
 		return bad("tp size %d must be at least 1", c.TPSize)
+	case !oneOf(c.Template, TemplateChatML, TemplateLlama3):
+		return bad("template %q must be %q or %q", c.Template, TemplateChatML, TemplateLlama3)
+	case !oneOf(c.ContentFormat, ContentFormatString, ContentFormatOpenAI):
+		return bad("content format %q must be %q or %q", c.ContentFormat, ContentFormatString, ContentFormatOpenAI)
+	case !oneOf(c.ReasoningField, ReasoningFieldReasoning, ReasoningFieldContent, ReasoningFieldBoth):
+		return bad("reasoning field %q must be %q, %q or %q", c.ReasoningField, ReasoningFieldReasoning, ReasoningFieldContent, ReasoningFieldBoth)
 	case c.Render != "" && c.Render != RenderEnabled && c.Render != RenderDisabled && c.Render != RenderAbsent:
 		return bad("render mode %q must be %q, %q or %q", c.Render, RenderEnabled, RenderDisabled, RenderAbsent)
 	}
 	return nil
+}
+
+// oneOf reports whether v is "" or one of the allowed values.
+func oneOf(v string, allowed ...string) bool {
+	if v == "" {
+		return true
+	}
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
 }
 
 // Stats are an engine's counters. See kvroutetest.Stats for their meaning.

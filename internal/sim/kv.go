@@ -59,6 +59,12 @@ type GenParams struct {
 	Reasoning bool
 	// Sample selects among n > 1 choices; 0 is the reference sample.
 	Sample int
+	// EOS is the end-of-turn token text ("" means <|im_end|>).
+	EOS string
+	// Trailing lets the reply end, before EOS, with a whitespace token
+	// (" " or "\n"), chosen from the KV, about one reply in three: what
+	// makes a trimming template (Llama-3) matter.
+	Trailing bool
 }
 
 // Generated is a decoded reply.
@@ -89,6 +95,11 @@ func Generate(last uint64, n int, p GenParams) Generated {
 	prev := last
 	var content, reason strings.Builder
 	wordsDone, reasonDone := 0, 0
+	eos := p.EOS
+	if eos == "" {
+		eos = TokIMEnd
+	}
+	trailed := false
 	phase := 0 // 0 think open, 1 reasoning, 2 think close, 3 blank, 4 content
 	if !p.Reasoning {
 		phase = 4
@@ -134,7 +145,19 @@ func Generate(last uint64, n int, p GenParams) Generated {
 			phase = 4
 		default:
 			if wordsDone >= nWords && !p.IgnoreEOS && len(g.Tokens)+1 > p.MinTokens {
-				emit(Token{ID: specialID(TokIMEnd), Text: ""})
+				if p.Trailing && !trailed {
+					trailed = true
+					if h := splitmix(prev ^ 0x7a11); h%3 == 0 {
+						ws := " "
+						if (h>>8)&1 == 1 {
+							ws = "\n"
+						}
+						emit(Token{ID: pieceID(ws), Text: ws})
+						content.WriteString(ws)
+						continue
+					}
+				}
+				emit(Token{ID: specialID(eos), Text: ""})
 				g.Finish = "stop"
 				break
 			}

@@ -90,29 +90,17 @@ func (o *reply) rawIDs(toks []Token) json.RawMessage {
 func (o *reply) json(w http.ResponseWriter) {
 	var body any
 	if o.chat() {
-		type msg struct {
-			Role             string  `json:"role"`
-			Content          *string `json:"content"`
-			ReasoningContent *string `json:"reasoning_content"`
-			ToolCalls        []any   `json:"tool_calls"`
-		}
 		type choice struct {
-			Index        int      `json:"index"`
-			Message      msg      `json:"message"`
-			Logprobs     any      `json:"logprobs"`
-			FinishReason string   `json:"finish_reason"`
-			StopReason   any      `json:"stop_reason"`
-			TokenIDs     []uint32 `json:"token_ids"`
+			Index        int         `json:"index"`
+			Message      chatMessage `json:"message"`
+			Logprobs     any         `json:"logprobs"`
+			FinishReason string      `json:"finish_reason"`
+			StopReason   any         `json:"stop_reason"`
+			TokenIDs     []uint32    `json:"token_ids"`
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
-			c := g.Content
-			m := msg{Role: "assistant", Content: &c, ToolCalls: []any{}}
-			if o.e.cfg.Reasoning {
-				r := g.Reasoning
-				m.ReasoningContent = &r
-			}
-			choices[i] = choice{Index: i, Message: m, FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
+			choices[i] = choice{Index: i, Message: o.e.cfg.message(g), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID               string          `json:"id"`
@@ -160,6 +148,7 @@ func (o *reply) json(w http.ResponseWriter) {
 type delta struct {
 	Role             string  `json:"role,omitempty"`
 	Content          *string `json:"content,omitempty"`
+	Reasoning        *string `json:"reasoning,omitempty"`
 	ReasoningContent *string `json:"reasoning_content,omitempty"`
 }
 
@@ -230,7 +219,8 @@ func (o *reply) events() []event {
 	}
 	for i, g := range o.t.gens {
 		inThink, afterThink := false, false
-		sent, target := "", g.Content // text sent so far, and all that may be sent
+		target, _ := o.e.cfg.ChatContent(g) // all the text that may be sent
+		sent := ""                          // text sent so far
 		if !o.chat() {
 			target = RawText(g)
 		}
@@ -239,7 +229,7 @@ func (o *reply) events() []event {
 			last := j == len(g.Tokens)-1
 			text := tok.Text
 			isReason := false
-			if o.chat() && o.e.cfg.Reasoning {
+			if o.chat() && o.e.cfg.parsesReasoning() {
 				switch {
 				case tok.Text == TokThinkOpen:
 					inThink, text = true, ""
@@ -269,7 +259,7 @@ func (o *reply) events() []event {
 				d := &delta{}
 				switch {
 				case isReason:
-					d.ReasoningContent = &text
+					o.e.cfg.reasoningDelta(d, text)
 				case text != "" || last:
 					d.Content = &text
 				}

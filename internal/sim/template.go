@@ -6,37 +6,116 @@ import (
 	"strings"
 )
 
-// The chat template, ChatML-like as Qwen's:
+// Chat template families of Config.Template.
+const (
+	// TemplateChatML is the default, ChatML-like as Qwen3's.
+	TemplateChatML = "chatml"
+	// TemplateLlama3 is Llama-3-Instruct's: header tokens, <|eot_id|>,
+	// and every message's content trimmed of surrounding whitespace.
+	TemplateLlama3 = "llama3"
+)
+
+// Content formats of Config.ContentFormat (vLLM's
+// --chat-template-content-format).
+const (
+	// ContentFormatString joins a message's text parts with "\n" into one
+	// string before the template sees it (vLLM's "string").
+	ContentFormatString = "string"
+	// ContentFormatOpenAI passes the parts as a list; the template
+	// concatenates their texts with no separator (vLLM's "openai").
+	ContentFormatOpenAI = "openai"
+)
+
+// Llama-3 special tokens.
+const (
+	TokBeginOfText = "<|begin_of_text|>"
+	TokStartHeader = "<|start_header_id|>"
+	TokEndHeader   = "<|end_header_id|>"
+	TokEOT         = "<|eot_id|>"
+)
+
+// qwenEmptyThink is what Qwen3's template appends to the generation prompt
+// when enable_thinking is false.
+const qwenEmptyThink = TokThinkOpen + "\n\n" + TokThinkClose + "\n\n"
+
+func (c *Config) template() string {
+	if c.Template == "" {
+		return TemplateChatML
+	}
+	return c.Template
+}
+
+// eos is the template's end-of-turn token, the model's EOS.
+func (c *Config) eos() string {
+	if c.template() == TemplateLlama3 {
+		return TokEOT
+	}
+	return TokIMEnd
+}
+
+// renderChat renders a chat body with the configured template.
+//
+// TemplateChatML, ChatML-like as Qwen3's:
 //
 //	[<|endoftext|>]                                   when add_special_tokens is true
 //	<|im_start|>meta\n{canonical JSON}<|im_end|>\n   when any of chat_template,
-//	                                                  chat_template_kwargs, documents,
+//	                                                  chat_template_kwargs (but
+//	                                                  enable_thinking), documents,
 //	                                                  reasoning_effort is set
 //	<|im_start|>system\n{system}\n\n# Tools\n{tools JSON}<|im_end|>\n   when tools are given
 //	<|im_start|>{role}\n{content}<|im_end|>\n        per message, in order
 //	<|im_start|>assistant\n                           when add_generation_prompt (default true)
+//	<think>\n\n</think>\n\n                          after it when enable_thinking is false
 //
-// Content is a string or an array of text parts joined with "\n" (so a single
-// text part renders exactly like the string). Past assistant content loses
-// everything up to its last </think> and the newlines after it, and
-// reasoning_content is dropped, as Qwen3's template does; assistant tool_calls
-// render as "\n<tool_call>\n{name, arguments JSON}\n</tool_call>" after the
-// content. With continue_final_message the last message is left open (no
-// <|im_end|>\n) and no generation prompt is added. Every JSON value is
-// rendered canonically (sorted keys), so any change to a prompt-shaping field
-// changes the tokens.
+// enable_thinking comes from chat_template_kwargs or, when absent there,
+// from reasoning_effort ("none" disables it) as vLLM passes it. Past
+// assistant content loses everything up to its last </think> and the
+// newlines after it, and reasoning_content is dropped, as Qwen3's template
+// does (so an empty think block of a non-thinking turn is not rendered
+// again either); assistant tool_calls render as
+// "\n<tool_call>\n{name, arguments JSON}\n</tool_call>" after the content.
+//
+// TemplateLlama3, as Llama-3-Instruct's (the sim's meta and tools turns
+// added the same way):
+//
+//	<|begin_of_text|>                                 before the first message
+//	<|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>
+//	<|start_header_id|>assistant<|end_header_id|>\n\n  when add_generation_prompt
+//
+// Content is a string or an array of text parts, joined with "\n"
+// (ContentFormatString) or concatenated (ContentFormatOpenAI); either way a
+// single text part renders exactly like the string. With
+// continue_final_message the last message is left open and no generation
+// prompt is added. Every JSON value is rendered canonically (sorted keys),
+// so any change to a prompt-shaping field changes the tokens.
 func (c *Config) renderChat(b *chatBody) ([]Token, error) {
+	llama := c.template() == TemplateLlama3
+	turn := writeTurn
+	if llama {
+		turn = writeLlamaTurn
+	}
 	var sb strings.Builder
 	if b.AddSpecialTokens {
-		sb.WriteString(TokEndOfText)
+		if llama {
+			sb.WriteString(TokBeginOfText)
+		} else {
+			sb.WriteString(TokEndOfText)
+		}
+	}
+	if llama {
+		sb.WriteString(TokBeginOfText) // the template's bos_token
 	}
 	meta := map[string]json.RawMessage{}
 	if b.ChatTemplate != nil {
 		v, _ := json.Marshal(*b.ChatTemplate)
 		meta["chat_template"] = v
 	}
+	kwargs := b.ChatTemplateKwargs
+	if !llama {
+		kwargs = withoutKey(kwargs, "enable_thinking") // Qwen3 consumes it
+	}
 	for k, v := range map[string]json.RawMessage{
-		"chat_template_kwargs": b.ChatTemplateKwargs,
+		"chat_template_kwargs": kwargs,
 		"documents":            b.Documents,
 		"reasoning_effort":     b.ReasoningEffort,
 	} {
@@ -46,11 +125,11 @@ func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 	}
 	if len(meta) > 0 {
 		raw, _ := json.Marshal(meta)
-		c, err := canonical(raw)
+		s, err := canonical(raw)
 		if err != nil {
 			return nil, err
 		}
-		writeTurn(&sb, "meta", c, true)
+		turn(&sb, "meta", s, true)
 	}
 	msgs := b.Messages
 	if present(b.Tools) {
@@ -60,18 +139,18 @@ func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 		}
 		sys := ""
 		if msgs[0].Role == "system" {
-			s, err := contentText(msgs[0].Content)
+			s, err := contentText(msgs[0].Content, c.ContentFormat)
 			if err != nil {
 				return nil, err
 			}
 			sys = s + "\n\n"
 			msgs = msgs[1:]
 		}
-		writeTurn(&sb, "system", sys+"# Tools\n"+tools, true)
+		turn(&sb, "system", sys+"# Tools\n"+tools, true)
 	}
 	for i, m := range msgs {
 		last := i == len(msgs)-1
-		text, err := contentText(m.Content)
+		text, err := contentText(m.Content, c.ContentFormat)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +158,7 @@ func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 			return nil, badRequest("messages[%d].role: field required", i)
 		}
 		if m.Role == "assistant" {
-			if j := strings.LastIndex(text, TokThinkClose); j >= 0 {
+			if j := strings.LastIndex(text, TokThinkClose); j >= 0 && !llama {
 				text = strings.TrimLeft(text[j+len(TokThinkClose):], "\n")
 			}
 			calls, err := renderToolCalls(m.ToolCalls)
@@ -88,21 +167,50 @@ func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 			}
 			text += calls
 		}
-		writeTurn(&sb, m.Role, text, !(last && b.ContinueFinalMessage))
+		turn(&sb, m.Role, text, !(last && b.ContinueFinalMessage))
 	}
 	if b.AddGenerationPrompt && !b.ContinueFinalMessage {
-		sb.WriteString(TokIMStart + "assistant\n")
+		if llama {
+			sb.WriteString(TokStartHeader + "assistant" + TokEndHeader + "\n\n")
+		} else {
+			sb.WriteString(TokIMStart + "assistant\n")
+			if !c.thinking(b) {
+				sb.WriteString(qwenEmptyThink)
+			}
+		}
 	}
 	return Tokenize(sb.String()), nil
 }
 
+// withoutKey returns the JSON object raw without key (nil when nothing is
+// left); raw itself when it is not an object.
+func withoutKey(raw json.RawMessage, key string) json.RawMessage {
+	var m map[string]json.RawMessage
+	if !present(raw) || json.Unmarshal(raw, &m) != nil {
+		return raw
+	}
+	if _, ok := m[key]; !ok {
+		return raw
+	}
+	delete(m, key)
+	if len(m) == 0 {
+		return nil
+	}
+	out, _ := json.Marshal(m)
+	return out
+}
+
 func (e *Engine) renderChat(b *chatBody) ([]Token, error) { return e.cfg.renderChat(b) }
 
-// thinking reports whether the model thinks for this body: not when
+// thinking reports whether the model thinks for this body (Qwen3's
+// enable_thinking; always under TemplateLlama3): not when
 // chat_template_kwargs.enable_thinking is false, nor when reasoning_effort
 // is "none" and enable_thinking is not given (vLLM's build_chat_params sets
 // enable_thinking = reasoning_effort != "none").
 func (c *Config) thinking(b *chatBody) bool {
+	if c.template() == TemplateLlama3 {
+		return true
+	}
 	var kw map[string]json.RawMessage
 	_ = json.Unmarshal(b.ChatTemplateKwargs, &kw)
 	if v, ok := kw["enable_thinking"]; ok {
@@ -129,6 +237,18 @@ func writeTurn(sb *strings.Builder, role, content string, closed bool) {
 	}
 }
 
+// writeLlamaTurn writes one Llama-3 message; its content is trimmed as the
+// template's "| trim" does.
+func writeLlamaTurn(sb *strings.Builder, role, content string, closed bool) {
+	sb.WriteString(TokStartHeader)
+	sb.WriteString(role)
+	sb.WriteString(TokEndHeader + "\n\n")
+	sb.WriteString(strings.TrimSpace(content))
+	if closed {
+		sb.WriteString(TokEOT)
+	}
+}
+
 func present(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
@@ -149,8 +269,10 @@ func canonical(raw json.RawMessage) (string, error) {
 	return string(out), nil
 }
 
-// contentText renders message content: a string, null, or text parts.
-func contentText(raw json.RawMessage) (string, error) {
+// contentText renders message content: a string, null, or text parts
+// (joined with "\n" for ContentFormatString and "", concatenated for
+// ContentFormatOpenAI).
+func contentText(raw json.RawMessage, format string) (string, error) {
 	if !present(raw) {
 		return "", nil
 	}
@@ -171,6 +293,9 @@ func contentText(raw json.RawMessage) (string, error) {
 			return "", badRequest("content: the simulator renders only text parts, got %q", p.Type)
 		}
 		texts = append(texts, *p.Text)
+	}
+	if format == ContentFormatOpenAI {
+		return strings.Join(texts, ""), nil
 	}
 	return strings.Join(texts, "\n"), nil
 }

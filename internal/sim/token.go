@@ -26,6 +26,10 @@ var specials = []struct {
 	{TokIMEnd, 151645},
 	{TokThinkOpen, 151667},
 	{TokThinkClose, 151668},
+	{TokBeginOfText, 128000},
+	{TokStartHeader, 128006},
+	{TokEndHeader, 128007},
+	{TokEOT, 128009},
 }
 
 // specialID returns the id of a special token text.

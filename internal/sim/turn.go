@@ -60,7 +60,8 @@ func roleOf(p *Params) string {
 // GenParams returns the generation parameters an engine with configuration
 // c uses for choice sample of req.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
-	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop, Reasoning: c.Reasoning, Sample: sample}
+	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
+		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3}
 }
 
 func (e *Engine) genParams(r *Request, sample int) GenParams { return e.cfg.GenParams(r, sample) }

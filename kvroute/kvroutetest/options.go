@@ -115,9 +115,12 @@ func WithSideChannel(host string, port int) Option {
 	return optionFunc(func(c *config) { c.sim.SideHost, c.sim.SidePort, c.side = host, port, true })
 }
 
-// WithReasoning makes replies start with reasoning, returned as
-// reasoning_content, which the chat template drops from past assistant turns
-// as Qwen3's does (default false).
+// WithReasoning makes replies start with reasoning (<think>…</think>\n\n),
+// returned in the reasoning field (see WithReasoningField), which the chat
+// template drops from past assistant turns as Qwen3's does (default false).
+// A request with chat_template_kwargs {"enable_thinking": false} (or
+// reasoning_effort "none") gets Qwen3's empty think block in its generation
+// prompt and no reasoning.
 func WithReasoning(on bool) Option { return optionFunc(func(c *config) { c.sim.Reasoning = on }) }
 
 // WithLogger sets the logger (default: silent). Prompts and bodies are never
@@ -160,4 +163,35 @@ func WithRenderRoutes(on bool) Option {
 			c.sim.Render = sim.RenderEnabled
 		}
 	})
+}
+
+// WithReasoningParser(false) serves WithReasoning without a reasoning
+// parser: the reply's content holds "<think>…</think>\n\n…" and the
+// reasoning field is null; the template still strips the think block from
+// past turns (default true).
+func WithReasoningParser(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.InlineReasoning = !on })
+}
+
+// WithReasoningField names the reasoning key of chat messages and stream
+// deltas: "reasoning" (default, current vLLM), "reasoning_content" (older
+// engines) or "both".
+func WithReasoningField(name string) Option {
+	return optionFunc(func(c *config) { c.sim.ReasoningField = name })
+}
+
+// WithTemplate chooses the chat template family: "chatml" (default,
+// Qwen3-like) or "llama3" (Llama-3-Instruct: header tokens, <|eot_id|>, every
+// message's content trimmed; replies sometimes end with a whitespace token
+// before EOS, so a reply sent back verbatim re-renders shorter).
+func WithTemplate(name string) Option {
+	return optionFunc(func(c *config) { c.sim.Template = name })
+}
+
+// WithContentFormat sets vLLM's chat template content format: "string"
+// (default; text parts joined with "\n") or "openai" (parts passed as a list
+// and concatenated by the template). A single text part renders like a
+// string either way.
+func WithContentFormat(format string) Option {
+	return optionFunc(func(c *config) { c.sim.ContentFormat = format })
 }

@@ -11,7 +11,8 @@ import (
 type Answer struct {
 	// Text is the content (chat) or text (completions) of the first choice.
 	Text string
-	// Reasoning is reasoning_content (chat with WithReasoning).
+	// Reasoning is the reasoning field (chat with WithReasoning and a
+	// reasoning parser; "" when the model did not think).
 	Reasoning                      string
 	FinishReason                   string
 	PromptTokens, CompletionTokens int
@@ -25,7 +26,8 @@ type Answer struct {
 // for the request: what disaggregated serving must reproduce. path is
 // "/v1/chat/completions" or "/v1/completions"; the model comes from the
 // body (default "sim-model"). Of the options only WithModel (the default
-// model) and WithReasoning matter; the answer does not depend on block size,
+// model), WithReasoning, WithReasoningParser, WithTemplate, WithContentFormat
+// and WithDriftRate matter; the answer does not depend on block size,
 // caching or cost.
 func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 	c := defaultConfig()
@@ -45,10 +47,14 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 		toks[i] = t.ID
 	}
 	g := sim.Reference(model, toks, c.sim.GenParams(req, 0))
-	a := Answer{Text: g.Content, Reasoning: g.Reasoning, FinishReason: g.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens),
+	content, reasoning := c.sim.ChatContent(g)
+	a := Answer{Text: content, FinishReason: g.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens),
 		PromptTokenIDs: toks, TokenIDs: make([]uint32, len(g.Tokens))}
 	for i, t := range g.Tokens {
 		a.TokenIDs[i] = t.ID
+	}
+	if reasoning != nil {
+		a.Reasoning = *reasoning
 	}
 	if path == sim.PathCompletions {
 		a.Text = sim.RawText(g)

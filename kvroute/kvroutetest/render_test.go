@@ -86,3 +86,56 @@ func TestReferenceTokenIDs(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rb, &gr))
 	assert.Equal(t, ref.PromptTokenIDs, gr.TokenIDs)
 }
+
+// The template and reasoning options reach the engine and Reference alike.
+func TestTemplateOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		opts  []kvroutetest.Option
+		check func(t *testing.T, msg map[string]json.RawMessage, ref kvroutetest.Answer)
+	}{
+		{"reasoning field default", []kvroutetest.Option{kvroutetest.WithReasoning(true)}, func(t *testing.T, m map[string]json.RawMessage, ref kvroutetest.Answer) {
+			assert.Contains(t, m, "reasoning")
+			assert.NotContains(t, m, "reasoning_content")
+			assert.NotEmpty(t, ref.Reasoning)
+		}},
+		{"reasoning_content", []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithReasoningField("reasoning_content")}, func(t *testing.T, m map[string]json.RawMessage, _ kvroutetest.Answer) {
+			assert.Contains(t, m, "reasoning_content")
+			assert.NotContains(t, m, "reasoning")
+		}},
+		{"no parser", []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithReasoningParser(false)}, func(t *testing.T, m map[string]json.RawMessage, ref kvroutetest.Answer) {
+			assert.Equal(t, "null", string(m["reasoning"]))
+			assert.Contains(t, ref.Text, "<think>")
+			assert.Empty(t, ref.Reasoning)
+		}},
+		{"llama3", []kvroutetest.Option{kvroutetest.WithTemplate("llama3")}, func(t *testing.T, _ map[string]json.RawMessage, ref kvroutetest.Answer) {
+			assert.Equal(t, uint32(128000), ref.PromptTokenIDs[0], "<|begin_of_text|>")
+		}},
+		{"openai content format", []kvroutetest.Option{kvroutetest.WithContentFormat("openai")}, func(t *testing.T, _ map[string]json.RawMessage, ref kvroutetest.Answer) {
+			assert.NotEmpty(t, ref.Text)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := kvroutetest.NewEngine(t, tt.opts...)
+			b := body(t, nil, 0)
+			ref, err := kvroutetest.Reference(chatPath, b, tt.opts...)
+			require.NoError(t, err)
+			status, out := postPath(t, e.URL(), chatPath, b)
+			require.Equal(t, http.StatusOK, status, string(out))
+			var v struct {
+				Choices []struct {
+					Message map[string]json.RawMessage `json:"message"`
+				} `json:"choices"`
+			}
+			require.NoError(t, json.Unmarshal(out, &v))
+			m := v.Choices[0].Message
+			var content string
+			require.NoError(t, json.Unmarshal(m["content"], &content))
+			assert.Equal(t, ref.Text, content)
+			tt.check(t, m, ref)
+		})
+	}
+	_, err := kvroutetest.StartEngine(kvroutetest.WithTemplate("nope"))
+	assert.ErrorIs(t, err, kvroutetest.ErrInvalidConfig)
+}
