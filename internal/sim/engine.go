@@ -65,6 +65,10 @@ type Config struct {
 	// ReasoningFieldReasoning (default, current vLLM; "" means the same),
 	// ReasoningFieldContent (older engines) or ReasoningFieldBoth.
 	ReasoningField string
+	// DriftRate is the probability per reply (0 to 1, decided from the KV,
+	// so Reference reproduces it) that one content word is emitted as two
+	// tokens whose text re-tokenizes to one (BPE drift).
+	DriftRate float64
 	// Template is the chat template family: TemplateChatML (default; ""
 	// means the same) or TemplateLlama3.
 	Template string
@@ -129,6 +133,8 @@ func (c *Config) validate() error {
 		return bad("kv_load_failure_policy %q must be %q or %q", c.KVLoadFailurePolicy, PolicyFail, PolicyRecompute)
 	case c.Speed < 0:
 		return bad("speed %v must be >= 0", c.Speed)
+	case c.DriftRate < 0 || c.DriftRate > 1:
+		return bad("drift rate %v must be between 0 and 1", c.DriftRate)
 	case c.TPSize < 1:
 		return bad("tp size %d must be at least 1", c.TPSize)
 	case !oneOf(c.Template, TemplateChatML, TemplateLlama3):

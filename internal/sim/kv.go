@@ -61,6 +61,11 @@ type GenParams struct {
 	Sample int
 	// EOS is the end-of-turn token text ("" means <|im_end|>).
 	EOS string
+	// DriftRate is the probability (0 to 1, decided from the KV) that the
+	// reply emits one content word as two tokens (" amber" as " am" +
+	// "ber"): a non-canonical split whose text re-tokenizes to one token,
+	// as BPE sampling can produce.
+	DriftRate float64
 	// Trailing lets the reply end, before EOS, with a whitespace token
 	// (" " or "\n"), chosen from the KV, about one reply in three: what
 	// makes a trimming template (Llama-3) matter.
@@ -100,7 +105,12 @@ func Generate(last uint64, n int, p GenParams) Generated {
 		eos = TokIMEnd
 	}
 	trailed := false
-	phase := 0 // 0 think open, 1 reasoning, 2 think close, 3 blank, 4 content
+	driftAt := -1 // the content word emitted as two tokens
+	if p.DriftRate > 0 && float64(splitmix(plan^0xd21f7)%1_000_000) < p.DriftRate*1_000_000 {
+		driftAt = int((plan >> 16) % uint64(nWords))
+	}
+	var pending *Token // the second half of a split word
+	phase := 0         // 0 think open, 1 reasoning, 2 think close, 3 blank, 4 content
 	if !p.Reasoning {
 		phase = 4
 	}
@@ -144,6 +154,17 @@ func Generate(last uint64, n int, p GenParams) Generated {
 			emit(Token{ID: pieceID("\n\n"), Text: "\n\n"})
 			phase = 4
 		default:
+			if pending != nil {
+				t := *pending
+				pending = nil
+				emit(t)
+				content.WriteString(t.Text)
+				if s, cut, ok := findStop(content.String(), p.Stop); ok {
+					g.Content, g.Reasoning, g.Finish, g.StopString = cut, reason.String(), "stop", s
+					return g
+				}
+				continue
+			}
 			if wordsDone >= nWords && !p.IgnoreEOS && len(g.Tokens)+1 > p.MinTokens {
 				if p.Trailing && !trailed {
 					trailed = true
@@ -162,6 +183,15 @@ func Generate(last uint64, n int, p GenParams) Generated {
 				break
 			}
 			t := word(wordsDone == 0)
+			if wordsDone == driftAt {
+				k := len(t.Text) / 2
+				if t.Text[0] == ' ' {
+					k = 1 + (len(t.Text)-1)/2
+				}
+				second := Token{ID: pieceID(t.Text[k:]), Text: t.Text[k:]}
+				t = Token{ID: pieceID(t.Text[:k]), Text: t.Text[:k]}
+				pending = &second
+			}
 			emit(t)
 			content.WriteString(t.Text)
 			wordsDone++

@@ -61,7 +61,8 @@ func roleOf(p *Params) string {
 // c uses for choice sample of req.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
 	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
-		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3}
+		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3,
+		DriftRate: c.DriftRate}
 }
 
 func (e *Engine) genParams(r *Request, sample int) GenParams { return e.cfg.GenParams(r, sample) }

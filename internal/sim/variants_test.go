@@ -272,3 +272,12 @@ func TestVariantConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+func mustParse(t *testing.T, cfg sim.Config, body any) *sim.Request {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := cfg.ParseRequest(sim.PathChat, raw)
+	require.NoError(t, err)
+	return req
+}

@@ -195,3 +195,10 @@ func WithTemplate(name string) Option {
 func WithContentFormat(format string) Option {
 	return optionFunc(func(c *config) { c.sim.ContentFormat = format })
 }
+
+// WithDriftRate sets the probability per reply (0 to 1; default 0) that the
+// sampler emits one content word as two tokens (" amber" as " am" + "ber")
+// whose text re-tokenizes to one token, as BPE sampling can. It is decided
+// from the KV, so Reference reproduces it; the next turn's prompt, holding
+// the reply's text, then tokenizes differently from D's blocks.
+func WithDriftRate(p float64) Option { return optionFunc(func(c *config) { c.sim.DriftRate = p }) }

@@ -139,3 +139,41 @@ func TestTemplateOptions(t *testing.T) {
 	_, err := kvroutetest.StartEngine(kvroutetest.WithTemplate("nope"))
 	assert.ErrorIs(t, err, kvroutetest.ErrInvalidConfig)
 }
+
+// With WithDriftRate(1) the reply's ids are not what its text tokenizes to
+// (Reference agrees with the engine), which /tokenize shows.
+func TestDriftOption(t *testing.T) {
+	e := kvroutetest.NewEngine(t, kvroutetest.WithDriftRate(1))
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(body(t, nil, 0), &m))
+	m["return_token_ids"] = true
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	ref, err := kvroutetest.Reference(chatPath, b, kvroutetest.WithDriftRate(1))
+	require.NoError(t, err)
+	status, out := postPath(t, e.URL(), chatPath, b)
+	require.Equal(t, http.StatusOK, status)
+	var got struct {
+		Choices []struct {
+			Message  struct{ Content string } `json:"message"`
+			TokenIDs []uint32                 `json:"token_ids"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(out, &got))
+	assert.Equal(t, ref.TokenIDs, got.Choices[0].TokenIDs)
+	assert.Equal(t, ref.Text, got.Choices[0].Message.Content)
+
+	tb, err := json.Marshal(map[string]any{"prompt": ref.Text})
+	require.NoError(t, err)
+	status, tok := postPath(t, e.URL(), "/tokenize", tb)
+	require.Equal(t, http.StatusOK, status)
+	var tr struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	require.NoError(t, json.Unmarshal(tok, &tr))
+	gen := ref.TokenIDs[:len(ref.TokenIDs)-1] // without EOS
+	assert.Len(t, tr.Tokens, len(gen)-1, "the split word re-tokenizes to one token")
+	plain, err := kvroutetest.Reference(chatPath, b)
+	require.NoError(t, err)
+	assert.NotEqual(t, plain.TokenIDs, ref.TokenIDs)
+}
