@@ -160,16 +160,19 @@ var ignoredMessageFields = map[string]bool{
 	"refusal": true, "annotations": true, "audio": true, "function_call": true,
 }
 
-// Lookup implements Identifier.
+// Lookup implements Identifier: the conversation's anchor (see anchor.go),
+// one key. It also hashes the conversation once, keeping the digest of
+// every prefix that ends with an assistant message (except the last
+// message) for Verify and the whole chain for Key.
 func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 	if !req.Chat() {
 		return c.completionLookup(req)
 	}
-	var keys []string
+	var bounds [][32]byte
 	last := ""
 	cur, err := chainConversation(req, func(cur [32]byte, role string) {
 		if role == "assistant" {
-			keys = append(keys, digestKey("c", cur))
+			bounds = append(bounds, cur)
 		}
 		last = role
 	})
@@ -179,11 +182,15 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 	req.chain, req.chained = cur, true // Key extends it with the reply
 	// A request whose last message is the stored reply itself sends
 	// nothing new: it is no continuation.
-	if last == "assistant" && len(keys) > 0 {
-		keys = keys[:len(keys)-1]
+	if last == "assistant" && len(bounds) > 0 {
+		bounds = bounds[:len(bounds)-1]
 	}
-	slices.Reverse(keys)
-	return keys, nil
+	req.bounds = bounds
+	anchor, err := chatAnchor(req)
+	if err != nil {
+		return nil, err
+	}
+	return []string{anchor}, nil
 }
 
 // Key implements Identifier.
@@ -207,7 +214,11 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	writeMessage(h, "assistant", contentText(reply.Content), "", "", reply.ToolCalls, nil)
 	var next [32]byte
 	h.Sum(next[:0])
-	return Retention{Key: digestKey("c", next), Refusal: reason}, nil
+	anchor, err := chatAnchor(req)
+	if err != nil {
+		return Retention{}, err
+	}
+	return Retention{Key: anchor, Check: next[:], Refusal: reason}, nil
 }
 
 // Verify implements Identifier: chat keys need no check; a completions
@@ -217,8 +228,21 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 // space, or with a newline after a letter or digit). The boundary rule is
 // a heuristic (see ContinuationKeys); token verification is exact.
 func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
-	if req.Chat() || len(check) == 0 {
-		return len(check) == 0
+	if req.Chat() {
+		if len(check) != sha256.Size {
+			return false
+		}
+		if !req.chained {
+			if _, err := c.Lookup(req); err != nil {
+				return false
+			}
+		}
+		for _, b := range req.bounds {
+			if bytes.Equal(b[:], check) {
+				return true
+			}
+		}
+		return false
 	}
 	prompt, ok := promptString(req)
 	if !ok {
@@ -271,30 +295,32 @@ func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason string, so
 	if max <= 0 {
 		max = DefaultMaxReplyBytes
 	}
-	switch {
-	case reply.Reasoning != "":
-		return RefuseReasoning, false
-	case reply.Incomplete:
-		return RefuseIncomplete, false
-	case len(reply.Content)+len(reply.ToolCalls) > max:
-		return RefuseTooLarge, false
-	}
 	if v, ok := req.Field("n"); ok && !jsonraw.IsNull(v) {
 		if n, ok := lenientInt(v); !ok || n != 1 {
 			return RefuseN, false
 		}
 	}
+	// Every other refusal is soft: the engine's token ids still say exactly
+	// what its blocks hold.
+	switch {
+	case reply.Reasoning != "":
+		return RefuseReasoning, true
+	case reply.Incomplete:
+		return RefuseIncomplete, true
+	case len(reply.Content)+len(reply.ToolCalls) > max:
+		return RefuseTooLarge, true
+	}
 	if v, ok := req.Field("truncate_prompt_tokens"); ok && !jsonraw.IsNull(v) {
-		return RefuseTruncate, false
+		return RefuseTruncate, true
 	}
 	if flagTrue(req, "continue_final_message") {
-		return RefuseContinueFinal, false
+		return RefuseContinueFinal, true
 	}
 	if flagTrue(req, "echo") {
-		return RefuseEcho, false
+		return RefuseEcho, true
 	}
 	if reply.FinishReason == "stop" && hasStopStrings(req) && !stopStringKept(req) && !stopByToken(reply.StopReason) {
-		return RefuseStopString, false
+		return RefuseStopString, true
 	}
 	// Soft refusals: the turn is keyed as usual, for token verification
 	// only.
@@ -390,25 +416,12 @@ func stopByToken(stopReason []byte) bool {
 	return isInt
 }
 
-// Completions: the anchor is the hint, else the prompt's leading bytes.
-const maxAnchor = 1024
-
 func (c ContinuationKeys) completionLookup(req *Request) ([]string, error) {
-	prompt, ok := promptString(req)
+	text, ok := anchorText(req)
 	if !ok {
 		return nil, nil
 	}
-	base := shapingDigest(req, "completion", completionShaping)
-	if hint := ConversationHint(req); hint != "" {
-		return []string{anchorKey(base, "hint", hint)}, nil
-	}
-	var keys []string
-	for a := maxAnchor; a >= minAnchor; a /= 2 {
-		if a < len(prompt) {
-			keys = append(keys, anchorKey(base, "prefix", prompt[:a]))
-		}
-	}
-	return keys, nil
+	return completionAnchors(req, text), nil
 }
 
 const minAnchor = 16
@@ -416,6 +429,11 @@ const minAnchor = 16
 func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, error) {
 	prompt, ok := promptString(req)
 	if !ok {
+		// A prompt of token ids: keyed for token verification only.
+		text, ok := anchorText(req)
+		if key := completionAnchor(req, text); ok && key != "" {
+			return Retention{Key: key, Refusal: RefuseUnkeyable}, nil
+		}
 		return Retention{Refusal: RefuseUnkeyable}, nil
 	}
 	// D tokenized the prompt alone: it must end where the next prompt's
@@ -430,19 +448,9 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, 
 	if endsInSpace(text) {
 		refusal = RefuseTokenBoundary
 	}
-	base := shapingDigest(req, "completion", completionShaping)
-	var key string
-	if hint := ConversationHint(req); hint != "" {
-		key = anchorKey(base, "hint", hint)
-	} else {
-		a := maxAnchor
-		for a > len(text) {
-			a /= 2
-		}
-		if a < minAnchor {
-			return Retention{Refusal: RefuseUnkeyable}, nil
-		}
-		key = anchorKey(base, "prefix", text[:a])
+	key := completionAnchor(req, text)
+	if key == "" {
+		return Retention{Refusal: RefuseUnkeyable}, nil
 	}
 	sum := sha256.Sum256([]byte(text))
 	check := binary.AppendUvarint(nil, uint64(len(text)))
@@ -459,15 +467,6 @@ func promptString(req *Request) (string, bool) {
 		return "", false
 	}
 	return jsonraw.String(v)
-}
-
-func anchorKey(base [32]byte, kind, s string) string {
-	h := sha256.New()
-	h.Write(base[:])
-	writeField(h, kind, []byte(s))
-	var sum [32]byte
-	h.Sum(sum[:0])
-	return digestKey("p", sum)
 }
 
 func digestKey(prefix string, sum [32]byte) string {

@@ -31,6 +31,9 @@ type Request struct {
 	// from Lookup so that Key hashes only the reply.
 	chain   [32]byte
 	chained bool
+	// bounds are the digests of every prefix of the messages that ends
+	// with an assistant message, but the last message.
+	bounds [][32]byte
 }
 
 // Field returns the raw JSON of a top-level member of the request body, as

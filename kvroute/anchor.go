@@ -1,0 +1,147 @@
+package kvroute
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
+)
+
+// Conversation anchors. ContinuationKeys retains a conversation's live
+// handle under one key that the conversation's later requests can name even
+// after an edit, a compaction or a template that rewrites history, so that
+// token verification can reuse the unedited prefix: the anchor. It digests
+// the tenant, the model, cache_salt and either the client's conversation
+// hint (ConversationHint) or the conversation's start (chat: the messages up
+// to and including the first one that is not a system or developer message;
+// completions: a leading power-of-two slice of the prompt). Nothing in an
+// anchor is trusted: what the handle holds is verified before it is used.
+//
+// One Take finds a chat conversation's handle, so a miss costs one store
+// round trip.
+
+// anchorBase hashes what every anchor of the request shares.
+func anchorBase(req *Request, kind string) hash.Hash {
+	h := sha256.New()
+	writeField(h, "anchor.v1", []byte(kind))
+	writeField(h, "tenant", []byte(req.Tenant()))
+	for _, f := range [...]string{"model", "cache_salt"} {
+		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
+			writeField(h, f, v)
+		}
+	}
+	return h
+}
+
+// chatAnchor returns the anchor key of a chat request.
+func chatAnchor(req *Request) (string, error) {
+	h := anchorBase(req, "chat")
+	if hint := ConversationHint(req); hint != "" {
+		writeField(h, "hint", []byte(hint))
+		return digestKey("a", sum256(h)), nil
+	}
+	msgs, _ := req.Field("messages")
+	var cur [32]byte
+	err := jsonraw.Elements(msgs, func(m []byte) error {
+		var role string
+		var err error
+		if cur, role, err = chainMessage(cur, m); err != nil {
+			return err
+		}
+		if role != "system" && role != "developer" {
+			return errStop
+		}
+		return nil
+	})
+	if err != nil && err != errStop {
+		return "", err
+	}
+	writeField(h, "start", cur[:])
+	return digestKey("a", sum256(h)), nil
+}
+
+// completionAnchors returns the anchor keys under which a completions
+// request may find its conversation's handle, most specific first: the
+// hint's, or those of the prompt's leading 2^k bytes for the largest
+// maxAnchorTries values of k with 2^k <= len(prompt). A handle is retained
+// under the largest 2^k <= len(prompt + reply), so it is found while the
+// prompt has grown by less than 2^maxAnchorTries times since.
+func completionAnchors(req *Request, prompt string) []string {
+	h := anchorBase(req, "completion")
+	if hint := ConversationHint(req); hint != "" {
+		writeField(h, "hint", []byte(hint))
+		return []string{digestKey("a", sum256(h))}
+	}
+	base := sum256(h)
+	var keys []string
+	for a := pow2Floor(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a /= 2 {
+		keys = append(keys, prefixAnchor(base, prompt[:a]))
+	}
+	return keys
+}
+
+// completionAnchor returns the anchor key a completions turn whose prompt
+// plus reply is text is retained under ("" when text is too short).
+func completionAnchor(req *Request, text string) string {
+	h := anchorBase(req, "completion")
+	if hint := ConversationHint(req); hint != "" {
+		writeField(h, "hint", []byte(hint))
+		return digestKey("a", sum256(h))
+	}
+	a := pow2Floor(len(text))
+	if a < minAnchor {
+		return ""
+	}
+	return prefixAnchor(sum256(h), text[:a])
+}
+
+const maxAnchorTries = 4
+
+func prefixAnchor(base [32]byte, s string) string {
+	h := sha256.New()
+	h.Write(base[:])
+	writeField(h, "prefix", []byte(s))
+	return digestKey("a", sum256(h))
+}
+
+func pow2Floor(n int) int {
+	a := 1
+	for a*2 <= n {
+		a *= 2
+	}
+	if n < 1 {
+		return 0
+	}
+	return a
+}
+
+// sum256 returns h's SHA-256 sum.
+func sum256(h hash.Hash) [32]byte {
+	var s [32]byte
+	h.Sum(s[:0])
+	return s
+}
+
+// anchorText returns what a completions prompt is anchored on: the prompt
+// string, or for a prompt of token ids their little-endian bytes (four per
+// id), so that the anchor does not depend on the client's JSON spacing.
+func anchorText(req *Request) (string, bool) {
+	if s, ok := promptString(req); ok {
+		return s, true
+	}
+	p, ok := req.Field("prompt")
+	if !ok {
+		return "", false
+	}
+	ids, ok := sse.AppendTokenIDs(nil, p)
+	if !ok || len(ids) == 0 {
+		return "", false
+	}
+	b := make([]byte, 0, 4*len(ids))
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint32(b, id)
+	}
+	return string(b), true
+}

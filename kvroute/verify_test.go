@@ -1,0 +1,216 @@
+package kvroute_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// recorder keeps every TurnRecord.
+type recorder struct {
+	mu   sync.Mutex
+	recs []kvroute.TurnRecord
+}
+
+func (r *recorder) ObserveTurn(rec *kvroute.TurnRecord) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, *rec)
+}
+
+func (r *recorder) last() kvroute.TurnRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recs[len(r.recs)-1]
+}
+
+// runTurns runs a conversation of n turns and checks every answer against
+// the single-engine reference; it returns the turn records.
+func runTurns(t *testing.T, url string, rec *recorder, conv *conversation, n int, ref []kvroutetest.Option, mutate func(turn int, c *conversation)) []kvroute.TurnRecord {
+	t.Helper()
+	var out []kvroute.TurnRecord
+	for i := 0; i < n; i++ {
+		if mutate != nil && i > 0 {
+			mutate(i, conv)
+		}
+		conv.say(userText(i))
+		body := conv.body()
+		res := post(t, url, conv.path, body, conv.header)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		assert.NotContains(t, string(res.raw), "token_ids", "token ids the client did not ask for")
+		want, err := kvroutetest.Reference(conv.path, body, ref...)
+		require.NoError(t, err)
+		assert.Equal(t, want.Text, res.text, "turn %d differs from the single-engine answer", i)
+		out = append(out, rec.last())
+		conv.hear(res.text)
+	}
+	return out
+}
+
+func TestTokenVerificationHonestContinuation(t *testing.T) {
+	for _, path := range []string{kvroute.PathChatCompletions, kvroute.PathCompletions} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
+				c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+				rec := &recorder{}
+				r := newRouter(t, c, kvroute.WithObserver(rec))
+				url := serve(t, r)
+				conv := &conversation{path: path, stream: stream, maxTok: 24}
+				if path == kvroute.PathChatCompletions {
+					conv.messages = []message{{Role: "system", Content: systemPrompt}}
+				} else {
+					conv.prompt = systemPrompt
+				}
+				recs := runTurns(t, url, rec, conv, 6, nil, nil)
+				assert.Equal(t, kvroute.ReuseMiss, recs[0].Reuse)
+				for i, tr := range recs[1:] {
+					require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", i+1, tr.MissReason)
+					assert.Equal(t, kvroute.VerifyTokens, tr.Verification)
+					if path == kvroute.PathChatCompletions {
+						assert.False(t, tr.Partial, "an honest chat continuation reuses the whole handle")
+						assert.Equal(t, tr.HandleTokens, tr.ReusableTokens)
+					}
+					assert.Positive(t, tr.VerifiedTokens)
+					assert.Equal(t, kvroute.TokensFromRender, tr.TokenSource)
+				}
+				for _, e := range append(c.Prefill, c.Decode...) {
+					assert.Zero(t, e.Stats().WrongOutputs)
+					assert.Zero(t, e.Stats().FreedReads)
+				}
+			})
+		}
+	}
+}
+
+// Reasoning the template strips from past turns: the verified prefix is the
+// previous prompt and more, and the answers stay right.
+func TestTokenVerificationReasoning(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			opts := []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithStreamHandles(true)}
+			c := kvroutetest.NewCluster(t, 1, 1, opts...)
+			rec := &recorder{}
+			r := newRouter(t, c, kvroute.WithObserver(rec))
+			url := serve(t, r)
+			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 64,
+				messages: []message{{Role: "system", Content: systemPrompt}}}
+			recs := runTurns(t, url, rec, conv, 6, opts, nil)
+			for i, tr := range recs[1:] {
+				require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", i+1, tr.MissReason)
+				assert.True(t, tr.Partial, "reasoning stripped from history: a prefix")
+				prev := recs[i].PromptTokens
+				if prev > 0 {
+					assert.GreaterOrEqual(t, float64(tr.ReusableTokens), 0.9*float64(prev), "turn %d reuses %d of the previous prompt's %d", i+1, tr.ReusableTokens, prev)
+				}
+			}
+			for _, e := range append(c.Prefill, c.Decode...) {
+				assert.Zero(t, e.Stats().WrongOutputs)
+				assert.Zero(t, e.Stats().FreedReads)
+			}
+		})
+	}
+}
+
+// An edit in the middle of the history: the unedited prefix is reused.
+func TestTokenVerificationEditedHistory(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	rec := &recorder{}
+	r := newRouter(t, c, kvroute.WithObserver(rec))
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 24,
+		messages: []message{{Role: "system", Content: systemPrompt}}}
+	recs := runTurns(t, url, rec, conv, 6, nil, func(turn int, c *conversation) {
+		if turn == 4 {
+			c.messages[3].Content += " (edited)"
+		}
+	})
+	tr := recs[4]
+	require.Equal(t, kvroute.ReuseHit, tr.Reuse, tr.MissReason)
+	assert.True(t, tr.Partial)
+	assert.Less(t, tr.ReusableTokens, tr.HandleTokens)
+	assert.Equal(t, kvroute.ReuseHit, recs[5].Reuse)
+	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
+	assert.Zero(t, c.Prefill[0].Stats().WrongOutputs)
+}
+
+// Engines without any render endpoint: content verification stands in,
+// once logged and counted; with neither render nor a usable /tokenize and a
+// handle retained only for tokens, the turn is a plain prefill.
+func TestTokenVerificationFallbacks(t *testing.T) {
+	t.Run("tokenize", func(t *testing.T) {
+		c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithRenderRoutes(false))
+		rec := &recorder{}
+		r := newRouter(t, c, kvroute.WithObserver(rec))
+		url := serve(t, r)
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 24, messages: []message{{Role: "system", Content: systemPrompt}}}
+		recs := runTurns(t, url, rec, conv, 3, nil, nil)
+		assert.Equal(t, kvroute.ReuseHit, recs[2].Reuse, recs[2].MissReason)
+		assert.Equal(t, kvroute.TokensFromTokenize, recs[2].TokenSource)
+	})
+	t.Run("content", func(t *testing.T) {
+		c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithRenderRoutes(false))
+		rec := &recorder{}
+		r := newRouter(t, c, kvroute.WithObserver(rec))
+		url := serve(t, r)
+		// documents: /tokenize ignores them, so it cannot verify.
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 24, messages: []message{{Role: "system", Content: systemPrompt}},
+			extra: map[string]any{"documents": []map[string]string{{"title": "a", "text": "b"}}}}
+		recs := runTurns(t, url, rec, conv, 3, nil, nil)
+		assert.Equal(t, kvroute.ReuseHit, recs[2].Reuse, recs[2].MissReason)
+		assert.Equal(t, kvroute.VerifyContent, recs[2].Verification)
+		assert.Positive(t, r.Stats().TokenFallbacks)
+	})
+	t.Run("reasoning without a renderer", func(t *testing.T) {
+		opts := []kvroutetest.Option{kvroutetest.WithRenderer(false), kvroutetest.WithReasoning(true)}
+		c := kvroutetest.NewCluster(t, 1, 1, opts...)
+		rec := &recorder{}
+		r := newRouter(t, c, kvroute.WithObserver(rec))
+		url := serve(t, r)
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}},
+			extra: map[string]any{"documents": []map[string]string{{"title": "a", "text": "b"}}}}
+		recs := runTurns(t, url, rec, conv, 3, opts, nil)
+		for _, tr := range recs[1:] {
+			assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)
+			assert.Equal(t, kvroute.MissUnverified, tr.MissReason)
+		}
+		assert.Positive(t, r.Stats().PutBacks, "an unverifiable handle is put back, not destroyed")
+	})
+}
+
+// The client's own return_token_ids is honoured: the ids reach it.
+func TestTokenIDsAskedByClient(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	r := newRouter(t, c)
+	url := serve(t, r)
+	body := []byte(`{"model":"sim-model","max_tokens":8,"return_token_ids":true,"messages":[{"role":"user","content":"hello there"}]}`)
+	res := post(t, url, kvroute.PathChatCompletions, body, nil)
+	require.Equal(t, http.StatusOK, res.status)
+	assert.True(t, strings.Contains(string(res.raw), `"prompt_token_ids"`) && strings.Contains(string(res.raw), `"token_ids"`), "%s", res.raw)
+}
+
+// A router block size that does not fit the engines' refuses partial reads
+// instead of reading the wrong blocks.
+func TestBlockSizeMismatchRefusesPartialReads(t *testing.T) {
+	opts := []kvroutetest.Option{kvroutetest.WithReasoning(true)}
+	c := kvroutetest.NewCluster(t, 1, 1, opts...)
+	rec := &recorder{}
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithBlockSize(32))
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
+	recs := runTurns(t, url, rec, conv, 4, opts, nil)
+	for _, tr := range recs[1:] {
+		assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)
+		assert.Equal(t, kvroute.MissPartialRefused, tr.MissReason)
+	}
+	assert.Positive(t, r.Stats().PartialRefused)
+	assert.Zero(t, c.Prefill[0].Stats().WrongOutputs)
+	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
+}
