@@ -174,6 +174,10 @@ type Stats struct {
 	LoadFailures, DeclinedReads, Recomputed                  int
 	LeaseExpiries, TTLExpiries                               int
 	Errors, Restarts                                         int
+	// PoisonedHits counts prefix-cache hits whose cached KV differs from
+	// the correct KV for their tokens (a bad positional read cached under
+	// this engine's token hashes).
+	PoisonedHits int
 	// RenderRequests counts calls to the render endpoints, TokenizeRequests
 	// calls to /tokenize (neither counts in Requests).
 	RenderRequests, TokenizeRequests int
@@ -200,6 +204,7 @@ type Record struct {
 	Finish           string
 	Aborted          bool
 	Wrong            bool
+	Poisoned         bool
 	Handle           json.RawMessage
 	Error            string
 }

@@ -319,3 +319,43 @@ func TestAbortFreesDecodeBlocks(t *testing.T) {
 	assert.Nil(t, rec.Handle)
 	assert.Zero(t, p.Stats().BlocksPinned, "P's handle was consumed before the abort")
 }
+
+// A bad positional read poisons P's prefix cache: the pulled blocks are
+// cached under P's token hashes, so a later request sharing the prefix hits
+// wrong KV (counted as a poisoned hit) and answers wrong.
+func TestPoisonedPrefixHit(t *testing.T) {
+	reg := sim.NewRegistry()
+	// prefix caching on; threshold 0 so that P pulls however little it lacks
+	p := start(t, reg, nil, func(c *sim.Config) { c.RecomputeThreshold = 0 })
+	d := start(t, reg, nil, nil)
+	first := chat(msg{"user", words("poison", 100)})
+	rd := turnOne(t, p, d, first)
+	assert.Zero(t, p.Stats().PoisonedHits)
+
+	// A correct reuse: the right history, P's hit is clean.
+	good := chat(msg{"user", words("poison", 100)}, msg{"assistant", rd.Text}, msg{"user", "fine"})
+	r := post(t, p.url, sim.PathChat, good)
+	require.Equal(t, http.StatusOK, r.Status)
+	assert.Positive(t, lastRecord(p).CachedTokens)
+	assert.False(t, lastRecord(p).Poisoned)
+
+	// The bad read: edited history, P pulls D's blocks by position.
+	second := chat(msg{"user", words("poison", 100)}, msg{"assistant", "edited" + rd.Text[strings.Index(rd.Text, " "):]}, msg{"user", words("then", 40)})
+	rp := post(t, p.url, sim.PathChat, with(second, "max_tokens", 1, "kv_transfer_params", asP(t, rd.KV)))
+	require.Equal(t, http.StatusOK, rp.Status)
+	require.Equal(t, sim.PullRead, lastRecord(p).Pull)
+	assert.Zero(t, p.Stats().PoisonedHits, "the read itself is no hit")
+	// Release P's held blocks to the cache (D reads them).
+	rd2 := post(t, d.url, sim.PathChat, with(second, "kv_transfer_params", rp.KV))
+	require.Equal(t, http.StatusOK, rd2.Status)
+
+	// A plain request sharing the prefix now hits the poisoned blocks.
+	plain := post(t, p.url, sim.PathChat, with(second, "max_tokens", 5))
+	require.Equal(t, http.StatusOK, plain.Status)
+	rec := lastRecord(p)
+	assert.Positive(t, rec.CachedTokens)
+	assert.True(t, rec.Poisoned)
+	assert.True(t, rec.Wrong, "the answer is wrong")
+	assert.Equal(t, 1, p.Stats().PoisonedHits)
+	assert.NotEqual(t, reference(t, sim.PathChat, with(second, "max_tokens", 5)).Content, plain.Text)
+}

@@ -78,6 +78,10 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	t.pool = e.pool
 	t.seq = &seq{pool: t.pool, blocks: t.pool.match(t.toks)}
 	t.hit = len(t.seq.blocks) * bs
+	if t.hit > 0 && e.poisoned(t) {
+		t.rec.Poisoned = true
+		e.stats.PoisonedHits++
+	}
 	err := t.seq.grow(n)
 	e.mu.Unlock()
 	if err != nil {
@@ -169,6 +173,19 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 		}
 	}
 	return nil
+}
+
+// poisoned reports whether the prefix-cache hit of t holds KV other than
+// the correct chain for its tokens (a bad read cached under this engine's
+// token hashes); e.mu held.
+func (e *Engine) poisoned(t *turn) bool {
+	want := chain(Seed(e.cfg.Model), t.toks[:t.hit], 0)
+	for pos, kv := range want {
+		if t.seq.at(pos).kv != kv {
+			return true
+		}
+	}
+	return false
 }
 
 var errDeclined = errors.New("sim: read declined, blocks about to expire")

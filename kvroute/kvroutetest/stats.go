@@ -46,6 +46,11 @@ type Stats struct {
 	LeaseExpiries, TTLExpiries int
 	// Errors counts error responses; Restarts calls to Restart.
 	Errors, Restarts int
+	// PoisonedHits counts prefix-cache hits whose cached KV differs from
+	// the correct KV for their tokens: a bad positional read (pulled
+	// blocks are cached under this engine's own token hashes) poisoning a
+	// later request that shares the prefix.
+	PoisonedHits int
 	// RenderRequests counts calls to the render endpoints and
 	// TokenizeRequests calls to POST /tokenize; neither counts in
 	// Requests. Both appear in Requests() with Role "render" or
@@ -80,6 +85,9 @@ type RequestRecord struct {
 	Aborted bool
 	// Wrong: the output differs from Reference (decode and plain only).
 	Wrong bool
+	// Poisoned: the prefix-cache hit held wrong KV (see
+	// Stats.PoisonedHits).
+	Poisoned bool
 	// Handle is the kv_transfer_params emitted, nil when none.
 	Handle json.RawMessage
 	// Error is the error message sent, if any.
@@ -95,7 +103,7 @@ func fromSimStats(s sim.Stats) Stats {
 		FreeBlocks: s.FreeBlocks, Aborted: s.Aborted, HandlesEmitted: s.HandlesEmitted,
 		LoadFailures: s.LoadFailures, DeclinedReads: s.DeclinedReads, Recomputed: s.Recomputed,
 		LeaseExpiries: s.LeaseExpiries, TTLExpiries: s.TTLExpiries, Errors: s.Errors, Restarts: s.Restarts,
-		RenderRequests: s.RenderRequests, TokenizeRequests: s.TokenizeRequests,
+		RenderRequests: s.RenderRequests, TokenizeRequests: s.TokenizeRequests, PoisonedHits: s.PoisonedHits,
 	}
 }
 
@@ -105,6 +113,6 @@ func fromSimRecord(r sim.Record) RequestRecord {
 		Role: r.Role, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, ComputedTokens: r.ComputedTokens,
 		PulledTokens: r.PulledTokens, CompletionTokens: r.CompletionTokens, Pull: r.Pull, Prefill: r.Prefill,
 		Transfer: r.Transfer, Decode: r.Decode, Status: r.Status, Finish: r.Finish, Aborted: r.Aborted,
-		Wrong: r.Wrong, Handle: r.Handle, Error: r.Error,
+		Wrong: r.Wrong, Poisoned: r.Poisoned, Handle: r.Handle, Error: r.Error,
 	}
 }
