@@ -2,6 +2,8 @@ package kvroute_test
 
 import (
 	"encoding/json"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,14 +25,22 @@ func msgs(m ...map[string]any) []map[string]any { return m }
 func user(s string) map[string]any      { return map[string]any{"role": "user", "content": s} }
 func assistant(s string) map[string]any { return map[string]any{"role": "assistant", "content": s} }
 
-// storedKey is the key ContinuationKeys retains a turn under.
-func storedKey(t testing.TB, body map[string]any, reply *kvroute.Reply) string {
+// stored is the Retention ContinuationKeys keeps a chat turn under; the
+// turn must be usable by content rules (a key, a content check, no
+// refusal).
+func stored(t testing.TB, body map[string]any, reply *kvroute.Reply) kvroute.Retention {
 	t.Helper()
-	ret, err := kvroute.ContinuationKeys{}.Key(chatReq(t, body), reply)
+	return mustRetain(t, chatReq(t, body), reply)
+}
+
+func mustRetain(t testing.TB, req *kvroute.Request, reply *kvroute.Reply) kvroute.Retention {
+	t.Helper()
+	ret, err := kvroute.ContinuationKeys{}.Key(req, reply)
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key, "refused: %s", ret.Refusal)
 	require.Empty(t, ret.Refusal)
-	return ret.Key
+	require.NotEmpty(t, ret.Check)
+	return ret
 }
 
 // rawChat builds a chat request from a literal body, for cases where key
@@ -39,28 +49,39 @@ func rawChat(body string) *kvroute.Request {
 	return &kvroute.Request{Path: kvroute.PathChatCompletions, Body: []byte(body)}
 }
 
-// rawKey is the key a turn with the literal body is retained under.
-func rawKey(t testing.TB, body string, reply *kvroute.Reply) string {
+// rawStored is the Retention a chat turn with the literal body is kept
+// under.
+func rawStored(t testing.TB, body string, reply *kvroute.Reply) kvroute.Retention {
 	t.Helper()
-	ret, err := kvroute.ContinuationKeys{}.Key(rawChat(body), reply)
-	require.NoError(t, err)
-	require.NotEmpty(t, ret.Key, "refused: %s", ret.Refusal)
-	require.Empty(t, ret.Refusal)
-	return ret.Key
+	return mustRetain(t, rawChat(body), reply)
 }
 
-func rawLookup(t testing.TB, body string) []string {
+// continues reports whether req continues the turn retained as ret under
+// content rules: Lookup names ret's key, Verify accepts ret's check, and
+// the turn was not refused. req must be fresh (Lookup caches its digests
+// on the request).
+func continues(t testing.TB, req *kvroute.Request, ret kvroute.Retention) bool {
 	t.Helper()
-	keys, err := kvroute.ContinuationKeys{}.Lookup(rawChat(body))
+	ck := kvroute.ContinuationKeys{}
+	keys, err := ck.Lookup(req)
 	require.NoError(t, err)
-	return keys
+	return ret.Key != "" && slices.Contains(keys, ret.Key) && ck.Verify(req, ret.Check) && ret.Refusal == ""
 }
 
-func lookup(t testing.TB, body map[string]any) []string {
+// verifies reports whether a fresh req's content check accepts ret's,
+// whatever the anchor: anchors are not trusted, so every miss must fail
+// here too.
+func verifies(req *kvroute.Request, ret kvroute.Retention) bool {
+	return kvroute.ContinuationKeys{}.Verify(req, ret.Check)
+}
+
+// anchor is the one key Lookup returns for a chat request.
+func anchor(t testing.TB, req *kvroute.Request) string {
 	t.Helper()
-	keys, err := kvroute.ContinuationKeys{}.Lookup(chatReq(t, body))
+	keys, err := kvroute.ContinuationKeys{}.Lookup(req)
 	require.NoError(t, err)
-	return keys
+	require.Len(t, keys, 1)
+	return keys[0]
 }
 
 func clone(m map[string]any) map[string]any {
@@ -78,7 +99,7 @@ func TestContinuationKeys(t *testing.T) {
 		"messages": msgs(map[string]any{"role": "system", "content": "sys"}, user("list the files")),
 	}
 	reply := &kvroute.Reply{Content: "Here they are.", FinishReason: "stop"}
-	key := storedKey(t, turn1, reply)
+	ret := stored(t, turn1, reply)
 
 	next := func(edit func(m map[string]any)) map[string]any {
 		m := clone(turn1)
@@ -122,7 +143,8 @@ func TestContinuationKeys(t *testing.T) {
 	}
 	for _, tc := range misses {
 		t.Run("miss/"+tc.name, func(t *testing.T) {
-			assert.NotContains(t, lookup(t, next(tc.edit)), key)
+			assert.False(t, continues(t, chatReq(t, next(tc.edit)), ret))
+			assert.False(t, verifies(chatReq(t, next(tc.edit)), ret), "the content check alone refuses")
 		})
 	}
 	hits := []struct {
@@ -143,18 +165,30 @@ func TestContinuationKeys(t *testing.T) {
 			msgAt(m, 1)["content"] = []any{map[string]any{"type": "text", "text": "list the files"}}
 		}},
 		{"key order and whitespace", func(m map[string]any) { m["max_tokens"] = 7; m["stream"] = true }},
-		{"router-only and sampling fields", func(m map[string]any) {
-			m["conversation_id"] = "c"
+		{"sampling fields", func(m map[string]any) {
 			m["temperature"] = 0.2
+			m["top_p"] = 0.9
+			m["seed"] = 3
 		}},
 	}
 	for _, tc := range hits {
 		t.Run("hit/"+tc.name, func(t *testing.T) {
-			keys := lookup(t, next(tc.edit))
-			require.NotEmpty(t, keys)
-			assert.Equal(t, key, keys[0])
+			assert.True(t, continues(t, chatReq(t, next(tc.edit)), ret))
 		})
 	}
+	// A conversation hint is router-only: it chooses the anchor (so the
+	// turn must carry it too) but never enters the content check.
+	t.Run("hit/router-only fields", func(t *testing.T) {
+		withHint := func(m map[string]any) map[string]any {
+			m = clone(m)
+			m["conversation_id"] = "c"
+			return m
+		}
+		hinted := stored(t, withHint(turn1), reply)
+		assert.Equal(t, ret.Check, hinted.Check, "the hint is not content")
+		assert.True(t, continues(t, chatReq(t, withHint(next(nil))), hinted))
+		assert.True(t, verifies(chatReq(t, withHint(next(nil))), ret))
+	})
 	t.Run("hit/another tenant is a miss", func(t *testing.T) {
 		// Tenants are scoped by the router; here by the key function input.
 		a, b := chatReq(t, next(nil)), chatReq(t, next(nil))
@@ -166,30 +200,99 @@ func TestContinuationKeys(t *testing.T) {
 func TestContinuationToolCalls(t *testing.T) {
 	call := `[{"id":"call_1","type":"function","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`
 	turn1 := map[string]any{"model": "m", "messages": msgs(user("list"))}
-	key := storedKey(t, turn1, &kvroute.Reply{ToolCalls: []byte(call), FinishReason: "stop"})
+	ret := stored(t, turn1, &kvroute.Reply{ToolCalls: []byte(call), FinishReason: "stop"})
 	var calls any
 	require.NoError(t, json.Unmarshal([]byte(call), &calls))
 	turn2 := clone(turn1)
 	turn2["messages"] = append(turn2["messages"].([]any),
 		map[string]any{"role": "assistant", "content": nil, "tool_calls": calls},
 		map[string]any{"role": "tool", "tool_call_id": "call_1", "content": "a.go b.go"})
-	keys := lookup(t, turn2)
-	require.NotEmpty(t, keys)
-	assert.Equal(t, key, keys[0])
+	assert.True(t, continues(t, chatReq(t, turn2), ret))
 
 	// Different arguments: a miss.
 	turn2b := clone(turn2)
 	turn2b["messages"].([]any)[1].(map[string]any)["tool_calls"].([]any)[0].(map[string]any)["function"].(map[string]any)["arguments"] = `{"dir":"/"}`
-	assert.NotContains(t, lookup(t, turn2b), key)
+	assert.False(t, continues(t, chatReq(t, turn2b), ret))
+	assert.False(t, verifies(chatReq(t, turn2b), ret))
 }
 
-func TestContinuationLongestPrefixFirst(t *testing.T) {
-	t1 := map[string]any{"messages": msgs(user("a"))}
-	k1 := storedKey(t, t1, &kvroute.Reply{Content: "A", FinishReason: "stop"})
-	t2 := map[string]any{"messages": msgs(user("a"), assistant("A"), user("b"))}
-	k2 := storedKey(t, t2, &kvroute.Reply{Content: "B", FinishReason: "stop"})
-	t3 := map[string]any{"messages": msgs(user("a"), assistant("A"), user("b"), assistant("B"), user("c"))}
-	assert.Equal(t, []string{k2, k1}, lookup(t, t3))
+// TestContinuationAnchor: a conversation's turns share one anchor key,
+// from its start or from the client's hint; what the handle holds is
+// decided by the content check alone.
+func TestContinuationAnchor(t *testing.T) {
+	sys := map[string]any{"role": "system", "content": "sys"}
+	t1 := map[string]any{"messages": msgs(sys, user("a"))}
+	r1 := stored(t, t1, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+	t2 := map[string]any{"messages": msgs(sys, user("a"), assistant("A"), user("b"))}
+	r2 := stored(t, t2, &kvroute.Reply{Content: "B", FinishReason: "stop"})
+	t3 := map[string]any{"messages": msgs(sys, user("a"), assistant("A"), user("b"), assistant("B"), user("c"))}
+
+	t.Run("one anchor per conversation", func(t *testing.T) {
+		assert.Equal(t, r1.Key, r2.Key)
+		assert.NotEqual(t, r1.Check, r2.Check)
+		assert.Len(t, r1.Check, 32)
+		for _, m := range []map[string]any{t1, t2, t3} {
+			assert.Equal(t, r1.Key, anchor(t, chatReq(t, m)))
+		}
+	})
+	t.Run("latest and earlier turns verify", func(t *testing.T) {
+		assert.True(t, continues(t, chatReq(t, t3), r2))
+		assert.True(t, continues(t, chatReq(t, t3), r1))
+		assert.True(t, continues(t, chatReq(t, t2), r1))
+		assert.False(t, continues(t, chatReq(t, t2), r2), "the request that made the turn")
+	})
+	t.Run("nothing new does not verify", func(t *testing.T) {
+		// The last message is the stored reply itself.
+		t2r := map[string]any{"messages": msgs(sys, user("a"), assistant("A"), user("b"), assistant("B"))}
+		assert.False(t, continues(t, chatReq(t, t2r), r2))
+		assert.False(t, verifies(chatReq(t, t2r), r2))
+		assert.True(t, continues(t, chatReq(t, t2r), r1), "an earlier reply is followed by something new")
+		t1r := map[string]any{"messages": msgs(sys, user("a"), assistant("A"))}
+		assert.False(t, continues(t, chatReq(t, t1r), r1))
+	})
+	t.Run("an edit keeps the anchor but fails the check", func(t *testing.T) {
+		edited := map[string]any{"messages": msgs(sys, user("a"), assistant("A!"), user("b"), assistant("B"), user("c"))}
+		assert.Equal(t, r1.Key, anchor(t, chatReq(t, edited)))
+		assert.False(t, continues(t, chatReq(t, edited), r2))
+		assert.False(t, continues(t, chatReq(t, edited), r1))
+	})
+	t.Run("the start", func(t *testing.T) {
+		other := stored(t, map[string]any{"messages": msgs(sys, user("x"))}, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+		assert.NotEqual(t, r1.Key, other.Key, "a different first user message")
+		sys2 := stored(t, map[string]any{"messages": msgs(map[string]any{"role": "system", "content": "sys2"}, user("a"))}, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+		assert.NotEqual(t, r1.Key, sys2.Key, "a different system prompt")
+		dev := map[string]any{"role": "developer", "content": "dev"}
+		d1 := stored(t, map[string]any{"messages": msgs(sys, dev, user("a"))}, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+		assert.NotEqual(t, r1.Key, d1.Key, "a developer message is part of the start")
+		assert.Equal(t, d1.Key, anchor(t, chatReq(t, map[string]any{"messages": msgs(sys, dev, user("a"), assistant("A"), user("b"))})))
+		model := stored(t, map[string]any{"model": "m2", "messages": msgs(sys, user("a"))}, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+		assert.NotEqual(t, r1.Key, model.Key, "another model")
+		salt := stored(t, map[string]any{"cache_salt": "s", "messages": msgs(sys, user("a"))}, &kvroute.Reply{Content: "A", FinishReason: "stop"})
+		assert.NotEqual(t, r1.Key, salt.Key, "another cache_salt")
+	})
+	t.Run("hint", func(t *testing.T) {
+		reply := &kvroute.Reply{Content: "A", FinishReason: "stop"}
+		hinted := func(field, hint string, ms []map[string]any) *kvroute.Request {
+			if field == "header" {
+				req := chatReq(t, map[string]any{"messages": ms})
+				req.Header = http.Header{"X-Session-Id": {hint}}
+				return req
+			}
+			return chatReq(t, map[string]any{field: hint, "messages": ms})
+		}
+		for _, field := range []string{"conversation_id", "session_id", "prompt_cache_key", "header"} {
+			t.Run(field, func(t *testing.T) {
+				h := mustRetain(t, hinted(field, "h", msgs(user("a"))), reply)
+				assert.NotEqual(t, r1.Key, h.Key)
+				assert.Equal(t, h.Key, anchor(t, hinted(field, "h", msgs(sys, user("z"), assistant("Z"), user("y")))),
+					"the hint's anchor whatever the messages")
+				assert.NotEqual(t, h.Key, anchor(t, hinted(field, "h2", msgs(user("a")))), "two hints differ")
+				assert.True(t, continues(t, hinted(field, "h", msgs(user("a"), assistant("A"), user("b"))), h))
+				// The hint finds the handle; the content check still decides.
+				assert.False(t, continues(t, hinted(field, "h", msgs(user("z"), assistant("A"), user("b"))), h))
+			})
+		}
+	})
 }
 
 func TestContinuationRefusals(t *testing.T) {
@@ -210,10 +313,10 @@ func TestContinuationRefusals(t *testing.T) {
 		ck    keys
 		body  map[string]any
 		reply *kvroute.Reply
-		want  string // "" retains
-		soft  bool   // the key comes with the refusal
+		want  string // "" retains for content rules
+		soft  bool   // the key comes with the refusal: only n is hard
 	}{
-		{"reasoning", keys{}, base, &kvroute.Reply{Content: "A", Reasoning: "hmm", FinishReason: "stop"}, kvroute.RefuseReasoning, false},
+		{"reasoning", keys{}, base, &kvroute.Reply{Content: "A", Reasoning: "hmm", FinishReason: "stop"}, kvroute.RefuseReasoning, true},
 		{"n", keys{}, with("n", 2), ok, kvroute.RefuseN, false},
 		{"n as string", keys{}, with("n", "2"), ok, kvroute.RefuseN, false},
 		{"n as float", keys{}, with("n", 2.0), ok, kvroute.RefuseN, false},
@@ -222,27 +325,27 @@ func TestContinuationRefusals(t *testing.T) {
 		{"n=\"1\"", keys{}, with("n", "1"), ok, "", false},
 		{"n=1.0", keys{}, with("n", json.Number("1.0")), ok, "", false},
 		{"n=true", keys{}, with("n", true), ok, "", false},
-		{"truncate_prompt_tokens", keys{}, with("truncate_prompt_tokens", 100), ok, kvroute.RefuseTruncate, false},
-		{"stop string", keys{}, with("stop", []string{"END"}), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte(`"END"`)}, kvroute.RefuseStopString, false},
-		{"stop string, engine silent", keys{}, with("stop", "END"), ok, kvroute.RefuseStopString, false},
+		{"truncate_prompt_tokens", keys{}, with("truncate_prompt_tokens", 100), ok, kvroute.RefuseTruncate, true},
+		{"stop string", keys{}, with("stop", []string{"END"}), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte(`"END"`)}, kvroute.RefuseStopString, true},
+		{"stop string, engine silent", keys{}, with("stop", "END"), ok, kvroute.RefuseStopString, true},
 		{"stop string ended by EOS", keys{}, with("stop", "END"), &kvroute.Reply{Content: "A", FinishReason: "stop", StopReason: []byte("null")}, "", false},
 		{"stop string kept", keys{}, with("stop", "END", "include_stop_str_in_output", true), ok, "", false},
 		{"stop string kept, as string", keys{}, with("stop", "END", "include_stop_str_in_output", "true"), ok, "", false},
 		{"stop string kept, as 1", keys{}, with("stop", "END", "include_stop_str_in_output", 1), ok, "", false},
-		{"stop string not kept, as \"off\"", keys{}, with("stop", "END", "include_stop_str_in_output", "off"), ok, kvroute.RefuseStopString, false},
-		{"incomplete", keys{}, base, &kvroute.Reply{Content: "A", FinishReason: "stop", Incomplete: true}, kvroute.RefuseIncomplete, false},
-		{"too large", keys{}, base, content(strings.Repeat("x", kvroute.DefaultMaxReplyBytes+1)), kvroute.RefuseTooLarge, false},
-		{"continue_final_message", keys{}, with("continue_final_message", true), ok, kvroute.RefuseContinueFinal, false},
-		{"continue_final_message as \"true\"", keys{}, with("continue_final_message", "true"), ok, kvroute.RefuseContinueFinal, false},
-		{"continue_final_message as 1", keys{}, with("continue_final_message", 1), ok, kvroute.RefuseContinueFinal, false},
-		{"continue_final_message as \"yes\"", keys{}, with("continue_final_message", "yes"), ok, kvroute.RefuseContinueFinal, false},
-		{"continue_final_message unreadable", keys{}, with("continue_final_message", "sure"), ok, kvroute.RefuseContinueFinal, false},
+		{"stop string not kept, as \"off\"", keys{}, with("stop", "END", "include_stop_str_in_output", "off"), ok, kvroute.RefuseStopString, true},
+		{"incomplete", keys{}, base, &kvroute.Reply{Content: "A", FinishReason: "stop", Incomplete: true}, kvroute.RefuseIncomplete, true},
+		{"too large", keys{}, base, content(strings.Repeat("x", kvroute.DefaultMaxReplyBytes+1)), kvroute.RefuseTooLarge, true},
+		{"continue_final_message", keys{}, with("continue_final_message", true), ok, kvroute.RefuseContinueFinal, true},
+		{"continue_final_message as \"true\"", keys{}, with("continue_final_message", "true"), ok, kvroute.RefuseContinueFinal, true},
+		{"continue_final_message as 1", keys{}, with("continue_final_message", 1), ok, kvroute.RefuseContinueFinal, true},
+		{"continue_final_message as \"yes\"", keys{}, with("continue_final_message", "yes"), ok, kvroute.RefuseContinueFinal, true},
+		{"continue_final_message unreadable", keys{}, with("continue_final_message", "sure"), ok, kvroute.RefuseContinueFinal, true},
 		{"continue_final_message as \"false\"", keys{}, with("continue_final_message", "false"), ok, "", false},
 		{"continue_final_message as 0", keys{}, with("continue_final_message", 0), ok, "", false},
-		{"echo", keys{}, with("echo", true), ok, kvroute.RefuseEcho, false},
-		{"echo as 1", keys{}, with("echo", 1), ok, kvroute.RefuseEcho, false},
-		{"echo as \"True\"", keys{}, with("echo", "True"), ok, kvroute.RefuseEcho, false},
-		{"echo as 1.0", keys{}, with("echo", json.Number("1.0")), ok, kvroute.RefuseEcho, false},
+		{"echo", keys{}, with("echo", true), ok, kvroute.RefuseEcho, true},
+		{"echo as 1", keys{}, with("echo", 1), ok, kvroute.RefuseEcho, true},
+		{"echo as \"True\"", keys{}, with("echo", "True"), ok, kvroute.RefuseEcho, true},
+		{"echo as 1.0", keys{}, with("echo", json.Number("1.0")), ok, kvroute.RefuseEcho, true},
 		{"echo as \"no\"", keys{}, with("echo", "no"), ok, "", false},
 		{"add_generation_prompt false", keys{}, with("add_generation_prompt", false), ok, kvroute.RefuseNoGenerationPrompt, true},
 		{"add_generation_prompt 0", keys{}, with("add_generation_prompt", 0), ok, kvroute.RefuseNoGenerationPrompt, true},
@@ -272,8 +375,10 @@ func TestContinuationRefusals(t *testing.T) {
 			assert.Equal(t, tc.want, ret.Refusal)
 			if tc.want == "" || tc.soft {
 				assert.NotEmpty(t, ret.Key)
+				assert.Len(t, ret.Check, 32)
 			} else {
 				assert.Empty(t, ret.Key)
+				assert.Empty(t, ret.Check)
 			}
 		})
 	}
@@ -327,14 +432,9 @@ func TestContinuationToolCallArguments(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			key := rawKey(t, body(tc.stored), reply)
-			keys := rawLookup(t, next(tc.later))
-			if tc.hit {
-				require.NotEmpty(t, keys)
-				assert.Equal(t, key, keys[0])
-			} else {
-				assert.NotContains(t, keys, key)
-			}
+			ret := rawStored(t, body(tc.stored), reply)
+			assert.Equal(t, tc.hit, continues(t, rawChat(next(tc.later)), ret))
+			assert.Equal(t, tc.hit, verifies(rawChat(next(tc.later)), ret))
 		})
 	}
 }
@@ -344,7 +444,7 @@ func TestContinuationToolCallArguments(t *testing.T) {
 func TestContinuationToolCallMembers(t *testing.T) {
 	engine := `[{"id":"call_1","type":"function","function":{"name":"ls","arguments":"{\"dir\":\".\"}"}}]`
 	turn1 := `{"model":"m","messages":[{"role":"user","content":"list"}]}`
-	key := rawKey(t, turn1, &kvroute.Reply{ToolCalls: []byte(engine), FinishReason: "tool_calls"})
+	ret := rawStored(t, turn1, &kvroute.Reply{ToolCalls: []byte(engine), FinishReason: "tool_calls"})
 	next := func(calls string) string {
 		return `{"model":"m","messages":[{"role":"user","content":"list"},{"role":"assistant","content":null,"tool_calls":` + calls +
 			`},{"role":"tool","tool_call_id":"call_1","content":"a.go"}]}`
@@ -369,13 +469,8 @@ func TestContinuationToolCallMembers(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			keys := rawLookup(t, next(tc.calls))
-			if tc.hit {
-				require.NotEmpty(t, keys)
-				assert.Equal(t, key, keys[0])
-			} else {
-				assert.NotContains(t, keys, key)
-			}
+			assert.Equal(t, tc.hit, continues(t, rawChat(next(tc.calls)), ret))
+			assert.Equal(t, tc.hit, verifies(rawChat(next(tc.calls)), ret))
 		})
 	}
 }
@@ -391,8 +486,8 @@ func TestContinuationContentParts(t *testing.T) {
 		}
 		return parts
 	}
-	keyOf := func(t *testing.T, content any) string {
-		return storedKey(t, map[string]any{"messages": msgs(map[string]any{"role": "user", "content": content})},
+	keyOf := func(t *testing.T, content any) kvroute.Retention {
+		return stored(t, map[string]any{"messages": msgs(map[string]any{"role": "user", "content": content})},
 			&kvroute.Reply{Content: "A", FinishReason: "stop"})
 	}
 	cases := []struct {
@@ -414,11 +509,15 @@ func TestContinuationContentParts(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// The first user message is the conversation's start, so it
+			// shapes both the anchor and the content check.
 			a, b := keyOf(t, tc.a), keyOf(t, tc.b)
 			if tc.same {
-				assert.Equal(t, a, b)
+				assert.Equal(t, a.Key, b.Key)
+				assert.Equal(t, a.Check, b.Check)
 			} else {
-				assert.NotEqual(t, a, b)
+				assert.NotEqual(t, a.Key, b.Key)
+				assert.NotEqual(t, a.Check, b.Check)
 			}
 		})
 	}
@@ -436,14 +535,74 @@ func TestContinuationCompletions(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key)
 	require.Empty(t, ret.Refusal)
-	next := completionReq(p1 + " answer\nUser: more")
-	keys, err := ck.Lookup(next)
-	require.NoError(t, err)
-	assert.Contains(t, keys, ret.Key)
-	assert.True(t, ck.Verify(next, ret.Check))
-	assert.False(t, ck.Verify(completionReq(p1+" answxr\nUser: more"), ret.Check), "edited reply")
-	assert.False(t, ck.Verify(completionReq(p1+" answer"), ret.Check), "nothing new")
-	assert.False(t, ck.Verify(completionReq("x"+p1+" answer\nUser: more"), ret.Check))
+	assert.True(t, continues(t, completionReq(p1+" answer\nUser: more"), ret))
+	for name, prompt := range map[string]string{
+		"edited reply":   p1 + " answxr\nUser: more",
+		"nothing new":    p1 + " answer",
+		"other start":    "x" + p1 + " answer\nUser: more",
+		"edited history": "H" + p1[1:] + " answer\nUser: more",
+	} {
+		assert.False(t, continues(t, completionReq(prompt), ret), name)
+		assert.False(t, ck.Verify(completionReq(prompt), ret.Check), name)
+	}
+
+	t.Run("anchors", func(t *testing.T) {
+		// The turn is kept under the anchor of its text's leading 256
+		// bytes (329 bytes in all); Lookup tries the prompt's leading
+		// 2^k bytes, largest first, for four values of k.
+		text := p1 + " answer"
+		keys, err := ck.Lookup(completionReq(text + "\nUser: more"))
+		require.NoError(t, err)
+		require.Len(t, keys, 4)
+		assert.Equal(t, ret.Key, keys[0])
+		assert.Len(t, slices.Compact(slices.Clone(keys)), 4)
+		// Found while the prompt grows below 16 times the anchor...
+		long := text + " " + strings.Repeat("more ", (16*256-len(text)-2)/5)
+		require.Less(t, len(long), 16*256)
+		assert.True(t, continues(t, completionReq(long), ret))
+		// ...and not beyond.
+		longer := text + " " + strings.Repeat("more ", (16*256-len(text))/5+1)
+		require.GreaterOrEqual(t, len(longer), 16*256)
+		assert.False(t, continues(t, completionReq(longer), ret))
+		assert.True(t, ck.Verify(completionReq(longer), ret.Check), "only the anchor is out of reach")
+	})
+	t.Run("hint", func(t *testing.T) {
+		req := func(prompt, hint string) *kvroute.Request {
+			b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "conversation_id": hint})
+			return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
+		}
+		h, err := ck.Key(req(p1, "h"), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+		require.NoError(t, err)
+		require.Empty(t, h.Refusal)
+		assert.Equal(t, ret.Check, h.Check, "the hint is not content")
+		assert.NotEqual(t, ret.Key, h.Key)
+		keys, err := ck.Lookup(req("anything else entirely", "h"))
+		require.NoError(t, err)
+		assert.Equal(t, []string{h.Key}, keys, "the hint's anchor whatever the prompt")
+		other, err := ck.Lookup(req(p1, "h2"))
+		require.NoError(t, err)
+		assert.NotEqual(t, keys, other, "two hints differ")
+		assert.True(t, continues(t, req(p1+" answer\nUser: more", "h"), h))
+		assert.False(t, continues(t, req("x"+p1+" answer\nUser: more", "h"), h))
+	})
+	t.Run("token ids", func(t *testing.T) {
+		ids := func(n int) *kvroute.Request {
+			p := make([]int, n)
+			for i := range p {
+				p[i] = 1000 + i
+			}
+			b, _ := json.Marshal(map[string]any{"model": "m", "prompt": p})
+			return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
+		}
+		ret, err := ck.Key(ids(40), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+		require.NoError(t, err)
+		assert.Equal(t, kvroute.RefuseUnkeyable, ret.Refusal, "soft: kept for token verification")
+		require.NotEmpty(t, ret.Key)
+		keys, err := ck.Lookup(ids(60))
+		require.NoError(t, err)
+		assert.Contains(t, keys, ret.Key, "a longer prompt of the same ids finds the anchor")
+		assert.False(t, continues(t, ids(60), ret))
+	})
 }
 
 // TestContinuationCompletionSeams: a prompt and its reply must meet where
@@ -506,6 +665,7 @@ func TestContinuationCompletionSeams(t *testing.T) {
 			ret, err := ck.Key(completionReq(prompt), &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
 			require.NoError(t, err)
 			require.Empty(t, ret.Refusal)
+			assert.Equal(t, tc.ok, continues(t, completionReq(prompt+tc.reply+tc.then), ret))
 			assert.Equal(t, tc.ok, ck.Verify(completionReq(prompt+tc.reply+tc.then), ret.Check))
 		})
 	}
