@@ -75,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.cfg.Reasoning, "reasoning", false, "start replies with reasoning, returned in the reasoning field (see --reasoning-field)")
 	fs.BoolVar(&o.cfg.InlineReasoning, "inline-reasoning", false, "with --reasoning: no reasoning parser, the think block stays in the content")
 	fs.StringVar(&o.cfg.ReasoningField, "reasoning-field", o.cfg.ReasoningField, "reasoning key of messages and deltas: reasoning, reasoning_content or both")
+	fs.IntVar(&o.cfg.KVGroups, "kv-groups", 1, "number of KV-cache groups (one block-id list each in handles)")
 	fs.Float64Var(&o.cfg.DriftRate, "drift-rate", 0, "probability per reply of a non-canonical token split (BPE drift), 0 to 1")
 	fs.StringVar(&o.cfg.Template, "template", o.cfg.Template, "chat template family: chatml (Qwen3-like) or llama3 (trims content)")
 	fs.StringVar(&o.cfg.ContentFormat, "chat-template-content-format", o.cfg.ContentFormat, "how text parts reach the template: string (joined with newlines) or openai (concatenated)")

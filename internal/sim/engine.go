@@ -65,6 +65,11 @@ type Config struct {
 	// ReasoningFieldReasoning (default, current vLLM; "" means the same),
 	// ReasoningFieldContent (older engines) or ReasoningFieldBoth.
 	ReasoningField string
+	// KVGroups is the number of KV-cache groups (default 1; 0 means 1), as
+	// an MLA or full-attention model with several groups has: handles carry
+	// one list of block ids per group, all of equal length, and a reader
+	// checks and reads every group.
+	KVGroups int
 	// DriftRate is the probability per reply (0 to 1, decided from the KV,
 	// so Reference reproduces it) that one content word is emitted as two
 	// tokens whose text re-tokenizes to one (BPE drift).
@@ -133,6 +138,8 @@ func (c *Config) validate() error {
 		return bad("kv_load_failure_policy %q must be %q or %q", c.KVLoadFailurePolicy, PolicyFail, PolicyRecompute)
 	case c.Speed < 0:
 		return bad("speed %v must be >= 0", c.Speed)
+	case c.KVGroups < 0:
+		return bad("kv groups %d must be >= 0", c.KVGroups)
 	case c.DriftRate < 0 || c.DriftRate > 1:
 		return bad("drift rate %v must be between 0 and 1", c.DriftRate)
 	case c.TPSize < 1:
@@ -174,6 +181,10 @@ type Stats struct {
 	LoadFailures, DeclinedReads, Recomputed                  int
 	LeaseExpiries, TTLExpiries                               int
 	Errors, Restarts                                         int
+	// AssertFailures counts reads that tripped the worker's assert
+	// len(local) <= len(remote) on a KV group (or a group count that does
+	// not match): the request got 500 and the engine restarted.
+	AssertFailures int
 	// PoisonedHits counts prefix-cache hits whose cached KV differs from
 	// the correct KV for their tokens (a bad positional read cached under
 	// this engine's token hashes).
@@ -388,6 +399,8 @@ func (e *Engine) Restart() {
 	e.stats.Restarts++
 }
 
+func (e *Engine) groups() int { return max(e.cfg.KVGroups, 1) }
+
 // sweep frees held blocks whose lease or TTL ran out; e.mu held.
 func (e *Engine) sweep(now time.Time) {
 	for _, h := range e.held {
@@ -425,7 +438,7 @@ func (e *Engine) Read(_ context.Context, engineID, requestID string, blocks []in
 		return nil, ErrEngineID
 	}
 	e.sweep(e.clock.Now())
-	data, err := e.pool.readBlocks(blocks)
+	data, err := e.pool.readBlocks(blocks, e.groups())
 	if err != nil {
 		return nil, err
 	}

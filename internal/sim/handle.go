@@ -13,8 +13,9 @@ type Params struct {
 	RequestID       string
 	Host            string
 	Port            int
-	Blocks          []int // KV group 0
-	NumTokens       int   // -1 when absent
+	Blocks          []int   // KV group 0
+	Groups          [][]int // every KV group's block ids (a flat list is one group)
+	NumTokens       int     // -1 when absent
 	Expiry          *float64
 	TPSize          int
 }
@@ -52,9 +53,9 @@ func ParseParams(raw json.RawMessage) (*Params, error) {
 		var nested [][]int
 		var flat []int
 		if json.Unmarshal(raw, &nested) == nil && len(nested) > 0 {
-			p.Blocks = nested[0]
+			p.Blocks, p.Groups = nested[0], nested
 		} else if json.Unmarshal(raw, &flat) == nil {
-			p.Blocks = flat
+			p.Blocks, p.Groups = flat, [][]int{flat}
 		}
 	}
 	return p, nil

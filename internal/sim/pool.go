@@ -186,14 +186,20 @@ func (s *seq) ids() []int {
 	return out
 }
 
-// readBlocks returns the KV data of blocks by id, whatever they hold now.
-func (p *pool) readBlocks(idsIn []int) ([][]uint64, error) {
+// groupID is block b's id in KV group g: each group numbers its blocks
+// apart (group g's ids follow group g-1's), all holding the same data.
+func (p *pool) groupID(id, g int) int { return id + g*(len(p.blocks)-1) }
+
+// readBlocks returns the KV data of blocks by id (in any of groups KV
+// groups), whatever they hold now.
+func (p *pool) readBlocks(idsIn []int, groups int) ([][]uint64, error) {
+	n := len(p.blocks) - 1
 	out := make([][]uint64, len(idsIn))
 	for i, id := range idsIn {
-		if id <= 0 || id >= len(p.blocks) {
+		if id <= 0 || id > groups*n {
 			return nil, errBlockID
 		}
-		b := p.blocks[id]
+		b := p.blocks[(id-1)%n+1]
 		kv := make([]uint64, len(b.slots))
 		for j, s := range b.slots {
 			kv[j] = s.kv

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 )
 
@@ -90,6 +91,19 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	}
 
 	data, first, failed := e.pull(ctx, t)
+	if errors.Is(failed, errAssert) {
+		// A dead worker: the request fails and the engine restarts with
+		// nothing held (a new engine id, as a restarted process has).
+		e.log.Error("worker assert", "err", failed)
+		e.mu.Lock()
+		e.stats.AssertFailures++
+		e.reset()
+		e.stats.Restarts++
+		e.mu.Unlock()
+		t.rec.Pull = PullFailed
+		e.releaseSeq(t)
+		return &apiError{status: http.StatusInternalServerError, msg: engineDead}
+	}
 	if failed != nil {
 		e.mu.Lock()
 		e.stats.LoadFailures++
@@ -227,6 +241,22 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 	if id != p.EngineID {
 		return nil, 0, ErrEngineID
 	}
+	bs := e.cfg.BlockSize
+	first = t.hit / bs
+	numLocal := 0
+	if t.rec.Pull == PullRead {
+		numLocal = (t.hit+count-1)/bs - first + 1
+		// The worker asserts len(local) <= len(remote) per group; a
+		// failed assert kills it before it reads or notifies.
+		if len(p.Groups) != e.groups() {
+			return nil, 0, fmt.Errorf("%w: %d KV groups in the handle, %d local", errAssert, len(p.Groups), e.groups())
+		}
+		for g, ids := range p.Groups {
+			if len(ids) < numLocal {
+				return nil, 0, fmt.Errorf("%w: group %d: len(local) %d > len(remote) %d", errAssert, g, numLocal, len(ids))
+			}
+		}
+	}
 	// Whether it reads or not, the reader notifies: the handle is consumed.
 	defer func() { _ = peer.Notify(ctx, p.EngineID, p.RequestID) }()
 	if t.rec.Pull != PullRead {
@@ -235,20 +265,42 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 	if t.role == RolePrefill && p.Expiry != nil && mono >= *p.Expiry-5 {
 		return nil, 0, errDeclined
 	}
-	bs := e.cfg.BlockSize
-	first = t.hit / bs
-	numLocal := (t.hit+count-1)/bs - first + 1
-	remote := p.Blocks
-	if len(remote) > numLocal {
-		remote = remote[len(remote)-numLocal:] // positional: the last blocks, as vLLM trims
-	}
-	data, err = peer.Read(ctx, p.EngineID, p.RequestID, remote, count)
-	if err != nil {
-		return nil, 0, err
+	for g, ids := range p.Groups {
+		// positional: the last numLocal blocks, as vLLM trims
+		gd, err := peer.Read(ctx, p.EngineID, p.RequestID, ids[len(ids)-numLocal:], count*b2i(g == 0))
+		if err != nil {
+			return nil, 0, err
+		}
+		if g == 0 {
+			data = gd
+			continue
+		}
+		// The groups hold parts of one KV: where a group's blocks differ
+		// from group 0's, the combined KV is wrong.
+		for j := range data {
+			for s := range data[j] {
+				if j < len(gd) && s < len(gd[j]) && gd[j][s] != data[j][s] {
+					data[j][s] = splitmix(data[j][s] ^ gd[j][s] ^ 0xbad)
+				}
+			}
+		}
 	}
 	t.count = count
-	return data, first + numLocal - len(data), nil
+	return data, first, nil
 }
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// errAssert is a worker assert: the engine dies.
+var errAssert = errors.New("sim: worker assert failed")
+
+// engineDead is vLLM's EngineDeadError message.
+const engineDead = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 func (e *Engine) releaseSeq(t *turn) {
 	e.mu.Lock()
@@ -272,8 +324,15 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 		return nil
 	}
 	now := e.clock.Now()
+	groups := make([][]int, e.groups())
+	for g := range groups {
+		groups[g] = t.seq.ids()
+		for i := range groups[g] {
+			groups[g][i] = t.pool.groupID(groups[g][i], g)
+		}
+	}
 	h := handle{
-		RemoteBlockIDs:  [][]int{t.seq.ids()},
+		RemoteBlockIDs:  groups,
 		RemoteEngineID:  e.id,
 		RemoteRequestID: t.rec.EngineRequestID,
 		RemoteHost:      e.cfg.SideHost,

@@ -202,3 +202,12 @@ func WithContentFormat(format string) Option {
 // from the KV, so Reference reproduces it; the next turn's prompt, holding
 // the reply's text, then tokenizes differently from D's blocks.
 func WithDriftRate(p float64) Option { return optionFunc(func(c *config) { c.sim.DriftRate = p }) }
+
+// WithKVGroups sets the number of KV-cache groups (default 1), as an MLA or
+// full-attention model with several groups has: handles carry one list of
+// block ids per group, all of equal length, and a reader checks and reads
+// every group. A group shorter than the blocks the reader allocates trips
+// vLLM's worker assert (len(local) <= len(remote)): the request gets 500,
+// Stats.AssertFailures counts it, and the engine restarts (new engine id,
+// nothing held, no notification sent), as a dead worker's process would be.
+func WithKVGroups(n int) Option { return optionFunc(func(c *config) { c.sim.KVGroups = n }) }

@@ -177,3 +177,28 @@ func TestDriftOption(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, plain.TokenIDs, ref.TokenIDs)
 }
+
+// Handles carry one block list per KV group; a group cut below what the
+// reader allocates kills the engine (500, AssertFailures, a new engine id).
+func TestKVGroupsOption(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithKVGroups(2), kvroutetest.WithRecomputeThreshold(0))
+	p, d := c.Prefill[0], c.Decode[0]
+	miss := map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	rp := postJSON(t, d.URL(), body(t, miss, 1))
+	require.Equal(t, http.StatusOK, rp.status)
+	var h map[string]any
+	require.NoError(t, json.Unmarshal(rp.kv, &h))
+	groups := h["remote_block_ids"].([]any)
+	require.Len(t, groups, 2)
+	assert.Equal(t, len(groups[0].([]any)), len(groups[1].([]any)))
+	groups[1] = []any{}
+	h["remote_block_ids"] = groups
+	old := p.EngineID()
+	rd := postJSON(t, p.URL(), body(t, h, 0))
+	assert.Equal(t, http.StatusInternalServerError, rd.status)
+	st := p.Stats()
+	assert.Equal(t, 1, st.AssertFailures)
+	assert.Equal(t, 1, st.Restarts)
+	assert.NotEqual(t, old, p.EngineID())
+}

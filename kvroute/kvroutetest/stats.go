@@ -46,6 +46,11 @@ type Stats struct {
 	LeaseExpiries, TTLExpiries int
 	// Errors counts error responses; Restarts calls to Restart.
 	Errors, Restarts int
+	// AssertFailures counts reads that tripped the worker's assert
+	// len(local) <= len(remote) on some KV group (or whose group count
+	// differs from the engine's): each got 500 and restarted the engine
+	// (also counted in Restarts).
+	AssertFailures int
 	// PoisonedHits counts prefix-cache hits whose cached KV differs from
 	// the correct KV for their tokens: a bad positional read (pulled
 	// blocks are cached under this engine's own token hashes) poisoning a
@@ -104,6 +109,7 @@ func fromSimStats(s sim.Stats) Stats {
 		LoadFailures: s.LoadFailures, DeclinedReads: s.DeclinedReads, Recomputed: s.Recomputed,
 		LeaseExpiries: s.LeaseExpiries, TTLExpiries: s.TTLExpiries, Errors: s.Errors, Restarts: s.Restarts,
 		RenderRequests: s.RenderRequests, TokenizeRequests: s.TokenizeRequests, PoisonedHits: s.PoisonedHits,
+		AssertFailures: s.AssertFailures,
 	}
 }
 
