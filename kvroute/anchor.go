@@ -16,7 +16,8 @@ import (
 // the tenant, the model, cache_salt and either the client's conversation
 // hint (ConversationHint) or the conversation's start (chat: the messages up
 // to and including the first one that is not a system or developer message;
-// completions: a leading power-of-two slice of the prompt). Nothing in an
+// completions: a leading slice of the prompt whose length is a "quarter
+// octave" step, see anchorLen). Nothing in an
 // anchor is trusted: what the handle holds is verified before it is used.
 //
 // One Take finds a chat conversation's handle, so a miss costs one store
@@ -64,10 +65,11 @@ func chatAnchor(req *Request) (string, error) {
 
 // completionAnchors returns the anchor keys under which a completions
 // request may find its conversation's handle, most specific first: the
-// hint's, or those of the prompt's leading 2^k bytes for the largest
-// maxAnchorTries values of k with 2^k <= len(prompt). A handle is retained
-// under the largest 2^k <= len(prompt + reply), so it is found while the
-// prompt has grown by less than 2^maxAnchorTries times since.
+// hint's, or those of the prompt's leading anchorLen steps, longest first,
+// at most maxAnchorTries of them. A handle is retained under the longest
+// step within its prompt + reply, so it is found while the prompt has grown
+// less than about fourfold since; and two conversations share an anchor
+// only if they share at least about four fifths of the text retained.
 func completionAnchors(req *Request, prompt string) []string {
 	h := anchorBase(req, "completion")
 	if hint := ConversationHint(req); hint != "" {
@@ -76,7 +78,7 @@ func completionAnchors(req *Request, prompt string) []string {
 	}
 	base := sum256(h)
 	var keys []string
-	for a := pow2Floor(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a /= 2 {
+	for a := anchorLen(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a = anchorLen(a - 1) {
 		keys = append(keys, prefixAnchor(base, prompt[:a]))
 	}
 	return keys
@@ -90,14 +92,14 @@ func completionAnchor(req *Request, text string) string {
 		writeField(h, "hint", []byte(hint))
 		return digestKey("a", sum256(h))
 	}
-	a := pow2Floor(len(text))
+	a := anchorLen(len(text))
 	if a < minAnchor {
 		return ""
 	}
 	return prefixAnchor(sum256(h), text[:a])
 }
 
-const maxAnchorTries = 4
+const maxAnchorTries = 8
 
 func prefixAnchor(base [32]byte, s string) string {
 	h := sha256.New()
@@ -106,15 +108,18 @@ func prefixAnchor(base [32]byte, s string) string {
 	return digestKey("a", sum256(h))
 }
 
-func pow2Floor(n int) int {
-	a := 1
-	for a*2 <= n {
-		a *= 2
-	}
-	if n < 1 {
+// anchorLen returns the longest anchor length <= n: the numbers m*2^e
+// with m in 4..7 (16, 20, 24, 28, 32, 40, ...), four steps an octave, each
+// at most 1.25 times the one before; 0 when n < 4.
+func anchorLen(n int) int {
+	if n < 4 {
 		return 0
 	}
-	return a
+	e := 0
+	for n>>e >= 8 {
+		e++
+	}
+	return (n >> e) << e
 }
 
 // sum256 returns h's SHA-256 sum.

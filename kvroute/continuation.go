@@ -200,7 +200,7 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 		return Retention{Refusal: reason}, nil
 	}
 	if !req.Chat() {
-		return c.completionKey(req, reply)
+		return c.completionKey(req, reply, reason)
 	}
 	cur := req.chain
 	if !req.chained {
@@ -426,7 +426,7 @@ func (c ContinuationKeys) completionLookup(req *Request) ([]string, error) {
 
 const minAnchor = 16
 
-func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, error) {
+func (c ContinuationKeys) completionKey(req *Request, reply *Reply, soft string) (Retention, error) {
 	prompt, ok := promptString(req)
 	if !ok {
 		// A prompt of token ids: keyed for token verification only.
@@ -451,6 +451,9 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply) (Retention, 
 	key := completionAnchor(req, text)
 	if key == "" {
 		return Retention{Refusal: RefuseUnkeyable}, nil
+	}
+	if soft != "" {
+		refusal = soft
 	}
 	sum := sha256.Sum256([]byte(text))
 	check := binary.AppendUvarint(nil, uint64(len(text)))

@@ -547,22 +547,25 @@ func TestContinuationCompletions(t *testing.T) {
 	}
 
 	t.Run("anchors", func(t *testing.T) {
-		// The turn is kept under the anchor of its text's leading 256
-		// bytes (329 bytes in all); Lookup tries the prompt's leading
-		// 2^k bytes, largest first, for four values of k.
+		// The turn is kept under the anchor of its text's leading 320
+		// bytes (329 bytes in all: anchor lengths are m*2^e, m in 4..7);
+		// Lookup tries the prompt's anchor lengths, longest first, eight
+		// of them.
 		text := p1 + " answer"
+		require.Len(t, text, 329)
 		keys, err := ck.Lookup(completionReq(text + "\nUser: more"))
 		require.NoError(t, err)
-		require.Len(t, keys, 4)
+		require.Len(t, keys, 8)
 		assert.Equal(t, ret.Key, keys[0])
-		assert.Len(t, slices.Compact(slices.Clone(keys)), 4)
-		// Found while the prompt grows below 16 times the anchor...
-		long := text + " " + strings.Repeat("more ", (16*256-len(text)-2)/5)
-		require.Less(t, len(long), 16*256)
+		assert.Len(t, slices.Compact(slices.Clone(keys)), 8)
+		// Found while the prompt grows below four times the anchor
+		// (the eighth length above 320 is 1,280)...
+		long := text + " " + strings.Repeat("more ", (4*320-len(text)-2)/5)
+		require.Less(t, len(long), 4*320)
 		assert.True(t, continues(t, completionReq(long), ret))
 		// ...and not beyond.
-		longer := text + " " + strings.Repeat("more ", (16*256-len(text))/5+1)
-		require.GreaterOrEqual(t, len(longer), 16*256)
+		longer := text + " " + strings.Repeat("more ", (4*320-len(text))/5+1)
+		require.GreaterOrEqual(t, len(longer), 4*320)
 		assert.False(t, continues(t, completionReq(longer), ret))
 		assert.True(t, ck.Verify(completionReq(longer), ret.Check), "only the anchor is out of reach")
 	})
