@@ -36,7 +36,6 @@ import (
 // a zero-cost profile, which tokenizes and checks every prompt on the same
 // two cores and so competes with the router for CPU.
 
-
 // cannedEngines starts a prefill and a decode server on 127.0.0.1 that
 // answer at once with fixed bytes: P a one-token completion with a P
 // handle, D a three-event stream whose final chunk carries a D handle
