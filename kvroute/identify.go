@@ -33,12 +33,15 @@ type Reply struct {
 // Identifier maps turns to retention keys.
 //
 // Lookup runs before the prefill leg and returns the keys under which a
-// handle that the request continues may be stored, most specific first;
-// the router takes the first one present and then asks Verify whether the
-// request really continues what was stored. Key runs when the decode engine
+// handle that the request may continue is stored, most specific first; the
+// router takes the first one present and verifies it: by tokens in
+// VerifyTokens mode when the handle has a token fingerprint, else by asking
+// Verify whether the request really continues what was stored. A handle
+// that fails verification is put back. Key runs when the decode engine
 // finished the turn normally and says where to retain its handle. Keys are
-// opaque strings; implementations must scope them by req.Tenant() so
-// tenants never share a handle. Implementations are called concurrently.
+// opaque strings and are never trusted: what they name is verified before
+// use. Implementations must still scope them by req.Tenant() so tenants
+// never share a handle. Implementations are called concurrently.
 type Identifier interface {
 	Lookup(req *Request) ([]string, error)
 	Key(req *Request, reply *Reply) (Retention, error)
@@ -51,7 +54,11 @@ type Retention struct {
 	Key string
 	// Check is kept with the handle and given to Verify on the next turn.
 	Check []byte
-	// Refusal says why nothing is retained when Key is "".
+	// Refusal says why the turn must not be reused under content rules.
+	// With Key "" nothing is retained (a hard refusal). With a Key (a soft
+	// refusal), the router retains the handle only when it also holds the
+	// engine's token fingerprint, and then uses it only after token
+	// verification, never on Verify alone.
 	Refusal string
 }
 
