@@ -31,6 +31,8 @@ type config struct {
 	recomputeThresh   int
 	reuse             bool
 	keyMode           string
+	verification      string
+	blockSize         int
 	localFallback     bool
 	redisURL          string
 	apiKeys           []string
@@ -155,6 +157,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.recomputeThresh, "recompute-threshold", 64, "attach a handle only if at least this many tokens can be pulled (the engines' kv_recompute_threshold; 0: always)")
 	fs.BoolVar(&c.reuse, "reuse", true, "bidirectional KV reuse; false: plain one-way P→D disaggregation")
 	fs.StringVar(&c.keyMode, "key-mode", keyContent, "how turns are matched: content (the conversation itself) or conversation-id (conversation_id body field / X-Session-ID header, as the reference proxy)")
+	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects)")
+	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis (redis://[user:password@]host:port/db); default in memory")
 	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY); none: no authentication")
@@ -239,6 +243,10 @@ func (c *config) validate() error {
 	switch {
 	case c.port < 0 || c.port > 65535:
 		return fmt.Errorf("%w: --port %d out of range", errUsage, c.port)
+	case c.verification != string(kvroute.VerifyTokens) && c.verification != string(kvroute.VerifyContent):
+		return fmt.Errorf("%w: --verification %q: use %s or %s", errUsage, c.verification, kvroute.VerifyTokens, kvroute.VerifyContent)
+	case c.blockSize < 0:
+		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
 	case c.keyMode != keyContent && c.keyMode != keyConversationID:
 		return fmt.Errorf("%w: --key-mode %q: use %s or %s", errUsage, c.keyMode, keyContent, keyConversationID)
 	case c.logFormat != "text" && c.logFormat != "json":
@@ -268,6 +276,8 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithPrefillTimeout(c.prefillTimeout),
 		kvroute.WithFirstByteTimeout(c.firstByteTimeout),
 		kvroute.WithIdleTimeout(c.idleTimeout),
+		kvroute.WithVerification(kvroute.Verification(c.verification)),
+		kvroute.WithBlockSize(c.blockSize),
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))

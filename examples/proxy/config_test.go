@@ -57,6 +57,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"log level", "--log-level", []string{"--log-level", "loud"}},
 		{"log format", "--log-format", []string{"--log-format", "xml"}},
 		{"key mode", "--key-mode", []string{"--key-mode", "guess"}},
+		{"verification", "--verification \"bytes\": use tokens or content", []string{"--verification", "bytes"}},
+		{"block size", "--block-size", []string{"--block-size", "-16"}},
 		{"grace", "--shutdown-grace", []string{"--shutdown-grace", "-1s"}},
 	}
 	for _, tt := range tests {
@@ -74,9 +76,11 @@ func TestParseConfigSettings(t *testing.T) {
 	c, err := parseConfig([]string{
 		"--retention-ttl", "100s", "--recompute-threshold", "0", "--api-key", "k1", "k2",
 		"--max-body-bytes", "1024", "--shutdown-grace", "3s", "--reuse=false", "--key-mode", "conversation-id",
-		"--log-level", "debug", "--log-format", "json",
+		"--log-level", "debug", "--log-format", "json", "--verification", "content", "--block-size", "32",
 	}, func(k string) string { return env[k] }, io.Discard)
 	require.NoError(t, err)
+	assert.Equal(t, "content", c.verification)
+	assert.Equal(t, 32, c.blockSize)
 	assert.Equal(t, 100*time.Second, c.retentionTTL)
 	assert.Equal(t, 0, c.recomputeThresh)
 	assert.Equal(t, []string{"k1", "k2"}, c.apiKeys)
@@ -86,5 +90,5 @@ func TestParseConfigSettings(t *testing.T) {
 	assert.Equal(t, keyConversationID, c.keyMode)
 	assert.Equal(t, "sk-up", c.upstreamAPIKey)
 	assert.Equal(t, "json", c.logFormat)
-	assert.Len(t, c.routerOptions(), 13, "upstream key and identifier options added")
+	assert.Len(t, c.routerOptions(), 15, "upstream key and identifier options added")
 }
