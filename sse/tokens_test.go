@@ -1,0 +1,121 @@
+package sse_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/sse"
+)
+
+func TestAppendTokenIDs(t *testing.T) {
+	cases := []struct {
+		in   string
+		want []uint32
+		ok   bool
+	}{
+		{`[]`, []uint32{}, true},
+		{`[1,2,3]`, []uint32{1, 2, 3}, true},
+		{` [ 151644 , 0,4294967295 ] `, []uint32{151644, 0, 4294967295}, true},
+		{`[4294967296]`, nil, false},
+		{`[-1]`, nil, false},
+		{`[1.0]`, nil, false},
+		{`[01]`, nil, false},
+		{`[1,]`, nil, false},
+		{`[1 2]`, nil, false},
+		{`null`, nil, false},
+		{`["1"]`, nil, false},
+		{`[1]x`, nil, false},
+		{``, nil, false},
+	}
+	for _, c := range cases {
+		got, ok := sse.AppendTokenIDs([]uint32{}, []byte(c.in))
+		assert.Equal(t, c.ok, ok, c.in)
+		if c.ok {
+			assert.Equal(t, c.want, got, c.in)
+		} else {
+			assert.Empty(t, got, "nothing appended on failure: %s", c.in)
+		}
+	}
+}
+
+func FuzzAppendTokenIDs(f *testing.F) {
+	for _, s := range []string{`[]`, `[1,2,3]`, ` [ 7 ] `, `[4294967296]`, `[-1]`, `[1e3]`, `[01]`, `[1,]`, `null`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := sse.AppendTokenIDs(nil, b)
+		var ref []uint32
+		refOK := json.Unmarshal(b, &ref) == nil && ref != nil && !strings.ContainsAny(string(b), ".eE-")
+		// encoding/json accepts numbers like 1.0 and 1e3 for integers
+		// only when exact; we accept plain digits only, so compare on
+		// inputs without fractions, exponents or signs.
+		if refOK != ok {
+			if !ok && refOK {
+				t.Fatalf("%q: rejected, encoding/json gives %v", b, ref)
+			}
+			t.Fatalf("%q: accepted as %v, encoding/json rejects it", b, got)
+		}
+		if ok && len(got) != len(ref) {
+			t.Fatalf("%q: %v, encoding/json %v", b, got, ref)
+		}
+		for i := range got {
+			if got[i] != ref[i] {
+				t.Fatalf("%q: %v, encoding/json %v", b, got, ref)
+			}
+		}
+	})
+}
+
+func TestCaptureTokenIDs(t *testing.T) {
+	events := []string{
+		`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"prompt_token_ids":[1,2,3]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null,"token_ids":[4]}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":" b"},"finish_reason":null,"token_ids":[5,6]}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop","token_ids":[7]}],"kv_transfer_params":{"remote_engine_id":"d"}}`,
+		`[DONE]`,
+	}
+	for _, strip := range []bool{true, false} {
+		c := sse.NewCapture(sse.WithTokenIDs(strip))
+		var out strings.Builder
+		for _, d := range events {
+			b, err := c.Forward(sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true})
+			require.NoError(t, err)
+			out.Write(b)
+		}
+		assert.Equal(t, []uint32{1, 2, 3}, c.PromptTokenIDs())
+		assert.Equal(t, []uint32{4, 5, 6, 7}, c.TokenIDs())
+		assert.True(t, c.HasTokenIDs())
+		assert.Equal(t, `{"remote_engine_id":"d"}`, string(c.Handle()))
+		assert.NotContains(t, out.String(), "kv_transfer_params")
+		if strip {
+			assert.NotContains(t, out.String(), "token_ids")
+			assert.Contains(t, out.String(), `"content":" b"`, "everything else is kept")
+		} else {
+			assert.Contains(t, out.String(), `"token_ids":[5,6]`)
+		}
+	}
+	t.Run("malformed ids", func(t *testing.T) {
+		c := sse.NewCapture(sse.WithTokenIDs(true))
+		d := `{"choices":[{"index":0,"token_ids":[1,"x"]}],"prompt_token_ids":[1]}`
+		_, err := c.Forward(sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true})
+		require.NoError(t, err)
+		assert.False(t, c.HasTokenIDs(), "ids that cannot be read are no ids")
+	})
+}
+
+func TestStripTokenIDs(t *testing.T) {
+	in := `{"id":"x","choices":[{"index":0,"message":{"content":"hi"},"token_ids":[1,2],"prompt_token_ids":[3]},{"index":1,"token_ids":null}],"prompt_token_ids":[9,8],"usage":{"prompt_tokens":2}}`
+	out, err := sse.StripTokenIDs([]byte(in))
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"id":"x","choices":[{"index":0,"message":{"content":"hi"}},{"index":1}],"usage":{"prompt_tokens":2}}`, string(out))
+	same := `{"id":"x","choices":[{"index":0}]}`
+	out, err = sse.StripTokenIDs([]byte(same))
+	require.NoError(t, err)
+	assert.Equal(t, same, string(out))
+	_, err = sse.StripTokenIDs([]byte(`[1]`))
+	assert.Error(t, err)
+}
