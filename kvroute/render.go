@@ -158,6 +158,9 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 	if err != nil {
 		return nil, 0, err
 	}
+	// Its own request id: engines key requests by X-Request-Id, and the
+	// prefill leg follows with the turn's.
+	hreq.Header.Set(headerRequestID, t.id+"-render")
 	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.renderTimeout})
 	if err != nil {
 		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}
