@@ -78,8 +78,9 @@ func (b *byID) get(id string) kvroute.TurnRecord {
 	return b.m[id]
 }
 
-// TestRandomConversations runs 2,048 random conversations, 128 for each of
-// eight engine and client classes in each verification mode, with random
+// TestRandomConversations runs 3,072 random conversations, 128 for each of
+// eight engine and client classes in three runs (token mode against two
+// engine setups, content mode), with random
 // client-side mutations: edits, stripped or reordered history,
 // compaction, a tenant swap, object tool-call arguments edited,
 // add_generation_prompt false, lenient flags, reasoning with and without a
@@ -87,8 +88,9 @@ func (b *byID) get(id string) kvroute.TurnRecord {
 // openai content format, BPE drift, and completions prompts ending at any
 // boundary. No answer may differ from the single-engine reference, no read
 // may hit freed or expired blocks and no prefix-cache hit may be poisoned.
-// Token mode runs against the hardest engines (P without prefix caching
-// and with kv_recompute_threshold 0, so every attached token is pulled);
+// Token mode runs against the hardest engines (no prefix caching and
+// kv_recompute_threshold 0, so every attached token is pulled) and against
+// engines with prefix caching (where a bad read would poison P's cache);
 // content mode against vLLM's defaults (prefix caching on, threshold 64),
 // under which its blind spots (BPE drift, trimming templates: see
 // TestContentModeBlindSpots) stay below the engines' recompute threshold.
@@ -100,17 +102,26 @@ func TestRandomConversations(t *testing.T) {
 		t.Skip("long property test")
 	}
 	const perClass = 128
-	for _, mode := range []kvroute.Verification{kvroute.VerifyTokens, kvroute.VerifyContent} {
+	runs := []struct {
+		name    string
+		mode    kvroute.Verification
+		engines []kvroutetest.Option
+	}{
+		// The hardest engines: every verified token is pulled (no local
+		// prefix hit, no recompute threshold), so any wrong block shows.
+		{"tokens", kvroute.VerifyTokens, []kvroutetest.Option{kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0)}},
+		// Prefix caching on and no threshold: what P pulls lands in its
+		// prefix cache, so a bad read would poison later hits.
+		{"tokens-cached", kvroute.VerifyTokens, []kvroutetest.Option{kvroutetest.WithRecomputeThreshold(0)}},
+		// vLLM's defaults.
+		{"content", kvroute.VerifyContent, nil},
+	}
+	for _, run := range runs {
+		mode := run.mode
 		var total propStats
 		for _, cl := range propClasses {
-			t.Run(string(mode)+"/"+cl.name, func(t *testing.T) {
-				engine := append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, cl.engine...)
-				if mode == kvroute.VerifyTokens {
-					// The hardest engines: every verified token is pulled
-					// (no local prefix hit, no recompute threshold), so
-					// any wrong block would show.
-					engine = append(engine, kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0))
-				}
+			t.Run(run.name+"/"+cl.name, func(t *testing.T) {
+				engine := append(append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, cl.engine...), run.engines...)
 				c := kvroutetest.NewCluster(t, 1, 1, engine...)
 				rec := &byID{m: map[string]kvroute.TurnRecord{}}
 				// Threshold 0: attach every verified prefix, however short.
@@ -164,7 +175,7 @@ func TestRandomConversations(t *testing.T) {
 				mu.Unlock()
 			})
 		}
-		t.Logf("mode %s: %d conversations, %d turns, %d hits (%d partial), %d wrong", mode, total.conversations, total.turns, total.hits, total.partial, total.wrong)
+		t.Logf("%s: %d conversations, %d turns, %d hits (%d partial), %d wrong", run.name, total.conversations, total.turns, total.hits, total.partial, total.wrong)
 	}
 }
 
