@@ -1,6 +1,7 @@
 package kvroute_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -213,4 +214,39 @@ func TestBlockSizeMismatchRefusesPartialReads(t *testing.T) {
 	assert.Positive(t, r.Stats().PartialRefused)
 	assert.Zero(t, c.Prefill[0].Stats().WrongOutputs)
 	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
+}
+
+// A model with several KV groups: a verified prefix cuts every group's
+// block list from the front, and the answers stay right (a group left
+// uncut would read the wrong blocks).
+func TestTokenVerificationKVGroups(t *testing.T) {
+	opts := []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithKVGroups(2), kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0)}
+	c := kvroutetest.NewCluster(t, 1, 1, opts...)
+	rec := &recorder{}
+	r := newRouter(t, c, kvroute.WithObserver(rec))
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
+	recs := runTurns(t, url, rec, conv, 5, opts, nil)
+	for i, tr := range recs[1:] {
+		require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", i+1, tr.MissReason)
+		assert.True(t, tr.Partial)
+	}
+	for _, e := range append(c.Prefill, c.Decode...) {
+		assert.Zero(t, e.Stats().WrongOutputs)
+		assert.Zero(t, e.Stats().AssertFailures)
+	}
+	// The cut handles P received: two groups of equal, shorter length.
+	for _, pr := range roleRecords(c.Prefill[0], "prefill")[1:] {
+		var body struct {
+			KV struct {
+				Blocks [][]int `json:"remote_block_ids"`
+				N      int     `json:"remote_num_tokens"`
+			} `json:"kv_transfer_params"`
+		}
+		require.NoError(t, json.Unmarshal(pr.Body, &body))
+		require.Len(t, body.KV.Blocks, 2)
+		assert.Len(t, body.KV.Blocks[1], len(body.KV.Blocks[0]))
+		assert.Equal(t, (body.KV.N+15)/16, len(body.KV.Blocks[0]))
+		assert.Zero(t, body.KV.N%16, "a block-aligned prefix")
+	}
 }
