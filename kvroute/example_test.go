@@ -65,3 +65,64 @@ func Example() {
 	// turn 2: hit, answer identical to a single engine: true
 	// prefill engine: 79 tokens computed, 68 pulled from the decode engine
 }
+
+// ExampleWithVerification shows token verification with a reasoning
+// model: the chat template drops the reply's <think> block from the next
+// turn's history, so only the prefix whose tokens still match D's blocks
+// is attached, and the answer is still the single engine's.
+func ExampleWithVerification() {
+	reg := kvroutetest.NewRegistry()
+	p, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg), kvroutetest.WithPrefixCaching(false), kvroutetest.WithReasoning(true))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	d, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg), kvroutetest.WithReasoning(true))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer d.Close()
+
+	var last kvroute.TurnRecord
+	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()),
+		kvroute.WithVerification(kvroute.VerifyTokens), // the default
+		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer router.Close()
+
+	messages := []map[string]string{
+		{"role": "system", "content": "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph. Think before you act: list the files, read the ones that matter, and never guess a name."},
+		{"role": "user", "content": "The test TestParse fails with an index out of range."},
+	}
+	for turn := 1; turn <= 2; turn++ {
+		body, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": messages, "max_tokens": 32})
+		resp, err := router.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
+		if err != nil {
+			log.Fatal(err)
+		}
+		var out struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(resp.Body, &out); err != nil {
+			log.Fatal(err)
+		}
+		resp.Close()
+		ref, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, kvroutetest.WithReasoning(true))
+		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, last.Reuse, out.Choices[0].Message.Content == ref.Text)
+		if last.Reuse == kvroute.ReuseHit {
+			fmt.Printf("  handle held %d tokens; %d verified by %s; attached %d (partial: %t)\n",
+				last.HandleTokens, last.VerifiedTokens, last.TokenSource, last.ReusableTokens, last.Partial)
+		}
+		messages = append(messages,
+			map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+			map[string]string{"role": "user", "content": "Now run the whole suite."})
+	}
+	// Output:
+	// turn 1: miss, answer identical to a single engine: true
+	// turn 2: hit, answer identical to a single engine: true
+	//   handle held 103 tokens; 80 verified by render; attached 80 (partial: true)
+}
