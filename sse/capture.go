@@ -75,53 +75,104 @@ func NewCapture(opts ...CaptureOption) *Capture {
 //
 // An event without kv_transfer_params is returned unchanged: the result is
 // e.Raw itself, and no memory is allocated. An event whose JSON data has a
-// top-level kv_transfer_params member (whatever the escaping of its key) is
-// rewritten without it; the rest of the JSON keeps its bytes, but the event
-// is re-framed with the JSON on a single "data: " line (line breaks between
-// JSON tokens of a multi-line data field become spaces) while its other
-// lines are kept. The result is then owned by the Capture and valid until
-// the next call to Forward.
+// kv_transfer_params member at the top level or in an element of its
+// choices array (whatever the escaping of its key) is rewritten without it;
+// only a top-level one is taken as the engine's handle. The rest of the JSON
+// keeps its bytes, but the event is re-framed with the JSON on a single
+// "data: " line (line breaks between JSON tokens of a multi-line data field
+// become spaces) while its other lines are kept. A line other than a data
+// line (a comment, id, event, retry or unknown field) that contains the
+// bytes kv_transfer_params is dropped, with its line break: such lines carry
+// no JSON, so they are not rewritten, and they never reach a client. The
+// result is then owned by the Capture and valid until the next call to
+// Forward.
 //
 // Forward returns ErrMalformedData, and no bytes, when e's data may hold the
 // member but is not valid JSON.
 func (c *Capture) Forward(e Event) ([]byte, error) {
-	if !e.HasData {
-		return e.Raw, nil
-	}
 	d := e.Data
-	if string(d) == "[DONE]" {
+	done := e.HasData && string(d) == "[DONE]"
+	if done {
 		c.done = true
+	} else if e.HasData {
+		c.inspect(d)
+	}
+	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
+	if !strip && !mayHoldHandle(e.Raw) {
 		return e.Raw, nil
 	}
-	c.inspect(d)
-	strip := c.stripTokens && mayHoldTokenIDs(d)
-	if !strip && !mayHoldHandle(d) {
-		return e.Raw, nil
-	}
-	if err := c.obj.Reset(d); err != nil {
-		if errors.Is(err, jsonraw.ErrNotObject) {
-			return e.Raw, nil
+	data, changed := d, false
+	if e.HasData && !done && (strip || mayHoldHandle(d)) {
+		if err := c.obj.Reset(d); err != nil {
+			if !errors.Is(err, jsonraw.ErrNotObject) {
+				return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
+			}
+			// Valid JSON but no object (a string, an array): no member to
+			// remove at the top level.
+		} else {
+			v, hasHandle := c.obj.Get(HandleKey)
+			if hasHandle && !jsonraw.IsNull(v) {
+				c.handle = bytes.Clone(v)
+			}
+			switch {
+			case strip:
+				data = stripTokenIDs(c.obj, hasHandle)
+				changed = hasHandle || len(data) != len(d)
+			case hasHandle:
+				data = c.obj.Edit([]string{HandleKey})
+				changed = true
+			}
+			if mayHoldHandle(data) {
+				if out, ok := StripChoiceHandles(data); ok {
+					data, changed = out, true
+				}
+			}
 		}
-		return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
 	}
-	v, hasHandle := c.obj.Get(HandleKey)
-	if hasHandle && !jsonraw.IsNull(v) {
-		c.handle = bytes.Clone(v)
-	}
-	var data []byte
-	switch {
-	case strip:
-		data = stripTokenIDs(c.obj, hasHandle)
-		if !hasHandle && len(data) == len(d) {
-			return e.Raw, nil
-		}
-	case hasHandle:
-		data = c.obj.Edit([]string{HandleKey})
-	default:
+	if !changed && !otherLineHolds(e.Raw) {
 		return e.Raw, nil
 	}
-	c.out = reframe(c.out[:0], e.Raw, data)
+	c.out = reframe(c.out[:0], e.Raw, data, changed)
 	return c.out, nil
+}
+
+// StripChoiceHandles returns obj, a JSON object, without the
+// kv_transfer_params members of the elements of its choices array, and true;
+// or obj itself and false when no element has one (or obj is not a valid
+// object). A top-level kv_transfer_params is left as it is.
+func StripChoiceHandles(obj []byte) ([]byte, bool) {
+	choices, ok := jsonraw.Lookup(obj, "choices")
+	if !ok || !mayHoldHandle(choices) || len(choices) == 0 || choices[0] != '[' {
+		return obj, false
+	}
+	out := make([]byte, 0, len(choices))
+	out = append(out, '[')
+	changed := false
+	n := 0
+	err := jsonraw.Elements(choices, func(v []byte) error {
+		if n > 0 {
+			out = append(out, ',')
+		}
+		n++
+		if mayHoldHandle(v) {
+			if o, err := jsonraw.Parse(v); err == nil && o.Has(HandleKey) {
+				out = append(out, o.Edit([]string{HandleKey})...)
+				changed = true
+				return nil
+			}
+		}
+		out = append(out, v...)
+		return nil
+	})
+	if err != nil || !changed {
+		return obj, false
+	}
+	out = append(out, ']')
+	o, err := jsonraw.Parse(obj)
+	if err != nil {
+		return obj, false
+	}
+	return o.Edit(nil, jsonraw.Member{Key: "choices", Value: out}), true
 }
 
 // mayHoldHandle is the cheap test for a kv_transfer_params key: a key that
@@ -246,9 +297,11 @@ func finishReason(v []byte) string {
 	return s
 }
 
-// reframe appends to dst the event raw with its data lines replaced by one
-// "data: " line holding data, at the place of the first data line.
-func reframe(dst, raw, data []byte) []byte {
+// reframe appends to dst the event raw without its non-data lines that
+// contain kv_transfer_params and, when replace is set, with its data lines
+// replaced by one "data: " line holding data, at the place of the first
+// data line.
+func reframe(dst, raw, data []byte, replace bool) []byte {
 	wrote := false
 	for len(raw) > 0 {
 		end, next := lineEnd(raw)
@@ -256,12 +309,15 @@ func reframe(dst, raw, data []byte) []byte {
 		// Reader ignores one only at the start of a stream.
 		line := raw[:end]
 		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) {
-			dst = append(dst, line...)
-			dst = append(dst, raw[end:next]...)
+			if !bytes.Contains(line, []byte(HandleKey)) {
+				dst = append(dst, raw[:next]...)
+			}
 			raw = raw[next:]
 			continue
 		}
-		if !wrote {
+		if !replace {
+			dst = append(dst, raw[:next]...)
+		} else if !wrote {
 			wrote = true
 			dst = append(dst, "data: "...)
 			for _, b := range data {
@@ -275,6 +331,23 @@ func reframe(dst, raw, data []byte) []byte {
 		raw = raw[next:]
 	}
 	return dst
+}
+
+// otherLineHolds reports whether a line of raw other than a data line
+// contains kv_transfer_params.
+func otherLineHolds(raw []byte) bool {
+	if !bytes.Contains(raw, []byte(HandleKey)) {
+		return false
+	}
+	for len(raw) > 0 {
+		end, next := lineEnd(raw)
+		line := raw[:end]
+		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) && bytes.Contains(line, []byte(HandleKey)) {
+			return true
+		}
+		raw = raw[next:]
+	}
+	return false
 }
 
 func isDataLine(line []byte) bool {

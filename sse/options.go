@@ -1,8 +1,11 @@
 package sse
 
 // DefaultMaxEventSize is the default bound on the size of one event's Raw
-// bytes.
-const DefaultMaxEventSize = 1 << 20
+// bytes: 16 MiB, room for the final chunk of a 1M-token context whose
+// kv_transfer_params lists 62,500 block ids in each of two KV groups (about
+// 1 MB) plus its token ids. The Reader's buffer grows only as far as the
+// events need.
+const DefaultMaxEventSize = 16 << 20
 
 // ReaderOption configures a Reader.
 type ReaderOption interface {

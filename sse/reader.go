@@ -25,9 +25,10 @@ const (
 // reads). Lines starting with ':' are comments. The fields data, event, id
 // and retry are recognised, with an optional single space after the colon;
 // other fields are ignored. A blank line ends a block. A UTF-8 byte order
-// mark at the start of the stream is ignored (but kept in Raw). When the
-// input ends, an unterminated last line is treated as a complete line, and a
-// block not yet ended by a blank line is returned with Incomplete set.
+// mark at the start of the stream is ignored (but kept in Raw); a stream of
+// only a byte order mark yields one Incomplete block, never an event. When
+// the input ends, an unterminated last line is treated as a complete line,
+// and a block not yet ended by a blank line is returned with Incomplete set.
 //
 // A Reader is not safe for concurrent use.
 type Reader struct {
@@ -327,6 +328,9 @@ func (r *Reader) finish() (Event, error) {
 		return Event{}, io.EOF
 	}
 	// Without a non-blank line the rest is only blank lines: a Comment
-	// block, complete as it is.
-	return r.dispatch(r.sawLine)
+	// block, complete as it is. A stream that holds nothing but a byte
+	// order mark has no line at all: its one block is Incomplete, so that
+	// no one mistakes it for an event (its Raw still reproduces the input).
+	onlyBOM := r.start == 0 && string(r.buf[:r.pos]) == bom
+	return r.dispatch(r.sawLine || onlyBOM)
 }

@@ -1,0 +1,119 @@
+package sse_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/sse"
+)
+
+// A stream of nothing but a byte order mark is no event: it comes out as
+// one Incomplete block (so Raw still reproduces the input), then io.EOF.
+func TestReaderBOMOnlyIsNoEvent(t *testing.T) {
+	for _, in := range []string{"\xef\xbb\xbf"} {
+		r := sse.NewReader(strings.NewReader(in))
+		e, err := r.Next()
+		require.NoError(t, err)
+		assert.True(t, e.Incomplete, "a lone BOM must not look like a complete event")
+		assert.False(t, e.HasData)
+		assert.Equal(t, in, string(e.Raw))
+		_, err = r.Next()
+		assert.ErrorIs(t, err, io.EOF)
+	}
+	// A BOM followed by a line break is a (blank) complete block, as before.
+	e, err := sse.NewReader(strings.NewReader("\xef\xbb\xbf\n")).Next()
+	require.NoError(t, err)
+	assert.False(t, e.Incomplete)
+}
+
+// A handle never reaches a client through a line other than data, nor
+// nested in a choice.
+func TestCaptureFailsClosed(t *testing.T) {
+	const h = `{"remote_block_ids":[[1]],"remote_host":"10.0.0.9"}`
+	for _, tc := range []struct {
+		name, in, want string
+		handle         string // the handle taken, "" for none
+	}{
+		{"comment line", ": kv_transfer_params=" + h + "\ndata: {\"a\":1}\n\n", "data: {\"a\":1}\n\n", ""},
+		{"comment-only event", ": " + h + " kv_transfer_params\n\n", "\n", ""},
+		{"id line", "id: kv_transfer_params\ndata: {\"a\":1}\n\n", "data: {\"a\":1}\n\n", ""},
+		{"event line keeps the rest", "event: x\nid: 7 kv_transfer_params\r\ndata: {\"a\":1}\n\n", "event: x\ndata: {\"a\":1}\n\n", ""},
+		{"nested in choice", `data: {"choices":[{"index":0,"kv_transfer_params":` + h + `,"delta":{}}]}` + "\n\n",
+			`data: {"choices":[{"index":0,"delta":{}}]}` + "\n\n", ""},
+		{"nested escaped", `data: {"choices":[{"kv\u005ftransfer_params":1},{"index":1}]}` + "\n\n",
+			`data: {"choices":[{},{"index":1}]}` + "\n\n", ""},
+		{"top level and nested", `data: {"choices":[{"index":0,"kv_transfer_params":1}],"kv_transfer_params":` + h + `}` + "\n\n",
+			`data: {"choices":[{"index":0}]}` + "\n\n", h},
+		{"data and comment", ": kv_transfer_params\ndata: {\"kv_transfer_params\":" + h + ",\"b\":2}\n\n", "data: {\"b\":2}\n\n", h},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := sse.NewReader(strings.NewReader(tc.in)).Next()
+			require.NoError(t, err)
+			c := sse.NewCapture()
+			out, err := c.Forward(e)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, string(out))
+			assert.NotContains(t, string(out), sse.HandleKey)
+			assert.Equal(t, tc.handle, string(c.Handle()))
+		})
+	}
+}
+
+func TestCaptureFailsClosedWithTokenIDs(t *testing.T) {
+	in := `data: {"choices":[{"index":0,"token_ids":[5],"kv_transfer_params":{"x":1}}],"prompt_token_ids":[1,2]}` + "\n\n"
+	e, err := sse.NewReader(strings.NewReader(in)).Next()
+	require.NoError(t, err)
+	c := sse.NewCapture(sse.WithTokenIDs(true))
+	out, err := c.Forward(e)
+	require.NoError(t, err)
+	assert.Equal(t, `data: {"choices":[{"index":0}]}`+"\n\n", string(out))
+	assert.Equal(t, []uint32{1, 2}, c.PromptTokenIDs())
+	assert.Equal(t, []uint32{5}, c.TokenIDs())
+}
+
+func TestStripChoiceHandles(t *testing.T) {
+	out, ok := sse.StripChoiceHandles([]byte(`{"id":"x","choices":[{"index":0,"message":{"content":"kv_transfer_params"},"kv_transfer_params":{"a":[1]}}]}`))
+	require.True(t, ok)
+	assert.Equal(t, `{"id":"x","choices":[{"index":0,"message":{"content":"kv_transfer_params"}}]}`, string(out))
+	in := []byte(`{"choices":[{"index":0,"text":"kv_transfer_params"}]}`)
+	out, ok = sse.StripChoiceHandles(in)
+	assert.False(t, ok)
+	assert.True(t, bytes.Equal(in, out))
+}
+
+// A final event far over the old 1 MiB bound (a 1M-token handle with two KV
+// groups) is read whole by default.
+func TestReaderDefaultFitsLargeHandles(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`data: {"kv_transfer_params":{"remote_block_ids":[`)
+	for g := range 2 {
+		if g > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('[')
+		for i := range 62_500 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("12345678")
+		}
+		b.WriteByte(']')
+	}
+	b.WriteString("]}}\n\n")
+	require.Greater(t, b.Len(), 1<<20)
+	e, err := sse.NewReader(strings.NewReader(b.String())).Next()
+	require.NoError(t, err)
+	c := sse.NewCapture()
+	out, err := c.Forward(e)
+	require.NoError(t, err)
+	assert.Equal(t, "data: {}\n\n", string(out))
+	assert.Greater(t, len(c.Handle()), 1<<20)
+	_, err = sse.NewReader(strings.NewReader(b.String()), sse.WithMaxEventSize(1<<20)).Next()
+	assert.True(t, errors.Is(err, sse.ErrEventTooLarge))
+}
