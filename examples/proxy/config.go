@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -35,9 +36,16 @@ type config struct {
 	blockSize         int
 	localFallback     bool
 	redisURL          string
-	apiKeys           []string
+	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
+	apiKeyFile        string
+	allowAnonymousIDs bool
 	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
 	maxBodyBytes      int64
+	maxHeaderBytes    int
+	maxTurns          int
+	maxBufferedBytes  int64
+	idleConnTimeout   time.Duration
+	readBodyTimeout   time.Duration
 	prefillTimeout    time.Duration
 	firstByteTimeout  time.Duration
 	idleTimeout       time.Duration
@@ -48,6 +56,19 @@ type config struct {
 	logLevel          slog.Level
 	logFormat         string
 }
+
+// envAPIKeys names the environment variable with inbound API keys,
+// comma-separated: keys given there stay out of the process list.
+const envAPIKeys = "BIDIKV_API_KEYS"
+
+// Defaults of the limits users reason about.
+const (
+	defaultMaxHeaderBytes   = 64 << 10
+	defaultMaxTurns         = 256
+	defaultMaxBufferedBytes = 256 << 20
+	defaultIdleConnTimeout  = 120 * time.Second
+	defaultReadBodyTimeout  = 60 * time.Second
+)
 
 // Key modes for --key-mode.
 const (
@@ -161,8 +182,15 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis (redis://[user:password@]host:port/db); default in memory")
-	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY); none: no authentication")
+	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY), visible in the process list: prefer --api-key-file or "+envAPIKeys+"; none of the three: no authentication")
+	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
+	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
+	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
+	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests; more are shed with 503 and Retry-After (at least --max-body-bytes)")
+	fs.DurationVar(&c.idleConnTimeout, "idle-conn-timeout", defaultIdleConnTimeout, "how long a client's keep-alive connection may sit idle between requests")
+	fs.DurationVar(&c.readBodyTimeout, "read-body-timeout", defaultReadBodyTimeout, "bound on reading a request body, from the end of its headers (408 after it); streams are not limited by it")
 	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.DefaultPrefillTimeout, "bound on the prefill leg (0: none)")
 	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.DefaultFirstByteTimeout, "bound on the wait for the decode engine's headers (0: none)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.DefaultIdleTimeout, "bound on the gap between two decode stream reads (0: none)")
@@ -186,10 +214,41 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 		return nil, err
 	}
 	c.upstreamAPIKey = getenv("OPENAI_API_KEY")
+	if err := c.inboundKeys(getenv); err != nil {
+		return nil, err
+	}
 	if err := c.endpoints(ph.set || pp.set, dh.set || dp.set); err != nil {
 		return nil, err
 	}
 	return c, c.validate()
+}
+
+// inboundKeys adds the keys of --api-key-file and BIDIKV_API_KEYS to
+// --api-key's.
+func (c *config) inboundKeys(getenv func(string) string) error {
+	for _, k := range strings.Split(getenv(envAPIKeys), ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			c.apiKeys = append(c.apiKeys, k)
+		}
+	}
+	if c.apiKeyFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(c.apiKeyFile)
+	if err != nil {
+		return fmt.Errorf("%w: --api-key-file: %v", errUsage, err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			c.apiKeys = append(c.apiKeys, l)
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: --api-key-file %s holds no key", errUsage, c.apiKeyFile)
+	}
+	return nil
 }
 
 func (c *config) level(s string) error {
@@ -257,6 +316,20 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --health-interval and --health-timeout must be positive", errUsage)
 	case c.readHeaderTimeout <= 0:
 		return fmt.Errorf("%w: --read-header-timeout must be positive", errUsage)
+	case c.idleConnTimeout <= 0 || c.readBodyTimeout <= 0:
+		return fmt.Errorf("%w: --idle-conn-timeout and --read-body-timeout must be positive", errUsage)
+	case c.maxHeaderBytes < 4096:
+		return fmt.Errorf("%w: --max-header-bytes must be at least 4096", errUsage)
+	case c.maxTurns <= 0:
+		return fmt.Errorf("%w: --max-concurrent-turns must be positive", errUsage)
+	case c.maxBodyBytes <= 0:
+		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
+	case c.maxBufferedBytes < c.maxBodyBytes:
+		return fmt.Errorf("%w: --max-buffered-bytes %d is below --max-body-bytes %d: a request of the largest size could never be admitted", errUsage, c.maxBufferedBytes, c.maxBodyBytes)
+	case c.keyMode == keyConversationID && len(c.apiKeys) == 0 && !c.allowAnonymousIDs:
+		return fmt.Errorf("%w: --key-mode conversation-id without inbound API keys puts every client in one tenant, "+
+			"so anyone who knows a conversation id continues its KV: give --api-key-file (or %s, or --api-key), "+
+			"or --allow-anonymous-conversation-id to accept that", errUsage, envAPIKeys)
 	}
 	return nil
 }

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
+	"math"
 	"net/http"
+	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -33,6 +37,12 @@ type metrics struct {
 	handleAge prometheus.Histogram
 	reusable  prometheus.Histogram
 
+	rejected *prometheus.CounterVec // status, reason
+	lookedUp struct {
+		mu         sync.Mutex
+		hits, miss int64
+	}
+
 	inflight   prometheus.Gauge
 	endpointUp *prometheus.GaugeVec // role, endpoint
 }
@@ -42,7 +52,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "turns_total",
-			Help: "Turns routed, by path, reuse outcome (hit, miss, off, none when the turn failed before lookup) and result (ok, error)."},
+			Help: "Turns that reached lookup, by path, reuse outcome (hit, miss, off) and result (ok, error); requests rejected before are in rejected_requests_total."},
 			[]string{"path", "reuse", "result"}),
 		hits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "reuse_hits_total",
 			Help: "Turns whose prefill leg carried a retained decode handle."}),
@@ -77,6 +87,9 @@ func newMetrics() *metrics {
 			Help: "Age of the retained handle attached on a hit.", Buckets: prometheus.ExponentialBuckets(0.1, 2, 13)}),
 		reusable: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "reusable_tokens",
 			Help: "Tokens the attached handle lets the prefill engine read on a hit (remote_num_tokens, or the verified prefix).", Buckets: prometheus.ExponentialBuckets(64, 2, 12)}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
+			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, closed."},
+			[]string{"status", "reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
 			Help: "Completion requests being served now."}),
 		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "endpoint_up",
@@ -84,7 +97,10 @@ func newMetrics() *metrics {
 			[]string{"role", "endpoint"}),
 	}
 	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes,
-		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.inflight, m.endpointUp,
+		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.inflight, m.endpointUp, m.rejected,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "reuse_hit_ratio",
+			Help: "Hits over hits and misses since start, over turns that reached lookup (rejected requests and reuse off excluded); NaN before the first."},
+			m.hitRatio),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -130,8 +146,47 @@ func (m *metrics) watchStore(s kvroute.Store) {
 		Help: "Decode handles retained in the store now."}, func() float64 { return float64(l.Len()) }))
 }
 
+// watchAdmission exports the admission counts.
+func (m *metrics) watchAdmission(a *admission) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "buffered_request_bytes",
+		Help: "Request body bytes reserved by the turns being served (bounded by --max-buffered-bytes)."},
+		func() float64 { _, b := a.held(); return float64(b) }))
+}
+
+func (m *metrics) hitRatio() float64 {
+	m.lookedUp.mu.Lock()
+	defer m.lookedUp.mu.Unlock()
+	if m.lookedUp.hits+m.lookedUp.miss == 0 {
+		return math.NaN()
+	}
+	return float64(m.lookedUp.hits) / float64(m.lookedUp.hits+m.lookedUp.miss)
+}
+
+// rejectedBeforeLookup reports whether a turn failed before it reached
+// lookup: a request the router refused (a bad body, the router closed).
+// Such a turn has ErrPhase lookup (the lookup itself never fails: store
+// errors are misses), and Reuse "" or, from older routers, "miss" or "off".
+func rejectedBeforeLookup(rec *kvroute.TurnRecord) bool {
+	return rec.Err != nil && (rec.Reuse == "" || rec.ErrPhase == kvroute.PhaseLookup)
+}
+
+// rejectReason labels a turn rejected before lookup.
+func rejectReason(err error) string {
+	switch {
+	case errors.Is(err, kvroute.ErrBadRequest):
+		return "bad_request"
+	case errors.Is(err, kvroute.ErrClosed):
+		return "closed"
+	}
+	return "other"
+}
+
 // observe records one finished turn.
 func (m *metrics) observe(rec *kvroute.TurnRecord) {
+	if rejectedBeforeLookup(rec) {
+		m.rejected.WithLabelValues(strconv.Itoa(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
+		return
+	}
 	reuse := rec.Reuse
 	if reuse == "" {
 		reuse = "none"
@@ -144,10 +199,16 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	m.turns.WithLabelValues(rec.Path, reuse, result).Inc()
 	switch rec.Reuse {
 	case kvroute.ReuseHit:
+		m.lookedUp.mu.Lock()
+		m.lookedUp.hits++
+		m.lookedUp.mu.Unlock()
 		m.hits.Inc()
 		m.handleAge.Observe(rec.HandleAge.Seconds())
 		m.reusable.Observe(float64(rec.ReusableTokens))
 	case kvroute.ReuseMiss:
+		m.lookedUp.mu.Lock()
+		m.lookedUp.miss++
+		m.lookedUp.mu.Unlock()
 		m.misses.WithLabelValues(rec.MissReason).Inc()
 	}
 	if rec.Stored {

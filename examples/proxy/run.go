@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -58,7 +57,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp
-	s := &server{router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log}
+	s := &server{
+		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
+		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
+		adm:  &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
+		open: newOpenTurns(),
+	}
+	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {
 		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
 	}
@@ -67,9 +72,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	// No ReadTimeout or WriteTimeout: they would cut long streams. The
+	// body has its own deadline (--read-body-timeout, set per request).
 	srv := &http.Server{
 		Handler:           s.routes(),
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
+		IdleTimeout:       cfg.idleConnTimeout,
+		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 
@@ -82,39 +91,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer func() { stopPoll(); <-polled }()
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(jsonErrorListener{ln}) }()
 	fmt.Fprintf(stdout, "proxy: serving http://%s prefill %v decode %v\n", ln.Addr(), cfg.prefillURLs, cfg.decodeURLs)
 	log.Info("serving", slog.String("addr", ln.Addr().String()),
 		slog.Any("prefill", cfg.prefillURLs), slog.Any("decode", cfg.decodeURLs),
 		slog.Bool("reuse", cfg.reuse), slog.String("key_mode", cfg.keyMode),
-		slog.Bool("redis", cfg.redisURL != ""), slog.Int("inbound_keys", len(cfg.apiKeys)))
+		slog.Bool("redis", cfg.redisURL != ""), slog.Int("inbound_keys", len(cfg.apiKeys)),
+		slog.Int("max_concurrent_turns", cfg.maxTurns), slog.Int64("max_buffered_bytes", cfg.maxBufferedBytes))
 
 	select {
 	case err := <-served:
 		return err
 	case <-ctx.Done():
 	}
-	return drain(srv, served, cfg, log)
-}
-
-// drain stops accepting and lets requests in flight finish within the
-// grace period.
-func drain(srv *http.Server, served <-chan error, cfg *config, log *slog.Logger) error {
-	log.Info("draining", slog.Duration("grace", cfg.shutdownGrace))
-	graceCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownGrace)
-	defer cancel()
-	err := srv.Shutdown(graceCtx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("grace period over: closing the remaining connections")
-		err = srv.Close()
-	}
-	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		return serr
-	}
-	if err == nil {
-		log.Info("drained")
-	}
-	return err
+	return drain(srv, served, s.open, cfg.shutdownGrace, log)
 }
 
 // newStore returns Redis when --redis-url is set, else an in-memory store.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,23 +29,79 @@ type server struct {
 	upstream string       // upstream API key, "" for none
 	keys     [][32]byte   // digests of the accepted inbound keys; none: open
 	log      *slog.Logger
+
+	maxHeaderBytes  int
+	maxBodyBytes    int64
+	readBodyTimeout time.Duration
+	adm             *admission
+	open            *openTurns
 }
 
-// routes returns the proxy's handler.
+// route is one path's handler and the methods it serves.
+type route struct {
+	methods []string
+	h       http.Handler
+}
+
+// routes returns the proxy's handler. Paths match exactly (no redirects
+// for trailing slashes or unclean paths); a known path with another method
+// gets 405 with Allow, an unknown one 404, both in OpenAI's error shape.
 func (s *server) routes() http.Handler {
-	mux := http.NewServeMux()
-	turns := s.auth(s.inflight(s.router))
-	mux.Handle("POST "+kvroute.PathChatCompletions, turns)
-	mux.Handle("POST "+kvroute.PathCompletions, turns)
-	mux.Handle("GET /v1/models", s.auth(http.HandlerFunc(s.models)))
-	mux.HandleFunc("GET /health", s.live)
-	mux.HandleFunc("GET /healthcheck", s.live) // the reference proxy's name
-	mux.HandleFunc("GET /ready", s.ready)
-	mux.Handle("GET /metrics", s.metrics.handler())
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	post := []string{http.MethodPost}
+	get := []string{http.MethodGet, http.MethodHead}
+	turns := s.auth(s.admit(s.router))
+	table := map[string]route{
+		kvroute.PathChatCompletions: {post, turns},
+		kvroute.PathCompletions:     {post, turns},
+		"/v1/models":                {get, s.auth(http.HandlerFunc(s.models))},
+		"/health":                   {get, http.HandlerFunc(s.live)},
+		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
+		"/ready":                    {get, http.HandlerFunc(s.ready)},
+		"/metrics":                  {get, s.metrics.handler()},
+	}
+	return s.access(s.headerLimit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt, ok := table[r.URL.Path]
+		switch {
+		case !ok:
+			s.reject(w, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
+		case !slices.Contains(rt.methods, r.Method):
+			w.Header().Set("Allow", strings.Join(rt.methods, ", "))
+			s.reject(w, http.StatusMethodNotAllowed, "method_not_allowed", r.URL.Path+" takes "+strings.Join(rt.methods, " or ")+", not "+r.Method)
+		default:
+			rt.h.ServeHTTP(w, r)
+		}
+	})))
+}
+
+// headerLimit answers 431 in OpenAI's error shape when the request line
+// and headers exceed --max-header-bytes. net/http's own limit
+// (http.Server.MaxHeaderBytes, set to the same value) has 4 KiB of slack,
+// so this is the exact one; above net/http's, its plain-text 431 is
+// rewritten to JSON by jsonErrorConn.
+func (s *server) headerLimit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if headerSize(r) > s.maxHeaderBytes {
+			w.Header().Set("Connection", "close")
+			s.reject(w, http.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
+				"request line and headers larger than "+strconv.Itoa(s.maxHeaderBytes)+" bytes")
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
-	return s.access(mux)
+}
+
+// headerSize is the size of the request line and headers as sent.
+func headerSize(r *http.Request) int {
+	n := len(r.Method) + 1 + len(r.RequestURI) + 1 + len(r.Proto) + 2
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host) + 2
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + 2 + len(v) + 2
+		}
+	}
+	return n + 2
 }
 
 // access gives every request an X-Request-Id (the client's, or a new one,
@@ -91,16 +148,7 @@ func (s *server) auth(next http.Handler) http.Handler {
 			}
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="bidikv"`)
-		writeError(w, http.StatusUnauthorized, "invalid or missing API key")
-	})
-}
-
-// inflight counts the completion requests being served.
-func (s *server) inflight(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.metrics.inflight.Inc()
-		defer s.metrics.inflight.Dec()
-		next.ServeHTTP(w, r)
+		s.reject(w, http.StatusUnauthorized, "unauthorized", "invalid or missing API key")
 	})
 }
 
@@ -161,21 +209,57 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusServiceUnavailable, "no engine answered /v1/models")
 }
 
+// reject answers an error the proxy decides itself and counts it in
+// bidikv_rejected_requests_total.
+func (s *server) reject(w http.ResponseWriter, status int, reason, msg string) {
+	s.metrics.rejected.WithLabelValues(strconv.Itoa(status), reason).Inc()
+	writeError(w, status, msg)
+}
+
 // writeError answers in OpenAI's error shape.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	typ, code := "server_error", "upstream_unavailable"
-	switch status {
-	case http.StatusUnauthorized:
-		typ, code = "authentication_error", "invalid_api_key"
-	case http.StatusNotFound:
-		typ, code = "invalid_request_error", "not_found"
-	}
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": "proxy: " + msg, "type": typ, "param": nil, "code": code}})
+	b := errorBody(status, msg)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// errorBody renders msg in OpenAI's error shape, with a type and code
+// that follow from the status.
+func errorBody(status int, msg string) []byte {
+	typ, code := "invalid_request_error", "invalid_request"
+	switch status {
+	case http.StatusUnauthorized:
+		typ, code = "authentication_error", "invalid_api_key"
+	case http.StatusNotFound:
+		code = "not_found"
+	case http.StatusMethodNotAllowed:
+		code = "method_not_allowed"
+	case http.StatusRequestTimeout:
+		code = "request_timeout"
+	case http.StatusRequestEntityTooLarge:
+		code = "request_too_large"
+	case http.StatusRequestHeaderFieldsTooLarge:
+		code = "headers_too_large"
+	case http.StatusNotImplemented:
+		code = "not_implemented"
+	case http.StatusHTTPVersionNotSupported:
+		code = "http_version_not_supported"
+	case http.StatusServiceUnavailable:
+		typ, code = "server_error", "upstream_unavailable"
+	}
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusHTTPVersionNotSupported {
+		typ = "server_error"
+	}
+	return errorJSON(msg, typ, code)
+}
+
+// errorJSON is OpenAI's error body.
+func errorJSON(msg, typ, code string) []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": "proxy: " + msg, "type": typ, "param": nil, "code": code}})
+	return b
 }
 
 func newRequestID() string {

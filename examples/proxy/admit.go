@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// retryAfterSeconds is the Retry-After of a shed request: admitted turns
+// are expected to free room within about this long.
+const retryAfterSeconds = 1
+
+// admission bounds the completion requests served at once and the request
+// body bytes they hold. It never queues: what does not fit is shed at once
+// with 503, so admitted turns keep their memory and finish.
+type admission struct {
+	mu       sync.Mutex
+	turns    int
+	maxTurns int
+	bytes    int64
+	maxBytes int64
+}
+
+// enter admits one turn, or reports false when --max-concurrent-turns
+// are being served.
+func (a *admission) enter() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.turns >= a.maxTurns {
+		return false
+	}
+	a.turns++
+	return true
+}
+
+func (a *admission) leave() {
+	a.mu.Lock()
+	a.turns--
+	a.mu.Unlock()
+}
+
+// reserve takes n bytes of the buffer budget, or reports false when they
+// do not fit.
+func (a *admission) reserve(n int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bytes+n > a.maxBytes {
+		return false
+	}
+	a.bytes += n
+	return true
+}
+
+func (a *admission) release(n int64) {
+	a.mu.Lock()
+	a.bytes -= n
+	a.mu.Unlock()
+}
+
+// held returns the turns admitted and the bytes reserved now.
+func (a *admission) held() (int, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.turns, a.bytes
+}
+
+// Why a body read was stopped by the proxy rather than by the client.
+var (
+	errBodyBudget  = errors.New("proxy: request body bytes held at once reached --max-buffered-bytes")
+	errBodyTimeout = errors.New("proxy: request body not received within --read-body-timeout")
+)
+
+// admit serves a completion request when it fits: a free turn slot, and
+// room in the byte budget for its body (its Content-Length up front, or
+// the bytes as they arrive for a chunked body). The body must arrive
+// within --read-body-timeout; the deadline is lifted once it has, so
+// streams run as long as they need. The turn is registered for the drain.
+func (s *server) admit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > s.maxBodyBytes {
+			s.reject(w, http.StatusRequestEntityTooLarge, "too_large",
+				"request body larger than "+strconv.FormatInt(s.maxBodyBytes, 10)+" bytes")
+			return
+		}
+		if !s.adm.enter() {
+			s.shed(w, "turns", "--max-concurrent-turns reached")
+			return
+		}
+		defer s.adm.leave()
+		s.metrics.inflight.Inc()
+		defer s.metrics.inflight.Dec()
+		body := &bodyReader{rc: r.Body, adm: s.adm, limit: s.maxBodyBytes, ctl: http.NewResponseController(w)}
+		defer func() { s.adm.release(body.reserved) }()
+		if r.ContentLength > 0 {
+			if !s.adm.reserve(r.ContentLength) {
+				s.shed(w, "bytes", "--max-buffered-bytes reached")
+				return
+			}
+			body.reserved = r.ContentLength
+			body.prepaid = true
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			_ = body.ctl.SetReadDeadline(time.Now().Add(s.readBodyTimeout))
+		}
+
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		t := s.open.add(cancel)
+		defer s.open.remove(t)
+
+		tw := &turnWriter{ResponseWriter: w, body: body, s: s}
+		r2 := r.WithContext(ctx)
+		r2.Body = body
+		next.ServeHTTP(tw, r2)
+
+		switch {
+		case body.tooLarge:
+			s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusRequestEntityTooLarge), "too_large").Inc()
+		case tw.replaced:
+		case body.err != nil && !tw.wrote:
+			// The client's body failed (it went away): nothing to answer.
+		case errors.Is(context.Cause(ctx), errCut):
+			tw.cut()
+		}
+	})
+}
+
+// shed answers 503 with Retry-After in OpenAI's error shape.
+func (s *server) shed(w http.ResponseWriter, what, msg string) {
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+	s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusServiceUnavailable), "overloaded_"+what).Inc()
+	b := errorJSON("overloaded: "+msg+"; retry later", "server_error", "overloaded")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write(b)
+}
+
+// bodyReader is a turn's request body: it reserves chunked bytes in the
+// budget as they arrive, notes a body above the limit (the router answers
+// 413), maps an expired read deadline to errBodyTimeout, and lifts the
+// deadline at the end of the body.
+type bodyReader struct {
+	rc       io.ReadCloser
+	adm      *admission
+	limit    int64
+	ctl      *http.ResponseController
+	n        int64
+	reserved int64
+	prepaid  bool  // Content-Length reserved up front
+	tooLarge bool  // more than limit bytes arrived
+	err      error // the read error that ended the body early, errBody* when the proxy stopped it
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.rc.Read(p)
+	b.n += int64(n)
+	if b.n > b.limit {
+		b.tooLarge = true
+	}
+	if !b.prepaid && n > 0 {
+		want := min(b.n, b.limit+1) - b.reserved
+		if want > 0 {
+			if !b.adm.reserve(want) {
+				b.err = errBodyBudget
+				return 0, b.err
+			}
+			b.reserved += want
+		}
+	}
+	switch {
+	case err == io.EOF:
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	case err != nil:
+		var ne interface{ Timeout() bool }
+		if errors.As(err, &ne) && ne.Timeout() {
+			err = errBodyTimeout
+		}
+		b.err = err
+	}
+	return n, err
+}
+
+func (b *bodyReader) Close() error { return b.rc.Close() }
+
+// turnWriter is a turn's ResponseWriter. When the proxy stopped the body
+// (budget or deadline), the router's answer (a 400 about the read) is
+// replaced by the proxy's own: 503 with Retry-After, or 408.
+type turnWriter struct {
+	http.ResponseWriter
+	body     *bodyReader
+	s        *server
+	wrote    bool // headers went out
+	replaced bool // the router's answer was replaced
+	stream   bool // the response is an event stream
+}
+
+func (w *turnWriter) WriteHeader(code int) {
+	if w.wrote || w.replaced {
+		return
+	}
+	switch w.body.err {
+	case errBodyBudget:
+		w.replaced = true
+		w.s.shed(w.ResponseWriter, "bytes", "--max-buffered-bytes reached")
+		return
+	case errBodyTimeout:
+		w.replaced = true
+		w.ResponseWriter.Header().Set("Connection", "close")
+		w.s.reject(w.ResponseWriter, http.StatusRequestTimeout, "body_timeout",
+			"request body not received within "+w.s.readBodyTimeout.String())
+		return
+	}
+	w.wrote = true
+	w.stream = code == http.StatusOK && isEventStream(w.Header().Get("Content-Type"))
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *turnWriter) Write(p []byte) (int, error) {
+	if !w.wrote && !w.replaced {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.replaced {
+		return len(p), nil
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *turnWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// cut ends a turn the drain stopped: a stream gets an SSE error event (as
+// kvroute ends a failed stream, without data: [DONE]); a turn that sent
+// nothing yet gets 503.
+func (w *turnWriter) cut() {
+	const msg = "shutting down: the turn was cut at the end of the shutdown grace period"
+	switch {
+	case w.stream:
+		b := errorJSON(msg, "server_error", "shutting_down")
+		_, _ = w.ResponseWriter.Write(append(append([]byte("data: "), b...), "\n\n"...))
+		_ = http.NewResponseController(w.ResponseWriter).Flush()
+	case !w.wrote:
+		w.ResponseWriter.Header().Set("Connection", "close")
+		b := errorJSON(msg, "server_error", "shutting_down")
+		w.ResponseWriter.Header().Set("Content-Type", "application/json")
+		w.ResponseWriter.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.ResponseWriter.Write(b)
+	}
+}
+
+func isEventStream(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// errCut is the cause given to the contexts of turns still open when the
+// shutdown grace period ends.
+var errCut = errors.New("proxy: cut at the end of the shutdown grace period")
+
+// cutWait bounds how long the drain waits for cut turns to write their
+// error event before it closes every connection.
+const cutWait = 2 * time.Second
+
+// openTurn is one turn being served.
+type openTurn struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// openTurns are the turns being served, for the drain to cut.
+type openTurns struct {
+	mu    sync.Mutex
+	turns map[*openTurn]struct{}
+}
+
+func newOpenTurns() *openTurns { return &openTurns{turns: map[*openTurn]struct{}{}} }
+
+func (o *openTurns) add(cancel context.CancelCauseFunc) *openTurn {
+	t := &openTurn{cancel: cancel, done: make(chan struct{})}
+	o.mu.Lock()
+	o.turns[t] = struct{}{}
+	o.mu.Unlock()
+	return t
+}
+
+func (o *openTurns) remove(t *openTurn) {
+	o.mu.Lock()
+	delete(o.turns, t)
+	o.mu.Unlock()
+	close(t.done)
+}
+
+// cut cancels every open turn with errCut, so that each ends with an error
+// event (a stream) or 503 (no byte sent yet), and waits up to wait for
+// them to return. It reports how many it cut.
+func (o *openTurns) cut(wait time.Duration) int {
+	o.mu.Lock()
+	ts := make([]*openTurn, 0, len(o.turns))
+	for t := range o.turns {
+		ts = append(ts, t)
+	}
+	o.mu.Unlock()
+	for _, t := range ts {
+		t.cancel(errCut)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for _, t := range ts {
+		select {
+		case <-t.done:
+		case <-timer.C:
+			return len(ts)
+		}
+	}
+	return len(ts)
+}
+
+// errDrainCut is returned by run when the grace period ended with turns
+// still open: the process exits non-zero.
+var errDrainCut = errors.New("proxy: shutdown grace period over with turns in flight")
+
+// drain stops accepting and lets requests in flight finish within the
+// grace period; turns still open then are cut with an error event, and the
+// remaining connections closed.
+func drain(srv *http.Server, served <-chan error, open *openTurns, grace time.Duration, log *slog.Logger) error {
+	log.Info("draining", slog.Duration("grace", grace))
+	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := srv.Shutdown(graceCtx)
+	cut := 0
+	if errors.Is(err, context.DeadlineExceeded) {
+		cut = open.cut(cutWait)
+		err = srv.Close()
+	}
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
+	}
+	if cut > 0 {
+		log.Error("grace period over: cut turns in flight", slog.Int("cut", cut), slog.Duration("grace", grace))
+		return fmt.Errorf("%w: cut %d after %v", errDrainCut, cut, grace)
+	}
+	if err != nil {
+		return err
+	}
+	if cut == 0 && graceCtx.Err() != nil {
+		log.Warn("grace period over: closed the remaining connections (no turn was in flight)")
+		return nil
+	}
+	log.Info("drained")
+	return nil
+}
