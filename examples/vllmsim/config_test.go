@@ -87,7 +87,8 @@ func TestParseFlagsErrors(t *testing.T) {
 
 func TestParseFlagsTemplate(t *testing.T) {
 	o, err := parseFlags([]string{"--reasoning", "--inline-reasoning", "--reasoning-field", "both", "--template", "llama3",
-		"--chat-template-content-format", "openai", "--drift-rate", "0.25", "--kv-groups", "3"}, io.Discard)
+		"--chat-template-content-format", "openai", "--drift-rate", "0.25", "--kv-groups", "3",
+		"--prefill-handle-on-length-only", "--decode-recompute"}, io.Discard)
 	require.NoError(t, err)
 	c := o.cfg
 	assert.True(t, c.Reasoning)
@@ -97,6 +98,8 @@ func TestParseFlagsTemplate(t *testing.T) {
 	assert.Equal(t, sim.ContentFormatOpenAI, c.ContentFormat)
 	assert.Equal(t, 0.25, c.DriftRate)
 	assert.Equal(t, 3, c.KVGroups)
+	assert.True(t, c.PrefillHandleOnLengthOnly)
+	assert.True(t, c.DecodeRecompute)
 
 	d, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)

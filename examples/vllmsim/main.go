@@ -12,7 +12,8 @@
 // --block-size, --num-gpu-blocks-override, --tensor-parallel-size, --profile
 // (qwen3-32b, glm-5-fp8), --speed, --stream-handles, --reasoning,
 // --inline-reasoning, --reasoning-field (reasoning, reasoning_content, both),
-// --template (chatml, llama3), --chat-template-content-format (string,
+// --drift-rate, --kv-groups, --prefill-handle-on-length-only,
+// --decode-recompute, --template (chatml, llama3), --chat-template-content-format (string,
 // openai), --render-api (enabled, disabled, absent), --side-channel-host,
 // --verbose. The settings in --kv-transfer-config may
 // also sit at its top level (kv_load_failure_policy, kv_lease_duration).

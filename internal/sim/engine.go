@@ -81,6 +81,15 @@ type Config struct {
 	// ContentFormatString (default; "" means the same) or
 	// ContentFormatOpenAI.
 	ContentFormat string
+	// DecodeRecompute makes kv_recompute_threshold guard D's pull too, as
+	// current vLLM does: D computes locally instead of pulling fewer tokens
+	// than the threshold, and still notifies P (off by default so that
+	// existing expectations of D's pulls hold).
+	DecodeRecompute bool
+	// PrefillHandleOnLengthOnly is an older engine's P: it emits its handle
+	// only when the request stopped on max_tokens, not on a normal stop
+	// (EOS or a stop string) as current vLLM does.
+	PrefillHandleOnLengthOnly bool
 	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
 	// when false D emits no handle and P ignores D handles.
 	Bidirectional bool

@@ -160,13 +160,38 @@ func TestMissHandleToDecodeActsAsPrefill(t *testing.T) {
 
 // P emits a handle only when it stopped on max_tokens, as vLLM's
 // NixlConnector (FINISHED_LENGTH_CAPPED) does.
+// An older engine's P emits no handle when it stopped on EOS.
 func TestPrefillWithoutMaxTokensEmitsNoHandle(t *testing.T) {
-	p := start(t, nil, nil, nil)
+	p := start(t, nil, nil, func(c *sim.Config) { c.PrefillHandleOnLengthOnly = true })
 	r := post(t, p.url, sim.PathChat, with(chat(msg{"user", "hi"}), "kv_transfer_params", missHandle()))
 	require.Equal(t, http.StatusOK, r.Status)
 	assert.Equal(t, "stop", r.Finish)
 	assert.Nil(t, r.KV)
 	assert.Zero(t, p.Stats().BlocksPinned)
+}
+
+// Current vLLM's P emits its handle on a normal stop too (EOS or a stop
+// string), not only on the length cap.
+func TestPrefillHandleOnStop(t *testing.T) {
+	body := chat(msg{"user", "hi"})
+	ref := reference(t, sim.PathChat, body)
+	tests := []struct {
+		name  string
+		extra []any
+	}{
+		{"eos", nil},
+		{"stop string", []any{"stop", ref.Tokens[0].Text}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := start(t, nil, nil, nil)
+			r := post(t, p.url, sim.PathChat, with(with(body, tt.extra...), "kv_transfer_params", missHandle()))
+			require.Equal(t, http.StatusOK, r.Status)
+			assert.Equal(t, "stop", r.Finish)
+			require.NotNil(t, r.KV)
+			assert.Positive(t, p.Stats().BlocksPinned)
+		})
+	}
 }
 
 type sse struct {

@@ -359,3 +359,47 @@ func TestPoisonedPrefixHit(t *testing.T) {
 	assert.Equal(t, 1, p.Stats().PoisonedHits)
 	assert.NotEqual(t, reference(t, sim.PathChat, with(second, "max_tokens", 5)).Content, plain.Text)
 }
+
+// With DecodeRecompute the threshold guards D's pull too: D computes a short
+// prompt locally and still notifies P, which frees its blocks.
+func TestDecodeRecompute(t *testing.T) {
+	tests := []struct {
+		name string
+		on   bool
+		pull string
+	}{
+		{"off: D pulls", false, sim.PullRead},
+		{"on: D recomputes", true, sim.PullRecompute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := sim.NewRegistry()
+			mod := func(c *sim.Config) { c.DecodeRecompute = tt.on }
+			p := start(t, reg, nil, mod)
+			d := start(t, reg, nil, mod)
+			body := chat(msg{"user", "short one"}) // well under 64 tokens
+			rd := turnOne(t, p, d, body)
+			rec := lastRecord(d)
+			assert.Equal(t, tt.pull, rec.Pull)
+			assert.False(t, rec.Wrong)
+			assert.Equal(t, reference(t, sim.PathChat, body).Content, rd.Text)
+			assert.Zero(t, p.Stats().BlocksPinned, "P was notified either way")
+			if tt.on {
+				assert.Zero(t, rec.PulledTokens)
+				assert.Zero(t, p.Stats().TokensPulledOut)
+			} else {
+				assert.Positive(t, rec.PulledTokens)
+			}
+		})
+	}
+}
+
+// X-Request-Id falls back to the body's request_id.
+func TestRequestIDFallback(t *testing.T) {
+	e := start(t, nil, nil, nil)
+	r := post(t, e.url, sim.PathChat, with(chat(msg{"user", "hi"}), "request_id", "from-body"))
+	require.Equal(t, http.StatusOK, r.Status)
+	rec := lastRecord(e)
+	assert.Equal(t, "from-body", rec.RequestID)
+	assert.Contains(t, string(r.Body), `"id":"chatcmpl-from-body"`)
+}

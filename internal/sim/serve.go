@@ -191,6 +191,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if req.Path == PathCompletions {
 		prefix = "cmpl-"
 	}
+	if rec.RequestID == "" {
+		// vLLM falls back to the body's request_id
+		rec.RequestID = req.BodyRequestID
+	}
 	respID := prefix + rec.RequestID
 	if rec.RequestID == "" {
 		respID = prefix + randHex(16)

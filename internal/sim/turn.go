@@ -222,7 +222,9 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 	switch {
 	case count <= 0:
 		t.rec.Pull = PullNone
-	case t.role == RolePrefill && e.cfg.RecomputeThreshold > 0 && count < e.cfg.RecomputeThreshold:
+	case (t.role == RolePrefill || e.cfg.DecodeRecompute) && e.cfg.RecomputeThreshold > 0 && count < e.cfg.RecomputeThreshold:
+		// kv_recompute_threshold guards P's pull, and D's with
+		// DecodeRecompute; either way the reader still notifies
 		t.rec.Pull = PullRecompute
 		e.mu.Lock()
 		e.stats.Recomputed++
@@ -311,14 +313,15 @@ func (e *Engine) releaseSeq(t *turn) {
 }
 
 // hold keeps the request's blocks for a remote reader and returns the handle,
-// or releases them and returns nil when no handle is due: P emits one only
-// when it stopped on max_tokens (vLLM's FINISHED_LENGTH_CAPPED), D on any
-// normal finish.
+// or releases them and returns nil when no handle is due: P and D emit one
+// on a normal finish (length or stop); with PrefillHandleOnLengthOnly P
+// only when it stopped on max_tokens (older engines' FINISHED_LENGTH_CAPPED).
 func (e *Engine) hold(t *turn) json.RawMessage {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	g := t.gens[0]
-	due := (t.role == RolePrefill && g.Finish == "length") || (t.role == RoleDecode && e.cfg.Bidirectional)
+	prefillDue := g.Finish == "length" || (g.Finish == "stop" && !e.cfg.PrefillHandleOnLengthOnly)
+	due := (t.role == RolePrefill && prefillDue) || (t.role == RoleDecode && e.cfg.Bidirectional)
 	if !due || t.pool != e.pool {
 		t.seq.release()
 		return nil

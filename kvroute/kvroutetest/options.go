@@ -211,3 +211,19 @@ func WithDriftRate(p float64) Option { return optionFunc(func(c *config) { c.sim
 // Stats.AssertFailures counts it, and the engine restarts (new engine id,
 // nothing held, no notification sent), as a dead worker's process would be.
 func WithKVGroups(n int) Option { return optionFunc(func(c *config) { c.sim.KVGroups = n }) }
+
+// WithPrefillHandleOnLengthOnly(true) is an older engine's P, which emits its
+// handle only when the request stopped on max_tokens. Default false: as
+// current vLLM, P emits it on any normal finish (length or a stop: EOS or a
+// stop string).
+func WithPrefillHandleOnLengthOnly(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.PrefillHandleOnLengthOnly = on })
+}
+
+// WithDecodeRecompute(true) makes kv_recompute_threshold guard D's pull as
+// well as P's, as current vLLM does: D computes the prompt locally instead of
+// pulling fewer tokens than the threshold from P, and still notifies P (which
+// frees its blocks). Default false, so that D always pulls what it lacks.
+func WithDecodeRecompute(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.DecodeRecompute = on })
+}
