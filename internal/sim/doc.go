@@ -2,11 +2,25 @@
 // simulated vLLM OpenAI-compatible server running the NixlConnector in pull
 // mode with bidirectional KV transfer.
 //
-// The pieces, one file each: a deterministic tokenizer (token.go), a
-// ChatML-like chat template (template.go), the KV chain that makes every
-// output a function of the KV actually held (kv.go), a paged block pool with
-// prefix caching (pool.go), kv_transfer_params handles (handle.go), the side
-// channel between engines (peer.go, sidechannel.go), the cost model
-// (cost.go), and the HTTP engine itself (engine.go, serve.go, turn.go,
-// respond.go).
+// The pieces, one file each: a deterministic tokenizer (token.go), the chat
+// templates (template.go: ChatML/Qwen3-like with enable_thinking, and
+// Llama-3 with trim; content formats string and openai), request parsing as
+// vLLM's pydantic models do it in lax mode (request.go, lax.go), the KV chain
+// that makes every output a function of the KV actually held, with the
+// generator's optional BPE drift and trailing whitespace (kv.go), a paged
+// block pool with prefix caching (pool.go), kv_transfer_params handles
+// (handle.go), the side channel between engines (peer.go, sidechannel.go),
+// the cost model (cost.go), the render and tokenize endpoints (render.go),
+// chat messages and reasoning fields (message.go), and the HTTP engine itself
+// (engine.go, serve.go, turn.go, respond.go).
+//
+// Behaviour that follows current vLLM by default: return_token_ids
+// (prompt_token_ids, token_ids; null when not asked for), the render
+// endpoints, /tokenize's reduced field set, the "reasoning" field, empty
+// tool_calls left out, P's handle on any normal finish, X-Request-Id falling
+// back to the body's request_id. Reads are positional per KV group (the last
+// len(local) blocks of each group); a group shorter than what the reader
+// allocates trips the worker assert, which answers 500 and restarts the
+// engine (Stats.AssertFailures). A prefix-cache hit on KV that differs from
+// the model-seed chain counts in Stats.PoisonedHits.
 package sim

@@ -13,8 +13,9 @@
 //   - do_remote_decode (P role): prefill, reading what it lacks from the D
 //     handle if one is given (remote_engine_id, remote_request_id,
 //     remote_host, remote_port present and remote_block_ids non-empty), and
-//     when the request stops on max_tokens answer with a P handle and hold
-//     the blocks for the lease (WithLeaseDuration);
+//     on a normal finish (max_tokens or a stop; only max_tokens with
+//     WithPrefillHandleOnLengthOnly) answer with a P handle and hold the
+//     blocks for the lease (WithLeaseDuration);
 //   - do_remote_prefill (D role): read P's blocks, decode, and on a normal
 //     finish keep the blocks for decoder_kv_blocks_ttl and answer with a D
 //     handle whose remote_blocks_expiry_time is on the engine's own
@@ -52,6 +53,29 @@
 // (WithRenderer, WithRenderRoutes); POST /tokenize applies vLLM's reduced
 // field set (no documents, reasoning_effort, tool_choice, response_format).
 // Reference returns the ids too (Answer.PromptTokenIDs, Answer.TokenIDs).
+//
+// # Templates, reasoning and drift
+//
+// WithTemplate("llama3") trims every message (and ends some replies with
+// whitespace before <|eot_id|>); a Qwen3-style enable_thinking false puts an
+// empty think block in the generation prompt that past turns do not render;
+// WithReasoningParser(false) keeps "<think>…</think>\n\n" in the content;
+// WithReasoningField picks "reasoning" (default) or "reasoning_content";
+// WithContentFormat picks how text parts join; WithDriftRate splits a word
+// into two tokens whose text re-tokenizes to one. Each makes the next turn's
+// prompt differ from D's blocks in a way only token ids reveal.
+//
+// # Partial reads and KV groups
+//
+// A reader pulls count = min(remote_num_tokens, prompt) - local hit and takes
+// the last len(local) blocks of every group of remote_block_ids
+// (WithKVGroups). Lowering remote_num_tokens is exact only with every group
+// cut from the front to ceil(R'/B) blocks; an uncut list reads the wrong
+// blocks silently; a group shorter than what the reader allocates answers
+// 500 and restarts the engine (Stats.AssertFailures). Pulled blocks are
+// cached under the reader's token hashes, so a bad read shows later as
+// Stats.PoisonedHits. WithDecodeRecompute makes kv_recompute_threshold guard
+// D's pull too.
 //
 // # Rules
 //
