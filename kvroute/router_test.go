@@ -192,20 +192,27 @@ func TestConcurrentFollowUps(t *testing.T) {
 			hits++
 		}
 	}
-	assert.Equal(t, 1, hits)
-	withHandle := 0
+	// The first handle goes to one request. A request that finishes
+	// retains its own handle under the conversation's anchor, and a later
+	// one of the 64 may reuse its verified prefix: every hit is a
+	// different handle, each attached once.
+	assert.GreaterOrEqual(t, hits, 1)
+	attached := map[string]int{}
 	for _, rec := range roleRecords(c.Prefill[0], "prefill") {
 		var b struct {
 			KV struct {
-				RemoteEngineID *string `json:"remote_engine_id"`
+				RemoteRequestID *string `json:"remote_request_id"`
 			} `json:"kv_transfer_params"`
 		}
 		require.NoError(t, json.Unmarshal(rec.Body, &b))
-		if b.KV.RemoteEngineID != nil {
-			withHandle++
+		if b.KV.RemoteRequestID != nil {
+			attached[*b.KV.RemoteRequestID]++
 		}
 	}
-	assert.Equal(t, 1, withHandle, "prefill requests carrying a decode handle")
+	assert.Len(t, attached, hits, "prefill requests carrying a decode handle")
+	for id, n := range attached {
+		assert.Equal(t, 1, n, "handle %s attached more than once", id)
+	}
 	for _, e := range []*kvroutetest.Engine{c.Prefill[0], c.Decode[0]} {
 		assert.Zero(t, e.Stats().FreedReads)
 		assert.Zero(t, e.Stats().WrongOutputs)
