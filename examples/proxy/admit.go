@@ -122,8 +122,10 @@ func (s *server) admit(next http.Handler) http.Handler {
 		case body.tooLarge:
 			s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusRequestEntityTooLarge), "too_large").Inc()
 		case tw.replaced:
-		case body.err != nil && !tw.wrote:
-			// The client's body failed (it went away): nothing to answer.
+		case body.err != nil && tw.wrote:
+			s.metrics.rejected.WithLabelValues(strconv.Itoa(tw.status), "body_error").Inc()
+		case body.err != nil:
+			// The client went away before an answer: nothing to count.
 		case errors.Is(context.Cause(ctx), errCut):
 			tw.cut()
 		}
@@ -199,6 +201,7 @@ type turnWriter struct {
 	body     *bodyReader
 	s        *server
 	wrote    bool // headers went out
+	status   int  // their status
 	replaced bool // the router's answer was replaced
 	stream   bool // the response is an event stream
 }
@@ -220,6 +223,7 @@ func (w *turnWriter) WriteHeader(code int) {
 		return
 	}
 	w.wrote = true
+	w.status = code
 	w.stream = code == http.StatusOK && isEventStream(w.Header().Get("Content-Type"))
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -91,4 +93,79 @@ func TestParseConfigSettings(t *testing.T) {
 	assert.Equal(t, "sk-up", c.upstreamAPIKey)
 	assert.Equal(t, "json", c.logFormat)
 	assert.Len(t, c.routerOptions(), 15, "upstream key and identifier options added")
+}
+
+// --key-mode conversation-id needs inbound keys, or an explicit flag that
+// accepts one tenant for every client.
+func TestConversationIDNeedsKeys(t *testing.T) {
+	_, err := parseConfig([]string{"--key-mode", "conversation-id"}, noEnv, io.Discard)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, errUsage)
+	assert.Contains(t, err.Error(), "--allow-anonymous-conversation-id")
+
+	for name, args := range map[string][]string{
+		"explicit flag": {"--key-mode", "conversation-id", "--allow-anonymous-conversation-id"},
+		"--api-key":     {"--key-mode", "conversation-id", "--api-key", "k"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseConfig(args, noEnv, io.Discard)
+			assert.NoError(t, err)
+		})
+	}
+	t.Run(envAPIKeys, func(t *testing.T) {
+		c, err := parseConfig([]string{"--key-mode", "conversation-id"},
+			func(k string) string { return map[string]string{envAPIKeys: " k1, ,k2 "}[k] }, io.Discard)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"k1", "k2"}, c.apiKeys)
+	})
+}
+
+func TestAPIKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "keys")
+	require.NoError(t, os.WriteFile(f, []byte("# proxy keys\nsk-a\n\n  sk-b  \r\n"), 0o600))
+	c, err := parseConfig([]string{"--api-key-file", f, "--api-key", "sk-c"},
+		func(k string) string { return map[string]string{envAPIKeys: "sk-d"}[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"sk-a", "sk-b", "sk-c", "sk-d"}, c.apiKeys)
+
+	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.WriteFile(empty, []byte("# none yet\n"), 0o600))
+	for name, path := range map[string]string{"missing": filepath.Join(dir, "nope"), "no key": empty} {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseConfig([]string{"--api-key-file", path}, noEnv, io.Discard)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, errUsage)
+			assert.Contains(t, err.Error(), "--api-key-file")
+		})
+	}
+}
+
+func TestParseConfigLimits(t *testing.T) {
+	c, err := parseConfig(nil, noEnv, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 120*time.Second, c.idleConnTimeout)
+	assert.Equal(t, 60*time.Second, c.readBodyTimeout)
+	assert.Equal(t, 256, c.maxTurns)
+	assert.Equal(t, int64(256<<20), c.maxBufferedBytes)
+	assert.Equal(t, 64<<10, c.maxHeaderBytes)
+
+	for _, tt := range []struct {
+		want string
+		args []string
+	}{
+		{"--max-concurrent-turns", []string{"--max-concurrent-turns", "0"}},
+		{"--max-buffered-bytes 1024 is below --max-body-bytes 2048", []string{"--max-body-bytes", "2048", "--max-buffered-bytes", "1024"}},
+		{"--idle-conn-timeout", []string{"--idle-conn-timeout", "0s"}},
+		{"--read-body-timeout", []string{"--read-body-timeout", "-1s"}},
+		{"--max-header-bytes", []string{"--max-header-bytes", "100"}},
+		{"--max-body-bytes", []string{"--max-body-bytes", "0"}},
+	} {
+		t.Run(tt.want, func(t *testing.T) {
+			_, err := parseConfig(tt.args, noEnv, io.Discard)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, errUsage)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
 }

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// waitClosed reads from c until the peer closes it, bounded by within.
+func waitClosed(t *testing.T, c net.Conn, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.NoError(t, c.SetReadDeadline(start.Add(within)))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		require.FailNow(t, "the connection is still open", "after %v", within)
+	}
+	return time.Since(start)
+}
+
+// An idle keep-alive connection is closed after --idle-conn-timeout.
+func TestIdleConnectionClosed(t *testing.T) {
+	p := startInProcess(t, nil, "--idle-conn-timeout", "200ms")
+	c := p.dial(t)
+	_, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: proxy\r\n\r\n")
+	require.NoError(t, err)
+	r := bufio.NewReader(c)
+	resp, _ := rawResponse(t, r)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	took := waitClosed(t, c, 5*time.Second)
+	assert.GreaterOrEqual(t, took, 150*time.Millisecond, "not before the timeout")
+}
+
+// A request body that trickles in is cut at --read-body-timeout with 408
+// in OpenAI's error shape, and its connection closed.
+func TestSlowBodyCut(t *testing.T) {
+	p := startInProcess(t, nil, "--read-body-timeout", "300ms")
+	c := p.dial(t)
+	_, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	require.NoError(t, err)
+	start := time.Now()
+	resp, body := rawResponse(t, bufio.NewReader(c))
+	assertJSONError(t, resp.StatusCode, resp.Header, body, http.StatusRequestTimeout, "request_timeout")
+	assert.Less(t, time.Since(start), 5*time.Second)
+	waitClosed(t, c, 5*time.Second)
+
+	_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+	assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="body_timeout",status="408"}`))
+	assert.Equal(t, "0", metricValue(page, `bidikv_inflight_turns`))
+	assert.Equal(t, "0", metricValue(page, `bidikv_buffered_request_bytes`))
+}
+
+// slowTurn starts a completion request whose body never completes, so the
+// turn holds its slot and its reserved bytes until the test closes c.
+func slowTurn(t *testing.T, p *inproc, contentLength int) net.Conn {
+	t.Helper()
+	c := p.dial(t)
+	_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: %d\r\n\r\n{", contentLength)
+	require.NoError(t, err)
+	// Admitted once the buffered-bytes gauge shows its reservation.
+	for range 500 {
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		if metricValue(page, "bidikv_inflight_turns") != "0" {
+			return c
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.FailNow(t, "the slow turn was not admitted")
+	return nil
+}
+
+// Above --max-concurrent-turns and --max-buffered-bytes, requests are shed
+// at once with 503, Retry-After and OpenAI's error shape, while the
+// admitted turns go on; once they end, requests are admitted again.
+func TestShedding(t *testing.T) {
+	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	t.Run("concurrent turns", func(t *testing.T) {
+		p := startInProcess(t, nil, "--max-concurrent-turns", "1")
+		held := slowTurn(t, p, 100)
+		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", chat)
+		assertJSONError(t, status, h, body, http.StatusServiceUnavailable, "overloaded")
+		assert.Equal(t, "1", h.Get("Retry-After"))
+		assert.Contains(t, body, "--max-concurrent-turns")
+		status, _, _ = p.do(t, http.MethodGet, "/health", "")
+		assert.Equal(t, http.StatusOK, status, "other routes are not shed")
+
+		require.NoError(t, held.Close())
+		admitted := false
+		for range 500 {
+			if status, _, _ := p.do(t, http.MethodPost, "/v1/chat/completions", "{"); status == http.StatusBadRequest {
+				admitted = true
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		assert.True(t, admitted, "admitted again once the held turn ended")
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="overloaded_turns",status="503"}`))
+	})
+	t.Run("buffered bytes", func(t *testing.T) {
+		p := startInProcess(t, nil, "--max-body-bytes", "4096", "--max-buffered-bytes", "6000")
+		held := slowTurn(t, p, 4000)
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		assert.Equal(t, "4000", metricValue(page, "bidikv_buffered_request_bytes"))
+
+		big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2500) + `"}]}`
+		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", big)
+		assertJSONError(t, status, h, body, http.StatusServiceUnavailable, "overloaded")
+		assert.Equal(t, "1", h.Get("Retry-After"))
+
+		// A chunked body of the same size is shed as its bytes arrive.
+		req, err := http.NewRequest(http.MethodPost, p.url+"/v1/chat/completions", io.MultiReader(strings.NewReader(big)))
+		require.NoError(t, err)
+		req.ContentLength = -1
+		resp, err := p.client.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assertJSONError(t, resp.StatusCode, resp.Header, string(b), http.StatusServiceUnavailable, "overloaded")
+		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+
+		status, _, body = p.do(t, http.MethodPost, "/v1/chat/completions", chat)
+		assert.Equal(t, http.StatusBadGateway, status, "a small body fits and reaches the (absent) engines: %s", body)
+
+		require.NoError(t, held.Close())
+		_, _, page = p.do(t, http.MethodGet, "/metrics", "")
+		assert.Equal(t, "2", metricValue(page, `bidikv_rejected_requests_total{reason="overloaded_bytes",status="503"}`))
+	})
+	t.Run("body above the limit", func(t *testing.T) {
+		p := startInProcess(t, nil, "--max-body-bytes", "1024")
+		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", strings.Repeat("x", 2048))
+		assert.Equal(t, http.StatusRequestEntityTooLarge, status, body)
+		assert.Equal(t, "application/json", h.Get("Content-Type"))
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="too_large",status="413"}`))
+		assert.Equal(t, "absent", metricValue(page, `bidikv_turns_total{path="/v1/chat/completions",result="error",reuse="miss"}`))
+	})
+}
