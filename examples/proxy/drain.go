@@ -14,14 +14,13 @@ import (
 // shutdown grace period ends.
 var errCut = errors.New("proxy: cut at the end of the shutdown grace period")
 
-// cutWait bounds how long the drain waits for cut turns to write their
-// error event before it closes every connection.
+// cutWait bounds how long the drain waits, after cutting the open turns,
+// for their error events to go out before it closes every connection.
 const cutWait = 2 * time.Second
 
 // openTurn is one turn being served.
 type openTurn struct {
 	cancel context.CancelCauseFunc
-	done   chan struct{}
 }
 
 // openTurns are the turns being served, for the drain to cut.
@@ -33,7 +32,7 @@ type openTurns struct {
 func newOpenTurns() *openTurns { return &openTurns{turns: map[*openTurn]struct{}{}} }
 
 func (o *openTurns) add(cancel context.CancelCauseFunc) *openTurn {
-	t := &openTurn{cancel: cancel, done: make(chan struct{})}
+	t := &openTurn{cancel: cancel}
 	o.mu.Lock()
 	o.turns[t] = struct{}{}
 	o.mu.Unlock()
@@ -44,13 +43,11 @@ func (o *openTurns) remove(t *openTurn) {
 	o.mu.Lock()
 	delete(o.turns, t)
 	o.mu.Unlock()
-	close(t.done)
 }
 
 // cut cancels every open turn with errCut, so that each ends with an error
-// event (a stream) or 503 (no byte sent yet), and waits up to wait for
-// them to return. It reports how many it cut.
-func (o *openTurns) cut(wait time.Duration) int {
+// event (a stream) or 503 (no byte sent yet). It reports how many it cut.
+func (o *openTurns) cut() int {
 	o.mu.Lock()
 	ts := make([]*openTurn, 0, len(o.turns))
 	for t := range o.turns {
@@ -59,15 +56,6 @@ func (o *openTurns) cut(wait time.Duration) int {
 	o.mu.Unlock()
 	for _, t := range ts {
 		t.cancel(errCut)
-	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for _, t := range ts {
-		select {
-		case <-t.done:
-		case <-timer.C:
-			return len(ts)
-		}
 	}
 	return len(ts)
 }
@@ -86,8 +74,14 @@ func drain(srv *http.Server, served <-chan error, open *openTurns, grace time.Du
 	err := srv.Shutdown(graceCtx)
 	cut := 0
 	if errors.Is(err, context.DeadlineExceeded) {
-		cut = open.cut(cutWait)
-		err = srv.Close()
+		// The cut turns write their error event and end their responses;
+		// a second, short Shutdown closes their connections once idle.
+		cut = open.cut()
+		cutCtx, cancelCut := context.WithTimeout(context.Background(), cutWait)
+		if err = srv.Shutdown(cutCtx); errors.Is(err, context.DeadlineExceeded) {
+			err = srv.Close()
+		}
+		cancelCut()
 	}
 	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		return serr

@@ -253,7 +253,9 @@ func TestConversationMetricsAndDrain(t *testing.T) {
 	// Modelled costs in real time, so the drained stream lasts a while.
 	p := startEngine(t, "--profile", "qwen3-32b", "--speed", "1", "--no-enable-prefix-caching")
 	d := startEngine(t, "--profile", "qwen3-32b", "--speed", "1")
-	px := startProxy(t, p, d, "--shutdown-grace", "30s")
+	// A body deadline far shorter than the drained stream: it bounds the
+	// body only, never the stream.
+	px := startProxy(t, p, d, "--shutdown-grace", "30s", "--read-body-timeout", "1s")
 
 	status, body := get(t, px.url+"/ready")
 	require.Equal(t, http.StatusOK, status, body)
@@ -406,4 +408,63 @@ func TestReadyAuthAndLimits(t *testing.T) {
 		status, body = get(t, px.url+"/v1/models", auth...)
 		assert.Equal(t, http.StatusOK, status, "models from the prefill engine still up: %s", body)
 	})
+}
+
+// A stream still open when the grace period ends gets an SSE error event
+// (no data: [DONE]), the log says how many were cut, and the exit status
+// is not 0.
+func TestDrainCutsStreams(t *testing.T) {
+	p := startEngine(t, "--profile", "qwen3-32b", "--speed", "1", "--no-enable-prefix-caching")
+	d := startEngine(t, "--profile", "qwen3-32b", "--speed", "1")
+	px := startProxy(t, p, d, "--shutdown-grace", "300ms")
+
+	b, err := json.Marshal(map[string]any{ // 400 tokens, about 9 s of modelled decode
+		"model": "sim-model", "messages": []map[string]string{{"role": "user", "content": "tell me a long story about a fox"}},
+		"stream": true, "max_tokens": 400, "ignore_eos": true,
+	})
+	require.NoError(t, err)
+	resp := post(t, px.url, b, "c-cut")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	r := bufio.NewReader(resp.Body)
+	first, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(first, "data: "), first)
+
+	start := time.Now()
+	require.NoError(t, px.cmd.Process.Signal(syscall.SIGTERM))
+	rest, err := io.ReadAll(r)
+	require.NoError(t, err, "the stream ends cleanly after its error event")
+	assert.Less(t, time.Since(start), 5*time.Second, "cut at the end of the grace period, not run to the end")
+	assert.NotContains(t, string(rest), "data: [DONE]")
+	assert.Regexp(t, `(?m)^data: \{"error":\{"code":"shutting_down","message":"proxy: [^"]+","param":null,"type":"server_error"\}\}$`, string(rest))
+
+	select {
+	case err := <-px.done:
+		px.done <- err
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "the proxy exits non-zero")
+		assert.Equal(t, 1, ee.ExitCode())
+	case <-time.After(time.Minute):
+		require.FailNow(t, "the proxy did not exit")
+	}
+	log := px.stderr.String()
+	assert.Regexp(t, `level=ERROR msg="grace period over: cut turns in flight" cut=1`, log)
+	assert.NotContains(t, log, "msg=drained")
+}
+
+// --key-mode conversation-id without inbound keys is refused at startup
+// with a clear error and exit status 2.
+func TestConversationIDWithoutKeysRefused(t *testing.T) {
+	dir, err := bins()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "proxy"), "--port", "0", "--key-mode", "conversation-id")
+	cmd.Env = append(os.Environ(), envAPIKeys+"=")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	assert.Equal(t, 2, ee.ExitCode())
+	assert.Contains(t, string(out), "--key-mode conversation-id without inbound API keys")
+	assert.Contains(t, string(out), "--allow-anonymous-conversation-id")
 }
