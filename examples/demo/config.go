@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -14,7 +16,7 @@ type config struct {
 	profile       kvroutetest.Profile
 	conversations int     // conversations per mode
 	turns         int     // turns per conversation
-	startTokens   int     // prompt tokens of the first turn
+	startTokens   int     // prompt tokens of the second turn, the first that can hit
 	endTokens     int     // prompt tokens of the last turn
 	replyTokens   int     // max_tokens of each reply
 	concurrency   int     // conversations in flight at once
@@ -22,19 +24,37 @@ type config struct {
 	svg           string  // chart path, "" for none
 	progress      bool    // progress bar on stderr
 	kvBytes       float64 // bytes of KV per token (0: unknown), for "KV held"
+	reasoning     bool    // replies carry reasoning the template strips from history
+	verification  kvroute.Verification
+	published     []published // the profile's calibration points, if any
 }
 
-// kvBytesPerToken is the size of one token's KV cache in bf16 for the
-// profiled models, where the architecture makes it simple:
-// qwen3-32b has 64 layers × 8 KV heads × 128 dims × (K,V) × 2 bytes.
-var kvBytesPerToken = map[string]float64{
-	"qwen3-32b": 64 * 8 * 128 * 2 * 2,
+// published is one calibration point of the published 1P1D results, in ms.
+type published struct {
+	tokens                       int
+	off, on, prefillOn, transfer float64
 }
 
-// endTokensFor is the longest prompt of the published experiment per model.
-var endTokensFor = map[string]int{
-	"qwen3-32b": 24000,
-	"glm-5-fp8": 20000,
+// profileDefaults is what the demo runs per profile: the longest prompt of
+// the published experiment, the turns whose constant growth from 2k fits the
+// published figures best (see internal/sim/cost.go), the KV size of one
+// token in bf16 where the architecture makes it simple (qwen3-32b: 64
+// layers × 8 KV heads × 128 dims × (K,V) × 2 bytes), and the published
+// points.
+func profileDefaults(name string) (end, turns int, kvBytes float64, pub []published) {
+	switch name {
+	case "qwen3-32b":
+		return 24000, 12, 64 * 8 * 128 * 2 * 2, []published{
+			{2000, 158, 122, 128, 30},
+			{24000, 778, 460, 414, 130},
+		}
+	case "glm-5-fp8":
+		return 20000, 19, 0, []published{
+			{2000, 500, 358, 316, 29},
+			{20000, 2334, 702, 541, 110},
+		}
+	}
+	return 24000, 12, 0, nil
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -42,12 +62,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	name := fs.String("profile", "qwen3-32b", "cost profile: qwen3-32b or glm-5-fp8")
 	convs := fs.Int("conversations", 16, "conversations per mode")
-	turns := fs.Int("turns", 12, "turns per conversation")
+	turns := fs.Int("turns", 0, "turns per conversation (0: 12 for qwen3-32b, 19 for glm-5-fp8, the shapes that fit the published results)")
 	end := fs.Int("max-tokens", 0, "prompt tokens of the last turn (0: 24000 for qwen3-32b, 20000 for glm-5-fp8)")
 	conc := fs.Int("concurrency", 4, "conversations in flight at once")
 	seed := fs.Uint64("seed", 1, "seed of the generated conversations")
 	svg := fs.String("svg", "bidikv-demo.svg", "write the chart here (empty: no chart)")
 	quiet := fs.Bool("quiet", false, "no progress bar on stderr")
+	reasoning := fs.Bool("reasoning", false, "replies start with <think>…</think>, which the chat template drops from past turns (as Qwen3's does)")
+	verify := fs.String("verification", "", "router verification mode: tokens or content (empty: the router's default)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -58,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if !ok {
 		return config{}, fmt.Errorf("unknown profile %q (want qwen3-32b or glm-5-fp8)", *name)
 	}
+	defEnd, defTurns, kvBytes, pub := profileDefaults(p.Name)
 	c := config{
 		profile:       p,
 		conversations: *convs,
@@ -69,24 +92,49 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		seed:          *seed,
 		svg:           *svg,
 		progress:      !*quiet,
-		kvBytes:       kvBytesPerToken[p.Name],
+		kvBytes:       kvBytes,
+		reasoning:     *reasoning,
+		verification:  kvroute.Verification(*verify),
+		published:     pub,
 	}
 	if c.endTokens == 0 {
-		c.endTokens = endTokensFor[p.Name]
+		c.endTokens = defEnd
+	}
+	if c.turns == 0 {
+		c.turns = defTurns
 	}
 	return c, c.validate()
+}
+
+// growth is the factor by which the prompt grows each turn: from
+// startTokens at the second turn to endTokens at the last.
+func (c config) growth() float64 {
+	return math.Pow(float64(c.endTokens)/float64(c.startTokens), 1/float64(c.turns-2))
+}
+
+// nominal is the prompt length turn t aims at, before jitter.
+func (c config) nominal(t int) int {
+	if t == c.turns-1 {
+		return c.endTokens
+	}
+	return int(math.Round(float64(c.startTokens) * math.Pow(c.growth(), float64(t-1))))
 }
 
 func (c config) validate() error {
 	switch {
 	case c.conversations < 1:
 		return errors.New("--conversations must be at least 1")
-	case c.turns < 2:
-		return errors.New("--turns must be at least 2")
+	case c.turns < 3:
+		return errors.New("--turns must be at least 3")
 	case c.concurrency < 1:
 		return errors.New("--concurrency must be at least 1")
-	case c.endTokens <= c.startTokens+c.turns*(c.replyTokens+64):
-		return fmt.Errorf("--max-tokens %d leaves too little room for %d turns", c.endTokens, c.turns)
+	case c.verification != "" && c.verification != kvroute.VerifyTokens && c.verification != kvroute.VerifyContent:
+		return fmt.Errorf("--verification %q: want tokens or content", c.verification)
+	case c.endTokens <= c.startTokens:
+		return fmt.Errorf("--max-tokens %d must exceed %d", c.endTokens, c.startTokens)
+	case float64(c.startTokens)*(1-1/c.growth()) < float64(2*(c.replyTokens+64)):
+		return fmt.Errorf("--max-tokens %d leaves too little room for %d turns: each turn must add at least %d tokens",
+			c.endTokens, c.turns, 2*(c.replyTokens+64))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 
@@ -40,13 +41,21 @@ func newConversation(id int, c config) *conversation {
 		rng:   rand.New(rand.NewPCG(c.seed, uint64(id))),
 		reply: c.replyTokens,
 	}
-	step := float64(c.endTokens-c.startTokens) / float64(c.turns-1)
+	// The prompt grows by c.growth() a turn: turn 0 below startTokens, turn 1
+	// at startTokens, the last at endTokens. Turns 1 and last are the
+	// published points, so they and the turns before them are exact; the
+	// others are jittered by up to 15% of a step.
+	g := math.Log(c.growth())
 	for t := range c.turns {
 		jitter := 0.0
-		if t > 0 && t < c.turns-1 {
-			jitter = (cv.rng.Float64()*2 - 1) * 0.15 * step
+		if t > 1 && t < c.turns-2 {
+			jitter = (cv.rng.Float64()*2 - 1) * 0.15
 		}
-		cv.targets = append(cv.targets, c.startTokens+int(float64(t)*step+jitter))
+		target := c.nominal(t)
+		if jitter != 0 {
+			target = int(math.Round(float64(target) * math.Exp(jitter*g)))
+		}
+		cv.targets = append(cv.targets, target)
 	}
 	cv.messages = []message{{Role: "system", Content: systemPrompt}}
 	return cv

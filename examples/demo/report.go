@@ -8,74 +8,115 @@ import (
 	"time"
 )
 
-// bucketWidth groups turns by prompt length.
-const bucketWidth = 2000
-
-// bucket is the figures of the turns whose prompt length rounds to tokens.
+// bucket is the figures of one turn index across conversations.
 type bucket struct {
-	tokens       int
+	turn         int
+	tokens       int // the turn's nominal prompt length
 	off, on      []turn
 	offP, onP    [3]time.Duration // p50, p95, p99 of TTFT
 	ratio        float64          // off p50 / on p50
 	offRecompute time.Duration    // means of the prefill split
 	onRecompute  time.Duration
 	onTransfer   time.Duration
-	hitRate      float64 // share of "on" turns that reused KV
-	recomputed   float64 // share of prompt tokens P computed with reuse on
-	heldTokens   int     // mean KV tokens D keeps per conversation, reuse on
+	onDecode     time.Duration // mean of D's part with reuse on: its read and first step
+	hitRate      float64       // share of "on" turns that reused KV
+	recomputed   float64       // share of prompt tokens P computed with reuse on
+	heldTokens   int           // mean KV tokens D keeps per conversation, reuse on
+}
+
+// verification summarizes token verification over the "on" turns that
+// looked a handle up.
+type verification struct {
+	calls      int              // turns with a render call
+	render     [3]time.Duration // modelled render on the API server, p50 p95 p99
+	renderSide [3]time.Duration // measured: the router's side of the render call
+	longRender time.Duration    // p50 of the modelled render at the longest prompt
+	longSide   time.Duration    // p50 of the router's side at the longest prompt
+	unverified float64          // mean tokens of a found handle not verified (not reused)
+	partial    int              // hits that attached only a verified prefix
 }
 
 // summary is the whole result of a demo run.
 type summary struct {
 	buckets      []bucket
-	overhead     [3]time.Duration // router overhead p50, p95, p99 (real time)
+	overhead     [3]time.Duration // router overhead p50, p95, p99 (real time), both modes
+	offOverhead  [3]time.Duration // reuse off only
+	onOverhead   [3]time.Duration // reuse on only
 	hitRate      float64
 	peakHeldToks int
 	wrong        int
 	turnsPerMode int
 	profile      string
 	kvBytes      float64
-}
-
-func bucketOf(tokens int) int {
-	return max(1, (tokens+bucketWidth/2)/bucketWidth) * bucketWidth
+	reasoning    bool
+	verification verification
+	published    []published // shown when the run reaches their prompt lengths
+	growth       float64
+	turns        int
+	// renderFixed and renderPerToken are the profile's render cost.
+	renderFixed, renderPerToken time.Duration
 }
 
 func summarize(c config, off, on modeResult) summary {
 	s := summary{profile: c.profile.Name, kvBytes: c.kvBytes, peakHeldToks: on.peakHeldToks,
-		wrong: off.wrong + on.wrong, turnsPerMode: len(on.turns)}
-	by := map[int]*bucket{}
-	get := func(tokens int) *bucket {
-		k := bucketOf(tokens)
-		if by[k] == nil {
-			by[k] = &bucket{tokens: k}
-		}
-		return by[k]
+		wrong: off.wrong + on.wrong, turnsPerMode: len(on.turns), reasoning: c.reasoning,
+		growth: c.growth(), turns: c.turns, renderFixed: c.profile.RenderOverhead, renderPerToken: c.profile.RenderPerToken}
+	if !c.reasoning {
+		s.published = c.published
 	}
-	var overheads []time.Duration
+	s.buckets = make([]bucket, c.turns)
+	for i := range s.buckets {
+		s.buckets[i] = bucket{turn: i, tokens: c.nominal(i)}
+	}
+	var overheads, offOver, onOver []time.Duration
 	hits := 0
 	for _, t := range off.turns {
-		b := get(t.promptTokens)
+		b := &s.buckets[t.index]
 		b.off = append(b.off, t)
 		overheads = append(overheads, t.overhead)
+		offOver = append(offOver, t.overhead)
 	}
+	var renders, sides, longRenders, longSides []time.Duration
+	var handles, unverified int
 	for _, t := range on.turns {
-		b := get(t.promptTokens)
+		b := &s.buckets[t.index]
 		b.on = append(b.on, t)
 		overheads = append(overheads, t.overhead)
+		onOver = append(onOver, t.overhead)
 		if t.outcome == "hit" {
 			hits++
+			if t.partial {
+				s.verification.partial++
+			}
+		}
+		if t.render > 0 {
+			renders = append(renders, t.render)
+			sides = append(sides, t.renderSide)
+			if t.index == c.turns-1 {
+				longRenders = append(longRenders, t.render)
+				longSides = append(longSides, t.renderSide)
+			}
+		}
+		if t.handleTokens > 0 && t.verified > 0 {
+			handles++
+			unverified += t.handleTokens - t.verified
 		}
 	}
 	s.overhead = percentiles(overheads)
+	s.offOverhead, s.onOverhead = percentiles(offOver), percentiles(onOver)
 	if len(on.turns) > 0 {
 		s.hitRate = float64(hits) / float64(len(on.turns))
 	}
-	for _, b := range by {
-		b.fill()
-		s.buckets = append(s.buckets, *b)
+	v := &s.verification
+	v.calls = len(renders)
+	v.render, v.renderSide = percentiles(renders), percentiles(sides)
+	v.longRender, v.longSide = percentiles(longRenders)[0], percentiles(longSides)[0]
+	if handles > 0 {
+		v.unverified = float64(unverified) / float64(handles)
 	}
-	slices.SortFunc(s.buckets, func(a, b bucket) int { return a.tokens - b.tokens })
+	for i := range s.buckets {
+		s.buckets[i].fill()
+	}
 	return s
 }
 
@@ -90,8 +131,10 @@ func (b *bucket) fill() {
 	}
 	var hits, computed, prompt, held int
 	for _, t := range b.on {
-		b.onRecompute += t.recompute / time.Duration(len(b.on))
-		b.onTransfer += t.transfer / time.Duration(len(b.on))
+		n := time.Duration(len(b.on))
+		b.onRecompute += t.recompute / n
+		b.onTransfer += t.transfer / n
+		b.onDecode += t.decodeFirst / n
 		if t.outcome == "hit" {
 			hits++
 		}
@@ -131,22 +174,76 @@ func percentiles(ds []time.Duration) [3]time.Duration {
 	return out
 }
 
-// ratioAt returns the off/on TTFT p50 ratio of the bucket holding tokens.
-func (s summary) ratioAt(tokens int) (float64, bool) {
+// at returns the bucket whose nominal prompt length is tokens.
+func (s summary) at(tokens int) (bucket, bool) {
 	for _, b := range s.buckets {
-		if b.tokens == bucketOf(tokens) && len(b.on) > 0 && len(b.off) > 0 {
-			return b.ratio, true
+		if b.tokens == tokens && len(b.on) > 0 && len(b.off) > 0 {
+			return b, true
 		}
 	}
-	return 0, false
+	return bucket{}, false
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Millisecond)) }
+// ratioAt returns the off/on TTFT p50 ratio of the turn whose nominal
+// prompt length is tokens.
+func (s summary) ratioAt(tokens int) (float64, bool) {
+	b, ok := s.at(tokens)
+	return b.ratio, ok
+}
 
-func kTokens(n int) string { return fmt.Sprintf("%.0fk", float64(n)/1000) }
+// point is the modelled figures of one calibration point, engine time only
+// (no render, no router overhead), p50 over the conversations.
+type point struct{ off, on, prefillOn, transfer time.Duration }
+
+// pointAt returns the modelled figures at the turn of nominal length tokens.
+func (s summary) pointAt(tokens int) (point, bool) {
+	b, ok := s.at(tokens)
+	if !ok {
+		return point{}, false
+	}
+	p50 := func(ts []turn, f func(turn) time.Duration) time.Duration {
+		ds := make([]time.Duration, len(ts))
+		for i, t := range ts {
+			ds[i] = f(t)
+		}
+		return percentiles(ds)[0]
+	}
+	return point{
+		off:       p50(b.off, turn.engines),
+		on:        p50(b.on, turn.engines),
+		prefillOn: p50(b.on, turn.prefillOn),
+		transfer:  p50(b.on, func(t turn) time.Duration { return t.transfer }),
+	}, true
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f", msf(d)) }
+
+func kTokens(n int) string {
+	if n < 10000 {
+		return fmt.Sprintf("%.1fk", float64(n)/1000)
+	}
+	return fmt.Sprintf("%.0fk", float64(n)/1000)
+}
+
+// round rounds d for display: to 10 µs from 1 ms up, else to 1 µs.
+func round(d time.Duration) time.Duration {
+	if d >= time.Millisecond {
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+func pct(got time.Duration, want float64) string {
+	return fmt.Sprintf("%.0f (%+.0f%%)", msf(got), 100*(msf(got)/want-1))
+}
 
 func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "\nbidikv demo: profile %s, 1 prefill (prefix caching off) + 1 decode engine, simulated.\n", s.profile)
+	if s.reasoning {
+		fmt.Fprintf(w, "Replies carry reasoning (<think>…</think>) that the chat template drops from past turns.\n")
+	}
+	fmt.Fprintf(w, "Conversations of %d turns, the prompt growing %.3f× a turn (%.0f%% of each prompt new).\n",
+		s.turns, s.growth, 100*(1-1/s.growth))
 	fmt.Fprintf(w, "Engine times are MODELLED from the profile (calibrated on published 1P1D results); the router's own\n")
 	fmt.Fprintf(w, "overhead is MEASURED in real time on this machine and added unscaled.\n\n")
 
@@ -159,21 +256,56 @@ func (s summary) print(w io.Writer) {
 	}
 	_ = tw.Flush()
 
-	fmt.Fprintln(w, "\nPrefill split (modelled means, ms), reuse and KV held on decode (reuse on)")
+	fmt.Fprintln(w, "\nWhere the time goes (modelled means, ms), reuse and KV held on decode (reuse on)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	held := "KV held on D"
-	fmt.Fprintf(tw, "prompt\toff recompute\ton recompute\ton KV transfer\thit rate\ttokens recomputed\t%s\t\n", held)
+	fmt.Fprintln(tw, "prompt\toff: P recompute\ton: P KV pull\tP recompute\tD pull+1st token\thit rate\ttokens recomputed\tKV held on D\t")
 	for _, b := range s.buckets {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%s\t\n", kTokens(b.tokens), ms(b.offRecompute), ms(b.onRecompute),
-			ms(b.onTransfer), 100*b.hitRate, 100*b.recomputed, s.heldString(b.heldTokens))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%s\t\n", kTokens(b.tokens), ms(b.offRecompute), ms(b.onTransfer),
+			ms(b.onRecompute), ms(b.onDecode), 100*b.hitRate, 100*b.recomputed, s.heldString(b.heldTokens))
 	}
 	_ = tw.Flush()
 
-	fmt.Fprintf(w, "\nhit rate %.0f%% (every turn after the first of each conversation can hit); ", 100*s.hitRate)
+	s.printPublished(w)
+
+	fmt.Fprintf(w, "\nhit rate %.0f%% (the first turn of each conversation cannot hit); ", 100*s.hitRate)
 	fmt.Fprintf(w, "peak KV held on decode for next turns: %s\n", s.heldString(s.peakHeldToks))
-	fmt.Fprintf(w, "router overhead per turn (measured, real time): p50 %s p95 %s p99 %s\n",
-		s.overhead[0].Round(time.Microsecond), s.overhead[1].Round(time.Microsecond), s.overhead[2].Round(time.Microsecond))
+	if v := s.verification; v.calls > 0 {
+		fmt.Fprintf(w, "token verification: %d render calls, %d hits attached only the verified prefix (%.0f tokens of a handle unverified on average)\n",
+			v.calls, v.partial, v.unverified)
+		fmt.Fprintf(w, "  render on the API server (MODELLED; the cost, %s + %s/token, is an assumption): p50 %s p99 %s, %s at the longest prompt\n",
+			s.renderFixed, s.renderPerToken, round(v.render[0]), round(v.render[2]), round(v.longRender))
+		fmt.Fprintf(w, "  the router's side of the render call (MEASURED: request, reading the token ids): p50 %s p99 %s, %s at the longest prompt\n",
+			round(v.renderSide[0]), round(v.renderSide[2]), round(v.longSide))
+		fmt.Fprintf(w, "  the fingerprint comparison is part of the reuse-on router overhead below\n")
+	}
+	fmt.Fprintf(w, "router overhead per turn (MEASURED, real time): reuse off p50 %s p95 %s p99 %s; reuse on p50 %s p95 %s p99 %s\n",
+		round(s.offOverhead[0]), round(s.offOverhead[1]), round(s.offOverhead[2]),
+		round(s.onOverhead[0]), round(s.onOverhead[1]), round(s.onOverhead[2]))
 	fmt.Fprintf(w, "answers that differ from a single engine's: %d of %d\n", s.wrong, 2*s.turnsPerMode)
+}
+
+// printPublished compares the modelled engine time with the published
+// figures at the calibration points the run reached.
+func (s summary) printPublished(w io.Writer) {
+	var rows []string
+	for _, p := range s.published {
+		m, ok := s.pointAt(p.tokens)
+		if !ok {
+			continue
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t", kTokens(p.tokens), pct(m.off, p.off), pct(m.on, p.on),
+			pct(m.prefillOn, p.prefillOn), pct(m.transfer, p.transfer)))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nCalibration points: modelled engine time p50, ms (vs published), without render or router overhead")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "prompt\tTTFT off\tTTFT on\tprefill on\tKV transfer\t")
+	for _, r := range rows {
+		fmt.Fprintln(tw, r)
+	}
+	_ = tw.Flush()
 }
 
 func (s summary) heldString(tokens int) string {

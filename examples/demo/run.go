@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,12 +30,23 @@ type turn struct {
 	recompute    time.Duration // modelled: P's prefill
 	transfer     time.Duration // modelled: P's pull from D
 	decodeFirst  time.Duration // modelled: D's pull from P and first token
+	render       time.Duration // modelled: the render call on the API server (token verification)
 	overhead     time.Duration // measured: what the router added, real time
+	renderSide   time.Duration // measured: the router's side of the render call (part of overhead)
 	heldTokens   int           // tokens of KV D keeps for the next turn
+	handleTokens int           // tokens the handle found holds (0: none found)
+	verified     int           // tokens the render proved D's blocks share with the prompt
+	partial      bool          // only the verified prefix of the handle was attached
 }
 
 // ttft is the modelled time to first token plus the router's real overhead.
-func (t turn) ttft() time.Duration { return t.recompute + t.transfer + t.decodeFirst + t.overhead }
+func (t turn) ttft() time.Duration { return t.engines() + t.render + t.overhead }
+
+// engines is the modelled engine time of the turn: P's part and D's part.
+func (t turn) engines() time.Duration { return t.prefillOn() + t.decodeFirst }
+
+// prefillOn is P's part: its pull of D's blocks and its prefill.
+func (t turn) prefillOn() time.Duration { return t.recompute + t.transfer }
 
 // modeResult is one run of every conversation in one mode.
 type modeResult struct {
@@ -52,6 +64,7 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 		kvroutetest.WithRegistry(reg),
 		kvroutetest.WithProfile(c.profile),
 		kvroutetest.WithNumBlocks(blocks),
+		kvroutetest.WithReasoning(c.reasoning),
 		// Reuse off is stock one-way disaggregation: D frees its blocks
 		// when it finishes instead of keeping them for a next turn.
 		kvroutetest.WithBidirectional(reuse),
@@ -73,12 +86,19 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 	}
 	defer rt.CloseIdleConnections()
 	clock := upstreamclock.New(rt)
-	router, err := kvroute.New(
+	renders := upstreamclock.New(clock) // render calls only, also counted by clock
+	obs := &observer{recs: map[string]kvroute.TurnRecord{}}
+	opts := []kvroute.Option{
 		kvroute.WithPrefill(p.URL()),
 		kvroute.WithDecode(d.URL()),
 		kvroute.WithReuse(reuse),
-		kvroute.WithTransport(clock),
-	)
+		kvroute.WithTransport(renderSplit{render: renders, other: clock}),
+		kvroute.WithObserver(obs),
+	}
+	if c.verification != "" {
+		opts = append(opts, kvroute.WithVerification(c.verification))
+	}
+	router, err := kvroute.New(opts...)
 	if err != nil {
 		return modeResult{}, err
 	}
@@ -92,7 +112,7 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 		g.Go(func() error {
 			cv := newConversation(i, c)
 			for t := range c.turns {
-				tr, err := runTurn(gctx, router, clock, cv, t, reuse)
+				tr, err := runTurn(gctx, router, clock, renders, obs, cv, t, reuse)
 				if err != nil {
 					return fmt.Errorf("conversation %d turn %d (reuse %t): %w", i, t, reuse, err)
 				}
@@ -112,25 +132,69 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 	return res, join(&res, p, d, c.profile)
 }
 
-// runTurn sends one turn through the router and measures the time to the
-// first event in real time.
-func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamclock.Clock, cv *conversation, index int, reuse bool) (turn, error) {
-	body, err := cv.next(index)
-	if err != nil {
-		return turn{}, err
+// renderSplit sends the router's render and tokenize calls through render
+// and everything else through other, so that the render calls' engine time
+// can be told apart.
+type renderSplit struct{ render, other http.RoundTripper }
+
+// RoundTrip implements http.RoundTripper.
+func (s renderSplit) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.URL.Path, "/render") || strings.HasSuffix(req.URL.Path, "/tokenize") {
+		return s.render.RoundTrip(req)
 	}
+	return s.other.RoundTrip(req)
+}
+
+// observer keeps the router's record of each turn by request id.
+type observer struct {
+	mu   sync.Mutex
+	recs map[string]kvroute.TurnRecord
+}
+
+// ObserveTurn implements kvroute.Observer.
+func (o *observer) ObserveTurn(rec *kvroute.TurnRecord) {
+	o.mu.Lock()
+	o.recs[rec.RequestID] = *rec
+	o.mu.Unlock()
+}
+
+// take returns and forgets the record of id.
+func (o *observer) take(id string) (kvroute.TurnRecord, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	rec, ok := o.recs[id]
+	delete(o.recs, id)
+	return rec, ok
+}
+
+// renderID is the X-Request-Id of the router's render call for the turn
+// id: the router gives it its own (kvroute/render.go), as engines key
+// requests by that header.
+func renderID(id string) string { return id + "-render" }
+
+func turnID(reuse bool, conv, index int) string {
 	mode := "off"
 	if reuse {
 		mode = "on"
 	}
-	id := fmt.Sprintf("demo-%s-%d-%d", mode, cv.id, index)
+	return fmt.Sprintf("demo-%s-%d-%d", mode, conv, index)
+}
+
+// runTurn sends one turn through the router and measures the time to the
+// first event in real time.
+func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclock.Clock, obs *observer,
+	cv *conversation, index int, reuse bool) (turn, error) {
+	body, err := cv.next(index)
+	if err != nil {
+		return turn{}, err
+	}
+	id := turnID(reuse, cv.id, index)
 	h := http.Header{"X-Request-Id": {id}, "Content-Type": {"application/json"}}
 	start := time.Now()
 	resp, err := r.Do(ctx, &kvroute.Request{Path: kvroute.PathChatCompletions, Header: h, Body: body})
 	if err != nil {
 		return turn{}, err
 	}
-	defer resp.Close()
 	var text bytes.Buffer
 	first := time.Duration(0)
 	for {
@@ -139,6 +203,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamclock.Clock,
 			break
 		}
 		if err != nil {
+			resp.Close()
 			return turn{}, err
 		}
 		if first == 0 {
@@ -146,14 +211,22 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock *upstreamclock.Clock,
 		}
 		appendContent(&text, ev)
 	}
+	resp.Close() // the turn ends (and is observed) here
 	cv.hear(text.String())
-	return turn{
+	rid := renderID(id)
+	t := turn{
 		reuse:    reuse,
 		conv:     cv.id,
 		index:    index,
 		outcome:  resp.Reuse(),
-		overhead: max(0, first-clock.Take(id)),
-	}, nil
+		overhead: max(0, first-clock.Take(id)-clock.Take(rid)),
+	}
+	renderWait := renders.Take(rid)
+	if rec, ok := obs.take(id); ok {
+		t.renderSide = max(0, rec.Render-renderWait)
+		t.handleTokens, t.verified, t.partial = rec.HandleTokens, rec.VerifiedTokens, rec.Partial
+	}
+	return t, nil
 }
 
 // appendContent appends choices[0].delta.content of an SSE event.
@@ -180,9 +253,13 @@ func appendContent(dst *bytes.Buffer, ev []byte) {
 // records, matched by X-Request-Id.
 func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) error {
 	pre := map[string]kvroutetest.RequestRecord{}
+	render := map[string]time.Duration{}
 	for _, r := range p.Requests() {
-		if r.Role == "prefill" {
+		switch r.Role {
+		case "prefill":
 			pre[r.RequestID] = r
+		case "render", "tokenize":
+			render[strings.TrimSuffix(r.RequestID, renderID(""))] += prof.Render(r.PromptTokens)
 		}
 	}
 	dec := map[string]kvroutetest.RequestRecord{}
@@ -196,11 +273,7 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 	}
 	for i := range res.turns {
 		t := &res.turns[i]
-		mode := "off"
-		if t.reuse {
-			mode = "on"
-		}
-		id := fmt.Sprintf("demo-%s-%d-%d", mode, t.conv, t.index)
+		id := turnID(t.reuse, t.conv, t.index)
 		pr, ok1 := pre[id]
 		dr, ok2 := dec[id]
 		if !ok1 || !ok2 {
@@ -209,6 +282,7 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 		t.promptTokens = pr.PromptTokens
 		t.computed = pr.ComputedTokens
 		t.recompute, t.transfer = pr.Prefill, pr.Transfer
+		t.render = render[id]
 		// D's time to first token: reading P's blocks, then the first
 		// decode step (which also computes the last prompt position).
 		t.decodeFirst = dr.Transfer + prof.Decode(1)
