@@ -3,20 +3,28 @@
 //
 //	go run ./examples/demo                      # qwen3-32b profile
 //	go run ./examples/demo --profile glm-5-fp8  # the larger model
+//	go run ./examples/demo --reasoning          # replies with <think>…</think>
 //
 // It starts one simulated prefill engine (prefix caching off, as in the
 // published experiment) and one simulated decode engine in process, and
 // runs the same agent-style conversations twice through a kvroute.Router:
 // once with reuse off (one-way P→D: every turn recomputes the whole history)
 // and once with reuse on (each turn's prefill pulls the KV the decode engine
-// kept from the turn before). Conversations grow from about 2k to 24k tokens
-// (20k for glm-5-fp8) with tool results and replies.
+// kept from the turn before). A conversation's prompt grows by a constant
+// factor a turn, from just under 2k tokens to 24k (20k for glm-5-fp8), in 12
+// turns (19 for glm-5-fp8): the shape that fits the published results (see
+// internal/sim/cost.go).
+//
+// With --reasoning every reply starts with reasoning that the chat template
+// drops from past turns, as Qwen3's does. The router's default token
+// verification then reuses the prefix the template kept; content
+// verification (--verification content) reuses nothing.
 //
 // The engines do not sleep: the time they would take on GPUs is modelled
 // from their request records with the profile's cost model (calibrated on the
-// published 1P1D results), while the router's own overhead is measured in
-// real time and added unscaled. The table and the SVG chart label which
-// figures are modelled.
+// published 1P1D results), and so is the render call of token verification;
+// the router's own overhead is measured in real time and added unscaled. The
+// tables and the SVG chart label which figures are modelled.
 package main
 
 import (

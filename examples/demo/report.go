@@ -270,8 +270,12 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "\nhit rate %.0f%% (the first turn of each conversation cannot hit); ", 100*s.hitRate)
 	fmt.Fprintf(w, "peak KV held on decode for next turns: %s\n", s.heldString(s.peakHeldToks))
 	if v := s.verification; v.calls > 0 {
-		fmt.Fprintf(w, "token verification: %d render calls, %d hits attached only the verified prefix (%.0f tokens of a handle unverified on average)\n",
-			v.calls, v.partial, v.unverified)
+		if v.partial > 0 {
+			fmt.Fprintf(w, "token verification: %d render calls; %d hits attached only the verified prefix (%.0f tokens of a handle unverified on average)\n",
+				v.calls, v.partial, v.unverified)
+		} else {
+			fmt.Fprintf(w, "token verification: %d render calls; every hit verified the handle's whole sequence\n", v.calls)
+		}
 		fmt.Fprintf(w, "  render on the API server (MODELLED; the cost, %s + %s/token, is an assumption): p50 %s p99 %s, %s at the longest prompt\n",
 			s.renderFixed, s.renderPerToken, round(v.render[0]), round(v.render[2]), round(v.longRender))
 		fmt.Fprintf(w, "  the router's side of the render call (MEASURED: request, reading the token ids): p50 %s p99 %s, %s at the longest prompt\n",
@@ -282,6 +286,14 @@ func (s summary) print(w io.Writer) {
 		round(s.offOverhead[0]), round(s.offOverhead[1]), round(s.offOverhead[2]),
 		round(s.onOverhead[0]), round(s.onOverhead[1]), round(s.onOverhead[2]))
 	fmt.Fprintf(w, "answers that differ from a single engine's: %d of %d\n", s.wrong, 2*s.turnsPerMode)
+	if n := len(s.buckets); n > 0 {
+		last := s.buckets[n-1]
+		fmt.Fprintf(w, "off/on TTFT p50 at the longest prompt (%s): %.2f×", kTokens(last.tokens), last.ratio)
+		if p := s.published; len(p) > 0 && p[len(p)-1].tokens == last.tokens {
+			fmt.Fprintf(w, " (published: %.2f×)", p[len(p)-1].off/p[len(p)-1].on)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // printPublished compares the modelled engine time with the published

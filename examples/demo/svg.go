@@ -87,7 +87,9 @@ func writeSVG(w io.Writer, s summary) error {
 		tr := msf(b.onTransfer)
 		rect(p, x1, ys(rc), barW, rc/maxSplit*panelH, colOn)
 		rect(p, x1, ys(rc+tr), barW, tr/maxSplit*panelH, colTransfer)
-		p(`<text x="%.1f" y="%d" text-anchor="middle" font-size="10">%s</text>`, x0+barW, topY+panelH+14, kTokens(b.tokens))
+		if n <= 12 || i%2 == 0 || i == n-1 { // at most about 12 labels fit
+			p(`<text x="%.1f" y="%d" text-anchor="middle" font-size="10">%s</text>`, x0+barW, topY+panelH+14, kTokens(b.tokens))
+		}
 	}
 	legend(p, rightX+10, topY+10, []string{colOff, colOn, colTransfer}, []string{"off: recompute", "on: recompute", "on: KV transfer from D"})
 	p(`<text x="%d" y="%d" fill="#555">hit rate %.0f%%, router overhead p50 %s (measured). Engines: 1 prefill (no prefix caching) + 1 decode.</text>`,
