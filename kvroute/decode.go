@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -148,12 +149,12 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		out.release()
-		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Body: stripHandle(b), Err: errors.New(http.StatusText(resp.StatusCode))}
+		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		out.stream = true
 		out.Header.Del("Content-Length")
-		out.reader = sse.NewReader(resp.Body)
+		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes))
 		opts := []sse.CaptureOption{sse.WithReply()}
 		if t.idsAdded || t.idsAsked {
 			opts = append(opts, sse.WithTokenIDs(t.idsAdded))
@@ -183,12 +184,35 @@ func isEventStream(ct string) bool {
 	return err == nil && mt == "text/event-stream"
 }
 
-// stripHandle removes a top-level kv_transfer_params from a JSON object
-// body; anything else is returned as is.
-func stripHandle(b []byte) []byte {
-	obj, err := jsonraw.Parse(b)
-	if err != nil || !obj.Has(kvKey) {
+// clientSafe returns an engine's error body as it may reach a client: a
+// JSON object without its kv_transfer_params (top level and in choices).
+// A body that still spells the key (an engine that echoes the request in
+// its error, say) or one that is not JSON and may hold it is dropped (nil):
+// the client then gets the router's own error for the status. Handles
+// never leave the router.
+func clientSafe(b []byte) []byte {
+	if !mayHoldHandle(b) {
 		return b
 	}
-	return obj.Edit([]string{kvKey})
+	obj, err := jsonraw.Parse(b)
+	if err != nil {
+		return nil
+	}
+	if obj.Has(kvKey) {
+		b = obj.Edit([]string{kvKey})
+	}
+	if out, ok := sse.StripChoiceHandles(b); ok {
+		b = out
+	}
+	if bytes.Contains(b, []byte(kvKey)) {
+		return nil
+	}
+	return b
+}
+
+// mayHoldHandle reports whether b may spell kv_transfer_params: literally,
+// or through a \u escape in a JSON string (no other escape yields a letter
+// or '_').
+func mayHoldHandle(b []byte) bool {
+	return bytes.Contains(b, []byte(kvKey)) || bytes.Contains(b, []byte(`\u`))
 }

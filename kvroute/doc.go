@@ -15,9 +15,10 @@
 //     but not attached is put back for its remaining retention time. A
 //     Selector picks the prefill engine.
 //  2. Prefill: the client's body goes to P with stream false, max_tokens 1,
-//     max_completion_tokens, min_tokens, min_completion_tokens and
-//     stream_options removed, and kv_transfer_params set to the retained
-//     decode handle (role flags forced: do_remote_decode true,
+//     ignore_eos true, max_completion_tokens, min_tokens,
+//     min_completion_tokens, stream_options, stop and stop_token_ids
+//     removed (P always finishes on length), and kv_transfer_params set to
+//     the retained decode handle (role flags forced: do_remote_decode true,
 //     do_remote_prefill false; every other key byte for byte) or, on a miss,
 //     the miss handle. P answers one token and its own handle.
 //  3. Decode: at once, the client's body goes to D with P's handle. The
@@ -148,9 +149,50 @@
 //     not retry (the prefill total timeout, a pooled connection the engine
 //     closed) fail the turn: 504 or 502. Each failure counts against the
 //     endpoint's health, except a 500 on a failed handle read.
-//   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle),
-//     or with WithLocalPrefillFallback D prefills by itself; the miss handle
-//     never reaches D.
+//   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle,
+//     TurnRecord.NoHandle PhasePrefill), or with WithLocalPrefillFallback D
+//     prefills by itself; the miss handle never reaches D. A client's stop
+//     strings or an EOS as P's one token cannot cause this: the P leg drops
+//     stop and stop_token_ids and sets ignore_eos, because older engines
+//     emit P's handle only on the length cap. A handle with transfer_mode
+//     "push" counts as none (Stats.PushHandles too).
+//   - A hit P did not read: when P's usage.prompt_tokens_details.cached_tokens
+//     is below the attached tokens less one (the last prompt token is always
+//     recomputed), the turn goes on (its answer is still correct: P computed
+//     what it lacked) and is counted (Stats.UnconfirmedHits,
+//     TurnRecord.Unconfirmed, TurnRecord.CachedTokens). Engines without
+//     --enable-prompt-tokens-details are not checked.
+//   - D answers without a handle after a normal finish (stop or length):
+//     the turn succeeds, nothing is retained, and it is counted
+//     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode) for
+//     non-streaming answers and for streams of an engine that has sent a
+//     handle in a stream before; streams of engines never seen to send one
+//     (stock vLLM) count in Stats.NoStreamHandle instead, warned once. D's
+//     push-mode handle is never retained (StoreRefusal "push_handle",
+//     Stats.PushHandles).
+//   - Handles never reach a client, even from malformed engine output
+//     (fail closed): a non-streaming decode body that is not a JSON object
+//     but contains kv_transfer_params or a \u escape that could spell it is
+//     a 502 naming PhaseDecode (the turn is redone as a plain miss while
+//     decode legs are left); kv_transfer_params is removed at the top level
+//     and from every element of choices, in bodies and stream events; a
+//     stream's comment, id, event or other non-data line that contains
+//     kv_transfer_params is dropped from the event (the rest of the event is
+//     forwarded); an engine's error body that still names the key after
+//     that is replaced by the router's own error for the status.
+//   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
+//     a longer one ends the stream with an error), a retained entry by
+//     WithMaxEntryBytes (16 MiB, also the default store's value bound), room
+//     for 1M-token contexts with two KV groups. An entry over the bound, or
+//     one the Store refuses with retention.ErrTooLarge, is not retained
+//     (StoreRefusal "handle_too_large", Stats.TooLarge), warned once.
+//   - A client X-Request-Id longer than MaxRequestIDBytes (128) or holding
+//     anything but visible ASCII is ignored: the router generates its own
+//     id for both legs, the response and the TurnRecord.
+//   - A request that fails before the lookup (malformed body, closed
+//     Router) reports TurnRecord.Reuse "" and ErrPhase PhaseLookup: it is no
+//     reuse miss. A first turn is MissNotFound in every Identifier mode;
+//     MissNoKey means the Identifier's Lookup failed.
 //   - Decode leg fails before anything reached the client (Do has not
 //     returned; a stream's first event is read inside Do): if the connection
 //     was never made, the same P handle goes to another decode engine while

@@ -25,8 +25,11 @@ const (
 
 // Miss reasons reported in TurnRecord.MissReason.
 const (
-	MissNoKey      = "no_key"      // the Identifier gave no key to look up
-	MissNotFound   = "not_found"   // no handle retained under any key
+	MissNoKey = "no_key" // the Identifier failed to derive lookup keys (its Lookup returned an error)
+	// MissNotFound: no handle retained under any of the request's keys, or
+	// the Identifier gave no key at all. Every first turn reports it, in
+	// every Identifier mode.
+	MissNotFound   = "not_found"
 	MissExpired    = "expired"     // a handle was found past the retention TTL
 	MissThreshold  = "threshold"   // too few reusable tokens for the policy
 	MissStoreError = "store_error" // the Store failed; the turn went on as a miss
@@ -51,10 +54,21 @@ type TurnRecord struct {
 	Path      string
 	Stream    bool
 
-	Reuse          string        // ReuseHit, ReuseMiss or ReuseOff
+	// Reuse is ReuseHit, ReuseMiss or ReuseOff; "" when the turn failed
+	// before the lookup (a closed Router, a malformed request: ErrPhase is
+	// PhaseLookup), which is no reuse miss.
+	Reuse          string
 	MissReason     string        // a Miss* constant when Reuse is ReuseMiss
 	HandleAge      time.Duration // age of the attached handle on a hit
 	ReusableTokens int           // tokens the attached handle lets P read: remote_num_tokens, or the verified prefix
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens of the
+	// last prefill answer, -1 when the engine reported none (engines
+	// without --enable-prompt-tokens-details) or no prefill answer came.
+	CachedTokens int
+	// Unconfirmed reports a hit whose CachedTokens is below ReusableTokens
+	// less one (the last prompt token, which the engine recomputes): the
+	// engine did not read what it was given (Stats.UnconfirmedHits).
+	Unconfirmed bool
 	// Verification is how the attached (or rejected) handle was checked:
 	// VerifyTokens, VerifyContent, or "" when no handle was found.
 	Verification Verification
@@ -80,6 +94,10 @@ type TurnRecord struct {
 	DecodeEndpoint  string
 	PrefillAttempts int
 	LocalFallback   bool // D prefilled locally because P returned no handle
+	// NoHandle names the leg that answered without a handle although one
+	// was expected: PhasePrefill (Stats.NoPrefillHandle) or PhaseDecode
+	// (Stats.NoDecodeHandle); "" otherwise.
+	NoHandle Phase
 
 	Prefill   time.Duration // the prefill leg, request to P's answer
 	FirstByte time.Duration // decode request to D's response headers

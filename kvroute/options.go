@@ -38,6 +38,15 @@ const (
 	// DefaultMaxBodyBytes bounds a request body accepted by ServeHTTP and a
 	// non-streaming upstream body read by Do.
 	DefaultMaxBodyBytes = 32 << 20
+	// DefaultMaxEventBytes bounds one event of a decode stream (16 MiB): the
+	// final chunk of a 1M-token context carries a kv_transfer_params of
+	// 62,500 block ids in each of two KV groups (about 1 MB) and its token
+	// ids.
+	DefaultMaxEventBytes = 16 << 20
+	// DefaultMaxEntryBytes bounds one retained entry (16 MiB): a decode
+	// handle with its token fingerprint (8 bytes per block) and the
+	// Identifier's check, room for 1M-token contexts with two KV groups.
+	DefaultMaxEntryBytes = 16 << 20
 )
 
 // Option configures a Router. Options are created by the With* functions.
@@ -74,6 +83,8 @@ type config struct {
 	verification     Verification
 	blockSize        int
 	renderTimeout    time.Duration
+	maxEventBytes    int
+	maxEntryBytes    int
 	ends             endpointConfig
 	errs             []error
 }
@@ -91,6 +102,8 @@ func defaultConfig() config {
 		verification:     VerifyTokens,
 		blockSize:        DefaultBlockSize,
 		renderTimeout:    DefaultRenderTimeout,
+		maxEventBytes:    DefaultMaxEventBytes,
+		maxEntryBytes:    DefaultMaxEntryBytes,
 		clock:            time.Now,
 		ends:             defaultEndpointConfig(),
 	}
@@ -357,6 +370,25 @@ func WithRenderTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.renderTimeout = d })
 }
 
+// WithMaxEventBytes bounds one event of a decode stream, in bytes. A
+// longer event ends the stream with an error (an *UpstreamError in
+// PhaseStream wrapping sse.ErrEventTooLarge) and nothing is retained. The
+// default is DefaultMaxEventBytes (16 MiB); it must be positive.
+func WithMaxEventBytes(n int) Option {
+	return optionFunc(func(c *config) { c.maxEventBytes = n })
+}
+
+// WithMaxEntryBytes bounds one retained entry (the decode handle, its token
+// fingerprint and the Identifier's check), in bytes. A larger one is not
+// retained (TurnRecord.StoreRefusal "handle_too_large", Stats.TooLarge; logged
+// once). It also sizes the values of the default in-memory store; a Store
+// passed with WithStore keeps its own bound (a Put it refuses with an error
+// wrapping retention.ErrTooLarge is counted the same way). The default is
+// DefaultMaxEntryBytes (16 MiB); it must be positive.
+func WithMaxEntryBytes(n int) Option {
+	return optionFunc(func(c *config) { c.maxEntryBytes = n })
+}
+
 func (c *config) validate() {
 	switch c.verification {
 	case VerifyTokens, VerifyContent:
@@ -399,5 +431,11 @@ func (c *config) validate() {
 	}
 	if c.maxBodyBytes <= 0 {
 		c.fail("WithMaxBodyBytes", "%d is not positive", c.maxBodyBytes)
+	}
+	if c.maxEventBytes <= 0 {
+		c.fail("WithMaxEventBytes", "%d is not positive (default %d)", c.maxEventBytes, DefaultMaxEventBytes)
+	}
+	if c.maxEntryBytes <= 0 {
+		c.fail("WithMaxEntryBytes", "%d is not positive (default %d)", c.maxEntryBytes, DefaultMaxEntryBytes)
 	}
 }

@@ -15,8 +15,12 @@ import (
 )
 
 // Members removed from the client's body on the prefill leg (protocol.md,
-// "Rewrites of the P leg"), besides those replaced.
-var prefillDrop = []string{kvKey, "stream_options", "max_completion_tokens", "min_tokens", "min_completion_tokens", "conversation_id"}
+// "Rewrites of the P leg"), besides those replaced. stop and stop_token_ids
+// go too, and ignore_eos is set (protocol.md, "P leg: always finish on
+// length"): older engines emit P's handle only when P stopped on
+// max_tokens, so a stop string or an EOS as P's one token would leave the
+// turn without one. Neither shapes the prompt; the decode leg keeps them.
+var prefillDrop = []string{kvKey, "stream_options", "max_completion_tokens", "min_tokens", "min_completion_tokens", "conversation_id", "stop", "stop_token_ids"}
 
 // Members removed from the client's body on the decode leg.
 var decodeDrop = []string{kvKey, "conversation_id"}
@@ -33,6 +37,7 @@ func (t *turn) prefillBody(handle []byte) []byte {
 	return t.req.obj.Edit(prefillDrop,
 		jsonraw.Member{Key: "stream", Value: jsonFalse},
 		jsonraw.Member{Key: "max_tokens", Value: jsonOne},
+		jsonraw.Member{Key: "ignore_eos", Value: jsonTrue},
 		jsonraw.Member{Key: kvKey, Value: handle})
 }
 
@@ -67,7 +72,11 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		}
 		t.rec.PrefillAttempts++
 		t.rec.PrefillEndpoint = ep.url
-		h, err := t.prefillOnce(ctx, ep, t.prefillBody(handle))
+		attachedTokens := 0
+		if attached {
+			attachedTokens = ent.tokens
+		}
+		h, err := t.prefillOnce(ctx, ep, t.prefillBody(handle), attachedTokens)
 		if err == nil {
 			t.r.hp.succeeded(ep)
 			ph, url = h, ep.url
@@ -146,8 +155,10 @@ func retryablePrefill(err error, hit bool) bool {
 	return hit && ue.Status >= 500
 }
 
-// prefillOnce sends one prefill request and returns P's handle.
-func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]byte, error) {
+// prefillOnce sends one prefill request and returns P's handle. attached is
+// remote_num_tokens of the retained handle the request carries, 0 for a
+// miss.
+func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte, attached int) ([]byte, error) {
 	ep.inflight.Add(1)
 	defer ep.inflight.Add(-1)
 	hreq, err := t.upstreamRequest(ctx, PhasePrefill, ep, body)
@@ -161,7 +172,7 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]by
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		ue := &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Body: b, Err: errors.New(http.StatusText(resp.StatusCode))}
+		ue := &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
 		if d, ok := transport.RetryAfter(resp.Header, t.r.cfg.clock()); ok {
 			ue.retryAfter = d
 		}
@@ -175,20 +186,70 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte) ([]by
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
 	}
+	t.confirm(obj, attached)
 	h, ok := obj.Get(kvKey)
 	if !ok || jsonraw.IsNull(h) {
 		return nil, t.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	if _, err := inspectHandle(h); err != nil {
+	hi, err := inspectHandle(h)
+	if err != nil {
 		return nil, t.noHandle(ep, resp.StatusCode, err)
 	}
+	if hi.pushMode {
+		t.r.stats.pushHandles.Add(1)
+		return nil, t.noHandle(ep, resp.StatusCode, errPushHandle)
+	}
 	return slices.Clip(h), nil
+}
+
+var errPushHandle = errors.New(`handle has transfer_mode "push", which cannot be used bidirectionally`)
+
+// confirm reads usage.prompt_tokens_details.cached_tokens of a prefill
+// answer and, on a hit, checks that the engine loaded what the router
+// attached: at least min(attached, prompt_tokens) less one, the last prompt
+// token, which the engine always recomputes. Without prompt_tokens_details
+// there is nothing to check.
+func (t *turn) confirm(obj jsonraw.Object, attached int) {
+	t.rec.CachedTokens = -1
+	usage, ok := obj.Get("usage")
+	if !ok {
+		return
+	}
+	details, ok := jsonraw.Lookup(usage, "prompt_tokens_details")
+	if !ok {
+		return
+	}
+	v, ok := jsonraw.Lookup(details, "cached_tokens")
+	if !ok {
+		return
+	}
+	cached, ok := jsonraw.Int(v)
+	if !ok {
+		return
+	}
+	t.rec.CachedTokens = int(cached)
+	if attached <= 0 {
+		return
+	}
+	want := int64(attached)
+	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
+		if p, ok := jsonraw.Int(v); ok && p > 0 && p < want {
+			want = p
+		}
+	}
+	if cached < want-1 {
+		t.rec.Unconfirmed = true
+		t.r.stats.unconfirmedHits.Add(1)
+		t.r.logOnce(context.Background(), "unconfirmed", "kvroute: a prefill engine reported fewer cached tokens than the retained handle it was given; it did not read the retained KV",
+			slog.Int("cached_tokens", int(cached)), slog.Int("attached_tokens", attached))
+	}
 }
 
 // noHandle handles a prefill answer without a usable handle: an error, or
 // with the local fallback a nil handle (D will prefill by itself).
 func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 	t.r.stats.noPrefillHandle.Add(1)
+	t.rec.NoHandle = PhasePrefill
 	if t.r.cfg.localFallback {
 		t.rec.LocalFallback = true
 		t.r.log.LogAttrs(context.Background(), slog.LevelWarn, "kvroute: prefill engine returned no handle; decode will prefill locally",

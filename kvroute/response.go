@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -229,6 +230,10 @@ func streamReply(c *sse.Capture) *Reply {
 	}
 }
 
+// errMalformedHandle fails a non-streaming decode answer that is not a JSON
+// object but may hold kv_transfer_params: it is never forwarded.
+var errMalformedHandle = errors.New("kvroute: the decode engine's answer is not a JSON object and may hold a KV handle")
+
 // readBody reads a non-streaming answer, strips its handle and retains it.
 func (r *Response) readBody() error {
 	defer r.release()
@@ -238,6 +243,11 @@ func (r *Response) readBody() error {
 	}
 	obj, err := jsonraw.Parse(b)
 	if err != nil {
+		if mayHoldHandle(b) {
+			// Not a JSON object, so nothing can be stripped, yet it may
+			// spell a handle: fail closed.
+			return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: errMalformedHandle}
+		}
 		// Not JSON: nothing to strip or capture; pass it on untouched.
 		r.Body = b
 		r.t.rec.StoreRefusal = "not_json"
@@ -259,6 +269,11 @@ func (r *Response) readBody() error {
 	case hasHandle:
 		b = obj.Edit([]string{kvKey})
 	}
+	if mayHoldHandle(b) {
+		if out, ok := sse.StripChoiceHandles(b); ok {
+			b = out
+		}
+	}
 	r.Body = b
 	r.Header.Del("Content-Length")
 	r.t.retain(handle, replyFromBody(obj, r.t.req.Chat()))
@@ -279,17 +294,29 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = "reuse_off"
 		return
 	}
+	// D emits a handle when it finished normally and was sent P's (a
+	// plain request, the local fallback, gets none).
+	expected := !t.rec.LocalFallback && (reply.FinishReason == "stop" || reply.FinishReason == "length")
 	if handle == nil {
-		if t.rec.Stream {
+		_, streamsHandles := r.streamHandles.Load(t.rec.DecodeEndpoint)
+		switch {
+		case t.rec.Stream && !streamsHandles:
 			r.stats.noStreamHandle.Add(1)
 			r.noStreamHandle.Do(func() {
 				r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
 			})
 			t.rec.StoreRefusal = "no_stream_handle"
-		} else {
+		default:
 			t.rec.StoreRefusal = "no_handle"
+			if expected {
+				r.stats.noDecodeHandle.Add(1)
+				t.rec.NoHandle = PhaseDecode
+			}
 		}
 		return
+	}
+	if t.rec.Stream {
+		r.streamHandles.LoadOrStore(t.rec.DecodeEndpoint, struct{}{})
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
 		t.rec.StoreRefusal = "finish_" + reply.FinishReason
@@ -302,6 +329,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	if hi.pushMode {
 		t.rec.StoreRefusal = "push_handle"
+		r.stats.pushHandles.Add(1)
 		return
 	}
 	fp, hard := t.fingerprint(hi.tokens)
@@ -325,9 +353,18 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	e := entry{created: r.cfg.clock(), endpoint: t.rec.DecodeEndpoint, tokens: hi.tokens, check: ret.Check,
 		contentOK: ret.Refusal == "", fp: fp, handle: handle}
+	val := e.encode()
+	if len(val) > r.cfg.maxEntryBytes {
+		t.tooLarge(len(val))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if err := r.store.Put(ctx, ret.Key, e.encode(), r.cfg.retentionTTL); err != nil {
+	if err := r.store.Put(ctx, ret.Key, val, r.cfg.retentionTTL); err != nil {
+		if errors.Is(err, retention.ErrTooLarge) {
+			t.tooLarge(len(val))
+			return
+		}
 		r.stats.storeErrors.Add(1)
 		t.rec.StoreRefusal = "store_error"
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put failed; the next turn will miss",
@@ -337,6 +374,19 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	r.stats.stored.Add(1)
 	t.rec.Stored = true
 }
+
+// tooLarge records a handle whose entry is over a size bound: counted and
+// logged once, not on every turn.
+func (t *turn) tooLarge(n int) {
+	t.rec.StoreRefusal = RefuseHandleTooLarge
+	t.r.stats.tooLarge.Add(1)
+	t.r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
+		slog.Int("bytes", n), slog.Int("limit", t.r.cfg.maxEntryBytes))
+}
+
+// RefuseHandleTooLarge (TurnRecord.StoreRefusal): the entry for D's handle
+// exceeded WithMaxEntryBytes or the Store's own value bound.
+const RefuseHandleTooLarge = "handle_too_large"
 
 // Refusals of token verification (TurnRecord.StoreRefusal).
 const (

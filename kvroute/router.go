@@ -38,6 +38,7 @@ type Router struct {
 	stats  counters
 
 	noStreamHandle sync.Once
+	streamHandles  sync.Map // decode endpoint URL -> struct{}: it has sent a handle in a stream
 	once           sync.Map // logOnce keys
 	caps           renderCaps
 }
@@ -82,7 +83,7 @@ func New(opts ...Option) (*Router, error) {
 	r.client = transport.NewClient(rt)
 	r.store = cfg.store
 	if r.store == nil {
-		m := retention.NewMemory()
+		m := retention.NewMemory(retention.WithMaxValueSize(cfg.maxEntryBytes))
 		r.store = m
 		r.closers = append(r.closers, m.Close)
 	}
@@ -205,16 +206,34 @@ func (r *Router) newTurn(req *Request) *turn {
 		req.Header = http.Header{}
 	}
 	t.id = req.Header.Get(headerRequestID)
-	if t.id == "" {
+	if !validRequestID(t.id) {
+		// Absent, too long or not visible ASCII: never echoed, forwarded
+		// or logged.
 		t.id = newRequestID()
 	}
 	t.rec.RequestID = t.id
 	t.rec.Path = req.Path
-	t.rec.Reuse = ReuseMiss
-	if !r.cfg.reuse {
-		t.rec.Reuse = ReuseOff
-	}
+	t.rec.CachedTokens = -1
+	// Reuse stays "" until the lookup: a turn that fails before it is no
+	// reuse miss.
 	return t
+}
+
+// MaxRequestIDBytes bounds a client's X-Request-Id. An id that is longer,
+// empty, or holds anything but visible ASCII (0x21 to 0x7e) is ignored: the
+// router generates its own for both legs, the response and the TurnRecord.
+const MaxRequestIDBytes = 128
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > MaxRequestIDBytes {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 func newRequestID() string {
@@ -254,6 +273,7 @@ func (t *turn) finish() {
 func (t *turn) lookup(ctx context.Context) *entry {
 	r := t.r
 	if !r.cfg.reuse {
+		t.rec.Reuse = ReuseOff
 		return nil
 	}
 	keys, err := r.ident.Lookup(t.req)
@@ -262,7 +282,9 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		return t.miss(MissNoKey)
 	}
 	if len(keys) == 0 {
-		return t.miss(MissNoKey)
+		// Nothing this request could continue: a first turn, however the
+		// Identifier keys turns.
+		return t.miss(MissNotFound)
 	}
 	for _, k := range keys {
 		v, ok, err := r.store.Take(ctx, k)

@@ -9,8 +9,28 @@ type Stats struct {
 	// NoStreamHandle counts streaming turns whose engine sent no handle
 	// (stock vLLM without PR #40186).
 	NoStreamHandle int64
-	// NoPrefillHandle counts prefill answers without a usable handle.
+	// NoPrefillHandle counts prefill answers without a usable handle (none,
+	// one lacking the keys an engine needs, or a push-mode handle).
 	NoPrefillHandle int64
+	// NoDecodeHandle counts decode answers that finished normally (stop or
+	// length) without a handle although one was expected: non-streaming
+	// answers to a request that carried P's handle, and streams from an
+	// engine that has sent handles in streams before (vLLM PR #40186).
+	// Streams of engines never seen to send one count in NoStreamHandle.
+	NoDecodeHandle int64
+	// UnconfirmedHits counts hits whose prefill answer reported
+	// usage.prompt_tokens_details.cached_tokens below the tokens the router
+	// attached (less the last prompt token, which the engine recomputes):
+	// the engine did not read what it was given. Answers without
+	// prompt_tokens_details are not checked.
+	UnconfirmedHits int64
+	// PushHandles counts handles with transfer_mode "push", which cannot be
+	// used bidirectionally: a prefill engine's is treated as no handle (and
+	// counted in NoPrefillHandle too), a decode engine's is not retained.
+	PushHandles int64
+	// TooLarge counts decode handles not retained because their entry
+	// exceeded WithMaxEntryBytes or the Store's own bound.
+	TooLarge int64
 	// HitRetries counts prefill attempts with a handle that failed and
 	// were retried as plain misses.
 	HitRetries int64
@@ -44,6 +64,7 @@ type Stats struct {
 type counters struct {
 	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures atomic.Int64
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
+	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge                               atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -61,5 +82,9 @@ func (c *counters) snapshot() Stats {
 		PartialHits:     c.partialHits.Load(),
 		PartialRefused:  c.partialRefused.Load(),
 		PutBacks:        c.putBacks.Load(),
+		NoDecodeHandle:  c.noDecodeHandle.Load(),
+		UnconfirmedHits: c.unconfirmedHits.Load(),
+		PushHandles:     c.pushHandles.Load(),
+		TooLarge:        c.tooLarge.Load(),
 	}
 }

@@ -1,0 +1,690 @@
+package kvroute_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// fakeEngine is a tiny engine for shapes the simulator does not produce. A
+// request whose kv_transfer_params has do_remote_decode true is a prefill
+// leg; any other is a decode leg.
+type fakeEngine struct {
+	t       testing.TB
+	url     string
+	prefill func(w http.ResponseWriter, body map[string]json.RawMessage)
+	decode  func(w http.ResponseWriter, body map[string]json.RawMessage)
+
+	mu   sync.Mutex
+	reqs []fakeRequest
+}
+
+type fakeRequest struct {
+	role      string
+	requestID string
+	body      map[string]json.RawMessage
+}
+
+func newFake(t testing.TB) *fakeEngine {
+	f := &fakeEngine{t: t}
+	f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+		writeJSON(w, prefillAnswer(testPHandle, ""))
+	}
+	f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+		writeJSON(w, decodeAnswer("hello", testDHandle))
+	}
+	f.url = newServer(t, http.HandlerFunc(f.serve))
+	return f
+}
+
+func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(b, &body); err != nil {
+		http.Error(w, "bad json", http.StatusBadRequest)
+		return
+	}
+	role := "decode"
+	var kv struct {
+		DoRemoteDecode bool `json:"do_remote_decode"`
+	}
+	if raw, ok := body["kv_transfer_params"]; ok && json.Unmarshal(raw, &kv) == nil && kv.DoRemoteDecode {
+		role = "prefill"
+	}
+	f.mu.Lock()
+	f.reqs = append(f.reqs, fakeRequest{role: role, requestID: r.Header.Get("X-Request-Id"), body: body})
+	f.mu.Unlock()
+	if role == "prefill" {
+		f.prefill(w, body)
+	} else {
+		f.decode(w, body)
+	}
+}
+
+func (f *fakeEngine) requests() []fakeRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeRequest(nil), f.reqs...)
+}
+
+const (
+	testPHandle = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3]],"remote_engine_id":"p0","remote_request_id":"r","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}`
+	testDHandle = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[7,8,9,10,11,12,13]],"remote_engine_id":"d0","remote_request_id":"rd","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":100}`
+)
+
+func writeJSON(w http.ResponseWriter, body string) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, body)
+}
+
+// prefillAnswer is P's answer with handle (none when "") and a usage
+// member (none when "").
+func prefillAnswer(handle, usage string) string {
+	s := `{"id":"p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}]`
+	if usage != "" {
+		s += `,"usage":` + usage
+	}
+	if handle != "" {
+		s += `,"kv_transfer_params":` + handle
+	}
+	return s + "}"
+}
+
+func decodeAnswer(content, handle string) string {
+	s := `{"id":"d","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":` + mustJSON(content) + `},"finish_reason":"stop"}]`
+	if handle != "" {
+		s += `,"kv_transfer_params":` + handle
+	}
+	return s + "}"
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// streamAnswer writes a chat stream of content whose final chunk carries
+// handle (none when "").
+func streamAnswer(w http.ResponseWriter, content, handle string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":%s},\"finish_reason\":null}]}\n\n", mustJSON(content))
+	final := `{"id":"d","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]`
+	if handle != "" {
+		final += `,"kv_transfer_params":` + handle
+	}
+	fmt.Fprintf(w, "data: %s}\n\ndata: [DONE]\n\n", final)
+}
+
+// fakeRouter is a router over one fake engine that serves both legs, in
+// content verification (the fake sends no token ids) with no threshold.
+func fakeRouter(t testing.TB, f *fakeEngine, obs *lastTurn, opts ...kvroute.Option) *kvroute.Router {
+	t.Helper()
+	base := []kvroute.Option{kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), kvroute.WithObserver(obs),
+		kvroute.WithVerification(kvroute.VerifyContent), kvroute.WithThreshold(0)}
+	r, err := kvroute.New(append(base, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func chatBody(stream bool, msgs ...string) []byte {
+	var ms []message
+	for i, m := range msgs {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		ms = append(ms, message{Role: role, Content: m})
+	}
+	return []byte(mustJSON(map[string]any{"model": kvroutetest.DefaultModel, "messages": ms, "max_tokens": 16, "stream": stream}))
+}
+
+// doTurn runs one turn through Do and reads it whole.
+func doTurn(t testing.TB, r *kvroute.Router, body []byte, header http.Header) ([]byte, error) {
+	t.Helper()
+	if header == nil {
+		header = http.Header{}
+	}
+	resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: header, Body: body})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Close()
+	var buf bytes.Buffer
+	_, err = resp.WriteTo(&buf)
+	return buf.Bytes(), err
+}
+
+// oldPrefill stands in front of a simulated prefill engine as an older
+// engine: its answer carries no handle unless the request stops only on
+// max_tokens (no stop, no stop_token_ids, ignore_eos true).
+type oldPrefill struct {
+	target string
+	mu     sync.Mutex
+	legs   []map[string]json.RawMessage
+}
+
+func (o *oldPrefill) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	req, _ := http.NewRequestWithContext(r.Context(), r.Method, o.target+r.URL.Path, bytes.NewReader(b))
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	var body map[string]json.RawMessage
+	if json.Unmarshal(b, &body) == nil && body["kv_transfer_params"] != nil && r.URL.Path != "/tokenize" && !strings.HasSuffix(r.URL.Path, "/render") {
+		o.mu.Lock()
+		o.legs = append(o.legs, body)
+		o.mu.Unlock()
+		_, stop := body["stop"]
+		_, stopIDs := body["stop_token_ids"]
+		if stop || stopIDs || string(body["ignore_eos"]) != "true" {
+			var ans map[string]json.RawMessage
+			if json.Unmarshal(out, &ans) == nil {
+				delete(ans, "kv_transfer_params")
+				out, _ = json.Marshal(ans)
+			}
+		}
+	}
+	for k, v := range resp.Header {
+		if k != "Content-Length" {
+			w.Header()[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(out)
+}
+
+// Issue 12.1: a client stop string that matches P's first token must not
+// leave an older prefill engine without a handle.
+func TestPrefillLegFinishesOnLength(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		for _, path := range []string{kvroute.PathChatCompletions, kvroute.PathCompletions} {
+			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
+				c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+				old := &oldPrefill{target: c.Prefill[0].URL()}
+				obs := &lastTurn{}
+				r, err := kvroute.New(kvroute.WithPrefill(newServer(t, old)), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithObserver(obs))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = r.Close() })
+				url := serve(t, r)
+				conv := &conversation{path: path, stream: stream, maxTok: 24}
+				conv.say(systemPrompt)
+				for i := range 3 {
+					if i > 0 {
+						conv.say(userText(i))
+					}
+					conv.extra = nil
+					plain := reference(t, path, conv.body())
+					require.NotEmpty(t, plain)
+					// A stop string inside the reply's first token.
+					conv.extra = map[string]any{"stop": []string{plain[:1]}}
+					body := conv.body()
+					want, err := kvroutetest.Reference(path, body)
+					require.NoError(t, err)
+					res := post(t, url, path, body, nil)
+					require.Equal(t, http.StatusOK, res.status, "turn %d: %s", i, res.raw)
+					assert.Equal(t, want.Text, res.text, "turn %d", i)
+					assert.Equal(t, "stop", res.finish, "turn %d", i)
+					conv.hear(res.text)
+				}
+				assert.Zero(t, r.Stats().NoPrefillHandle)
+				old.mu.Lock()
+				defer old.mu.Unlock()
+				require.NotEmpty(t, old.legs)
+				for _, leg := range old.legs {
+					assert.NotContains(t, leg, "stop")
+					assert.NotContains(t, leg, "stop_token_ids")
+					assert.Equal(t, "true", string(leg["ignore_eos"]))
+					assert.Equal(t, "1", string(leg["max_tokens"]))
+				}
+			})
+		}
+	}
+}
+
+// Issue 12.2: decode answers without a handle are counted per phase.
+func TestNoDecodeHandleCounted(t *testing.T) {
+	t.Run("non-streaming", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", "")) }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), r.Stats().NoDecodeHandle)
+		assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
+		assert.Equal(t, "no_handle", obs.last().StoreRefusal)
+	})
+	t.Run("stream of an engine that sends handles", func(t *testing.T) {
+		f := newFake(t)
+		var n atomic.Int32
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+			h := testDHandle
+			if n.Add(1) > 1 {
+				h = "" // the second stream lost its handle
+			}
+			streamAnswer(w, "hello", h)
+		}
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
+		require.NoError(t, err)
+		assert.True(t, obs.last().Stored)
+		_, err = doTurn(t, r, chatBody(true, "another conversation"), nil)
+		require.NoError(t, err)
+		st := r.Stats()
+		assert.Equal(t, int64(1), st.NoDecodeHandle)
+		assert.Zero(t, st.NoStreamHandle)
+		assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
+	})
+	t.Run("stock stream", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { streamAnswer(w, "hello", "") }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
+		require.NoError(t, err)
+		st := r.Stats()
+		assert.Zero(t, st.NoDecodeHandle)
+		assert.Equal(t, int64(1), st.NoStreamHandle)
+		assert.Equal(t, kvroute.Phase(""), obs.last().NoHandle)
+	})
+	t.Run("prefill", func(t *testing.T) {
+		f := newFake(t)
+		f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, prefillAnswer("", "")) }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs, kvroute.WithLocalPrefillFallback(true))
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.NoError(t, err)
+		st := r.Stats()
+		assert.Equal(t, int64(1), st.NoPrefillHandle)
+		assert.Zero(t, st.NoDecodeHandle, "D got no handle and owes none")
+		assert.Equal(t, kvroute.PhasePrefill, obs.last().NoHandle)
+	})
+}
+
+// Issue 12.2: a hit whose prefill answer reports fewer cached tokens than
+// were attached is counted; absent details are not checked.
+func TestUnconfirmedHits(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		usage       string
+		cached      int
+		unconfirmed bool
+	}{
+		{"not read", `{"prompt_tokens":200,"prompt_tokens_details":{"cached_tokens":16}}`, 16, true},
+		{"read", `{"prompt_tokens":200,"prompt_tokens_details":{"cached_tokens":99}}`, 99, false},
+		{"whole prompt read but the last token", `{"prompt_tokens":80,"prompt_tokens_details":{"cached_tokens":79}}`, 79, false},
+		{"no details", `{"prompt_tokens":200}`, -1, false},
+		{"null details", `{"prompt_tokens":200,"prompt_tokens_details":null}`, -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t)
+			f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+				writeJSON(w, prefillAnswer(testPHandle, tc.usage))
+			}
+			obs := &lastTurn{}
+			r := fakeRouter(t, f, obs)
+			_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+			require.NoError(t, err)
+			assert.False(t, obs.last().Unconfirmed, "a miss attaches nothing")
+			_, err = doTurn(t, r, chatBody(false, "hi", "hello", "more"), nil)
+			require.NoError(t, err)
+			rec := obs.last()
+			require.Equal(t, kvroute.ReuseHit, rec.Reuse, "%+v", rec)
+			assert.Equal(t, tc.cached, rec.CachedTokens)
+			assert.Equal(t, tc.unconfirmed, rec.Unconfirmed)
+			want := int64(0)
+			if tc.unconfirmed {
+				want = 1
+			}
+			assert.Equal(t, want, r.Stats().UnconfirmedHits)
+		})
+	}
+}
+
+// Issue 12.2: push-mode handles are never retained nor passed to D.
+func TestPushHandles(t *testing.T) {
+	push := strings.Replace(testDHandle, `"tp_size":1`, `"tp_size":1,"transfer_mode":"push"`, 1)
+	t.Run("decode", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", push)) }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.NoError(t, err)
+		assert.Equal(t, "push_handle", obs.last().StoreRefusal)
+		assert.False(t, obs.last().Stored)
+		assert.Equal(t, int64(1), r.Stats().PushHandles)
+		assert.Zero(t, r.Stats().Stored)
+	})
+	t.Run("prefill", func(t *testing.T) {
+		f := newFake(t)
+		f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, prefillAnswer(push, "")) }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.ErrorIs(t, err, kvroute.ErrNoHandle)
+		assert.Equal(t, http.StatusBadGateway, kvroute.HTTPStatus(err))
+		st := r.Stats()
+		assert.Equal(t, int64(1), st.PushHandles)
+		assert.Equal(t, int64(1), st.NoPrefillHandle)
+		assert.Equal(t, kvroute.PhasePrefill, obs.last().NoHandle)
+		for _, req := range f.requests() {
+			assert.Equal(t, "prefill", req.role, "no decode leg with a push handle")
+		}
+	})
+}
+
+// Issue 12.3: no malformed engine output carries a handle to a client.
+func TestHandlesFailClosed(t *testing.T) {
+	t.Run("non-JSON decode body", func(t *testing.T) {
+		for _, body := range []string{
+			`oops {"kv_transfer_params":` + testDHandle,
+			`["kv\u005ftransfer_params"]`,
+			`[{"kv_transfer_params":1}]`,
+		} {
+			f := newFake(t)
+			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, body) }
+			obs := &lastTurn{}
+			r := fakeRouter(t, f, obs)
+			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+			assert.Equal(t, http.StatusBadGateway, res.status, "%s", body)
+			assert.NotContains(t, string(res.raw), "kv_transfer_params")
+			assert.Equal(t, kvroute.PhaseDecode, obs.last().ErrPhase)
+			var ue *kvroute.UpstreamError
+			require.ErrorAs(t, obs.last().Err, &ue)
+			assert.Equal(t, kvroute.PhaseDecode, ue.Phase)
+		}
+	})
+	t.Run("non-JSON decode body without a handle passes", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, "plain text") }
+		r := fakeRouter(t, f, &lastTurn{})
+		res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+		assert.Equal(t, http.StatusOK, res.status)
+		assert.Equal(t, "plain text", string(res.raw))
+	})
+	t.Run("nested in a choice", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+			writeJSON(w, `{"id":"d","choices":[{"index":0,"kv_transfer_params":`+testDHandle+`,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"kv_transfer_params":`+testDHandle+`}`)
+		}
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		res := post(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+		require.Equal(t, http.StatusOK, res.status)
+		assert.Equal(t, "hello", res.text)
+		assert.True(t, obs.last().Stored)
+	})
+	t.Run("stream comment, id and nested", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, ": kv_transfer_params %s\n\n", testDHandle)
+			fmt.Fprintf(w, "id: kv_transfer_params\ndata: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":null,\"kv_transfer_params\":%s}]}\n\n", testDHandle)
+			fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", testDHandle)
+		}
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		res := post(t, serve(t, r), kvroute.PathChatCompletions, chatBody(true, "hi"), nil)
+		require.Equal(t, http.StatusOK, res.status)
+		assert.Equal(t, "hello", res.text)
+		assert.True(t, obs.last().Stored)
+	})
+	t.Run("error bodies", func(t *testing.T) {
+		echo := `{"error":{"message":"[{'loc': ('body', 'kv_transfer_params'), 'input': {'remote_host': '10.0.0.2'}}]","type":"BadRequestError","code":400}}`
+		for _, phase := range []string{"prefill", "decode"} {
+			f := newFake(t)
+			bad := func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = io.WriteString(w, echo)
+			}
+			if phase == "prefill" {
+				f.prefill = bad
+			} else {
+				f.decode = bad
+			}
+			r := fakeRouter(t, f, &lastTurn{})
+			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+			assert.Equal(t, http.StatusBadRequest, res.status, phase)
+			assert.NotContains(t, string(res.raw), "kv_transfer_params", phase)
+			assert.NotContains(t, string(res.raw), "10.0.0.2", phase)
+		}
+	})
+}
+
+// bigHandle is a handle of a 1M-token context with two KV groups at block
+// size 16: 62,500 block ids per group.
+func bigHandle() string {
+	var b strings.Builder
+	b.WriteString(`{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[`)
+	for g := range 2 {
+		if g > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('[')
+		for i := range 62_500 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%d", 10_000_000+g*100_000+i)
+		}
+		b.WriteByte(']')
+	}
+	b.WriteString(`],"remote_engine_id":"d0","remote_request_id":"rd","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":1000000}`)
+	return b.String()
+}
+
+// countHandler counts log records.
+type countHandler struct {
+	n atomic.Int32
+	slog.Handler
+}
+
+func (h *countHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
+func (h *countHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
+func (h *countHandler) WithGroup(string) slog.Handler             { return h }
+
+// Issue 12.4: a 1M-token handle (two KV groups) is retained and reused, in
+// a stream's final event and in a body.
+func TestLargeHandleEndToEnd(t *testing.T) {
+	big := bigHandle()
+	require.Greater(t, len(big), 1<<20)
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			f := newFake(t)
+			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+				if stream {
+					streamAnswer(w, "hello", big)
+				} else {
+					writeJSON(w, decodeAnswer("hello", big))
+				}
+			}
+			obs := &lastTurn{}
+			r := fakeRouter(t, f, obs)
+			out, err := doTurn(t, r, chatBody(stream, "hi"), nil)
+			require.NoError(t, err)
+			assert.Contains(t, string(out), "hello")
+			assert.NotContains(t, string(out), "kv_transfer_params")
+			require.True(t, obs.last().Stored, "refusal %q", obs.last().StoreRefusal)
+			_, err = doTurn(t, r, chatBody(stream, "hi", "hello", "more"), nil)
+			require.NoError(t, err)
+			require.Equal(t, kvroute.ReuseHit, obs.last().Reuse)
+			reqs := f.requests()
+			p := reqs[len(reqs)-2]
+			require.Equal(t, "prefill", p.role)
+			var got, want struct {
+				Blocks [][]int `json:"remote_block_ids"`
+				N      int     `json:"remote_num_tokens"`
+			}
+			require.NoError(t, json.Unmarshal(p.body["kv_transfer_params"], &got))
+			require.NoError(t, json.Unmarshal([]byte(big), &want))
+			assert.Equal(t, want, got)
+		})
+	}
+	t.Run("bounds are options", func(t *testing.T) {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", big)) }
+		obs := &lastTurn{}
+		logs := &countHandler{}
+		r := fakeRouter(t, f, obs, kvroute.WithMaxEntryBytes(64<<10), kvroute.WithLogger(slog.New(logs)))
+		for i := range 3 {
+			_, err := doTurn(t, r, chatBody(false, fmt.Sprintf("hi %d", i)), nil)
+			require.NoError(t, err)
+			assert.Equal(t, kvroute.RefuseHandleTooLarge, obs.last().StoreRefusal)
+		}
+		assert.Equal(t, int64(3), r.Stats().TooLarge)
+		assert.Equal(t, int32(1), logs.n.Load(), "warned once, not every turn")
+
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { streamAnswer(w, "hello", big) }
+		r = fakeRouter(t, f, obs, kvroute.WithMaxEventBytes(1<<20))
+		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
+		require.Error(t, err)
+		assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
+
+		for _, o := range []kvroute.Option{kvroute.WithMaxEventBytes(0), kvroute.WithMaxEntryBytes(-1)} {
+			_, err := kvroute.New(kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), o)
+			assert.ErrorIs(t, err, kvroute.ErrInvalidConfig)
+		}
+	})
+}
+
+// Issue 12.5: a client's X-Request-Id is used only when short and visible
+// ASCII.
+func TestRequestIDBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name, id string
+		kept     bool
+	}{
+		{"ordinary", "req-123_abc.DEF", true},
+		{"128 bytes", strings.Repeat("a", kvroute.MaxRequestIDBytes), true},
+		{"129 bytes", strings.Repeat("a", kvroute.MaxRequestIDBytes+1), false},
+		{"200 KB", strings.Repeat("x", 200<<10), false},
+		{"space", "a b", false},
+		{"non-ASCII", "id-\u00e9", false},
+		{"control", "a\x01b", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t)
+			obs := &lastTurn{}
+			r := fakeRouter(t, f, obs)
+			resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions,
+				Header: http.Header{"X-Request-Id": {tc.id}}, Body: chatBody(false, "hi")})
+			require.NoError(t, err)
+			require.NoError(t, resp.Close())
+			got := resp.RequestID()
+			if tc.kept {
+				assert.Equal(t, tc.id, got)
+			} else {
+				assert.NotEqual(t, tc.id, got)
+				assert.True(t, strings.HasPrefix(got, "bidikv-"), got)
+			}
+			assert.Equal(t, got, resp.Header.Get("X-Request-Id"))
+			assert.Equal(t, got, obs.last().RequestID)
+			reqs := f.requests()
+			require.Len(t, reqs, 2)
+			for _, q := range reqs {
+				assert.Equal(t, got, q.requestID, q.role)
+			}
+		})
+	}
+}
+
+// Issue 12.7: a request that fails validation is no reuse miss, and every
+// first turn misses for the same reason whatever the Identifier.
+func TestTurnRecordReuseSemantics(t *testing.T) {
+	t.Run("validation failure", func(t *testing.T) {
+		f := newFake(t)
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		_, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: []byte("{nope")})
+		require.ErrorIs(t, err, kvroute.ErrBadRequest)
+		rec := obs.last()
+		assert.Equal(t, "", rec.Reuse)
+		assert.Equal(t, "", rec.MissReason)
+		assert.Equal(t, kvroute.PhaseLookup, rec.ErrPhase)
+		assert.Empty(t, f.requests())
+	})
+	t.Run("closed router", func(t *testing.T) {
+		f := newFake(t)
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		require.NoError(t, r.Close())
+		_, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: chatBody(false, "hi")})
+		require.ErrorIs(t, err, kvroute.ErrClosed)
+		assert.Equal(t, "", obs.last().Reuse)
+		assert.Equal(t, kvroute.PhaseLookup, obs.last().ErrPhase)
+	})
+	t.Run("reuse off", func(t *testing.T) {
+		f := newFake(t)
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs, kvroute.WithReuse(false))
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.NoError(t, err)
+		assert.Equal(t, kvroute.ReuseOff, obs.last().Reuse)
+	})
+	first := []struct {
+		name  string
+		ident kvroute.Identifier
+		path  string
+		body  string
+	}{
+		{"continuation chat", kvroute.ContinuationKeys{}, kvroute.PathChatCompletions, string(chatBody(false, "hi"))},
+		{"continuation completions, short prompt", kvroute.ContinuationKeys{}, kvroute.PathCompletions, `{"model":"m","prompt":"hi","max_tokens":4}`},
+		{"continuation completions", kvroute.ContinuationKeys{}, kvroute.PathCompletions, `{"model":"m","prompt":"` + systemPrompt + `","max_tokens":4}`},
+		{"explicit id", kvroute.ExplicitID{}, kvroute.PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}],"conversation_id":"c1"}`},
+		{"explicit id absent", kvroute.ExplicitID{}, kvroute.PathChatCompletions, string(chatBody(false, "hi"))},
+	}
+	for _, tc := range first {
+		t.Run("first turn "+tc.name, func(t *testing.T) {
+			f := newFake(t)
+			obs := &lastTurn{}
+			r := fakeRouter(t, f, obs, kvroute.WithIdentifier(tc.ident))
+			resp, err := r.Do(context.Background(), &kvroute.Request{Path: tc.path, Header: http.Header{}, Body: []byte(tc.body)})
+			require.NoError(t, err)
+			require.NoError(t, resp.Close())
+			assert.Equal(t, kvroute.ReuseMiss, obs.last().Reuse)
+			assert.Equal(t, kvroute.MissNotFound, obs.last().MissReason)
+		})
+	}
+	t.Run("identifier error", func(t *testing.T) {
+		f := newFake(t)
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs, kvroute.WithIdentifier(failingIdentifier{}))
+		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
+		require.NoError(t, err)
+		assert.Equal(t, kvroute.MissNoKey, obs.last().MissReason)
+	})
+}
+
+type failingIdentifier struct{ kvroute.ExplicitID }
+
+func (failingIdentifier) Lookup(*kvroute.Request) ([]string, error) {
+	return nil, errors.New("boom")
+}
