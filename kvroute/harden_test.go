@@ -688,3 +688,23 @@ type failingIdentifier struct{ kvroute.ExplicitID }
 func (failingIdentifier) Lookup(*kvroute.Request) ([]string, error) {
 	return nil, errors.New("boom")
 }
+
+// Issue 12.3: a stream event that may hold a handle but is not JSON ends
+// the stream, and the error event names no handle either.
+func TestMalformedStreamEventFailsClosed(t *testing.T) {
+	f := newFake(t)
+	f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":null}]}\n\n")
+		_, _ = io.WriteString(w, "data: {\"kv_transfer_params\":{\"remote_host\":\"10.0.0.2\"\n\n")
+	}
+	obs := &lastTurn{}
+	r := fakeRouter(t, f, obs)
+	res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(true, "hi"), nil)
+	require.Equal(t, http.StatusOK, res.status)
+	s := scanStream(t, res.raw)
+	assert.NotEmpty(t, s.errData)
+	assert.False(t, s.done)
+	assert.NotContains(t, string(res.raw), "10.0.0.2")
+	assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
+}

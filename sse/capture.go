@@ -15,7 +15,7 @@ const HandleKey = "kv_transfer_params"
 // ErrMalformedData is returned by Capture.Forward for an event whose data
 // may carry a kv_transfer_params member but is not valid JSON, so that the
 // member cannot be removed safely. Such an event must not be forwarded.
-var ErrMalformedData = errors.New("sse: malformed event data may carry kv_transfer_params")
+var ErrMalformedData = errors.New("sse: malformed event data may carry a KV handle")
 
 // CaptureOption configures a Capture.
 type CaptureOption interface {
