@@ -95,15 +95,36 @@ type Config struct {
 	Bidirectional bool
 	// Render is the render endpoints' mode: RenderEnabled (default; ""
 	// means the same), RenderDisabled (501) or RenderAbsent (404).
-	Render   string
-	Clock    Clock     // nil: real time
-	Registry *Registry // nil: a private registry
-	Logger   *slog.Logger
+	Render string
+	// DPSize is --data-parallel-size (default 1; 0 means 1): the number of
+	// data-parallel ranks, each an engine core with its own NIXL engine id
+	// (vLLM's "<id>_dp<k>" when DPSize > 1), its own block pool and held
+	// handles, and its own side channel at SidePort + k. A request's
+	// X-data-parallel-rank header pins it to a rank (out of range: 400);
+	// otherwise ranks take requests in turn.
+	DPSize int
+	// StrictRank checks X-data-parallel-rank when DPSize is 1 too, as vLLM
+	// does (any rank but 0 is out of range). Off by default: a one-rank
+	// engine ignores the header.
+	StrictRank bool
+	// Fingerprint is the system_fingerprint mode: FingerprintAbsent
+	// (default; "" means the same: no system_fingerprint key, an engine
+	// older than vLLM's --fingerprint-mode), FingerprintFull (vLLM's
+	// default), FingerprintHash, FingerprintCustom (FingerprintValue) or
+	// FingerprintNone (null).
+	Fingerprint string
+	// FingerprintValue is --fingerprint-value, the fingerprint of
+	// FingerprintCustom.
+	FingerprintValue string
+	Clock            Clock     // nil: real time
+	Registry         *Registry // nil: a private registry
+	Logger           *slog.Logger
 }
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
 // blocks, prefix caching on, bidirectional, stock streams, threshold 64, TTL 480 s, lease
-// 30 s, policy fail, zero-cost profile, speed 0, TP 1.
+// 30 s, policy fail, zero-cost profile, speed 0, TP 1, DP 1, no
+// system_fingerprint.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",
@@ -117,6 +138,7 @@ func DefaultConfig() Config {
 		TPSize:              1,
 		Bidirectional:       true,
 		Render:              RenderEnabled,
+		DPSize:              1,
 		Template:            TemplateChatML,
 		ContentFormat:       ContentFormatString,
 		ReasoningField:      ReasoningFieldReasoning,
@@ -153,6 +175,12 @@ func (c *Config) validate() error {
 		return bad("drift rate %v must be between 0 and 1", c.DriftRate)
 	case c.TPSize < 1:
 		return bad("tp size %d must be at least 1", c.TPSize)
+	case c.DPSize < 0:
+		return bad("dp size %d must be at least 1", c.DPSize)
+	case c.SidePort < 0 || c.SidePort+c.dp()-1 > 65535:
+		return bad("side-channel ports %d to %d out of range", c.SidePort, c.SidePort+c.dp()-1)
+	case !oneOf(c.Fingerprint, FingerprintAbsent, FingerprintFull, FingerprintHash, FingerprintCustom, FingerprintNone):
+		return bad("fingerprint mode %q must be %q, %q, %q, %q or %q", c.Fingerprint, FingerprintAbsent, FingerprintFull, FingerprintHash, FingerprintCustom, FingerprintNone)
 	case !oneOf(c.Template, TemplateChatML, TemplateLlama3):
 		return bad("template %q must be %q or %q", c.Template, TemplateChatML, TemplateLlama3)
 	case !oneOf(c.ContentFormat, ContentFormatString, ContentFormatOpenAI):
@@ -227,6 +255,10 @@ type Record struct {
 	Poisoned         bool
 	Handle           json.RawMessage
 	Error            string
+	// Rank is the data-parallel rank that served the request (0 when the
+	// engine has one rank or the request was rejected before a rank was
+	// chosen).
+	Rank int
 }
 
 type heldState int
@@ -253,12 +285,13 @@ type Engine struct {
 	reg   *Registry
 	log   *slog.Logger
 
+	peers []Peer // rank k's side channel; peers[0] is e
+
 	mu         sync.Mutex
-	id         string
+	ranks      []*rank
+	nextRank   int // round-robin cursor
 	start      time.Time
 	monoOffset float64
-	pool       *pool
-	held       map[string]*held
 	stats      Stats
 	records    []*Record
 	failN      int
@@ -268,7 +301,8 @@ type Engine struct {
 	closed     bool
 }
 
-// New starts an engine and registers its side channel.
+// New starts an engine and registers its side channels, one per
+// data-parallel rank at SidePort + rank.
 func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -287,20 +321,37 @@ func New(cfg Config) (*Engine, error) {
 		e.cfg.SideHost, e.cfg.SidePort = e.reg.NextAddr()
 	}
 	e.reset()
-	if err := e.reg.Register(e.cfg.SideHost, e.cfg.SidePort, e); err != nil {
-		return nil, err
+	e.peers = make([]Peer, e.cfg.dp())
+	for k := range e.peers {
+		e.peers[k] = &rankPeer{e: e, k: k}
+	}
+	e.peers[0] = e
+	for k, p := range e.peers {
+		if err := e.reg.Register(e.cfg.SideHost, e.cfg.SidePort+k, p); err != nil {
+			for j := range k {
+				e.reg.Unregister(e.cfg.SideHost, e.cfg.SidePort+j, e.peers[j])
+			}
+			return nil, err
+		}
 	}
 	return e, nil
 }
 
-// reset gives the engine a fresh identity and an empty pool; e.mu held or
-// not yet shared.
+// reset gives the engine a fresh identity and every rank an empty pool;
+// e.mu held or not yet shared.
 func (e *Engine) reset() {
-	e.id = "sim-" + randHex(6)
+	base := "sim-" + randHex(6)
 	e.start = e.clock.Now()
 	e.monoOffset = float64(1000 + randUint()%90000)
-	e.pool = newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching)
-	e.held = map[string]*held{}
+	e.ranks = make([]*rank, e.cfg.dp())
+	for k := range e.ranks {
+		id := base
+		if len(e.ranks) > 1 {
+			// vLLM suffixes each data-parallel engine core's id
+			id = fmt.Sprintf("%s_dp%d", base, k)
+		}
+		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching), held: map[string]*held{}}
+	}
 }
 
 func randHex(n int) string {
@@ -315,26 +366,44 @@ func randUint() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
-// Close unregisters the side channel.
+// Close unregisters the side channels.
 func (e *Engine) Close() {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
-	e.reg.Unregister(e.cfg.SideHost, e.cfg.SidePort, e)
+	for k, p := range e.peers {
+		e.reg.Unregister(e.cfg.SideHost, e.cfg.SidePort+k, p)
+	}
 }
 
 // Config returns the engine's configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// EngineID returns the current engine id (it changes on Restart).
-func (e *Engine) EngineID() string {
+// EngineID returns rank 0's current engine id (it changes on Restart).
+func (e *Engine) EngineID() string { return e.RankEngineID(0) }
+
+// RankEngineID returns data-parallel rank k's current engine id: the
+// engine's id, suffixed "_dp<k>" when it has more than one rank. It panics
+// when k is out of range.
+func (e *Engine) RankEngineID(k int) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.id
+	return e.ranks[k].id
 }
 
-// SideChannel returns the side-channel address put in handles.
-func (e *Engine) SideChannel() (string, int) { return e.cfg.SideHost, e.cfg.SidePort }
+// SideChannel returns the side-channel address put in rank 0's handles.
+func (e *Engine) SideChannel() (string, int) { return e.RankSideChannel(0) }
+
+// RankSideChannel returns the side-channel address put in rank k's
+// handles: the base port plus k.
+func (e *Engine) RankSideChannel(k int) (string, int) { return e.cfg.SideHost, e.cfg.SidePort + k }
+
+// DPSize returns the number of data-parallel ranks.
+func (e *Engine) DPSize() int { return len(e.peers) }
+
+// RankPeer returns rank k's side channel (RankPeer(0) is e). It panics when
+// k is out of range.
+func (e *Engine) RankPeer(k int) Peer { return e.peers[k] }
 
 // Mono returns the engine's monotonic clock in seconds (arbitrary offset).
 func (e *Engine) Mono() float64 {
@@ -347,17 +416,20 @@ func (e *Engine) mono(now time.Time) float64 {
 	return e.monoOffset + now.Sub(e.start).Seconds()
 }
 
-// Stats returns a snapshot of the counters, after freeing whatever expired.
+// Stats returns a snapshot of the counters, summed over the data-parallel
+// ranks, after freeing whatever expired.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.sweep(e.clock.Now())
 	s := e.stats
-	s.FreeBlocks = e.pool.freeCount()
-	s.BlocksPinned = 0
-	for _, h := range e.held {
-		if h.state == heldActive {
-			s.BlocksPinned += len(h.seq.blocks)
+	s.FreeBlocks, s.BlocksPinned = 0, 0
+	for _, r := range e.ranks {
+		s.FreeBlocks += r.pool.freeCount()
+		for _, h := range r.held {
+			if h.state == heldActive {
+				s.BlocksPinned += len(h.seq.blocks)
+			}
 		}
 	}
 	return s
@@ -399,8 +471,8 @@ func (e *Engine) Stall(d time.Duration) {
 	e.stall = d
 }
 
-// Restart loses every block and handle and takes a new engine id; the
-// addresses stay.
+// Restart loses every block and handle of every rank and takes a new engine
+// id; the addresses stay.
 func (e *Engine) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -410,48 +482,64 @@ func (e *Engine) Restart() {
 
 func (e *Engine) groups() int { return max(e.cfg.KVGroups, 1) }
 
-// sweep frees held blocks whose lease or TTL ran out; e.mu held.
+// sweep frees held blocks whose lease or TTL ran out, on every rank; e.mu
+// held.
 func (e *Engine) sweep(now time.Time) {
-	for _, h := range e.held {
-		if h.state == heldActive && !now.Before(h.deadline) {
-			h.seq.release()
-			h.state = heldExpired
-			if h.decode {
-				e.stats.TTLExpiries++
-			} else {
-				e.stats.LeaseExpiries++
+	for _, r := range e.ranks {
+		for _, h := range r.held {
+			if h.state == heldActive && !now.Before(h.deadline) {
+				h.seq.release()
+				h.state = heldExpired
+				if h.decode {
+					e.stats.TTLExpiries++
+				} else {
+					e.stats.LeaseExpiries++
+				}
 			}
 		}
 	}
 }
 
-// Meta implements Peer.
-func (e *Engine) Meta(context.Context) (string, float64, error) {
+// Meta implements Peer: rank 0's handshake.
+func (e *Engine) Meta(ctx context.Context) (string, float64, error) { return e.meta(ctx, 0) }
+
+// Read implements Peer: a read from rank 0 (see rankPeer.Read).
+func (e *Engine) Read(ctx context.Context, engineID, requestID string, blocks []int, tokens int) ([][]uint64, error) {
+	return e.read(ctx, 0, engineID, requestID, blocks, tokens)
+}
+
+// Notify implements Peer: a notification to rank 0.
+func (e *Engine) Notify(ctx context.Context, engineID, requestID string) error {
+	return e.notify(ctx, 0, engineID, requestID)
+}
+
+func (e *Engine) meta(_ context.Context, k int) (string, float64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return "", 0, ErrUnreachable
 	}
-	return e.id, e.mono(e.clock.Now()), nil
+	return e.ranks[k].id, e.mono(e.clock.Now()), nil
 }
 
-// Read implements Peer: a raw positional read of blocks, counted as a read
-// of freed or expired blocks when the handle is no longer held.
-func (e *Engine) Read(_ context.Context, engineID, requestID string, blocks []int, tokens int) ([][]uint64, error) {
+// read is a raw positional read of rank k's blocks, counted as a read of
+// freed or expired blocks when the handle is no longer held.
+func (e *Engine) read(_ context.Context, k int, engineID, requestID string, blocks []int, tokens int) ([][]uint64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, ErrUnreachable
 	}
-	if engineID != e.id {
+	r := e.ranks[k]
+	if engineID != r.id {
 		return nil, ErrEngineID
 	}
 	e.sweep(e.clock.Now())
-	data, err := e.pool.readBlocks(blocks, e.groups())
+	data, err := r.pool.readBlocks(blocks, e.groups())
 	if err != nil {
 		return nil, err
 	}
-	switch h, ok := e.held[requestID]; {
+	switch h, ok := r.held[requestID]; {
 	case !ok || h.state == heldFreed:
 		e.stats.FreedReads++
 	case h.state == heldExpired:
@@ -461,18 +549,20 @@ func (e *Engine) Read(_ context.Context, engineID, requestID string, blocks []in
 	return data, nil
 }
 
-// Notify implements Peer: the handle was consumed, free its blocks.
-func (e *Engine) Notify(_ context.Context, engineID, requestID string) error {
+// notify frees the blocks rank k holds for requestID: the handle was
+// consumed.
+func (e *Engine) notify(_ context.Context, k int, engineID, requestID string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return ErrUnreachable
 	}
-	if engineID != e.id {
+	r := e.ranks[k]
+	if engineID != r.id {
 		return ErrEngineID
 	}
 	e.sweep(e.clock.Now())
-	if h, ok := e.held[requestID]; ok && h.state == heldActive {
+	if h, ok := r.held[requestID]; ok && h.state == heldActive {
 		h.seq.release()
 		h.state = heldFreed
 	}

@@ -103,16 +103,17 @@ func (o *reply) json(w http.ResponseWriter) {
 			choices[i] = choice{Index: i, Message: o.e.cfg.message(g), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
-			ID               string          `json:"id"`
-			Object           string          `json:"object"`
-			Created          int64           `json:"created"`
-			Model            string          `json:"model"`
-			Choices          []choice        `json:"choices"`
-			Usage            usage           `json:"usage"`
-			PromptLogprobs   any             `json:"prompt_logprobs"`
-			PromptTokenIDs   []uint32        `json:"prompt_token_ids"`
-			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		}{o.id, "chat.completion", o.created, o.model(), choices, o.usage(), nil, o.promptIDs(), nullable(o.kv)}
+			ID                string          `json:"id"`
+			Object            string          `json:"object"`
+			Created           int64           `json:"created"`
+			Model             string          `json:"model"`
+			Choices           []choice        `json:"choices"`
+			SystemFingerprint json.RawMessage `json:"system_fingerprint,omitempty"`
+			Usage             usage           `json:"usage"`
+			PromptLogprobs    any             `json:"prompt_logprobs"`
+			PromptTokenIDs    []uint32        `json:"prompt_token_ids"`
+			KVTransferParams  json.RawMessage `json:"kv_transfer_params"`
+		}{o.id, "chat.completion", o.created, o.model(), choices, o.e.cfg.fingerprintJSON(), o.usage(), nil, o.promptIDs(), nullable(o.kv)}
 	} else {
 		type choice struct {
 			Index          int      `json:"index"`
@@ -130,14 +131,15 @@ func (o *reply) json(w http.ResponseWriter) {
 				TokenIDs: o.tokenIDs(g.Tokens), PromptTokenIDs: o.promptIDs()}
 		}
 		body = struct {
-			ID               string          `json:"id"`
-			Object           string          `json:"object"`
-			Created          int64           `json:"created"`
-			Model            string          `json:"model"`
-			Choices          []choice        `json:"choices"`
-			Usage            usage           `json:"usage"`
-			KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		}{o.id, "text_completion", o.created, o.model(), choices, o.usage(), nullable(o.kv)}
+			ID                string          `json:"id"`
+			Object            string          `json:"object"`
+			Created           int64           `json:"created"`
+			Model             string          `json:"model"`
+			Choices           []choice        `json:"choices"`
+			SystemFingerprint json.RawMessage `json:"system_fingerprint,omitempty"`
+			Usage             usage           `json:"usage"`
+			KVTransferParams  json.RawMessage `json:"kv_transfer_params"`
+		}{o.id, "text_completion", o.created, o.model(), choices, o.e.cfg.fingerprintJSON(), o.usage(), nullable(o.kv)}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
@@ -166,14 +168,17 @@ type streamChoice struct {
 }
 
 type chunk struct {
-	ID               string          `json:"id"`
-	Object           string          `json:"object"`
-	Created          int64           `json:"created"`
-	Model            string          `json:"model"`
-	Choices          []streamChoice  `json:"choices"`
-	Usage            *usage          `json:"usage,omitempty"`
-	PromptTokenIDs   json.RawMessage `json:"prompt_token_ids,omitempty"`
-	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
+	ID      string         `json:"id"`
+	Object  string         `json:"object"`
+	Created int64          `json:"created"`
+	Model   string         `json:"model"`
+	Choices []streamChoice `json:"choices"`
+	Usage   *usage         `json:"usage,omitempty"`
+	// SystemFingerprint is set on finish chunks, or on the usage chunk
+	// when one follows them (vLLM stamps only the final message).
+	SystemFingerprint *string         `json:"system_fingerprint,omitempty"`
+	PromptTokenIDs    json.RawMessage `json:"prompt_token_ids,omitempty"`
+	KVTransferParams  json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // event is one SSE data payload and whether a decode step precedes it.
@@ -187,7 +192,8 @@ type event struct {
 // render nothing, like <think>, are skipped unless return_token_ids asks for
 // every token), a usage chunk when include_usage, then [DONE]. With stream
 // handles (#40186) the last finish chunk carries the top-level
-// kv_transfer_params.
+// kv_transfer_params. A system fingerprint (not null) goes on every finish
+// chunk, or only on the usage chunk when include_usage.
 //
 // As vLLM's exclude_unset serialization does: chat role chunks carry a
 // top-level prompt_token_ids (null without return_token_ids) and no
@@ -209,6 +215,7 @@ func (o *reply) events() []event {
 	}
 	promptIDs, _ := json.Marshal(o.promptIDs())
 	every := o.t.req.ReturnTokenIDs
+	fp, _ := o.e.cfg.SystemFingerprint() // nil: no key in chunks
 	if o.chat() {
 		for i := range o.t.gens {
 			empty := ""
@@ -277,6 +284,9 @@ func (o *reply) events() []event {
 				f := g.Finish
 				ch.Choices[0].FinishReason = &f
 				ch.Choices[0].StopReason = stopReason(g)
+				if !o.t.req.IncludeUsage {
+					ch.SystemFingerprint = fp
+				}
 				if i == len(o.t.gens)-1 && o.e.cfg.StreamHandles && o.kv != nil {
 					ch.KVTransferParams = o.kv
 				}
@@ -286,7 +296,8 @@ func (o *reply) events() []event {
 	}
 	if o.t.req.IncludeUsage {
 		u := o.usage()
-		c := chunk{ID: o.id, Object: obj, Created: o.created, Model: o.model(), Choices: []streamChoice{}, Usage: &u}
+		c := chunk{ID: o.id, Object: obj, Created: o.created, Model: o.model(), Choices: []streamChoice{}, Usage: &u,
+			SystemFingerprint: fp}
 		b, _ := json.Marshal(c)
 		out = append(out, event{data: b})
 	}

@@ -84,14 +84,20 @@ type errorInfo struct {
 
 // ErrorBody is vLLM's ErrorResponse: {"error": {message, type, param, code}}.
 func ErrorBody(status int, msg string) []byte {
+	b, _ := json.Marshal(struct {
+		Error errorInfo `json:"error"`
+	}{errorInfo{Message: msg, Type: errorType(status), Code: status}})
+	return b
+}
+
+// errorType is the error type vLLM names for status, such as
+// "BadRequestError".
+func errorType(status int) string {
 	typ := strings.ReplaceAll(http.StatusText(status), " ", "")
 	if !strings.HasSuffix(typ, "Error") {
 		typ += "Error"
 	}
-	b, _ := json.Marshal(struct {
-		Error errorInfo `json:"error"`
-	}{errorInfo{Message: msg, Type: typ, Code: status}})
-	return b
+	return typ
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -187,6 +193,17 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t.role = roleOf(t.params)
+	var rankErr *apiError
+	if t.rank, rankErr = e.pickRank(r.Header); rankErr != nil {
+		if req.Stream {
+			// vLLM checks the rank when the stream has begun: the error
+			// comes as an event of a 200 stream
+			e.streamError(w, rec, rankErr)
+			return
+		}
+		e.fail(w, rec, rankErr.status, rankErr.msg)
+		return
+	}
 	prefix := "chatcmpl-"
 	if req.Path == PathCompletions {
 		prefix = "cmpl-"
@@ -200,7 +217,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		respID = prefix + randHex(16)
 	}
 	e.mu.Lock()
-	rec.Role, rec.PromptTokens = t.role, len(t.toks)
+	rec.Role, rec.PromptTokens, rec.Rank = t.role, len(t.toks), t.rank
 	rec.EngineRequestID = respID + "-" + randHex(4)
 	switch t.role {
 	case RolePrefill:
@@ -236,6 +253,20 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	out.json(w)
 	e.finish(rec, http.StatusOK, "")
+}
+
+// streamError answers a streaming request whose error vLLM raises inside
+// the stream generator: a 200 event stream with one error event, written as
+// Python's json.dumps writes it, then [DONE].
+func (e *Engine) streamError(w http.ResponseWriter, rec *Record, apiErr *apiError) {
+	msg, _ := json.Marshal(apiErr.msg)
+	typ, _ := json.Marshal(errorType(apiErr.status))
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	_, _ = fmt.Fprintf(w, "data: {\"error\": {\"message\": %s, \"type\": %s, \"param\": null, \"code\": %d}}\n\ndata: [DONE]\n\n",
+		msg, typ, apiErr.status)
+	e.finish(rec, http.StatusOK, apiErr.msg)
 }
 
 func (e *Engine) fail(w http.ResponseWriter, rec *Record, status int, msg string) {

@@ -26,8 +26,16 @@ type readReq struct {
 	Tokens    int    `json:"tokens"`
 }
 
-// SideChannelHandler serves e's side channel over HTTP.
-func SideChannelHandler(e *Engine) http.Handler {
+// SideChannelHandler serves e's side channel over HTTP (rank 0's when e has
+// several data-parallel ranks).
+func SideChannelHandler(e *Engine) http.Handler { return peerHandler(e) }
+
+// RankSideChannelHandler serves the side channel of e's data-parallel rank
+// k over HTTP, the one a reader reaches at e.RankSideChannel(k). It panics
+// when k is out of range.
+func RankSideChannelHandler(e *Engine, k int) http.Handler { return peerHandler(e.RankPeer(k)) }
+
+func peerHandler(e Peer) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /meta", func(w http.ResponseWriter, r *http.Request) {
 		id, mono, err := e.Meta(r.Context())

@@ -22,6 +22,7 @@ type turn struct {
 	req    *Request
 	params *Params
 	role   string
+	rank   int // the data-parallel rank serving it
 	toks   []uint32
 	seq    *seq
 	pool   *pool
@@ -76,7 +77,7 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 
 	e.mu.Lock()
 	e.sweep(e.clock.Now())
-	t.pool = e.pool
+	t.pool = e.ranks[t.rank].pool
 	t.seq = &seq{pool: t.pool, blocks: t.pool.match(t.toks)}
 	t.hit = len(t.seq.blocks) * bs
 	if t.hit > 0 && e.poisoned(t) {
@@ -322,7 +323,8 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 	g := t.gens[0]
 	prefillDue := g.Finish == "length" || (g.Finish == "stop" && !e.cfg.PrefillHandleOnLengthOnly)
 	due := (t.role == RolePrefill && prefillDue) || (t.role == RoleDecode && e.cfg.Bidirectional)
-	if !due || t.pool != e.pool {
+	r := e.ranks[t.rank]
+	if !due || t.pool != r.pool {
 		t.seq.release()
 		return nil
 	}
@@ -336,10 +338,10 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 	}
 	h := handle{
 		RemoteBlockIDs:  groups,
-		RemoteEngineID:  e.id,
+		RemoteEngineID:  r.id,
 		RemoteRequestID: t.rec.EngineRequestID,
 		RemoteHost:      e.cfg.SideHost,
-		RemotePort:      e.cfg.SidePort,
+		RemotePort:      e.cfg.SidePort + t.rank,
 		TPSize:          e.cfg.TPSize,
 		RemoteNumTokens: len(t.toks) + len(g.Tokens) - 1,
 		DCPSize:         1,
@@ -356,7 +358,7 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 		h.DoRemotePrefill = true
 		hd.deadline = now.Add(e.cfg.LeaseDuration)
 	}
-	e.held[t.rec.EngineRequestID] = hd
+	r.held[t.rec.EngineRequestID] = hd
 	e.stats.HandlesEmitted++
 	raw, _ := json.Marshal(h)
 	t.rec.Handle = raw
@@ -368,8 +370,9 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 func (e *Engine) abort(t *turn) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if h, ok := e.held[t.rec.EngineRequestID]; ok && h.state == heldActive {
-		delete(e.held, t.rec.EngineRequestID)
+	held := e.ranks[t.rank].held
+	if h, ok := held[t.rec.EngineRequestID]; ok && h.state == heldActive {
+		delete(held, t.rec.EngineRequestID)
 		e.stats.HandlesEmitted--
 	}
 	t.seq.release()
