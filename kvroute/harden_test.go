@@ -708,3 +708,41 @@ func TestMalformedStreamEventFailsClosed(t *testing.T) {
 	assert.NotContains(t, string(res.raw), "10.0.0.2")
 	assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
 }
+
+// Issue 12.4, token mode: the first event of a 1M-token stream carries the
+// prompt's token ids (about 8 MB), the final one the two-group handle; the
+// entry keeps a fingerprint of 62,500 blocks. All of it fits the defaults.
+func TestLargeContextTokenMode(t *testing.T) {
+	const n = 1_000_000
+	var ids strings.Builder
+	ids.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			ids.WriteByte(',')
+		}
+		fmt.Fprintf(&ids, "%d", 100_000+i%50_000)
+	}
+	ids.WriteByte(']')
+	require.Greater(t, ids.Len(), 1<<20)
+	big := bigHandle()
+	f := newFake(t)
+	f.decode = func(w http.ResponseWriter, body map[string]json.RawMessage) {
+		assert.Equal(t, "true", string(body["return_token_ids"]))
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: {\"id\":\"d\",\"prompt_token_ids\":%s,\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n", ids.String())
+		fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"token_ids\":[42],\"finish_reason\":null}]}\n\n")
+		fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{},\"token_ids\":[2],\"finish_reason\":\"stop\"}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", big)
+	}
+	obs := &lastTurn{}
+	r, err := kvroute.New(kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), kvroute.WithObserver(obs))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	out, err := doTurn(t, r, chatBody(true, "hi"), nil)
+	require.NoError(t, err)
+	assert.Contains(t, string(out), "hello")
+	assert.NotContains(t, string(out), "prompt_token_ids", "ids the client did not ask for are stripped")
+	assert.NotContains(t, string(out), "kv_transfer_params")
+	rec := obs.last()
+	require.True(t, rec.Stored, "refusal %q", rec.StoreRefusal)
+	assert.Zero(t, r.Stats().TokenFallbacks, "retained with its token fingerprint")
+}
