@@ -85,8 +85,9 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 //
 // The published results do not say how much of each prompt was new; the
 // figures decide it. With 8% new tokens at 24k (a conversation growing by 2k
-// tokens a turn, as this demo's once did) no parameters reach qwen3-32b's
-// 460 ms TTFT on: the suffix is too cheap. The fit below was run for
+// tokens a turn, as this demo's once did) the suffix is too small: the best
+// fit for qwen3-32b misses by 11% (TTFT on at 24k 410 ms, not 460), and only
+// by dropping the per-token cost altogether. The fit below was run for
 // conversations whose prompt grows by a constant factor each turn, from just
 // under 2k to the longest prompt, for every turn count; the best are
 //
