@@ -25,3 +25,20 @@ func TestMemoryConformanceSmall(t *testing.T) {
 		return retention.NewMemory(retention.WithMaxEntries(300), retention.WithMaxValueSize(32<<10))
 	})
 }
+
+func TestMemoryConformanceSmallBytes(t *testing.T) {
+	// The suite holds at most 256 small entries at once (about 450 bytes
+	// each, overhead included, about 113 KiB) or one 32 KiB value: 192 KiB
+	// holds either, and evicts nothing the suite expects to find.
+	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
+		m := retention.NewMemory(retention.WithMaxBytes(192<<10))
+		t.Cleanup(func() {
+			st := m.Stats()
+			if st.EvictedForBytes != 0 || st.Bytes > st.MaxBytes {
+				t.Errorf("byte bound: %+v", st)
+			}
+			_ = m.Close()
+		})
+		return m
+	})
+}

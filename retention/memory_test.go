@@ -157,7 +157,10 @@ func TestNewMemoryPanicsOnInvalidOption(t *testing.T) {
 	}{
 		{"zero entries", retention.WithMaxEntries(0), "retention: WithMaxEntries(0): must be positive (default 100000)"},
 		{"negative entries", retention.WithMaxEntries(-1), "retention: WithMaxEntries(-1): must be positive (default 100000)"},
-		{"zero value size", retention.WithMaxValueSize(0), "retention: WithMaxValueSize(0): must be positive (default 65536)"},
+		{"zero value size", retention.WithMaxValueSize(0), "retention: WithMaxValueSize(0): must be positive (default 8388608)"},
+		{"zero bytes", retention.WithMaxBytes(0), "retention: WithMaxBytes(0): must be at least EntryOverhead, 256 (default 1073741824)"},
+		{"negative bytes", retention.WithMaxBytes(-1), "retention: WithMaxBytes(-1): must be at least EntryOverhead, 256 (default 1073741824)"},
+		{"bytes below the overhead", retention.WithMaxBytes(255), "retention: WithMaxBytes(255): must be at least EntryOverhead, 256 (default 1073741824)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,8 +7,18 @@ const (
 	// Memory holds.
 	DefaultMaxEntries = 100_000
 	// DefaultMaxValueSize is the default bound, in bytes, on one value
-	// stored in a Memory (64 KiB).
-	DefaultMaxValueSize = 64 << 10
+	// stored in a Memory (8 MiB). A handle for a 1M-token context with two
+	// KV groups at block size 16 (2 x 62,500 block ids, about 1 MB of JSON)
+	// plus its token fingerprint (about 128 KB) fits with room to spare.
+	DefaultMaxValueSize = 8 << 20
+	// DefaultMaxBytes is the default bound, in bytes, on what a Memory
+	// holds in all (1 GiB), counted as described at [WithMaxBytes].
+	DefaultMaxBytes = 1 << 30
+	// EntryOverhead is the fixed number of bytes a Memory counts for each
+	// entry on top of its key and value, an estimate of the bookkeeping
+	// (cache item, LRU list element, expiry heap slot, map slot) measured
+	// at about 240 bytes.
+	EntryOverhead = 256
 )
 
 // MemoryOption configures a [Memory] built by [NewMemory].
@@ -19,12 +29,14 @@ type MemoryOption interface {
 type memoryConfig struct {
 	maxEntries   int
 	maxValueSize int
+	maxBytes     int64
 }
 
 func defaultMemoryConfig() memoryConfig {
 	return memoryConfig{
 		maxEntries:   DefaultMaxEntries,
 		maxValueSize: DefaultMaxValueSize,
+		maxBytes:     DefaultMaxBytes,
 	}
 }
 
@@ -36,6 +48,9 @@ func (c memoryConfig) validate() error {
 	if c.maxValueSize <= 0 {
 		return fmt.Errorf("retention: WithMaxValueSize(%d): must be positive (default %d)", c.maxValueSize, DefaultMaxValueSize)
 	}
+	if c.maxBytes < EntryOverhead {
+		return fmt.Errorf("retention: WithMaxBytes(%d): must be at least EntryOverhead, %d (default %d)", c.maxBytes, EntryOverhead, DefaultMaxBytes)
+	}
 	return nil
 }
 
@@ -45,15 +60,34 @@ func (f memoryOptionFunc) apply(c *memoryConfig) { f(c) }
 
 // WithMaxEntries bounds the number of entries. When a Put of a new key finds
 // the Memory full, it first drops expired entries and then, if still full,
-// evicts the least recently put entry. The default is [DefaultMaxEntries];
-// n must be positive (NewMemory panics otherwise).
+// evicts the least recently put entry (counted in
+// [MemoryStats.EvictedForEntries]). The default is [DefaultMaxEntries]; n
+// must be positive (NewMemory panics on zero or a negative n).
 func WithMaxEntries(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.maxEntries = n })
 }
 
 // WithMaxValueSize bounds the size of one value in bytes; Put of a larger
 // value fails with an error wrapping [ErrTooLarge]. The default is
-// [DefaultMaxValueSize]; n must be positive (NewMemory panics otherwise).
+// [DefaultMaxValueSize] (8 MiB); n must be positive (NewMemory panics on
+// zero or a negative n). A value must also fit the byte bound of
+// [WithMaxBytes] on its own.
 func WithMaxValueSize(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.maxValueSize = n })
+}
+
+// WithMaxBytes bounds the bytes a Memory holds in all. Each entry counts
+// its key's length, its value's allocated size (its length rounded up to
+// the Go allocator's size class) and [EntryOverhead]. A Put that would take
+// the total over n first drops expired entries and then evicts least
+// recently put entries until the new one fits (counted in
+// [MemoryStats.EvictedForBytes]); a single entry larger than n fails with
+// an error wrapping [ErrTooLarge] and evicts nothing. The default is
+// [DefaultMaxBytes] (1 GiB); n must be at least [EntryOverhead] (NewMemory
+// panics on zero, a negative or a smaller n).
+//
+// The bound covers what the Memory holds, not values already taken: a
+// value returned by Take belongs to the caller and no longer counts.
+func WithMaxBytes(n int64) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.maxBytes = n })
 }
