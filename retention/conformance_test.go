@@ -31,7 +31,7 @@ func TestMemoryConformanceSmallBytes(t *testing.T) {
 	// each, overhead included, about 113 KiB) or one 32 KiB value: 192 KiB
 	// holds either, and evicts nothing the suite expects to find.
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		m := retention.NewMemory(retention.WithMaxBytes(192<<10))
+		m := retention.NewMemory(retention.WithMaxBytes(192 << 10))
 		t.Cleanup(func() {
 			st := m.Stats()
 			if st.EvictedForBytes != 0 || st.Bytes > st.MaxBytes {
