@@ -88,6 +88,16 @@
 // kv_load_failure_policy; P frees blocks not read within the lease; D frees
 // at once when its request is aborted.
 //
+// # Data-parallel ranks and the system fingerprint
+//
+// WithDPSize(n) puts n data-parallel ranks behind one URL, as vLLM's
+// --data-parallel-size does: each rank has its own engine id ("<id>_dp<k>"),
+// block pool, held handles and side-channel port (base + k), so a handle
+// works only at the port of the rank that emitted it. X-data-parallel-rank
+// pins a request to a rank (out of range: 400); otherwise ranks take turns.
+// WithFingerprint makes responses carry vLLM's system_fingerprint (on the
+// final message only, in streams).
+//
 // # Faults and time
 //
 // FailNext, CutStreamAfter, Stall, Restart and Refuse inject faults. A

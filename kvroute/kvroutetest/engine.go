@@ -47,6 +47,9 @@ func StartEngine(opts ...Option) (*Engine, error) {
 	if c.reg != nil {
 		c.sim.Registry = c.reg.r
 	}
+	if c.dpSet && c.sim.DPSize < 1 {
+		return nil, fmt.Errorf("%w: data-parallel size %d must be at least 1", ErrInvalidConfig, c.sim.DPSize)
+	}
 	se, err := sim.New(c.sim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
@@ -73,12 +76,36 @@ var ErrInvalidConfig = errors.New("kvroutetest: invalid engine option")
 func (e *Engine) URL() string { return e.srv.URL }
 
 // SideChannel returns the side-channel address the engine puts in its
-// handles (remote_host, remote_port); it differs from the HTTP address.
+// handles (remote_host, remote_port) from data-parallel rank 0; it differs
+// from the HTTP address.
 func (e *Engine) SideChannel() (host string, port int) { return e.sim.SideChannel() }
 
-// EngineID returns the engine id put in handles (remote_engine_id). It
-// changes on Restart.
+// EngineID returns the engine id put in handles (remote_engine_id) by
+// data-parallel rank 0. It changes on Restart.
 func (e *Engine) EngineID() string { return e.sim.EngineID() }
+
+// DPSize returns the number of data-parallel ranks (WithDPSize).
+func (e *Engine) DPSize() int { return e.sim.DPSize() }
+
+// RankEngineID returns the engine id in the handles of data-parallel rank k:
+// EngineID suffixed "_dp<k>" when the engine has several ranks. It changes
+// on Restart and panics when k is out of range.
+func (e *Engine) RankEngineID(k int) string { return e.sim.RankEngineID(k) }
+
+// RankSideChannel returns the side-channel address in the handles of
+// data-parallel rank k: SideChannel's host and its port plus k.
+func (e *Engine) RankSideChannel(k int) (host string, port int) { return e.sim.RankSideChannel(k) }
+
+// Fingerprint returns the system_fingerprint the engine writes and whether it
+// writes the key at all (see WithFingerprint); "" with ok true is null.
+func (e *Engine) Fingerprint() (fp string, ok bool) {
+	cfg := e.sim.Config()
+	p, ok := cfg.SystemFingerprint()
+	if p != nil {
+		fp = *p
+	}
+	return fp, ok
+}
 
 // Stats returns a snapshot of the counters, after freeing whatever expired.
 func (e *Engine) Stats() Stats { return fromSimStats(e.sim.Stats()) }

@@ -29,8 +29,10 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	sim  sim.Config
 	reg  *Registry
-	side bool   // side channel set explicitly
-	addr string // HTTP listen address; "" is 127.0.0.1:0
+	side bool // side channel set explicitly
+	// dpSet: WithDPSize was given (0 is then invalid, not the default)
+	dpSet bool
+	addr  string // HTTP listen address; "" is 127.0.0.1:0
 }
 
 func defaultConfig() config { return config{sim: sim.DefaultConfig()} }
@@ -226,4 +228,41 @@ func WithPrefillHandleOnLengthOnly(on bool) Option {
 // frees its blocks). Default false, so that D always pulls what it lacks.
 func WithDecodeRecompute(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.DecodeRecompute = on })
+}
+
+// WithDPSize sets --data-parallel-size (default 1; must be >= 1): n
+// data-parallel ranks behind one HTTP address, each an engine core with its
+// own NIXL engine id ("<id>_dp<k>" when n > 1, as vLLM names them), its own
+// block pool (WithNumBlocks blocks each) and held handles, and its own side
+// channel at the base port + k (WithSideChannel's port is rank 0's). A
+// request's X-data-parallel-rank header (any case) pins it to rank k; a rank
+// outside [0, n) answers vLLM's 400 (a streaming request gets a 200 stream
+// whose one event is that error); without the header, or with a value
+// Python's int() cannot parse, ranks take requests in turn. Stats sum over
+// the ranks and RequestRecord.Rank tells which one served a request. With
+// n = 1 the header is ignored (see WithStrictRank).
+func WithDPSize(n int) Option {
+	return optionFunc(func(c *config) { c.sim.DPSize, c.dpSet = n, true })
+}
+
+// WithStrictRank(true) makes a one-rank engine check X-data-parallel-rank as
+// vLLM does: any rank but 0 answers 400. Default false: with WithDPSize(1)
+// the header is ignored, so a router pinning ranks works against a one-rank
+// engine.
+func WithStrictRank(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.StrictRank = on })
+}
+
+// WithFingerprint sets the system_fingerprint, as vLLM's --fingerprint-mode
+// and --fingerprint-value do: "full" (vLLM's default,
+// "vllm-<version>[-tp<n>][-dp<n>]-<hash8>", the hash fixed by the
+// configuration), "hash" ("vllm-<version>-<hash8>"), "custom" (value; null
+// when empty) or "none" (null). Non-streaming chat and completions responses
+// carry it (null included); in a stream only the final message does: every
+// chunk with a finish_reason, or instead the usage chunk when
+// stream_options.include_usage is set; a null fingerprint is left out of
+// chunks. Default "absent": no system_fingerprint key anywhere, as engines
+// before the fingerprint.
+func WithFingerprint(mode, value string) Option {
+	return optionFunc(func(c *config) { c.sim.Fingerprint, c.sim.FingerprintValue = mode, value })
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // Stats is a snapshot of an engine's counters since it started (Restart
-// keeps them).
+// keeps them), summed over its data-parallel ranks.
 type Stats struct {
 	// Requests counts completion requests received, faults included;
 	// PrefillRequests, DecodeRequests and PlainRequests split those that
@@ -97,6 +97,10 @@ type RequestRecord struct {
 	Handle json.RawMessage
 	// Error is the error message sent, if any.
 	Error string
+	// Rank is the data-parallel rank that served the request (WithDPSize);
+	// 0 with one rank or when the request was rejected before a rank was
+	// chosen.
+	Rank int
 }
 
 func fromSimStats(s sim.Stats) Stats {
@@ -119,6 +123,6 @@ func fromSimRecord(r sim.Record) RequestRecord {
 		Role: r.Role, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, ComputedTokens: r.ComputedTokens,
 		PulledTokens: r.PulledTokens, CompletionTokens: r.CompletionTokens, Pull: r.Pull, Prefill: r.Prefill,
 		Transfer: r.Transfer, Decode: r.Decode, Status: r.Status, Finish: r.Finish, Aborted: r.Aborted,
-		Wrong: r.Wrong, Poisoned: r.Poisoned, Handle: r.Handle, Error: r.Error,
+		Wrong: r.Wrong, Poisoned: r.Poisoned, Handle: r.Handle, Error: r.Error, Rank: r.Rank,
 	}
 }
