@@ -19,7 +19,9 @@ import (
 const storeTimeout = 2 * time.Second
 
 // Response is the decode engine's answer to one turn, with every
-// kv_transfer_params removed and all other bytes as the engine sent them.
+// kv_transfer_params removed (top level and in choices; a stream's
+// non-data lines that name it are dropped) and all other bytes as the
+// engine sent them.
 //
 // A non-streaming response is complete when Do returns: Body holds it. A
 // streaming response is read event by event with Next, or forwarded whole

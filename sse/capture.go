@@ -36,10 +36,10 @@ func WithReply() CaptureOption {
 
 // Capture inspects the events of a vLLM /v1/chat/completions or
 // /v1/completions stream on their way to the client. For each event,
-// Forward returns the bytes to forward, with the top-level
-// kv_transfer_params member removed; the Capture keeps the last non-null
-// value of that member, and records the finish reason of choice 0, the
-// usage and whether the "[DONE]" event was seen.
+// Forward returns the bytes to forward, with every kv_transfer_params
+// member removed (top level and in choices, see Forward); the Capture keeps
+// the last non-null value of the top-level member, and records the finish
+// reason of choice 0, the usage and whether the "[DONE]" event was seen.
 //
 // A Capture serves one stream and is not safe for concurrent use.
 type Capture struct {
