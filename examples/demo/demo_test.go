@@ -64,13 +64,13 @@ func TestPublishedPoints(t *testing.T) {
 			last := c.published[len(c.published)-1]
 			m, _ := s.pointAt(last.tokens)
 			assert.InEpsilon(t, last.off/last.on, float64(m.off)/float64(m.on), 0.10, "the off/on ratio at the longest prompt")
-			ratio, ok := s.ratioAt(c.endTokens)
-			require.True(t, ok)
-			assert.InEpsilon(t, last.off/last.on, ratio, 0.15, "the printed ratio adds render and router overhead")
+			_, ok := s.ratioAt(c.endTokens)
+			require.True(t, ok) // printed with the measured overhead, which a loaded machine skews
 
-			first, end := s.buckets[1], s.buckets[len(s.buckets)-1]
-			assert.Less(t, end.onP[0]-first.onP[0], (end.offP[0]-first.offP[0])*2/3,
+			first, _ := s.pointAt(c.startTokens)
+			assert.Less(t, m.on-first.on, (m.off-first.off)*2/3,
 				"the reuse-on curve should be far flatter than the reuse-off one")
+			end := s.buckets[len(s.buckets)-1]
 			assert.InDelta(t, float64(c.turns-1)/float64(c.turns), s.hitRate, 1e-9, "every turn after the first should hit")
 			assert.Zero(t, s.wrong)
 			assert.InDelta(t, 1-1/c.growth(), end.recomputed, 0.03, "with reuse P computes only what the turn added")
@@ -97,10 +97,15 @@ func TestReasoning(t *testing.T) {
 		assert.Zero(t, s.wrong)
 		return s
 	}
+	// Modelled ratios (engines only): the printed ones add the measured
+	// router overhead, which a loaded machine skews.
+	ratio := func(s summary) float64 {
+		m, ok := s.pointAt(24000)
+		require.True(t, ok)
+		return float64(m.off) / float64(m.on)
+	}
 	s := run1()
-	ratio, ok := s.ratioAt(24000)
-	require.True(t, ok)
-	assert.Greater(t, ratio, 1.4)
+	assert.Greater(t, ratio(s), 1.5)
 	assert.InDelta(t, 11.0/12, s.hitRate, 1e-9)
 	assert.Equal(t, 11, s.verification.calls)
 	assert.Equal(t, 11, s.verification.partial, "the reasoning is not in the next prompt: only the prefix before it is reused")
@@ -114,9 +119,7 @@ func TestReasoning(t *testing.T) {
 	assert.Contains(t, out.String(), "reuse on p50")
 
 	content := run1("--verification", "content")
-	ratio, ok = content.ratioAt(24000)
-	require.True(t, ok)
-	assert.InDelta(t, 1, ratio, 0.05)
+	assert.InDelta(t, 1, ratio(content), 1e-9)
 	assert.Zero(t, content.hitRate)
 }
 
