@@ -82,8 +82,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.cfg.Template, "template", o.cfg.Template, "chat template family: chatml (Qwen3-like) or llama3 (trims content)")
 	fs.StringVar(&o.cfg.ContentFormat, "chat-template-content-format", o.cfg.ContentFormat, "how text parts reach the template: string (joined with newlines) or openai (concatenated)")
 	fs.StringVar(&o.cfg.Render, "render-api", sim.RenderEnabled, "render endpoints /v1/chat/completions/render and /v1/completions/render: enabled, disabled (501 NotImplementedError, no renderer) or absent (404, an engine older than the render API)")
+	fs.IntVar(&o.cfg.DPSize, "data-parallel-size", o.cfg.DPSize, "data-parallel ranks, each with its own engine id (<id>_dp<k>), KV pool and side channel at --side-channel-port + k; X-data-parallel-rank pins a request")
+	fs.BoolVar(&o.cfg.StrictRank, "strict-rank", false, "with one data-parallel rank, reject X-data-parallel-rank other than 0 as vLLM does (default: ignore the header)")
+	fs.StringVar(&o.cfg.Fingerprint, "fingerprint-mode", sim.FingerprintAbsent, "system_fingerprint: full (vLLM's default), hash, custom (--fingerprint-value), none (null) or absent (no key, engines before the fingerprint)")
+	fs.StringVar(&o.cfg.FingerprintValue, "fingerprint-value", "", "system_fingerprint with --fingerprint-mode custom")
 	fs.StringVar(&o.sideHost, "side-channel-host", "127.0.0.1", "side-channel host (VLLM_NIXL_SIDE_CHANNEL_HOST), also put in handles")
-	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT; 0: any)")
+	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT) of data-parallel rank 0; rank k listens on it + k (0: any free run of ports)")
 	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -103,6 +107,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 		k.engineKnobs.apply(&o.cfg)
 		k.Extra.apply(&o.cfg)
+	}
+	if o.cfg.DPSize < 1 {
+		return nil, fmt.Errorf("--data-parallel-size %d: must be at least 1", o.cfg.DPSize)
 	}
 	if *profile != "" {
 		p, ok := sim.LookupProfile(*profile)

@@ -14,8 +14,9 @@
 // --inline-reasoning, --reasoning-field (reasoning, reasoning_content, both),
 // --drift-rate, --kv-groups, --prefill-handle-on-length-only,
 // --decode-recompute, --template (chatml, llama3), --chat-template-content-format (string,
-// openai), --render-api (enabled, disabled, absent), --side-channel-host,
-// --verbose. The settings in --kv-transfer-config may
+// openai), --render-api (enabled, disabled, absent), --data-parallel-size
+// (default 1), --strict-rank, --fingerprint-mode (full, hash, custom, none;
+// default absent), --fingerprint-value, --side-channel-host, --verbose. The settings in --kv-transfer-config may
 // also sit at its top level (kv_load_failure_policy, kv_lease_duration).
 // GET /sim/stats returns the engine's counters as JSON.
 //
@@ -26,7 +27,11 @@
 //
 //	vllmsim: serving http://127.0.0.1:8100 side channel 127.0.0.1:5600 engine sim-...
 //
-// and stops on SIGINT or SIGTERM.
+// With --data-parallel-size n > 1, rank k serves its side channel on
+// --side-channel-port + k and the line ends with
+// " data-parallel n side ports P-Q"; the engine printed is rank 0's.
+//
+// It stops on SIGINT or SIGTERM.
 package main
 
 import (

@@ -25,18 +25,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer apiLn.Close()
-	sideLn, err := net.Listen("tcp", net.JoinHostPort(o.sideHost, strconv.Itoa(o.sidePort)))
+	sideLns, err := listenRun(o.sideHost, o.sidePort, o.cfg.DPSize)
 	if err != nil {
 		return err
 	}
-	defer sideLn.Close()
+	defer func() {
+		for _, ln := range sideLns {
+			_ = ln.Close()
+		}
+	}()
 
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
 	reg := sim.NewRegistry()
 	reg.Dial = sim.HTTPDialer(&http.Client{Transport: transport})
 	o.cfg.Registry = reg
-	o.cfg.SideHost, o.cfg.SidePort = o.sideHost, sideLn.Addr().(*net.TCPAddr).Port
+	o.cfg.SideHost, o.cfg.SidePort = o.sideHost, sideLns[0].Addr().(*net.TCPAddr).Port
 	if o.verbose {
 		o.cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
@@ -47,12 +51,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer e.Close()
 
 	api := &http.Server{Handler: e, ReadHeaderTimeout: 30 * time.Second}
-	side := &http.Server{Handler: sim.SideChannelHandler(e), ReadHeaderTimeout: 30 * time.Second}
-	errc := make(chan error, 2)
+	sides := make([]*http.Server, len(sideLns))
+	errc := make(chan error, 1+len(sideLns))
 	go func() { errc <- api.Serve(apiLn) }()
-	go func() { errc <- side.Serve(sideLn) }()
-	fmt.Fprintf(stdout, "vllmsim: serving http://%s side channel %s engine %s\n",
-		apiLn.Addr(), net.JoinHostPort(o.cfg.SideHost, strconv.Itoa(o.cfg.SidePort)), e.EngineID())
+	for k, ln := range sideLns {
+		sides[k] = &http.Server{Handler: sim.RankSideChannelHandler(e, k), ReadHeaderTimeout: 30 * time.Second}
+		go func() { errc <- sides[k].Serve(ln) }()
+	}
+	dp := ""
+	if n := e.DPSize(); n > 1 {
+		dp = fmt.Sprintf(" data-parallel %d side ports %d-%d", n, o.cfg.SidePort, o.cfg.SidePort+n-1)
+	}
+	fmt.Fprintf(stdout, "vllmsim: serving http://%s side channel %s engine %s%s\n",
+		apiLn.Addr(), net.JoinHostPort(o.cfg.SideHost, strconv.Itoa(o.cfg.SidePort)), e.EngineID(), dp)
 
 	var serveErr error
 	select {
@@ -62,10 +73,45 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = api.Shutdown(shutdown)
-	_ = side.Shutdown(shutdown)
+	for _, side := range sides {
+		_ = side.Shutdown(shutdown)
+	}
 	transport.CloseIdleConnections()
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}
 	return nil
+}
+
+// listenRun listens on n consecutive ports from port on host, one per
+// data-parallel rank. Port 0 takes any free run: the first port from the
+// system, the next ones after it, retried a few times when one is taken.
+func listenRun(host string, port, n int) ([]net.Listener, error) {
+	n = max(n, 1)
+	var lastErr error
+	for range 20 {
+		first, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return nil, err
+		}
+		lns := []net.Listener{first}
+		base := first.Addr().(*net.TCPAddr).Port
+		for k := 1; k < n && err == nil; k++ {
+			var ln net.Listener
+			if ln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base+k))); err == nil {
+				lns = append(lns, ln)
+			}
+		}
+		if err == nil {
+			return lns, nil
+		}
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+		if port != 0 {
+			return nil, err
+		}
+		lastErr = err
+	}
+	return nil, lastErr
 }
