@@ -89,11 +89,11 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 // fit for qwen3-32b misses by 11% (TTFT on at 24k 410 ms, not 460), and only
 // by dropping the per-token cost altogether. The fit below was run for
 // conversations whose prompt grows by a constant factor each turn, from just
-// under 2k to the longest prompt, for every turn count; the best are
+// under 2k to the longest prompt, for 8 to 22 turns; the best are
 //
 //	qwen3-32b  12 turns, ×1.282 a turn: 22% of each prompt is new
-//	           (24k: h = 18,767 pulled, s = 5,233 computed)
-//	glm-5-fp8  19 turns, ×1.145 a turn: 13% new (20k: h = 17,514, s = 2,486)
+//	           (24k: h = 18,764 pulled, s = 5,236 computed)
+//	glm-5-fp8  19 turns, ×1.145 a turn: 13% new (20k: h = 17,513, s = 2,487)
 //
 // and examples/demo runs exactly these (its default --turns per profile). One
 // shape for both fits less well: with 18 turns each, qwen3-32b's attention
