@@ -178,8 +178,10 @@
 //     and from every element of choices, in bodies and stream events; a
 //     stream's comment, id, event or other non-data line that contains
 //     kv_transfer_params is dropped from the event (the rest of the event is
-//     forwarded); an engine's error body that still names the key after
-//     that is replaced by the router's own error for the status.
+//     forwarded); a stream event whose data may hold one but is not valid
+//     JSON, or is a JSON array, ends the stream with an error event; an
+//     engine's error body that still names the key after that is replaced
+//     by the router's own error for the status.
 //   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
 //     a longer one ends the stream with an error), a retained entry by
 //     WithMaxEntryBytes (16 MiB, also the default store's value bound), room

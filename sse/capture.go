@@ -88,7 +88,7 @@ func NewCapture(opts ...CaptureOption) *Capture {
 // Forward.
 //
 // Forward returns ErrMalformedData, and no bytes, when e's data may hold the
-// member but is not valid JSON.
+// member but is not valid JSON, or is a JSON array.
 func (c *Capture) Forward(e Event) ([]byte, error) {
 	d := e.Data
 	done := e.HasData && string(d) == "[DONE]"
@@ -107,8 +107,12 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 			if !errors.Is(err, jsonraw.ErrNotObject) {
 				return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
 			}
-			// Valid JSON but no object (a string, an array): no member to
-			// remove at the top level.
+			// Valid JSON but no object: a string or number has no member
+			// to remove; an array that may hold one is never forwarded
+			// (vLLM sends none).
+			if t := bytes.TrimLeft(d, " \t\r\n"); len(t) > 0 && t[0] == '[' && mayHoldHandle(d) {
+				return nil, fmt.Errorf("%w: an array", ErrMalformedData)
+			}
 		} else {
 			v, hasHandle := c.obj.Get(HandleKey)
 			if hasHandle && !jsonraw.IsNull(v) {

@@ -117,3 +117,18 @@ func TestReaderDefaultFitsLargeHandles(t *testing.T) {
 	_, err = sse.NewReader(strings.NewReader(b.String()), sse.WithMaxEventSize(1<<20)).Next()
 	assert.True(t, errors.Is(err, sse.ErrEventTooLarge))
 }
+
+func TestCaptureArrayDataFailsClosed(t *testing.T) {
+	for _, in := range []string{"data: [{\"kv_transfer_params\":1}]\n\n", "data: [{\"kv\\u005ftransfer_params\":1}]\n\n"} {
+		e, err := sse.NewReader(strings.NewReader(in)).Next()
+		require.NoError(t, err)
+		out, err := sse.NewCapture().Forward(e)
+		assert.ErrorIs(t, err, sse.ErrMalformedData, in)
+		assert.Nil(t, out)
+	}
+	e, err := sse.NewReader(strings.NewReader("data: [1,2]\n\n")).Next()
+	require.NoError(t, err)
+	out, err := sse.NewCapture().Forward(e)
+	require.NoError(t, err)
+	assert.Equal(t, "data: [1,2]\n\n", string(out))
+}
