@@ -23,4 +23,17 @@
 // allocates trips the worker assert, which answers 500 and restarts the
 // engine (Stats.AssertFailures). A prefix-cache hit on KV that differs from
 // the model-seed chain counts in Stats.PoisonedHits.
+//
+// Data-parallel ranks (rank.go, Config.DPSize) follow vLLM's engine cores:
+// rank k's NIXL engine id is the engine's id suffixed "_dp<k>" (no suffix
+// with one rank), its side channel is the base port + k
+// (VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index), and it has its own
+// block pool and held handles; one mutex and one monotonic clock serve them
+// all. X-data-parallel-rank is read as the OpenAI server reads it (an
+// unparsable value is ignored, an out-of-range one fails the request with
+// 400, or inside a 200 stream for a streaming request); unpinned requests
+// go round-robin, where vLLM's load balancer picks the least loaded rank.
+// system_fingerprint (fingerprint.go, Config.Fingerprint) follows vLLM's
+// --fingerprint-mode: on every non-streaming response, and in a stream on
+// the finish chunks, or on the usage chunk when include_usage.
 package sim

@@ -55,7 +55,7 @@ type Config struct {
 	Speed               float64
 	TPSize              int
 	SideHost            string // empty: Registry.NextAddr
-	SidePort            int
+	SidePort            int    // rank 0's; data-parallel rank k's is SidePort + k
 	Reasoning           bool
 	// InlineReasoning serves Reasoning without a reasoning parser: the
 	// reply's content holds "<think>…</think>\n\n…" and no reasoning is

@@ -149,7 +149,7 @@ func (e *Engine) finish(rec *Record, status int, errMsg string) {
 	e.log.Info("request", "role", rec.Role, "status", status, "pull", rec.Pull,
 		"prompt_tokens", rec.PromptTokens, "cached", rec.CachedTokens, "pulled", rec.PulledTokens,
 		"computed", rec.ComputedTokens, "completion_tokens", rec.CompletionTokens, "aborted", rec.Aborted,
-		"x_request_id", rec.RequestID)
+		"x_request_id", rec.RequestID, "rank", rec.Rank)
 }
 
 // takeFault consumes the armed faults that apply to a completion request.
