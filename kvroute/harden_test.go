@@ -746,3 +746,25 @@ func TestLargeContextTokenMode(t *testing.T) {
 	require.True(t, rec.Stored, "refusal %q", rec.StoreRefusal)
 	assert.Zero(t, r.Stats().TokenFallbacks, "retained with its token fingerprint")
 }
+
+// Issue 12.2 against the simulator: a decode engine without
+// bidirectional_kv_xfer answers without a handle; the turns succeed and
+// are counted as NoDecodeHandle, not as a stock stream.
+func TestNoDecodeHandleSimulated(t *testing.T) {
+	reg := kvroutetest.NewRegistry()
+	p := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg))
+	d := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithBidirectional(false))
+	obs := &lastTurn{}
+	r, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(obs))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 12}
+	conv.say(systemPrompt)
+	res := post(t, url, conv.path, conv.body(), nil)
+	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+	assert.Equal(t, reference(t, conv.path, conv.body()), res.text)
+	assert.Equal(t, int64(1), r.Stats().NoDecodeHandle)
+	assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
+	assert.False(t, obs.last().Stored)
+}
