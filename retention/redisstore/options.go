@@ -11,14 +11,20 @@ const (
 	// DefaultPrefix is put in front of every key, so that the handles share
 	// a Redis database with other data without clashing.
 	DefaultPrefix = "bidikv:"
-	// DefaultMaxValueBytes bounds a stored value. A router's entry is a
-	// small header plus a decode engine's kv_transfer_params, well under
-	// this even for long block lists.
-	DefaultMaxValueBytes = 64 << 10
+	// DefaultMaxValueBytes bounds a stored value (8 MiB). A router's entry
+	// is a small header, a decode engine's kv_transfer_params and a token
+	// fingerprint: about 1.2 MB for a 1M-token context with two KV groups
+	// at block size 16 (2 x 62,500 block ids plus a ~128 KB fingerprint),
+	// so that fits with room to spare. Redis itself takes strings up to
+	// 512 MB.
+	DefaultMaxValueBytes = 8 << 20
 	// DefaultTimeout bounds each Put and Take, including go-redis's own
 	// retries. A Redis on the same network answers in well under a
 	// millisecond; past this the turn is better off as a miss.
 	DefaultTimeout = 50 * time.Millisecond
+	// DefaultRecoveryWindow is how long calls must go without a failure
+	// before an outage counts as over; see [WithRecoveryWindow].
+	DefaultRecoveryWindow = 5 * time.Second
 )
 
 // An Option configures [New] and [NewFromURL]. Options are created by the
@@ -36,6 +42,7 @@ type config struct {
 	maxValue   int
 	timeout    time.Duration
 	logger     *slog.Logger
+	recovery   time.Duration
 	scriptTake bool
 	errs       []error
 }
@@ -45,6 +52,7 @@ func defaultConfig() config {
 		prefix:   DefaultPrefix,
 		maxValue: DefaultMaxValueBytes,
 		timeout:  DefaultTimeout,
+		recovery: DefaultRecoveryWindow,
 	}
 }
 
@@ -61,8 +69,11 @@ func WithPrefix(p string) Option {
 }
 
 // WithMaxValueBytes bounds the size of a value given to Put (default
-// [DefaultMaxValueBytes]); a larger one fails with [ErrValueTooLarge]
-// without reaching Redis. n must be at least 1.
+// [DefaultMaxValueBytes], 8 MiB); a larger one fails with
+// [ErrValueTooLarge] without reaching Redis. n must be at least 1: zero or
+// a negative n is invalid. A value of several megabytes takes milliseconds
+// to send over a network; raise [WithTimeout] if Puts of large handles time
+// out.
 func WithMaxValueBytes(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {
@@ -91,12 +102,35 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithLogger sets where the Store reports outages: one warning when a call
-// fails after a success, one info record when a call succeeds after a
-// failure, with the number of failed calls in between. A nil logger, the
-// default, discards them. Keys and values are never logged.
+// WithLogger sets where the Store reports outages: one warning, with the
+// error, when a call fails while Redis was answering (an outage starts),
+// and one info record when the outage ends (see [WithRecoveryWindow]),
+// with the number of failed calls and the outage's duration. Failures in
+// between are counted ([Stats]), not logged. A nil logger, the default,
+// discards the records. Keys and values are never logged.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithRecoveryWindow sets how long Redis must answer without a failed call
+// before an outage counts as over (default [DefaultRecoveryWindow], 5 s).
+// An outage starts at the first failed call and ends at the first call
+// that succeeds at least d after the last failed one; calls that succeed
+// sooner, as a flapping or half-broken Redis answers some calls (reads
+// while writes fail on a full memory, say), do not end it. So the logger
+// gets at most two records per d however Redis fails, and the record that
+// ends an outage comes at least d after Redis recovered (its duration
+// attribute runs to the first success after the last failure, not to the
+// record). Zero ends an outage at the first successful call; negative is
+// invalid.
+func WithRecoveryWindow(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.invalid("WithRecoveryWindow(%v): must be >= 0", d)
+			return
+		}
+		c.recovery = d
+	})
 }
 
 // WithScriptTake makes Take run a Lua script (GET then DEL, atomic on the

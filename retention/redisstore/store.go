@@ -147,6 +147,8 @@ func newStore(client redis.UniversalClient, owned bool, opts []Option) (*Store, 
 		script:   redis.NewScript(takeScript),
 	}
 	s.health.log = log
+	s.health.recovery = cfg.recovery
+	s.health.now = time.Now
 	s.useScript.Store(cfg.scriptTake)
 	return s, nil
 }

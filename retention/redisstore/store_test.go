@@ -104,7 +104,9 @@ func TestPutRejects(t *testing.T) {
 	raw := srv.client(t)
 	ctx := t.Context()
 	small := newStore(t, srv, redisstore.WithPrefix("small:"), redisstore.WithMaxValueBytes(4))
-	def := newStore(t, srv)
+	// The default bound is 8 MiB: give a value that large time to cross
+	// loopback on a loaded machine under -race.
+	def := newStore(t, srv, redisstore.WithTimeout(10*time.Second))
 
 	tests := []struct {
 		name  string
@@ -287,6 +289,7 @@ func TestNewValidates(t *testing.T) {
 		{"zero timeout", []redisstore.Option{redisstore.WithTimeout(0)}, "WithTimeout(0s)"},
 		{"negative timeout", []redisstore.Option{redisstore.WithTimeout(-time.Second)}, "WithTimeout(-1s)"},
 		{"zero max value", []redisstore.Option{redisstore.WithMaxValueBytes(0)}, "WithMaxValueBytes(0)"},
+		{"negative recovery window", []redisstore.Option{redisstore.WithRecoveryWindow(-time.Second)}, "WithRecoveryWindow(-1s)"},
 		{"both", []redisstore.Option{redisstore.WithMaxValueBytes(-1), redisstore.WithTimeout(0)}, "WithMaxValueBytes(-1)"},
 	}
 	for _, tt := range tests {
@@ -308,7 +311,7 @@ func TestNewValidates(t *testing.T) {
 	t.Run("valid", func(t *testing.T) {
 		srv := startServer(t)
 		client := srv.client(t)
-		s, err := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithMaxValueBytes(1), redisstore.WithPrefix(""), redisstore.WithLogger(nil))
+		s, err := redisstore.New(client, redisstore.WithTimeout(time.Second), redisstore.WithMaxValueBytes(1), redisstore.WithPrefix(""), redisstore.WithLogger(nil), redisstore.WithRecoveryWindow(0))
 		require.NoError(t, err)
 		assert.NoError(t, s.Close())
 		assert.NoError(t, client.Ping(t.Context()).Err(), "Close must not close a caller's client")
