@@ -58,6 +58,7 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 		}
 		select {
 		case err := <-done:
+			done <- err // for the cleanup
 			require.FailNow(t, "the proxy stopped", "%v\n%s", err, stderr.String())
 		case <-time.After(10 * time.Millisecond):
 		}
