@@ -271,10 +271,14 @@ func TestNoDecodeHandleCounted(t *testing.T) {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", "")) }
 		obs := &lastTurn{}
-		r := fakeRouter(t, f, obs)
+		logs := &countHandler{}
+		r := fakeRouter(t, f, obs, kvroute.WithLogger(slog.New(logs)))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
-		assert.Equal(t, int64(1), r.Stats().NoDecodeHandle)
+		_, err = doTurn(t, r, chatBody(false, "hi again"), nil)
+		require.NoError(t, err)
+		assert.Equal(t, int32(1), logs.n.Load(), "warned once")
+		assert.Equal(t, int64(2), r.Stats().NoDecodeHandle)
 		assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
 		assert.Equal(t, "no_handle", obs.last().StoreRefusal)
 	})

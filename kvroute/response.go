@@ -313,6 +313,9 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			if expected {
 				r.stats.noDecodeHandle.Add(1)
 				t.rec.NoHandle = PhaseDecode
+				r.logOnce(context.Background(), "no_decode_handle:"+t.rec.DecodeEndpoint,
+					"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
+					slog.String("endpoint", t.rec.DecodeEndpoint))
 			}
 		}
 		return
