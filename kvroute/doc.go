@@ -164,7 +164,8 @@
 //     --enable-prompt-tokens-details are not checked.
 //   - D answers without a handle after a normal finish (stop or length):
 //     the turn succeeds, nothing is retained, and it is counted
-//     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode) for
+//     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode; warned once
+//     per engine) for
 //     non-streaming answers and for streams of an engine that has sent a
 //     handle in a stream before; streams of engines never seen to send one
 //     (stock vLLM) count in Stats.NoStreamHandle instead, warned once. D's
