@@ -14,11 +14,15 @@
 // Redis ran GETDEL loses that handle, which is safe: a handle is used at most
 // once, never twice. go-redis reconnects by itself when Redis comes back.
 // Failures are counted ([Store.Stats]) and logged through the injected
-// logger once per outage: when the first call fails, and when a call
-// succeeds again.
+// logger once per outage: a warning when the first call fails, and one
+// record with the number of failed calls and the outage's duration once
+// calls have succeeded for [WithRecoveryWindow] without a failure, so that
+// a Redis failing only some calls is one outage, not a record per call.
 //
 // Keys are the router's keys behind a prefix ([DefaultPrefix] unless
-// [WithPrefix] says otherwise); values are bounded by [WithMaxValueBytes].
+// [WithPrefix] says otherwise); values are bounded by [WithMaxValueBytes]
+// ([DefaultMaxValueBytes], 8 MiB, enough for the handle of a 1M-token
+// context).
 //
 // The package is its own Go module so that the core module does not depend
 // on go-redis.
