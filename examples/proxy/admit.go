@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -204,6 +205,7 @@ type turnWriter struct {
 	status   int  // their status
 	replaced bool // the router's answer was replaced
 	stream   bool // the response is an event stream
+	finished bool // the last write ended with data: [DONE]
 }
 
 func (w *turnWriter) WriteHeader(code int) {
@@ -235,18 +237,32 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 	if w.replaced {
 		return len(p), nil
 	}
+	w.finished = bytes.HasSuffix(p, []byte("data: [DONE]\n\n"))
 	return w.ResponseWriter.Write(p)
+}
+
+// FlushError sends the headers through WriteHeader first, so that a flush
+// before any write is seen here.
+func (w *turnWriter) FlushError() error {
+	if !w.wrote && !w.replaced {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.replaced {
+		return nil
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 func (w *turnWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // cut ends a turn the drain stopped: a stream gets an SSE error event (as
 // kvroute ends a failed stream, without data: [DONE]); a turn that sent
-// nothing yet gets 503.
+// nothing yet gets 503. A stream that reached data: [DONE] just before is
+// left as it is.
 func (w *turnWriter) cut() {
 	const msg = "shutting down: the turn was cut at the end of the shutdown grace period"
 	switch {
-	case w.stream:
+	case w.stream && !w.finished:
 		b := errorJSON(msg, "server_error", "shutting_down")
 		_, _ = w.ResponseWriter.Write(append(append([]byte("data: "), b...), "\n\n"...))
 		_ = http.NewResponseController(w.ResponseWriter).Flush()
