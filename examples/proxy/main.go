@@ -2,9 +2,10 @@
 // disagg_proxy_multiturn.py: it takes the same command line and serves the
 // same routes, and routes multi-turn conversations over prefill and decode
 // engines with bidirectional KV reuse through kvroute. It adds what a
-// production service needs: inbound API keys, a request body limit,
-// per-phase timeouts, /ready, Prometheus /metrics, structured logs with
-// request ids and a graceful drain on SIGTERM. See README.md.
+// production service needs: inbound API keys, body, header and connection
+// limits with load shedding, per-phase timeouts, /ready, Prometheus
+// /metrics, structured logs with request ids, errors in OpenAI's JSON shape
+// and a graceful drain on SIGTERM. See README.md.
 package main
 
 import (
