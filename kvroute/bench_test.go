@@ -1,7 +1,9 @@
 package kvroute_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,15 +16,16 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// benchRouter builds a router over canned engines (see cannedEngines).
-func benchRouter(b *testing.B, prefill, decode string) *kvroute.Router {
+// benchRouter builds a router over canned engines (see cannedEngines and
+// newTokenEngines).
+func benchRouter(b *testing.B, prefill, decode string, opts ...kvroute.Option) *kvroute.Router {
 	b.Helper()
 	rt, err := transport.NewTransport()
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(rt.CloseIdleConnections)
-	r, err := kvroute.New(kvroute.WithPrefill(prefill), kvroute.WithDecode(decode), kvroute.WithTransport(rt))
+	r, err := kvroute.New(append([]kvroute.Option{kvroute.WithPrefill(prefill), kvroute.WithDecode(decode), kvroute.WithTransport(rt)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,18 +33,62 @@ func benchRouter(b *testing.B, prefill, decode string) *kvroute.Router {
 	return r
 }
 
-// BenchmarkTurn runs one whole streaming turn (lookup, prefill, decode,
-// capture, store) through Do against canned zero-latency engines on
-// 127.0.0.1, with a 10 KB history; 7 of every 8 turns are hits. Allocations
-// include the HTTP client side of both legs and the canned engines' servers.
+// BenchmarkTurn runs one whole streaming turn (lookup, verification,
+// prefill, decode, capture, store) through Do against canned zero-latency
+// engines on 127.0.0.1, with a 10 KB or 100 KB history; conversations
+// restart every turnsPerConv turns, so 7 of every 8 turns are hits.
+// Allocations include the HTTP client side of both legs and the canned
+// engines' servers.
+//
+//   - content: WithVerification(VerifyContent) over the canned engines
+//     (cannedEngines: D sends no token ids).
+//   - tokens: WithVerification(VerifyTokens) over the token-aware canned
+//     engines (newTokenEngines): D's stream carries the prompt's and the
+//     generated token ids, which the router fingerprints and strips, and
+//     each hit first renders the new prompt on P
+//     (/v1/chat/completions/render) and compares it with the fingerprint.
+//     The in-process render server's work (decoding the 10 or 100 KB body,
+//     tokenizing, encoding the ids) and the larger decode stream are
+//     counted too; BenchmarkTokenEngines measures the engines' share.
+//
+// Every turn after a conversation's first must be a hit verified in the
+// benchmark's mode (in token mode: fully, from a render), else the
+// benchmark fails.
+//
+//	go test -run '^$' -bench 'BenchmarkTurn' -benchmem -count 3 ./kvroute
 func BenchmarkTurn(b *testing.B) {
-	p, d := cannedEngines(b)
-	r := benchRouter(b, p, d)
+	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+		for _, hist := range []int{10 << 10, 100 << 10} {
+			b.Run(fmt.Sprintf("%s/hist=%dKB", mode, hist>>10), func(b *testing.B) { benchmarkTurn(b, mode, hist) })
+		}
+	}
+}
+
+func benchmarkTurn(b *testing.B, mode kvroute.Verification, hist int) {
+	var p, d string
+	if mode == kvroute.VerifyTokens {
+		te := newTokenEngines(b)
+		p, d = te.prefill, te.decode
+		// The first turn's prompt, for its size in tokens (ReportMetric
+		// after the loop: b.Loop's first call drops earlier metrics).
+		conv := newBenchConv("c0 ", hist)
+		toks := len(toyChat(toyMessages(conv.messages)))
+		defer func() {
+			b.ReportMetric(float64(toks), "prompt-tokens")
+			b.ReportMetric(float64(toyContentBytes(conv.messages))/float64(toks), "B/token")
+		}()
+	} else {
+		p, d = cannedEngines(b)
+	}
+	var last kvroute.TurnRecord
+	// Do calls the Observer on this goroutine, inside WriteTo.
+	r := benchRouter(b, p, d, kvroute.WithVerification(mode),
+		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
 	var conv *benchConv
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		if i%turnsPerConv == 0 {
-			conv = newBenchConv(fmt.Sprintf("c%d ", i), 10<<10)
+			conv = newBenchConv(fmt.Sprintf("c%d ", i), hist)
 		}
 		resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: conv.body()})
 		if err != nil {
@@ -51,9 +98,72 @@ func BenchmarkTurn(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = resp.Close()
+		if err := checkTurn(&last, mode, i%turnsPerConv == 0); err != nil {
+			b.Fatalf("turn %d: %v", i, err)
+		}
 		conv.messages = append(conv.messages,
-			map[string]string{"role": "assistant", "content": "Done, the tests pass."},
+			map[string]string{"role": "assistant", "content": toyReply},
 			map[string]string{"role": "user", "content": fmt.Sprintf("Now run step %d.", i)})
+	}
+}
+
+// checkTurn checks a BenchmarkTurn record: every turn is retained, and
+// every turn but a conversation's first is a hit verified in mode (in
+// token mode: from a render, over the handle's whole sequence).
+func checkTurn(rec *kvroute.TurnRecord, mode kvroute.Verification, first bool) error {
+	switch {
+	case rec.Err != nil:
+		return rec.Err
+	case !rec.Stored:
+		return fmt.Errorf("not retained: %s", rec.StoreRefusal)
+	case first:
+		return nil
+	case rec.Reuse != kvroute.ReuseHit:
+		return fmt.Errorf("%s (%s), want a hit", rec.Reuse, rec.MissReason)
+	case rec.Verification != mode:
+		return fmt.Errorf("verified by %q, want %q", rec.Verification, mode)
+	case mode == kvroute.VerifyTokens && (rec.TokenSource != kvroute.TokensFromRender || rec.Partial ||
+		rec.VerifiedTokens != rec.HandleTokens || rec.HandleTokens == 0):
+		return fmt.Errorf("token verification: source %q, partial %v, %d of %d tokens verified",
+			rec.TokenSource, rec.Partial, rec.VerifiedTokens, rec.HandleTokens)
+	}
+	return nil
+}
+
+// BenchmarkTokenEngines measures the token-aware canned engines' own work
+// per BenchmarkTurn/tokens hit, without HTTP: P's render answer and D's
+// stream for the same request (the router's decode body, with
+// return_token_ids), the handlers called directly with a recorder. It is
+// the part of BenchmarkTurn's token-minus-content difference that is the
+// engines', not the router's (the canned content engines do almost no
+// work).
+func BenchmarkTokenEngines(b *testing.B) {
+	for _, hist := range []int{10 << 10, 100 << 10} {
+		b.Run(fmt.Sprintf("hist=%dKB", hist>>10), func(b *testing.B) {
+			p, d := (&tokenEngines{}).handlers()
+			conv := newBenchConv("c0 ", hist)
+			conv.messages = append(conv.messages,
+				map[string]string{"role": "assistant", "content": toyReply},
+				map[string]string{"role": "user", "content": "Now run step 1."})
+			var body map[string]any
+			if err := json.Unmarshal(conv.body(), &body); err != nil {
+				b.Fatal(err)
+			}
+			body["return_token_ids"] = true
+			raw, _ := json.Marshal(body)
+			serve := func(h http.Handler, path string) {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(raw)))
+				if w.Code != http.StatusOK {
+					b.Fatalf("%s: status %d", path, w.Code)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				serve(p, kvroute.PathChatCompletions+"/render")
+				serve(d, kvroute.PathChatCompletions)
+			}
+		})
 	}
 }
 

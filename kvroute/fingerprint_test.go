@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
 func seqOf(rng *rand.Rand, n int) []uint32 {
@@ -124,3 +125,113 @@ func TestCutHandle(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// The verification benchmarks use a 24,000-token conversation, about a
+// 100 KB history: D's prompt of 23,800 tokens and 200 generated.
+const (
+	benchPromptLen = 23800
+	benchGenLen    = 200
+)
+
+// BenchmarkFingerprint fingerprints D's 24,000 tokens (R = 23,999: all but
+// the last sampled token), as retain does once per token-mode turn.
+func BenchmarkFingerprint(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	prompt, gen := seqOf(rng, benchPromptLen), seqOf(rng, benchGenLen)
+	r := benchPromptLen + benchGenLen - 1
+	b.ReportAllocs()
+	var fp fingerprint
+	for b.Loop() {
+		fp = newFingerprint(prompt, gen, r, DefaultBlockSize)
+	}
+	b.ReportMetric(float64(len(fp)), "fingerprint-B")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(r), "ns/token")
+}
+
+// BenchmarkCommonPrefix compares a 24,000-token prompt with the
+// fingerprint of a 23,900-token sequence, as verify does once per
+// token-mode candidate: "full" (the prompt continues the sequence) and
+// "mismatch-middle" (a token differs at 11,950: the comparison stops at
+// the block holding it).
+func BenchmarkCommonPrefix(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	prompt := seqOf(rng, 24000)
+	const r = 23900
+	fp := newFingerprint(prompt[:r], nil, r, DefaultBlockSize)
+	edited := append([]uint32(nil), prompt...)
+	edited[r/2] ^= 1
+	for _, c := range []struct {
+		name   string
+		prompt []uint32
+		want   int
+	}{
+		{"full", prompt, r},
+		{"mismatch-middle", edited, r / 2 / DefaultBlockSize * DefaultBlockSize},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				n, err := fp.commonPrefix(c.prompt)
+				if err != nil || n != c.want {
+					b.Fatalf("commonPrefix = %d, %v; want %d", n, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCutHandle cuts a D handle of 1,500 block ids (24,000 tokens)
+// to its first 1,000 blocks (16,000 tokens), as a partial hit does.
+func BenchmarkCutHandle(b *testing.B) {
+	const blocks, keep = 1500, 1000
+	ids := make([]string, blocks)
+	for i := range ids {
+		ids[i] = strconv.Itoa(20000 + 7*i) // 5-digit block ids
+	}
+	raw := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[` + strings.Join(ids, ",") +
+		`]],"remote_engine_id":"d-engine","remote_request_id":"chatcmpl-0a1b2c3d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":` +
+		itoa(blocks*DefaultBlockSize) + `,"remote_blocks_expiry_time":12345.5}`)
+	want := keep * DefaultBlockSize
+	out, err := cutHandle(raw, want, DefaultBlockSize)
+	require.NoError(b, err)
+	hi, err := inspectHandle(out)
+	require.NoError(b, err)
+	require.Equal(b, want, hi.tokens)
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := cutHandle(raw, want, DefaultBlockSize); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(raw)), "handle-B")
+}
+
+// BenchmarkReadRenderAnswer reads the token ids of a render answer for a
+// 24,000-token prompt as renderCall does once its body is read: validate
+// the object, take token_ids, parse them into a new slice.
+func BenchmarkReadRenderAnswer(b *testing.B) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	ids := seqOf(rng, 24000)
+	body := []byte(`{"token_ids":[`)
+	for i, id := range ids {
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = strconv.AppendUint(body, uint64(id), 10)
+	}
+	body = append(body, "]}"...)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		o, err := jsonraw.Parse(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		v, _ := o.Get("token_ids")
+		got, ok := sse.AppendTokenIDs(nil, v)
+		if !ok || len(got) != len(ids) {
+			b.Fatalf("ok %v, %d ids", ok, len(got))
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/bidikv/bidikv/internal/upstreamclock"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -45,9 +47,7 @@ func cannedEngines(tb testing.TB) (prefill, decode string) {
 	var seq atomic.Int64
 	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		n := seq.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
+		cannedPrefill(w, seq.Add(1))
 	})
 	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -63,6 +63,255 @@ func cannedEngines(tb testing.TB) (prefill, decode string) {
 	tb.Cleanup(ps.Close)
 	tb.Cleanup(ds.Close)
 	return ps.URL, ds.URL
+}
+
+// cannedPrefill writes the canned prefill engine's answer: one token and a
+// P handle.
+func cannedPrefill(w http.ResponseWriter, n int64) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
+}
+
+// The token-aware canned engines (tokenEngines) share a deterministic toy
+// tokenizer: the content of each message is split at whitespace and every
+// word into pieces of at most toyPiece bytes; a piece's id is its FNV-32a
+// hash modulo a vocabulary of toyVocab ids (so ids have the 5 and 6 digits
+// of a real vocabulary). The toy chat template renders each message as a
+// role token, its content's pieces and an end-of-turn token, and ends with
+// the generation prompt (the assistant role token). On the benchmark
+// histories this gives about 4 bytes of content per token (a 100 KB
+// history is about 26k tokens); BenchmarkTurn/tokens reports the figure.
+const (
+	toyPiece = 5
+	toyVocab = 151936
+)
+
+func toyID(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h % toyVocab
+}
+
+var (
+	toyEnd       = toyID("<|im_end|>")
+	toyAssistant = toyID("<|assistant|>")
+	toyRoles     = map[string]uint32{"system": toyID("<|system|>"), "user": toyID("<|user|>"), "assistant": toyAssistant, "tool": toyID("<|tool|>")}
+	// toyReply is D's canned reply and its generated ids (the end-of-turn
+	// token last, as an engine samples it).
+	toyReply    = "Done, the tests pass."
+	toyReplyIDs = append(toyText(nil, toyReply), toyEnd)
+)
+
+func toySpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
+
+// toyText appends the ids of text's pieces to dst.
+func toyText(dst []uint32, text string) []uint32 {
+	for i := 0; i < len(text); {
+		for i < len(text) && toySpace(text[i]) {
+			i++
+		}
+		j := i
+		for j < len(text) && !toySpace(text[j]) && j-i < toyPiece {
+			j++
+		}
+		if j > i {
+			dst = append(dst, toyID(text[i:j]))
+		}
+		i = j
+	}
+	return dst
+}
+
+type toyMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// toyChat renders messages with the toy chat template, generation prompt
+// included: the prompt an engine computes for them.
+func toyChat(msgs []toyMessage) []uint32 {
+	n := 1
+	for _, m := range msgs {
+		n += 2 + len(m.Content)/3
+	}
+	ids := make([]uint32, 0, n)
+	for _, m := range msgs {
+		role, ok := toyRoles[m.Role]
+		if !ok {
+			role = toyID("<|" + m.Role + "|>")
+		}
+		ids = append(ids, role)
+		ids = toyText(ids, m.Content)
+		ids = append(ids, toyEnd)
+	}
+	return append(ids, toyAssistant)
+}
+
+// toyContentBytes is the content bytes of messages, for the bytes/token
+// ratio.
+func toyContentBytes(msgs []map[string]string) int {
+	n := 0
+	for _, m := range msgs {
+		n += len(m["content"])
+	}
+	return n
+}
+
+func toyMessages(msgs []map[string]string) []toyMessage {
+	out := make([]toyMessage, len(msgs))
+	for i, m := range msgs {
+		out[i] = toyMessage{Role: m["role"], Content: m["content"]}
+	}
+	return out
+}
+
+func appendIDs(b []byte, ids []uint32) []byte {
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(id), 10)
+	}
+	return append(b, ']')
+}
+
+// toyRequest is what the token-aware engines read of a request.
+type toyRequest struct {
+	Messages       []toyMessage `json:"messages"`
+	ReturnTokenIDs bool         `json:"return_token_ids"`
+}
+
+// tokenEngines are canned engines that know tokens (see toyText), started
+// by newTokenEngines.
+type tokenEngines struct {
+	prefill, decode string
+	// Sums over D's answers: handles sent, their JSON bytes, and their
+	// remote_num_tokens.
+	handles, handleBytes, handleTokens atomic.Int64
+}
+
+// newTokenEngines starts a prefill and a decode server on 127.0.0.1 that
+// answer at once, as engines serving return_token_ids and the render
+// endpoint do:
+//
+//   - P answers POST /v1/chat/completions/render with {"token_ids": [...]},
+//     the toy chat rendering of the request's messages, and every other
+//     request with the canned prefill answer (one token and a P handle).
+//   - D answers with a three-event stream: the first chunk carries the
+//     prompt's ids at the top level (prompt_token_ids, when the request
+//     sets return_token_ids), the content chunk and the final chunk carry
+//     choice 0's generated ids (token_ids: the reply's pieces, then the
+//     end-of-turn token), and the final chunk carries a D handle with
+//     remote_num_tokens = len(prompt)+len(generated)-1 and ceil(R/16)
+//     5-digit block ids in one group.
+//
+// An honest next turn (the messages plus the canned reply and a new user
+// message) renders to a prompt that begins with D's first R tokens, so it
+// verifies fully.
+func newTokenEngines(tb testing.TB) *tokenEngines {
+	tb.Helper()
+	te := &tokenEngines{}
+	p, d := te.handlers()
+	ps, ds := httptest.NewServer(p), httptest.NewServer(d)
+	tb.Cleanup(ps.Close)
+	tb.Cleanup(ds.Close)
+	te.prefill, te.decode = ps.URL, ds.URL
+	return te
+}
+
+// handlers returns the token-aware prefill and decode handlers.
+func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
+	var seq atomic.Int64
+	read := func(w http.ResponseWriter, r *http.Request) (toyRequest, bool) {
+		var req toyRequest
+		body, err := io.ReadAll(r.Body)
+		if err == nil {
+			err = json.Unmarshal(body, &req)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return req, false
+		}
+		return req, true
+	}
+	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != kvroute.PathChatCompletions+"/render" {
+			_, _ = io.Copy(io.Discard, r.Body)
+			cannedPrefill(w, seq.Add(1))
+			return
+		}
+		req, ok := read(w, r)
+		if !ok {
+			return
+		}
+		ids := toyChat(req.Messages)
+		out := make([]byte, 0, 7*len(ids)+32)
+		out = append(out, `{"token_ids":`...)
+		out = append(appendIDs(out, ids), '}')
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(out)
+	})
+	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, ok := read(w, r)
+		if !ok {
+			return
+		}
+		n := seq.Add(1)
+		prompt := toyChat(req.Messages)
+		gen := toyReplyIDs
+		tokens := len(prompt) + len(gen) - 1
+		blocks := (tokens + kvroute.DefaultBlockSize - 1) / kvroute.DefaultBlockSize
+		handle := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
+		for i := range blocks {
+			if i > 0 {
+				handle = append(handle, ',')
+			}
+			handle = strconv.AppendInt(handle, 10000+(n*int64(blocks)+int64(i))%90000, 10)
+		}
+		handle = fmt.Appendf(handle, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
+		te.handles.Add(1)
+		te.handleBytes.Add(int64(len(handle)))
+		te.handleTokens.Add(int64(tokens))
+
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := http.NewResponseController(w)
+		out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)
+		out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, n)
+		if req.ReturnTokenIDs {
+			out = appendIDs(append(out, `,"prompt_token_ids":`...), prompt)
+		}
+		out = append(out, "}\n\n"...)
+		_, _ = w.Write(out)
+		_ = fl.Flush()
+		out = fmt.Appendf(out[:0], `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null`, n, toyReply)
+		if req.ReturnTokenIDs {
+			out = appendIDs(append(out, `,"token_ids":`...), gen[:len(gen)-1])
+		}
+		out = append(out, "}]}\n\n"...)
+		out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`, n)
+		if req.ReturnTokenIDs {
+			out = appendIDs(append(out, `,"token_ids":`...), gen[len(gen)-1:])
+		}
+		out = append(out, `}],"kv_transfer_params":`...)
+		out = append(out, handle...)
+		out = append(out, "}\n\ndata: [DONE]\n\n"...)
+		_, _ = w.Write(out)
+	})
+	return p, d
+}
+
+// meanHandle returns the mean JSON size and remote_num_tokens of the D
+// handles sent since the counters were last read, and resets them.
+func (te *tokenEngines) meanHandle() (bytes, tokens float64) {
+	n := float64(te.handles.Swap(0))
+	if n == 0 {
+		return 0, 0
+	}
+	return float64(te.handleBytes.Swap(0)) / n, float64(te.handleTokens.Swap(0)) / n
 }
 
 // simEngines starts a zero-cost simulated 1P1D pair.
@@ -268,45 +517,108 @@ func BenchmarkOverhead(b *testing.B) {
 }
 
 // BenchmarkRetainedBytes reports the heap a Router keeps per retained
-// conversation (after a GC, with b.N conversations retained in the default
-// store) next to the size of the handle JSON it retains.
+// conversation (after two GCs, with b.N one-turn conversations retained in
+// the default store, retention.Memory) next to the size of the handle JSON
+// it retains (handle-json-B, the mean of what D sent) and of the encoded
+// store entry (entry-B: the router's header, the fingerprint in token mode,
+// and the handle); ratio is retained-B/conv over handle-json-B.
 //
-//	go test -run '^$' -bench RetainedBytes -benchtime 5000x ./kvroute
+//	go test -run '^$' -bench RetainedBytes -benchtime 2000x ./kvroute
+//
+// The sub-benchmarks:
+//
+//   - content/hist=1KB: WithVerification(VerifyContent), the canned engines
+//     (a fixed 274-byte handle of 8 block ids).
+//   - tokens/hist=1KB: WithVerification(VerifyTokens), the token-aware
+//     canned engines (about 280 tokens: 18 block ids and a fingerprint of
+//     18 hashes).
+//   - content/hist=100KB and tokens/hist=100KB: a conversation of about
+//     26k tokens, the token-aware engines in both modes (in content mode
+//     the router does not ask for token ids and D sends none), so that both
+//     retain D's real-size handle of ~1,600 block ids; token mode adds the
+//     ~13 KB fingerprint.
 func BenchmarkRetainedBytes(b *testing.B) {
-	p, d := cannedEngines(b)
+	b.Run("content/hist=1KB", func(b *testing.B) {
+		p, d := cannedEngines(b)
+		benchmarkRetained(b, p, d, kvroute.VerifyContent, 1<<10, func() (float64, float64) { return float64(len(cannedDHandle)), 5000 })
+	})
+	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+		for _, hist := range []int{1 << 10, 100 << 10} {
+			if mode == kvroute.VerifyContent && hist == 1<<10 {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/hist=%dKB", mode, hist>>10), func(b *testing.B) {
+				te := newTokenEngines(b)
+				benchmarkRetained(b, te.prefill, te.decode, mode, hist, te.meanHandle)
+			})
+		}
+	}
+}
+
+// sizeStore counts the bytes of the values put in its Store.
+type sizeStore struct {
+	kvroute.Store
+	puts, bytes atomic.Int64
+}
+
+func (s *sizeStore) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	s.puts.Add(1)
+	s.bytes.Add(int64(len(value)))
+	return s.Store.Put(ctx, key, value, ttl)
+}
+
+// benchmarkRetained retains b.N one-turn conversations of a hist-byte
+// history and reports the heap kept per conversation; handle returns the
+// mean handle JSON size and remote_num_tokens of what D sent meanwhile.
+func benchmarkRetained(b *testing.B, p, d string, mode kvroute.Verification, hist int, handle func() (bytes, tokens float64)) {
 	rt, err := transport.NewTransport()
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(rt.CloseIdleConnections)
-	r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt))
+	store := &sizeStore{Store: retention.NewMemory()}
+	r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt),
+		kvroute.WithVerification(mode), kvroute.WithStore(store))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = r.Close() })
-	// Warm up connections and pools, then measure from a clean heap.
-	warm := newBenchConv("warm ", 1<<10)
-	for range 4 {
-		benchDo(b, r, warm.body())
+	// Warm up connections and pools with turns of the same size, then
+	// measure from a clean heap.
+	for i := range 4 {
+		benchDo(b, r, newBenchConv(fmt.Sprintf("warm%d ", i), hist).body())
 	}
+	st := r.Stats()
+	stored0, fallbacks0 := st.Stored, st.TokenFallbacks
+	_, _ = handle()
+	store.puts.Store(0)
+	store.bytes.Store(0)
 	var before, after runtime.MemStats
 	runtime.GC()
+	runtime.GC() // the second GC empties the pools' victim caches
 	runtime.ReadMemStats(&before)
 	b.ResetTimer()
 	for i := range b.N {
-		benchDo(b, r, newBenchConv(fmt.Sprintf("c%d ", i), 1<<10).body())
+		benchDo(b, r, newBenchConv(fmt.Sprintf("c%d ", i), hist).body())
 	}
 	b.StopTimer()
 	runtime.GC()
+	runtime.GC()
 	runtime.ReadMemStats(&after)
-	stored := r.Stats().Stored - 4
-	if stored < int64(b.N) {
+	st = r.Stats()
+	if stored := st.Stored - stored0; stored < int64(b.N) {
 		b.Fatalf("stored %d of %d handles", stored, b.N)
 	}
+	if fb := st.TokenFallbacks - fallbacks0; mode == kvroute.VerifyTokens && fb != 0 {
+		b.Fatalf("token mode: %d turns retained without a fingerprint", fb)
+	}
+	hb, ht := handle()
 	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(b.N)
 	b.ReportMetric(per, "retained-B/conv")
-	b.ReportMetric(float64(len(cannedDHandle)), "handle-json-B")
-	b.ReportMetric(per/float64(len(cannedDHandle)), "ratio")
+	b.ReportMetric(hb, "handle-json-B")
+	b.ReportMetric(float64(store.bytes.Load())/float64(store.puts.Load()), "entry-B")
+	b.ReportMetric(ht, "tokens/conv")
+	b.ReportMetric(per/hb, "ratio")
 	runtime.KeepAlive(r)
 }
 
