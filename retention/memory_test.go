@@ -46,6 +46,7 @@ func TestMemoryEvictsLeastRecentlyPut(t *testing.T) {
 	assert.Equal(t, []byte("d"), mustTake(t, m, "d"))
 	assert.Equal(t, []byte("e"), mustTake(t, m, "e"))
 	assert.Equal(t, 0, m.Len())
+	assert.Equal(t, int64(2), m.Stats().EvictedForEntries)
 }
 
 func TestMemoryEvictsExpiredBeforeLive(t *testing.T) {
@@ -65,6 +66,9 @@ func TestMemoryEvictsExpiredBeforeLive(t *testing.T) {
 	// next Put drops the expired entry instead of evicting "old", the least
 	// recently put.
 	require.NoError(t, m.Put(t.Context(), "new", []byte("new"), long))
+	st := m.Stats()
+	assert.Equal(t, int64(1), st.Expired)
+	assert.Zero(t, st.EvictedForEntries, "the expired entry made room")
 	assert.Equal(t, []byte("old"), mustTake(t, m, "old"))
 	assert.Equal(t, []byte("new"), mustTake(t, m, "new"))
 	assertMiss(t, m, "short")
