@@ -2,6 +2,7 @@ package sse
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -47,6 +48,10 @@ func mayHoldTokenIDs(d []byte) bool {
 // other value.
 func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, bool) {
 	n := len(dst)
+	if cap(dst)-n < len(arr)/2 {
+		// At most one id per two bytes ("1,"): grow once, by the count.
+		dst = slices.Grow(dst, bytes.Count(arr, []byte{','})+1)
+	}
 	i := 0
 	skip := func() {
 		for i < len(arr) && (arr[i] == ' ' || arr[i] == '\n' || arr[i] == '\r' || arr[i] == '\t') {
