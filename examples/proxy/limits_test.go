@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func slowTurn(t *testing.T, p *inproc, contentLength int) net.Conn {
 	// Admitted once the buffered-bytes gauge shows its reservation.
 	for range 500 {
 		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
-		if metricValue(page, "bidikv_inflight_turns") != "0" {
+		if metricValue(page, "bidikv_buffered_request_bytes") == strconv.Itoa(contentLength) {
 			return c
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -93,6 +94,8 @@ func TestShedding(t *testing.T) {
 		assert.Contains(t, body, "--max-concurrent-turns")
 		status, _, _ = p.do(t, http.MethodGet, "/health", "")
 		assert.Equal(t, http.StatusOK, status, "other routes are not shed")
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="overloaded_turns",status="503"}`))
 
 		require.NoError(t, held.Close())
 		admitted := false
@@ -104,8 +107,6 @@ func TestShedding(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		assert.True(t, admitted, "admitted again once the held turn ended")
-		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
-		assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="overloaded_turns",status="503"}`))
 	})
 	t.Run("buffered bytes", func(t *testing.T) {
 		p := startInProcess(t, nil, "--max-body-bytes", "4096", "--max-buffered-bytes", "6000")

@@ -99,6 +99,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		slog.Bool("redis", cfg.redisURL != ""), slog.Int("inbound_keys", len(cfg.apiKeys)),
 		slog.Int("max_concurrent_turns", cfg.maxTurns), slog.Int64("max_buffered_bytes", cfg.maxBufferedBytes))
 
+	if cfg.keyMode == keyConversationID && len(cfg.apiKeys) == 0 {
+		log.Warn("--key-mode conversation-id without inbound API keys (--allow-anonymous-conversation-id): every client is one tenant")
+	}
+
 	select {
 	case err := <-served:
 		return err
