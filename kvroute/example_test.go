@@ -39,24 +39,10 @@ func Example() {
 		{"role": "user", "content": "The test TestParse fails with an index out of range."},
 	}
 	for turn := 1; turn <= 2; turn++ {
-		body, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": messages, "max_tokens": 16})
-		resp, err := router.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
-		if err != nil {
-			log.Fatal(err)
-		}
-		var out struct {
-			Choices []struct {
-				Message struct{ Content string } `json:"message"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal(resp.Body, &out); err != nil {
-			log.Fatal(err)
-		}
-		resp.Close()
-		ref, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body)
-		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, resp.Reuse(), out.Choices[0].Message.Content == ref.Text)
+		reply, reuse, same := ask(router, messages, 16)
+		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, reuse, same)
 		messages = append(messages,
-			map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+			map[string]string{"role": "assistant", "content": reply},
 			map[string]string{"role": "user", "content": "Now run the whole suite."})
 	}
 	fmt.Printf("prefill engine: %d tokens computed, %d pulled from the decode engine\n", p.Stats().TokensComputed, p.Stats().TokensPulledIn)
@@ -97,32 +83,41 @@ func ExampleWithVerification() {
 		{"role": "user", "content": "The test TestParse fails with an index out of range."},
 	}
 	for turn := 1; turn <= 2; turn++ {
-		body, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": messages, "max_tokens": 32})
-		resp, err := router.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
-		if err != nil {
-			log.Fatal(err)
-		}
-		var out struct {
-			Choices []struct {
-				Message struct{ Content string } `json:"message"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal(resp.Body, &out); err != nil {
-			log.Fatal(err)
-		}
-		resp.Close()
-		ref, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, kvroutetest.WithReasoning(true))
-		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, last.Reuse, out.Choices[0].Message.Content == ref.Text)
+		reply, _, same := ask(router, messages, 32, kvroutetest.WithReasoning(true))
+		fmt.Printf("turn %d: %s, answer identical to a single engine: %t\n", turn, last.Reuse, same)
 		if last.Reuse == kvroute.ReuseHit {
 			fmt.Printf("  handle held %d tokens; %d verified by %s; attached %d (partial: %t)\n",
 				last.HandleTokens, last.VerifiedTokens, last.TokenSource, last.ReusableTokens, last.Partial)
 		}
 		messages = append(messages,
-			map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content},
+			map[string]string{"role": "assistant", "content": reply},
 			map[string]string{"role": "user", "content": "Now run the whole suite."})
 	}
 	// Output:
 	// turn 1: miss, answer identical to a single engine: true
 	// turn 2: hit, answer identical to a single engine: true
 	//   handle held 103 tokens; 80 verified by render; attached 80 (partial: true)
+}
+
+// ask runs one chat turn through the router and reports the reply, the
+// reuse outcome and whether the reply is the single engine's (ref are the
+// engine options that shape it).
+func ask(router *kvroute.Router, messages []map[string]string, maxTokens int, ref ...kvroutetest.Option) (reply, reuse string, same bool) {
+	body, _ := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "messages": messages, "max_tokens": maxTokens})
+	resp, err := router.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Close()
+	var out struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(resp.Body, &out); err != nil {
+		log.Fatal(err)
+	}
+	want, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, ref...)
+	reply = out.Choices[0].Message.Content
+	return reply, resp.Reuse(), reply == want.Text
 }
