@@ -185,7 +185,7 @@
 //     by the router's own error for the status.
 //   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
 //     a longer one ends the stream with an error), a retained entry by
-//     WithMaxEntryBytes (16 MiB, also the default store's value bound), room
+//     WithMaxEntryBytes (8 MiB, also the default store's value bound), room
 //     for 1M-token contexts with two KV groups. An entry over the bound, or
 //     one the Store refuses with retention.ErrTooLarge, is not retained
 //     (StoreRefusal "handle_too_large", Stats.TooLarge), warned once.

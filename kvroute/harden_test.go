@@ -772,3 +772,31 @@ func TestNoDecodeHandleSimulated(t *testing.T) {
 	assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
 	assert.False(t, obs.last().Stored)
 }
+
+// Issue 12.1 against the simulator's older engine (P emits its handle only
+// on the length cap): a client stop string inside P's first token.
+func TestPrefillLegFinishesOnLengthSimulated(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithPrefillHandleOnLengthOnly(true))
+			g := newRig(t, c, stream)
+			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 24}
+			conv.say(systemPrompt)
+			for i := range 3 {
+				if i > 0 {
+					conv.say(userText(i))
+				}
+				conv.extra = nil
+				plain := reference(t, conv.path, conv.body())
+				require.NotEmpty(t, plain)
+				conv.extra = map[string]any{"stop": []string{plain[:1]}}
+				body := conv.body()
+				res := post(t, g.url, conv.path, body, nil)
+				require.Equal(t, http.StatusOK, res.status, "turn %d: %s", i, res.raw)
+				assert.Equal(t, reference(t, conv.path, body), res.text, "turn %d", i)
+				conv.hear(res.text)
+			}
+			assert.Zero(t, g.r.Stats().NoPrefillHandle)
+		})
+	}
+}

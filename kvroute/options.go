@@ -43,10 +43,11 @@ const (
 	// 62,500 block ids in each of two KV groups (about 1 MB) and its token
 	// ids.
 	DefaultMaxEventBytes = 16 << 20
-	// DefaultMaxEntryBytes bounds one retained entry (16 MiB): a decode
-	// handle with its token fingerprint (8 bytes per block) and the
-	// Identifier's check, room for 1M-token contexts with two KV groups.
-	DefaultMaxEntryBytes = 16 << 20
+	// DefaultMaxEntryBytes bounds one retained entry (8 MiB, the default
+	// value bound of retention.Memory and redisstore): a decode handle with
+	// its token fingerprint (8 bytes per block) and the Identifier's check.
+	// A 1M-token context with two KV groups needs about 1.6 MB.
+	DefaultMaxEntryBytes = 8 << 20
 )
 
 // Option configures a Router. Options are created by the With* functions.
@@ -384,7 +385,7 @@ func WithMaxEventBytes(n int) Option {
 // once). It also sizes the values of the default in-memory store; a Store
 // passed with WithStore keeps its own bound (a Put it refuses with an error
 // wrapping retention.ErrTooLarge is counted the same way). The default is
-// DefaultMaxEntryBytes (16 MiB); it must be positive.
+// DefaultMaxEntryBytes (8 MiB); it must be positive.
 func WithMaxEntryBytes(n int) Option {
 	return optionFunc(func(c *config) { c.maxEntryBytes = n })
 }
