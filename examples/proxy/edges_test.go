@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -92,4 +94,26 @@ func TestRewriteNetHTTPError(t *testing.T) {
 		_, ok := rewriteNetHTTPError([]byte(s))
 		assert.False(t, ok, "handler output passes unchanged: %q", s)
 	}
+}
+
+// Inbound keys from BIDIKV_API_KEYS and --api-key-file are enforced, and
+// never appear on the command line.
+func TestKeysFromEnvAndFile(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(f, []byte("sk-file\n"), 0o600))
+	p := startInProcess(t, func(k string) string { return map[string]string{envAPIKeys: "sk-env"}[k] }, "--api-key-file", f)
+	for _, tt := range []struct {
+		auth   string
+		status int
+	}{
+		{"", http.StatusUnauthorized},
+		{"Bearer sk-nope", http.StatusUnauthorized},
+		{"Bearer sk-env", http.StatusServiceUnavailable}, // past auth; no engine answers
+		{"Bearer sk-file", http.StatusServiceUnavailable},
+	} {
+		status, h, body := p.do(t, http.MethodGet, "/v1/models", "", "Authorization", tt.auth)
+		assert.Equal(t, tt.status, status, "%q: %s", tt.auth, body)
+		assert.Equal(t, "application/json", h.Get("Content-Type"))
+	}
+	assert.Contains(t, p.stderr.String(), "inbound_keys=2")
 }
