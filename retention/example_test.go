@@ -33,3 +33,28 @@ func Example() {
 	// false <nil>
 	// retention: ttl must be positive: got 0s
 }
+
+func ExampleWithMaxBytes() {
+	ctx := context.Background()
+	// Room for two 4 KiB handles under short keys, with their overhead.
+	m := retention.NewMemory(retention.WithMaxBytes(2 * (4096 + 8 + retention.EntryOverhead)))
+	defer m.Close()
+
+	for _, key := range []string{"conv-1", "conv-2", "conv-3"} {
+		if err := m.Put(ctx, key, make([]byte, 4096), time.Hour); err != nil {
+			fmt.Println(err)
+		}
+	}
+	// conv-1, the least recently put, made room for conv-3.
+	_, ok, _ := m.Take(ctx, "conv-1")
+	fmt.Println("conv-1 retained:", ok)
+	st := m.Stats()
+	fmt.Println("entries:", st.Entries, "evicted for bytes:", st.EvictedForBytes)
+
+	err := m.Put(ctx, "conv-4", make([]byte, 16<<10), time.Hour)
+	fmt.Println(err)
+	// Output:
+	// conv-1 retained: false
+	// entries: 2 evicted for bytes: 1
+	// retention: value too large: entry of 16646 bytes (key, value and overhead), limit 8720 (WithMaxBytes)
+}
