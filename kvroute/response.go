@@ -370,12 +370,11 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			t.tooLarge(len(val))
 			return
 		}
-		r.stats.storeErrors.Add(1)
 		t.rec.StoreRefusal = "store_error"
-		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put failed; the next turn will miss",
-			slog.String("request_id", t.id), slog.String("err", err.Error()))
+		r.storeFailed(ctx, "put", t.id, err)
 		return
 	}
+	r.storeOK(ctx)
 	r.stats.stored.Add(1)
 	t.rec.Stored = true
 }

@@ -40,6 +40,7 @@ type Router struct {
 	noStreamHandle sync.Once
 	streamHandles  sync.Map // decode endpoint URL -> struct{}: it has sent a handle in a stream
 	once           sync.Map // logOnce keys
+	storeHealth    storeHealth
 	caps           renderCaps
 }
 
@@ -289,10 +290,10 @@ func (t *turn) lookup(ctx context.Context) *entry {
 	for _, k := range keys {
 		v, ok, err := r.store.Take(ctx, k)
 		if err != nil {
-			r.stats.storeErrors.Add(1)
-			r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store take failed; continuing as a miss", slog.String("request_id", t.id), slog.String("err", err.Error()))
+			r.storeFailed(ctx, "take", t.id, err)
 			return t.miss(MissStoreError)
 		}
+		r.storeOK(ctx)
 		if !ok {
 			continue
 		}
@@ -405,11 +406,10 @@ func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Durat
 		return
 	}
 	if err := t.r.store.Put(ctx, key, e.raw, left); err != nil {
-		t.r.stats.storeErrors.Add(1)
-		t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store put-back failed; the handle is lost",
-			slog.String("request_id", t.id), slog.String("err", err.Error()))
+		t.r.storeFailed(ctx, "put-back", t.id, err)
 		return
 	}
+	t.r.storeOK(ctx)
 	t.r.stats.putBacks.Add(1)
 }
 

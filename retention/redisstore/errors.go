@@ -1,6 +1,10 @@
 package redisstore
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/bidikv/bidikv/retention"
+)
 
 // Sentinel errors. Match them with errors.Is; the errors returned by this
 // package wrap them with details.
@@ -9,9 +13,18 @@ var (
 	// or [NewFromURL].
 	ErrInvalidConfig = errors.New("redisstore: invalid configuration")
 	// ErrValueTooLarge reports a Put whose value exceeds the bound set by
-	// [WithMaxValueBytes]. Nothing is sent to Redis.
-	ErrValueTooLarge = errors.New("redisstore: value too large")
+	// [WithMaxValueBytes]. Nothing is sent to Redis. It wraps
+	// retention.ErrTooLarge, which the router counts as a handle too large
+	// to retain rather than as a store failure.
+	ErrValueTooLarge error = valueTooLarge{}
 	// ErrInvalidTTL reports a Put with a ttl <= 0, as the [kvroute.Store]
 	// contract requires. Nothing is sent to Redis.
 	ErrInvalidTTL = errors.New("redisstore: ttl must be positive")
 )
+
+// valueTooLarge is ErrValueTooLarge: its own message, matching
+// retention.ErrTooLarge too.
+type valueTooLarge struct{}
+
+func (valueTooLarge) Error() string { return "redisstore: value too large" }
+func (valueTooLarge) Unwrap() error { return retention.ErrTooLarge }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/redisstore"
 )
 
@@ -125,6 +126,9 @@ func TestPutRejects(t *testing.T) {
 			key := "reject:" + tt.name
 			err := tt.s.Put(ctx, key, tt.value, tt.ttl)
 			assert.ErrorIs(t, err, tt.want)
+			if tt.want == redisstore.ErrValueTooLarge {
+				assert.ErrorIs(t, err, retention.ErrTooLarge, "the router counts it as a handle too large, not a store failure")
+			}
 			assert.Zero(t, raw.Exists(ctx, tt.s.Key(key)).Val(), "nothing reaches Redis")
 		})
 	}
