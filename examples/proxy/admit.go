@@ -114,7 +114,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		t := s.open.add(cancel)
 		defer s.open.remove(t)
 
-		tw := &turnWriter{ResponseWriter: w, body: body, s: s}
+		tw := &turnWriter{ResponseWriter: w, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
 		r2 := r.WithContext(ctx)
 		r2.Body = body
 		next.ServeHTTP(tw, r2)
@@ -197,10 +197,16 @@ func (b *bodyReader) Close() error { return b.rc.Close() }
 // turnWriter is a turn's ResponseWriter. When the proxy stopped the body
 // (budget or deadline), the router's answer (a 400 about the read) is
 // replaced by the proxy's own: 503 with Retry-After, or 408.
+//
+// Each write and flush must complete within writeTimeout: a client that
+// stops reading fails the write, which ends the turn (net/http cancels
+// the request's context on a failed write) instead of holding its slot.
 type turnWriter struct {
 	http.ResponseWriter
-	body     *bodyReader
-	s        *server
+	body         *bodyReader
+	s            *server
+	ctl          *http.ResponseController // of the ResponseWriter
+	writeTimeout time.Duration
 	wrote    bool // headers went out
 	status   int  // their status
 	replaced bool // the router's answer was replaced
@@ -238,7 +244,15 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	w.finished = bytes.HasSuffix(p, []byte("data: [DONE]\n\n"))
+	w.deadline()
 	return w.ResponseWriter.Write(p)
+}
+
+// deadline bounds the next write to the client.
+func (w *turnWriter) deadline() {
+	if w.writeTimeout > 0 && w.ctl != nil {
+		_ = w.ctl.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
 }
 
 // FlushError sends the headers through WriteHeader first, so that a flush
@@ -250,6 +264,7 @@ func (w *turnWriter) FlushError() error {
 	if w.replaced {
 		return nil
 	}
+	w.deadline()
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
@@ -261,6 +276,7 @@ func (w *turnWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // left as it is.
 func (w *turnWriter) cut() {
 	const msg = "shutting down: the turn was cut at the end of the shutdown grace period"
+	w.deadline()
 	switch {
 	case w.stream && !w.finished:
 		b := errorJSON(msg, "server_error", "shutting_down")

@@ -46,6 +46,7 @@ type config struct {
 	maxBufferedBytes  int64
 	idleConnTimeout   time.Duration
 	readBodyTimeout   time.Duration
+	writeTimeout      time.Duration
 	prefillTimeout    time.Duration
 	firstByteTimeout  time.Duration
 	idleTimeout       time.Duration
@@ -68,6 +69,7 @@ const (
 	defaultMaxBufferedBytes = 256 << 20
 	defaultIdleConnTimeout  = 120 * time.Second
 	defaultReadBodyTimeout  = 60 * time.Second
+	defaultWriteTimeout     = 60 * time.Second
 )
 
 // Key modes for --key-mode.
@@ -191,6 +193,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests; more are shed with 503 and Retry-After (at least --max-body-bytes)")
 	fs.DurationVar(&c.idleConnTimeout, "idle-conn-timeout", defaultIdleConnTimeout, "how long a client's keep-alive connection may sit idle between requests")
 	fs.DurationVar(&c.readBodyTimeout, "read-body-timeout", defaultReadBodyTimeout, "bound on reading a request body, from the end of its headers (408 after it); streams are not limited by it")
+	fs.DurationVar(&c.writeTimeout, "client-write-timeout", defaultWriteTimeout, "bound on each write of a completion response to the client (one stream event, or a body): a client that stops reading is cut after it, and its turn freed (0: none)")
 	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.DefaultPrefillTimeout, "bound on the prefill leg (0: none)")
 	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.DefaultFirstByteTimeout, "bound on the wait for the decode engine's headers (0: none)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.DefaultIdleTimeout, "bound on the gap between two decode stream reads (0: none)")
@@ -318,6 +321,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --read-header-timeout must be positive", errUsage)
 	case c.idleConnTimeout <= 0 || c.readBodyTimeout <= 0:
 		return fmt.Errorf("%w: --idle-conn-timeout and --read-body-timeout must be positive", errUsage)
+	case c.writeTimeout < 0:
+		return fmt.Errorf("%w: --client-write-timeout must not be negative", errUsage)
 	case c.maxHeaderBytes < 4096:
 		return fmt.Errorf("%w: --max-header-bytes must be at least 4096", errUsage)
 	case c.maxTurns <= 0:

@@ -250,6 +250,7 @@ func reference(t *testing.T, body []byte) string {
 // sends it: hits from turn 2, the single-engine answers, matching metrics,
 // and a graceful drain on SIGTERM with a stream in flight.
 func TestConversationMetricsAndDrain(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
 	// Modelled costs in real time, so the drained stream lasts a while.
 	p := startEngine(t, "--profile", "qwen3-32b", "--speed", "1", "--no-enable-prefix-caching")
 	d := startEngine(t, "--profile", "qwen3-32b", "--speed", "1")
@@ -362,6 +363,7 @@ func TestConversationMetricsAndDrain(t *testing.T) {
 // /ready follows the engines, /v1/models comes from a healthy one, and
 // inbound keys and the body limit answer in OpenAI's error shape.
 func TestReadyAuthAndLimits(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
 	p := startEngine(t)
 	d := startEngine(t)
 	px := startProxy(t, p, d, "--api-key", "sk-one", "sk-two", "--max-body-bytes", "2048")
@@ -414,6 +416,7 @@ func TestReadyAuthAndLimits(t *testing.T) {
 // (no data: [DONE]), the log says how many were cut, and the exit status
 // is not 0.
 func TestDrainCutsStreams(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
 	p := startEngine(t, "--profile", "qwen3-32b", "--speed", "1", "--no-enable-prefix-caching")
 	d := startEngine(t, "--profile", "qwen3-32b", "--speed", "1")
 	px := startProxy(t, p, d, "--shutdown-grace", "300ms")

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// inproc is the proxy's run in this process, with engines that refuse
-// connections: enough for everything the proxy answers itself.
+// inproc is the proxy's run in this process, by default with engines that
+// refuse connections: enough for everything the proxy answers itself.
 type inproc struct {
 	url, addr string
 	stderr    *syncBuffer
@@ -33,8 +34,11 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &syncBuffer{}, &syncBuffer{}
-	args = append([]string{"--host", "127.0.0.1", "--port", "0",
-		"--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1", "--health-interval", "1h"}, args...)
+	base := []string{"--host", "127.0.0.1", "--port", "0", "--health-interval", "1h"}
+	if !slices.Contains(args, "--prefill") {
+		base = append(base, "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1")
+	}
+	args = append(base, args...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, getenv, stdout, stderr) }()
 	p := &inproc{stderr: stderr, client: &http.Client{Transport: &http.Transport{}}}

@@ -9,11 +9,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
 // waitClosed reads from c until the peer closes it, bounded by within.
@@ -146,4 +149,37 @@ func TestShedding(t *testing.T) {
 		assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="too_large",status="413"}`))
 		assert.Equal(t, "absent", metricValue(page, `bidikv_turns_total{path="/v1/chat/completions",result="error",reuse="miss"}`))
 	})
+}
+
+// A client that stops reading a stream is cut after --client-write-timeout
+// and its turn freed, instead of holding a slot for ever.
+func TestStalledReaderFreed(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
+	cl := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithNumBlocks(1<<14))
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(), "--client-write-timeout", "300ms")
+
+	// A small receive window, so the proxy's writes block soon.
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"go on for ever"}],"stream":true,"max_tokens":100000,"ignore_eos":true}`
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+
+	started, freed := false, false
+	for range 1500 { // 15 s
+		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+		n := metricValue(page, "bidikv_inflight_turns")
+		started = started || n == "1"
+		if started && n == "0" {
+			freed = true
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.True(t, started, "the turn started")
+	assert.True(t, freed, "the stalled turn was freed")
 }

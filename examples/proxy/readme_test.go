@@ -44,6 +44,7 @@ func freePorts(t *testing.T, n int) []string {
 // fixed ones: it builds vllmsim and the proxy, starts them, sends the two
 // turns, and the second is a hit.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
 	for _, tool := range []string{"bash", "curl", "jq"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("the quick start needs %s: %v", tool, err)

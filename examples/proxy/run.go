@@ -60,8 +60,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s := &server{
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
-		adm:  &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
-		open: newOpenTurns(),
+		writeTimeout: cfg.writeTimeout,
+		adm:          &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
+		open:         newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {

@@ -33,6 +33,7 @@ type server struct {
 	maxHeaderBytes  int
 	maxBodyBytes    int64
 	readBodyTimeout time.Duration
+	writeTimeout    time.Duration // per write of a turn's response, 0: none
 	adm             *admission
 	open            *openTurns
 }
