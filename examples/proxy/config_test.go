@@ -149,6 +149,7 @@ func TestParseConfigLimits(t *testing.T) {
 	assert.Equal(t, 256, c.maxTurns)
 	assert.Equal(t, int64(256<<20), c.maxBufferedBytes)
 	assert.Equal(t, 64<<10, c.maxHeaderBytes)
+	assert.Equal(t, 60*time.Second, c.writeTimeout)
 
 	for _, tt := range []struct {
 		want string
@@ -160,6 +161,7 @@ func TestParseConfigLimits(t *testing.T) {
 		{"--read-body-timeout", []string{"--read-body-timeout", "-1s"}},
 		{"--max-header-bytes", []string{"--max-header-bytes", "100"}},
 		{"--max-body-bytes", []string{"--max-body-bytes", "0"}},
+		{"--client-write-timeout", []string{"--client-write-timeout", "-1s"}},
 	} {
 		t.Run(tt.want, func(t *testing.T) {
 			_, err := parseConfig(tt.args, noEnv, io.Discard)
