@@ -79,8 +79,8 @@ var (
 // admit serves a completion request when it fits: a free turn slot, and
 // room in the byte budget for its body (its Content-Length up front, or
 // the bytes as they arrive for a chunked body). The body must arrive
-// within --read-body-timeout; the deadline is lifted once it has, so
-// streams run as long as they need. The turn is registered for the drain.
+// within --read-body-timeout (set in routes); the deadline is lifted once
+// it has, so streams run as long as they need. The turn is registered for the drain.
 func (s *server) admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > s.maxBodyBytes {
@@ -104,9 +104,6 @@ func (s *server) admit(next http.Handler) http.Handler {
 			}
 			body.reserved = r.ContentLength
 			body.prepaid = true
-		}
-		if r.Body != nil && r.Body != http.NoBody {
-			_ = body.ctl.SetReadDeadline(time.Now().Add(s.readBodyTimeout))
 		}
 
 		ctx, cancel := context.WithCancelCause(r.Context())

@@ -183,3 +183,15 @@ func TestStalledReaderFreed(t *testing.T) {
 	require.True(t, started, "the turn started")
 	assert.True(t, freed, "the stalled turn was freed")
 }
+
+// A trickling body on a route that does not read it (here a 405) is cut
+// at --read-body-timeout too: net/http would wait for it to discard it.
+func TestSlowBodyOnOtherRoutesCut(t *testing.T) {
+	p := startInProcess(t, nil, "--read-body-timeout", "300ms")
+	c := p.dial(t)
+	_, err := io.WriteString(c, "POST /health HTTP/1.1\r\nHost: proxy\r\nContent-Length: 100\r\n\r\n{")
+	require.NoError(t, err)
+	resp, body := rawResponse(t, bufio.NewReader(c))
+	assertJSONError(t, resp.StatusCode, resp.Header, body, http.StatusMethodNotAllowed, "method_not_allowed")
+	waitClosed(t, c, 5*time.Second)
+}

@@ -61,6 +61,12 @@ func (s *server) routes() http.Handler {
 		"/metrics":                  {get, s.metrics.handler()},
 	}
 	return s.access(s.headerLimit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			// Every body, read or not: net/http discards what a handler
+			// left unread, and would wait for a trickling client for ever.
+			// A turn lifts it once its body is in.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.readBodyTimeout))
+		}
 		rt, ok := table[r.URL.Path]
 		switch {
 		case !ok:
