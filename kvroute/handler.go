@@ -18,7 +18,7 @@ import (
 // `data: {"error":{...}}` and the connection is closed without
 // `data: [DONE]`.
 func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
-	if hr.URL.Path != PathChatCompletions && hr.URL.Path != PathCompletions {
+	if _, ok := apiFor(hr.URL.Path); !ok {
 		writeError(w, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
 		return
 	}

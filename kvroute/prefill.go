@@ -14,14 +14,6 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// Members removed from the client's body on the prefill leg (protocol.md,
-// "Rewrites of the P leg"), besides those replaced. stop and stop_token_ids
-// go too, and ignore_eos is set (protocol.md, "P leg: always finish on
-// length"): older engines emit P's handle only when P stopped on
-// max_tokens, so a stop string or an EOS as P's one token would leave the
-// turn without one. Neither shapes the prompt; the decode leg keeps them.
-var prefillDrop = []string{kvKey, "stream_options", "max_completion_tokens", "min_tokens", "min_completion_tokens", "conversation_id", "stop", "stop_token_ids"}
-
 // Members removed from the client's body on the decode leg.
 var decodeDrop = []string{kvKey, "conversation_id"}
 
@@ -32,13 +24,12 @@ var (
 	jsonOne = []byte("1")
 )
 
-// prefillBody is message 1 or 2 with the P-leg rewrites.
+// prefillBody is the client's body as the prefill leg sends it: the API's
+// one-token rewrite and handle (the retained D handle, or the miss handle).
 func (t *turn) prefillBody(handle []byte) []byte {
-	return t.req.obj.Edit(prefillDrop,
-		jsonraw.Member{Key: "stream", Value: jsonFalse},
-		jsonraw.Member{Key: "max_tokens", Value: jsonOne},
-		jsonraw.Member{Key: "ignore_eos", Value: jsonTrue},
-		jsonraw.Member{Key: kvKey, Value: handle})
+	a := t.req.api
+	set := append(slices.Clip(a.prefillSet()), jsonraw.Member{Key: kvKey, Value: handle})
+	return t.req.obj.Edit(a.prefillDrop(), set...)
 }
 
 // runPrefill sends the prefill leg, retrying safe failures on other

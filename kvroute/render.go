@@ -26,12 +26,6 @@ const (
 // generation, so /tokenize cannot verify it.
 var tokenizeUnsupported = []string{"tool_choice", "documents", "reasoning_effort", "response_format"}
 
-// The members of a chat or completions body that /tokenize takes.
-var (
-	tokenizeChat       = []string{"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"}
-	tokenizeCompletion = []string{"model", "prompt", "add_special_tokens"}
-)
-
 // renderRetry is how long an engine that answered a render path with 404 or
 // 501 is not asked on that path again.
 const renderRetry = 5 * time.Minute
@@ -69,22 +63,9 @@ func (c *renderCaps) markMissing(ep, path string, now time.Time) {
 // token ids, else from a prefill engine's render endpoint, else from its
 // /tokenize when the request uses nothing /tokenize ignores.
 func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
-	if !t.req.Chat() {
-		if p, ok := t.req.Field("prompt"); ok {
-			if ids, ok := sse.AppendTokenIDs(nil, p); ok {
-				t.rec.TokenSource = TokensFromPrompt
-				return ids, nil
-			}
-			// A list holding one list of ids.
-			var inner []byte
-			n := 0
-			if jsonraw.Elements(p, func(v []byte) error { inner = v; n++; return nil }) == nil && n == 1 {
-				if ids, ok := sse.AppendTokenIDs(nil, inner); ok {
-					t.rec.TokenSource = TokensFromPrompt
-					return ids, nil
-				}
-			}
-		}
+	if ids, ok := t.req.api.promptIDs(t.req); ok {
+		t.rec.TokenSource = TokensFromPrompt
+		return ids, nil
 	}
 	start := t.r.cfg.clock()
 	defer func() { t.rec.Render += t.r.cfg.clock().Sub(start) }()
@@ -92,11 +73,11 @@ func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	renderPath := t.req.Path + "/render"
+	renderPath, list := t.req.api.renderPath()
 	now := t.r.cfg.clock()
-	if t.r.caps.available(ep.url, renderPath, now) {
+	if renderPath != "" && t.r.caps.available(ep.url, renderPath, now) {
 		body := t.req.obj.Edit([]string{kvKey, "conversation_id"})
-		ids, status, err := t.renderCall(ctx, ep, renderPath, body, !t.req.Chat())
+		ids, status, err := t.renderCall(ctx, ep, renderPath, body, list)
 		if err == nil {
 			t.rec.TokenSource = TokensFromRender
 			return ids, nil
@@ -127,25 +108,17 @@ const pathTokenize = "/tokenize"
 // tokenizeBody builds a /tokenize body from the request, or reports that
 // /tokenize cannot render it as generation would.
 func (t *turn) tokenizeBody() ([]byte, bool) {
+	a := t.req.api
+	fields := a.tokenizeFields()
+	if fields == nil || !a.tokenizable(t.req) {
+		return nil, false
+	}
 	for _, f := range tokenizeUnsupported {
 		if v, ok := t.req.Field(f); ok && !jsonraw.IsNull(v) {
 			return nil, false
 		}
 	}
-	fields := tokenizeChat
-	if !t.req.Chat() {
-		fields = tokenizeCompletion
-		if p, ok := t.req.Field("prompt"); !ok || len(p) == 0 || p[0] != '"' {
-			return nil, false
-		}
-	}
-	set := make([]jsonraw.Member, 0, len(fields))
-	for _, f := range fields {
-		if v, ok := t.req.Field(f); ok {
-			set = append(set, jsonraw.Member{Key: f, Value: v})
-		}
-	}
-	return (jsonraw.Object{}).Edit(nil, set...), true
+	return pickMembers(t.req, fields), true
 }
 
 // renderCall posts body to path on ep and reads the token ids of the

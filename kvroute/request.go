@@ -26,6 +26,7 @@ type Request struct {
 	obj    jsonraw.Object
 	parsed bool
 	tenant string
+	api    api
 
 	// chain is ContinuationKeys' digest of the whole conversation, kept
 	// from Lookup so that Key hashes only the reply.
@@ -52,9 +53,11 @@ func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
 
 // parse validates the request and indexes its body.
 func (r *Request) parse() error {
-	if r.Path != PathChatCompletions && r.Path != PathCompletions {
+	a, ok := apiFor(r.Path)
+	if !ok {
 		return badRequest("unsupported path %q; use %s or %s", r.Path, PathChatCompletions, PathCompletions)
 	}
+	r.api = a
 	obj, err := jsonraw.Parse(r.Body)
 	if err != nil {
 		return badRequest("request body is not a JSON object: %v", err)
@@ -65,26 +68,8 @@ func (r *Request) parse() error {
 			return badRequest("model must be a string")
 		}
 	}
-	if r.Chat() {
-		v, ok := obj.Get("messages")
-		if !ok || len(v) == 0 || v[0] != '[' {
-			return badRequest("messages must be a non-empty array")
-		}
-		n := 0
-		if err := jsonraw.Elements(v, func(m []byte) error {
-			if len(m) == 0 || m[0] != '{' {
-				return badRequest("messages[%d] must be an object", n)
-			}
-			n++
-			return nil
-		}); err != nil {
-			return err
-		}
-		if n == 0 {
-			return badRequest("messages must be a non-empty array")
-		}
-	} else if v, ok := obj.Get("prompt"); !ok || jsonraw.IsNull(v) {
-		return badRequest("prompt is required")
+	if err := a.validate(obj); err != nil {
+		return err
 	}
 	if v, ok := obj.Get("stream"); ok && !jsonraw.IsNull(v) {
 		if _, isBool := lenientBool(v); !isBool {

@@ -278,7 +278,7 @@ func (r *Response) readBody() error {
 	}
 	r.Body = b
 	r.Header.Del("Content-Length")
-	r.t.retain(handle, replyFromBody(obj, r.t.req.Chat()))
+	r.t.retain(handle, r.t.req.api.bodyReply(obj))
 	r.finishBody()
 	return nil
 }
@@ -460,49 +460,4 @@ func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
 	p, okP := sse.AppendTokenIDs(nil, prompt)
 	g, okG := sse.AppendTokenIDs(nil, gen)
 	t.promptIDs, t.genIDs, t.hasIDs = p, g, okP && okG
-}
-
-// replyFromBody reads choice 0 of a non-streaming answer. obj was
-// validated by Parse, so its nested values are read without validating
-// them again.
-func replyFromBody(obj jsonraw.Object, chat bool) *Reply {
-	rep := &Reply{}
-	choices, _ := obj.Get("choices")
-	var c []byte
-	_ = jsonraw.Elements(choices, func(v []byte) error { c = v; return errStop })
-	if len(c) == 0 || c[0] != '{' {
-		rep.Incomplete = true
-		return rep
-	}
-	if v, ok := jsonraw.Lookup(c, "finish_reason"); ok {
-		rep.FinishReason, _ = jsonraw.String(v)
-	}
-	if v, ok := jsonraw.Lookup(c, "stop_reason"); ok {
-		rep.StopReason = append([]byte(nil), v...)
-	}
-	if !chat {
-		if v, ok := jsonraw.Lookup(c, "text"); ok {
-			rep.Content, _ = jsonraw.String(v)
-		}
-		return rep
-	}
-	m, ok := jsonraw.Lookup(c, "message")
-	if !ok || len(m) == 0 || m[0] != '{' {
-		rep.Incomplete = true
-		return rep
-	}
-	if v, ok := jsonraw.Lookup(m, "content"); ok {
-		rep.Content, _ = jsonraw.String(v)
-	}
-	if v, ok := jsonraw.Lookup(m, "tool_calls"); ok && !jsonraw.IsNull(v) && len(v) > 2 {
-		rep.ToolCalls = append([]byte(nil), v...)
-	}
-	for _, k := range [...]string{"reasoning_content", "reasoning"} {
-		if v, ok := jsonraw.Lookup(m, k); ok {
-			if s, _ := jsonraw.String(v); s != "" {
-				rep.Reasoning = s
-			}
-		}
-	}
-	return rep
 }

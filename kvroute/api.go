@@ -1,0 +1,103 @@
+package kvroute
+
+import (
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// api is everything the turn flow must know about one HTTP API: how a
+// request is validated, how the prefill leg rewrites it, how a reply is
+// read back from a body, how the prompt's tokens are obtained, and how
+// errors are shaped. The turn flow calls it and never branches on the API;
+// each API is one file (api_chat.go, api_completions.go).
+type api interface {
+	// path is the API's route.
+	path() string
+	// validate checks the parsed body of a request, returning errors that
+	// wrap ErrBadRequest.
+	validate(obj jsonraw.Object) error
+	// prefillSet are the members the prefill leg sets (besides the
+	// handle), prefillDrop those it removes: the leg must not stream and
+	// must stop after one token whatever the client asked.
+	prefillSet() []jsonraw.Member
+	prefillDrop() []string
+	// bodyReply reads what the decode engine produced from a
+	// non-streaming answer, validated by jsonraw.Parse.
+	bodyReply(obj jsonraw.Object) *Reply
+	// renderPath is the engine's render route for the API ("" when it
+	// has none), and whether its answer is a list of one object.
+	renderPath() (path string, list bool)
+	// tokenizeFields are the body members vLLM's /tokenize takes for the
+	// API, nil when /tokenize cannot render it; tokenizable says whether
+	// this request's prompt can be tokenized there at all.
+	tokenizeFields() []string
+	tokenizable(req *Request) bool
+	// promptIDs returns the prompt's token ids when the request itself
+	// gives them (a completions prompt of ids), ok false otherwise.
+	promptIDs(req *Request) (ids []uint32, ok bool)
+}
+
+// apis lists the APIs a Router serves, by path.
+func apiFor(path string) (api, bool) {
+	switch path {
+	case PathChatCompletions:
+		return chatAPI{}, true
+	case PathCompletions:
+		return completionsAPI{}, true
+	}
+	return nil, false
+}
+
+// Members removed from the client's body on every prefill leg, besides
+// those an API adds (kvroute package doc, "The turn", step 2): the
+// client's kv_transfer_params (always replaced), the router's own
+// conversation_id, stream options, length floors and caps that would keep
+// P from stopping after one token, and stop and stop_token_ids: older
+// engines emit P's handle only when P stopped on its length cap, so a stop
+// string or an EOS as P's one token would leave the turn without one
+// (ignore_eos is set for the same reason). None of them shapes the prompt;
+// the decode leg keeps them.
+var commonPrefillDrop = []string{kvKey, "stream_options", "conversation_id", "stop", "stop_token_ids"}
+
+// oneTokenLeg is the prefill rewrite of the OpenAI APIs: no stream, one
+// token, EOS ignored.
+var oneTokenLeg = []jsonraw.Member{
+	{Key: "stream", Value: jsonFalse},
+	{Key: "max_tokens", Value: jsonOne},
+	{Key: "ignore_eos", Value: jsonTrue},
+}
+
+// openAIPrefillDrop adds the OpenAI length options to commonPrefillDrop.
+var openAIPrefillDrop = append(append([]string(nil), commonPrefillDrop...), "max_completion_tokens", "min_tokens", "min_completion_tokens")
+
+// choiceZero returns choice 0 of an OpenAI answer's choices, or nil.
+func choiceZero(obj jsonraw.Object) []byte {
+	choices, _ := obj.Get("choices")
+	var c []byte
+	_ = jsonraw.Elements(choices, func(v []byte) error { c = v; return errStop })
+	if len(c) == 0 || c[0] != '{' {
+		return nil
+	}
+	return c
+}
+
+// finishOf fills the finish and stop reasons of an OpenAI choice.
+func finishOf(rep *Reply, c []byte) {
+	if v, ok := jsonraw.Lookup(c, "finish_reason"); ok {
+		rep.FinishReason, _ = jsonraw.String(v)
+	}
+	if v, ok := jsonraw.Lookup(c, "stop_reason"); ok {
+		rep.StopReason = append([]byte(nil), v...)
+	}
+}
+
+// pickMembers builds a JSON object of the request's members named in
+// fields, in that order.
+func pickMembers(req *Request, fields []string) []byte {
+	set := make([]jsonraw.Member, 0, len(fields))
+	for _, f := range fields {
+		if v, ok := req.Field(f); ok {
+			set = append(set, jsonraw.Member{Key: f, Value: v})
+		}
+	}
+	return (jsonraw.Object{}).Edit(nil, set...)
+}
