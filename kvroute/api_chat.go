@@ -67,7 +67,7 @@ func (chatAPI) renderPath() (string, bool) { return PathChatCompletions + "/rend
 // The members of a chat body that /tokenize takes.
 var tokenizeChat = []string{"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"}
 
-func (chatAPI) tokenizeFields() []string { return tokenizeChat }
+func (chatAPI) tokenizeFields() []string  { return tokenizeChat }
 func (chatAPI) tokenizable(*Request) bool { return true }
 
 func (chatAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
