@@ -40,7 +40,6 @@ const (
 	PhasePrefill Phase = "prefill"
 	PhaseDecode  Phase = "decode"
 	PhaseStream  Phase = "stream"
-	PhaseStore   Phase = "store"
 )
 
 // UpstreamError reports a failed upstream leg.

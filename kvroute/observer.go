@@ -111,3 +111,24 @@ type TurnRecord struct {
 	Err      error // the turn's error, nil on success
 	ErrPhase Phase // where it failed
 }
+
+// Why a finished turn's handle was not retained (TurnRecord.StoreRefusal),
+// besides the Identifier's own reasons (the Refuse* constants of
+// ContinuationKeys and of token verification).
+const (
+	RefuseReuseOff        = "reuse_off"        // WithReuse(false)
+	RefuseNoHandle        = "no_handle"        // a non-streaming answer without a handle
+	RefuseNoStreamHandle  = "no_stream_handle" // a stream without a handle (stock vLLM)
+	RefuseUnusableHandle  = "unusable_handle"  // a handle an engine would not act on
+	RefusePushHandle      = "push_handle"      // transfer_mode "push": not usable bidirectionally
+	RefuseHandleTooLarge  = "handle_too_large" // the entry is over WithMaxEntryBytes or the Store's value bound
+	RefuseIdentifierError = "identifier_error" // the Identifier failed
+	RefuseStoreError      = "store_error"      // the Store failed
+	RefuseNotJSON         = "not_json"         // the decode answer was not JSON
+	RefuseStreamError     = "stream_error"     // the stream broke
+	RefuseClosedEarly     = "closed_early"     // the caller closed the stream before its end
+	// RefuseFinishPrefix prefixes a finish reason other than stop or
+	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
+	// finish as stop in vLLM).
+	RefuseFinishPrefix = "finish_"
+)

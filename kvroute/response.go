@@ -178,7 +178,7 @@ func flush(w io.Writer) error {
 func (r *Response) Close() error {
 	if r.stream && r.err == nil {
 		r.err = ErrStreamCut
-		r.t.rec.StoreRefusal = "closed_early"
+		r.t.rec.StoreRefusal = RefuseClosedEarly
 		r.end(context.Canceled)
 	}
 	r.release()
@@ -206,7 +206,7 @@ func (r *Response) end(err error) {
 		}
 	} else {
 		if t.rec.StoreRefusal == "" {
-			t.rec.StoreRefusal = "stream_error"
+			t.rec.StoreRefusal = RefuseStreamError
 		}
 		if !errors.Is(err, context.Canceled) {
 			t.r.hp.failed(r.ep, err)
@@ -252,7 +252,7 @@ func (r *Response) readBody() error {
 		}
 		// Not JSON: nothing to strip or capture; pass it on untouched.
 		r.Body = b
-		r.t.rec.StoreRefusal = "not_json"
+		r.t.rec.StoreRefusal = RefuseNotJSON
 		r.finishBody()
 		return nil
 	}
@@ -293,7 +293,7 @@ func (r *Response) finishBody() {
 func (t *turn) retain(handle []byte, reply *Reply) {
 	r := t.r
 	if !r.cfg.reuse {
-		t.rec.StoreRefusal = "reuse_off"
+		t.rec.StoreRefusal = RefuseReuseOff
 		return
 	}
 	// D emits a handle when it finished normally and was sent P's (a
@@ -307,9 +307,9 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			r.noStreamHandle.Do(func() {
 				r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
 			})
-			t.rec.StoreRefusal = "no_stream_handle"
+			t.rec.StoreRefusal = RefuseNoStreamHandle
 		default:
-			t.rec.StoreRefusal = "no_handle"
+			t.rec.StoreRefusal = RefuseNoHandle
 			if expected {
 				r.stats.noDecodeHandle.Add(1)
 				t.rec.NoHandle = PhaseDecode
@@ -324,16 +324,16 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		r.streamHandles.LoadOrStore(t.rec.DecodeEndpoint, struct{}{})
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
-		t.rec.StoreRefusal = "finish_" + reply.FinishReason
+		t.rec.StoreRefusal = RefuseFinishPrefix + reply.FinishReason
 		return
 	}
 	hi, err := inspectHandle(handle)
 	if err != nil {
-		t.rec.StoreRefusal = "unusable_handle"
+		t.rec.StoreRefusal = RefuseUnusableHandle
 		return
 	}
 	if hi.pushMode {
-		t.rec.StoreRefusal = "push_handle"
+		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
 		return
 	}
@@ -345,7 +345,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	ret, err := r.ident.Key(t.req, reply)
 	if err != nil {
-		t.rec.StoreRefusal = "identifier_error"
+		t.rec.StoreRefusal = RefuseIdentifierError
 		r.stats.refusals.Add(1)
 		return
 	}
@@ -370,7 +370,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			t.tooLarge(len(val))
 			return
 		}
-		t.rec.StoreRefusal = "store_error"
+		t.rec.StoreRefusal = RefuseStoreError
 		r.storeFailed(ctx, "put", t.id, err)
 		return
 	}
@@ -387,10 +387,6 @@ func (t *turn) tooLarge(n int) {
 	t.r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
 		slog.Int("bytes", n), slog.Int("limit", t.r.cfg.maxEntryBytes))
 }
-
-// RefuseHandleTooLarge (TurnRecord.StoreRefusal): the entry for D's handle
-// exceeded WithMaxEntryBytes or the Store's own value bound.
-const RefuseHandleTooLarge = "handle_too_large"
 
 // Refusals of token verification (TurnRecord.StoreRefusal).
 const (
