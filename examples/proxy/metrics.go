@@ -60,7 +60,7 @@ func newMetrics() *metrics {
 			Help: "Turns without a usable retained handle, by reason (no_key, not_found, expired, threshold, store_error, bad_entry, retry, mismatch, unverified, partial_refused)."},
 			[]string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "turn_errors_total",
-			Help: "Turns that ended with an error, by phase (lookup, prefill, decode, stream, store)."},
+			Help: "Turns that ended with an error, by phase (lookup, prefill, decode, stream)."},
 			[]string{"phase"}),
 		stored: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "handles_stored_total",
 			Help: "Decode handles retained for a next turn."}),
