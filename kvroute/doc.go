@@ -34,6 +34,41 @@
 //     derives from the request and the reply, for the retention TTL, with
 //     the token fingerprint of what D's blocks hold.
 //
+// # Wire protocol
+//
+// What the router sends to and reads from vLLM engines running the
+// NixlConnector in pull mode with bidirectional_kv_xfer, as five messages:
+//
+//  1. To P on a miss: the miss handle {"do_remote_decode": true,
+//     "do_remote_prefill": false, "remote_engine_id": null,
+//     "remote_block_ids": null, "remote_host": null, "remote_port": null}.
+//  2. To P on a hit: the retained D handle with do_remote_decode true and
+//     do_remote_prefill false forced, every other member byte for byte
+//     (remote_num_tokens and remote_block_ids cut to a verified prefix,
+//     see Verification).
+//  3. From P: a one-token answer whose top-level kv_transfer_params is P's
+//     handle (do_remote_prefill true). P emits it on a normal finish;
+//     older engines only when P stopped on its length cap, hence the
+//     prefill rewrites of step 2 above.
+//  4. To D: the client's body with P's handle, or with none when P gave
+//     none and WithLocalPrefillFallback is on. The miss handle never
+//     reaches D (D would act as a prefiller).
+//  5. From D: kv_transfer_params at the top level of a body, or on a
+//     stream's final chunk (engines with vLLM PR #40186; stock engines send
+//     none in streams). D keeps its blocks for decoder_kv_blocks_ttl.
+//
+// A handle is opaque JSON: numbers are kept as written and unknown members
+// forwarded, but a client never supplies one. remote_engine_id,
+// remote_request_id, remote_host and remote_port must be present and
+// remote_block_ids non-empty (one list per KV group, or the flat list of
+// very old engines), or the engine ignores it; a transfer_mode of "push"
+// cannot be used bidirectionally. P pulls count = min(remote_num_tokens,
+// prompt tokens) minus its local prefix-cache hit, recomputes instead when
+// count is below kv_recompute_threshold, and reads positionally: for each
+// group it uses the last blocks of the list, never comparing tokens, and
+// then tells D to free the blocks whether it read them or not. So a handle
+// is attached to at most one prefill request, ever.
+//
 // # Verification
 //
 // P copies D's blocks by position and never compares tokens: a read is

@@ -12,7 +12,8 @@ import (
 // The kv_transfer_params member name.
 const kvKey = "kv_transfer_params"
 
-// missHandle is message 1 of protocol.md: "prefill here, decode elsewhere".
+// missHandle is message 1 of the package doc's Wire protocol: "prefill
+// here, decode elsewhere".
 var missHandle = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 var (
@@ -225,7 +226,7 @@ var (
 )
 
 // cutHandle returns a copy of a decode handle that lets the prefill engine
-// read only the first tokens positions (protocol.md, "Partial reads"):
+// read only the first tokens positions (package doc, Verification):
 // remote_num_tokens lowered to tokens and every KV group's remote_block_ids
 // cut from the front to its first ceil(tokens/blockSize) blocks. The handle
 // must be one whose blocks can be cut: dcp_size 1 (or absent), every group of

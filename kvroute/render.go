@@ -21,7 +21,8 @@ const (
 	TokensFromTokenize = "tokenize" // POST /tokenize (older engines)
 )
 
-// Fields vLLM's /tokenize does not take (protocol.md, "Rendering in"): a
+// Fields vLLM's /tokenize does not take (its request model is a reduced
+// chat request): a
 // request that sets one of them renders differently there than for
 // generation, so /tokenize cannot verify it.
 var tokenizeUnsupported = []string{"tool_choice", "documents", "reasoning_effort", "response_format"}

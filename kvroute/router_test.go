@@ -92,7 +92,8 @@ func runConversation(t *testing.T, path string, stream, handles bool) {
 	}
 }
 
-// TestPrefillRewrites checks messages 1, 2 and 4 of protocol.md byte for byte.
+// TestPrefillRewrites checks messages 1, 2 and 4 of the package doc's Wire
+// protocol byte for byte.
 func TestPrefillRewrites(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 	r := newRouter(t, c)
