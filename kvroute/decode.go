@@ -49,7 +49,7 @@ var errLeaseExpired = errors.New("kvroute: the prefill engine's lease ran out be
 // left. Any other failure is returned; Do decides whether to redo the turn.
 func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *entry) (*Response, error) {
 	affinity := ""
-	if ent != nil && t.rec.Reuse == ReuseHit {
+	if ent != nil && t.hit {
 		affinity = ent.endpoint
 	}
 	body := t.decodeBody(pHandle)
@@ -126,6 +126,7 @@ func unsent(err error) bool {
 // before it returns, so that a stream that breaks at once can still be
 // retried: nothing has reached the caller yet.
 func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Response, error) {
+	t.decodeURL = ep.url
 	t.rec.DecodeEndpoint = ep.url
 	dctx, cancel := context.WithCancel(ctx)
 	hreq, err := t.upstreamRequest(dctx, PhaseDecode, ep, body)

@@ -300,7 +300,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	// plain request, the local fallback, gets none).
 	expected := !t.rec.LocalFallback && (reply.FinishReason == "stop" || reply.FinishReason == "length")
 	if handle == nil {
-		_, streamsHandles := r.streamHandles.Load(t.rec.DecodeEndpoint)
+		_, streamsHandles := r.streamHandles.Load(t.decodeURL)
 		switch {
 		case t.rec.Stream && !streamsHandles:
 			r.stats.noStreamHandle.Add(1)
@@ -313,15 +313,15 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			if expected {
 				r.stats.noDecodeHandle.Add(1)
 				t.rec.NoHandle = PhaseDecode
-				r.logOnce(context.Background(), "no_decode_handle:"+t.rec.DecodeEndpoint,
+				r.logOnce(context.Background(), "no_decode_handle:"+t.decodeURL,
 					"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
-					slog.String("endpoint", t.rec.DecodeEndpoint))
+					slog.String("endpoint", t.decodeURL))
 			}
 		}
 		return
 	}
-	if t.rec.Stream {
-		r.streamHandles.LoadOrStore(t.rec.DecodeEndpoint, struct{}{})
+	if t.stream {
+		r.streamHandles.LoadOrStore(t.decodeURL, struct{}{})
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
 		t.rec.StoreRefusal = RefuseFinishPrefix + reply.FinishReason
@@ -356,7 +356,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		r.stats.refusals.Add(1)
 		return
 	}
-	e := entry{created: r.cfg.clock(), endpoint: t.rec.DecodeEndpoint, tokens: hi.tokens, check: ret.Check,
+	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
 		contentOK: ret.Refusal == "", fp: fp, handle: handle}
 	val := e.encode()
 	if len(val) > r.cfg.maxEntryBytes {

@@ -151,7 +151,8 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	if err := req.parse(); err != nil {
 		return nil, t.fail(PhaseLookup, err)
 	}
-	t.rec.Stream = req.Streaming()
+	t.stream = req.Streaming()
+	t.rec.Stream = t.stream
 	req.tenant = r.tenant(req)
 	t.hint = ConversationHint(req)
 	ent := t.lookup(ctx)
@@ -197,8 +198,15 @@ type turn struct {
 	// the client's behalf (they are then stripped from the answer) or the
 	// client asked itself, and the ids D's answer carried.
 	idsAdded, idsAsked bool
-	promptIDs, genIDs  []uint32
-	hasIDs             bool
+
+	// The turn's own state, which the TurnRecord only reports: whether
+	// a retained handle is attached, whether the client streams, and the
+	// decode engine of the last decode leg.
+	hit               bool
+	stream            bool
+	decodeURL         string
+	promptIDs, genIDs []uint32
+	hasIDs            bool
 }
 
 func (r *Router) newTurn(req *Request) *turn {
@@ -311,6 +319,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			return t.miss(reason)
 		}
 		t.rec.Reuse = ReuseHit
+		t.hit = true
 		t.rec.HandleAge = age
 		return &e
 	}
@@ -414,6 +423,7 @@ func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Durat
 }
 
 func (t *turn) miss(reason string) *entry {
+	t.hit = false
 	t.rec.Reuse = ReuseMiss
 	t.rec.MissReason = reason
 	return nil
