@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,17 +29,37 @@ func quickStart(t *testing.T) string {
 	return string(m[1])
 }
 
-// freePorts returns n ports free on 127.0.0.1 a moment ago.
+// freePorts returns n ports free on 127.0.0.1 a moment ago, below the
+// ephemeral range: the processes other tests start on port 0 cannot take
+// them in the meantime.
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		out = append(out, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 11000 {
+				low = v
+			}
+		}
 	}
-	return out
+	var out []string
+	for range 1000 {
+		if len(out) == n {
+			return out
+		}
+		p := strconv.Itoa(10000 + rand.IntN(low-10000))
+		if slices.Contains(out, p) {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+p)
+		if err != nil {
+			continue
+		}
+		_ = ln.Close()
+		out = append(out, p)
+	}
+	require.FailNow(t, "no free ports below the ephemeral range")
+	return nil
 }
 
 // The README's quick start, run as written, only with free ports for the
