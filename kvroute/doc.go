@@ -180,9 +180,11 @@
 //     WithRetryPolicy. An attempt that carried a retained handle spent it:
 //     every retry is a plain miss (MissRetry, Stats.HitRetries). A prefill
 //     that fails with 500 while reading a retained handle (expired, engine
-//     restarted) is retried once as a miss. Errors transport.Retryable does
-//     not retry (the prefill total timeout, a pooled connection the engine
-//     closed) fail the turn: 504 or 502. Each failure counts against the
+//     restarted) is retried once as a miss. One classifier,
+//     transport.Retryable, decides for the exchange (a pooled connection
+//     the engine had closed is retried); what it does not retry (the
+//     prefill total timeout, the caller's cancellation) fails the turn: 504
+//     or 502. Each failure counts against the
 //     endpoint's health, except a 500 on a failed handle read.
 //   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle,
 //     TurnRecord.NoHandle PhasePrefill), or with WithLocalPrefillFallback D

@@ -130,19 +130,19 @@ func retryablePrefill(err error, hit bool) bool {
 	if errors.Is(err, ErrNoHandle) {
 		return false
 	}
+	// One classifier for the exchange (transport.Retryable): connection
+	// failures, a pooled connection the engine had closed, a stalled
+	// engine, 502/503/504. Not the caller's cancellation nor our own
+	// prefill deadline, which would only double the load on a slow engine.
+	// A retry is always a plain miss, so it is safe.
 	if ue.Status == 0 {
-		// No answer: connection failures (including a reused connection
-		// the engine had closed, which Go does not retry for a POST) and a
-		// stalled engine. A retry is always a plain miss, so it is safe;
-		// not retried: the caller's cancellation and our own prefill
-		// deadline, which would only double the load on a slow engine.
-		return !errors.Is(ue.Err, context.Canceled) && !errors.Is(ue.Err, context.DeadlineExceeded) &&
-			!errors.Is(ue.Err, transport.ErrTotalTimeout)
+		return transport.Retryable(nil, ue.Err)
 	}
-	switch ue.Status {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	if transport.Retryable(&http.Response{StatusCode: ue.Status}, nil) {
 		return true
 	}
+	// Any 5xx when a handle was attached: the engine's KV load may have
+	// failed, and a plain prefill can still serve the turn.
 	return hit && ue.Status >= 500
 }
 

@@ -20,8 +20,11 @@ import (
 // Retryable:
 //   - connection failures: refused, reset, aborted, broken pipe, host or
 //     network unreachable, any dial error, a timeout of the network stack
-//     (dial or TLS handshake), DNS failures other than "no such host", and
-//     an unexpected EOF (the engine closed the connection before answering);
+//     (dial or TLS handshake), DNS failures other than "no such host", an
+//     unexpected EOF (the engine closed the connection before answering),
+//     and a pooled keep-alive connection the engine had closed (net/http's
+//     "server closed idle connection", which it does not retry itself for a
+//     POST);
 //   - [ErrFirstByteTimeout]: an engine that accepted the connection but sent
 //     no headers in time is probably stalled, and another attempt (or, for
 //     the router, another engine) is worth it;
@@ -60,6 +63,9 @@ func retryableError(err error) bool {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return false
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	case strings.Contains(err.Error(), "server closed idle connection"):
+		// net/http's unexported errServerClosedIdle.
 		return true
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),

@@ -1,6 +1,7 @@
 package transport_test
 
 import (
+	"errors"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -59,6 +60,7 @@ func TestRetryableError(t *testing.T) {
 		{"any dial error", urlErr(dialOp(errors.New("socket: too many open files"))), true},
 		{"EOF before response", urlErr(io.EOF), true},
 		{"unexpected EOF", urlErr(io.ErrUnexpectedEOF), true},
+		{"pooled connection the engine closed", urlErr(errors.New("http: server closed idle connection")), true},
 		{"dns temporary", urlErr(&net.DNSError{Err: "server misbehaving", IsTemporary: true}), true},
 		{"dns no such host", urlErr(&net.DNSError{Err: "no such host", IsNotFound: true}), false},
 		{"net timeout", urlErr(timeoutErr{}), true},
