@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"errors"
 	"context"
 	"crypto/x509"
 	"errors"
