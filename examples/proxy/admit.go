@@ -204,11 +204,11 @@ type turnWriter struct {
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
 	writeTimeout time.Duration
-	wrote    bool // headers went out
-	status   int  // their status
-	replaced bool // the router's answer was replaced
-	stream   bool // the response is an event stream
-	finished bool // the last write ended with data: [DONE]
+	wrote        bool // headers went out
+	status       int  // their status
+	replaced     bool // the router's answer was replaced
+	stream       bool // the response is an event stream
+	finished     bool // the last write ended with data: [DONE]
 }
 
 func (w *turnWriter) WriteHeader(code int) {
