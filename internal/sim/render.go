@@ -8,7 +8,8 @@ import (
 	"net/http"
 )
 
-// Paths of the render and tokenize endpoints.
+// Paths of the render and tokenize endpoints (PathResponsesRender and
+// PathMessagesRender are in apis.go).
 const (
 	PathChatRender        = "/v1/chat/completions/render"
 	PathCompletionsRender = "/v1/completions/render"
@@ -17,8 +18,9 @@ const (
 
 // Render modes of Config.Render.
 const (
-	// RenderEnabled serves /v1/chat/completions/render and
-	// /v1/completions/render (vLLM with the renderer).
+	// RenderEnabled serves /v1/chat/completions/render,
+	// /v1/completions/render, /v1/responses/render and /v1/messages/render
+	// (vLLM with the renderer).
 	RenderEnabled = "enabled"
 	// RenderDisabled keeps the routes but answers them as vLLM does when no
 	// renderer is set up: the route raises NotImplementedError, answered
@@ -34,6 +36,8 @@ const (
 const (
 	RoleRender   = "render"
 	RoleTokenize = "tokenize"
+	// RoleCountTokens is POST /v1/messages/count_tokens.
+	RoleCountTokens = "count_tokens"
 )
 
 // renderMode returns the effective render mode ("" is enabled).
@@ -122,7 +126,8 @@ func (e *Engine) samplingParams(req *Request) map[string]any {
 func (e *Engine) maxModelLen() int { return e.cfg.NumBlocks * e.cfg.BlockSize }
 
 // serveRender serves the render endpoints: the full generation body in,
-// vLLM's GenerateRequest out (a list of one for completions).
+// vLLM's GenerateRequest out (a list of one for completions). Responses and
+// Messages bodies are rendered as their generation renders them (as chat).
 func (e *Engine) serveRender(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	rec := e.newRecord(r, body, false)
@@ -134,22 +139,24 @@ func (e *Engine) serveRender(w http.ResponseWriter, r *http.Request) {
 		e.fail(w, rec, http.StatusBadRequest, "could not read body")
 		return
 	}
-	chat := r.URL.Path == PathChatRender
-	if e.cfg.renderMode() == RenderDisabled {
-		msg := "The model does not support Completions Render API"
-		if chat {
-			msg = "The model does not support Chat Completions Render API"
-		}
-		e.fail(w, rec, http.StatusNotImplemented, msg)
-		return
+	path, api := PathCompletions, "Completions"
+	switch r.URL.Path {
+	case PathChatRender:
+		path, api = PathChat, "Chat Completions"
+	case PathResponsesRender:
+		path, api = PathResponses, "Responses"
+	case PathMessagesRender:
+		path, api = PathMessages, "Messages"
 	}
-	path := PathCompletions
-	if chat {
-		path = PathChat
+	// one GenerateRequest, but a list of one for completions
+	single := path != PathCompletions
+	if e.cfg.renderMode() == RenderDisabled {
+		e.fail(w, rec, http.StatusNotImplemented, "The model does not support "+api+" Render API")
+		return
 	}
 	req, err := e.parse(path, body)
 	if err != nil {
-		e.fail(w, rec, http.StatusBadRequest, err.Error())
+		e.fail(w, rec, parseStatus(err), err.Error())
 		return
 	}
 	if req.Model != "" && req.Model != e.cfg.Model {
@@ -160,12 +167,18 @@ func (e *Engine) serveRender(w http.ResponseWriter, r *http.Request) {
 		e.finish(rec, 499, "client disconnected")
 		return
 	}
-	prefix := "cmpl-"
-	if chat {
-		prefix = "chatcmpl-"
+	reqID := "cmpl-" + randHex(16)
+	switch path {
+	case PathChat, PathMessages:
+		reqID = "chatcmpl-" + randHex(16)
+	case PathResponses:
+		// ResponsesRequest.request_id
+		if reqID = req.BodyRequestID; reqID == "" {
+			reqID = "resp_" + uuidHex()
+		}
 	}
 	gr := generateRequest{
-		RequestID:      prefix + randHex(16),
+		RequestID:      reqID,
 		TokenIDs:       ids(req.Prompt),
 		SamplingParams: e.samplingParams(req),
 		Model:          rawOr(req.Raw, "model", "null"),
@@ -181,7 +194,7 @@ func (e *Engine) serveRender(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	rec.PromptTokens = len(req.Prompt)
 	e.mu.Unlock()
-	if chat {
+	if single {
 		writeJSON(w, gr)
 	} else {
 		writeJSON(w, []generateRequest{gr})

@@ -63,6 +63,10 @@ type message struct {
 	ToolCalls  json.RawMessage
 	ToolCallID string
 	Name       string
+	// hasReasoning marks an assistant message carrying reasoning (a
+	// Responses reasoning item, an Anthropic thinking block), which the
+	// template drops from past turns.
+	hasReasoning bool
 }
 
 // errBadRequest marks errors answered with 400.
@@ -80,7 +84,11 @@ func ParseRequest(path string, body []byte) (*Request, error) {
 }
 
 // ParseRequest parses and renders a request body for path as an engine
-// with configuration c does (its template and reasoning settings).
+// with configuration c does (its template and reasoning settings). path is
+// PathChat, PathCompletions, PathResponses, PathMessages or PathCountTokens
+// (a Messages body without max_tokens); Responses and Messages bodies are
+// converted to chat messages and rendered by the chat template as vLLM
+// does (see parseResponses and parseMessages).
 //
 // Parsing follows vLLM's pydantic request models in lax mode: keys are
 // case-sensitive and unknown keys are ignored, the last of duplicate keys
@@ -98,6 +106,12 @@ func (c *Config) ParseRequest(path string, body []byte) (*Request, error) {
 		req, err = c.parseChat(m)
 	case PathCompletions:
 		req, err = parseCompletion(m)
+	case PathResponses:
+		req, err = c.parseResponses(m)
+	case PathMessages:
+		req, err = c.parseMessages(m, false)
+	case PathCountTokens:
+		req, err = c.parseMessages(m, true)
 	default:
 		return nil, badRequest("unknown path %q", path)
 	}

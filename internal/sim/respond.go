@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // reply writes a finished turn as vLLM's OpenAI server does.
@@ -28,7 +29,7 @@ func (o *reply) usage() usage {
 	return usage{PromptTokens: n, TotalTokens: n + c, CompletionTokens: c}
 }
 
-func (o *reply) chat() bool { return o.t.req.Path == PathChat }
+func (o *reply) chat() bool { return chatLike(o.t.req.Path) }
 
 func (o *reply) model() string { return o.e.cfg.Model }
 
@@ -89,7 +90,12 @@ func (o *reply) rawIDs(toks []Token) json.RawMessage {
 
 func (o *reply) json(w http.ResponseWriter) {
 	var body any
-	if o.chat() {
+	switch {
+	case o.t.req.Path == PathResponses:
+		body = o.responsesObject(true)
+	case o.t.req.Path == PathMessages:
+		body = o.messagesObject()
+	case o.chat():
 		type choice struct {
 			Index        int         `json:"index"`
 			Message      chatMessage `json:"message"`
@@ -114,7 +120,7 @@ func (o *reply) json(w http.ResponseWriter) {
 			PromptTokenIDs    []uint32        `json:"prompt_token_ids"`
 			KVTransferParams  json.RawMessage `json:"kv_transfer_params"`
 		}{o.id, "chat.completion", o.created, o.model(), choices, o.e.cfg.fingerprintJSON(), o.usage(), nil, o.promptIDs(), nullable(o.kv)}
-	} else {
+	default:
 		type choice struct {
 			Index          int      `json:"index"`
 			Text           string   `json:"text"`
@@ -181,10 +187,12 @@ type chunk struct {
 	KVTransferParams  json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
-// event is one SSE data payload and whether a decode step precedes it.
+// event is one SSE event: its data payload, its event name ("" writes no
+// event: line) and the number of decode steps before it.
 type event struct {
 	data  []byte
-	token bool
+	name  string
+	steps int
 }
 
 // events builds the stream: role chunks (chat), one chunk per generated token
@@ -201,6 +209,17 @@ type event struct {
 // without return_token_ids); completions chunks carry both per choice, the
 // prompt ids on each choice's first chunk only.
 func (o *reply) events() []event {
+	switch o.t.req.Path {
+	case PathResponses:
+		return o.responsesEvents(o.chatEvents())
+	case PathMessages:
+		return o.messagesEvents(o.chatEvents())
+	}
+	return o.chatEvents()
+}
+
+// chatEvents builds the chat (or completions) stream described at events.
+func (o *reply) chatEvents() []event {
 	obj := "text_completion"
 	if o.chat() {
 		obj = "chat.completion.chunk"
@@ -211,7 +230,7 @@ func (o *reply) events() []event {
 	var out []event
 	add := func(c chunk, token bool) {
 		b, _ := json.Marshal(c)
-		out = append(out, event{data: b, token: token})
+		out = append(out, event{data: b, steps: b2i(token)})
 	}
 	promptIDs, _ := json.Marshal(o.promptIDs())
 	every := o.t.req.ReturnTokenIDs
@@ -327,12 +346,17 @@ func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
 			e.finish(rec, http.StatusOK, "stream cut")
 			panic(errCut)
 		}
-		if ev.token && e.sleep(ctx, itl) != nil {
+		if ev.steps > 0 && e.sleep(ctx, itl*time.Duration(ev.steps)) != nil {
 			e.abort(o.t)
 			e.finish(rec, 499, "client disconnected")
 			return
 		}
-		if _, err := w.Write(append(append([]byte("data: "), ev.data...), '\n', '\n')); err != nil {
+		var line []byte
+		if ev.name != "" {
+			line = append(append(append(line, "event: "...), ev.name...), '\n')
+		}
+		line = append(append(append(line, "data: "...), ev.data...), '\n', '\n')
+		if _, err := w.Write(line); err != nil {
 			e.abort(o.t)
 			e.finish(rec, 499, "client disconnected")
 			return

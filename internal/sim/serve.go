@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,11 +14,17 @@ import (
 // maxBody bounds a request body.
 const maxBody = 64 << 20
 
-// ServeHTTP serves POST /v1/chat/completions, POST /v1/completions, their
-// render endpoints (POST /v1/chat/completions/render,
-// POST /v1/completions/render; see Config.Render), POST /tokenize,
-// GET /health and GET /v1/models, and the simulator's own GET /sim/stats
-// (the Stats counters as JSON, for clients in other processes).
+// ServeHTTP serves POST /v1/chat/completions, POST /v1/completions,
+// POST /v1/responses (OpenAI's Responses API), POST /v1/messages and
+// POST /v1/messages/count_tokens (Anthropic's Messages API; a query string
+// such as ?beta=true is ignored), their render endpoints
+// (POST /v1/chat/completions/render, /v1/completions/render,
+// /v1/responses/render, /v1/messages/render; see Config.Render),
+// POST /tokenize, GET /health and GET /v1/models, and the simulator's own
+// GET /sim/stats (the Stats counters as JSON, for clients in other
+// processes). Responses and Messages requests are rendered as chat and take
+// the chat path through the engine (see apis.go); Messages errors are in
+// Anthropic's shape.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/health":
@@ -35,12 +42,17 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeJSON(w, e.Stats())
-	case PathChat, PathCompletions:
+	case PathChat, PathCompletions, PathResponses, PathMessages:
 		if !allow(w, r, http.MethodPost) {
 			return
 		}
 		e.serveCompletion(w, r)
-	case PathChatRender, PathCompletionsRender:
+	case PathCountTokens:
+		if !allow(w, r, http.MethodPost) {
+			return
+		}
+		e.serveCountTokens(w, r)
+	case PathChatRender, PathCompletionsRender, PathResponsesRender, PathMessagesRender:
 		if e.cfg.renderMode() == RenderAbsent {
 			writeDetail(w, http.StatusNotFound, "Not Found")
 			return
@@ -178,7 +190,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := e.parse(r.URL.Path, body)
 	if err != nil {
-		e.fail(w, rec, http.StatusBadRequest, err.Error())
+		e.fail(w, rec, parseStatus(err), err.Error())
 		return
 	}
 	if req.Model != "" && req.Model != e.cfg.Model {
@@ -195,9 +207,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	t.role = roleOf(t.params)
 	var rankErr *apiError
 	if t.rank, rankErr = e.pickRank(r.Header); rankErr != nil {
-		if req.Stream {
+		if req.Stream && req.Path != PathResponses && req.Path != PathMessages {
 			// vLLM checks the rank when the stream has begun: the error
-			// comes as an event of a 200 stream
+			// comes as an event of a 200 stream (the simulator answers
+			// Responses and Messages streams with the plain error)
 			e.streamError(w, rec, rankErr)
 			return
 		}
@@ -215,6 +228,13 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	respID := prefix + rec.RequestID
 	if rec.RequestID == "" {
 		respID = prefix + randHex(16)
+	}
+	if req.Path == PathResponses {
+		// ResponsesRequest.request_id: the body's, else resp_ and a uuid
+		respID = req.BodyRequestID
+		if respID == "" {
+			respID = "resp_" + uuidHex()
+		}
 	}
 	e.mu.Lock()
 	rec.Role, rec.PromptTokens, rec.Rank = t.role, len(t.toks), t.rank
@@ -269,9 +289,87 @@ func (e *Engine) streamError(w http.ResponseWriter, rec *Record, apiErr *apiErro
 	e.finish(rec, http.StatusOK, apiErr.msg)
 }
 
+// fail answers an error in the shape of the request's API: Anthropic's
+// {"type": "error", "error": {"type", "message"}} for the Messages API
+// (the type is the one vLLM's ErrorResponse names, as its
+// translate_error_response keeps it), vLLM's ErrorResponse otherwise.
 func (e *Engine) fail(w http.ResponseWriter, rec *Record, status int, msg string) {
-	writeError(w, status, msg)
+	if rec.Path == PathMessages || rec.Path == PathCountTokens {
+		writeAnthropicError(w, status, msg)
+	} else {
+		writeError(w, status, msg)
+	}
 	e.finish(rec, status, msg)
+}
+
+// AnthropicErrorBody is vLLM's AnthropicErrorResponse for status:
+// {"type": "error", "error": {"type": "BadRequestError", "message": msg}}.
+func AnthropicErrorBody(status int, msg string) []byte {
+	type info struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	b, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Error info   `json:"error"`
+	}{"error", info{Type: errorType(status), Message: msg}})
+	return b
+}
+
+func writeAnthropicError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(AnthropicErrorBody(status, msg))
+}
+
+// parseStatus is the status of a parse error: 404 for a missing stored
+// response, 400 otherwise.
+func parseStatus(err error) int {
+	if errors.Is(err, errNotFound) {
+		return http.StatusNotFound
+	}
+	return http.StatusBadRequest
+}
+
+// serveCountTokens serves POST /v1/messages/count_tokens: the Messages
+// body rendered as generation would render it, answered
+// {"input_tokens": n, "context_management": {"original_input_tokens": n}}.
+// It counts in Stats.TokenizeRequests, not in Requests.
+func (e *Engine) serveCountTokens(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	rec := e.newRecord(r, body, false)
+	e.mu.Lock()
+	rec.Role = RoleCountTokens
+	e.stats.TokenizeRequests++
+	e.mu.Unlock()
+	if err != nil {
+		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+		return
+	}
+	req, err := e.parse(PathCountTokens, body)
+	if err != nil {
+		e.fail(w, rec, parseStatus(err), err.Error())
+		return
+	}
+	if req.Model != e.cfg.Model {
+		e.fail(w, rec, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	if e.sleep(r.Context(), e.cfg.Profile.Render(len(req.Prompt))) != nil {
+		e.finish(rec, 499, "client disconnected")
+		return
+	}
+	e.mu.Lock()
+	rec.PromptTokens = len(req.Prompt)
+	e.mu.Unlock()
+	type management struct {
+		OriginalInputTokens int `json:"original_input_tokens"`
+	}
+	writeJSON(w, struct {
+		InputTokens       int        `json:"input_tokens"`
+		ContextManagement management `json:"context_management"`
+	}{len(req.Prompt), management{len(req.Prompt)}})
+	e.finish(rec, http.StatusOK, "")
 }
 
 // sleep waits a modelled duration: on a Sleeper clock in full, otherwise in
