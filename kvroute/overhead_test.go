@@ -576,7 +576,11 @@ func benchmarkRetained(b *testing.B, p, d string, mode kvroute.Verification, his
 		b.Fatal(err)
 	}
 	b.Cleanup(rt.CloseIdleConnections)
-	store := &sizeStore{Store: retention.NewMemory()}
+	mem, err := retention.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
+	store := &sizeStore{Store: mem}
 	r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt),
 		kvroute.WithVerification(mode), kvroute.WithStore(store))
 	if err != nil {

@@ -84,7 +84,10 @@ func New(opts ...Option) (*Router, error) {
 	r.client = transport.NewClient(rt)
 	r.store = cfg.store
 	if r.store == nil {
-		m := retention.NewMemory(retention.WithMaxValueSize(cfg.maxEntryBytes))
+		m, err := retention.NewMemory(retention.WithMaxValueSize(cfg.maxEntryBytes))
+		if err != nil {
+			return nil, fmt.Errorf("%w: WithMaxEntryBytes: %v", ErrInvalidConfig, err)
+		}
 		r.store = m
 		r.closers = append(r.closers, m.Close)
 	}

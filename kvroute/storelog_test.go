@@ -64,7 +64,10 @@ func (b *syncBuffer) String() string {
 // answers again, however many turns fail in between; no turn fails.
 func TestStoreOutageLoggedOnce(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	mem := retention.NewMemory()
+	mem, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = mem.Close() })
 	store := &switchStore{Memory: mem}
 	var logs syncBuffer

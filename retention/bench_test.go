@@ -11,7 +11,10 @@ import (
 )
 
 func BenchmarkMemoryPut(b *testing.B) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx := context.Background()
 	value := make([]byte, 600)
 	keys := make([]string, 1024)
@@ -27,7 +30,10 @@ func BenchmarkMemoryPut(b *testing.B) {
 }
 
 func BenchmarkMemoryPutTake(b *testing.B) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx := context.Background()
 	value := make([]byte, 600)
 	b.ReportAllocs()
@@ -42,7 +48,10 @@ func BenchmarkMemoryPutTake(b *testing.B) {
 }
 
 func BenchmarkMemoryPutTakeParallel(b *testing.B) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx := context.Background()
 	value := make([]byte, 600)
 	b.ReportAllocs()

@@ -20,7 +20,10 @@ func cost(key string, n int) int64 { return int64(len(key) + n + retention.Entry
 func TestMemoryMaxBytesEvictsLeastRecentlyPut(t *testing.T) {
 	const size = 4096 // a size class: the allocation is exactly this
 	per := cost("a", size)
-	m := retention.NewMemory(retention.WithMaxBytes(3 * per))
+	m, err := retention.NewMemory(retention.WithMaxBytes(3 * per))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range []string{"a", "b", "c"} {
 		require.NoError(t, m.Put(t.Context(), k, make([]byte, size), long))
 	}
@@ -55,11 +58,14 @@ func TestMemoryMaxBytesEvictsLeastRecentlyPut(t *testing.T) {
 func TestMemoryEntryOverByteBound(t *testing.T) {
 	const size = 4096
 	bound := cost("k", size)
-	m := retention.NewMemory(retention.WithMaxBytes(bound))
+	m, err := retention.NewMemory(retention.WithMaxBytes(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
 	require.NoError(t, m.Put(t.Context(), "k", make([]byte, size), long), "an entry exactly at the bound fits")
 	require.NoError(t, m.Put(t.Context(), "k", []byte("kept"), long))
 
-	err := m.Put(t.Context(), "k", make([]byte, size+1), long)
+	err = m.Put(t.Context(), "k", make([]byte, size+1), long)
 	require.ErrorIs(t, err, retention.ErrTooLarge)
 	assert.Contains(t, err.Error(), "WithMaxBytes")
 	err = m.Put(t.Context(), "kk", make([]byte, size), long)
@@ -75,7 +81,10 @@ func TestMemoryDefaultsFitLongContextHandles(t *testing.T) {
 	// 1M tokens at block size 16 with two KV groups: 2 x 62,500 block ids
 	// of about 8 bytes each in JSON, plus a ~128 KB token fingerprint.
 	handle := make([]byte, 2*62_500*8+128<<10)
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	require.NoError(t, m.Put(t.Context(), "conv", handle, long))
 	assert.Len(t, mustTake(t, m, "conv"), len(handle))
 	st := m.Stats()
@@ -85,7 +94,10 @@ func TestMemoryDefaultsFitLongContextHandles(t *testing.T) {
 }
 
 func TestMemoryStatsCounts(t *testing.T) {
-	m := retention.NewMemory(retention.WithMaxEntries(2), retention.WithMaxValueSize(8))
+	m, err := retention.NewMemory(retention.WithMaxEntries(2), retention.WithMaxValueSize(8))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 	for _, k := range []string{"a", "b", "c"} {
 		require.NoError(t, m.Put(ctx, k, []byte(k), long))
@@ -116,7 +128,10 @@ func TestMemoryBurstStaysWithinBytes(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 
-	m := retention.NewMemory(retention.WithMaxBytes(bound))
+	m, err := retention.NewMemory(retention.WithMaxBytes(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {

@@ -12,7 +12,10 @@ var _ kvroute.Store = (*retention.Memory)(nil)
 
 func TestMemoryConformance(t *testing.T) {
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		m := retention.NewMemory()
+		m, err := retention.NewMemory()
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = m.Close() })
 		return m
 	})
@@ -22,7 +25,11 @@ func TestMemoryConformanceSmall(t *testing.T) {
 	// The suite's largest value is 32 KiB and it holds up to 256 entries at
 	// once (ConcurrentKeys: 8 workers x 32 keys).
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		return retention.NewMemory(retention.WithMaxEntries(300), retention.WithMaxValueSize(32<<10))
+		m, err := retention.NewMemory(retention.WithMaxEntries(300), retention.WithMaxValueSize(32<<10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
 	})
 }
 
@@ -31,7 +38,10 @@ func TestMemoryConformanceSmallBytes(t *testing.T) {
 	// each, overhead included, about 113 KiB) or one 32 KiB value: 192 KiB
 	// holds either, and evicts nothing the suite expects to find.
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		m := retention.NewMemory(retention.WithMaxBytes(192 << 10))
+		m, err := retention.NewMemory(retention.WithMaxBytes(192 << 10))
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() {
 			if st, n := m.Stats(), m.Bytes(); st.EvictedForBytes != 0 || n > st.MaxBytes {
 				t.Errorf("byte bound: %d bytes, %+v", n, st)

@@ -3,6 +3,7 @@ package retention_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"time"
 
 	"github.com/bidikv/bidikv/retention"
@@ -10,7 +11,10 @@ import (
 
 func Example() {
 	ctx := context.Background()
-	m := retention.NewMemory(retention.WithMaxEntries(10_000))
+	m, err := retention.NewMemory(retention.WithMaxEntries(10_000))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer m.Close()
 
 	handle := []byte(`{"remote_engine_id":"d-0","remote_block_ids":[[7,8,9]],"remote_num_tokens":412}`)
@@ -37,7 +41,10 @@ func Example() {
 func ExampleWithMaxBytes() {
 	ctx := context.Background()
 	// Room for two 4 KiB handles under short keys, with their overhead.
-	m := retention.NewMemory(retention.WithMaxBytes(2 * (4096 + 8 + retention.EntryOverhead)))
+	m, err := retention.NewMemory(retention.WithMaxBytes(2 * (4096 + 8 + retention.EntryOverhead)))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer m.Close()
 
 	for _, key := range []string{"conv-1", "conv-2", "conv-3"} {
@@ -51,7 +58,7 @@ func ExampleWithMaxBytes() {
 	st := m.Stats()
 	fmt.Println("entries:", st.Entries, "evicted for bytes:", st.EvictedForBytes)
 
-	err := m.Put(ctx, "conv-4", make([]byte, 16<<10), time.Hour)
+	err = m.Put(ctx, "conv-4", make([]byte, 16<<10), time.Hour)
 	fmt.Println(err)
 	// Output:
 	// conv-1 retained: false

@@ -84,16 +84,16 @@ type MemoryStats struct {
 	EvictedForBytes int64
 }
 
-// NewMemory returns an empty Memory configured by opts. It panics if an
-// option is out of range (see [WithMaxEntries], [WithMaxValueSize] and
-// [WithMaxBytes]); the panic message names the option.
-func NewMemory(opts ...MemoryOption) *Memory {
+// NewMemory returns an empty Memory configured by opts, or an error that
+// names the option out of range (see [WithMaxEntries], [WithMaxValueSize]
+// and [WithMaxBytes]).
+func NewMemory(opts ...MemoryOption) (*Memory, error) {
 	cfg := defaultMemoryConfig()
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
-		panic(err.Error())
+		return nil, err
 	}
 	return &Memory{
 		cache: ttlcache.New(
@@ -104,7 +104,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		maxEntries:   cfg.maxEntries,
 		maxValueSize: cfg.maxValueSize,
 		maxBytes:     cfg.maxBytes,
-	}
+	}, nil
 }
 
 // entryCost is what an entry counts against the byte bound. Put allocates

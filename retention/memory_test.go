@@ -30,7 +30,10 @@ func assertMiss(t *testing.T, m *retention.Memory, key string) {
 }
 
 func TestMemoryEvictsLeastRecentlyPut(t *testing.T) {
-	m := retention.NewMemory(retention.WithMaxEntries(3))
+	m, err := retention.NewMemory(retention.WithMaxEntries(3))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range []string{"a", "b", "c", "d"} {
 		require.NoError(t, m.Put(t.Context(), k, []byte(k), long))
 	}
@@ -50,7 +53,10 @@ func TestMemoryEvictsLeastRecentlyPut(t *testing.T) {
 }
 
 func TestMemoryEvictsExpiredBeforeLive(t *testing.T) {
-	m := retention.NewMemory(retention.WithMaxEntries(2))
+	m, err := retention.NewMemory(retention.WithMaxEntries(2))
+	if err != nil {
+		t.Fatal(err)
+	}
 	require.NoError(t, m.Put(t.Context(), "old", []byte("old"), long))
 	require.NoError(t, m.Put(t.Context(), "short", []byte("short"), 20*time.Millisecond))
 
@@ -88,8 +94,11 @@ func TestMemoryValueSize(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := retention.NewMemory(tt.opts...)
-			err := m.Put(t.Context(), "k", make([]byte, tt.size), long)
+			m, err := retention.NewMemory(tt.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = m.Put(t.Context(), "k", make([]byte, tt.size), long)
 			if !tt.isErr {
 				require.NoError(t, err)
 				assert.Len(t, mustTake(t, m, "k"), tt.size)
@@ -103,7 +112,10 @@ func TestMemoryValueSize(t *testing.T) {
 }
 
 func TestMemoryRejectsNonPositiveTTL(t *testing.T) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, ttl := range []time.Duration{0, -1, -time.Hour} {
 		err := m.Put(t.Context(), "k", []byte("v"), ttl)
 		assert.ErrorIs(t, err, retention.ErrInvalidTTL, "ttl %v", ttl)
@@ -112,7 +124,10 @@ func TestMemoryRejectsNonPositiveTTL(t *testing.T) {
 }
 
 func TestMemoryContext(t *testing.T) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	require.NoError(t, m.Put(t.Context(), "k", []byte("v"), long))
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -128,7 +143,10 @@ func TestMemoryContext(t *testing.T) {
 }
 
 func TestMemoryLen(t *testing.T) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	assert.Equal(t, 0, m.Len())
 	for _, k := range []string{"a", "b", "c", "a"} {
 		require.NoError(t, m.Put(t.Context(), k, []byte(k), long))
@@ -141,7 +159,10 @@ func TestMemoryLen(t *testing.T) {
 }
 
 func TestMemoryClose(t *testing.T) {
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	require.NoError(t, m.Put(t.Context(), "k", []byte("v"), long))
 	require.NoError(t, m.Close())
 	assert.Equal(t, 0, m.Len())
@@ -168,7 +189,9 @@ func TestNewMemoryPanicsOnInvalidOption(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.PanicsWithValue(t, tt.want, func() { retention.NewMemory(tt.opt) })
+			m, err := retention.NewMemory(tt.opt)
+			assert.Nil(t, m)
+			assert.EqualError(t, err, tt.want)
 		})
 	}
 }

@@ -62,14 +62,14 @@ func (f memoryOptionFunc) apply(c *memoryConfig) { f(c) }
 // the Memory full, it first drops expired entries and then, if still full,
 // evicts the least recently put entry (counted in
 // [MemoryStats.EvictedForEntries]). The default is [DefaultMaxEntries]; n
-// must be positive (NewMemory panics on zero or a negative n).
+// must be positive (NewMemory fails on zero or a negative n).
 func WithMaxEntries(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.maxEntries = n })
 }
 
 // WithMaxValueSize bounds the size of one value in bytes; Put of a larger
 // value fails with an error wrapping [ErrTooLarge]. The default is
-// [DefaultMaxValueSize] (8 MiB); n must be positive (NewMemory panics on
+// [DefaultMaxValueSize] (8 MiB); n must be positive (NewMemory fails on
 // zero or a negative n). A value must also fit the byte bound of
 // [WithMaxBytes] on its own.
 func WithMaxValueSize(n int) MemoryOption {
@@ -84,7 +84,7 @@ func WithMaxValueSize(n int) MemoryOption {
 // [MemoryStats.EvictedForBytes]); a single entry larger than n fails with
 // an error wrapping [ErrTooLarge] and evicts nothing. The default is
 // [DefaultMaxBytes] (1 GiB); n must be at least [EntryOverhead] (NewMemory
-// panics on zero, a negative or a smaller n).
+// fails on zero, a negative or a smaller n).
 //
 // The bound covers what the Memory holds, not values already taken: a
 // value returned by Take belongs to the caller and no longer counts.

@@ -27,7 +27,10 @@ func retainedPerEntry(n, keyLen, valueSize int) float64 {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	m := retention.NewMemory(retention.WithMaxEntries(n))
+	m, err := retention.NewMemory(retention.WithMaxEntries(n))
+	if err != nil {
+		panic(err)
+	}
 	ctx := context.Background()
 	for _, k := range keys {
 		if err := m.Put(ctx, k, value, time.Hour); err != nil {

@@ -121,7 +121,10 @@ func newStore(cfg *config, log *slog.Logger) (kvroute.Store, func(), error) {
 		}
 		return rs, func() { _ = rs.Close() }, nil
 	}
-	mem := retention.NewMemory()
+	mem, err := retention.NewMemory()
+	if err != nil {
+		return nil, nil, err
+	}
 	return mem, func() { _ = mem.Close() }, nil
 }
 

@@ -24,7 +24,10 @@ func TestStoreMemory(t *testing.T) {
 	// the simulated engines' tests.
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	kvroutetest.TestStore(t, func(t *testing.T) kvroute.Store {
-		m := retention.NewMemory()
+		m, err := retention.NewMemory()
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { _ = m.Close() })
 		return m
 	})

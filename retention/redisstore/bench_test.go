@@ -28,7 +28,10 @@ var benchValue = make([]byte, 600)
 func benchStores(b *testing.B) map[string]store {
 	srv := startServer(b)
 	r := newStore(b, srv)
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.Cleanup(func() { _ = m.Close() })
 	return map[string]store{"redis": r, "memory": m}
 }
@@ -120,7 +123,10 @@ func TestLatency(t *testing.T) {
 	const n = 10_000
 	srv := startServer(t)
 	r := newStore(t, srv, redisstore.WithTimeout(time.Second)) // report tails, do not cut them
-	m := retention.NewMemory()
+	m, err := retention.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = m.Close() })
 	keys := benchKeys(n)
 	ctx := t.Context()
