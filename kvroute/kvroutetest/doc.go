@@ -88,6 +88,24 @@
 // kv_load_failure_policy; P frees blocks not read within the lease; D frees
 // at once when its request is aborted.
 //
+// # Responses and Messages
+//
+// POST /v1/responses (OpenAI's Responses API, PathResponses) and
+// POST /v1/messages (Anthropic's Messages API, PathMessages) carry
+// kv_transfer_params in the request and in the non-streaming body, as
+// vLLM with PRs #37424 and #37535 does, and take the same P/D path as chat:
+// roles, pulls, holds, handles, costs and faults. vLLM converts both to
+// chat messages and renders them with the chat template, and so does the
+// engine: a conversation sent as chat, responses or messages gives the
+// same prompt tokens. The P leg is stream false with max_output_tokens 1
+// (responses, whose status is then "incomplete") or max_tokens 1
+// (messages). In a Responses stream only response.completed, which wraps
+// the final response object, can carry the handle, and only with
+// WithStreamHandles; Messages streams never do. Messages errors are
+// Anthropic's {"type": "error", "error": {...}}; Responses has no response
+// store, so previous_response_id answers 404 and store is ignored.
+// Reference answers for both (Answer.Text, Answer.Reasoning).
+//
 // # Data-parallel ranks and the system fingerprint
 //
 // WithDPSize(n) puts n data-parallel ranks behind one URL, as vLLM's

@@ -16,7 +16,9 @@ import (
 // Engine is a running simulated vLLM server (one process in vLLM terms). Like
 // vLLM, one engine acts as prefiller or decoder per request, decided by the
 // request's kv_transfer_params. It serves POST /v1/chat/completions,
-// POST /v1/completions, GET /health and GET /v1/models on 127.0.0.1. Safe
+// POST /v1/completions, POST /v1/responses, POST /v1/messages (and
+// /v1/messages/count_tokens), the render endpoints, POST /tokenize,
+// GET /health and GET /v1/models on 127.0.0.1 (the Path constants). Safe
 // for concurrent use.
 type Engine struct {
 	sim  *sim.Engine

@@ -7,12 +7,40 @@ import (
 	"github.com/bidikv/bidikv/internal/sim"
 )
 
+// Paths an Engine serves requests on (Reference takes the first five).
+const (
+	PathChat        = sim.PathChat        // POST /v1/chat/completions
+	PathCompletions = sim.PathCompletions // POST /v1/completions
+	// PathResponses is OpenAI's Responses API (vLLM's
+	// /v1/responses, with kv_transfer_params since vLLM PR #37424).
+	PathResponses = sim.PathResponses
+	// PathMessages is Anthropic's Messages API (vLLM's /v1/messages, with
+	// kv_transfer_params since vLLM PR #37535); a query string such as
+	// ?beta=true is accepted.
+	PathMessages = sim.PathMessages
+	// PathMessagesCountTokens is POST /v1/messages/count_tokens:
+	// {"input_tokens": n, ...}.
+	PathMessagesCountTokens = sim.PathCountTokens
+	// The render endpoints: vLLM's GenerateRequest for the body (a list of
+	// one for completions); see WithRenderer and WithRenderRoutes.
+	PathChatRender        = sim.PathChatRender
+	PathCompletionsRender = sim.PathCompletionsRender
+	PathResponsesRender   = sim.PathResponsesRender
+	PathMessagesRender    = sim.PathMessagesRender
+	// PathTokenize is vLLM's older POST /tokenize.
+	PathTokenize = sim.PathTokenize
+)
+
 // Answer is what a single, non-disaggregated engine answers.
 type Answer struct {
-	// Text is the content (chat) or text (completions) of the first choice.
+	// Text is the content (chat) or text (completions) of the first
+	// choice; for the Responses API the output_text of the message item,
+	// for the Messages API the text block (each "" when there is no text).
 	Text string
 	// Reasoning is the reasoning field (chat with WithReasoning and a
-	// reasoning parser; "" when the model did not think).
+	// reasoning parser; "" when the model did not think); for the
+	// Responses API the reasoning item's text, for the Messages API the
+	// thinking block's.
 	Reasoning                      string
 	FinishReason                   string
 	PromptTokens, CompletionTokens int
@@ -24,8 +52,11 @@ type Answer struct {
 
 // Reference returns the answer of a single engine that holds the correct KV
 // for the request: what disaggregated serving must reproduce. path is
-// "/v1/chat/completions" or "/v1/completions"; the model comes from the
-// body (default "sim-model"). Of the options only WithModel (the default
+// PathChat, PathCompletions, PathResponses, PathMessages or
+// PathMessagesCountTokens (whose answer is only PromptTokens and
+// PromptTokenIDs worth); the model comes from the body (default
+// "sim-model"). Responses and Messages bodies are rendered as vLLM renders
+// them, as chat: the same conversation gives the same prompt as chat. Of the options only WithModel (the default
 // model), WithReasoning, WithReasoningParser, WithTemplate, WithContentFormat
 // and WithDriftRate matter; the answer does not depend on block size,
 // caching or cost.
@@ -67,7 +98,9 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 var ErrBadRequest = errors.New("kvroutetest: bad request")
 
 // CountTokens returns the number of prompt tokens of the rendered request
-// (the prompt_tokens an engine reports).
+// (the prompt_tokens an engine reports, input_tokens for the Responses and
+// Messages APIs) for any path Reference takes, with the default
+// configuration's template.
 func CountTokens(path string, body []byte) (int, error) {
 	req, err := sim.ParseRequest(path, body)
 	if err != nil {
