@@ -20,6 +20,13 @@
 // also sit at its top level (kv_load_failure_policy, kv_lease_duration).
 // GET /sim/stats returns the engine's counters as JSON.
 //
+// Besides POST /v1/chat/completions and /v1/completions it serves vLLM's
+// POST /v1/responses (OpenAI's Responses API) and POST /v1/messages and
+// /v1/messages/count_tokens (Anthropic's Messages API), rendered through
+// the same chat template and taking the same P/D path, with
+// kv_transfer_params in their requests and bodies; their render endpoints
+// (/v1/responses/render, /v1/messages/render) follow --render-api.
+//
 // The engine serves vLLM's OpenAI API on --host:--port and its side channel
 // (the stand-in for NIXL) over HTTP on --side-channel-host:--side-channel-port,
 // the address it puts in its handles. Engines in other processes are read
