@@ -11,8 +11,24 @@
 // block pool with prefix caching (pool.go), kv_transfer_params handles
 // (handle.go), the side channel between engines (peer.go, sidechannel.go),
 // the cost model (cost.go), the render and tokenize endpoints (render.go),
-// chat messages and reasoning fields (message.go), and the HTTP engine itself
-// (engine.go, serve.go, turn.go, respond.go).
+// chat messages and reasoning fields (message.go), OpenAI's Responses API
+// and Anthropic's Messages API (apis.go converts their bodies to chat
+// messages as vLLM does, respond_apis.go writes their bodies and streams
+// from the chat reply), and the HTTP engine itself (engine.go, serve.go,
+// turn.go, respond.go).
+//
+// POST /v1/responses and POST /v1/messages follow vLLM's
+// entrypoints/openai/responses and entrypoints/anthropic: both are
+// rendered by the chat template (the same conversation gives chat's
+// tokens) and run the chat path through the engine, roles, pulls, holds,
+// handles, costs and faults included; kv_transfer_params rides in their
+// requests and non-streaming bodies (PRs #37424, #37535). A Responses
+// stream is response.created, response.in_progress, per output item
+// output_item.added, content_part.added, the deltas, the .done events and
+// output_item.done, then response.completed wrapping the final object (the
+// only event that can carry the handle, with StreamHandles); a Messages
+// stream is message_start, content blocks (thinking, then text),
+// message_delta and message_stop, never with a handle.
 //
 // Behaviour that follows current vLLM by default: return_token_ids
 // (prompt_token_ids, token_ids; null when not asked for), the render

@@ -227,7 +227,8 @@ type Stats struct {
 	// this engine's token hashes).
 	PoisonedHits int
 	// RenderRequests counts calls to the render endpoints, TokenizeRequests
-	// calls to /tokenize (neither counts in Requests).
+	// calls to /tokenize and /v1/messages/count_tokens (neither counts in
+	// Requests).
 	RenderRequests, TokenizeRequests int
 }
 

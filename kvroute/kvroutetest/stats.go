@@ -57,9 +57,10 @@ type Stats struct {
 	// later request that shares the prefix.
 	PoisonedHits int
 	// RenderRequests counts calls to the render endpoints and
-	// TokenizeRequests calls to POST /tokenize; neither counts in
-	// Requests. Both appear in Requests() with Role "render" or
-	// "tokenize".
+	// TokenizeRequests calls to POST /tokenize and
+	// POST /v1/messages/count_tokens; neither counts in Requests. They
+	// appear in Requests() with Role "render", "tokenize" or
+	// "count_tokens".
 	RenderRequests, TokenizeRequests int
 }
 
