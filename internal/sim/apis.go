@@ -48,8 +48,11 @@ func chatLike(path string) bool {
 // Function tools become chat tools {type, function: {name, description,
 // parameters}}; reasoning.effort is chat's reasoning_effort. Without a
 // response store (vLLM's default, VLLM_ENABLE_RESPONSES_API_STORE unset)
-// store is ignored and a previous_response_id answers 404 "Response with
-// id '…' not found.".
+// store is ignored, background answers 400 and a previous_response_id
+// answers 404 "Response with id '…' not found."; a prompt template answers
+// 400 as in vLLM. include, prompt_cache_key, metadata, tool_choice,
+// parallel_tool_calls, text, truncation, service_tier and user shape
+// nothing (the response object echoes them).
 func (c *Config) parseResponses(m map[string]json.RawMessage) (*Request, error) {
 	b, err := responsesChatBody(m)
 	if err != nil {
@@ -94,6 +97,17 @@ func renameField(err error, from, to string) error {
 }
 
 func responsesChatBody(m map[string]json.RawMessage) (*chatBody, error) {
+	if present(m["prompt"]) {
+		return nil, badRequest("prompt: prompt template is not supported")
+	}
+	background, err := laxBool(m, "background", false)
+	if err != nil {
+		return nil, err
+	}
+	if background {
+		// store is off without a response store, and background needs it
+		return nil, badRequest("background: This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.")
+	}
 	if v := m["previous_response_id"]; present(v) {
 		var id string
 		_ = json.Unmarshal(v, &id)

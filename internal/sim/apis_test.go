@@ -506,6 +506,10 @@ func TestAPIsErrorsAndRoutes(t *testing.T) {
 	anthropic(postAPIRaw(t, e.url, sim.PathMessages, map[string]any{"model": "other", "max_tokens": 3, "messages": msgs}), 404, "NotFoundError")
 	anthropic(postAPIRaw(t, e.url, sim.PathMessages, map[string]any{"model": "sim-model", "max_tokens": 3, "messages": []any{}}), 400, "BadRequestError")
 
+	e.FailNext(1, http.StatusServiceUnavailable)
+	anthropic(postAPIRaw(t, e.url, sim.PathMessages, map[string]any{"model": "sim-model", "max_tokens": 3, "messages": msgs}), 503, "ServiceUnavailableError")
+	assert.Equal(t, http.StatusBadRequest, postAPIRaw(t, e.url, sim.PathResponses, map[string]any{"input": "hi", "background": true}).Status)
+
 	r := postAPIRaw(t, e.url, sim.PathResponses, map[string]any{"input": "hi", "previous_response_id": "resp_123"})
 	require.Equal(t, http.StatusNotFound, r.Status)
 	assert.Contains(t, string(r.Body), "Response with id 'resp_123' not found.")
@@ -553,4 +557,33 @@ func TestAPIsErrorsAndRoutes(t *testing.T) {
 	st := e.Stats()
 	assert.Equal(t, 1, st.TokenizeRequests, "count_tokens")
 	assert.Equal(t, 2, st.RenderRequests)
+}
+
+// A cut Responses or Messages stream aborts D's request: its blocks are
+// freed and no handle survives, as for chat.
+func TestAPIsStreamCut(t *testing.T) {
+	for _, path := range []string{sim.PathResponses, sim.PathMessages} {
+		t.Run(path, func(t *testing.T) {
+			reg := sim.NewRegistry()
+			p := start(t, reg, nil, nil)
+			d := start(t, reg, nil, func(c *sim.Config) { c.StreamHandles = true })
+			maxKey := "max_tokens"
+			if path == sim.PathResponses {
+				maxKey = "max_output_tokens"
+			}
+			body := apiBody(path, []map[string]any{userTurn(path, words("cut", 90))})
+			rp := postAPI(t, p.url, path, with(body, maxKey, 1, "kv_transfer_params", missHandle()))
+			d.CutStreamAfter(4)
+			raw, _ := json.Marshal(with(body, "stream", true, "kv_transfer_params", rp.kv))
+			resp, err := http.Post(d.url+path, "application/json", bytes.NewReader(raw))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			st := d.Stats()
+			assert.Equal(t, 1, st.Aborted)
+			assert.Zero(t, st.BlocksPinned, "an aborted request holds nothing")
+			assert.Nil(t, d.Records()[0].Handle)
+		})
+	}
 }
