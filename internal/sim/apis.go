@@ -210,7 +210,11 @@ func responsesItems(items []json.RawMessage) (msgs []message, cont bool, err err
 		case typ == "function_call_output":
 			var callID string
 			_ = laxString(it, "call_id", &callID)
-			msgs = append(msgs, message{Role: "tool", Content: it["output"], ToolCallID: callID})
+			out, err := textParts(it["output"], "input_text", "output_text", "text")
+			if err != nil {
+				return nil, false, badRequest("input[%d].output: %v", i, err)
+			}
+			msgs = append(msgs, message{Role: "tool", Content: out, ToolCallID: callID})
 		case typ == "reasoning":
 			if present(it["encrypted_content"]) {
 				return nil, false, badRequest("input[%d]: Encrypted content is not supported.", i)
@@ -464,13 +468,16 @@ func messagesChatBody(m map[string]json.RawMessage) (*chatBody, error) {
 		return nil, badRequest("messages: messages must contain at least one item")
 	}
 	var system []string
+	// systemTexts collects system texts: a top-level empty string is no
+	// system prompt, a system message's empty string still is one, as in
+	// vLLM
 	systemTexts := func(raw json.RawMessage, where string) error {
 		if !present(raw) {
 			return nil
 		}
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
-			if s != "" {
+			if s != "" || where != "system" {
 				system = append(system, s)
 			}
 			return nil

@@ -149,6 +149,22 @@ func TestAPIsRenderLikeChat(t *testing.T) {
 	}
 }
 
+// A final assistant item left in_progress or incomplete is continued, as
+// chat's continue_final_message.
+func TestResponsesContinueFinalMessage(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	want := renderIDs(t, cfg, sim.PathChat, map[string]any{"messages": []any{
+		map[string]any{"role": "user", "content": "count to ten"},
+		map[string]any{"role": "assistant", "content": "one two"},
+	}, "continue_final_message": true, "add_generation_prompt": false})
+	got := renderIDs(t, cfg, sim.PathResponses, map[string]any{"input": []any{
+		map[string]any{"role": "user", "content": "count to ten"},
+		map[string]any{"type": "message", "role": "assistant", "status": "incomplete",
+			"content": []any{map[string]any{"type": "output_text", "text": "one two"}}},
+	}})
+	assert.Equal(t, want, got)
+}
+
 type sseEvent struct {
 	name string
 	data map[string]any
