@@ -2,10 +2,11 @@
 MODULES := $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \; | sort)
 GO ?= go
 
-.PHONY: test vet race fuzz bench demo
+.PHONY: test vet race fuzz fuzz-smoke bench demo
 
-# test is what README and .ci/run use: vet and race-enabled tests in every module.
-test: vet race
+# test is what README and .ci/run use: vet and race-enabled tests in every
+# module, then every fuzz target for a few seconds from its seed corpus.
+test: vet race fuzz-smoke
 
 vet:
 	@set -e; for m in $(MODULES); do echo "== go vet $$m"; (cd $$m && $(GO) vet ./...); done
@@ -13,10 +14,14 @@ vet:
 race:
 	@set -e; for m in $(MODULES); do echo "== go test -race $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...); done
 
-# fuzz runs each fuzz target briefly (FUZZTIME, default 20s).
+# fuzz runs each fuzz target briefly (FUZZTIME, default 20s); fuzz-smoke
+# runs each for 3s, as part of test.
 FUZZTIME ?= 20s
+FUZZ_PKGS := ./internal/jsonraw ./sse ./transport
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 fuzz:
-	@set -e; for pkg in ./internal/jsonraw ./sse; do \
+	@set -e; for pkg in $(FUZZ_PKGS); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; done; done
 

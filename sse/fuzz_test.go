@@ -76,6 +76,13 @@ func FuzzReader(f *testing.F) {
 			t.Fatalf("Raw concatenation %q != input %q", raw.Bytes(), in)
 		}
 
+		// go-sse strips a byte order mark at the start of any line; the SSE
+		// specification (and Reader) only at the start of the stream, where
+		// elsewhere it is part of a field name. Compare only inputs where
+		// the two agree by construction.
+		if i := bytes.Index(in, []byte(byteOrderMark)); i > 0 || (i == 0 && bytes.Contains(in[len(byteOrderMark):], []byte(byteOrderMark))) {
+			return
+		}
 		var ref []refEvent
 		for e, err := range gosse.Read(bytes.NewReader(in), &gosse.ReadConfig{MaxEventSize: 1 << 21}) {
 			if err != nil {
@@ -182,3 +189,6 @@ func FuzzCapture(f *testing.F) {
 		}
 	})
 }
+
+// byteOrderMark is the UTF-8 BOM.
+const byteOrderMark = "\xef\xbb\xbf"
