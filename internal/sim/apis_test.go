@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -601,5 +602,36 @@ func TestAPIsStreamCut(t *testing.T) {
 			assert.Zero(t, st.BlocksPinned, "an aborted request holds nothing")
 			assert.Nil(t, d.Records()[0].Handle)
 		})
+	}
+}
+
+// A stream over any API sleeps the same modelled decode steps as the chat
+// stream of the same conversation.
+func TestAPIsStreamTiming(t *testing.T) {
+	c := conv{system: "be brief", turns: []string{"tell me a story about the sea"}}
+	bodies := map[string]map[string]any{
+		sim.PathChat:      with(c.chat(), "stream", true),
+		sim.PathResponses: with(c.responses(), "stream", true),
+		sim.PathMessages:  with(c.messages(), "stream", true),
+	}
+	var want time.Duration
+	for _, path := range []string{sim.PathChat, sim.PathResponses, sim.PathMessages} {
+		clk := &sleepClock{vclock: vclock{now: time.Unix(1_700_000_000, 0)}}
+		e := start(t, nil, clk, func(c *sim.Config) {
+			c.Reasoning = true
+			c.Profile = sim.Profile{InterTokenLatency: time.Millisecond, PrefillPerToken: time.Microsecond}
+		})
+		r := postAPIRaw(t, e.url, path, bodies[path])
+		require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+		var total time.Duration
+		for _, d := range clk.durations() {
+			total += d
+		}
+		if path == sim.PathChat {
+			want = total
+			require.Positive(t, want)
+			continue
+		}
+		assert.Equal(t, want, total, path)
 	}
 }
