@@ -195,7 +195,10 @@ type event struct {
 	steps int
 }
 
-// events builds the stream: role chunks (chat), one chunk per generated token
+// events builds the stream of the request's API. Responses and Messages
+// streams are converted from the chat stream (respond_apis.go), as vLLM's
+// converters consume the chat generator. The chat and completions stream:
+// role chunks (chat), one chunk per generated token
 // with text (the last one of a choice carries finish_reason; tokens that
 // render nothing, like <think>, are skipped unless return_token_ids asks for
 // every token), a usage chunk when include_usage, then [DONE]. With stream

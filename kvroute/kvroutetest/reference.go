@@ -41,7 +41,10 @@ type Answer struct {
 	// reasoning parser; "" when the model did not think); for the
 	// Responses API the reasoning item's text, for the Messages API the
 	// thinking block's.
-	Reasoning                      string
+	Reasoning string
+	// FinishReason is chat's "stop" or "length" for every path (the
+	// Responses API reports "length" as status "incomplete", the Messages
+	// API as stop_reason "max_tokens", and "stop" as "end_turn").
 	FinishReason                   string
 	PromptTokens, CompletionTokens int
 	// PromptTokenIDs and TokenIDs are what return_token_ids returns:
