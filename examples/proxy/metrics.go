@@ -132,6 +132,14 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.PartialRefused }),
 		stat("handle_put_backs_total", "Handles taken for verification, not attached, and returned to the store.",
 			func(s kvroute.Stats) int64 { return s.PutBacks }),
+		stat("decode_without_handle_total", "Decode answers that finished normally without a handle although one was expected (the engine lost bidirectional transfer).",
+			func(s kvroute.Stats) int64 { return s.NoDecodeHandle }),
+		stat("unconfirmed_hits_total", "Hits whose prefill answer reported fewer cached tokens than were attached (the engine did not use the handle).",
+			func(s kvroute.Stats) int64 { return s.UnconfirmedHits }),
+		stat("push_handles_total", "Handles with transfer_mode push, which cannot be used bidirectionally.",
+			func(s kvroute.Stats) int64 { return s.PushHandles }),
+		stat("handles_too_large_total", "Handles not retained because their entry is over a size bound.",
+			func(s kvroute.Stats) int64 { return s.TooLarge }),
 	)
 }
 
