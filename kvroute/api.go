@@ -34,17 +34,43 @@ type api interface {
 	// promptIDs returns the prompt's token ids when the request itself
 	// gives them (a completions prompt of ids), ok false otherwise.
 	promptIDs(req *Request) (ids []uint32, ok bool)
+	// tokenIDs reports whether the decode engine returns token ids on this
+	// API when asked (return_token_ids). Without them, token verification
+	// fingerprints only the rendered prompt of each turn.
+	tokenIDs() bool
+	// newStream returns the capture of one decode stream; tokens asks it
+	// to collect token ids, strip to remove them.
+	newStream(tokens, strip bool) streamCapture
+	// errorBody is an error in the API's JSON shape; streamError the same
+	// as the stream event the API's clients expect.
+	errorBody(status int, err error) []byte
+	streamError(status int, err error) []byte
 }
 
-// apis lists the APIs a Router serves, by path.
+// apiFor returns the API a Router serves at path.
 func apiFor(path string) (api, bool) {
 	switch path {
 	case PathChatCompletions:
 		return chatAPI{}, true
 	case PathCompletions:
 		return completionsAPI{}, true
+	case PathResponses:
+		return responsesAPI{}, true
+	case PathMessages:
+		return messagesAPI{}, true
 	}
 	return nil, false
+}
+
+// openAI is what the OpenAI-shaped APIs share: errors, token ids and the
+// chunk stream of chat and completions.
+type openAI struct{}
+
+func (openAI) errorBody(status int, err error) []byte   { return errorBody(status, err) }
+func (openAI) streamError(status int, err error) []byte { return sseError(status, err) }
+func (openAI) tokenIDs() bool                           { return true }
+func (openAI) newStream(tokens, strip bool) streamCapture {
+	return newOpenAIStream(tokens, strip)
 }
 
 // Members removed from the client's body on every prefill leg, besides

@@ -3,7 +3,7 @@ package kvroute
 import "github.com/bidikv/bidikv/internal/jsonraw"
 
 // chatAPI is POST /v1/chat/completions.
-type chatAPI struct{}
+type chatAPI struct{ openAI }
 
 func (chatAPI) path() string { return PathChatCompletions }
 

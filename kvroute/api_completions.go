@@ -6,7 +6,7 @@ import (
 )
 
 // completionsAPI is POST /v1/completions.
-type completionsAPI struct{}
+type completionsAPI struct{ openAI }
 
 func (completionsAPI) path() string { return PathCompletions }
 

@@ -24,7 +24,7 @@ func (t *turn) decodeBody(pHandle []byte) []byte {
 	if pHandle != nil {
 		set = append(set, jsonraw.Member{Key: kvKey, Value: pHandle})
 	}
-	if t.r.cfg.reuse && t.r.cfg.verification == VerifyTokens {
+	if t.r.cfg.reuse && t.r.cfg.verification == VerifyTokens && t.req.api.tokenIDs() {
 		if v, ok := t.req.Field("return_token_ids"); ok {
 			t.idsAsked, _ = lenientBool(v)
 		}
@@ -156,11 +156,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 		out.stream = true
 		out.Header.Del("Content-Length")
 		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes))
-		opts := []sse.CaptureOption{sse.WithReply()}
-		if t.idsAdded || t.idsAsked {
-			opts = append(opts, sse.WithTokenIDs(t.idsAdded))
-		}
-		out.capture = sse.NewCapture(opts...)
+		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
 		ev, err := out.reader.Next()
 		if err != nil {
 			out.release()

@@ -64,10 +64,22 @@ func (c *renderCaps) markMissing(ep, path string, now time.Time) {
 // token ids, else from a prefill engine's render endpoint, else from its
 // /tokenize when the request uses nothing /tokenize ignores.
 func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
+	if t.rendered != nil {
+		return t.rendered, nil
+	}
 	if ids, ok := t.req.api.promptIDs(t.req); ok {
 		t.rec.TokenSource = TokensFromPrompt
 		return ids, nil
 	}
+	ids, err := t.renderPrompt(ctx)
+	if err == nil {
+		t.rendered = ids
+	}
+	return ids, err
+}
+
+// renderPrompt asks a prefill engine for the prompt's tokens.
+func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 	start := t.r.cfg.clock()
 	defer func() { t.rec.Render += t.r.cfg.clock().Sub(start) }()
 	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, nil)

@@ -43,7 +43,7 @@ type Response struct {
 	cancel     context.CancelFunc
 	stream     bool
 	reader     *sse.Reader
-	capture    *sse.Capture
+	capture    streamCapture
 	retained   bool
 	pending    sse.Event // the first event, read by Do
 	hasPending bool
@@ -109,7 +109,7 @@ func (r *Response) Next() ([]byte, error) {
 		// that sends its next turn at once finds the handle.
 		r.retained = true
 		r.t.tokenIDs(r.capture)
-		r.t.retain(r.capture.Handle(), streamReply(r.capture))
+		r.t.retain(r.capture.Handle(), r.capture.Reply())
 	}
 	if !r.first {
 		r.first = true
@@ -202,7 +202,7 @@ func (r *Response) end(err error) {
 		if !r.retained {
 			r.retained = true
 			t.tokenIDs(r.capture)
-			t.retain(r.capture.Handle(), streamReply(r.capture))
+			t.retain(r.capture.Handle(), r.capture.Reply())
 		}
 	} else {
 		if t.rec.StoreRefusal == "" {
@@ -217,19 +217,6 @@ func (r *Response) end(err error) {
 	}
 	r.release()
 	t.finish()
-}
-
-// streamReply converts what the capture reassembled.
-func streamReply(c *sse.Capture) *Reply {
-	sr := c.Reply()
-	return &Reply{
-		Content:      sr.Content,
-		ToolCalls:    sr.ToolCalls,
-		Reasoning:    sr.Reasoning,
-		FinishReason: sr.FinishReason,
-		StopReason:   c.StopReason(),
-		Incomplete:   sr.Incomplete,
-	}
 }
 
 // errMalformedHandle fails a non-streaming decode answer that is not a JSON
@@ -413,14 +400,29 @@ func (t *turn) fingerprint(tokens int) (fingerprint, string) {
 	if r.cfg.verification != VerifyTokens {
 		return nil, ""
 	}
+	bs := r.cfg.blockSize
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	if !t.req.api.tokenIDs() && tokens > 0 {
+		// An API without token ids (Responses, Messages): fingerprint the
+		// prompt as the engines render it, which D's blocks hold first;
+		// the reply's tokens stay unverified and are never reused.
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.renderTimeout)
+		defer cancel()
+		ids, err := t.promptTokens(ctx)
+		if err != nil || len(ids) == 0 {
+			r.stats.tokenFallbacks.Add(1)
+			r.logOnce(ctx, "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
+				slog.String("path", t.req.Path))
+			return nil, ""
+		}
+		return newFingerprint(ids, nil, min(len(ids), tokens), bs), ""
+	}
 	if !t.hasIDs || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
 		r.logOnce(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
 		return nil, ""
-	}
-	bs := r.cfg.blockSize
-	if bs == 0 {
-		bs = DefaultBlockSize
 	}
 	fp := newFingerprint(t.promptIDs, t.genIDs, tokens, bs)
 	if fp == nil {
@@ -430,11 +432,11 @@ func (t *turn) fingerprint(tokens int) (fingerprint, string) {
 }
 
 // tokenIDs takes the token ids a stream's capture collected.
-func (t *turn) tokenIDs(c *sse.Capture) {
+func (t *turn) tokenIDs(c streamCapture) {
 	if !t.idsAdded && !t.idsAsked {
 		return
 	}
-	t.promptIDs, t.genIDs, t.hasIDs = c.PromptTokenIDs(), c.TokenIDs(), c.HasTokenIDs()
+	t.promptIDs, t.genIDs, t.hasIDs = c.TokenIDs()
 }
 
 // bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's

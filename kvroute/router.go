@@ -199,17 +199,19 @@ type turn struct {
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the
-	// client asked itself, and the ids D's answer carried.
+	// client asked itself, the ids D's answer carried, and the prompt's
+	// tokens once rendered.
 	idsAdded, idsAsked bool
+	promptIDs, genIDs  []uint32
+	hasIDs             bool
+	rendered           []uint32
 
 	// The turn's own state, which the TurnRecord only reports: whether
 	// a retained handle is attached, whether the client streams, and the
 	// decode engine of the last decode leg.
-	hit               bool
-	stream            bool
-	decodeURL         string
-	promptIDs, genIDs []uint32
-	hasIDs            bool
+	hit       bool
+	stream    bool
+	decodeURL string
 }
 
 func (r *Router) newTurn(req *Request) *turn {

@@ -1,0 +1,170 @@
+package kvroute
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// PathMessages is Anthropic's Messages API, as vLLM serves it (clients may
+// add a query string such as ?beta=true).
+const PathMessages = "/v1/messages"
+
+// messagesAPI is POST /v1/messages. vLLM accepts kv_transfer_params on the
+// request and returns it at the top level of a non-streaming message; its
+// streams carry none, so streaming turns are not retained (counted as
+// streams without a handle). It returns no token ids: token verification
+// fingerprints each turn's rendered prompt (POST /v1/messages/render).
+// Errors use Anthropic's shape.
+type messagesAPI struct{}
+
+func (messagesAPI) path() string { return PathMessages }
+
+func (messagesAPI) validate(obj jsonraw.Object) error {
+	v, ok := obj.Get("messages")
+	if !ok || len(v) == 0 || v[0] != '[' {
+		return badRequest("messages must be a non-empty array")
+	}
+	n := 0
+	if err := jsonraw.Elements(v, func(m []byte) error {
+		if len(m) == 0 || m[0] != '{' {
+			return badRequest("messages[%d] must be an object", n)
+		}
+		n++
+		return nil
+	}); err != nil {
+		return err
+	}
+	if n == 0 {
+		return badRequest("messages must be a non-empty array")
+	}
+	if v, ok := obj.Get("max_tokens"); !ok || jsonraw.IsNull(v) {
+		return badRequest("max_tokens is required")
+	}
+	return nil
+}
+
+var messagesPrefillSet = []jsonraw.Member{
+	{Key: "stream", Value: jsonFalse},
+	{Key: "max_tokens", Value: jsonOne},
+}
+
+// stop_sequences go too: P must finish on its length cap.
+var messagesPrefillDrop = append(append([]string(nil), commonPrefillDrop...), "stop_sequences")
+
+func (messagesAPI) prefillSet() []jsonraw.Member { return messagesPrefillSet }
+func (messagesAPI) prefillDrop() []string        { return messagesPrefillDrop }
+
+// bodyReply reads a message: its text blocks, whether it thought, its
+// tool uses, and its stop reason (max_tokens is a length cap, the others a
+// stop).
+func (messagesAPI) bodyReply(obj jsonraw.Object) *Reply {
+	rep := &Reply{}
+	if v, ok := obj.Get("stop_reason"); ok {
+		switch s, _ := jsonraw.String(v); s {
+		case "max_tokens":
+			rep.FinishReason = "length"
+		case "end_turn", "stop_sequence", "tool_use":
+			rep.FinishReason = "stop"
+		default:
+			rep.FinishReason = s
+		}
+	}
+	content, ok := obj.Get("content")
+	if !ok || len(content) == 0 || content[0] != '[' {
+		rep.Incomplete = true
+		return rep
+	}
+	var calls []byte
+	_ = jsonraw.Elements(content, func(b []byte) error {
+		typ := ""
+		if v, ok := jsonraw.Lookup(b, "type"); ok {
+			typ, _ = jsonraw.String(v)
+		}
+		switch typ {
+		case "text":
+			if v, ok := jsonraw.Lookup(b, "text"); ok {
+				s, _ := jsonraw.String(v)
+				rep.Content += s
+			}
+		case "thinking", "redacted_thinking":
+			rep.Reasoning = "thinking"
+		case "tool_use":
+			if calls == nil {
+				calls = []byte{'['}
+			} else {
+				calls = append(calls, ',')
+			}
+			calls = append(calls, b...)
+		}
+		return nil
+	})
+	if calls != nil {
+		rep.ToolCalls = append(calls, ']')
+	}
+	return rep
+}
+
+func (messagesAPI) renderPath() (string, bool)          { return PathMessages + "/render", false }
+func (messagesAPI) tokenizeFields() []string            { return nil }
+func (messagesAPI) tokenizable(*Request) bool           { return false }
+func (messagesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
+func (messagesAPI) tokenIDs() bool                      { return false }
+
+// newStream: named events; a handle would sit at the top level or in
+// message_start's message; the stream ends with message_stop.
+func (messagesAPI) newStream(bool, bool) streamCapture {
+	return &typedStream{nested: "message", final: map[string]bool{"message_stop": true}}
+}
+
+type anthropicError struct {
+	Type  string               `json:"type"`
+	Error anthropicErrorDetail `json:"error"`
+}
+
+type anthropicErrorDetail struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// errorBody is Anthropic's {"type":"error","error":{"type","message"}}.
+func (messagesAPI) errorBody(status int, err error) []byte {
+	typ := "api_error"
+	switch status {
+	case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusMethodNotAllowed:
+		typ = "invalid_request_error"
+	case http.StatusUnauthorized:
+		typ = "authentication_error"
+	case http.StatusForbidden:
+		typ = "permission_error"
+	case http.StatusNotFound:
+		typ = "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		typ = "request_too_large"
+	case http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case http.StatusServiceUnavailable:
+		typ = "overloaded_error"
+	}
+	msg := "kvroute: error"
+	if err != nil {
+		msg = err.Error()
+	}
+	var ue *UpstreamError
+	if errors.As(err, &ue) && ue.Phase != "" {
+		msg = ue.Error()
+	}
+	b, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: typ, Message: msg}})
+	return b
+}
+
+// streamError is Anthropic's error event.
+func (a messagesAPI) streamError(status int, err error) []byte {
+	b := a.errorBody(status, err)
+	out := make([]byte, 0, len(b)+24)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}

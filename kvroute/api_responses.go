@@ -1,0 +1,132 @@
+package kvroute
+
+import (
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// PathResponses is OpenAI's Responses API, as vLLM serves it.
+const PathResponses = "/v1/responses"
+
+// responsesAPI is POST /v1/responses. vLLM accepts kv_transfer_params on
+// the request and returns it at the top level of the response object, in a
+// stream inside the object that response.completed wraps. It returns no
+// token ids, so token verification fingerprints each turn's rendered
+// prompt (POST /v1/responses/render). Stateful features cannot span
+// separate prefill and decode servers: previous_response_id and background
+// are refused with 400, and the prefill leg never stores.
+type responsesAPI struct{ openAI }
+
+func (responsesAPI) path() string { return PathResponses }
+
+func (responsesAPI) validate(obj jsonraw.Object) error {
+	v, ok := obj.Get("input")
+	if !ok || jsonraw.IsNull(v) || len(v) == 0 || (v[0] != '"' && v[0] != '[') {
+		return badRequest("input must be a string or an array of input items")
+	}
+	if v, ok := obj.Get("previous_response_id"); ok && !jsonraw.IsNull(v) {
+		return badRequest("previous_response_id needs the response store of one server, but prefill and decode run on different servers: send the whole input every turn (store: false)")
+	}
+	if v, ok := obj.Get("background"); ok {
+		if b, _ := lenientBool(v); b {
+			return badRequest("background responses are not supported through a prefill/decode router")
+		}
+	}
+	return nil
+}
+
+var responsesPrefillSet = []jsonraw.Member{
+	{Key: "stream", Value: jsonFalse},
+	{Key: "max_output_tokens", Value: jsonOne},
+	{Key: "store", Value: jsonFalse},
+}
+
+func (responsesAPI) prefillSet() []jsonraw.Member { return responsesPrefillSet }
+func (responsesAPI) prefillDrop() []string        { return commonPrefillDrop }
+
+// bodyReply reads a response object: the text of its message items,
+// whether it has reasoning items, its function calls, and its status
+// (completed is a stop, incomplete for max_output_tokens a length cap).
+func (responsesAPI) bodyReply(obj jsonraw.Object) *Reply { return responseReply(obj.Bytes()) }
+
+func responseReply(resp []byte) *Reply {
+	rep := &Reply{}
+	status := ""
+	if v, ok := jsonraw.Lookup(resp, "status"); ok {
+		status, _ = jsonraw.String(v)
+	}
+	switch status {
+	case "completed":
+		rep.FinishReason = "stop"
+	case "incomplete":
+		rep.FinishReason = status
+		if d, ok := jsonraw.Lookup(resp, "incomplete_details"); ok && len(d) > 0 && d[0] == '{' {
+			if r, ok := jsonraw.Lookup(d, "reason"); ok {
+				if s, _ := jsonraw.String(r); s == "max_output_tokens" {
+					rep.FinishReason = "length"
+				}
+			}
+		}
+	default:
+		rep.FinishReason = status
+	}
+	output, ok := jsonraw.Lookup(resp, "output")
+	if !ok || len(output) == 0 || output[0] != '[' {
+		rep.Incomplete = true
+		return rep
+	}
+	var calls []byte
+	_ = jsonraw.Elements(output, func(item []byte) error {
+		typ := ""
+		if v, ok := jsonraw.Lookup(item, "type"); ok {
+			typ, _ = jsonraw.String(v)
+		}
+		switch typ {
+		case "message":
+			parts, _ := jsonraw.Lookup(item, "content")
+			_ = jsonraw.Elements(parts, func(p []byte) error {
+				if v, ok := jsonraw.Lookup(p, "text"); ok {
+					s, _ := jsonraw.String(v)
+					rep.Content += s
+				}
+				return nil
+			})
+		case "reasoning":
+			rep.Reasoning = "reasoning"
+		case "function_call":
+			if calls == nil {
+				calls = []byte{'['}
+			} else {
+				calls = append(calls, ',')
+			}
+			calls = append(calls, item...)
+		}
+		return nil
+	})
+	if calls != nil {
+		rep.ToolCalls = append(calls, ']')
+	}
+	return rep
+}
+
+func (responsesAPI) renderPath() (string, bool)          { return PathResponses + "/render", false }
+func (responsesAPI) tokenizeFields() []string            { return nil }
+func (responsesAPI) tokenizable(*Request) bool           { return false }
+func (responsesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
+func (responsesAPI) tokenIDs() bool                      { return false }
+
+// newStream: events are named by their type; the handle sits in the
+// response object of the final event; the stream ends with
+// response.completed (or incomplete or failed), without data: [DONE].
+func (responsesAPI) newStream(bool, bool) streamCapture {
+	return &typedStream{
+		nested: "response",
+		final:  map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true},
+		reply: func(data []byte) *Reply {
+			resp, ok := jsonraw.Lookup(data, "response")
+			if !ok {
+				return &Reply{Incomplete: true}
+			}
+			return responseReply(resp)
+		},
+	}
+}
