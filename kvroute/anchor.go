@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
@@ -149,4 +150,62 @@ func anchorText(req *Request) (string, bool) {
 		b = binary.LittleEndian.AppendUint32(b, id)
 	}
 	return string(b), true
+}
+
+// RefuseTokenOnly (soft): a Responses or Messages turn. ContinuationKeys
+// keys these APIs by their anchor only, for token verification; it has no
+// content rules for their items and blocks.
+const RefuseTokenOnly = "token_verification_only"
+
+// agentStart names, per API, the member that opens a conversation (the
+// instructions or system prompt) and the array of its turns.
+func agentStart(path string) (head, turns string) {
+	switch path {
+	case PathResponses:
+		return "instructions", "input"
+	case PathMessages:
+		return "system", "messages"
+	}
+	return "", ""
+}
+
+// agentAnchor is the anchor of a Responses or Messages request: the hint,
+// else the head member and the turns up to and including the first user
+// turn (a string input: its first 256 bytes).
+func agentAnchor(req *Request) string {
+	h := anchorBase(req, req.Path)
+	if hint := ConversationHint(req); hint != "" {
+		writeField(h, "hint", []byte(hint))
+		return digestKey("a", sum256(h))
+	}
+	head, turns := agentStart(req.Path)
+	var buf bytes.Buffer
+	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
+		buf.Reset()
+		writeField(h, head, compact(&buf, v))
+	}
+	v, _ := req.Field(turns)
+	if s, ok := jsonraw.String(v); ok {
+		writeField(h, "start", []byte(s[:min(len(s), 256)]))
+		return digestKey("a", sum256(h))
+	}
+	_ = jsonraw.Elements(v, func(item []byte) error {
+		buf.Reset()
+		writeField(h, "turn", compact(&buf, item))
+		if r, ok := jsonraw.Lookup(item, "role"); ok {
+			if s, _ := jsonraw.String(r); s == "user" {
+				return errStop
+			}
+		}
+		return nil
+	})
+	return digestKey("a", sum256(h))
+}
+
+func agentLookup(req *Request) ([]string, error) {
+	return []string{agentAnchor(req)}, nil
+}
+
+func agentKey(req *Request) (Retention, error) {
+	return Retention{Key: agentAnchor(req), Refusal: RefuseTokenOnly}, nil
 }

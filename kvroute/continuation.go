@@ -165,8 +165,12 @@ var ignoredMessageFields = map[string]bool{
 // every prefix that ends with an assistant message (except the last
 // message) for Verify and the whole chain for Key.
 func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
-	if !req.Chat() {
+	switch req.Path {
+	case PathChatCompletions:
+	case PathCompletions:
 		return c.completionLookup(req)
+	default:
+		return agentLookup(req)
 	}
 	var bounds [][32]byte
 	last := ""
@@ -199,8 +203,12 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	if reason != "" && !soft {
 		return Retention{Refusal: reason}, nil
 	}
-	if !req.Chat() {
+	switch req.Path {
+	case PathChatCompletions:
+	case PathCompletions:
 		return c.completionKey(req, reply, reason)
+	default:
+		return agentKey(req)
 	}
 	cur := req.chain
 	if !req.chained {
@@ -228,6 +236,9 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 // space, or with a newline after a letter or digit). The boundary rule is
 // a heuristic (see ContinuationKeys); token verification is exact.
 func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
+	if req.Path != PathChatCompletions && req.Path != PathCompletions {
+		return false // Responses and Messages: token verification only
+	}
 	if req.Chat() {
 		if len(check) != sha256.Size {
 			return false

@@ -10,18 +10,22 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
-// ServeHTTP serves POST /v1/chat/completions and POST /v1/completions by
-// running Do. Errors before the response reach the client in OpenAI's JSON
-// error shape with the status HTTPStatus gives; an engine's own 4xx error
-// body is passed through. Once a stream's headers are sent, an error can
-// only end the stream: the client gets an SSE event
-// `data: {"error":{...}}` and the connection is closed without
-// `data: [DONE]`.
+// ServeHTTP serves POST /v1/chat/completions, /v1/completions,
+// /v1/responses and /v1/messages (a query string such as ?beta=true is
+// ignored) by running Do. Errors before the response reach the client in
+// the API's JSON error shape (OpenAI's; Anthropic's for /v1/messages) with
+// the status HTTPStatus gives; an engine's own 4xx error body is passed
+// through. Once a stream's headers are sent, an error can only end the
+// stream: the client gets the API's error event (`data: {"error":{...}}`,
+// or Anthropic's `event: error`) and the connection is closed without the
+// stream's final event.
 func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
-	if _, ok := apiFor(hr.URL.Path); !ok {
+	a, ok := apiFor(hr.URL.Path)
+	if !ok {
 		writeError(w, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
 		return
 	}
+	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a, status, err) }
 	if hr.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
@@ -66,7 +70,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
 			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
 		if resp.Streaming() {
-			_, _ = w.Write(sseError(HTTPStatus(err), err))
+			_, _ = w.Write(a.streamError(HTTPStatus(err), err))
 			_ = flush(w)
 		}
 	}
@@ -78,7 +82,17 @@ func isJSONObject(b []byte) bool {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	b := errorBody(status, err)
+	writeAPIError(w, openAI{}, status, err)
+}
+
+// errorShaper is the part of an api that shapes errors.
+type errorShaper interface {
+	errorBody(status int, err error) []byte
+}
+
+// writeAPIError writes err in the API's error shape.
+func writeAPIError(w http.ResponseWriter, a errorShaper, status int, err error) {
+	b := a.errorBody(status, err)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)

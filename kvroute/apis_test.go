@@ -1,0 +1,241 @@
+package kvroute_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// agentText reads the assistant text of a Responses or Messages answer,
+// body or stream, and whether the stream ended with its final event.
+func agentText(t testing.TB, path string, raw []byte, stream bool) (string, bool) {
+	t.Helper()
+	if !stream {
+		var b struct {
+			Output []struct {
+				Type    string `json:"type"`
+				Content []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				} `json:"content"`
+			} `json:"output"`
+			Content []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			} `json:"content"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &b), "%s", raw)
+		var sb strings.Builder
+		for _, it := range b.Output {
+			if it.Type == "message" {
+				for _, c := range it.Content {
+					sb.WriteString(c.Text)
+				}
+			}
+		}
+		for _, c := range b.Content {
+			if c.Type == "text" {
+				sb.WriteString(c.Text)
+			}
+		}
+		return sb.String(), true
+	}
+	var sb strings.Builder
+	done := false
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type  string          `json:"type"`
+			Delta json.RawMessage `json:"delta"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &ev), "%s", data)
+		switch ev.Type {
+		case "response.output_text.delta":
+			var s string
+			require.NoError(t, json.Unmarshal(ev.Delta, &s))
+			sb.WriteString(s)
+		case "content_block_delta":
+			var d struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			require.NoError(t, json.Unmarshal(ev.Delta, &d))
+			if d.Type == "text_delta" {
+				sb.WriteString(d.Text)
+			}
+		case "response.completed", "message_stop":
+			done = true
+		}
+	}
+	return sb.String(), done
+}
+
+// agentConv is a client of the Responses or Messages API that resends
+// its whole history, as Codex and Claude Code do.
+type agentConv struct {
+	path   string
+	stream bool
+	base   map[string]any // every other member of the body, as the agent sends it
+	items  []any          // Responses input items or Messages messages
+}
+
+func (c *agentConv) say(text string) {
+	if c.path == kvroute.PathResponses {
+		c.items = append(c.items, map[string]any{"type": "message", "role": "user",
+			"content": []any{map[string]any{"type": "input_text", "text": text}}})
+		return
+	}
+	c.items = append(c.items, map[string]any{"role": "user", "content": text})
+}
+
+// hear appends the reply as the agent echoes it: Codex sends the output
+// item back with its id, status and annotations; Claude Code the blocks.
+func (c *agentConv) hear(text string, n int) {
+	if c.path == kvroute.PathResponses {
+		c.items = append(c.items, map[string]any{"type": "message", "role": "assistant", "id": fmt.Sprintf("msg_%d", n), "status": "completed",
+			"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}})
+		return
+	}
+	c.items = append(c.items, map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}}})
+}
+
+func (c *agentConv) body() []byte {
+	m := map[string]any{}
+	for k, v := range c.base {
+		m[k] = v
+	}
+	m["stream"] = c.stream
+	if c.path == kvroute.PathResponses {
+		m["input"] = c.items
+	} else {
+		m["messages"] = c.items
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// codexBase is the body Codex CLI sends besides its input (its current
+// release pointed at a local server).
+func codexBase() map[string]any {
+	return map[string]any{
+		"model": kvroutetest.DefaultModel, "instructions": systemPrompt, "store": false,
+		"tools": []any{map[string]any{"type": "function", "name": "shell", "description": "Runs a shell command.",
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}},
+		"tool_choice": "auto", "parallel_tool_calls": false, "reasoning": map[string]any{"summary": "auto"},
+		"include": []any{"reasoning.encrypted_content"}, "prompt_cache_key": "0199a1b2-codex-session",
+		"client_metadata": map[string]any{"x": "y"}, "max_output_tokens": 48,
+	}
+}
+
+// claudeBase is the body Claude Code sends besides its messages.
+func claudeBase() map[string]any {
+	return map[string]any{
+		"model": kvroutetest.DefaultModel, "max_tokens": 48,
+		"system": []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}},
+		"thinking": map[string]any{"type": "adaptive"}, "context_management": map[string]any{"edits": []any{}},
+		"output_config": map[string]any{"effort": "medium"}, "metadata": map[string]any{"user_id": "user_abc_account_x_session_y"},
+		"tools": []any{map[string]any{"name": "Bash", "description": "Run a command.", "input_schema": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}},
+	}
+}
+
+// Multi-turn agent conversations over /v1/responses and /v1/messages
+// through the Router, streaming and not, in the request shapes Codex and
+// Claude Code send: turn 1 misses, later turns reuse the verified prefix
+// (Messages streams carry no handle, so they miss), every answer is the
+// single engine's, and no handle byte reaches the client.
+func TestAgentAPIs(t *testing.T) {
+	cases := []struct {
+		name    string
+		path    string
+		stream  bool
+		base    func() map[string]any
+		header  http.Header
+		reuses  bool
+		urlTail string
+	}{
+		{"responses body", kvroute.PathResponses, false, codexBase, http.Header{"Session-Id": {"s1"}}, true, ""},
+		{"responses stream", kvroute.PathResponses, true, codexBase, http.Header{"Session-Id": {"s1"}, "Accept-Encoding": {"zstd,gzip"}}, true, ""},
+		{"messages body", kvroute.PathMessages, false, claudeBase, http.Header{"Anthropic-Version": {"2023-06-01"}, "Anthropic-Beta": {"interleaved-thinking-2025-05-14"}}, true, "?beta=true"},
+		{"messages stream", kvroute.PathMessages, true, claudeBase, http.Header{"Anthropic-Version": {"2023-06-01"}}, false, "?beta=true"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+			rec := &recorder{}
+			r := newRouter(t, c, kvroute.WithObserver(rec))
+			url := serve(t, r)
+			conv := &agentConv{path: tc.path, stream: tc.stream, base: tc.base()}
+			for turn := range 5 {
+				conv.say(userText(turn))
+				body := conv.body()
+				res := send(t, url, tc.path+tc.urlTail, body, tc.header)
+				require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+				assert.NotContains(t, string(res.raw), "remote_block_ids")
+				text, done := agentText(t, tc.path, res.raw, tc.stream)
+				assert.True(t, done, "the stream ended with its final event")
+				ref, err := kvroutetest.Reference(tc.path, body)
+				require.NoError(t, err)
+				assert.Equal(t, ref.Text, text, "turn %d differs from the single engine", turn)
+				tr := rec.last()
+				if turn == 0 || !tc.reuses {
+					assert.Equal(t, kvroute.ReuseMiss, tr.Reuse, "turn %d", turn)
+				} else {
+					require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s (stored before: %v)", turn, tr.MissReason, tr.StoreRefusal)
+					assert.Equal(t, kvroute.VerifyTokens, tr.Verification)
+					assert.True(t, tr.Partial, "only the rendered prompt is verified")
+					assert.Positive(t, tr.ReusableTokens)
+					t.Logf("turn %d: reused %d of %d handle tokens (prompt %d)", turn, tr.ReusableTokens, tr.HandleTokens, tr.PromptTokens)
+				}
+				conv.hear(text, turn)
+			}
+			for _, e := range append(c.Prefill, c.Decode...) {
+				assert.Zero(t, e.Stats().WrongOutputs)
+				assert.Zero(t, e.Stats().FreedReads)
+			}
+		})
+	}
+}
+
+// Errors on /v1/messages are in Anthropic's shape; stateful Responses
+// features are refused with a clear 400.
+func TestAgentAPIErrors(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	r := newRouter(t, c)
+	url := serve(t, r)
+	res := send(t, url, kvroute.PathMessages, []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}`), nil)
+	assert.Equal(t, http.StatusBadRequest, res.status)
+	var ae struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(res.raw, &ae), "%s", res.raw)
+	assert.Equal(t, "error", ae.Type)
+	assert.Equal(t, "invalid_request_error", ae.Error.Type)
+	assert.Contains(t, ae.Error.Message, "max_tokens")
+
+	res = send(t, url, kvroute.PathResponses, []byte(`{"model":"sim-model","input":"hi","previous_response_id":"resp_1"}`), nil)
+	assert.Equal(t, http.StatusBadRequest, res.status)
+	assert.Contains(t, string(res.raw), "previous_response_id")
+	assert.Contains(t, string(res.raw), `"error"`)
+}
