@@ -54,6 +54,8 @@ func (s *server) routes() http.Handler {
 	table := map[string]route{
 		kvroute.PathChatCompletions: {post, turns},
 		kvroute.PathCompletions:     {post, turns},
+		kvroute.PathResponses:       {post, turns},
+		kvroute.PathMessages:        {post, turns},
 		"/v1/models":                {get, s.auth(http.HandlerFunc(s.models))},
 		"/health":                   {get, http.HandlerFunc(s.live)},
 		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
