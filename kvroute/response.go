@@ -263,6 +263,11 @@ func (r *Response) readBody() error {
 			b = out
 		}
 	}
+	if sse.HasHandleKey(b) {
+		// A handle where engines put none (nested below a choice's
+		// message, say): fail closed rather than forward it.
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: errMalformedHandle}
+	}
 	r.Body = b
 	r.Header.Del("Content-Length")
 	r.t.retain(handle, r.t.req.api.bodyReply(obj))

@@ -84,9 +84,10 @@ func (s *typedStream) Reply() *Reply {
 }
 
 // mayHold is the cheap test for a kv_transfer_params key, literal or
-// escaped.
+// escaped, or a member only handles have.
 func mayHold(b []byte) bool {
-	return bytes.Contains(b, []byte(kvKey)) || bytes.Contains(b, []byte(`\u`))
+	return bytes.Contains(b, []byte(kvKey)) || bytes.Contains(b, []byte(`\u`)) ||
+		bytes.Contains(b, []byte("remote_block_ids")) || bytes.Contains(b, []byte("remote_engine_id"))
 }
 
 func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
@@ -133,8 +134,11 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 		}
 	}
 	data := obj.Edit([]string{kvKey}, set...)
+	if sse.HasHandleKey(data) {
+		return nil, sse.ErrMalformedData // a handle where this API puts none
+	}
 	key := []byte(kvKey)
-	if len(data) == len(d) && bytes.Count(ev.Raw, key) == bytes.Count(d, key) {
+	if len(data) == len(d) && bytes.Count(ev.Raw, key) == bytes.Count(d, key) && !otherLinesName(ev.Raw, d) {
 		// Nothing removed and no other line names the key: the word sits
 		// in content (a model may write it), which is the client's.
 		return ev.Raw, nil
@@ -156,4 +160,15 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 	}
 	s.out = append(s.out, "\n\n"...)
 	return s.out, nil
+}
+
+// otherLinesName reports whether raw holds handle member names outside its
+// data (in a comment, id or event line).
+func otherLinesName(raw, data []byte) bool {
+	for _, m := range [...]string{"remote_block_ids", "remote_engine_id"} {
+		if bytes.Count(raw, []byte(m)) > bytes.Count(data, []byte(m)) {
+			return true
+		}
+	}
+	return false
 }

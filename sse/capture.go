@@ -98,7 +98,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		c.inspect(d)
 	}
 	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
-	if !strip && !mayHoldHandle(e.Raw) {
+	if !strip && !mayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
 		return e.Raw, nil
 	}
 	data, changed := d, false
@@ -132,6 +132,11 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 				}
 			}
 		}
+	}
+	if e.HasData && !done && HasHandleKey(data) {
+		// A handle somewhere engines do not put one (below a choice, say):
+		// it cannot be removed with certainty, so it is never forwarded.
+		return nil, fmt.Errorf("%w: a nested handle", ErrMalformedData)
 	}
 	if !changed && !otherLineHolds(e.Raw) {
 		return e.Raw, nil
@@ -184,6 +189,49 @@ func StripChoiceHandles(obj []byte) ([]byte, bool) {
 // other JSON escape produces a letter or '_').
 func mayHoldHandle(d []byte) bool {
 	return bytes.Contains(d, []byte(HandleKey)) || bytes.Contains(d, []byte(`\u`))
+}
+
+// handleMembers are members only a KV handle has; a line outside the data
+// that names one is dropped even without the kv_transfer_params key.
+var handleMembers = [...]string{HandleKey, "remote_block_ids", "remote_engine_id"}
+
+// namesHandle reports whether b names kv_transfer_params or a handle
+// member.
+func namesHandle(b []byte) bool {
+	for _, m := range handleMembers {
+		if bytes.Contains(b, []byte(m)) {
+			return true
+		}
+	}
+	return false
+}
+
+// HasHandleKey reports whether JSON text b still holds kv_transfer_params
+// as a member name anywhere (a quoted occurrence followed by a colon, not
+// inside a string, where its quotes would be escaped). After stripping the
+// places where engines put handles, such a body or event is malformed and
+// must not be forwarded. A model's text that mentions the word is not a
+// member name.
+func HasHandleKey(b []byte) bool {
+	key := []byte(`"` + HandleKey + `"`)
+	for i := 0; ; {
+		j := bytes.Index(b[i:], key)
+		if j < 0 {
+			return false
+		}
+		j += i
+		i = j + len(key)
+		if j > 0 && b[j-1] == '\\' {
+			continue // inside a string: its quotes are escaped
+		}
+		k := i
+		for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') {
+			k++
+		}
+		if k < len(b) && b[k] == ':' {
+			return true // a member name
+		}
+	}
 }
 
 // Handle returns a copy of the last non-null kv_transfer_params value seen,
@@ -313,7 +361,7 @@ func reframe(dst, raw, data []byte, replace bool) []byte {
 		// Reader ignores one only at the start of a stream.
 		line := raw[:end]
 		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) {
-			if !bytes.Contains(line, []byte(HandleKey)) {
+			if !namesHandle(line) {
 				dst = append(dst, raw[:next]...)
 			}
 			raw = raw[next:]
@@ -340,13 +388,13 @@ func reframe(dst, raw, data []byte, replace bool) []byte {
 // otherLineHolds reports whether a line of raw other than a data line
 // contains kv_transfer_params.
 func otherLineHolds(raw []byte) bool {
-	if !bytes.Contains(raw, []byte(HandleKey)) {
+	if !namesHandle(raw) {
 		return false
 	}
 	for len(raw) > 0 {
 		end, next := lineEnd(raw)
 		line := raw[:end]
-		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) && bytes.Contains(line, []byte(HandleKey)) {
+		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) && namesHandle(line) {
 			return true
 		}
 		raw = raw[next:]

@@ -88,7 +88,6 @@ func TestCaptureUnchangedEventsAreTheSameSlice(t *testing.T) {
 	for _, in := range []string{
 		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n",
 		"data: {\"text\":\"\\u00e9 mentions kv_transfer_params in a string\"}\n\n",
-		"data: {\"nested\":{\"kv_transfer_params\":1}}\n\n",
 		"data: [DONE]\n\n",
 		": keep-alive\n\n",
 		"data: \"kv_transfer_params\"\n\n",
@@ -105,6 +104,34 @@ func TestCaptureUnchangedEventsAreTheSameSlice(t *testing.T) {
 	}
 	assert.Nil(t, c.Handle())
 	assert.True(t, c.Done())
+}
+
+// A handle where engines put none, or handle members on a line outside the
+// data, never reach the client: the event fails, or the line is dropped.
+func TestCaptureNestedHandleFailsClosed(t *testing.T) {
+	for _, in := range []string{
+		"data: {\"nested\":{\"kv_transfer_params\":1}}\n\n",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"kv_transfer_params\":{\"remote_engine_id\":\"d\"}}}]}\n\n",
+	} {
+		e, err := sse.NewReader(strings.NewReader(in)).Next()
+		require.NoError(t, err)
+		_, err = sse.NewCapture().Forward(e)
+		assert.ErrorIs(t, err, sse.ErrMalformedData, in)
+	}
+	for _, in := range []string{
+		": {\"remote_block_ids\":[[1,2]],\"remote_engine_id\":\"d\"}\ndata: {\"text\":\"x\"}\n\n",
+		"id: remote_engine_id\ndata: {\"text\":\"x\"}\n\n",
+	} {
+		e, err := sse.NewReader(strings.NewReader(in)).Next()
+		require.NoError(t, err)
+		out, err := sse.NewCapture().Forward(e)
+		require.NoError(t, err)
+		assert.NotContains(t, string(out), "remote_")
+		assert.Contains(t, string(out), `data: {"text":"x"}`)
+	}
+	assert.False(t, sse.HasHandleKey([]byte(`{"text":"a model may write \"kv_transfer_params\": in prose"}`)))
+	assert.False(t, sse.HasHandleKey([]byte(`"kv_transfer_params"`)))
+	assert.True(t, sse.HasHandleKey([]byte(`{"a":{"kv_transfer_params" : null}}`)))
 }
 
 func TestCaptureMalformed(t *testing.T) {

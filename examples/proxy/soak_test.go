@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -116,11 +115,12 @@ func TestSoak(t *testing.T) {
 }
 
 // TestSoakKnownHandleLeaks sends the malformed decode answers of
-// soakLeakModes through the proxy: each reaches the client with handle bytes
-// today, so the test fails; it runs only with BIDIKV_SOAK_KNOWN_LEAKS=1.
+// soakLeakModes through the proxy: none may reach the client with handle
+// bytes (each did before sse.Capture dropped handle members from other
+// lines and failed nested handles closed).
 func TestSoakKnownHandleLeaks(t *testing.T) {
-	if testing.Short() || os.Getenv("BIDIKV_SOAK_KNOWN_LEAKS") != "1" {
-		t.Skip("known handle leaks outside the proxy (sse.Capture, kvroute.Response): set BIDIKV_SOAK_KNOWN_LEAKS=1 to reproduce")
+	if testing.Short() {
+		t.Skip("soak")
 	}
 	s := newSoak(t)
 	s.malformedModes(t, soakLeakModes)
@@ -446,16 +446,17 @@ type soakMode struct {
 	want   string // "answer", "502" or "sse-error"
 }
 
-// soakLeakModes are malformed answers whose handle bytes do reach the
-// client today (see TestSoakKnownHandleLeaks): handle members on a non-data
-// line that does not spell kv_transfer_params, and a handle nested below a
-// choice (in its delta or message).
+// soakLeakModes are malformed answers whose handle bytes reached the
+// client before the fix (TestSoakKnownHandleLeaks): handle members on a
+// non-data line that does not spell kv_transfer_params (the line is now
+// dropped), and a handle nested below a choice, in its delta or message
+// (now failed closed: an SSE error event, or 502).
 var soakLeakModes = []soakMode{
 	{"comment-value", true, "answer"},
 	{"id-value", true, "answer"},
 	{"event-value", true, "answer"},
-	{"delta-nested", true, "answer"},
-	{"message-nested", false, "answer"},
+	{"delta-nested", true, "sse-error"},
+	{"message-nested", false, "502"},
 }
 
 var soakModes = []soakMode{
