@@ -134,8 +134,20 @@
 //
 // # Embedding
 //
-// A Router is an http.Handler for POST /v1/chat/completions and
-// /v1/completions. Services that want the stream themselves call Do and
+// A Router is an http.Handler for POST /v1/chat/completions,
+// /v1/completions, /v1/responses (OpenAI's Responses API, as coding agents
+// such as Codex send it) and /v1/messages (Anthropic's Messages API, as
+// Claude Code sends it; errors in Anthropic's shape). Each API is one seam
+// (api_*.go): validation, the prefill rewrite (max_output_tokens 1 for
+// Responses, max_tokens 1 and no stop_sequences for Messages), where the
+// handle sits in a body and a stream, the reply, the render route and the
+// error shape. vLLM returns no token ids on Responses and Messages, so token
+// verification fingerprints each turn's rendered prompt there (POST
+// /v1/responses/render, /v1/messages/render) and reuses at most that prompt,
+// never the reply's tokens; they have no content rules. Responses'
+// previous_response_id and background are refused with 400 (they need one
+// stateful server); the prefill leg never stores. vLLM's Messages streams
+// carry no handle, so streamed Messages turns are not reused. Services that want the stream themselves call Do and
 // read Response.Next, or Response.WriteTo. Options configure endpoints,
 // the Store (retention.Memory by default; retention/redisstore shares
 // handles across replicas), the TTL, the threshold, timeouts, the logger,
