@@ -149,7 +149,7 @@ func codexBase() map[string]any {
 func claudeBase() map[string]any {
 	return map[string]any{
 		"model": kvroutetest.DefaultModel, "max_tokens": 48,
-		"system": []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}},
+		"system":   []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}},
 		"thinking": map[string]any{"type": "adaptive"}, "context_management": map[string]any{"edits": []any{}},
 		"output_config": map[string]any{"effort": "medium"}, "metadata": map[string]any{"user_id": "user_abc_account_x_session_y"},
 		"tools": []any{map[string]any{"name": "Bash", "description": "Run a command.", "input_schema": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}},

@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
 // The kv_transfer_params member name.
-const kvKey = "kv_transfer_params"
+const kvKey = sse.HandleKey
 
 // missHandle is message 1 of the package doc's Wire protocol: "prefill
 // here, decode elsewhere".

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
 // ServeHTTP serves POST /v1/chat/completions, /v1/completions,
@@ -70,8 +71,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
 			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
 		if resp.Streaming() {
-			_, _ = w.Write(a.streamError(HTTPStatus(err), err))
-			_ = flush(w)
+			_ = sse.NewWriter(w).WriteRaw(a.streamError(HTTPStatus(err), err))
 		}
 	}
 }

@@ -136,6 +136,7 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 		n, err := w.Write(r.Body)
 		return int64(n), err
 	}
+	sw := sse.NewWriter(w)
 	var total int64
 	for {
 		ev, err := r.Next()
@@ -145,31 +146,11 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 		if err != nil {
 			return total, err
 		}
-		n, werr := w.Write(ev)
-		total += int64(n)
-		if werr != nil {
-			return total, werr
+		if err := sw.WriteRaw(ev); err != nil {
+			return total, err
 		}
-		if ferr := flush(w); ferr != nil {
-			return total, ferr
-		}
+		total += int64(len(ev))
 	}
-}
-
-func flush(w io.Writer) error {
-	switch f := w.(type) {
-	case http.ResponseWriter:
-		err := http.NewResponseController(f).Flush()
-		if errors.Is(err, http.ErrNotSupported) {
-			return nil
-		}
-		return err
-	case interface{ Flush() error }:
-		return f.Flush()
-	case interface{ Flush() }:
-		f.Flush()
-	}
-	return nil
 }
 
 // Close releases the response. If a stream was not read to its end, the

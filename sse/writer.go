@@ -15,17 +15,29 @@ import (
 // A Writer is not safe for concurrent use.
 type Writer struct {
 	w       io.Writer
-	rc      *http.ResponseController
+	flush   func() error
 	buf     []byte
 	noFlush bool
 }
 
-// NewWriter returns a Writer on w. Flushing goes through
-// http.NewResponseController, so it works through ResponseWriter wrappers
-// that implement Unwrap. If w cannot flush at all, writes still succeed and
-// the bytes leave when the server flushes them.
-func NewWriter(w http.ResponseWriter) *Writer {
-	return &Writer{w: w, rc: http.NewResponseController(w)}
+// NewWriter returns a Writer on w. On an http.ResponseWriter, flushing goes
+// through http.NewResponseController, so it works through wrappers that
+// implement Unwrap; any other w is flushed with its Flush() error or
+// Flush() method. If w cannot flush at all, writes still succeed and the
+// bytes leave when w sends them.
+func NewWriter(w io.Writer) *Writer {
+	sw := &Writer{w: w}
+	switch f := w.(type) {
+	case http.ResponseWriter:
+		sw.flush = http.NewResponseController(f).Flush
+	case interface{ Flush() error }:
+		sw.flush = f.Flush
+	case interface{ Flush() }:
+		sw.flush = func() error { f.Flush(); return nil }
+	default:
+		sw.noFlush = true
+	}
+	return sw
 }
 
 // WriteRaw writes raw unchanged (for example Event.Raw) and flushes.
@@ -59,7 +71,7 @@ func (w *Writer) Flush() error {
 	if w.noFlush {
 		return nil
 	}
-	err := w.rc.Flush()
+	err := w.flush()
 	if errors.Is(err, http.ErrNotSupported) {
 		w.noFlush = true
 		return nil
