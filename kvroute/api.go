@@ -127,3 +127,39 @@ func pickMembers(req *Request, fields []string) []byte {
 	}
 	return (jsonraw.Object{}).Edit(nil, set...)
 }
+
+// objectArray checks that member key is a non-empty array of objects.
+func objectArray(obj jsonraw.Object, key string) error {
+	v, ok := obj.Get(key)
+	if !ok || len(v) == 0 || v[0] != '[' {
+		return badRequest("%s must be a non-empty array", key)
+	}
+	n := 0
+	if err := jsonraw.Elements(v, func(m []byte) error {
+		if len(m) == 0 || m[0] != '{' {
+			return badRequest("%s[%d] must be an object", key, n)
+		}
+		n++
+		return nil
+	}); err != nil {
+		return err
+	}
+	if n == 0 {
+		return badRequest("%s must be a non-empty array", key)
+	}
+	return nil
+}
+
+// choiceReply starts the reply of an OpenAI answer from its choice 0: the
+// finish and stop reasons, and the choice itself (nil, with the reply
+// marked incomplete, when there is none).
+func choiceReply(obj jsonraw.Object) (*Reply, []byte) {
+	rep := &Reply{}
+	c := choiceZero(obj)
+	if c == nil {
+		rep.Incomplete = true
+		return rep, nil
+	}
+	finishOf(rep, c)
+	return rep, c
+}

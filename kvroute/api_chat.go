@@ -7,26 +7,7 @@ type chatAPI struct{ openAI }
 
 func (chatAPI) path() string { return PathChatCompletions }
 
-func (chatAPI) validate(obj jsonraw.Object) error {
-	v, ok := obj.Get("messages")
-	if !ok || len(v) == 0 || v[0] != '[' {
-		return badRequest("messages must be a non-empty array")
-	}
-	n := 0
-	if err := jsonraw.Elements(v, func(m []byte) error {
-		if len(m) == 0 || m[0] != '{' {
-			return badRequest("messages[%d] must be an object", n)
-		}
-		n++
-		return nil
-	}); err != nil {
-		return err
-	}
-	if n == 0 {
-		return badRequest("messages must be a non-empty array")
-	}
-	return nil
-}
+func (chatAPI) validate(obj jsonraw.Object) error { return objectArray(obj, "messages") }
 
 func (chatAPI) prefillSet() []jsonraw.Member { return oneTokenLeg }
 func (chatAPI) prefillDrop() []string        { return openAIPrefillDrop }
@@ -34,13 +15,10 @@ func (chatAPI) prefillDrop() []string        { return openAIPrefillDrop }
 // bodyReply reads choice 0's message: content, tool calls and reasoning
 // (reasoning in current vLLM, reasoning_content in older engines).
 func (chatAPI) bodyReply(obj jsonraw.Object) *Reply {
-	rep := &Reply{}
-	c := choiceZero(obj)
+	rep, c := choiceReply(obj)
 	if c == nil {
-		rep.Incomplete = true
 		return rep
 	}
-	finishOf(rep, c)
 	m, ok := jsonraw.Lookup(c, "message")
 	if !ok || len(m) == 0 || m[0] != '{' {
 		rep.Incomplete = true

@@ -22,13 +22,10 @@ func (completionsAPI) prefillDrop() []string        { return openAIPrefillDrop }
 
 // bodyReply reads choice 0's text.
 func (completionsAPI) bodyReply(obj jsonraw.Object) *Reply {
-	rep := &Reply{}
-	c := choiceZero(obj)
+	rep, c := choiceReply(obj)
 	if c == nil {
-		rep.Incomplete = true
 		return rep
 	}
-	finishOf(rep, c)
 	if v, ok := jsonraw.Lookup(c, "text"); ok {
 		rep.Content, _ = jsonraw.String(v)
 	}

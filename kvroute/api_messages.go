@@ -23,22 +23,8 @@ type messagesAPI struct{}
 func (messagesAPI) path() string { return PathMessages }
 
 func (messagesAPI) validate(obj jsonraw.Object) error {
-	v, ok := obj.Get("messages")
-	if !ok || len(v) == 0 || v[0] != '[' {
-		return badRequest("messages must be a non-empty array")
-	}
-	n := 0
-	if err := jsonraw.Elements(v, func(m []byte) error {
-		if len(m) == 0 || m[0] != '{' {
-			return badRequest("messages[%d] must be an object", n)
-		}
-		n++
-		return nil
-	}); err != nil {
+	if err := objectArray(obj, "messages"); err != nil {
 		return err
-	}
-	if n == 0 {
-		return badRequest("messages must be a non-empty array")
 	}
 	if v, ok := obj.Get("max_tokens"); !ok || jsonraw.IsNull(v) {
 		return badRequest("max_tokens is required")
