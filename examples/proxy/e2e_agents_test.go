@@ -1,0 +1,452 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// agentSystem is the instructions (Codex) or system prompt (Claude Code):
+// over 64 tokens, so turn 1's KV is worth a pull.
+const agentSystem = "You are a coding agent working in a large Go repository. You can list files, read them, run the tests and edit code. " +
+	"Think about the failing tests before you change anything, keep changes small, explain each step in one sentence, " +
+	"and never invent file names: list the directory first. When the tests pass, summarise what you changed and why."
+
+// agentAsk is the user's turn i of conversation conv.
+func agentAsk(conv string, i int) string {
+	return fmt.Sprintf("[%s] Turn %d: please look at the tool output below and continue the plan. The file has %d lines and the test suite reports %d failures in module m%d.",
+		conv, i+1, 100+i*7, i%5, i)
+}
+
+// codexBody is the body Codex CLI sends besides input and stream (its
+// current release pointed at a local server): store false, the session's
+// prompt_cache_key, tools, reasoning and include.
+func codexBody(session string) map[string]any {
+	return map[string]any{
+		"model": "sim-model", "instructions": agentSystem, "store": false,
+		"tools": []any{map[string]any{"type": "function", "name": "shell", "description": "Runs a shell command.",
+			"strict": false, "parameters": map[string]any{"type": "object", "properties": map[string]any{
+				"command": map[string]any{"type": "array", "items": map[string]any{"type": "string"}}}, "required": []any{"command"}}}},
+		"tool_choice": "auto", "parallel_tool_calls": false, "reasoning": map[string]any{"summary": "auto"},
+		"include": []any{"reasoning.encrypted_content"}, "prompt_cache_key": session,
+		"client_metadata": map[string]any{"x-codex-turn": "1"}, "max_output_tokens": 48,
+	}
+}
+
+// claudeBody is the body Claude Code sends besides messages and stream.
+func claudeBody(session string) map[string]any {
+	return map[string]any{
+		"model": "sim-model", "max_tokens": 48,
+		"system":   []any{map[string]any{"type": "text", "text": agentSystem, "cache_control": map[string]any{"type": "ephemeral"}}},
+		"thinking": map[string]any{"type": "adaptive"}, "context_management": map[string]any{"edits": []any{}},
+		"output_config": map[string]any{"effort": "medium"},
+		"metadata":      map[string]any{"user_id": "user_abc_account_x_session_" + session},
+		"tools": []any{map[string]any{"name": "Bash", "description": "Run a command.",
+			"input_schema": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}, "required": []any{"command"}}}},
+	}
+}
+
+// agentClient is one agent session: it resends its whole history each
+// turn and echoes the assistant's output as it received it (Codex: the
+// output message items, with their ids and annotations; Claude Code: the
+// content blocks).
+type agentClient struct {
+	path, query string
+	stream      bool
+	session     string
+	base        map[string]any
+	items       []any // Responses input items or Messages messages
+}
+
+func (c *agentClient) responses() bool { return c.path == "/v1/responses" }
+
+func (c *agentClient) ask(text string) {
+	if c.responses() {
+		c.items = append(c.items, map[string]any{"type": "message", "role": "user",
+			"content": []any{map[string]any{"type": "input_text", "text": text}}})
+		return
+	}
+	c.items = append(c.items, map[string]any{"role": "user", "content": text})
+}
+
+func (c *agentClient) body() []byte {
+	m := map[string]any{}
+	for k, v := range c.base {
+		m[k] = v
+	}
+	m["stream"] = c.stream
+	if c.responses() {
+		m["input"] = c.items
+	} else {
+		m["messages"] = c.items
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// header is what the agent sends with every request.
+func (c *agentClient) header(turn int) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	if c.responses() {
+		h.Set("User-Agent", "codex_cli_rs/0.63.0 (Linux 6.8.0; x86_64) xterm-256color")
+		h.Set("Originator", "codex_cli_rs")
+		h.Set("OpenAI-Beta", "responses=experimental")
+		h.Set("Session-Id", c.session)
+		h.Set("Conversation-Id", c.session)
+		h.Set("X-Client-Request-Id", fmt.Sprintf("%s-%d", c.session, turn))
+		h.Set("Accept-Encoding", "zstd,gzip")
+		if c.stream {
+			h.Set("Accept", "text/event-stream")
+		}
+		return h
+	}
+	h.Set("User-Agent", "claude-cli/2.0.50 (external, cli)")
+	h.Set("X-App", "cli")
+	h.Set("Anthropic-Version", "2023-06-01")
+	h.Set("Anthropic-Beta", "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14")
+	h.Set("Anthropic-Dangerous-Direct-Browser-Access", "true")
+	h.Set("X-Stainless-Lang", "js")
+	h.Set("Accept", "application/json")
+	return h
+}
+
+// agentTurn is one answer as the agent received it.
+type agentTurn struct {
+	status int
+	reuse  string
+	raw    string // the status line's headers and every body byte
+	text   string
+	done   bool  // the final event (or a whole body) arrived
+	echo   []any // what the agent appends to its history
+}
+
+// turn sends the history and reads the whole answer.
+func (c *agentClient) turn(t *testing.T, client *http.Client, base string, i int) (agentTurn, []byte) {
+	t.Helper()
+	body := c.body()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+c.path+c.query, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header = c.header(i)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var hdr strings.Builder
+	require.NoError(t, resp.Header.Write(&hdr))
+	out := agentTurn{status: resp.StatusCode, reuse: resp.Header.Get("X-Bidikv-Reuse"), raw: hdr.String() + "\r\n" + string(b)}
+	if resp.StatusCode != http.StatusOK {
+		return out, body
+	}
+	require.Empty(t, resp.Header.Get("Content-Encoding"), "the proxy answers uncompressed")
+	if c.stream {
+		require.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), resp.Header.Get("Content-Type"))
+		c.readStream(t, b, &out)
+	} else {
+		require.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"), resp.Header.Get("Content-Type"))
+		c.readBody(t, b, &out)
+	}
+	return out, body
+}
+
+type textPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+func (c *agentClient) readBody(t *testing.T, b []byte, out *agentTurn) {
+	t.Helper()
+	out.done = true
+	if c.responses() {
+		var r struct {
+			Status string            `json:"status"`
+			Output []json.RawMessage `json:"output"`
+		}
+		require.NoError(t, json.Unmarshal(b, &r), "%s", b)
+		for _, raw := range r.Output {
+			var it struct {
+				Type    string     `json:"type"`
+				Content []textPart `json:"content"`
+			}
+			require.NoError(t, json.Unmarshal(raw, &it))
+			if it.Type != "message" {
+				continue
+			}
+			for _, p := range it.Content {
+				out.text += p.Text
+			}
+			out.echo = append(out.echo, raw) // Codex resends the item as it came
+		}
+		return
+	}
+	var m struct {
+		Type    string            `json:"type"`
+		Role    string            `json:"role"`
+		Content []json.RawMessage `json:"content"`
+	}
+	require.NoError(t, json.Unmarshal(b, &m), "%s", b)
+	require.Equal(t, "message", m.Type)
+	blocks := []any{}
+	for _, raw := range m.Content {
+		var p textPart
+		require.NoError(t, json.Unmarshal(raw, &p))
+		if p.Type == "text" {
+			out.text += p.Text
+		}
+		blocks = append(blocks, raw) // Claude Code resends the blocks
+	}
+	out.echo = []any{map[string]any{"role": "assistant", "content": blocks}}
+}
+
+func (c *agentClient) readStream(t *testing.T, b []byte, out *agentTurn) {
+	t.Helper()
+	var blocks []*textPart // Claude Code assembles the blocks from the events
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type         string          `json:"type"`
+			Delta        json.RawMessage `json:"delta"`
+			Item         json.RawMessage `json:"item"`
+			Index        int             `json:"index"`
+			ContentBlock *textPart       `json:"content_block"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &ev), "%s", data)
+		switch ev.Type {
+		case "response.output_text.delta":
+			var s string
+			require.NoError(t, json.Unmarshal(ev.Delta, &s))
+			out.text += s
+		case "response.output_item.done": // Codex keeps the finished items
+			var it struct{ Type string }
+			require.NoError(t, json.Unmarshal(ev.Item, &it))
+			if it.Type == "message" {
+				out.echo = append(out.echo, ev.Item)
+			}
+		case "content_block_start":
+			require.NotNil(t, ev.ContentBlock, data)
+			for len(blocks) <= ev.Index {
+				blocks = append(blocks, nil)
+			}
+			blocks[ev.Index] = ev.ContentBlock
+		case "content_block_delta":
+			var d struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			require.NoError(t, json.Unmarshal(ev.Delta, &d))
+			if d.Type == "text_delta" {
+				require.Less(t, ev.Index, len(blocks), data)
+				blocks[ev.Index].Text += d.Text
+				out.text += d.Text
+			}
+		case "response.completed", "message_stop":
+			out.done = true
+		case "error", "response.failed":
+			require.FailNow(t, "error event", data)
+		}
+	}
+	require.NoError(t, sc.Err())
+	if !c.responses() {
+		content := []any{}
+		for _, p := range blocks {
+			if p != nil {
+				content = append(content, p)
+			}
+		}
+		out.echo = []any{map[string]any{"role": "assistant", "content": content}}
+	}
+}
+
+// Coding agents through the proxy as real processes: four-turn sessions
+// in the request shapes and headers Codex CLI (/v1/responses) and Claude
+// Code (/v1/messages?beta=true) send, streaming and not, each resending
+// its whole history with the assistant's output echoed back. Turn 1
+// misses and later turns hit (Messages streams carry no handle with
+// vLLM, so they always miss), every answer is the single engine's, and
+// no handle byte reaches the client.
+func TestE2EAgents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Parallel() // slow: real processes
+	p := startEngine(t, "--no-enable-prefix-caching")
+	d := startEngine(t)
+	px := startProxy(t, p, d)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	cases := []struct {
+		name       string
+		client     agentClient
+		streamHits bool
+	}{
+		{"responses", agentClient{path: "/v1/responses", base: codexBody("0199a1b2-codex-body")}, true},
+		{"responses stream", agentClient{path: "/v1/responses", stream: true, base: codexBody("0199a1b2-codex-stream")}, true},
+		{"messages", agentClient{path: "/v1/messages", query: "?beta=true", base: claudeBody("body")}, true},
+		{"messages stream", agentClient{path: "/v1/messages", query: "?beta=true", stream: true, base: claudeBody("stream")}, false},
+	}
+	const turns = 4
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client
+			c.session = tc.name
+			if s, ok := c.base["prompt_cache_key"].(string); ok {
+				c.session = s
+			}
+			for i := range turns {
+				c.ask(agentAsk(tc.name, i))
+				got, body := c.turn(t, client, px.url, i)
+				require.Equal(t, http.StatusOK, got.status, "turn %d: %s", i+1, got.raw)
+				for _, s := range []string{"kv_transfer_params", "remote_block_ids", "remote_engine_id"} {
+					assert.NotContains(t, got.raw, s, "turn %d: handles never reach the client", i+1)
+				}
+				assert.True(t, got.done, "turn %d ends with its final event", i+1)
+				ref, err := kvroutetest.Reference(c.path, body)
+				require.NoError(t, err)
+				require.NotEmpty(t, ref.Text)
+				assert.Equal(t, ref.Text, got.text, "turn %d answers as a single engine would", i+1)
+				want := "hit"
+				if i == 0 || !tc.streamHits {
+					want = "miss"
+				}
+				assert.Equal(t, want, got.reuse, "turn %d", i+1)
+				require.NotEmpty(t, got.echo, "turn %d has an assistant item to echo", i+1)
+				c.items = append(c.items, got.echo...)
+			}
+		})
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		for _, tc := range []struct{ path, body, want string }{
+			{"/v1/responses", `{"model":"sim-model","input":"hi","store":false,"previous_response_id":"resp_1"}`, `"message":"kvroute: bad request: previous_response_id needs the response store of one server`},
+			{"/v1/responses", `{"model":"sim-model","input":"hi","background":true}`, `"message":"kvroute: bad request: background responses are not supported`},
+			{"/v1/messages?beta=true", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}`, `{"type":"error","error":{"type":"invalid_request_error","message":"kvroute: bad request: max_tokens is required"}}`},
+		} {
+			resp, err := client.Post(px.url+tc.path, "application/json", strings.NewReader(tc.body))
+			require.NoError(t, err)
+			b, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s %s", tc.path, b)
+			assert.Contains(t, string(b), tc.want, tc.path)
+		}
+	})
+
+	status, page := get(t, px.url+"/metrics")
+	require.Equal(t, http.StatusOK, status)
+	for sample, want := range map[string]string{
+		`bidikv_turns_total{path="/v1/responses",result="ok",reuse="hit"}`:  fmt.Sprint(2 * (turns - 1)),
+		`bidikv_turns_total{path="/v1/responses",result="ok",reuse="miss"}`: "2",
+		`bidikv_turns_total{path="/v1/messages",result="ok",reuse="hit"}`:   fmt.Sprint(turns - 1),
+		`bidikv_turns_total{path="/v1/messages",result="ok",reuse="miss"}`:  fmt.Sprint(turns + 1),
+		// Messages streams: nothing to retain, and no false alarm of a
+		// decode engine that lost its handles.
+		`bidikv_store_refusals_total{reason="no_handle"}`: fmt.Sprint(turns),
+		`bidikv_decode_without_handle_total`:              "0",
+		`bidikv_handles_stored_total`:                     fmt.Sprint(3 * turns),
+		`bidikv_token_fallbacks_total`:                    "0",
+		`bidikv_inflight_turns`:                           "0",
+	} {
+		assert.Equal(t, want, metricValue(page, sample), sample)
+	}
+	assert.NotContains(t, px.stderr.String(), agentSystem[:40], "prompts never reach the logs")
+}
+
+// readmeBlock returns the shell block of README.md between the markers
+// <!-- name:begin ... --> and <!-- name:end -->.
+func readmeBlock(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)<!-- " + name + ":begin[^>]*-->\\s*```sh\\n(.*?)```\\s*<!-- " + name + ":end -->").FindSubmatch(b)
+	require.NotNil(t, m, "README.md has no %s block", name)
+	return string(m[1])
+}
+
+// The README's agent run, as written, only with free ports for the fixed
+// ones: two Codex-shaped /v1/responses turns and two Claude Code-shaped
+// /v1/messages turns (miss, then hit each) and the two refusals.
+func TestReadmeAgents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	t.Parallel() // slow: real processes
+	for _, tool := range []string{"bash", "curl", "jq"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("the agent run needs %s: %v", tool, err)
+		}
+	}
+	script := readmeBlock(t, "agents")
+	fixed := []string{"8000", "8100", "8200", "5600", "5601"}
+	ports := freePorts(t, len(fixed))
+	for i, p := range fixed {
+		require.Contains(t, script, p)
+		script = regexp.MustCompile(`\b`+p+`\b`).ReplaceAllString(script, ports[i])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "OPENAI_API_KEY=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out, logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	require.NoError(t, cmd.Start())
+	pgid := cmd.Process.Pid
+	err = cmd.Wait()
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
+
+	got := out.String()
+	reuse := regexp.MustCompile(`(?mi)^x-bidikv-reuse: (\w+)\r?$`).FindAllStringSubmatch(got, -1)
+	var seq []string
+	for _, m := range reuse {
+		seq = append(seq, strings.ToLower(m[1]))
+	}
+	assert.Equal(t, []string{"miss", "hit", "miss", "hit"}, seq, "%s", got)
+	assert.Regexp(t, `(?m)^\{"error":\{"message":"kvroute: bad request: previous_response_id .*\}\} 400$`, got)
+	assert.Regexp(t, `(?m)^\{"error":\{"message":"kvroute: bad request: background .*\}\} 400$`, got)
+	assert.Regexp(t, `(?m)^bidikv_reuse_hits_total 2$`, got)
+	for _, s := range []string{"kv_transfer_params", "remote_block_ids", "remote_engine_id"} {
+		assert.NotContains(t, got, s)
+	}
+	lines := strings.Split(strings.TrimSpace(got), "\n")
+	var answers []string
+	for _, l := range lines {
+		if !strings.Contains(l, ":") && !strings.HasPrefix(l, "{") && !strings.HasPrefix(l, "bidikv_") && strings.TrimSpace(l) != "" {
+			answers = append(answers, l)
+		}
+	}
+	assert.Len(t, answers, 4, "an answer text per turn:\n%s", got)
+}
