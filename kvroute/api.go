@@ -41,6 +41,9 @@ type api interface {
 	// newStream returns the capture of one decode stream; tokens asks it
 	// to collect token ids, strip to remove them.
 	newStream(tokens, strip bool) streamCapture
+	// streamHandles reports whether the API's streams can carry the
+	// decode handle at all (with vLLM PR #40186).
+	streamHandles() bool
 	// errorBody is an error in the API's JSON shape; streamError the same
 	// as the stream event the API's clients expect.
 	errorBody(status int, err error) []byte
@@ -69,6 +72,7 @@ type openAI struct{}
 func (openAI) errorBody(status int, err error) []byte   { return errorBody(status, err) }
 func (openAI) streamError(status int, err error) []byte { return sseError(status, err) }
 func (openAI) tokenIDs() bool                           { return true }
+func (openAI) streamHandles() bool                      { return true }
 func (openAI) newStream(tokens, strip bool) streamCapture {
 	return newOpenAIStream(tokens, strip)
 }

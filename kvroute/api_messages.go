@@ -14,8 +14,8 @@ const PathMessages = "/v1/messages"
 
 // messagesAPI is POST /v1/messages. vLLM accepts kv_transfer_params on the
 // request and returns it at the top level of a non-streaming message; its
-// streams carry none, so streaming turns are not retained (counted as
-// streams without a handle). It returns no token ids: token verification
+// streams carry none, so streaming turns are not retained (StoreRefusal
+// no_stream_handle; no warning, as no engine can do better). It returns no token ids: token verification
 // fingerprints each turn's rendered prompt (POST /v1/messages/render).
 // Errors use Anthropic's shape.
 type messagesAPI struct{}
@@ -98,6 +98,9 @@ func (messagesAPI) tokenizeFields() []string            { return nil }
 func (messagesAPI) tokenizable(*Request) bool           { return false }
 func (messagesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
 func (messagesAPI) tokenIDs() bool                      { return false }
+
+// vLLM's Messages streams carry no handle, with or without PR #40186.
+func (messagesAPI) streamHandles() bool { return false }
 
 // newStream: named events; a handle would sit at the top level or in
 // message_start's message; the stream ends with message_stop.

@@ -275,6 +275,11 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	if handle == nil {
 		_, streamsHandles := r.streamHandles.Load(t.decodeURL)
 		switch {
+		case t.stream && !t.req.api.streamHandles():
+			// The API's streams never carry one (vLLM's Messages): not an
+			// engine's fault, nothing to warn about.
+			t.rec.StoreRefusal = RefuseNoStreamHandle
+			return
 		case t.rec.Stream && !streamsHandles:
 			r.stats.noStreamHandle.Add(1)
 			r.noStreamHandle.Do(func() {
