@@ -69,7 +69,8 @@ var handleKeys = []string{"do_remote_decode", "do_remote_prefill", "remote_block
 	"remote_request_id", "remote_host", "remote_port", "tp_size", "remote_num_tokens",
 	"remote_blocks_expiry_time", "dcp_size", "pp_size", "transfer_mode"}
 
-// A hand-driven P→D turn and a D→P→D second turn (protocol.md's two flows).
+// A hand-driven P→D turn and a D→P→D second turn (the two flows of the
+// kvroute package doc).
 func TestDisaggregatedTwoTurns(t *testing.T) {
 	reg := sim.NewRegistry()
 	clk := newClock()
@@ -147,7 +148,7 @@ func TestDisaggregatedTwoTurns(t *testing.T) {
 }
 
 // A miss handle sent to D makes it act as a prefiller: the router bug of
-// protocol.md message 4.
+// Message 4 of the kvroute Wire protocol.
 func TestMissHandleToDecodeActsAsPrefill(t *testing.T) {
 	d := start(t, nil, nil, nil)
 	r := post(t, d.url, sim.PathChat, with(chat(msg{"user", "hi"}), "max_tokens", 5, "kv_transfer_params", missHandle()))

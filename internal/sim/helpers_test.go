@@ -141,13 +141,13 @@ func with(body map[string]any, kv ...any) map[string]any {
 	return out
 }
 
-// missHandle is message 1 of protocol.md.
+// missHandle is message 1 of the kvroute package doc's Wire protocol.
 func missHandle() map[string]any {
 	return map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
 		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
 }
 
-// asP turns a stored D handle into message 2 of protocol.md.
+// asP turns a stored D handle into message 2 of the kvroute Wire protocol.
 func asP(t *testing.T, h json.RawMessage) map[string]any {
 	t.Helper()
 	var m map[string]any

@@ -79,7 +79,8 @@
 //
 // # Rules
 //
-// The engines follow protocol.md: the pull count min(remote_num_tokens,
+// The engines follow the wire protocol of the kvroute package
+// documentation: the pull count min(remote_num_tokens,
 // prompt) - local prefix hit with a strict < kv_recompute_threshold; handles
 // are single-use (the reader notifies, the emitter frees; a second read gets
 // whatever the blocks hold now); reads are positional (the remote block list
