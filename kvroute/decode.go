@@ -55,7 +55,7 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 	body := t.decodeBody(pHandle)
 	var last error
 	for {
-		if t.decodeLegs >= t.r.hp.cfg.decodeAttempts {
+		if t.decodeLegs >= t.r.cfg.decodeAttempts {
 			return nil, last
 		}
 		ep, err := t.r.decode.pick(ctx, t.r.selector, t.req, affinity, t.hint, t.avoidD)
@@ -70,7 +70,7 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 			return nil, err
 		}
 		t.decodeLegs++
-		if pHandle != nil && t.r.cfg.clock().Sub(t.pDone) > t.r.hp.cfg.lease-ExpiryGuard {
+		if pHandle != nil && t.r.cfg.clock().Sub(t.pDone) > t.r.cfg.lease-ExpiryGuard {
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
 		}
 		resp, err := t.decodeOnce(ctx, ep, body)
@@ -97,7 +97,7 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 // the failure is one another engine may not repeat, and decode legs are
 // left.
 func (t *turn) redo(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && redoable(err) && t.decodeLegs < t.r.hp.cfg.decodeAttempts && !t.r.closed.Load()
+	return ctx.Err() == nil && redoable(err) && t.decodeLegs < t.r.cfg.decodeAttempts && !t.r.closed.Load()
 }
 
 // redoable reports whether a failed decode leg is worth another engine:

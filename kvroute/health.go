@@ -82,8 +82,6 @@ type endpointConfig struct {
 	maxEjectBackoff time.Duration
 	probeInterval   time.Duration
 	probeTimeout    time.Duration
-	lease           time.Duration
-	decodeAttempts  int
 }
 
 func defaultEndpointConfig() endpointConfig {
@@ -91,8 +89,6 @@ func defaultEndpointConfig() endpointConfig {
 		ejectAfter:      DefaultEjectAfter,
 		ejectBackoff:    DefaultEjectBackoff,
 		maxEjectBackoff: DefaultMaxEjectBackoff,
-		lease:           DefaultPrefillLease,
-		decodeAttempts:  DefaultDecodeAttempts,
 	}
 }
 
@@ -107,11 +103,11 @@ func (c *config) validateEndpoints() {
 	if e.probeInterval < 0 {
 		c.fail("WithHealthCheck", "interval %v is negative; use 0 to disable probes", e.probeInterval)
 	}
-	if e.lease <= ExpiryGuard {
-		c.fail("WithPrefillLease", "%v must be longer than %v", e.lease, ExpiryGuard)
+	if c.lease <= ExpiryGuard {
+		c.fail("WithPrefillLease", "%v must be longer than %v", c.lease, ExpiryGuard)
 	}
-	if e.decodeAttempts < 1 {
-		c.fail("WithDecodeAttempts", "%d is less than 1", e.decodeAttempts)
+	if c.decodeAttempts < 1 {
+		c.fail("WithDecodeAttempts", "%d is less than 1", c.decodeAttempts)
 	}
 }
 
@@ -159,7 +155,7 @@ func WithHealthCheck(interval, timeout time.Duration) Option {
 // left; later, the turn is redone as a plain miss. It must be longer than
 // ExpiryGuard.
 func WithPrefillLease(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.ends.lease = d })
+	return optionFunc(func(c *config) { c.lease = d })
 }
 
 // WithDecodeAttempts bounds how many decode legs one turn may start,
@@ -167,7 +163,7 @@ func WithPrefillLease(d time.Duration) Option {
 // retries). See the package documentation for when a decode leg is
 // retried.
 func WithDecodeAttempts(n int) Option {
-	return optionFunc(func(c *config) { c.ends.decodeAttempts = n })
+	return optionFunc(func(c *config) { c.decodeAttempts = n })
 }
 
 // healthPolicy is the router-wide part of health tracking.

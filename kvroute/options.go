@@ -81,6 +81,8 @@ type config struct {
 	localFallback    bool
 	observer         Observer
 	selector         Selector
+	lease            time.Duration // the prefill engines' kv_lease_duration
+	decodeAttempts   int           // decode legs one turn may start
 	verification     Verification
 	blockSize        int
 	renderTimeout    time.Duration
@@ -100,6 +102,8 @@ func defaultConfig() config {
 		idleTimeout:      DefaultIdleTimeout,
 		maxBodyBytes:     DefaultMaxBodyBytes,
 		reuse:            true,
+		lease:            DefaultPrefillLease,
+		decodeAttempts:   DefaultDecodeAttempts,
 		verification:     VerifyTokens,
 		blockSize:        DefaultBlockSize,
 		renderTimeout:    DefaultRenderTimeout,
