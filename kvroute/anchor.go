@@ -157,18 +157,6 @@ func anchorText(req *Request) (string, bool) {
 // content rules for their items and blocks.
 const RefuseTokenOnly = "token_verification_only"
 
-// agentStart names, per API, the member that opens a conversation (the
-// instructions or system prompt) and the array of its turns.
-func agentStart(path string) (head, turns string) {
-	switch path {
-	case PathResponses:
-		return "instructions", "input"
-	case PathMessages:
-		return "system", "messages"
-	}
-	return "", ""
-}
-
 // agentAnchor is the anchor of a Responses or Messages request: the hint,
 // else the head member and the turns up to and including the first user
 // turn (a string input: its first 256 bytes).
@@ -178,7 +166,10 @@ func agentAnchor(req *Request) string {
 		writeField(h, "hint", []byte(hint))
 		return digestKey("a", sum256(h))
 	}
-	head, turns := agentStart(req.Path)
+	var head, turns string
+	if a, ok := apiFor(req.Path); ok {
+		head, turns = a.conversation()
+	}
 	var buf bytes.Buffer
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
 		buf.Reset()

@@ -44,6 +44,11 @@ type api interface {
 	// streamHandles reports whether the API's streams can carry the
 	// decode handle at all (with vLLM PR #40186).
 	streamHandles() bool
+	// conversation names the members that open a conversation (the
+	// instructions or system prompt) and hold its turns, for the anchor of
+	// APIs without content rules; "" for chat and completions, which
+	// ContinuationKeys keys by content.
+	conversation() (head, turns string)
 	// errorBody is an error in the API's JSON shape; streamError the same
 	// as the stream event the API's clients expect.
 	errorBody(status int, err error) []byte
@@ -73,6 +78,7 @@ func (openAI) errorBody(status int, err error) []byte   { return errorBody(statu
 func (openAI) streamError(status int, err error) []byte { return sseError(status, err) }
 func (openAI) tokenIDs() bool                           { return true }
 func (openAI) streamHandles() bool                      { return true }
+func (openAI) conversation() (string, string)           { return "", "" }
 func (openAI) newStream(tokens, strip bool) streamCapture {
 	return newOpenAIStream(tokens, strip)
 }

@@ -98,6 +98,7 @@ func (messagesAPI) tokenizeFields() []string            { return nil }
 func (messagesAPI) tokenizable(*Request) bool           { return false }
 func (messagesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
 func (messagesAPI) tokenIDs() bool                      { return false }
+func (messagesAPI) conversation() (string, string)      { return "system", "messages" }
 
 // vLLM's Messages streams carry no handle, with or without PR #40186.
 func (messagesAPI) streamHandles() bool { return false }

@@ -113,6 +113,7 @@ func (responsesAPI) tokenizeFields() []string            { return nil }
 func (responsesAPI) tokenizable(*Request) bool           { return false }
 func (responsesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
 func (responsesAPI) tokenIDs() bool                      { return false }
+func (responsesAPI) conversation() (string, string)      { return "instructions", "input" }
 
 // newStream: events are named by their type; the handle sits in the
 // response object of the final event; the stream ends with
