@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -32,7 +33,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes))
+	body, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -107,4 +108,26 @@ func sseError(status int, err error) []byte {
 	out = append(out, "data: "...)
 	out = append(out, b...)
 	return append(out, "\n\n"...)
+}
+
+// readBody reads a request body. With a Content-Length within the limit
+// it reads into one buffer of that size, where io.ReadAll would grow a
+// buffer by doubling (and hold up to twice the body, in copies).
+func readBody(r io.Reader, length, limit int64) ([]byte, error) {
+	if length <= 0 || length > limit {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, length)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("the body is shorter than its Content-Length: %w", err)
+		}
+		return nil, err
+	}
+	// net/http enforces Content-Length; anything after it is an error.
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		return nil, errors.New("the body is longer than its Content-Length")
+	}
+	return b, nil
 }
