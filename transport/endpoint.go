@@ -94,8 +94,12 @@ func ParseEndpoint(s string) (Endpoint, error) {
 		return fail("missing host")
 	}
 	if strings.Contains(host, ":") {
-		if _, err := netip.ParseAddr(host); err != nil {
+		addr, err := netip.ParseAddr(host)
+		if err != nil {
 			return fail("invalid IPv6 literal")
+		}
+		if !validZone(addr.Zone()) {
+			return fail("invalid IPv6 zone (an interface name: letters, digits, '.', '_', '-')")
 		}
 	} else if strings.Trim(host, "0123456789") == "" {
 		return fail("numeric-only host (missing host before the port?)")
@@ -161,4 +165,17 @@ func (e Endpoint) NewRequest(ctx context.Context, method, path string, body io.R
 	}
 	e.Apply(req)
 	return req, nil
+}
+
+// validZone reports whether an IPv6 zone is an interface name or index
+// (letters, digits, '.', '_', '-'), which survives a round trip through a
+// URL; any other byte would not.
+func validZone(z string) bool {
+	for i := 0; i < len(z); i++ {
+		c := z[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

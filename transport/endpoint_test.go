@@ -66,6 +66,7 @@ func TestParseEndpointRejects(t *testing.T) {
 		{"http://h:1/?", "query"},
 		{"http://h:1#frag", "fragment"},
 		{"http://h h:1", "invalid character"},
+		{"[::%25\x82]:8100", "invalid IPv6 zone"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
