@@ -87,9 +87,21 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 		return o.data
 	}
 
+	// The output: the input less the members removed or replaced, plus
+	// the new members (sized exactly, so removing a large member does not
+	// allocate for it).
 	size := len(o.data)
+	for i, a := range act {
+		if a != -1 {
+			m := &o.members[i]
+			size -= m.end - m.start
+		}
+	}
 	for _, k := range set {
 		size += len(k.Key) + len(k.Value) + 8
+	}
+	if size < 0 {
+		size = 0
 	}
 	out := make([]byte, 0, size)
 	out = append(out, o.data[:o.open+1]...)

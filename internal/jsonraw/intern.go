@@ -50,6 +50,12 @@ func intern(b []byte) string {
 		return "delta"
 	case "finish_reason":
 		return "finish_reason"
+	case "stop_reason":
+		return "stop_reason"
+	case "token_ids":
+		return "token_ids"
+	case "prompt_token_ids":
+		return "prompt_token_ids"
 	case "usage":
 		return "usage"
 	case "logprobs":
