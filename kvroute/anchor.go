@@ -1,7 +1,6 @@
 package kvroute
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
@@ -170,10 +169,10 @@ func agentAnchor(req *Request) string {
 	if a, ok := apiFor(req.Path); ok {
 		head, turns = a.conversation()
 	}
-	var buf bytes.Buffer
+	var buf []byte
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
-		buf.Reset()
-		writeField(h, head, compact(&buf, v))
+		buf = anchorContent(buf[:0], v)
+		writeField(h, head, buf)
 	}
 	v, _ := req.Field(turns)
 	if s, ok := jsonraw.String(v); ok {
@@ -181,8 +180,14 @@ func agentAnchor(req *Request) string {
 		return digestKey("a", sum256(h))
 	}
 	_ = jsonraw.Elements(v, func(item []byte) error {
-		buf.Reset()
-		writeField(h, "turn", compact(&buf, item))
+		buf = buf[:0]
+		if r, ok := jsonraw.Lookup(item, "role"); ok {
+			buf = append(buf, r...)
+		}
+		if c, ok := jsonraw.Lookup(item, "content"); ok {
+			buf = anchorContent(append(buf, 0), c)
+		}
+		writeField(h, "turn", buf)
 		if r, ok := jsonraw.Lookup(item, "role"); ok {
 			if s, _ := jsonraw.String(r); s == "user" {
 				return errStop
@@ -191,6 +196,31 @@ func agentAnchor(req *Request) string {
 		return nil
 	})
 	return digestKey("a", sum256(h))
+}
+
+// anchorContent appends what an anchor keeps of a content value: a string,
+// or the text of each block of a list, in order; a block without text as
+// its type. Block metadata that agents move from turn to turn (Claude
+// Code's cache_control breakpoints) and the string-or-blocks spelling do
+// not change an anchor, which is only a candidate lookup: token
+// verification decides.
+func anchorContent(dst, v []byte) []byte {
+	if s, ok := jsonraw.String(v); ok {
+		return append(append(dst, s...), 0)
+	}
+	_ = jsonraw.Elements(v, func(b []byte) error {
+		if t, ok := jsonraw.Lookup(b, "text"); ok {
+			if s, ok := jsonraw.String(t); ok {
+				dst = append(append(dst, s...), 0)
+				return nil
+			}
+		}
+		if t, ok := jsonraw.Lookup(b, "type"); ok {
+			dst = append(append(dst, t...), 0)
+		}
+		return nil
+	})
+	return dst
 }
 
 func agentLookup(req *Request) ([]string, error) {

@@ -239,3 +239,31 @@ func TestAgentAPIErrors(t *testing.T) {
 	assert.Contains(t, string(res.raw), "previous_response_id")
 	assert.Contains(t, string(res.raw), `"error"`)
 }
+
+// Claude Code moves its cache_control breakpoint to the newest message
+// every turn and may send a message as a string or as text blocks: neither
+// changes which conversation a request belongs to.
+func TestAgentAnchorIgnoresCacheControl(t *testing.T) {
+	sys := []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}}
+	first := func(content any) map[string]any { return map[string]any{"role": "user", "content": content} }
+	body := func(msgs ...any) []byte {
+		b, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 8, "system": sys, "messages": msgs})
+		require.NoError(t, err)
+		return b
+	}
+	turn1 := body(first([]any{map[string]any{"type": "text", "text": "fix the bug", "cache_control": map[string]any{"type": "ephemeral"}}}))
+	turn2 := body(first([]any{map[string]any{"type": "text", "text": "fix the bug"}}),
+		map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": "done"}}},
+		first([]any{map[string]any{"type": "text", "text": "now the tests", "cache_control": map[string]any{"type": "ephemeral"}}}))
+	asString := body(first("fix the bug"))
+	other := body(first("fix another bug"))
+	keys := func(b []byte) []string {
+		k, err := kvroute.ContinuationKeys{}.Lookup(&kvroute.Request{Path: kvroute.PathMessages, Body: b})
+		require.NoError(t, err)
+		require.Len(t, k, 1)
+		return k
+	}
+	assert.Equal(t, keys(turn1), keys(turn2), "a moved breakpoint")
+	assert.Equal(t, keys(turn1), keys(asString), "string or blocks")
+	assert.NotEqual(t, keys(turn1), keys(other), "another conversation")
+}
