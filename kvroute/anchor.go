@@ -17,8 +17,8 @@ import (
 // hint (ConversationHint) or the conversation's start (chat: the messages up
 // to and including the first one that is not a system or developer message;
 // completions: a leading slice of the prompt whose length is a "quarter
-// octave" step, see anchorLen). Nothing in an
-// anchor is trusted: what the handle holds is verified before it is used.
+// octave" step, see anchorLen). Nothing in an anchor is trusted: what the
+// handle holds is verified before it is used.
 //
 // One Take finds a chat conversation's handle, so a miss costs one store
 // round trip.
@@ -180,18 +180,14 @@ func agentAnchor(req *Request) string {
 		return digestKey("a", sum256(h))
 	}
 	_ = jsonraw.Elements(v, func(item []byte) error {
-		buf = buf[:0]
-		if r, ok := jsonraw.Lookup(item, "role"); ok {
-			buf = append(buf, r...)
-		}
+		role, _ := jsonraw.Lookup(item, "role")
+		buf = append(buf[:0], role...)
 		if c, ok := jsonraw.Lookup(item, "content"); ok {
 			buf = anchorContent(append(buf, 0), c)
 		}
 		writeField(h, "turn", buf)
-		if r, ok := jsonraw.Lookup(item, "role"); ok {
-			if s, _ := jsonraw.String(r); s == "user" {
-				return errStop
-			}
+		if s, _ := jsonraw.String(role); s == "user" {
+			return errStop
 		}
 		return nil
 	})

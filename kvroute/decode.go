@@ -188,7 +188,7 @@ func isEventStream(ct string) bool {
 // the client then gets the router's own error for the status. Handles
 // never leave the router.
 func clientSafe(b []byte) []byte {
-	if !mayHoldHandle(b) {
+	if !sse.MayHoldHandle(b) {
 		return b
 	}
 	obj, err := jsonraw.Parse(b)
@@ -205,11 +205,4 @@ func clientSafe(b []byte) []byte {
 		return nil
 	}
 	return b
-}
-
-// mayHoldHandle reports whether b may spell kv_transfer_params: literally,
-// or through a \u escape in a JSON string (no other escape yields a letter
-// or '_').
-func mayHoldHandle(b []byte) bool {
-	return bytes.Contains(b, []byte(kvKey)) || bytes.Contains(b, []byte(`\u`))
 }

@@ -22,9 +22,8 @@ const (
 )
 
 // Fields vLLM's /tokenize does not take (its request model is a reduced
-// chat request): a
-// request that sets one of them renders differently there than for
-// generation, so /tokenize cannot verify it.
+// chat request): a request that sets one of them renders differently there
+// than for generation, so /tokenize cannot verify it.
 var tokenizeUnsupported = []string{"tool_choice", "documents", "reasoning_effort", "response_format"}
 
 // renderRetry is how long an engine that answered a render path with 404 or
@@ -95,7 +94,7 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 			t.rec.TokenSource = TokensFromRender
 			return ids, nil
 		}
-		if status != http.StatusNotFound && status != http.StatusNotImplemented && status != http.StatusMethodNotAllowed {
+		if !routeMissing(status) {
 			return nil, err
 		}
 		t.r.caps.markMissing(ep.url, renderPath, now)
@@ -109,7 +108,7 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 		t.rec.TokenSource = TokensFromTokenize
 		return ids, nil
 	}
-	if status == http.StatusNotFound || status == http.StatusNotImplemented || status == http.StatusMethodNotAllowed {
+	if routeMissing(status) {
 		t.r.caps.markMissing(ep.url, pathTokenize, now)
 		return nil, errNoRenderer
 	}
@@ -117,6 +116,13 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 }
 
 const pathTokenize = "/tokenize"
+
+// routeMissing reports whether an engine's status says it does not serve
+// the route at all (an older engine, or the renderer not enabled), as
+// opposed to failing this one call.
+func routeMissing(status int) bool {
+	return status == http.StatusNotFound || status == http.StatusNotImplemented || status == http.StatusMethodNotAllowed
+}
 
 // tokenizeBody builds a /tokenize body from the request, or reports that
 // /tokenize cannot render it as generation would.

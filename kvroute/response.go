@@ -213,7 +213,7 @@ func (r *Response) readBody() error {
 	}
 	obj, err := jsonraw.Parse(b)
 	if err != nil {
-		if mayHoldHandle(b) {
+		if sse.MayHoldHandle(b) {
 			// Not a JSON object, so nothing can be stripped, yet it may
 			// spell a handle: fail closed.
 			return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: errMalformedHandle}
@@ -239,7 +239,7 @@ func (r *Response) readBody() error {
 	case hasHandle:
 		b = obj.Edit([]string{kvKey})
 	}
-	if mayHoldHandle(b) {
+	if sse.MayHoldHandle(b) {
 		if out, ok := sse.StripChoiceHandles(b); ok {
 			b = out
 		}
@@ -365,18 +365,6 @@ func (t *turn) tooLarge(n int) {
 	t.r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
 		slog.Int("bytes", n), slog.Int("limit", t.r.cfg.maxEntryBytes))
 }
-
-// Refusals of token verification (TurnRecord.StoreRefusal).
-const (
-	// RefuseNoTokenIDs: token mode, but the decode engine sent no token ids
-	// (an engine without return_token_ids, or one that drops them, e.g.
-	// with include_reasoning false or media); the turn is retained under
-	// content rules only.
-	RefuseNoTokenIDs = "no_token_ids"
-	// RefuseTokenCount: the engine's token ids are fewer than the
-	// handle's remote_num_tokens.
-	RefuseTokenCount = "token_count"
-)
 
 // fingerprint returns the token fingerprint of D's blocks in token mode
 // (nil in content mode or when the engine sent no token ids), or a refusal

@@ -83,28 +83,32 @@ func (s *typedStream) Reply() *Reply {
 	return s.rep
 }
 
-// mayHold is the cheap test for a kv_transfer_params key, literal or
-// escaped, or a member only handles have.
-func mayHold(b []byte) bool {
-	return bytes.Contains(b, []byte(kvKey)) || bytes.Contains(b, []byte(`\u`)) ||
-		bytes.Contains(b, []byte("remote_block_ids")) || bytes.Contains(b, []byte("remote_engine_id"))
+func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
+	data, changed := ev.Data, false
+	if ev.HasData {
+		obj, err := jsonraw.Parse(ev.Data)
+		switch {
+		case err == nil:
+			s.observe(obj, ev)
+			if sse.MayHoldHandle(ev.Data) {
+				if data, changed = s.strip(obj); sse.HasHandleKey(data) {
+					return nil, sse.ErrMalformedData // a handle where this API puts none
+				}
+			}
+		case sse.MayHoldHandle(ev.Data):
+			return nil, sse.ErrMalformedData // not JSON, yet it may spell a handle
+		}
+	}
+	// Lines outside the data that name a handle are dropped (sse.Rewrite).
+	out, rewritten := sse.Rewrite(s.out[:0], ev, data, changed)
+	if rewritten {
+		s.out = out
+	}
+	return out, nil
 }
 
-func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
-	if !ev.HasData {
-		if mayHold(ev.Raw) {
-			return nil, nil // a comment that names the key: dropped
-		}
-		return ev.Raw, nil
-	}
-	d := ev.Data
-	obj, err := jsonraw.Parse(d)
-	if err != nil {
-		if mayHold(d) {
-			return nil, sse.ErrMalformedData
-		}
-		return ev.Raw, nil
-	}
+// observe notes a final event and reads the reply from it.
+func (s *typedStream) observe(obj jsonraw.Object, ev sse.Event) {
 	typ := ""
 	if v, ok := obj.Get("type"); ok {
 		typ, _ = jsonraw.String(v)
@@ -112,15 +116,18 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 	if s.final[typ] || s.final[ev.Name] {
 		s.done = true
 		if s.reply != nil {
-			s.rep = s.reply(d)
+			s.rep = s.reply(ev.Data)
 		}
 	}
-	if !mayHold(ev.Raw) {
-		return ev.Raw, nil
-	}
-	// Take and remove the handle wherever this API may put it.
+}
+
+// strip takes the handle wherever this API may put it (the top level, or
+// the nested object) and returns the data without it, and whether it
+// changed.
+func (s *typedStream) strip(obj jsonraw.Object) ([]byte, bool) {
 	var set []jsonraw.Member
-	if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
+	h, top := obj.Get(kvKey)
+	if top && !jsonraw.IsNull(h) {
 		s.handle = bytes.Clone(h)
 	}
 	if s.nested != "" {
@@ -133,42 +140,8 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 			}
 		}
 	}
-	data := obj.Edit([]string{kvKey}, set...)
-	if sse.HasHandleKey(data) {
-		return nil, sse.ErrMalformedData // a handle where this API puts none
+	if !top && set == nil {
+		return obj.Bytes(), false // the word sits in content, which is the client's
 	}
-	key := []byte(kvKey)
-	if len(data) == len(d) && bytes.Count(ev.Raw, key) == bytes.Count(d, key) && !otherLinesName(ev.Raw, d) {
-		// Nothing removed and no other line names the key: the word sits
-		// in content (a model may write it), which is the client's.
-		return ev.Raw, nil
-	}
-	// Re-frame as event + one data line: any other line that named the key
-	// is dropped with it.
-	s.out = s.out[:0]
-	if ev.Name != "" {
-		s.out = append(s.out, "event: "...)
-		s.out = append(s.out, ev.Name...)
-		s.out = append(s.out, '\n')
-	}
-	s.out = append(s.out, "data: "...)
-	for _, c := range data {
-		if c == '\n' || c == '\r' {
-			c = ' '
-		}
-		s.out = append(s.out, c)
-	}
-	s.out = append(s.out, "\n\n"...)
-	return s.out, nil
-}
-
-// otherLinesName reports whether raw holds handle member names outside its
-// data (in a comment, id or event line).
-func otherLinesName(raw, data []byte) bool {
-	for _, m := range [...]string{"remote_block_ids", "remote_engine_id"} {
-		if bytes.Count(raw, []byte(m)) > bytes.Count(data, []byte(m)) {
-			return true
-		}
-	}
-	return false
+	return obj.Edit([]string{kvKey}, set...), true
 }

@@ -98,11 +98,11 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		c.inspect(d)
 	}
 	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
-	if !strip && !mayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
+	if !strip && !MayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
 		return e.Raw, nil
 	}
 	data, changed := d, false
-	if e.HasData && !done && (strip || mayHoldHandle(d)) {
+	if e.HasData && !done && (strip || MayHoldHandle(d)) {
 		if err := c.obj.Reset(d); err != nil {
 			if !errors.Is(err, jsonraw.ErrNotObject) {
 				return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
@@ -110,7 +110,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 			// Valid JSON but no object: a string or number has no member
 			// to remove; an array that may hold one is never forwarded
 			// (vLLM sends none).
-			if t := bytes.TrimLeft(d, " \t\r\n"); len(t) > 0 && t[0] == '[' && mayHoldHandle(d) {
+			if t := bytes.TrimLeft(d, " \t\r\n"); len(t) > 0 && t[0] == '[' && MayHoldHandle(d) {
 				return nil, fmt.Errorf("%w: an array", ErrMalformedData)
 			}
 		} else {
@@ -126,7 +126,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 				data = c.obj.Edit([]string{HandleKey})
 				changed = true
 			}
-			if mayHoldHandle(data) {
+			if MayHoldHandle(data) {
 				if out, ok := StripChoiceHandles(data); ok {
 					data, changed = out, true
 				}
@@ -138,11 +138,11 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		// it cannot be removed with certainty, so it is never forwarded.
 		return nil, fmt.Errorf("%w: a nested handle", ErrMalformedData)
 	}
-	if !changed && !otherLineHolds(e.Raw) {
-		return e.Raw, nil
+	out, rewritten := Rewrite(c.out[:0], e, data, changed)
+	if rewritten {
+		c.out = out
 	}
-	c.out = reframe(c.out[:0], e.Raw, data, changed)
-	return c.out, nil
+	return out, nil
 }
 
 // StripChoiceHandles returns obj, a JSON object, without the
@@ -151,7 +151,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 // object). A top-level kv_transfer_params is left as it is.
 func StripChoiceHandles(obj []byte) ([]byte, bool) {
 	choices, ok := jsonraw.Lookup(obj, "choices")
-	if !ok || !mayHoldHandle(choices) || len(choices) == 0 || choices[0] != '[' {
+	if !ok || !MayHoldHandle(choices) || len(choices) == 0 || choices[0] != '[' {
 		return obj, false
 	}
 	out := make([]byte, 0, len(choices))
@@ -163,7 +163,7 @@ func StripChoiceHandles(obj []byte) ([]byte, bool) {
 			out = append(out, ',')
 		}
 		n++
-		if mayHoldHandle(v) {
+		if MayHoldHandle(v) {
 			if o, err := jsonraw.Parse(v); err == nil && o.Has(HandleKey) {
 				out = append(out, o.Edit([]string{HandleKey})...)
 				changed = true
@@ -184,11 +184,12 @@ func StripChoiceHandles(obj []byte) ([]byte, bool) {
 	return o.Edit(nil, jsonraw.Member{Key: "choices", Value: out}), true
 }
 
-// mayHoldHandle is the cheap test for a kv_transfer_params key: a key that
-// decodes to it is either spelled literally or contains a \u escape (no
-// other JSON escape produces a letter or '_').
-func mayHoldHandle(d []byte) bool {
-	return bytes.Contains(d, []byte(HandleKey)) || bytes.Contains(d, []byte(`\u`))
+// MayHoldHandle is the cheap test for a kv_transfer_params member in JSON
+// text b: a key that decodes to it is either spelled literally or contains
+// a \u escape (no other JSON escape produces a letter or '_'). False means
+// b certainly holds none.
+func MayHoldHandle(b []byte) bool {
+	return bytes.Contains(b, []byte(HandleKey)) || bytes.Contains(b, []byte(`\u`))
 }
 
 // handleMembers are members only a KV handle has; a line outside the data
@@ -383,6 +384,20 @@ func reframe(dst, raw, data []byte, replace bool) []byte {
 		raw = raw[next:]
 	}
 	return dst
+}
+
+// Rewrite returns the bytes to forward for e once its data may have been
+// edited to data (changed says whether it was): e.Raw itself when nothing
+// changed and no line outside the data names a handle (kv_transfer_params,
+// remote_block_ids or remote_engine_id); otherwise, appended to dst, e
+// with every non-data line that names a handle dropped and, when changed,
+// its data lines replaced by one "data: " line holding data. rewritten
+// reports the second case, in which the result aliases dst.
+func Rewrite(dst []byte, e Event, data []byte, changed bool) (out []byte, rewritten bool) {
+	if !changed && !otherLineHolds(e.Raw) {
+		return e.Raw, false
+	}
+	return reframe(dst, e.Raw, data, changed), true
 }
 
 // otherLineHolds reports whether a line of raw other than a data line

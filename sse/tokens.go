@@ -38,7 +38,7 @@ func (c *Capture) TokenIDs() []uint32 { return c.genIDs }
 func (c *Capture) HasTokenIDs() bool { return c.sawPromptIDs && c.sawGenIDs && !c.badIDs }
 
 // mayHoldTokenIDs is the cheap test for a token-id member (see
-// mayHoldHandle for the escape rule).
+// MayHoldHandle for the escape rule).
 func mayHoldTokenIDs(d []byte) bool {
 	return bytes.Contains(d, []byte(TokenIDsKey)) || bytes.Contains(d, []byte(`\u`))
 }
