@@ -8,12 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -381,17 +377,6 @@ func TestE2EAgents(t *testing.T) {
 	assert.NotContains(t, px.stderr.String(), agentSystem[:40], "prompts never reach the logs")
 }
 
-// readmeBlock returns the shell block of README.md between the markers
-// <!-- name:begin ... --> and <!-- name:end -->.
-func readmeBlock(t *testing.T, name string) string {
-	t.Helper()
-	b, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	m := regexp.MustCompile("(?s)<!-- " + name + ":begin[^>]*-->\\s*```sh\\n(.*?)```\\s*<!-- " + name + ":end -->").FindSubmatch(b)
-	require.NotNil(t, m, "README.md has no %s block", name)
-	return string(m[1])
-}
-
 // The README's agent run, as written, only with free ports for the fixed
 // ones: two Codex-shaped /v1/responses turns and two Claude Code-shaped
 // /v1/messages turns (miss, then hit each) and the two refusals.
@@ -400,36 +385,7 @@ func TestReadmeAgents(t *testing.T) {
 		t.Skip("builds and starts processes")
 	}
 	t.Parallel() // slow: real processes
-	for _, tool := range []string{"bash", "curl", "jq"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("the agent run needs %s: %v", tool, err)
-		}
-	}
-	script := readmeBlock(t, "agents")
-	fixed := []string{"8000", "8100", "8200", "5600", "5601"}
-	ports := freePorts(t, len(fixed))
-	for i, p := range fixed {
-		require.Contains(t, script, p)
-		script = regexp.MustCompile(`\b`+p+`\b`).ReplaceAllString(script, ports[i])
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
-	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "OPENAI_API_KEY=")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out, logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &logs
-	require.NoError(t, cmd.Start())
-	pgid := cmd.Process.Pid
-	err = cmd.Wait()
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
-
-	got := out.String()
+	got, _ := runReadmeBlock(t, "agents")
 	reuse := regexp.MustCompile(`(?mi)^x-bidikv-reuse: (\w+)\r?$`).FindAllStringSubmatch(got, -1)
 	var seq []string
 	for _, m := range reuse {

@@ -19,14 +19,54 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// quickStart returns the shell block of README.md's quick start.
-func quickStart(t *testing.T) string {
+// readmeBlock returns the shell block of README.md between the markers
+// <!-- name:begin ... --> and <!-- name:end -->.
+func readmeBlock(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile("README.md")
 	require.NoError(t, err)
-	m := regexp.MustCompile("(?s)<!-- quickstart:begin[^>]*-->\\s*```sh\\n(.*?)```\\s*<!-- quickstart:end -->").FindSubmatch(b)
-	require.NotNil(t, m, "README.md has no quick-start block")
+	m := regexp.MustCompile("(?s)<!-- " + name + ":begin[^>]*-->\\s*```sh\\n(.*?)```\\s*<!-- " + name + ":end -->").FindSubmatch(b)
+	require.NotNil(t, m, "README.md has no %s block", name)
 	return string(m[1])
+}
+
+// runReadmeBlock runs README.md's shell block name as written from the
+// repository root, only with free ports for the fixed ones the README uses,
+// in a process group of its own (so that whatever it left running is
+// stopped), bounded to three minutes. It skips the test when bash, curl or
+// jq is missing and fails it when the script fails; it returns the
+// script's standard output and error.
+func runReadmeBlock(t *testing.T, name string) (stdout, stderr string) {
+	t.Helper()
+	for _, tool := range []string{"bash", "curl", "jq"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("README block %s needs %s: %v", name, tool, err)
+		}
+	}
+	script := readmeBlock(t, name)
+	fixed := []string{"8000", "8100", "8200", "5600", "5601"}
+	ports := freePorts(t, len(fixed))
+	for i, p := range fixed {
+		require.Contains(t, script, p)
+		script = regexp.MustCompile(`\b`+p+`\b`).ReplaceAllString(script, ports[i])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "OPENAI_API_KEY=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out, logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &logs
+	require.NoError(t, cmd.Start())
+	pgid := cmd.Process.Pid
+	err = cmd.Wait()
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
+	return out.String(), logs.String()
 }
 
 // freePorts returns n ports free on 127.0.0.1 a moment ago, below the
@@ -67,38 +107,8 @@ func freePorts(t *testing.T, n int) []string {
 // turns, and the second is a hit.
 func TestReadmeQuickStart(t *testing.T) {
 	t.Parallel() // slow: real processes or a long stream
-	for _, tool := range []string{"bash", "curl", "jq"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("the quick start needs %s: %v", tool, err)
-		}
-	}
-	script := quickStart(t)
-	fixed := []string{"8000", "8100", "8200", "5600", "5601"}
-	ports := freePorts(t, len(fixed))
-	for i, p := range fixed {
-		require.Contains(t, script, p)
-		script = regexp.MustCompile(`\b`+p+`\b`).ReplaceAllString(script, ports[i])
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
-	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "OPENAI_API_KEY=")
-	// Its own process group, so that whatever it left running is stopped.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	pgid := cmd.Process.Pid
-	err = cmd.Wait()
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	require.NoError(t, err, "%s", out.String())
-
-	got := out.String()
+	stdout, stderr := runReadmeBlock(t, "quickstart")
+	got := stdout + stderr
 	assert.Regexp(t, `(?mi)^x-bidikv-reuse: miss\r?$`, got, "turn 1")
 	assert.Regexp(t, `(?mi)^x-bidikv-reuse: hit\r?$`, got, "turn 2")
 	assert.Contains(t, got, "data: [DONE]")
