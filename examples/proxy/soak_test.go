@@ -331,34 +331,12 @@ func (s *soak) phaseA(t *testing.T, rs *soakRound) {
 			return d, ok
 		})
 	}
-	// A trickling body on the completion route: 408 in OpenAI's shape,
-	// then closed, at --read-body-timeout from the end of the headers.
-	probe("slow body (completion)", func(c net.Conn, r *bufio.Reader) (time.Duration, bool) {
-		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"); !assert.NoError(t, err) {
-			return 0, false
-		}
-		ref := time.Now()
-		done := make(chan struct{})
-		defer close(done)
-		wg.Add(1)
-		go trickle(c, ' ', done)
-		resp, err := http.ReadResponse(r, nil)
-		if !assert.NoError(t, err) {
-			return 0, false
-		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		assertJSONError(t, resp.StatusCode, resp.Header, string(b), http.StatusRequestTimeout, "request_timeout")
-		d, ok := untilClosed("slow body (completion)", c, r, ref, soakReadBody)
-		record(&rs.slowBodyClose, d)
-		return d, ok
-	})
-	rs.slowBodyTurns = 1
-	// Trickling bodies on a route that does not read them: answered at
-	// once, closed at the body deadline.
-	for i := range 2 {
-		probe(fmt.Sprintf("slow body (/health) %d", i), func(c net.Conn, r *bufio.Reader) (time.Duration, bool) {
-			if _, err := io.WriteString(c, "POST /health HTTP/1.1\r\nHost: soak\r\nContent-Length: 1000\r\n\r\n{"); !assert.NoError(t, err) {
+	// slowBody sends request's headers, then trickles its body: the
+	// proxy answers status in OpenAI's shape and closes the connection at
+	// --read-body-timeout from the end of the headers.
+	slowBody := func(label, request string, status int, code string, into *[]time.Duration) {
+		probe(label, func(c net.Conn, r *bufio.Reader) (time.Duration, bool) {
+			if _, err := io.WriteString(c, request); !assert.NoError(t, err) {
 				return 0, false
 			}
 			ref := time.Now()
@@ -372,11 +350,21 @@ func (s *soak) phaseA(t *testing.T, rs *soakRound) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
-			assertJSONError(t, resp.StatusCode, resp.Header, string(b), http.StatusMethodNotAllowed, "method_not_allowed")
-			d, ok := untilClosed("slow body (/health)", c, r, ref, soakReadBody)
-			record(&rs.slowHealthClose, d)
+			assertJSONError(t, resp.StatusCode, resp.Header, string(b), status, code)
+			d, ok := untilClosed(label, c, r, ref, soakReadBody)
+			record(into, d)
 			return d, ok
 		})
+	}
+	// A trickling body on the completion route: 408.
+	slowBody("slow body (completion)", "POST /v1/chat/completions HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+		http.StatusRequestTimeout, "request_timeout", &rs.slowBodyClose)
+	rs.slowBodyTurns = 1
+	// Trickling bodies on a route that does not read them: answered at
+	// once, closed at the body deadline.
+	for i := range 2 {
+		slowBody(fmt.Sprintf("slow body (/health) %d", i), "POST /health HTTP/1.1\r\nHost: soak\r\nContent-Length: 1000\r\n\r\n{",
+			http.StatusMethodNotAllowed, "method_not_allowed", &rs.slowHealthClose)
 	}
 	// Headers that trickle in: closed at --read-header-timeout, no answer.
 	probe("slow headers", func(c net.Conn, r *bufio.Reader) (time.Duration, bool) {
