@@ -250,3 +250,41 @@ func TestTokenVerificationKVGroups(t *testing.T) {
 		assert.Zero(t, body.KV.N%16, "a block-aligned prefix")
 	}
 }
+
+// A completions client that sends token ids (as RL and agent frameworks
+// do): its prompt is verified as it stands, with no render call, and every
+// answer is the single engine's.
+func TestTokenVerificationPromptIDs(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0))
+	rec := &recorder{}
+	r := newRouter(t, c, kvroute.WithObserver(rec))
+	url := serve(t, r)
+	sys, err := kvroutetest.Reference(kvroute.PathCompletions, []byte(`{"model":"sim-model","max_tokens":1,"prompt":`+strconvQuote(systemPrompt)+`}`))
+	require.NoError(t, err)
+	prompt := append([]uint32(nil), sys.PromptTokenIDs...)
+	for turn := range 4 {
+		user, err := kvroutetest.Reference(kvroute.PathCompletions, []byte(`{"model":"sim-model","max_tokens":1,"prompt":`+strconvQuote(userText(turn))+`}`))
+		require.NoError(t, err)
+		prompt = append(prompt, user.PromptTokenIDs...)
+		body, err := json.Marshal(map[string]any{"model": kvroutetest.DefaultModel, "max_tokens": 16, "prompt": prompt})
+		require.NoError(t, err)
+		res := post(t, url, kvroute.PathCompletions, body, nil)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		want, err := kvroutetest.Reference(kvroute.PathCompletions, body)
+		require.NoError(t, err)
+		assert.Equal(t, want.Text, res.text, "turn %d", turn)
+		tr := rec.last()
+		if turn > 0 {
+			require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", turn, tr.MissReason)
+			assert.Equal(t, kvroute.TokensFromPrompt, tr.TokenSource)
+			assert.Zero(t, tr.Render, "no render call")
+		}
+		prompt = append(prompt, want.TokenIDs...)
+	}
+	assert.Zero(t, c.Prefill[0].Stats().RenderRequests)
+	for _, e := range append(c.Prefill, c.Decode...) {
+		assert.Zero(t, e.Stats().WrongOutputs)
+	}
+}
+
+func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
