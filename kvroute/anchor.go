@@ -219,8 +219,8 @@ func anchorContent(dst, v []byte) []byte {
 	return dst
 }
 
-func agentLookup(req *Request) ([]string, error) {
-	return []string{agentAnchor(req)}, nil
+func agentLookup(req *Request) (Candidates, error) {
+	return Candidates{Keys: []string{agentAnchor(req)}}, nil
 }
 
 func agentKey(req *Request) (Retention, error) {

@@ -235,11 +235,11 @@ func BenchmarkContinuationKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		req := &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: body}
-		keys, err := ck.Lookup(req)
-		if err != nil || len(keys) == 0 {
-			b.Fatalf("lookup: %v, %d keys", err, len(keys))
+		c, err := ck.Lookup(req)
+		if err != nil || len(c.Keys) == 0 {
+			b.Fatalf("lookup: %v, %d keys", err, len(c.Keys))
 		}
-		ret, err := ck.Key(req, reply)
+		ret, err := ck.Key(req, c, reply)
 		if err != nil || ret.Key == "" {
 			b.Fatalf("key: %v %q", err, ret.Refusal)
 		}

@@ -160,11 +160,22 @@ var ignoredMessageFields = map[string]bool{
 	"refusal": true, "annotations": true, "audio": true, "function_call": true,
 }
 
+// chatDigest is what Lookup computes of a chat conversation, kept in
+// Candidates.Memo for Verify and Key.
+type chatDigest struct {
+	// chain is the digest of the whole conversation, which Key extends
+	// with the reply.
+	chain [32]byte
+	// bounds are the digests of every prefix of the messages that ends
+	// with an assistant message, but the last message.
+	bounds [][32]byte
+}
+
 // Lookup implements Identifier: the conversation's anchor (see anchor.go),
 // one key. It also hashes the conversation once, keeping the digest of
 // every prefix that ends with an assistant message (except the last
-// message) for Verify and the whole chain for Key.
-func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
+// message) for Verify and the whole chain for Key, in Candidates.Memo.
+func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
 	switch req.Path {
 	case PathChatCompletions:
 	case PathCompletions:
@@ -181,24 +192,36 @@ func (c ContinuationKeys) Lookup(req *Request) ([]string, error) {
 		last = role
 	})
 	if err != nil {
-		return nil, err
+		return Candidates{}, err
 	}
-	req.chain, req.chained = cur, true // Key extends it with the reply
 	// A request whose last message is the stored reply itself sends
 	// nothing new: it is no continuation.
 	if last == "assistant" && len(bounds) > 0 {
 		bounds = bounds[:len(bounds)-1]
 	}
-	req.bounds = bounds
 	anchor, err := chatAnchor(req)
+	if err != nil {
+		return Candidates{}, err
+	}
+	return Candidates{Keys: []string{anchor}, Memo: &chatDigest{chain: cur, bounds: bounds}}, nil
+}
+
+// digest returns the chat digest Lookup left in cands, computing it when
+// cands holds none (Key without Lookup, or Candidates from another
+// Identifier).
+func (c ContinuationKeys) digest(req *Request, cands Candidates) (*chatDigest, error) {
+	if d, ok := cands.Memo.(*chatDigest); ok {
+		return d, nil
+	}
+	fresh, err := c.Lookup(req)
 	if err != nil {
 		return nil, err
 	}
-	return []string{anchor}, nil
+	return fresh.Memo.(*chatDigest), nil
 }
 
 // Key implements Identifier.
-func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
+func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Retention, error) {
 	reason, soft := c.refusal(req, reply)
 	if reason != "" && !soft {
 		return Retention{Refusal: reason}, nil
@@ -210,15 +233,12 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 	default:
 		return agentKey(req)
 	}
-	cur := req.chain
-	if !req.chained {
-		var err error
-		if cur, err = chainConversation(req, nil); err != nil {
-			return Retention{}, err
-		}
+	d, err := c.digest(req, cands)
+	if err != nil {
+		return Retention{}, err
 	}
 	h := sha256.New()
-	h.Write(cur[:])
+	h.Write(d.chain[:])
 	writeMessage(h, "assistant", contentText(reply.Content), "", "", reply.ToolCalls, nil)
 	var next [32]byte
 	h.Sum(next[:0])
@@ -235,7 +255,7 @@ func (c ContinuationKeys) Key(req *Request, reply *Reply) (Retention, error) {
 // ends in a rune that is not whitespace and the new text begins with a
 // space, or with a newline after a letter or digit). The boundary rule is
 // a heuristic (see ContinuationKeys); token verification is exact.
-func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
+func (c ContinuationKeys) Verify(req *Request, cands Candidates, check []byte) bool {
 	if req.Path != PathChatCompletions && req.Path != PathCompletions {
 		return false // Responses and Messages: token verification only
 	}
@@ -243,12 +263,11 @@ func (c ContinuationKeys) Verify(req *Request, check []byte) bool {
 		if len(check) != sha256.Size {
 			return false
 		}
-		if !req.chained {
-			if _, err := c.Lookup(req); err != nil {
-				return false
-			}
+		d, err := c.digest(req, cands)
+		if err != nil {
+			return false
 		}
-		for _, b := range req.bounds {
+		for _, b := range d.bounds {
 			if bytes.Equal(b[:], check) {
 				return true
 			}
@@ -427,12 +446,12 @@ func stopByToken(stopReason []byte) bool {
 	return isInt
 }
 
-func (c ContinuationKeys) completionLookup(req *Request) ([]string, error) {
+func (c ContinuationKeys) completionLookup(req *Request) (Candidates, error) {
 	text, ok := anchorText(req)
 	if !ok {
-		return nil, nil
+		return Candidates{}, nil
 	}
-	return completionAnchors(req, text), nil
+	return Candidates{Keys: completionAnchors(req, text)}, nil
 }
 
 const minAnchor = 16

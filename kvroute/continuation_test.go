@@ -35,7 +35,7 @@ func stored(t testing.TB, body map[string]any, reply *kvroute.Reply) kvroute.Ret
 
 func mustRetain(t testing.TB, req *kvroute.Request, reply *kvroute.Reply) kvroute.Retention {
 	t.Helper()
-	ret, err := kvroute.ContinuationKeys{}.Key(req, reply)
+	ret, err := kvroute.ContinuationKeys{}.Key(req, kvroute.Candidates{}, reply)
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key, "refused: %s", ret.Refusal)
 	require.Empty(t, ret.Refusal)
@@ -58,30 +58,29 @@ func rawStored(t testing.TB, body string, reply *kvroute.Reply) kvroute.Retentio
 
 // continues reports whether req continues the turn retained as ret under
 // content rules: Lookup names ret's key, Verify accepts ret's check, and
-// the turn was not refused. req must be fresh (Lookup caches its digests
-// on the request).
+// the turn was not refused.
 func continues(t testing.TB, req *kvroute.Request, ret kvroute.Retention) bool {
 	t.Helper()
 	ck := kvroute.ContinuationKeys{}
-	keys, err := ck.Lookup(req)
+	c, err := ck.Lookup(req)
 	require.NoError(t, err)
-	return ret.Key != "" && slices.Contains(keys, ret.Key) && ck.Verify(req, ret.Check) && ret.Refusal == ""
+	return ret.Key != "" && slices.Contains(c.Keys, ret.Key) && ck.Verify(req, c, ret.Check) && ret.Refusal == ""
 }
 
 // verifies reports whether a fresh req's content check accepts ret's,
 // whatever the anchor: anchors are not trusted, so every miss must fail
 // here too.
 func verifies(req *kvroute.Request, ret kvroute.Retention) bool {
-	return kvroute.ContinuationKeys{}.Verify(req, ret.Check)
+	return kvroute.ContinuationKeys{}.Verify(req, kvroute.Candidates{}, ret.Check)
 }
 
 // anchor is the one key Lookup returns for a chat request.
 func anchor(t testing.TB, req *kvroute.Request) string {
 	t.Helper()
-	keys, err := kvroute.ContinuationKeys{}.Lookup(req)
+	c, err := kvroute.ContinuationKeys{}.Lookup(req)
 	require.NoError(t, err)
-	require.Len(t, keys, 1)
-	return keys[0]
+	require.Len(t, c.Keys, 1)
+	return c.Keys[0]
 }
 
 func clone(m map[string]any) map[string]any {
@@ -370,7 +369,7 @@ func TestContinuationRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ret, err := tc.ck.Key(chatReq(t, tc.body), tc.reply)
+			ret, err := tc.ck.Key(chatReq(t, tc.body), kvroute.Candidates{}, tc.reply)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, ret.Refusal)
 			if tc.want == "" || tc.soft {
@@ -531,7 +530,7 @@ func completionReq(prompt string) *kvroute.Request {
 func TestContinuationCompletions(t *testing.T) {
 	ck := kvroute.ContinuationKeys{}
 	p1 := strings.Repeat("history ", 40) + "Q:"
-	ret, err := ck.Key(completionReq(p1), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+	ret, err := ck.Key(completionReq(p1), kvroute.Candidates{}, &kvroute.Reply{Content: " answer", FinishReason: "stop"})
 	require.NoError(t, err)
 	require.NotEmpty(t, ret.Key)
 	require.Empty(t, ret.Refusal)
@@ -543,7 +542,7 @@ func TestContinuationCompletions(t *testing.T) {
 		"edited history": "H" + p1[1:] + " answer\nUser: more",
 	} {
 		assert.False(t, continues(t, completionReq(prompt), ret), name)
-		assert.False(t, ck.Verify(completionReq(prompt), ret.Check), name)
+		assert.False(t, ck.Verify(completionReq(prompt), kvroute.Candidates{}, ret.Check), name)
 	}
 
 	t.Run("anchors", func(t *testing.T) {
@@ -553,8 +552,9 @@ func TestContinuationCompletions(t *testing.T) {
 		// of them.
 		text := p1 + " answer"
 		require.Len(t, text, 329)
-		keys, err := ck.Lookup(completionReq(text + "\nUser: more"))
+		c, err := ck.Lookup(completionReq(text + "\nUser: more"))
 		require.NoError(t, err)
+		keys := c.Keys
 		require.Len(t, keys, 8)
 		assert.Equal(t, ret.Key, keys[0])
 		assert.Len(t, slices.Compact(slices.Clone(keys)), 8)
@@ -567,24 +567,24 @@ func TestContinuationCompletions(t *testing.T) {
 		longer := text + " " + strings.Repeat("more ", (4*320-len(text))/5+1)
 		require.GreaterOrEqual(t, len(longer), 4*320)
 		assert.False(t, continues(t, completionReq(longer), ret))
-		assert.True(t, ck.Verify(completionReq(longer), ret.Check), "only the anchor is out of reach")
+		assert.True(t, ck.Verify(completionReq(longer), kvroute.Candidates{}, ret.Check), "only the anchor is out of reach")
 	})
 	t.Run("hint", func(t *testing.T) {
 		req := func(prompt, hint string) *kvroute.Request {
 			b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "conversation_id": hint})
 			return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
 		}
-		h, err := ck.Key(req(p1, "h"), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+		h, err := ck.Key(req(p1, "h"), kvroute.Candidates{}, &kvroute.Reply{Content: " answer", FinishReason: "stop"})
 		require.NoError(t, err)
 		require.Empty(t, h.Refusal)
 		assert.Equal(t, ret.Check, h.Check, "the hint is not content")
 		assert.NotEqual(t, ret.Key, h.Key)
-		keys, err := ck.Lookup(req("anything else entirely", "h"))
+		c, err := ck.Lookup(req("anything else entirely", "h"))
 		require.NoError(t, err)
-		assert.Equal(t, []string{h.Key}, keys, "the hint's anchor whatever the prompt")
+		assert.Equal(t, []string{h.Key}, c.Keys, "the hint's anchor whatever the prompt")
 		other, err := ck.Lookup(req(p1, "h2"))
 		require.NoError(t, err)
-		assert.NotEqual(t, keys, other, "two hints differ")
+		assert.NotEqual(t, c.Keys, other.Keys, "two hints differ")
 		assert.True(t, continues(t, req(p1+" answer\nUser: more", "h"), h))
 		assert.False(t, continues(t, req("x"+p1+" answer\nUser: more", "h"), h))
 	})
@@ -597,13 +597,13 @@ func TestContinuationCompletions(t *testing.T) {
 			b, _ := json.Marshal(map[string]any{"model": "m", "prompt": p})
 			return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
 		}
-		ret, err := ck.Key(ids(40), &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+		ret, err := ck.Key(ids(40), kvroute.Candidates{}, &kvroute.Reply{Content: " answer", FinishReason: "stop"})
 		require.NoError(t, err)
 		assert.Equal(t, kvroute.RefuseUnkeyable, ret.Refusal, "soft: kept for token verification")
 		require.NotEmpty(t, ret.Key)
-		keys, err := ck.Lookup(ids(60))
+		c, err := ck.Lookup(ids(60))
 		require.NoError(t, err)
-		assert.Contains(t, keys, ret.Key, "a longer prompt of the same ids finds the anchor")
+		assert.Contains(t, c.Keys, ret.Key, "a longer prompt of the same ids finds the anchor")
 		assert.False(t, continues(t, ids(60), ret))
 	})
 }
@@ -635,7 +635,7 @@ func TestContinuationCompletionSeams(t *testing.T) {
 	}
 	for _, tc := range keyCases {
 		t.Run("key/"+tc.name, func(t *testing.T) {
-			ret, err := kvroute.ContinuationKeys{}.Key(completionReq(tc.prompt), &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
+			ret, err := kvroute.ContinuationKeys{}.Key(completionReq(tc.prompt), kvroute.Candidates{}, &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
 			require.NoError(t, err)
 			assert.NotEmpty(t, ret.Key, "soft refusal: the key is kept for token verification")
 			assert.NotEmpty(t, ret.Check)
@@ -665,11 +665,11 @@ func TestContinuationCompletionSeams(t *testing.T) {
 	for _, tc := range verifyCases {
 		t.Run("verify/"+tc.name, func(t *testing.T) {
 			ck := kvroute.ContinuationKeys{}
-			ret, err := ck.Key(completionReq(prompt), &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
+			ret, err := ck.Key(completionReq(prompt), kvroute.Candidates{}, &kvroute.Reply{Content: tc.reply, FinishReason: "stop"})
 			require.NoError(t, err)
 			require.Empty(t, ret.Refusal)
 			assert.Equal(t, tc.ok, continues(t, completionReq(prompt+tc.reply+tc.then), ret))
-			assert.Equal(t, tc.ok, ck.Verify(completionReq(prompt+tc.reply+tc.then), ret.Check))
+			assert.Equal(t, tc.ok, ck.Verify(completionReq(prompt+tc.reply+tc.then), kvroute.Candidates{}, ret.Check))
 		})
 	}
 }

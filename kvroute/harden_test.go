@@ -689,8 +689,8 @@ func TestTurnRecordReuseSemantics(t *testing.T) {
 
 type failingIdentifier struct{ kvroute.ExplicitID }
 
-func (failingIdentifier) Lookup(*kvroute.Request) ([]string, error) {
-	return nil, errors.New("boom")
+func (failingIdentifier) Lookup(*kvroute.Request) (kvroute.Candidates, error) {
+	return kvroute.Candidates{}, errors.New("boom")
 }
 
 // Issue 12.3: a stream event that may hold a handle but is not JSON ends

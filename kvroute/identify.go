@@ -5,30 +5,15 @@ import (
 	"encoding/hex"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
-// Reply is what the decode engine produced in a turn, reassembled from the
-// stream or taken from the body. Identifiers use it to key the retained
-// handle on the conversation as the next request will send it.
-type Reply struct {
-	// Content is the assistant message content (chat) or the generated text
-	// (completions).
-	Content string
-	// ToolCalls is the assistant message's tool_calls as a JSON array in
-	// OpenAI's message shape, nil when there are none.
-	ToolCalls []byte
-	// Reasoning is reasoning_content (or reasoning) output, empty when none.
-	Reasoning string
-	// FinishReason is choice 0's finish_reason ("stop", "length", ...).
-	FinishReason string
-	// StopReason is vLLM's stop_reason of choice 0 as raw JSON (null for
-	// end of sequence, a number for a stop token, a string for a stop
-	// string), nil when the engine sent none.
-	StopReason []byte
-	// Incomplete is set when the reply could not be reassembled exactly
-	// (tool-call fragments that do not fit together, a cut stream).
-	Incomplete bool
-}
+// Reply is the engine's answer to a turn as the Identifier sees it:
+// choice 0's content (chat) or text (completions), tool calls, reasoning,
+// finish and stop reasons, reassembled from the body or the stream. It is
+// the same type as sse.Reply, so a reply has one shape from the stream
+// parser to the Identifier.
+type Reply = sse.Reply
 
 // Identifier maps turns to retention keys.
 //
@@ -42,10 +27,25 @@ type Reply struct {
 // opaque strings and are never trusted: what they name is verified before
 // use. Implementations must still scope them by req.Tenant() so tenants
 // never share a handle. Implementations are called concurrently.
+//
+// The Candidates that Lookup returned are handed back to Verify and Key in
+// the same turn, so an Identifier can keep what it computed (a digest of
+// the conversation) in Candidates.Memo instead of computing it again. When
+// the router did not call Lookup (reuse off), Key receives the zero
+// Candidates.
 type Identifier interface {
-	Lookup(req *Request) ([]string, error)
-	Key(req *Request, reply *Reply) (Retention, error)
-	Verify(req *Request, check []byte) bool
+	Lookup(req *Request) (Candidates, error)
+	Key(req *Request, c Candidates, reply *Reply) (Retention, error)
+	Verify(req *Request, c Candidates, check []byte) bool
+}
+
+// Candidates is what Identifier.Lookup found for a request.
+type Candidates struct {
+	// Keys are the store keys to try, most specific first.
+	Keys []string
+	// Memo is the Identifier's own state for this turn; the router only
+	// carries it from Lookup to Verify and Key.
+	Memo any
 }
 
 // Retention says where to retain a finished turn's handle.
@@ -90,15 +90,15 @@ func (r *Request) Tenant() string { return r.tenant }
 type ExplicitID struct{}
 
 // Lookup returns the key for the request's conversation id, if any.
-func (ExplicitID) Lookup(req *Request) ([]string, error) {
+func (ExplicitID) Lookup(req *Request) (Candidates, error) {
 	if k := explicitKey(req); k != "" {
-		return []string{k}, nil
+		return Candidates{Keys: []string{k}}, nil
 	}
-	return nil, nil
+	return Candidates{}, nil
 }
 
 // Key returns the same key as Lookup.
-func (ExplicitID) Key(req *Request, _ *Reply) (Retention, error) {
+func (ExplicitID) Key(req *Request, _ Candidates, _ *Reply) (Retention, error) {
 	if k := explicitKey(req); k != "" {
 		return Retention{Key: k}, nil
 	}
@@ -106,7 +106,7 @@ func (ExplicitID) Key(req *Request, _ *Reply) (Retention, error) {
 }
 
 // Verify accepts every handle: ExplicitID trusts the client.
-func (ExplicitID) Verify(*Request, []byte) bool { return true }
+func (ExplicitID) Verify(*Request, Candidates, []byte) bool { return true }
 
 func explicitKey(req *Request) string {
 	id := ConversationHint(req)

@@ -27,14 +27,6 @@ type Request struct {
 	parsed bool
 	tenant string
 	api    api
-
-	// chain is ContinuationKeys' digest of the whole conversation, kept
-	// from Lookup so that Key hashes only the reply.
-	chain   [32]byte
-	chained bool
-	// bounds are the digests of every prefix of the messages that ends
-	// with an assistant message, but the last message.
-	bounds [][32]byte
 }
 
 // Field returns the raw JSON of a top-level member of the request body, as
@@ -55,14 +47,14 @@ func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
 func (r *Request) parse() error {
 	a, ok := apiFor(r.Path)
 	if !ok {
-		return badRequest("unsupported path %q; use %s or %s", r.Path, PathChatCompletions, PathCompletions)
+		return badRequest("unsupported path %q; use %s, %s, %s or %s", r.Path, PathChatCompletions, PathCompletions, PathResponses, PathMessages)
 	}
 	r.api = a
 	obj, err := jsonraw.Parse(r.Body)
 	if err != nil {
 		return badRequest("request body is not a JSON object: %v", err)
 	}
-	r.obj, r.parsed, r.chained = obj, true, false
+	r.obj, r.parsed = obj, true
 	if v, ok := obj.Get("model"); ok {
 		if _, isStr := jsonraw.String(v); !isStr {
 			return badRequest("model must be a string")

@@ -321,7 +321,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		r.stats.refusals.Add(1)
 		return
 	}
-	ret, err := r.ident.Key(t.req, reply)
+	ret, err := r.ident.Key(t.req, t.cands, reply)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseIdentifierError
 		r.stats.refusals.Add(1)

@@ -191,11 +191,12 @@ type turn struct {
 	rec   TurnRecord
 	done  bool
 
-	hint       string    // ConversationHint, for placement only
-	pDone      time.Time // when P answered the last prefill leg
-	avoidP     []string  // prefill engines of legs a redo abandoned
-	avoidD     []string  // decode engines that failed this turn
-	decodeLegs int       // decode legs started
+	hint       string     // ConversationHint, for placement only
+	cands      Candidates // what the Identifier's Lookup found, for Verify and Key
+	pDone      time.Time  // when P answered the last prefill leg
+	avoidP     []string   // prefill engines of legs a redo abandoned
+	avoidD     []string   // decode engines that failed this turn
+	decodeLegs int        // decode legs started
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the
@@ -290,17 +291,18 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		t.rec.Reuse = ReuseOff
 		return nil
 	}
-	keys, err := r.ident.Lookup(t.req)
+	cands, err := r.ident.Lookup(t.req)
+	t.cands = cands
 	if err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: identifier lookup failed", slog.String("request_id", t.id), slog.String("err", err.Error()))
 		return t.miss(MissNoKey)
 	}
-	if len(keys) == 0 {
+	if len(cands.Keys) == 0 {
 		// Nothing this request could continue: a first turn, however the
 		// Identifier keys turns.
 		return t.miss(MissNotFound)
 	}
-	for _, k := range keys {
+	for _, k := range cands.Keys {
 		v, ok, err := r.store.Take(ctx, k)
 		if err != nil {
 			r.storeFailed(ctx, "take", t.id, err)
@@ -402,7 +404,7 @@ func (t *turn) verifyContent(e *entry) string {
 	if !e.contentOK {
 		return MissUnverified
 	}
-	if !t.r.ident.Verify(t.req, e.check) {
+	if !t.r.ident.Verify(t.req, t.cands, e.check) {
 		return MissMismatch
 	}
 	t.rec.ReusableTokens = e.tokens

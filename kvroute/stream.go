@@ -42,15 +42,8 @@ func (s openAIStream) Done() bool                           { return s.c.Done() 
 func (s openAIStream) Handle() []byte                       { return s.c.Handle() }
 
 func (s openAIStream) Reply() *Reply {
-	sr := s.c.Reply()
-	return &Reply{
-		Content:      sr.Content,
-		ToolCalls:    sr.ToolCalls,
-		Reasoning:    sr.Reasoning,
-		FinishReason: sr.FinishReason,
-		StopReason:   s.c.StopReason(),
-		Incomplete:   sr.Incomplete,
-	}
+	r := s.c.Reply()
+	return &r
 }
 
 func (s openAIStream) TokenIDs() ([]uint32, []uint32, bool) {

@@ -239,11 +239,6 @@ func HasHandleKey(b []byte) bool {
 // as raw JSON, or nil.
 func (c *Capture) Handle() []byte { return c.handle }
 
-// StopReason returns vLLM's stop_reason that came with choice 0's last
-// finish_reason, as raw JSON (null for end of sequence, a number for a stop
-// token, a string for a stop string), or nil when the engine sent none.
-func (c *Capture) StopReason() []byte { return c.stop }
-
 // FinishReason returns the last non-null finish_reason of choice 0, or "".
 func (c *Capture) FinishReason() string { return c.finish }
 

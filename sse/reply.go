@@ -7,10 +7,13 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
-// Reply is the reply of choice 0 reassembled from a stream's chunks.
+// Reply is what the engine answered for choice 0: the assistant message
+// of a chat completion, the text of a completion, or the output of the
+// Responses and Messages APIs, whether it came in one body or reassembled
+// from a stream's chunks. kvroute.Reply is the same type.
 type Reply struct {
-	// Content is the concatenated delta.content of chat chunks, or text of
-	// completions chunks.
+	// Content is the assistant message content: the concatenated
+	// delta.content of chat chunks, or text of completions chunks.
 	Content string
 	// Reasoning is the concatenated delta.reasoning (or, from engines that
 	// use the older name, delta.reasoning_content).
@@ -21,18 +24,24 @@ type Reply struct {
 	ToolCalls []byte
 	// FinishReason is the last non-null finish_reason of choice 0.
 	FinishReason string
+	// StopReason is vLLM's stop_reason of choice 0 as raw JSON (null for
+	// end of sequence, a number for a stop token, a string for a stop
+	// string), nil when the engine sent none.
+	StopReason []byte
 	// Incomplete reports that tool-call fragments could not be reassembled:
 	// a fragment without an index, or a call without an id or a name.
 	Incomplete bool
 }
 
 // Reply returns the reply reassembled so far. Content, Reasoning and
-// ToolCalls stay empty unless the Capture was made WithReply.
+// ToolCalls stay empty unless the Capture was made WithReply; FinishReason
+// and StopReason are always kept.
 func (c *Capture) Reply() Reply {
 	r := Reply{
 		Content:      string(c.asm.content),
 		Reasoning:    string(c.asm.reasoning),
 		FinishReason: c.finish,
+		StopReason:   c.stop,
 		Incomplete:   c.asm.incomplete,
 	}
 	if len(c.asm.calls) > 0 {

@@ -1,7 +1,6 @@
 package sse
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 type Writer struct {
 	w       io.Writer
 	flush   func() error
-	buf     []byte
 	noFlush bool
 }
 
@@ -48,23 +46,6 @@ func (w *Writer) WriteRaw(raw []byte) error {
 	return w.Flush()
 }
 
-// WriteData writes data as one event and flushes. Each line of data
-// (split at "\r\n", "\r" or "\n") becomes a "data: " line, so a client
-// receives exactly data.
-func (w *Writer) WriteData(data []byte) error {
-	w.buf = AppendData(w.buf[:0], data)
-	return w.WriteRaw(w.buf)
-}
-
-// WriteDone writes the "data: [DONE]" event that ends an OpenAI-style
-// stream, and flushes.
-func (w *Writer) WriteDone() error {
-	w.buf = append(w.buf[:0], doneEvent...)
-	return w.WriteRaw(w.buf)
-}
-
-const doneEvent = "data: [DONE]\n\n"
-
 // Flush sends buffered bytes to the client. It returns nil if the
 // underlying ResponseWriter does not support flushing.
 func (w *Writer) Flush() error {
@@ -77,25 +58,4 @@ func (w *Writer) Flush() error {
 		return nil
 	}
 	return err
-}
-
-// AppendData appends to dst the framing of data as one event: one
-// "data: " line per line of data, then a blank line.
-func AppendData(dst, data []byte) []byte {
-	for {
-		i := bytes.IndexAny(data, "\r\n")
-		if i < 0 {
-			break
-		}
-		dst = append(dst, "data: "...)
-		dst = append(dst, data[:i]...)
-		dst = append(dst, '\n')
-		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
-			i++
-		}
-		data = data[i+1:]
-	}
-	dst = append(dst, "data: "...)
-	dst = append(dst, data...)
-	return append(dst, '\n', '\n')
 }

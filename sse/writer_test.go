@@ -37,11 +37,11 @@ func TestWriterFlushesEachWrite(t *testing.T) {
 	assert.True(t, rec.Flushed, "flushed through Unwrap")
 	rec.Flushed = false
 
-	require.NoError(t, w.WriteData([]byte(`{"a":1}`)))
+	require.NoError(t, w.WriteRaw([]byte("data: {\"a\":1}\n\n")))
 	assert.True(t, rec.Flushed)
 	rec.Flushed = false
 
-	require.NoError(t, w.WriteDone())
+	require.NoError(t, w.WriteRaw([]byte("data: [DONE]\n\n")))
 	assert.True(t, rec.Flushed)
 	assert.Equal(t, ": ping\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n", rec.Body.String())
 }
@@ -49,8 +49,8 @@ func TestWriterFlushesEachWrite(t *testing.T) {
 func TestWriterWithoutFlusher(t *testing.T) {
 	nf := &noFlusher{h: http.Header{}}
 	w := sse.NewWriter(nf)
-	require.NoError(t, w.WriteData([]byte("x")))
-	require.NoError(t, w.WriteData([]byte("y")))
+	require.NoError(t, w.WriteRaw([]byte("data: x\n\n")))
+	require.NoError(t, w.WriteRaw([]byte("data: y\n\n")))
 	assert.Equal(t, "data: x\n\ndata: y\n\n", nf.String())
 }
 
@@ -65,25 +65,6 @@ type failing struct{ http.ResponseWriter }
 
 func (failing) Write([]byte) (int, error) { return 0, errClosed }
 
-func TestAppendData(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"", "data: \n\n"},
-		{"x", "data: x\n\n"},
-		{"a\nb", "data: a\ndata: b\n\n"},
-		{"a\r\nb\rc\n", "data: a\ndata: b\ndata: c\ndata: \n\n"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got := sse.AppendData(nil, []byte(tt.in))
-			assert.Equal(t, tt.want, string(got))
-			e, err := sse.NewReader(strings.NewReader(string(got))).Next()
-			require.NoError(t, err)
-			want := strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(tt.in)
-			assert.Equal(t, want, string(e.Data), "round trip through Reader")
-		})
-	}
-}
-
 func TestWriterOverHTTP(t *testing.T) {
 	events := make(chan string)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
@@ -93,11 +74,11 @@ func TestWriterOverHTTP(t *testing.T) {
 			return
 		}
 		for e := range events {
-			if err := w.WriteData([]byte(e)); err != nil {
+			if err := w.WriteRaw([]byte("data: " + e + "\n\n")); err != nil {
 				return
 			}
 		}
-		_ = w.WriteDone()
+		_ = w.WriteRaw([]byte("data: [DONE]\n\n"))
 	}))
 	defer srv.Close()
 
