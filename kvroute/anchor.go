@@ -151,11 +151,6 @@ func anchorText(req *Request) (string, bool) {
 	return string(b), true
 }
 
-// RefuseTokenOnly (soft): a Responses or Messages turn. ContinuationKeys
-// keys these APIs by their anchor only, for token verification; it has no
-// content rules for their items and blocks.
-const RefuseTokenOnly = "token_verification_only"
-
 // agentAnchor is the anchor of a Responses or Messages request: the hint,
 // else the head member and the turns up to and including the first user
 // turn (a string input: its first 256 bytes).

@@ -117,29 +117,6 @@ const DefaultMaxReplyBytes = 1 << 20
 // tag, used by Qwen3, DeepSeek-R1 and most open reasoning models.
 const DefaultReasoningCloseTag = "</think>"
 
-// Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).
-const (
-	RefuseReasoning     = "reasoning"
-	RefuseN             = "n"
-	RefuseTruncate      = "truncate_prompt_tokens"
-	RefuseStopString    = "stop_string"
-	RefuseContinueFinal = "continue_final_message"
-	RefuseEcho          = "echo"
-	RefuseIncomplete    = "incomplete_reply"
-	RefuseTooLarge      = "reply_too_large"
-	RefuseUnkeyable     = "unkeyable_prompt"
-	// RefuseNoGenerationPrompt: add_generation_prompt is false.
-	RefuseNoGenerationPrompt = "no_generation_prompt"
-	// RefuseInlineReasoning: the reply's content holds a reasoning close
-	// tag.
-	RefuseInlineReasoning = "inline_reasoning"
-	// RefuseThinkingOff: chat_template_kwargs.enable_thinking is not true.
-	RefuseThinkingOff = "thinking_disabled"
-	// RefuseTokenBoundary: a completions prompt and its reply do not meet
-	// at a clean token boundary, or their text ends in whitespace.
-	RefuseTokenBoundary = "token_boundary"
-)
-
 // Fields that shape the rendered prompt in vLLM's chat and completion
 // request models, hashed into every key. Sorted, so the digest does not
 // depend on the client's key order.
@@ -320,7 +297,7 @@ func endsInSpace(s string) bool {
 // and whether the refusal is soft: the key is still computed and returned
 // with the refusal, so that the router may retain the turn for token
 // verification only.
-func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason string, soft bool) {
+func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason Refusal, soft bool) {
 	max := c.MaxReplyBytes
 	if max <= 0 {
 		max = DefaultMaxReplyBytes
@@ -456,7 +433,7 @@ func (c ContinuationKeys) completionLookup(req *Request) (Candidates, error) {
 
 const minAnchor = 16
 
-func (c ContinuationKeys) completionKey(req *Request, reply *Reply, soft string) (Retention, error) {
+func (c ContinuationKeys) completionKey(req *Request, reply *Reply, soft Refusal) (Retention, error) {
 	prompt, ok := promptString(req)
 	if !ok {
 		// A prompt of token ids: keyed for token verification only.
@@ -470,7 +447,7 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply, soft string)
 	// tokenization will also cut, and so must the reply (checked by
 	// Verify against what follows it).
 	// A bad seam is a soft refusal: the key is still returned.
-	refusal := ""
+	var refusal Refusal
 	if endsInSpace(prompt) || (reply.Content != "" && !cleanSeam(prompt, reply.Content)) {
 		refusal = RefuseTokenBoundary
 	}

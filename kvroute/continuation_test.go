@@ -312,8 +312,8 @@ func TestContinuationRefusals(t *testing.T) {
 		ck    keys
 		body  map[string]any
 		reply *kvroute.Reply
-		want  string // "" retains for content rules
-		soft  bool   // the key comes with the refusal: only n is hard
+		want  kvroute.Refusal // "" retains for content rules
+		soft  bool            // the key comes with the refusal: only n is hard
 	}{
 		{"reasoning", keys{}, base, &kvroute.Reply{Content: "A", Reasoning: "hmm", FinishReason: "stop"}, kvroute.RefuseReasoning, true},
 		{"n", keys{}, with("n", 2), ok, kvroute.RefuseN, false},

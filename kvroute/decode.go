@@ -146,7 +146,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, body: resp.Body, cancel: cancel}
 	transport.CopyHeader(out.Header, resp.Header)
 	out.Header.Set(headerRequestID, t.id)
-	out.Header.Set(headerReuse, t.rec.Reuse)
+	out.Header.Set(headerReuse, string(t.rec.Reuse))
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		out.release()

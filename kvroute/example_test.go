@@ -119,5 +119,5 @@ func ask(router *kvroute.Router, messages []map[string]string, maxTokens int, re
 	}
 	want, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, ref...)
 	reply = out.Choices[0].Message.Content
-	return reply, resp.Reuse(), reply == want.Text
+	return reply, string(resp.Reuse()), reply == want.Text
 }

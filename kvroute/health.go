@@ -30,19 +30,11 @@ const (
 	DefaultDecodeAttempts = 3
 )
 
-// Kinds of EndpointEvent.
-const (
-	EndpointEjected    = "ejected"    // consecutive failures took it out of rotation
-	EndpointReadmitted = "readmitted" // it answered again after an ejection
-	EndpointAdded      = "added"      // SetEndpoints added it
-	EndpointRemoved    = "removed"    // SetEndpoints removed it
-)
-
 // EndpointEvent is a change of an endpoint's state.
 type EndpointEvent struct {
 	Phase    Phase  // PhasePrefill or PhaseDecode
 	Endpoint string // the endpoint's URL, with " (rank N)" when pinned
-	Kind     string // an Endpoint* constant
+	Kind     EndpointEventKind
 	// Failures is the count of consecutive failures (EndpointEjected).
 	Failures int
 	// Until is when an ejected endpoint becomes eligible again.

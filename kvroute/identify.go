@@ -59,7 +59,7 @@ type Retention struct {
 	// refusal), the router retains the handle only when it also holds the
 	// engine's token fingerprint, and then uses it only after token
 	// verification, never on Verify alone.
-	Refusal string
+	Refusal Refusal
 }
 
 // TenantFunc returns the scope of a request's retained handles. Requests
@@ -102,7 +102,7 @@ func (ExplicitID) Key(req *Request, _ Candidates, _ *Reply) (Retention, error) {
 	if k := explicitKey(req); k != "" {
 		return Retention{Key: k}, nil
 	}
-	return Retention{Refusal: "no_conversation_id"}, nil
+	return Retention{Refusal: RefuseNoConversationID}, nil
 }
 
 // Verify accepts every handle: ExplicitID trusts the client.

@@ -474,7 +474,7 @@ func benchTurn(c *http.Client, url string, body []byte, id string, clock *upstre
 			return 0, false, "", err
 		}
 	}
-	return max(0, ttft-clock.Take(id)), resp.Header.Get("X-Bidikv-Reuse") == kvroute.ReuseHit, text.String(), nil
+	return max(0, ttft-clock.Take(id)), resp.Header.Get("X-Bidikv-Reuse") == string(kvroute.ReuseHit), text.String(), nil
 }
 
 func benchPercentile(ds []time.Duration, p float64) time.Duration {

@@ -14,13 +14,6 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// Where the tokens of a new prompt came from (TurnRecord.TokenSource).
-const (
-	TokensFromPrompt   = "prompt"   // a completions prompt given as token ids
-	TokensFromRender   = "render"   // POST /v1/chat/completions/render or /v1/completions/render
-	TokensFromTokenize = "tokenize" // POST /tokenize (older engines)
-)
-
 // Fields vLLM's /tokenize does not take (its request model is a reduced
 // chat request): a request that sets one of them renders differently there
 // than for generation, so /tokenize cannot verify it.

@@ -57,7 +57,7 @@ func (r *Response) Streaming() bool { return r.stream }
 
 // Reuse reports whether the turn reused retained KV (ReuseHit), did not
 // (ReuseMiss), or had reuse disabled (ReuseOff).
-func (r *Response) Reuse() string { return r.t.rec.Reuse }
+func (r *Response) Reuse() ReuseOutcome { return r.t.rec.Reuse }
 
 // RequestID is the X-Request-Id both legs carried.
 func (r *Response) RequestID() string { return r.t.id }
@@ -302,7 +302,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		r.streamHandles.LoadOrStore(t.decodeURL, struct{}{})
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
-		t.rec.StoreRefusal = RefuseFinishPrefix + reply.FinishReason
+		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
 		return
 	}
 	hi, err := inspectHandle(handle)
@@ -369,7 +369,7 @@ func (t *turn) tooLarge(n int) {
 // fingerprint returns the token fingerprint of D's blocks in token mode
 // (nil in content mode or when the engine sent no token ids), or a refusal
 // that holds in every mode.
-func (t *turn) fingerprint(tokens int) (fingerprint, string) {
+func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 	r := t.r
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
 		if n, ok := lenientInt(v); !ok || n != 1 {

@@ -61,7 +61,7 @@ func (l *lastTurn) kinds() []string {
 	defer l.mu.Unlock()
 	var out []string
 	for _, ev := range l.events {
-		out = append(out, ev.Kind+" "+ev.Endpoint)
+		out = append(out, string(ev.Kind)+" "+ev.Endpoint)
 	}
 	return out
 }

@@ -336,7 +336,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 // verify decides whether e may be attached to this request and, for a
 // verified prefix shorter than the handle, cuts e.handle to it. It returns
 // a Miss* reason, or "" to attach.
-func (t *turn) verify(ctx context.Context, e *entry) string {
+func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 	r := t.r
 	if r.cfg.verification == VerifyTokens && e.fp != nil {
 		t.rec.Verification = VerifyTokens
@@ -399,7 +399,7 @@ func (t *turn) verify(ctx context.Context, e *entry) string {
 }
 
 // verifyContent checks e by the Identifier's content rules.
-func (t *turn) verifyContent(e *entry) string {
+func (t *turn) verifyContent(e *entry) MissReason {
 	t.rec.Verification = VerifyContent
 	if !e.contentOK {
 		return MissUnverified
@@ -429,7 +429,7 @@ func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Durat
 	t.r.stats.putBacks.Add(1)
 }
 
-func (t *turn) miss(reason string) *entry {
+func (t *turn) miss(reason MissReason) *entry {
 	t.hit = false
 	t.rec.Reuse = ReuseMiss
 	t.rec.MissReason = reason

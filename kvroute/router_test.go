@@ -60,7 +60,7 @@ func runConversation(t *testing.T, path string, stream, handles bool) {
 		if i > 1 && canReuse {
 			want = kvroute.ReuseHit
 		}
-		assert.Equal(t, want, res.header.Get("X-Bidikv-Reuse"), "turn %d", i)
+		assert.Equal(t, want, kvroute.ReuseOutcome(res.header.Get("X-Bidikv-Reuse")), "turn %d", i)
 		conv.hear(res.text)
 	}
 	p, d := c.Prefill[0], c.Decode[0]
@@ -111,7 +111,7 @@ func TestPrefillRewrites(t *testing.T) {
 	conv.say("and again")
 	res = post(t, url, kvroute.PathChatCompletions, conv.body(), http.Header{"X-Request-Id": {"req-turn-2"}})
 	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
-	assert.Equal(t, kvroute.ReuseHit, res.header.Get("X-Bidikv-Reuse"))
+	assert.Equal(t, kvroute.ReuseHit, kvroute.ReuseOutcome(res.header.Get("X-Bidikv-Reuse")))
 
 	pre := roleRecords(c.Prefill[0], "prefill")
 	dec := roleRecords(c.Decode[0], "decode")
@@ -189,7 +189,7 @@ func TestConcurrentFollowUps(t *testing.T) {
 	for _, res := range results {
 		require.Equal(t, http.StatusOK, res.status)
 		assert.Equal(t, want, res.text)
-		if res.header.Get("X-Bidikv-Reuse") == kvroute.ReuseHit {
+		if res.header.Get("X-Bidikv-Reuse") == string(kvroute.ReuseHit) {
 			hits++
 		}
 	}
@@ -244,7 +244,7 @@ func TestRetentionTTL(t *testing.T) {
 	res = post(t, url, kvroute.PathChatCompletions, body, nil)
 	require.Equal(t, http.StatusOK, res.status)
 	assert.Equal(t, reference(t, kvroute.PathChatCompletions, body), res.text)
-	assert.Equal(t, kvroute.ReuseMiss, res.header.Get("X-Bidikv-Reuse"))
+	assert.Equal(t, kvroute.ReuseMiss, kvroute.ReuseOutcome(res.header.Get("X-Bidikv-Reuse")))
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, recs, 2)

@@ -105,7 +105,7 @@ func TestEjection(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		g.turn(i, false)
 	}
-	assert.Contains(t, g.obs.kinds(), kvroute.EndpointEjected+" "+bad.URL())
+	assert.Contains(t, g.obs.kinds(), string(kvroute.EndpointEjected)+" "+bad.URL())
 	var st kvroute.EndpointStatus
 	for _, s := range g.r.Endpoints(kvroute.PhaseDecode) {
 		if s.URL == bad.URL() {
@@ -125,7 +125,7 @@ func TestEjection(t *testing.T) {
 		g.turn(i, false)
 	}
 	assert.Greater(t, len(bad.Requests()), before, "re-admitted after the backoff")
-	assert.Contains(t, g.obs.kinds(), kvroute.EndpointReadmitted+" "+bad.URL())
+	assert.Contains(t, g.obs.kinds(), string(kvroute.EndpointReadmitted)+" "+bad.URL())
 	g.finish()
 }
 
@@ -163,8 +163,8 @@ func TestSetEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	ep1.Rank = 2
 	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, ep1))
-	got := []string{(<-events).Kind, (<-events).Kind}
-	assert.ElementsMatch(t, []string{kvroute.EndpointAdded, kvroute.EndpointRemoved}, got)
+	got := []kvroute.EndpointEventKind{(<-events).Kind, (<-events).Kind}
+	assert.ElementsMatch(t, []kvroute.EndpointEventKind{kvroute.EndpointAdded, kvroute.EndpointRemoved}, got)
 	st := r.Endpoints(kvroute.PhaseDecode)
 	require.Len(t, st, 1)
 	assert.Equal(t, c.Decode[1].URL()+" (rank 2)", st[0].URL)

@@ -88,7 +88,7 @@ func TestBenchAgainstRouter(t *testing.T) {
 		assert.Equal(t, http.StatusOK, r.Status)
 		assert.Positive(t, r.TTFTMs)
 		assert.GreaterOrEqual(t, r.LatencyMs, r.TTFTMs)
-		if r.Reuse == kvroute.ReuseHit {
+		if r.Reuse == string(kvroute.ReuseHit) {
 			hits++
 			assert.Positive(t, r.Turn, "the first turn cannot hit")
 		}

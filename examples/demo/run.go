@@ -218,7 +218,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 		reuse:    reuse,
 		conv:     cv.id,
 		index:    index,
-		outcome:  resp.Reuse(),
+		outcome:  string(resp.Reuse()),
 		overhead: max(0, first-clock.Take(id)-clock.Take(rid)),
 	}
 	renderWait := renders.Take(rid)

@@ -195,7 +195,7 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.rejected.WithLabelValues(strconv.Itoa(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
 		return
 	}
-	reuse := rec.Reuse
+	reuse := string(rec.Reuse)
 	if reuse == "" {
 		reuse = "none"
 	}
@@ -217,12 +217,12 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.lookedUp.mu.Lock()
 		m.lookedUp.miss++
 		m.lookedUp.mu.Unlock()
-		m.misses.WithLabelValues(rec.MissReason).Inc()
+		m.misses.WithLabelValues(string(rec.MissReason)).Inc()
 	}
 	if rec.Stored {
 		m.stored.Inc()
 	} else if rec.StoreRefusal != "" {
-		m.refusals.WithLabelValues(rec.StoreRefusal).Inc()
+		m.refusals.WithLabelValues(string(rec.StoreRefusal)).Inc()
 	}
 	if rec.LocalFallback {
 		m.fallbacks.Inc()

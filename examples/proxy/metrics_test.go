@@ -29,7 +29,7 @@ func TestRejectedTurnsAreNotMisses(t *testing.T) {
 	assert.Equal(t, "NaN", metricValue(scrape(t, m), "bidikv_reuse_hit_ratio"), "no turn yet")
 
 	bad := fmt.Errorf("%w: request body is not JSON", kvroute.ErrBadRequest)
-	for _, reuse := range []string{"", kvroute.ReuseMiss, kvroute.ReuseOff} {
+	for _, reuse := range []kvroute.ReuseOutcome{"", kvroute.ReuseMiss, kvroute.ReuseOff} {
 		m.observe(&kvroute.TurnRecord{Path: kvroute.PathChatCompletions, Reuse: reuse, Err: bad, ErrPhase: kvroute.PhaseLookup})
 	}
 	m.observe(&kvroute.TurnRecord{Path: kvroute.PathChatCompletions, Reuse: "", Err: bad})

@@ -143,13 +143,13 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	level := slog.LevelDebug
 	attrs := []slog.Attr{
 		slog.String("request_id", rec.RequestID), slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
-		slog.String("reuse", rec.Reuse), slog.String("miss_reason", rec.MissReason),
+		slog.String("reuse", string(rec.Reuse)), slog.String("miss_reason", string(rec.MissReason)),
 		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),
 		slog.String("prefill_endpoint", rec.PrefillEndpoint), slog.String("decode_endpoint", rec.DecodeEndpoint),
 		slog.Int("prefill_attempts", rec.PrefillAttempts),
 		slog.Duration("prefill", rec.Prefill), slog.Duration("first_byte", rec.FirstByte),
 		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
-		slog.Bool("stored", rec.Stored), slog.String("store_refusal", rec.StoreRefusal),
+		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
 	if rec.Err != nil {
 		level = slog.LevelWarn
