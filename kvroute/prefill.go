@@ -242,7 +242,7 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 	t.r.stats.noPrefillHandle.Add(1)
 	t.rec.NoHandle = PhasePrefill
 	if t.r.cfg.localFallback {
-		t.rec.LocalFallback = true
+		t.local, t.rec.LocalFallback = true, true
 		t.r.log.LogAttrs(context.Background(), slog.LevelWarn, "kvroute: prefill engine returned no handle; decode will prefill locally",
 			slog.String("request_id", t.id), slog.String("endpoint", ep.url))
 		return nil

@@ -271,7 +271,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	// D emits a handle when it finished normally and was sent P's (a
 	// plain request, the local fallback, gets none).
-	expected := !t.rec.LocalFallback && (reply.FinishReason == "stop" || reply.FinishReason == "length")
+	expected := !t.local && (reply.FinishReason == "stop" || reply.FinishReason == "length")
 	if handle == nil {
 		_, streamsHandles := r.streamHandles.Load(t.decodeURL)
 		switch {

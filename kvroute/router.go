@@ -208,9 +208,11 @@ type turn struct {
 	rendered           []uint32
 
 	// The turn's own state, which the TurnRecord only reports: whether
-	// a retained handle is attached, whether the client streams, and the
-	// decode engine of the last decode leg.
+	// a retained handle is attached, whether D prefills locally (P gave no
+	// handle), whether the client streams, and the decode engine of the
+	// last decode leg.
 	hit       bool
+	local     bool
 	stream    bool
 	decodeURL string
 }
