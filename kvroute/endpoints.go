@@ -40,6 +40,9 @@ func newPool(phase Phase, hp *healthPolicy, addrs []string, eps []transport.Endp
 		all = append(all, ep)
 	}
 	all = append(all, eps...)
+	if len(all) == 0 {
+		return nil, fmt.Errorf("no %s endpoint; pass at least one", phase)
+	}
 	p := &pool{phase: phase, hp: hp}
 	if _, err := p.set(all, false); err != nil {
 		return nil, err
@@ -56,11 +59,9 @@ func (p *pool) list() []*endpoint {
 }
 
 // set replaces the endpoints, keeping the load and health state of those
-// that stay, and returns the events to report.
+// that stay, and returns the events to report. An empty list empties the
+// pool.
 func (p *pool) set(eps []transport.Endpoint, report bool) ([]EndpointEvent, error) {
-	if len(eps) == 0 {
-		return nil, fmt.Errorf("no %s endpoint; pass at least one", p.phase)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	old := p.list()
@@ -134,12 +135,23 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 	return eps[i], nil
 }
 
+// has reports whether url is one of the current endpoints.
+func (p *pool) has(url string) bool {
+	return slices.ContainsFunc(p.list(), func(e *endpoint) bool { return e.url == url })
+}
+
 // SetEndpoints replaces the endpoints of phase (PhasePrefill or
-// PhaseDecode), for discovery by DNS, Kubernetes or a configuration file.
-// Endpoints that stay (same URL and rank) keep their load and health;
-// turns in flight finish on the endpoint they picked, even a removed one.
-// Added and removed endpoints are reported to an EndpointObserver. An empty
-// list, a duplicate, an endpoint without URL or with a negative weight is an
+// PhaseDecode), for discovery by DNS (package discovery), Kubernetes or a
+// configuration file. Endpoints that stay (same URL and rank) keep their
+// load and health; turns in flight finish on the endpoint they picked, even
+// a removed one, but no new leg is sent to it. A retained handle whose
+// decode endpoint is no longer listed is not attached (MissEndpointGone)
+// and is left in the store to expire. Added and removed endpoints are
+// reported to an EndpointObserver.
+//
+// No endpoints at all empties the phase, as a Service scaled to zero does:
+// turns then fail with ErrNoEndpoint (503) until endpoints are set again.
+// A duplicate, an endpoint without URL or with a negative weight is an
 // error and changes nothing; a zero weight means 1.
 func (r *Router) SetEndpoints(phase Phase, eps ...transport.Endpoint) error {
 	p := r.pool(phase)

@@ -53,6 +53,13 @@ const (
 	// unequal length, a block count that does not fit WithBlockSize, or
 	// WithBlockSize(0)).
 	MissPartialRefused MissReason = "partial_refused"
+	// MissEndpointGone: a handle was found whose decode endpoint is no
+	// longer among the Router's decode endpoints (SetEndpoints removed it):
+	// the prefill engine could not pull its blocks, so it is not attached.
+	// It is put back for the rest of its retention time, in case the
+	// endpoint returns (or another router sharing the store still lists
+	// it), and otherwise expires (Stats.GoneHandles).
+	MissEndpointGone MissReason = "endpoint_gone"
 )
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).

@@ -284,7 +284,8 @@ func (t *turn) finish() {
 
 // lookup takes the retained handle this request continues, if any, and
 // decides whether to attach it. A handle taken from the store but not
-// attached (it fails verification, is below the threshold, or cannot be
+// attached (it fails verification, is below the threshold, its decode
+// endpoint is gone, or cannot be
 // cut to the verified prefix) is put back for its remaining retention
 // time: a request never destroys a handle it does not use.
 func (t *turn) lookup(ctx context.Context) *entry {
@@ -323,6 +324,14 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			return t.miss(MissExpired)
 		}
 		t.rec.HandleTokens = e.tokens
+		if e.endpoint != "" && !r.decode.has(e.endpoint) {
+			// The decode engine that holds the blocks is gone: P's pull
+			// would fail. Not attached; kept for another router that may
+			// still list the engine, or for its return.
+			r.stats.goneHandles.Add(1)
+			t.putBack(ctx, k, &e, age)
+			return t.miss(MissEndpointGone)
+		}
 		if reason := t.verify(ctx, &e); reason != "" {
 			t.putBack(ctx, k, &e, age)
 			return t.miss(reason)

@@ -3,6 +3,7 @@ package kvroute_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -178,9 +179,71 @@ func TestSetEndpoints(t *testing.T) {
 	assert.Equal(t, "2", recs[0].Header.Get(transport.RankHeader), "the rank header reaches the engine")
 	assert.Empty(t, roleRecords(c.Decode[0], "decode"))
 
-	for _, bad := range [][]transport.Endpoint{nil, {ep1, ep1}, {{}}} {
+	for _, bad := range [][]transport.Endpoint{{ep1, ep1}, {{}}} {
 		assert.ErrorIs(t, r.SetEndpoints(kvroute.PhaseDecode, bad...), kvroute.ErrInvalidConfig)
 	}
 	assert.ErrorIs(t, r.SetEndpoints(kvroute.PhaseLookup, ep1), kvroute.ErrInvalidConfig)
 	assert.Len(t, r.Endpoints(kvroute.PhaseDecode), 1, "a rejected change changes nothing")
+}
+
+// TestSetEndpointsEmpty checks that no endpoints at all empties a phase:
+// turns fail with a 503 naming no endpoint, and work again once endpoints
+// are back.
+func TestSetEndpointsEmpty(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	r := newRouter(t, c)
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8, messages: []message{{Role: "user", Content: "hi"}}}
+	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode))
+	assert.Empty(t, r.Endpoints(kvroute.PhaseDecode))
+	res := post(t, url, conv.path, conv.body(), nil)
+	assert.Equal(t, http.StatusServiceUnavailable, res.status, "%s", res.raw)
+	assert.Contains(t, string(res.raw), "no endpoint")
+	assert.Empty(t, roleRecords(c.Decode[0], "decode"))
+
+	ep, err := transport.ParseEndpoint(c.Decode[0].URL())
+	require.NoError(t, err)
+	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, ep))
+	res = post(t, url, conv.path, conv.body(), nil)
+	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+	assert.Equal(t, reference(t, conv.path, conv.body()), res.text)
+}
+
+// TestGoneDecodeHandle checks that a retained handle of a decode engine
+// that SetEndpoints removed is never attached (so no prefill engine tries
+// to pull from it): the turn is a counted endpoint_gone miss with the
+// reference answer, and the handle is put back for another router sharing
+// the store.
+func TestGoneDecodeHandle(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 2)
+	obs := &lastTurn{}
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithObserver(obs))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	g := &rig{t: t, c: c, r: r, url: serve(t, r), obs: obs}
+	g.conv = &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+	g.turn(0, false)
+	require.Equal(t, c.Decode[0].URL(), obs.last().DecodeEndpoint)
+	require.True(t, obs.last().Stored)
+
+	d0, err := transport.ParseEndpoint(c.Decode[0].URL())
+	require.NoError(t, err)
+	d1, err := transport.ParseEndpoint(c.Decode[1].URL())
+	require.NoError(t, err)
+	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, d1))
+	pulled := c.Prefill[0].Stats().TokensPulledIn
+	failed := c.Prefill[0].Stats().LoadFailures
+	g.turn(1, false)
+	rec := obs.last()
+	assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
+	assert.Equal(t, kvroute.MissEndpointGone, rec.MissReason)
+	assert.Equal(t, c.Decode[1].URL(), rec.DecodeEndpoint)
+	assert.Equal(t, 1, rec.PrefillAttempts, "one prefill attempt: no failed pull from the removed engine")
+	assert.Equal(t, pulled, c.Prefill[0].Stats().TokensPulledIn, "P pulled nothing: the handle was not attached")
+	assert.Equal(t, failed, c.Prefill[0].Stats().LoadFailures, "P tried no read from the removed engine")
+	st := r.Stats()
+	assert.EqualValues(t, 1, st.GoneHandles)
+	assert.EqualValues(t, 1, st.PutBacks, "the unused handle went back to the store")
+	assert.Zero(t, st.HitRetries)
+
 }

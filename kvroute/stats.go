@@ -59,12 +59,15 @@ type Stats struct {
 	// PutBacks counts handles taken for verification, not attached, and
 	// returned to the store for their remaining retention time.
 	PutBacks int64
+	// GoneHandles counts retained handles found for a decode endpoint that
+	// is no longer listed (MissEndpointGone), not attached.
+	GoneHandles int64
 }
 
 type counters struct {
 	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures atomic.Int64
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
-	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge                               atomic.Int64
+	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -86,5 +89,6 @@ func (c *counters) snapshot() Stats {
 		UnconfirmedHits: c.unconfirmedHits.Load(),
 		PushHandles:     c.pushHandles.Load(),
 		TooLarge:        c.tooLarge.Load(),
+		GoneHandles:     c.goneHandles.Load(),
 	}
 }
