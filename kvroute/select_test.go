@@ -226,8 +226,6 @@ func TestGoneDecodeHandle(t *testing.T) {
 	require.Equal(t, c.Decode[0].URL(), obs.last().DecodeEndpoint)
 	require.True(t, obs.last().Stored)
 
-	d0, err := transport.ParseEndpoint(c.Decode[0].URL())
-	require.NoError(t, err)
 	d1, err := transport.ParseEndpoint(c.Decode[1].URL())
 	require.NoError(t, err)
 	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, d1))
