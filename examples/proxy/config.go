@@ -56,6 +56,8 @@ type config struct {
 	healthTimeout     time.Duration
 	logLevel          slog.Level
 	logFormat         string
+
+	dns dnsConfig // --prefill-dns, --decode-dns and their options (dns.go)
 }
 
 // envAPIKeys names the environment variable with inbound API keys,
@@ -203,6 +205,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.DurationVar(&c.healthTimeout, "health-timeout", 2*time.Second, "bound on one engine health probe")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+	c.dns.flags(fs)
 
 	if err := fs.Parse(expandLists(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -218,6 +221,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	}
 	c.upstreamAPIKey = getenv("OPENAI_API_KEY")
 	if err := c.inboundKeys(getenv); err != nil {
+		return nil, err
+	}
+	if err := c.dns.check(ph.set || pp.set || len(c.prefillURLs) > 0, dh.set || dp.set || len(c.decodeURLs) > 0); err != nil {
 		return nil, err
 	}
 	if err := c.endpoints(ph.set || pp.set, dh.set || dp.set); err != nil {
@@ -343,8 +349,8 @@ func (c *config) validate() error {
 // added by the caller.
 func (c *config) routerOptions() []kvroute.Option {
 	opts := []kvroute.Option{
-		kvroute.WithPrefill(c.prefillURLs...),
-		kvroute.WithDecode(c.decodeURLs...),
+		c.poolOption(rolePrefill),
+		c.poolOption(roleDecode),
 		kvroute.WithRetentionTTL(c.retentionTTL),
 		kvroute.WithDecoderBlocksTTL(c.decoderBlocksTTL),
 		kvroute.WithThreshold(c.recomputeThresh),

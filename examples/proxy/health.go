@@ -27,6 +27,7 @@ type engine struct {
 // health probes the engines' GET /health.
 type health struct {
 	client   *http.Client
+	mu       sync.Mutex // guards engines, which DNS discovery replaces (setEngines)
 	engines  []*engine
 	timeout  time.Duration
 	log      *slog.Logger
@@ -47,12 +48,13 @@ func newHealth(client *http.Client, prefill, decode []string, timeout time.Durat
 // check probes every engine at once and reports whether at least one
 // prefill and one decode engine answered 200.
 func (h *health) check(ctx context.Context) (prefillUp, decodeUp bool) {
+	engines := h.list()
 	var wg sync.WaitGroup
-	for _, e := range h.engines {
+	for _, e := range engines {
 		wg.Go(func() { h.probe(ctx, e) })
 	}
 	wg.Wait()
-	for _, e := range h.engines {
+	for _, e := range engines {
 		if e.up.Load() {
 			prefillUp = prefillUp || e.role == rolePrefill
 			decodeUp = decodeUp || e.role == roleDecode
@@ -110,17 +112,55 @@ func (h *health) run(ctx context.Context, interval time.Duration) {
 
 // ordered returns the engines last seen up first, decode before prefill.
 func (h *health) ordered() []*engine {
-	out := make([]*engine, 0, len(h.engines))
+	engines := h.list()
+	out := make([]*engine, 0, len(engines))
 	for _, pass := range []func(e *engine) bool{
 		func(e *engine) bool { return e.up.Load() && e.role == roleDecode },
 		func(e *engine) bool { return e.up.Load() && e.role == rolePrefill },
 		func(e *engine) bool { return !e.up.Load() },
 	} {
-		for _, e := range h.engines {
+		for _, e := range engines {
 			if pass(e) {
 				out = append(out, e)
 			}
 		}
 	}
 	return out
+}
+
+// list returns the current engines; the caller must not modify it.
+func (h *health) list() []*engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.engines
+}
+
+// setEngines replaces the engines of role with urls, keeping the state of
+// those that stay, and returns those removed.
+func (h *health) setEngines(role string, urls []string) (removed []*engine) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	next := make([]*engine, 0, len(h.engines)+len(urls))
+	keep := map[string]*engine{}
+	for _, e := range h.engines {
+		if e.role != role {
+			next = append(next, e)
+		} else {
+			keep[e.url] = e
+		}
+	}
+	for _, u := range urls {
+		u = strings.TrimRight(u, "/")
+		if e, ok := keep[u]; ok {
+			next = append(next, e)
+			delete(keep, u)
+			continue
+		}
+		next = append(next, &engine{role: role, url: u})
+	}
+	for _, e := range keep {
+		removed = append(removed, e)
+	}
+	h.engines = next
+	return removed
 }

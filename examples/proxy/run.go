@@ -25,6 +25,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(cfg, stderr)
+	if err := resolveDNS(ctx, cfg, nil, log); err != nil {
+		return err
+	}
 
 	store, closeStore, err := newStore(cfg, log)
 	if err != nil {
@@ -57,6 +60,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp
+	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
+	if err != nil {
+		return err
+	}
+	defer waitDNS()
 	s := &server{
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
