@@ -102,7 +102,7 @@ func TestResolveSRV(t *testing.T) {
 	dns.setSRV(name,
 		&net.SRV{Target: "b.test.", Port: 8201, Priority: 0, Weight: 50},
 		&net.SRV{Target: "a.test.", Port: 8200, Priority: 0, Weight: 50},
-		&net.SRV{Target: "c.test.", Port: 8202, Priority: 10, Weight: 50}, // a fallback: not used
+		&net.SRV{Target: "c.test.", Port: 8202, Priority: 10, Weight: 50},   // a fallback: not used
 		&net.SRV{Target: "gone.test.", Port: 8203, Priority: 0, Weight: 50}, // no address: skipped
 	)
 	eps, err := d.Resolve(context.Background())

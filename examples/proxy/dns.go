@@ -209,4 +209,3 @@ func (m *metrics) watchDiscovery(role string, w *discovery.Watcher) {
 			func() float64 { return float64(w.Stats().Endpoints) }),
 	)
 }
-
