@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -25,11 +26,11 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// pools is a P and a D pool published through the fake DNS as SRV records
-// (all engines listen on 127.0.0.1, so ports tell them apart).
+// pools is a P and a D pool published as SRV records by a DNS server on
+// 127.0.0.1 (all engines listen on 127.0.0.1, so ports tell them apart).
 type pools struct {
 	t   *testing.T
-	dns *fakeDNS
+	dns *zone
 	reg *kvroutetest.Registry
 	n   int
 	// by phase: the engines listed now, and every engine ever started
@@ -38,6 +39,10 @@ type pools struct {
 }
 
 func srvName(phase kvroute.Phase) string { return "_http._tcp." + string(phase) + ".test" }
+
+// srvQuery is srvName as a fully qualified name, so that no search domain
+// of the host's resolv.conf is tried.
+func srvQuery(phase kvroute.Phase) string { return srvName(phase) + "." }
 
 func (p *pools) start(phase kvroute.Phase) *kvroutetest.Engine {
 	e := kvroutetest.NewEngine(p.t, kvroutetest.WithRegistry(p.reg))
@@ -62,10 +67,10 @@ func (p *pools) publish(phase kvroute.Phase) {
 		require.NoError(p.t, err)
 		p.n++
 		target := fmt.Sprintf("e%d.%s.test", p.n, phase)
-		p.dns.setHost(target, u.Hostname())
+		p.dns.set(target, &rrset{addrs: []netip.Addr{netip.MustParseAddr(u.Hostname())}})
 		recs = append(recs, &net.SRV{Target: target + ".", Port: uint16(port), Weight: 100})
 	}
-	p.dns.setSRV(srvName(phase), recs...)
+	p.dns.set(srvName(phase), &rrset{srv: recs})
 }
 
 // guard is a Selector that fails the test when a removed endpoint is
@@ -146,7 +151,8 @@ func (c *chat) turn(t *testing.T, client *http.Client, base string, i int) (ok b
 	return assert.Equal(t, want.Text, got, "turn %d differs from the single-engine reference", i)
 }
 
-// TestScaleThroughDNS resolves the P and D pools through a DNS stand-in,
+// TestScaleThroughDNS resolves the P and D pools through a DNS server on
+// 127.0.0.1 (SRV records, asked by the standard library's resolver),
 // scales both up and down while conversations run, and checks that every
 // turn gets the single-engine reference answer, that no endpoint is offered
 // to selection after the refresh that removed it, that a removed engine
@@ -154,7 +160,8 @@ func (c *chat) turn(t *testing.T, client *http.Client, base string, i int) (ok b
 // handle of a removed decode engine is never attached (no prefill engine
 // fails to pull it).
 func TestScaleThroughDNS(t *testing.T) {
-	p := &pools{t: t, dns: newFakeDNS(), reg: kvroutetest.NewRegistry(), listed: map[kvroute.Phase][]*kvroutetest.Engine{}}
+	p := &pools{t: t, dns: &zone{names: map[string]*rrset{}}, reg: kvroutetest.NewRegistry(), listed: map[kvroute.Phase][]*kvroutetest.Engine{}}
+	res := serveDNS(t, p.dns)
 	p.start(kvroute.PhasePrefill)
 	p.start(kvroute.PhasePrefill)
 	d0 := p.start(kvroute.PhaseDecode)
@@ -164,7 +171,7 @@ func TestScaleThroughDNS(t *testing.T) {
 	src := map[kvroute.Phase]*discovery.DNS{}
 	initial := map[kvroute.Phase][]transport.Endpoint{}
 	for _, ph := range []kvroute.Phase{kvroute.PhasePrefill, kvroute.PhaseDecode} {
-		d, err := discovery.NewDNS(srvName(ph), discovery.WithResolver(p.dns))
+		d, err := discovery.NewDNS(srvQuery(ph), discovery.WithResolver(res))
 		require.NoError(t, err)
 		src[ph] = d
 		initial[ph], err = d.Resolve(ctx)
