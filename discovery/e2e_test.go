@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -299,4 +300,87 @@ func TestScaleThroughDNS(t *testing.T) {
 	assert.Positive(t, obs.hits, "reuse kept working across the changes")
 	assert.Equal(t, int(st.GoneHandles), obs.miss[kvroute.MissEndpointGone])
 	t.Logf("turns %d, hits %d, misses %v, gone handles %d", turns, obs.hits, obs.miss, st.GoneHandles)
+}
+
+// TestInFlightTurnFinishes checks that a stream open on a decode engine
+// when DNS drops it completes with the reference answer, while the next
+// turn goes to the engine that stays.
+func TestInFlightTurnFinishes(t *testing.T) {
+	p := &pools{t: t, dns: &zone{names: map[string]*rrset{}}, reg: kvroutetest.NewRegistry(), listed: map[kvroute.Phase][]*kvroutetest.Engine{}}
+	res := serveDNS(t, p.dns)
+	p.start(kvroute.PhasePrefill)
+	p.start(kvroute.PhaseDecode)
+	p.start(kvroute.PhaseDecode)
+	ctx := context.Background()
+	initial := map[kvroute.Phase][]transport.Endpoint{}
+	watch := map[kvroute.Phase]*discovery.Watcher{}
+	var r *kvroute.Router
+	for _, ph := range []kvroute.Phase{kvroute.PhasePrefill, kvroute.PhaseDecode} {
+		d, err := discovery.NewDNS(srvQuery(ph), discovery.WithResolver(res))
+		require.NoError(t, err)
+		initial[ph], err = d.Resolve(ctx)
+		require.NoError(t, err)
+		watch[ph], err = discovery.NewWatcher(d, func(eps []transport.Endpoint) error { return r.SetEndpoints(ph, eps...) })
+		require.NoError(t, err)
+	}
+	r, err := kvroute.New(kvroute.WithPrefillEndpoints(initial[kvroute.PhasePrefill]...), kvroute.WithDecodeEndpoints(initial[kvroute.PhaseDecode]...))
+	require.NoError(t, err)
+	defer r.Close()
+
+	body := []byte(`{"model":"` + kvroutetest.DefaultModel + `","max_tokens":24,"stream":true,"messages":[{"role":"user","content":"Explain the build in three steps."}]}`)
+	want, err := kvroutetest.Reference(kvroute.PathChatCompletions, body)
+	require.NoError(t, err)
+	resp, err := r.Do(ctx, &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
+	require.NoError(t, err)
+	// Do has read the stream's first event: the decode leg is open.
+	var busy *kvroutetest.Engine
+	for _, st := range r.Endpoints(kvroute.PhaseDecode) {
+		if st.InFlight > 0 {
+			for _, e := range p.listed[kvroute.PhaseDecode] {
+				if e.URL() == st.URL {
+					busy = e
+				}
+			}
+		}
+	}
+	require.NotNil(t, busy, "a decode endpoint has the stream in flight")
+	p.unlist(kvroute.PhaseDecode, busy)
+	require.NoError(t, watch[kvroute.PhaseDecode].Refresh(ctx))
+	for _, st := range r.Endpoints(kvroute.PhaseDecode) {
+		assert.NotEqual(t, busy.URL(), st.URL, "removed after the refresh")
+	}
+
+	var buf bytes.Buffer
+	_, err = resp.WriteTo(&buf)
+	require.NoError(t, err)
+	require.NoError(t, resp.Close())
+	raw := buf.Bytes()
+	var text strings.Builder
+	for _, line := range strings.Split(string(raw), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var ev struct {
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &ev), data)
+		for _, c := range ev.Choices {
+			text.WriteString(c.Delta.Content)
+		}
+	}
+	assert.Equal(t, want.Text, text.String(), "the in-flight turn finished on the removed engine")
+	assert.Contains(t, string(raw), "data: [DONE]")
+
+	n := len(busy.Requests())
+	busy.Close()
+	resp, err = r.Do(ctx, &kvroute.Request{Path: kvroute.PathChatCompletions, Body: body})
+	require.NoError(t, err)
+	_, err = resp.WriteTo(io.Discard)
+	require.NoError(t, err)
+	require.NoError(t, resp.Close())
+	assert.Equal(t, n, len(busy.Requests()), "no new turn reached the removed engine")
+	assert.Zero(t, r.Stats().Failures)
 }
