@@ -50,6 +50,8 @@ func (d *dnsConfig) check(staticPrefill, staticDecode bool) error {
 		return fmt.Errorf("%w: --dns-refresh must be positive", errUsage)
 	case d.prefillDP < 1 || d.decodeDP < 1:
 		return fmt.Errorf("%w: --prefill-dp-size and --decode-dp-size must be at least 1", errUsage)
+	case d.prefillDP > 1 && d.prefill == "" || d.decodeDP > 1 && d.decode == "":
+		return fmt.Errorf("%w: --prefill-dp-size and --decode-dp-size apply to pools found in DNS: give --prefill-dns or --decode-dns", errUsage)
 	}
 	for _, p := range d.pools() {
 		if _, err := p.source(nil); err != nil {

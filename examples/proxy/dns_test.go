@@ -38,6 +38,7 @@ func TestDNSFlags(t *testing.T) {
 		{"--decode-dns", "_http._tcp.d.test:8200"},
 		{"--decode-dns", "d.test:8200", "--dns-refresh", "0s"},
 		{"--decode-dns", "d.test:8200", "--decode-dp-size", "0"},
+		{"--decode-dp-size", "2"},
 	} {
 		_, err := parseConfig(bad, noEnv, io.Discard)
 		assert.ErrorIs(t, err, errUsage, "%q", bad)
