@@ -103,7 +103,7 @@ func (g *guard) remove(url string) {
 // records counts the turns' reuse outcomes.
 type records struct {
 	mu   sync.Mutex
-	miss map[string]int
+	miss map[kvroute.MissReason]int
 	hits int
 }
 
@@ -180,7 +180,7 @@ func TestScaleThroughDNS(t *testing.T) {
 		require.Len(t, initial[ph], 2)
 	}
 	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: kvroute.DefaultAffinityMaxInFlight}, removed: map[string]bool{}}
-	obs := &records{miss: map[string]int{}}
+	obs := &records{miss: map[kvroute.MissReason]int{}}
 	r, err := kvroute.New(kvroute.WithPrefillEndpoints(initial[kvroute.PhasePrefill]...),
 		kvroute.WithDecodeEndpoints(initial[kvroute.PhaseDecode]...), kvroute.WithSelector(g), kvroute.WithObserver(obs))
 	require.NoError(t, err)
