@@ -17,7 +17,7 @@
 //   - threshold: whether attaching a retained handle is worth a pull.
 //   - transport: upstream HTTP: one tuned transport, per-phase deadlines,
 //     retries with backoff, endpoint addresses.
-//   - discovery: engine endpoints from DNS (a headless Service's A/AAAA or
+//   - transport/discovery: engine endpoints from DNS (a headless Service's A/AAAA or
 //     SRV records), re-resolved on an interval into Router.SetEndpoints.
 //   - sse: server-sent-event parsing, pass-through with a flush per event,
 //     and capture and removal of kv_transfer_params from stream chunks.

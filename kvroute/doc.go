@@ -177,7 +177,7 @@
 // hint never unlocks a handle. Endpoints carry a data-parallel rank
 // (X-Data-Parallel-Rank) and a weight (WithPrefillEndpoints,
 // WithDecodeEndpoints) and can be replaced at run time with SetEndpoints
-// (package discovery does so from DNS): a removed endpoint gets no new leg,
+// (package transport/discovery does so from DNS): a removed endpoint gets no new leg,
 // turns already on it finish, and a retained handle of a removed decode
 // endpoint is not attached (MissEndpointGone) but left to expire.
 // WithEjection ejects an endpoint after consecutive failures for an

@@ -141,7 +141,7 @@ func (p *pool) has(url string) bool {
 }
 
 // SetEndpoints replaces the endpoints of phase (PhasePrefill or
-// PhaseDecode), for discovery by DNS (package discovery), Kubernetes or a
+// PhaseDecode), for discovery by DNS (package transport/discovery), Kubernetes or a
 // configuration file. Endpoints that stay (same URL and rank) keep their
 // load and health; turns in flight finish on the endpoint they picked, even
 // a removed one, but no new leg is sent to it. A retained handle whose

@@ -11,9 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/bidikv/bidikv/discovery"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 // dnsConfig is the command line of DNS discovery (--prefill-dns,

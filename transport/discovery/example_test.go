@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/bidikv/bidikv/discovery"
 	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 // staticDNS answers one headless Service name with two pod addresses.

@@ -21,10 +21,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bidikv/bidikv/discovery"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 // pools is a P and a D pool published as SRV records by a DNS server on

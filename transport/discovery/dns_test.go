@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bidikv/bidikv/discovery"
 	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 func names(eps []transport.Endpoint) []string {

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bidikv/bidikv/discovery"
 	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 // syncBuffer is a log sink safe for concurrent writes.

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bidikv/bidikv/discovery"
+	"github.com/bidikv/bidikv/transport/discovery"
 )
 
 // DNS record types and response codes the server below speaks.
