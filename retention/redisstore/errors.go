@@ -20,6 +20,10 @@ var (
 	// ErrInvalidTTL reports a Put with a ttl <= 0, as the [kvroute.Store]
 	// contract requires. Nothing is sent to Redis.
 	ErrInvalidTTL = errors.New("redisstore: ttl must be positive")
+	// ErrNotReplicated reports a Take that removed a value but did not
+	// return it, because fewer replicas than [WithWaitReplicas] asked for
+	// acknowledged the deletion in time. The value is lost, not kept.
+	ErrNotReplicated = errors.New("redisstore: delete not acknowledged by enough replicas")
 )
 
 // valueTooLarge is ErrValueTooLarge: its own message, matching

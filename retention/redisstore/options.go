@@ -44,6 +44,7 @@ type config struct {
 	logger     *slog.Logger
 	recovery   time.Duration
 	scriptTake bool
+	replicas   int
 	errs       []error
 }
 
@@ -140,4 +141,32 @@ func WithRecoveryWindow(d time.Duration) Option {
 // (some proxies) or to skip the first failed attempt.
 func WithScriptTake() Option {
 	return optionFunc(func(c *config) { c.scriptTake = true })
+}
+
+// WithWaitReplicas makes Take hand out a value only once n replicas have
+// acknowledged its deletion: Take sends GETDEL and then WAIT n on the same
+// connection to the key's primary, and if fewer than n replicas confirm
+// within the call's timeout it returns an error matching
+// [ErrNotReplicated] instead of the value, which is then lost (a miss for
+// the turn, counted in [Stats].Unreplicated), never handed out twice.
+//
+// Without it (n = 0, the default) Redis's asynchronous replication leaves a
+// window: a primary that fails after running a GETDEL and before sending it
+// to its replicas can be replaced by a replica that still holds the value,
+// and a later Take there gets it again. With n = 1 and one replica per
+// primary, the replica that Sentinel or the cluster promotes has seen every
+// delete whose value was handed out. The cost is a round trip to a replica
+// on every hit, and no hits at all while fewer than n replicas answer (after
+// a failover, until the failed node comes back as a replica): prefer it
+// when a decode engine reading the same blocks twice is worse than losing
+// reuse for a while. n must be at least 0, and n > 0 needs a *redis.Client
+// (one Redis or a Sentinel client) or a *redis.ClusterClient.
+func WithWaitReplicas(n int) Option {
+	return optionFunc(func(c *config) {
+		if n < 0 {
+			c.invalid("WithWaitReplicas(%d): must be >= 0", n)
+			return
+		}
+		c.replicas = n
+	})
 }

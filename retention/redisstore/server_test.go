@@ -22,6 +22,7 @@ type server struct {
 	t     testing.TB
 	port  int
 	dir   string
+	pre   []string // arguments before the server's own (a config file)
 	extra []string
 	cmd   *exec.Cmd
 	exit  chan struct{} // closed when cmd has exited
@@ -31,13 +32,25 @@ type server struct {
 // the test is skipped, except in CI (CI=true), where it fails.
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
+	needRedis(t)
+	return launch(t, &server{t: t, dir: t.TempDir(), extra: extra})
+}
+
+// needRedis skips the test when redis-server is not installed, except in CI
+// (CI=true), where it fails.
+func needRedis(t testing.TB) {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("redis-server not installed: %v", err)
 		}
 		t.Skipf("redis-server not installed: %v", err)
 	}
-	s := &server{t: t, dir: t.TempDir(), extra: extra}
+}
+
+// launch starts s, on a free port, and kills it when the test ends.
+func launch(t testing.TB, s *server) *server {
+	t.Helper()
 	// The free port may be taken between Close and redis-server's bind:
 	// try a few.
 	var err error
@@ -68,10 +81,10 @@ func (s *server) URL() string { return "redis://" + s.Addr() + "/0" }
 
 // start runs redis-server on s.port and waits until it answers PING.
 func (s *server) start() error {
-	args := append([]string{
+	args := append(append(append([]string(nil), s.pre...),
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--logfile", "",
-	}, s.extra...)
+	), s.extra...)
 	cmd := exec.Command("redis-server", args...)
 	if err := cmd.Start(); err != nil {
 		return err

@@ -21,6 +21,10 @@ type Stats struct {
 	TakeErrors int64
 	// PutErrors counts Puts that failed for the same reasons.
 	PutErrors int64
+	// Unreplicated counts Takes that removed a value and returned
+	// [ErrNotReplicated] instead (see [WithWaitReplicas]); they are counted
+	// in TakeErrors too.
+	Unreplicated int64
 	// Rejected counts Puts refused without reaching Redis: ttl <= 0 or a
 	// value over the size bound.
 	Rejected int64
@@ -47,7 +51,7 @@ type Stats struct {
 }
 
 type counters struct {
-	hits, misses, puts, takeErrors, putErrors, rejected, canceled atomic.Int64
+	hits, misses, puts, takeErrors, putErrors, rejected, canceled, unreplicated atomic.Int64
 }
 
 // Stats returns the Store's counters. Each is read atomically; together
@@ -55,13 +59,14 @@ type counters struct {
 func (s *Store) Stats() Stats {
 	c := &s.counters
 	st := Stats{
-		Hits:       c.hits.Load(),
-		Misses:     c.misses.Load(),
-		Puts:       c.puts.Load(),
-		TakeErrors: c.takeErrors.Load(),
-		PutErrors:  c.putErrors.Load(),
-		Rejected:   c.rejected.Load(),
-		Canceled:   c.canceled.Load(),
+		Hits:         c.hits.Load(),
+		Misses:       c.misses.Load(),
+		Puts:         c.puts.Load(),
+		TakeErrors:   c.takeErrors.Load(),
+		PutErrors:    c.putErrors.Load(),
+		Rejected:     c.rejected.Load(),
+		Unreplicated: c.unreplicated.Load(),
+		Canceled:     c.canceled.Load(),
 	}
 	s.health.stats(&st)
 	return st

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,8 @@ type Store struct {
 	log       *slog.Logger
 	script    *redis.Script
 	useScript atomic.Bool
+	replicas  int                  // WithWaitReplicas
+	cluster   *redis.ClusterClient // client, when it is one
 	health    health
 	counters  counters
 	closeOnce sync.Once
@@ -73,42 +76,112 @@ func ignoresContextDeadlines(client redis.UniversalClient) bool {
 	return false
 }
 
-// NewFromURL returns a Store with its own client for the Redis at rawURL,
-// in the form go-redis's ParseURL reads: redis://[[user]:password@]host[:port][/db]
-// or rediss:// for TLS, with optional query parameters such as
-// dial_timeout or pool_size. The client honours context deadlines, so
-// [WithTimeout] bounds every call, and fails fast when Redis is down: one
-// dial attempt per call and no retries (unless the URL sets max_retries).
-// [Store.Close] closes the client.
+// NewFromURL returns a Store with its own client for the Redis deployment
+// at rawURL. The scheme picks the deployment; the rest of the URL is in the
+// form go-redis's parsers read:
+//
+//   - redis://[[user]:password@]host[:port][/db][?option=value...], or
+//     rediss:// for TLS: one Redis (go-redis's ParseURL), optionally a
+//     primary whose replicas this client never reads from.
+//   - redis-sentinel://[[user]:password@]host:port[/db]?master_name=NAME[&addr=host:port...][&password=...],
+//     or rediss-sentinel:// for TLS: the primary that the Sentinels at
+//     host:port and every addr monitor as NAME (go-redis's
+//     ParseFailoverURL with the scheme redis:// or rediss://). The user
+//     information authenticates to the Sentinels; the primary's own
+//     credentials are the username and password query parameters.
+//   - redis-cluster://[[user]:password@]host:port[?addr=host:port...], or
+//     rediss-cluster:// for TLS: a Redis Cluster reached through host:port
+//     and every addr as seed nodes (go-redis's ParseClusterURL with the
+//     scheme redis:// or rediss://). A cluster has database 0 only.
+//
+// Query parameters set go-redis options such as dial_timeout or pool_size.
+// Every client honours context deadlines, so [WithTimeout] bounds every
+// call, and fails fast when a server is down: one dial attempt per call and
+// no retries (unless the URL sets max_retries). A cluster client still
+// follows MOVED and ASK redirections, and a failed call makes it reload the
+// cluster's slot map (see [Store.Take]). [Store.Close] closes the client.
 //
 // NewFromURL does no network I/O: an unreachable Redis shows up as failed
 // calls, not as an error here. It fails with an error matching
-// [ErrInvalidConfig] when the URL or an option is invalid; the error never
-// contains the password.
+// [ErrInvalidConfig] when the URL or an option is invalid (a Sentinel URL
+// without master_name, say); the error never contains the password.
 func NewFromURL(rawURL string, opts ...Option) (*Store, error) {
-	ro, err := redis.ParseURL(rawURL)
-	if err != nil {
-		// url.Error quotes the whole URL, password included.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("%w: NewFromURL: %v", ErrInvalidConfig, err)
-	}
-	ro.ContextTimeoutEnabled = true
-	// Fail fast when Redis is down: go-redis's defaults (5 dial attempts,
-	// 3 retries with backoff) would spend the whole timeout on every call
-	// before the turn goes on as a miss. Stale pooled connections are
-	// detected before use, so a restarted Redis needs no retry.
-	ro.DialerRetries = 1
-	if !hasQuery(rawURL, "max_retries") {
-		ro.MaxRetries = -1
-	}
 	// Validate the options before creating a client that would need closing.
 	if _, err := configure(opts); err != nil {
 		return nil, err
 	}
-	return newStore(redis.NewClient(ro), true, opts)
+	client, err := clientFromURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: NewFromURL: %v", ErrInvalidConfig, err)
+	}
+	s, err := newStore(client, true, opts)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// URL schemes NewFromURL reads besides go-redis's redis:// and rediss://.
+const (
+	sentinelSuffix = "-sentinel"
+	clusterSuffix  = "-cluster"
+)
+
+// clientFromURL returns a client for rawURL (see [NewFromURL]) that honours
+// context deadlines and fails fast. Its errors never contain the URL.
+func clientFromURL(rawURL string) (redis.UniversalClient, error) {
+	scheme, rest, _ := strings.Cut(rawURL, "://")
+	scheme = strings.ToLower(scheme)
+	// Fail fast when Redis is down: go-redis's defaults (5 dial attempts,
+	// 3 retries with backoff) would spend the whole timeout on every call
+	// before the turn goes on as a miss. Stale pooled connections are
+	// detected before use, so a restarted Redis needs no retry.
+	maxRetries := func(set *int) {
+		if !hasQuery(rawURL, "max_retries") {
+			*set = -1
+		}
+	}
+	switch {
+	case strings.HasSuffix(scheme, sentinelSuffix):
+		fo, err := redis.ParseFailoverURL(strings.TrimSuffix(scheme, sentinelSuffix) + "://" + rest)
+		if err != nil {
+			return nil, urlError(err)
+		}
+		if fo.MasterName == "" {
+			return nil, errors.New("a Sentinel URL needs master_name=NAME")
+		}
+		fo.ContextTimeoutEnabled = true
+		fo.DialerRetries = 1
+		maxRetries(&fo.MaxRetries)
+		return redis.NewFailoverClient(fo), nil
+	case strings.HasSuffix(scheme, clusterSuffix):
+		co, err := redis.ParseClusterURL(strings.TrimSuffix(scheme, clusterSuffix) + "://" + rest)
+		if err != nil {
+			return nil, urlError(err)
+		}
+		co.ContextTimeoutEnabled = true
+		co.DialerRetries = 1
+		maxRetries(&co.MaxRetries)
+		return redis.NewClusterClient(co), nil
+	}
+	ro, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, urlError(err)
+	}
+	ro.ContextTimeoutEnabled = true
+	ro.DialerRetries = 1
+	maxRetries(&ro.MaxRetries)
+	return redis.NewClient(ro), nil
+}
+
+// urlError strips the URL, password included, that a url.Error quotes.
+func urlError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // hasQuery reports whether rawURL, which redis.ParseURL accepted, sets
@@ -133,6 +206,13 @@ func newStore(client redis.UniversalClient, owned bool, opts []Option) (*Store, 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.replicas > 0 {
+		switch client.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			return nil, fmt.Errorf("%w: WithWaitReplicas(%d) needs a *redis.Client or a *redis.ClusterClient, got %T", ErrInvalidConfig, cfg.replicas, client)
+		}
+	}
 	log := cfg.logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -145,7 +225,9 @@ func newStore(client redis.UniversalClient, owned bool, opts []Option) (*Store, 
 		timeout:  cfg.timeout,
 		log:      log,
 		script:   redis.NewScript(takeScript),
+		replicas: cfg.replicas,
 	}
+	s.cluster, _ = client.(*redis.ClusterClient)
 	s.health.log = log
 	s.health.recovery = cfg.recovery
 	s.health.now = time.Now
@@ -204,7 +286,14 @@ func (s *Store) Put(ctx context.Context, key string, value []byte, ttl time.Dura
 // Take removes and returns the value stored under key with GETDEL (or the
 // equivalent script), atomically across every Store sharing the Redis.
 // ok is false when there is none. On an error the value, if there was one,
-// may be gone: it is never returned twice.
+// may be gone: one Redis never returns it twice. GETDEL names one key, so
+// in a Redis Cluster it runs on the primary that owns the key's slot.
+//
+// A failover can undo a delete that the failed primary had not yet sent to
+// its replicas, and hand the value out again; [WithWaitReplicas] closes
+// that window at the cost of a round trip to a replica per hit. A failed
+// call to a cluster makes the client reload the slot map, so that calls
+// reach the promoted replica as soon as the cluster has promoted one.
 func (s *Store) Take(ctx context.Context, key string) (value []byte, ok bool, err error) {
 	if err := ctx.Err(); err != nil {
 		s.counters.canceled.Add(1)
@@ -243,6 +332,14 @@ func (s *Store) failed(parent, call context.Context, op string, err error) error
 		s.counters.putErrors.Add(1)
 	}
 	s.health.fail(parent, op, err)
+	if s.cluster != nil {
+		// go-redis reloads a cluster's slot map on MOVED, not when a
+		// primary stops answering: without this, calls for its slots would
+		// go to the failed node until the next periodic reload (a minute by
+		// default) although a replica took over in seconds. Reloads are
+		// coalesced and at most one runs at a time.
+		s.cluster.ReloadState(parent)
+	}
 	if call.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("redisstore: %s: %w after %v: %w", op, context.DeadlineExceeded, s.timeout, err)
 	}
