@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/kvroute"
@@ -39,6 +40,20 @@ func TestCluster(t *testing.T) {
 	c := startCluster(t)
 	t.Logf("cluster formed in %v", time.Since(start))
 	t.Run("Conformance", func(t *testing.T) { conformance(t, c.URL()) })
+	// The first shard's primary has two replicas: after it fails, the
+	// promoted one still has a replica to acknowledge deletes.
+	t.Run("FailoverWait", func(t *testing.T) {
+		res := failoverUnderLoad(t, c.URL(), []redisstore.Option{redisstore.WithWaitReplicas(1)},
+			func() { c.nodes[0].kill() }, func() { c.waitPromoted(t, 0) })
+		t.Logf("cluster, WithWaitReplicas(1), primary 0 killed: %v", res)
+		assert.Zero(t, res.doubleTakes, "handles taken twice")
+	})
+	c.waitHealthy(t)
+	t.Run("FailoverGetdel", func(t *testing.T) {
+		res := failoverUnderLoad(t, c.URL(), nil,
+			func() { c.nodes[1].kill() }, func() { c.waitPromoted(t, 1) })
+		t.Logf("cluster, GETDEL only, primary 1 killed: %v", res)
+	})
 }
 
 // TestSentinel runs the Store on a primary with replicas under Sentinel.
@@ -47,4 +62,19 @@ func TestSentinel(t *testing.T) {
 	s := startSentinels(t)
 	t.Logf("sentinels ready in %v", time.Since(start))
 	t.Run("Conformance", func(t *testing.T) { conformance(t, s.URL()) })
+	// Two replicas: after the first failover the new primary still has
+	// one to acknowledge deletes.
+	t.Run("FailoverWait", func(t *testing.T) {
+		p := s.primary(t)
+		res := failoverUnderLoad(t, s.URL(), []redisstore.Option{redisstore.WithWaitReplicas(1)},
+			func() { s.servers[p].kill() }, func() { s.primary(t) })
+		t.Logf("sentinel, WithWaitReplicas(1), primary killed: %v", res)
+		assert.Zero(t, res.doubleTakes, "handles taken twice")
+	})
+	t.Run("FailoverGetdel", func(t *testing.T) {
+		p := s.primary(t)
+		res := failoverUnderLoad(t, s.URL(), nil,
+			func() { s.servers[p].kill() }, func() { s.primary(t) })
+		t.Logf("sentinel, GETDEL only, primary killed: %v", res)
+	})
 }

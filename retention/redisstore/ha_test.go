@@ -273,9 +273,9 @@ func startSentinels(t *testing.T) *sentinelSet {
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf") // Sentinel rewrites it
 		require.NoError(t, os.WriteFile(conf, fmt.Appendf(nil,
-			"sentinel monitor %s 127.0.0.1 %d 2\n"+
-				"sentinel down-after-milliseconds %[1]s %d\n"+
-				"sentinel failover-timeout %[1]s %d\n",
+			"sentinel monitor %[1]s 127.0.0.1 %[2]d 2\n"+
+				"sentinel down-after-milliseconds %[1]s %[3]d\n"+
+				"sentinel failover-timeout %[1]s %[4]d\n",
 			s.name, primary.port, sentinelDownAfter.Milliseconds(), sentinelFailover.Milliseconds()), 0o600))
 		s.sentinels = append(s.sentinels, launch(t, &server{t: t, dir: dir, pre: []string{conf, "--sentinel"}}))
 	}
