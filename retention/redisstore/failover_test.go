@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -270,4 +271,65 @@ func failoverUnderLoad(t *testing.T, url string, opts []redisstore.Option, kill,
 		assert.Zero(t, st.OutageFailedCalls, "store %d: outage over", i)
 	}
 	return res
+}
+
+// TestUnreplicatedDelete shows the window that asynchronous replication
+// leaves, and that WithWaitReplicas closes it. The replica's link to the
+// primary is cut (the primary disables the replica's user and drops its
+// connection), a handle is taken on the primary, the
+// primary dies and the replica is promoted, as Sentinel would: the replica
+// still holds the handle. With GETDEL alone the handle was returned before
+// the kill and is returned again by the promoted replica; with
+// WithWaitReplicas(1) the first Take returns ErrNotReplicated instead, so
+// the handle is handed out once.
+func TestUnreplicatedDelete(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []redisstore.Option
+		want int // times the handle is handed out
+	}{
+		{"getdel", nil, 2},
+		{"wait", []redisstore.Option{redisstore.WithWaitReplicas(1)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			primary := startServer(t, "--repl-diskless-sync-delay", "0")
+			rp := rawClient(t, primary.Addr())
+			require.NoError(t, rp.Do(ctx, "acl", "setuser", "repl", "on", ">pw", "+@all", "~*").Err())
+			replica := startServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.port), "--masteruser", "repl", "--masterauth", "pw")
+			rr := rawClient(t, replica.Addr())
+			before := newStore(t, primary, append([]redisstore.Option{redisstore.WithTimeout(time.Second)}, tc.opts...)...)
+			require.NoError(t, before.Put(ctx, "conv", []byte("handle"), time.Hour))
+			eventually(t, deployBudget, "the replica has the handle", func() error {
+				return rr.Get(ctx, before.Key("conv")).Err()
+			})
+
+			require.NoError(t, rp.Do(ctx, "acl", "setuser", "repl", "off").Err())
+			require.NoError(t, rp.Do(ctx, "client", "kill", "type", "replica").Err())
+			handed := 0
+			v, ok, err := before.Take(ctx, "conv")
+			if ok {
+				handed++
+				assert.Equal(t, []byte("handle"), v)
+			}
+			if tc.want == 1 {
+				require.ErrorIs(t, err, redisstore.ErrNotReplicated)
+				assert.Equal(t, int64(1), before.Stats().Unreplicated)
+			} else {
+				require.NoError(t, err)
+			}
+
+			primary.kill()
+			require.NoError(t, rr.Do(ctx, "replicaof", "no", "one").Err())
+			// Any Store: the question is whether the handle is still there.
+			after := newStore(t, replica)
+			v, ok, err = after.Take(ctx, "conv")
+			require.NoError(t, err)
+			if ok {
+				handed++
+				assert.Equal(t, []byte("handle"), v)
+			}
+			assert.Equal(t, tc.want, handed, "times the handle was handed out")
+		})
+	}
 }

@@ -145,22 +145,32 @@ func WithScriptTake() Option {
 
 // WithWaitReplicas makes Take hand out a value only once n replicas have
 // acknowledged its deletion: Take sends GETDEL and then WAIT n on the same
-// connection to the key's primary, and if fewer than n replicas confirm
-// within the call's timeout it returns an error matching
-// [ErrNotReplicated] instead of the value, which is then lost (a miss for
-// the turn, counted in [Stats].Unreplicated), never handed out twice.
+// connection to the key's primary. If fewer than n replicas confirm within
+// half of what is left of the call's timeout, Take returns an error
+// matching [ErrNotReplicated] (counted in [Stats].Unreplicated) instead of
+// the value; if the answer comes later than the timeout (Redis checks WAIT
+// timeouts hz times a second, 10 by default), the call fails with the
+// timeout. Either way the value is lost, a miss for the turn, never handed
+// out twice.
 //
 // Without it (n = 0, the default) Redis's asynchronous replication leaves a
 // window: a primary that fails after running a GETDEL and before sending it
 // to its replicas can be replaced by a replica that still holds the value,
 // and a later Take there gets it again. With n = 1 and one replica per
 // primary, the replica that Sentinel or the cluster promotes has seen every
-// delete whose value was handed out. The cost is a round trip to a replica
-// on every hit, and no hits at all while fewer than n replicas answer (after
-// a failover, until the failed node comes back as a replica): prefer it
-// when a decode engine reading the same blocks twice is worse than losing
-// reuse for a while. n must be at least 0, and n > 0 needs a *redis.Client
-// (one Redis or a Sentinel client) or a *redis.ClusterClient.
+// delete whose value was handed out. With more replicas, a replica that
+// has seen it exists, and both Sentinel and a cluster prefer the replica
+// with the largest replication offset (which has seen every delete an
+// acknowledged replica has), but only n equal to the number of replicas
+// makes that certain.
+//
+// The cost is a round trip from the primary to a replica on every Take,
+// and no hits at all while fewer than n replicas are in sync (after a
+// failover, until the failed node is back as a replica, unless a primary
+// has a replica to spare): prefer it when a decode engine reading the same
+// blocks twice is worse than losing reuse for a while. n must be at least
+// 0, and n > 0 needs a *redis.Client (one Redis, or a Sentinel client) or
+// a *redis.ClusterClient.
 func WithWaitReplicas(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 0 {
