@@ -56,3 +56,28 @@ func ExampleNewFromURL() {
 	// redisstore: value too large: 21 bytes, limit 8
 	// redisstore: invalid configuration: NewFromURL: invalid port ":port" after host
 }
+
+// The scheme picks the deployment: redis-sentinel:// names Sentinels and
+// the primary they monitor, redis-cluster:// seed nodes of a Redis Cluster.
+// Several router replicas given the same URL share the handles.
+func ExampleNewFromURL_deployments() {
+	for _, u := range []string{
+		"redis-sentinel://10.0.0.1:26379,10.0.0.2:26379/0?master_name=bidikv", // addr=, not commas
+		"redis-sentinel://10.0.0.1:26379/0?addr=10.0.0.2:26379&addr=10.0.0.3:26379",
+		"redis-sentinel://10.0.0.1:26379/0?master_name=bidikv&addr=10.0.0.2:26379&addr=10.0.0.3:26379&password=s3cret",
+		"redis-cluster://10.0.1.1:6379?addr=10.0.1.2:6379&addr=10.0.1.3:6379",
+	} {
+		s, err := redisstore.NewFromURL(u, redisstore.WithWaitReplicas(1))
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println("ok")
+		_ = s.Close()
+	}
+	// Output:
+	// redisstore: invalid configuration: NewFromURL: one host:port after the scheme; name more with addr=host:port query parameters, not commas
+	// redisstore: invalid configuration: NewFromURL: a Sentinel URL needs master_name=NAME
+	// ok
+	// ok
+}

@@ -133,6 +133,10 @@ const (
 func clientFromURL(rawURL string) (redis.UniversalClient, error) {
 	scheme, rest, _ := strings.Cut(rawURL, "://")
 	scheme = strings.ToLower(scheme)
+	if u, err := url.Parse(rawURL); err == nil && strings.Contains(u.Host, ",") {
+		// go-redis would take "a:1,b" for a host name and fail every dial.
+		return nil, errors.New("one host:port after the scheme; name more with addr=host:port query parameters, not commas")
+	}
 	// Fail fast when Redis is down: go-redis's defaults (5 dial attempts,
 	// 3 retries with backoff) would spend the whole timeout on every call
 	// before the turn goes on as a miss. Stale pooled connections are
@@ -159,6 +163,9 @@ func clientFromURL(rawURL string) (redis.UniversalClient, error) {
 		co, err := redis.ParseClusterURL(strings.TrimSuffix(scheme, clusterSuffix) + "://" + rest)
 		if err != nil {
 			return nil, urlError(err)
+		}
+		if u, _ := url.Parse(rawURL); u.Path != "" && u.Path != "/" && u.Path != "/0" {
+			return nil, errors.New("a cluster has database 0 only: no /db path")
 		}
 		co.ContextTimeoutEnabled = true
 		co.DialerRetries = 1

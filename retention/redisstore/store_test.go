@@ -294,6 +294,7 @@ func TestNewValidates(t *testing.T) {
 		{"negative timeout", []redisstore.Option{redisstore.WithTimeout(-time.Second)}, "WithTimeout(-1s)"},
 		{"zero max value", []redisstore.Option{redisstore.WithMaxValueBytes(0)}, "WithMaxValueBytes(0)"},
 		{"negative recovery window", []redisstore.Option{redisstore.WithRecoveryWindow(-time.Second)}, "WithRecoveryWindow(-1s)"},
+		{"negative wait replicas", []redisstore.Option{redisstore.WithWaitReplicas(-1)}, "WithWaitReplicas(-1)"},
 		{"both", []redisstore.Option{redisstore.WithMaxValueBytes(-1), redisstore.WithTimeout(0)}, "WithMaxValueBytes(-1)"},
 	}
 	for _, tt := range tests {
@@ -308,6 +309,14 @@ func TestNewValidates(t *testing.T) {
 		})
 	}
 
+	t.Run("wait replicas on a ring", func(t *testing.T) {
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+		t.Cleanup(func() { _ = ring.Close() })
+		_, err := redisstore.New(ring, redisstore.WithWaitReplicas(1))
+		assert.ErrorIs(t, err, redisstore.ErrInvalidConfig)
+		_, err = redisstore.New(ring)
+		assert.NoError(t, err, "a ring without WithWaitReplicas")
+	})
 	t.Run("nil client", func(t *testing.T) {
 		_, err := redisstore.New(nil)
 		assert.ErrorIs(t, err, redisstore.ErrInvalidConfig)
@@ -334,6 +343,18 @@ func TestNewFromURL(t *testing.T) {
 		{"redis://:secret@127.0.0.1:notaport/0", true},
 		{"redis://:secret@127.0.0.1:6379/notadb", true},
 		{"redis://:secret@127.0.0.1:6379/0?pool_size=many", true},
+		{"redis-sentinel://:secret@127.0.0.1:26379/0?master_name=m", false},
+		{"rediss-sentinel://127.0.0.1:26379/0?master_name=m&addr=127.0.0.1:26380&password=secret", false},
+		{"REDIS-SENTINEL://127.0.0.1:26379?master_name=m", false},
+		{"redis-sentinel://:secret@127.0.0.1:26379/0", true},
+		{"redis-sentinel://:secret@127.0.0.1:26379/0?master_name=m&addr=noport", true},
+		{"redis-sentinel://:secret@127.0.0.1:26379,127.0.0.1:26380/0?master_name=m", true},
+		{"redis-cluster://:secret@127.0.0.1:7000?addr=127.0.0.1:7001&addr=127.0.0.1:7002", false},
+		{"rediss-cluster://user:secret@[::1]:7000/0?dial_timeout=1s", false},
+		{"redis-cluster://:secret@127.0.0.1:7000/3", true},
+		{"redis-cluster://:secret@127.0.0.1:7000?pool_size=many", true},
+		{"redis-cluster://:secret@127.0.0.1:7000?db=1", true},
+		{"redis-ring://:secret@127.0.0.1:7000", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
