@@ -36,6 +36,7 @@ type config struct {
 	blockSize         int
 	localFallback     bool
 	redisURL          string
+	redisWaitReplicas int
 	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
 	apiKeyFile        string
 	allowAnonymousIDs bool
@@ -185,7 +186,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects)")
 	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
-	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis (redis://[user:password@]host:port/db); default in memory")
+	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis: redis://[user:password@]host:port/db, redis-sentinel://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379, or redis-cluster://node:6379?addr=node2:6379; default in memory")
+	fs.IntVar(&c.redisWaitReplicas, "redis-wait-replicas", 0, "with Sentinel or Cluster: hand out a handle only once this many replicas acknowledged its delete (WAIT), so that a failover cannot hand it out again; 0: GETDEL alone")
 	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY), visible in the process list: prefer --api-key-file or "+envAPIKeys+"; none of the three: no authentication")
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")

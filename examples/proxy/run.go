@@ -122,8 +122,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // newStore returns Redis when --redis-url is set, else an in-memory store.
 func newStore(cfg *config, log *slog.Logger) (kvroute.Store, func(), error) {
+	switch {
+	case cfg.redisWaitReplicas < 0:
+		return nil, nil, fmt.Errorf("%w: --redis-wait-replicas must not be negative", errUsage)
+	case cfg.redisWaitReplicas > 0 && cfg.redisURL == "":
+		return nil, nil, fmt.Errorf("%w: --redis-wait-replicas needs --redis-url", errUsage)
+	}
 	if cfg.redisURL != "" {
-		rs, err := redisstore.NewFromURL(cfg.redisURL, redisstore.WithLogger(log.With(slog.String("component", "redisstore"))))
+		rs, err := redisstore.NewFromURL(cfg.redisURL, redisstore.WithLogger(log.With(slog.String("component", "redisstore"))),
+			redisstore.WithWaitReplicas(cfg.redisWaitReplicas))
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: --redis-url: %v", errUsage, err)
 		}

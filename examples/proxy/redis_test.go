@@ -1,0 +1,44 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/retention/redisstore"
+)
+
+// --redis-url picks the deployment by scheme and --redis-wait-replicas
+// reaches the store; neither touches the network before the first turn.
+func TestRedisFlags(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in the error; "" for a Redis store
+	}{
+		{"single", []string{"--redis-url", "redis://127.0.0.1:6379/0"}, ""},
+		{"sentinel", []string{"--redis-url", "redis-sentinel://127.0.0.1:26379/0?master_name=bidikv&addr=127.0.0.1:26380", "--redis-wait-replicas", "1"}, ""},
+		{"cluster", []string{"--redis-url", "redis-cluster://127.0.0.1:7000?addr=127.0.0.1:7001", "--redis-wait-replicas", "1"}, ""},
+		{"sentinel without master", []string{"--redis-url", "redis-sentinel://127.0.0.1:26379"}, "--redis-url: redisstore: invalid configuration: NewFromURL: a Sentinel URL needs master_name=NAME"},
+		{"wait without redis", []string{"--redis-wait-replicas", "1"}, "--redis-wait-replicas needs --redis-url"},
+		{"negative wait", []string{"--redis-url", "redis://127.0.0.1:6379/0", "--redis-wait-replicas", "-1"}, "--redis-wait-replicas must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseConfig(tc.args, noEnv, io.Discard)
+			require.NoError(t, err)
+			store, closeStore, err := newStore(cfg, log)
+			if tc.want != "" {
+				assert.ErrorIs(t, err, errUsage)
+				assert.ErrorContains(t, err, tc.want)
+				return
+			}
+			require.NoError(t, err)
+			defer closeStore()
+			assert.IsType(t, &redisstore.Store{}, store)
+		})
+	}
+}
