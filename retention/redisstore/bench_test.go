@@ -2,9 +2,11 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,4 +160,47 @@ func percentiles(d []time.Duration) string {
 	slices.Sort(d)
 	at := func(p float64) time.Duration { return d[int(p*float64(len(d)-1))] }
 	return fmt.Sprintf("p50 %-9v p99 %-9v p99.9 %-9v max %v", at(0.50), at(0.99), at(0.999), d[len(d)-1])
+}
+
+// BenchmarkTakeWait measures hits with WithWaitReplicas(1) on a primary
+// with one replica, against GETDEL alone on the same primary: the
+// difference is WAIT's round trip to the replica.
+func BenchmarkTakeWait(b *testing.B) {
+	const batch = 10_000
+	ctx := context.Background()
+	primary := startServer(b, "--repl-diskless-sync-delay", "0")
+	replica := startServer(b, "--replicaof", "127.0.0.1", fmt.Sprint(primary.port))
+	eventually(b, deployBudget, "replica in sync", func() error {
+		repl, err := rawClient(b, replica.Addr()).Info(ctx, "replication").Result()
+		if err == nil && !strings.Contains(repl, "master_link_status:up") {
+			err = errors.New("not in sync")
+		}
+		return err
+	})
+	keys := benchKeys(batch)
+	for _, tc := range []struct {
+		name string
+		opts []redisstore.Option
+	}{{"getdel", nil}, {"wait1", []redisstore.Option{redisstore.WithWaitReplicas(1)}}} {
+		s := newStore(b, primary, append([]redisstore.Option{redisstore.WithTimeout(time.Second)}, tc.opts...)...)
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for done := 0; done < b.N; {
+				n := min(batch, b.N-done)
+				b.StopTimer()
+				for _, k := range keys[:n] {
+					if err := s.Put(ctx, k, benchValue, 450*time.Second); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+				for _, k := range keys[:n] {
+					if _, ok, err := s.Take(ctx, k); err != nil || !ok {
+						b.Fatalf("Take(%q) = %v, %v", k, ok, err)
+					}
+				}
+				done += n
+			}
+		})
+	}
 }
