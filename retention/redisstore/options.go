@@ -168,9 +168,12 @@ func WithScriptTake() Option {
 // and no hits at all while fewer than n replicas are in sync (after a
 // failover, until the failed node is back as a replica, unless a primary
 // has a replica to spare): prefer it when a decode engine reading the same
-// blocks twice is worse than losing reuse for a while. n must be at least
-// 0, and n > 0 needs a *redis.Client (one Redis, or a Sentinel client) or
-// a *redis.ClusterClient.
+// blocks twice is worse than losing reuse for a while. In a cluster, Take
+// goes straight to the primary the client's slot map names, without
+// following redirections: a Take for a slot being migrated or just moved
+// fails (a miss, and the map is reloaded for the next call). n must be at
+// least 0, and n > 0 needs a *redis.Client (one Redis, or a Sentinel
+// client) or a *redis.ClusterClient.
 func WithWaitReplicas(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 0 {
