@@ -185,7 +185,7 @@ func (f *e2eFleet) round(t *testing.T, convs []*e2eConversation, n int) (hits, m
 			switch {
 			case !ok:
 				failed++
-			case reuse == kvroute.ReuseHit:
+			case reuse == string(kvroute.ReuseHit):
 				hits++
 			default:
 				misses++
