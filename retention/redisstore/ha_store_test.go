@@ -13,13 +13,15 @@ import (
 )
 
 // conformance runs the kvroute.Store suite on the deployment at url, with
-// GETDEL and with GETDEL followed by WAIT 1.
+// GETDEL, with the Lua script (one key: KEYS[1], on the key's slot), and
+// with GETDEL followed by WAIT 1.
 func conformance(t *testing.T, url string) {
 	for _, mode := range []struct {
 		name string
 		opts []redisstore.Option
 	}{
 		{"getdel", nil},
+		{"script", []redisstore.Option{redisstore.WithScriptTake()}},
 		{"wait", []redisstore.Option{redisstore.WithWaitReplicas(1)}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
