@@ -51,11 +51,16 @@ func TestCluster(t *testing.T) {
 		assert.Zero(t, res.doubleTakes, "handles taken twice")
 	})
 	c.waitHealthy(t)
+	// GETDEL alone: double takes are counted, not asserted, since the store
+	// does not rule them out (TestUnreplicatedDelete shows the window).
 	t.Run("FailoverGetdel", func(t *testing.T) {
 		res := failoverUnderLoad(t, c.URL(), nil,
 			func() { c.nodes[1].kill() }, func() { c.waitPromoted(t, 1) })
 		t.Logf("cluster, GETDEL only, primary 1 killed: %v", res)
 	})
+	// Last: it leaves the third shard without a replica.
+	c.waitHealthy(t)
+	t.Run("Routers", func(t *testing.T) { routersThroughFailover(t, c) })
 }
 
 // TestSentinel runs the Store on a primary with replicas under Sentinel.
@@ -73,10 +78,54 @@ func TestSentinel(t *testing.T) {
 		t.Logf("sentinel, WithWaitReplicas(1), primary killed: %v", res)
 		assert.Zero(t, res.doubleTakes, "handles taken twice")
 	})
+	// GETDEL alone: double takes counted, not asserted (see TestCluster).
 	t.Run("FailoverGetdel", func(t *testing.T) {
 		p := s.primary(t)
 		res := failoverUnderLoad(t, s.URL(), nil,
 			func() { s.servers[p].kill() }, func() { s.primary(t) })
 		t.Logf("sentinel, GETDEL only, primary killed: %v", res)
 	})
+}
+
+// routersThroughFailover runs conversations through three router replicas
+// sharing the cluster and kills the third shard's primary during a round:
+// no client sees an error (a turn whose Take or Put fails runs as a miss),
+// no engine reads blocks twice, and every conversation hits again once the
+// replica has taken over.
+func routersThroughFailover(t *testing.T, c *redisCluster) {
+	const (
+		killAt    = 4  // the round during which the primary goes away
+		maxRounds = 40 // after the kill; the failover takes a few seconds
+	)
+	stores := make([]*redisstore.Store, 3)
+	for i := range stores {
+		s, err := redisstore.NewFromURL(c.URL(), redisstore.WithTimeout(2*time.Second))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		stores[i] = s
+	}
+	f := newFleet(t, asStores(stores))
+	convs := newConversations()
+	for n := 1; n < killAt; n++ {
+		hits, _, failed := f.round(t, convs, n)
+		require.Zero(t, failed, "turn %d", n)
+		assert.Equal(t, min(n-1, 1)*e2eConversations, hits, "turn %d", n)
+	}
+	killed := make(chan struct{})
+	go func() { defer close(killed); c.nodes[2].kill() }()
+	_, _, failed := f.round(t, convs, killAt)
+	<-killed
+	require.Zero(t, failed, "primary killed mid-round: a client saw an error")
+
+	missed, resumed := 0, false
+	for n := killAt + 1; n <= killAt+maxRounds && !resumed; n++ {
+		hits, misses, failed := f.round(t, convs, n)
+		require.Zero(t, failed, "turn %d, during the failover: a client saw an error", n)
+		missed += misses
+		resumed = hits == e2eConversations && missed > 0
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.True(t, resumed, "hits did not resume within %d rounds after the kill (%d misses)", maxRounds, missed)
+	f.checkEngines(t)
+	t.Logf("routers: %d turns missed during the failover, then every conversation hit", missed)
 }
