@@ -266,6 +266,19 @@
 //   - A retained handle past the retention TTL is a miss (MissExpired) and
 //     is never attached.
 //
+// # Tracing
+//
+// WithTracer sets a Tracer (kvroute/otelobserver implements it with
+// OpenTelemetry, in its own module): a span for the turn, whose parent is
+// the caller's (a span in Do's context, else the client's traceparent
+// header), and one per phase within it: lookup, with one verify per render
+// call; prefill, one per attempt; decode, one per decode leg, which for a
+// stream holds the stream phase from the first event to the last. Every
+// engine request carries its phase's trace context in place of the
+// client's, so engines that trace (vLLM's --otlp-traces-endpoint) join the
+// turn's trace. Without a Tracer nothing is traced and the client's trace
+// headers are forwarded as any end-to-end header.
+//
 // # Concurrency
 //
 // A Router is safe for concurrent use. Close stops its background work;

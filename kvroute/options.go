@@ -80,6 +80,7 @@ type config struct {
 	reuse            bool
 	localFallback    bool
 	observer         Observer
+	tracer           Tracer
 	selector         Selector
 	lease            time.Duration // the prefill engines' kv_lease_duration
 	decodeAttempts   int           // decode legs one turn may start

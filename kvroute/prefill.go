@@ -67,7 +67,9 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		if attached {
 			attachedTokens = ent.tokens
 		}
-		h, err := t.prefillOnce(ctx, ep, t.prefillBody(handle), attachedTokens)
+		pctx, end := t.startPhase(ctx, PhasePrefill, ep.url)
+		h, err := t.prefillOnce(pctx, ep, t.prefillBody(handle), attachedTokens)
+		end(err)
 		if err == nil {
 			t.r.hp.succeeded(ep)
 			ph, url = h, ep.url
@@ -269,6 +271,7 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 	if t.r.cfg.apiKey != "" {
 		hreq.Header.Set("Authorization", "Bearer "+t.r.cfg.apiKey)
 	}
+	t.inject(ctx, hreq.Header)
 	ep.ep.Apply(hreq)
 	hreq.ContentLength = int64(len(body))
 	return hreq, nil

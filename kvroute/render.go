@@ -137,7 +137,9 @@ func (t *turn) tokenizeBody() ([]byte, bool) {
 // answer: token_ids of a render object (or of the single element of a
 // completions render list), or tokens of a /tokenize answer. It returns the
 // engine's status when it answered.
-func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body []byte, list bool) ([]uint32, int, error) {
+func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body []byte, list bool) (_ []uint32, _ int, err error) {
+	ctx, end := t.startPhase(ctx, PhaseVerify, ep.url)
+	defer func() { end(err) }()
 	t.r.stats.renders.Add(1)
 	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body)
 	if err != nil {

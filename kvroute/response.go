@@ -197,6 +197,7 @@ func (r *Response) end(err error) {
 		}
 	}
 	r.release()
+	t.endStream(err)
 	t.finish()
 }
 

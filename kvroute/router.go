@@ -148,6 +148,7 @@ func (r *Router) Stats() Stats { return r.stats.snapshot() }
 // request on the engine.
 func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	t := r.newTurn(req)
+	ctx = t.startTurn(ctx)
 	if r.closed.Load() {
 		return nil, t.fail(PhaseLookup, ErrClosed)
 	}
@@ -158,7 +159,9 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	t.rec.Stream = t.stream
 	req.tenant = r.tenant(req)
 	t.hint = ConversationHint(req)
-	ent := t.lookup(ctx)
+	lctx, endLookup := t.startPhase(ctx, PhaseLookup, "")
+	ent := t.lookup(lctx)
+	endLookup(nil)
 	for {
 		ph, pURL, err := t.runPrefill(ctx, ent)
 		if err != nil {
@@ -215,6 +218,8 @@ type turn struct {
 	local     bool
 	stream    bool
 	decodeURL string
+
+	trace turnTrace
 }
 
 func (r *Router) newTurn(req *Request) *turn {
@@ -280,6 +285,7 @@ func (t *turn) finish() {
 	if t.r.cfg.observer != nil {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
 	}
+	t.endTurn()
 }
 
 // lookup takes the retained handle this request continues, if any, and

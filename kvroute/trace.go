@@ -1,0 +1,117 @@
+package kvroute
+
+import (
+	"context"
+	"net/http"
+)
+
+// Tracer follows a turn while it runs, for distributed tracing: one span
+// per turn, one per phase, and the trace context on every engine request,
+// so that engines that trace (vLLM with --otlp-traces-endpoint) join the
+// turn's trace. The module kvroute/otelobserver implements it with
+// OpenTelemetry; kvroute itself depends on no tracing library.
+//
+// The router calls a Tracer on the goroutines that run the turn (Do's, then
+// the one reading a stream), never concurrently for one turn. Every
+// function it returns is called exactly once. A Tracer must not block.
+type Tracer interface {
+	// StartTurn is called when Do starts, before the request is validated.
+	// ctx is Do's context and req the client's request (req.Header holds
+	// the client's headers, where an inbound trace context is found). It
+	// returns the context the turn runs in and the function called when
+	// the turn ends, with the same record the Observer gets (after the
+	// Observer); end must not keep rec.
+	StartTurn(ctx context.Context, req *Request) (context.Context, func(rec *TurnRecord))
+	// StartPhase is called when a phase starts: PhaseLookup within the
+	// turn's context; PhaseVerify once per render or tokenize call, within
+	// the lookup's; PhasePrefill once per prefill attempt and PhaseDecode once
+	// per decode leg, within the turn's; PhaseStream, once the stream's
+	// first event was read, within its decode leg's. endpoint is the
+	// engine's base URL ("" for PhaseLookup). It returns the phase's
+	// context, from which the phase's engine requests are built, and the
+	// function called when the phase ends, with the phase's error (nil on
+	// success). A decode leg that streams ends with its stream.
+	StartPhase(ctx context.Context, phase Phase, endpoint string) (context.Context, func(err error))
+	// Inject writes the trace context of ctx, a phase's context, into h,
+	// the headers of an engine request, replacing any trace context the
+	// client sent (which the router otherwise forwards as it forwards
+	// every end-to-end header).
+	Inject(ctx context.Context, h http.Header)
+}
+
+// WithTracer sets the Tracer that follows each turn. The default traces
+// nothing and costs nothing: no span, no context, no header; the client's
+// own trace headers (traceparent, tracestate) reach the engines as sent.
+func WithTracer(tr Tracer) Option {
+	return optionFunc(func(c *config) {
+		if tr == nil {
+			c.fail("WithTracer", "tracer is nil")
+			return
+		}
+		c.tracer = tr
+	})
+}
+
+// turnTrace is a turn's tracing state.
+type turnTrace struct {
+	end                  func(*TurnRecord) // ends the turn's span
+	endStream, endDecode func(error)       // a streaming decode leg's phases, ended with the stream
+}
+
+// noEnd ends a phase when no Tracer is set.
+func noEnd(error) {}
+
+// startTurn starts the turn's trace and returns the context it runs in.
+func (t *turn) startTurn(ctx context.Context) context.Context {
+	tr := t.r.cfg.tracer
+	if tr == nil {
+		return ctx
+	}
+	ctx, t.trace.end = tr.StartTurn(ctx, t.req)
+	return ctx
+}
+
+// endTurn ends the turn's trace with its record.
+func (t *turn) endTurn() {
+	if end := t.trace.end; end != nil {
+		t.trace.end = nil
+		end(&t.rec)
+	}
+}
+
+// startPhase starts a phase within ctx.
+func (t *turn) startPhase(ctx context.Context, phase Phase, endpoint string) (context.Context, func(error)) {
+	tr := t.r.cfg.tracer
+	if tr == nil {
+		return ctx, noEnd
+	}
+	return tr.StartPhase(ctx, phase, endpoint)
+}
+
+// decodeTraced ends a decode leg's phase, or for a stream keeps it open
+// and starts PhaseStream within it; both end with the stream (endStream).
+func (t *turn) decodeTraced(ctx context.Context, end func(error), resp *Response, err error) {
+	if err != nil || !resp.stream || t.r.cfg.tracer == nil {
+		end(err)
+		return
+	}
+	_, t.trace.endStream = t.startPhase(ctx, PhaseStream, resp.ep.url)
+	t.trace.endDecode = end
+}
+
+// endStream ends a stream's phases with the stream's error.
+func (t *turn) endStream(err error) {
+	if t.trace.endStream == nil {
+		return
+	}
+	t.trace.endStream(err)
+	t.trace.endDecode(err)
+	t.trace.endStream, t.trace.endDecode = nil, nil
+}
+
+// inject writes the phase's trace context into an engine request's headers.
+func (t *turn) inject(ctx context.Context, h http.Header) {
+	if tr := t.r.cfg.tracer; tr != nil {
+		tr.Inject(ctx, h)
+	}
+}
