@@ -73,9 +73,9 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 		if pHandle != nil && t.r.cfg.clock().Sub(t.pDone) > t.r.cfg.lease-ExpiryGuard {
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
 		}
-		dctx, end := t.startPhase(ctx, PhaseDecode, ep.url)
+		dctx := t.startDecode(ctx, ep.url)
 		resp, err := t.decodeOnce(dctx, ep, body)
-		t.decodeTraced(dctx, end, resp, err)
+		t.decodeDone(dctx, resp, err)
 		if err == nil {
 			return resp, nil
 		}

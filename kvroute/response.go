@@ -197,7 +197,7 @@ func (r *Response) end(err error) {
 		}
 	}
 	r.release()
-	t.endStream(err)
+	t.endPhases(err)
 	t.finish()
 }
 

@@ -55,7 +55,7 @@ func WithTracer(tr Tracer) Option {
 // turnTrace is a turn's tracing state.
 type turnTrace struct {
 	end                  func(*TurnRecord) // ends the turn's span
-	endStream, endDecode func(error)       // a streaming decode leg's phases, ended with the stream
+	endDecode, endStream func(error)       // the open decode leg's phases
 }
 
 // noEnd ends a phase when no Tracer is set.
@@ -71,8 +71,10 @@ func (t *turn) startTurn(ctx context.Context) context.Context {
 	return ctx
 }
 
-// endTurn ends the turn's trace with its record.
+// endTurn ends the turn's trace with its record, after any phase still
+// open (a body is read, and the turn ends, within its decode leg).
 func (t *turn) endTurn() {
+	t.endPhases(nil)
 	if end := t.trace.end; end != nil {
 		t.trace.end = nil
 		end(&t.rec)
@@ -88,25 +90,40 @@ func (t *turn) startPhase(ctx context.Context, phase Phase, endpoint string) (co
 	return tr.StartPhase(ctx, phase, endpoint)
 }
 
-// decodeTraced ends a decode leg's phase, or for a stream keeps it open
-// and starts PhaseStream within it; both end with the stream (endStream).
-func (t *turn) decodeTraced(ctx context.Context, end func(error), resp *Response, err error) {
-	if err != nil || !resp.stream || t.r.cfg.tracer == nil {
-		end(err)
-		return
+// startDecode starts a decode leg's phase, which decodeDone, endPhases or
+// endTurn ends.
+func (t *turn) startDecode(ctx context.Context, endpoint string) context.Context {
+	if t.r.cfg.tracer == nil {
+		return ctx
 	}
-	_, t.trace.endStream = t.startPhase(ctx, PhaseStream, resp.ep.url)
-	t.trace.endDecode = end
+	ctx, t.trace.endDecode = t.r.cfg.tracer.StartPhase(ctx, PhaseDecode, endpoint)
+	return ctx
 }
 
-// endStream ends a stream's phases with the stream's error.
-func (t *turn) endStream(err error) {
-	if t.trace.endStream == nil {
+// decodeDone ends a decode leg's phase with err, or for a stream keeps it
+// open and starts PhaseStream within it: both end with the stream
+// (endPhases).
+func (t *turn) decodeDone(ctx context.Context, resp *Response, err error) {
+	if t.trace.endDecode == nil {
+		return // no Tracer, or the turn has ended
+	}
+	if err == nil && resp.stream {
+		_, t.trace.endStream = t.r.cfg.tracer.StartPhase(ctx, PhaseStream, resp.ep.url)
 		return
 	}
-	t.trace.endStream(err)
-	t.trace.endDecode(err)
-	t.trace.endStream, t.trace.endDecode = nil, nil
+	t.endPhases(err)
+}
+
+// endPhases ends the open stream and decode phases with err.
+func (t *turn) endPhases(err error) {
+	if end := t.trace.endStream; end != nil {
+		t.trace.endStream = nil
+		end(err)
+	}
+	if end := t.trace.endDecode; end != nil {
+		t.trace.endDecode = nil
+		end(err)
+	}
 }
 
 // inject writes the phase's trace context into an engine request's headers.
