@@ -52,15 +52,18 @@ func cannedEngines(b *testing.B) (prefill, decode string) {
 // hits (content verification: no render call).
 //
 //   - off: no Tracer, no Observer.
+//
 //   - metrics: the Observer's metrics only (WithObserver), into a manual
 //     reader.
+//
 //   - traced: o.Options(), every turn sampled, spans to a batch processor
 //     with a no-op exporter, metrics as above: five spans a turn and the
 //     traceparent on both legs.
+//
 //   - unsampled: as traced with a never-sampling provider: no span is
 //     recorded, the trace context still reaches the engines.
 //
-//	go test -run '^$' -bench BenchmarkTurn -benchmem -count 5 ./kvroute/otelobserver
+//     go test -run '^$' -bench BenchmarkTurn -benchmem -count 5 ./kvroute/otelobserver
 func BenchmarkTurn(b *testing.B) {
 	for _, mode := range []string{"off", "metrics", "traced", "unsampled"} {
 		b.Run(mode, func(b *testing.B) { benchmarkTurn(b, mode) })
