@@ -28,6 +28,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := resolveDNS(ctx, cfg, nil, log); err != nil {
 		return err
 	}
+	tel, err := newTelemetry(getenv, stdout, log) // OpenTelemetry, from OTEL_* (otel.go)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown(log) // after the drain: flushes the last turns' spans
 
 	store, closeStore, err := newStore(cfg, log)
 	if err != nil {
@@ -51,6 +56,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	opts := append(cfg.routerOptions(),
 		kvroute.WithStore(store), kvroute.WithObserver(obs), kvroute.WithTransport(tr),
 		kvroute.WithLogger(log.With(slog.String("component", "kvroute"))))
+	opts = append(opts, tel.options()...)
 	router, err := kvroute.New(opts...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
