@@ -8,6 +8,9 @@
 //   - kvroute: the Router. kvroute.New(opts...) builds one; Router.Do runs a
 //     turn (pick, prefill, decode, capture, store); Router is also an
 //     http.Handler for /v1/chat/completions and /v1/completions. Start here.
+//   - kvroute/otelobserver (its own module): OpenTelemetry for the Router,
+//     a kvroute.Tracer and kvroute.Observer: a span per turn and per phase,
+//     the trace context on every engine request, and metrics.
 //   - kvroute/kvroutetest: simulated vLLM prefill and decode engines that
 //     follow the engines' bidirectional-KV rules, failure modes included,
 //     and a conformance suite for Store implementations.
