@@ -3,6 +3,7 @@ package otelobserver
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -35,6 +36,60 @@ type instruments struct {
 	turns, endpoints                 metric.Int64Counter
 	ttft, duration, prefill, firstB  metric.Float64Histogram
 	reuseTokens, attempts, respBytes metric.Int64Histogram
+	sets                             turnSets
+}
+
+// turnKey is what a turn's metric attributes depend on.
+type turnKey struct {
+	path, reuse, miss string
+	phase             kvroute.Phase // the failed phase, "" on success
+}
+
+// turnAttrs are a turn's measurement options: all its attributes (turns),
+// the route and reuse outcome (the histograms), the route alone.
+type turnAttrs struct {
+	turn, reuse, route metric.MeasurementOption
+}
+
+// maxCachedSets bounds turnSets; the keys are few (routes, outcomes, miss
+// reasons and phases are constants), but Path is the caller's.
+const maxCachedSets = 1024
+
+// turnSets caches turnAttrs by turnKey.
+type turnSets struct {
+	mu sync.RWMutex
+	m  map[turnKey]turnAttrs
+}
+
+func (c *turnSets) get(k turnKey) turnAttrs {
+	c.mu.RLock()
+	a, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return a
+	}
+	route, reuse := AttrRoute.String(k.path), AttrReuse.String(k.reuse)
+	all := []attribute.KeyValue{route, reuse}
+	if k.miss != "" {
+		all = append(all, AttrMissReason.String(k.miss))
+	}
+	if k.phase != "" {
+		all = append(all, AttrErrorPhase.String(string(k.phase)))
+	}
+	a = turnAttrs{
+		turn:  metric.WithAttributeSet(attribute.NewSet(all...)),
+		reuse: metric.WithAttributeSet(attribute.NewSet(route, reuse)),
+		route: metric.WithAttributeSet(attribute.NewSet(route)),
+	}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[turnKey]turnAttrs{}
+	}
+	if len(c.m) < maxCachedSets {
+		c.m[k] = a
+	}
+	c.mu.Unlock()
+	return a
 }
 
 func (m *instruments) init(meter metric.Meter) error {
@@ -70,16 +125,13 @@ func (m *instruments) init(meter metric.Meter) error {
 func (o *Observer) ObserveTurn(rec *kvroute.TurnRecord) {
 	ctx := context.Background()
 	m := &o.m
-	attrs := make([]attribute.KeyValue, 0, 4)
-	attrs = append(attrs, AttrRoute.String(rec.Path), AttrReuse.String(rec.Reuse))
-	reuse := metric.WithAttributes(attrs...)
-	if rec.MissReason != "" {
-		attrs = append(attrs, AttrMissReason.String(rec.MissReason))
-	}
+	k := turnKey{path: rec.Path, reuse: rec.Reuse, miss: rec.MissReason}
 	if rec.Err != nil {
-		attrs = append(attrs, AttrErrorPhase.String(string(rec.ErrPhase)))
+		k.phase = rec.ErrPhase
 	}
-	m.turns.Add(ctx, 1, metric.WithAttributes(attrs...))
+	a := m.sets.get(k)
+	m.turns.Add(ctx, 1, a.turn)
+	reuse := a.reuse
 	m.duration.Record(ctx, rec.Total.Seconds(), reuse)
 	if rec.PrefillAttempts > 0 {
 		m.attempts.Record(ctx, int64(rec.PrefillAttempts), reuse)
@@ -97,7 +149,7 @@ func (o *Observer) ObserveTurn(rec *kvroute.TurnRecord) {
 		m.firstB.Record(ctx, rec.FirstByte.Seconds(), reuse)
 	}
 	if rec.Reuse == kvroute.ReuseHit {
-		m.reuseTokens.Record(ctx, int64(rec.ReusableTokens), metric.WithAttributes(AttrRoute.String(rec.Path)))
+		m.reuseTokens.Record(ctx, int64(rec.ReusableTokens), a.route)
 	}
 	m.respBytes.Record(ctx, rec.Bytes, reuse)
 }

@@ -27,6 +27,7 @@ type Observer struct {
 	prop   propagation.TextMapPropagator
 	fields []string // the propagator's headers, replaced on every engine request
 	m      instruments
+	starts phaseStarts
 }
 
 var (

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -34,22 +35,7 @@ func (o *Observer) StartTurn(ctx context.Context, req *kvroute.Request) (context
 // StartPhase starts a phase's span within ctx. It implements
 // kvroute.Tracer.
 func (o *Observer) StartPhase(ctx context.Context, phase kvroute.Phase, endpoint string) (context.Context, func(error)) {
-	kind := trace.SpanKindClient
-	if phase == kvroute.PhaseLookup || phase == kvroute.PhaseStream {
-		kind = trace.SpanKindInternal
-	}
-	attrs := make([]attribute.KeyValue, 0, 4)
-	attrs = append(attrs, AttrPhase.String(string(phase)))
-	if endpoint != "" {
-		attrs = append(attrs, AttrEndpoint.String(endpoint))
-		if u, err := url.Parse(endpoint); err == nil && u.Hostname() != "" {
-			attrs = append(attrs, semconv.ServerAddress(u.Hostname()))
-			if p, err := strconv.Atoi(u.Port()); err == nil {
-				attrs = append(attrs, semconv.ServerPort(p))
-			}
-		}
-	}
-	ctx, span := o.tracer.Start(ctx, spanName(phase), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	ctx, span := o.tracer.Start(ctx, spanName(phase), o.starts.get(phase, endpoint)...)
 	return ctx, func(err error) {
 		setError(span, err, true)
 		span.End()
@@ -63,6 +49,61 @@ func (o *Observer) Inject(ctx context.Context, h http.Header) {
 		h.Del(f)
 	}
 	o.prop.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// maxCachedStarts bounds the phase spans' cached start options: one per
+// phase and endpoint, so a fleet whose endpoints keep changing does not
+// grow the cache without end (past the bound, options are built per span).
+const maxCachedStarts = 4096
+
+// phaseStarts caches the start options of phase spans by phase and
+// endpoint: the kind and the attributes that name the engine.
+type phaseStarts struct {
+	mu sync.RWMutex
+	m  map[phaseKey][]trace.SpanStartOption
+}
+
+type phaseKey struct {
+	phase    kvroute.Phase
+	endpoint string
+}
+
+func (c *phaseStarts) get(phase kvroute.Phase, endpoint string) []trace.SpanStartOption {
+	k := phaseKey{phase, endpoint}
+	c.mu.RLock()
+	opts, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return opts
+	}
+	opts = phaseStartOptions(phase, endpoint)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[phaseKey][]trace.SpanStartOption{}
+	}
+	if len(c.m) < maxCachedStarts {
+		c.m[k] = opts
+	}
+	c.mu.Unlock()
+	return opts
+}
+
+func phaseStartOptions(phase kvroute.Phase, endpoint string) []trace.SpanStartOption {
+	kind := trace.SpanKindClient
+	if phase == kvroute.PhaseLookup || phase == kvroute.PhaseStream {
+		kind = trace.SpanKindInternal
+	}
+	attrs := []attribute.KeyValue{AttrPhase.String(string(phase))}
+	if endpoint != "" {
+		attrs = append(attrs, AttrEndpoint.String(endpoint))
+		if u, err := url.Parse(endpoint); err == nil && u.Hostname() != "" {
+			attrs = append(attrs, semconv.ServerAddress(u.Hostname()))
+			if p, err := strconv.Atoi(u.Port()); err == nil {
+				attrs = append(attrs, semconv.ServerPort(p))
+			}
+		}
+	}
+	return []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
 }
 
 func spanName(p kvroute.Phase) string {
