@@ -18,7 +18,8 @@ type Request struct {
 	Path string
 	// Header holds the client's headers. The router reads X-Request-Id,
 	// X-Session-ID and Authorization (for the tenant; never forwarded) and
-	// forwards end-to-end headers other than Authorization to both legs.
+	// forwards end-to-end headers other than Authorization to both legs
+	// (with a Tracer, its trace headers replace the client's: WithTracer).
 	Header http.Header
 	// Body is the client's JSON body. Do does not modify it.
 	Body []byte

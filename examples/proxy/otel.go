@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -77,9 +78,9 @@ func newTelemetry(getenv func(string) string, stdout io.Writer, log *slog.Logger
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", errUsage, envOTLPEndpoint, err)
 		}
-		exp, where = e, endpoint
-		if where == "" {
-			where = "the exporter's default endpoint"
+		exp, where = e, "the exporter's default endpoint"
+		if u, err := url.Parse(endpoint); err == nil && endpoint != "" {
+			where = u.Redacted() // never a password in the log
 		}
 	default:
 		return nil, fmt.Errorf("%w: %s=%q: use otlp, console or none", errUsage, envTracesExporter, kind)
