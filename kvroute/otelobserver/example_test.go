@@ -91,7 +91,7 @@ func printTree(spans tracetest.SpanStubs) {
 				if v, ok := a[otelobserver.AttrMissReason]; ok {
 					line += " miss_reason=" + v.AsString()
 				}
-				if a[otelobserver.AttrReuse].AsString() == kvroute.ReuseHit {
+				if a[otelobserver.AttrReuse].AsString() == string(kvroute.ReuseHit) {
 					line += " verification=" + a[otelobserver.AttrVerification].AsString()
 				}
 			}

@@ -41,8 +41,10 @@ type instruments struct {
 
 // turnKey is what a turn's metric attributes depend on.
 type turnKey struct {
-	path, reuse, miss string
-	phase             kvroute.Phase // the failed phase, "" on success
+	path  string
+	reuse kvroute.ReuseOutcome
+	miss  kvroute.MissReason
+	phase kvroute.Phase // the failed phase, "" on success
 }
 
 // turnAttrs are a turn's measurement options: all its attributes (turns),
@@ -68,10 +70,10 @@ func (c *turnSets) get(k turnKey) turnAttrs {
 	if ok {
 		return a
 	}
-	route, reuse := AttrRoute.String(k.path), AttrReuse.String(k.reuse)
+	route, reuse := AttrRoute.String(k.path), AttrReuse.String(string(k.reuse))
 	all := []attribute.KeyValue{route, reuse}
 	if k.miss != "" {
-		all = append(all, AttrMissReason.String(k.miss))
+		all = append(all, AttrMissReason.String(string(k.miss)))
 	}
 	if k.phase != "" {
 		all = append(all, AttrErrorPhase.String(string(k.phase)))
@@ -158,5 +160,5 @@ func (o *Observer) ObserveTurn(rec *kvroute.TurnRecord) {
 // kvroute.EndpointObserver.
 func (o *Observer) ObserveEndpoint(ev kvroute.EndpointEvent) {
 	o.m.endpoints.Add(context.Background(), 1,
-		metric.WithAttributes(AttrPhase.String(string(ev.Phase)), AttrEndpointEvent.String(ev.Kind)))
+		metric.WithAttributes(AttrPhase.String(string(ev.Phase)), AttrEndpointEvent.String(string(ev.Kind))))
 }

@@ -155,13 +155,13 @@ func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 	attrs = append(attrs,
 		AttrRequestID.String(rec.RequestID),
 		AttrStream.Bool(rec.Stream),
-		AttrReuse.String(rec.Reuse),
+		AttrReuse.String(string(rec.Reuse)),
 		AttrReusableTokens.Int(rec.ReusableTokens),
 		AttrStored.Bool(rec.Stored),
 		AttrBytes.Int64(rec.Bytes),
 	)
 	if rec.MissReason != "" {
-		attrs = append(attrs, AttrMissReason.String(rec.MissReason))
+		attrs = append(attrs, AttrMissReason.String(string(rec.MissReason)))
 	}
 	if rec.Verification != "" {
 		attrs = append(attrs, AttrVerification.String(string(rec.Verification)))
@@ -179,7 +179,7 @@ func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 		attrs = append(attrs, AttrCachedTokens.Int(rec.CachedTokens))
 	}
 	if rec.TokenSource != "" {
-		attrs = append(attrs, AttrTokenSource.String(rec.TokenSource))
+		attrs = append(attrs, AttrTokenSource.String(string(rec.TokenSource)))
 	}
 	if rec.Partial {
 		attrs = append(attrs, AttrPartial.Bool(true))
@@ -206,7 +206,7 @@ func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 		attrs = append(attrs, AttrNoHandle.String(string(rec.NoHandle)))
 	}
 	if rec.StoreRefusal != "" {
-		attrs = append(attrs, AttrStoreRefusal.String(rec.StoreRefusal))
+		attrs = append(attrs, AttrStoreRefusal.String(string(rec.StoreRefusal)))
 	}
 	if rec.Err != nil {
 		attrs = append(attrs, AttrErrorPhase.String(string(rec.ErrPhase)))
