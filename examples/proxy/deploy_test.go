@@ -246,14 +246,30 @@ func TestDockerfile(t *testing.T) {
 	require.NotEmpty(t, built, "a stage runs go build")
 
 	// Module files the build copies exist where the context (the
-	// repository root) has them.
+	// repository root) has them, and every module the proxy's go.mod
+	// replaces with a local directory has its go.mod copied before the
+	// download layer (else go mod download fails on a clean build).
+	copied := map[string]bool{}
 	for _, c := range build.instr("COPY") {
 		f := strings.Fields(c)
 		for _, src := range f[:len(f)-1] {
 			if src != "." {
 				assert.FileExists(t, filepath.Join("..", "..", src), "COPY %s", src)
+				copied[src] = true
 			}
 		}
+	}
+	gomod, err := os.ReadFile("go.mod")
+	require.NoError(t, err)
+	replaced := regexp.MustCompile(`=> (\.\./\S*)`).FindAllStringSubmatch(string(gomod), -1)
+	require.NotEmpty(t, replaced)
+	for _, m := range replaced {
+		dir := filepath.ToSlash(filepath.Clean(filepath.Join("examples/proxy", m[1])))
+		mod := "go.mod"
+		if dir != "." {
+			mod = dir + "/go.mod"
+		}
+		assert.True(t, copied[mod], "the Dockerfile copies %s before go mod download", mod)
 	}
 
 	var binary string
