@@ -35,3 +35,23 @@ func ExampleEngine() {
 	// true
 	// threshold: threshold must not be negative: got -1; use 0 to disable the check or 64 for the engine default
 }
+
+func ExampleCostModel() {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Static: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// 24,000 tokens of history on the decode engine and a 300-token tool
+	// result: the decode engine computes the suffix itself.
+	c := m.Choose(threshold.Turn{PromptTokens: 24300, ReusableTokens: 24000, Decode: "http://d1"})
+	fmt.Println(c.Path, c.Local < c.Pull)
+	c.Release()
+
+	// A 4,000-token suffix exceeds the default bound of decode-local work.
+	c = m.Choose(threshold.Turn{PromptTokens: 28097, ReusableTokens: 24000, Decode: "http://d1"})
+	fmt.Println(c.Path, c.Refusal)
+	// Output:
+	// decode_local true
+	// pull suffix
+}

@@ -1,0 +1,162 @@
+package threshold_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/threshold"
+)
+
+// breakEvenRates have no attention terms, so both estimates are linear in
+// the suffix s (R = 20,000 reusable tokens):
+//
+//	pull(s)  = 90 + 20 + 20000×5µs + 10 ms + s×(10+5) µs = 220 ms + 15 µs×s
+//	local(s) = 20 ms + 40 µs×s
+//
+// and they meet at s = 200 ms / 25 µs = 8,000 tokens.
+func breakEvenRates() threshold.Rates {
+	return threshold.Rates{
+		PrefillFixed: 90 * time.Millisecond, PrefillPerToken: 10 * time.Microsecond,
+		PullFixed: 20 * time.Millisecond, PullPerToken: 5 * time.Microsecond,
+		DecodeFirstFixed: 10 * time.Millisecond, DecodeReadPerToken: 5 * time.Microsecond,
+		LocalFixed: 20 * time.Millisecond, LocalPerToken: 40 * time.Microsecond,
+	}
+}
+
+// TestChooseFlipsAtBreakEven: below the modelled break-even suffix the
+// turn goes decode-local, above it pulls; the estimates match the formula.
+func TestChooseFlipsAtBreakEven(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), MaxLocalSuffix: 10000, Static: true})
+	require.NoError(t, err)
+	const reusable, breakEven = 20000, 8000
+	for _, tt := range []struct {
+		suffix int
+		want   threshold.Path
+	}{{1, threshold.PathLocal}, {300, threshold.PathLocal}, {breakEven - 1, threshold.PathLocal},
+		{breakEven + 1, threshold.PathPull}, {9000, threshold.PathPull}} {
+		in := threshold.Turn{PromptTokens: reusable + tt.suffix, ReusableTokens: reusable, Decode: "d"}
+		c := m.Choose(in)
+		assert.Equal(t, tt.want, c.Path, "suffix %d", tt.suffix)
+		assert.Equal(t, 220*time.Millisecond+time.Duration(tt.suffix)*15*time.Microsecond, c.Pull, "suffix %d", tt.suffix)
+		assert.Equal(t, 20*time.Millisecond+time.Duration(tt.suffix)*40*time.Microsecond, c.Local, "suffix %d", tt.suffix)
+		assert.Empty(t, c.Refusal)
+		c.Release()
+	}
+}
+
+// TestChooseSuffixBound: a suffix over MaxLocalSuffix never goes
+// decode-local, however cheap; the refusal says why.
+func TestChooseSuffixBound(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), MaxLocalSuffix: 500, Static: true})
+	require.NoError(t, err)
+	c := m.Choose(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: "d"})
+	assert.Equal(t, threshold.PathLocal, c.Path)
+	c.Release()
+	c = m.Choose(threshold.Turn{PromptTokens: 20501, ReusableTokens: 20000, Decode: "d"})
+	assert.Equal(t, threshold.PathPull, c.Path)
+	assert.Equal(t, threshold.RefuseLocalSuffix, c.Refusal)
+	assert.Less(t, c.Local, c.Pull)
+}
+
+// TestChooseBurstBounded: a burst of cheap decode-local turns on one
+// decode engine gets MaxLocalInFlight slots; the rest pull until a slot is
+// released. Another engine has its own slots; Release is idempotent.
+func TestChooseBurstBounded(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), MaxLocalInFlight: 2, Static: true})
+	require.NoError(t, err)
+	in := threshold.Turn{PromptTokens: 20300, ReusableTokens: 20000, Decode: "d1"}
+	var local []threshold.Choice
+	busy := 0
+	for range 5 {
+		c := m.Choose(in)
+		switch c.Path {
+		case threshold.PathLocal:
+			local = append(local, c)
+		default:
+			assert.Equal(t, threshold.RefuseLocalBusy, c.Refusal)
+			busy++
+		}
+	}
+	assert.Len(t, local, 2)
+	assert.Equal(t, 3, busy)
+	assert.Equal(t, 2, m.LocalInFlight("d1"))
+
+	other := m.Choose(threshold.Turn{PromptTokens: 20300, ReusableTokens: 20000, Decode: "d2"})
+	assert.Equal(t, threshold.PathLocal, other.Path, "another engine's slots are its own")
+	other.Release()
+
+	local[0].Release()
+	local[0].Release() // idempotent
+	assert.Equal(t, 1, m.LocalInFlight("d1"))
+	c := m.Choose(in)
+	assert.Equal(t, threshold.PathLocal, c.Path)
+	c.Release()
+	local[1].Release()
+	assert.Zero(t, m.LocalInFlight("d1"))
+}
+
+// TestCostModelLearns: priors that think the decode engine prefills as
+// fast as the prefill engine are wrong by a factor of 3 per token; after
+// observing turns of the true engines the break-even suffix is the true
+// one within 10%, where the priors put it far higher.
+func TestCostModelLearns(t *testing.T) {
+	truth := breakEvenRates()
+	truth.LocalPerToken = 40 * time.Microsecond
+	prior := truth
+	prior.LocalPerToken = 13 * time.Microsecond // below pull's 15 µs: the priors never pull
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: prior, MaxLocalSuffix: 1 << 20})
+	require.NoError(t, err)
+	const reusable = 20000
+	breakEven := func() int {
+		for s := 100; s < 1<<20; s += 100 {
+			pull, local, _ := m.Estimate(threshold.Turn{PromptTokens: reusable + s, ReusableTokens: reusable})
+			if local >= pull {
+				return s
+			}
+		}
+		return 1 << 20
+	}
+	require.Greater(t, breakEven(), 100000)
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	for i := range 40 {
+		s := 200 + 400*(i%10)
+		in := threshold.Observation{Decode: "d", PromptTokens: reusable + s, ReusableTokens: reusable}
+		local := in
+		local.Path, local.DecodeFirst = threshold.PathLocal, ms(20+0.040*float64(s))
+		m.Observe(local)
+		pull := in
+		pull.Path, pull.Prefill, pull.DecodeFirst = threshold.PathPull, ms(90+20+0.005*reusable+0.010*float64(s)), ms(10+0.005*float64(s))
+		m.Observe(pull)
+	}
+	assert.InEpsilon(t, 8000, breakEven(), 0.10)
+	// With R fixed, per-token and attention cost are confounded; the
+	// estimate where turns were observed is what must be right.
+	_, local, _ := m.Estimate(threshold.Turn{PromptTokens: reusable + 2000, ReusableTokens: reusable})
+	assert.InEpsilon(t, 100*time.Millisecond, local, 0.05)
+}
+
+func TestNewCostModelRejects(t *testing.T) {
+	for _, c := range []threshold.CostConfig{
+		{PriorWeight: -1},
+		{Forget: 1.5},
+		{Forget: -0.1},
+		{Priors: threshold.Rates{LocalFixed: -time.Millisecond}},
+		{Priors: threshold.Rates{LocalAttention: -1}},
+	} {
+		_, err := threshold.NewCostModel(c)
+		assert.ErrorIs(t, err, threshold.ErrInvalidCost, "%+v", c)
+	}
+}
+
+// TestCostModelUnknownTokens: without token counts the turn pulls, as
+// without a Chooser, and Reuse is the engine's threshold rule.
+func TestCostModelUnknownTokens(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{})
+	require.NoError(t, err)
+	assert.Equal(t, threshold.Choice{Path: threshold.PathPull}, m.Choose(threshold.Turn{ReusableTokens: 100}))
+	assert.False(t, m.Reuse(threshold.Input{RemoteTokens: threshold.DefaultThreshold - 1}))
+	assert.True(t, m.Reuse(threshold.Input{RemoteTokens: threshold.DefaultThreshold}))
+}
