@@ -23,6 +23,14 @@ type Profile struct {
 	// the chat template plus the tokenizer, on the API server's CPU.
 	RenderOverhead time.Duration
 	RenderPerToken time.Duration
+	// LocalPrefillOverhead and LocalPrefillFactor model a plain request's
+	// prefill (no kv_transfer_params) on an engine that serves decode legs:
+	// a fixed cost (waiting for the running decode step, then sharing
+	// steps with the batch) and PrefillPerToken and AttentionNanos
+	// multiplied by the factor. A factor of 0 prices plain requests as
+	// Prefill does.
+	LocalPrefillOverhead time.Duration
+	LocalPrefillFactor   float64
 }
 
 // Render models rendering and tokenizing a prompt of n tokens.
@@ -41,6 +49,20 @@ func (p Profile) Prefill(n, ctx int) time.Duration {
 	}
 	attn := p.AttentionNanos * float64(n) * float64(2*ctx+n-1) / 2
 	return p.PrefillOverhead + time.Duration(n)*p.PrefillPerToken + time.Duration(attn)
+}
+
+// LocalPrefill models a plain request computing n tokens after ctx
+// positions already held (its prefix-cache hit) on a decode engine:
+// LocalPrefillOverhead + LocalPrefillFactor × (Prefill less its overhead).
+// Without a factor it is Prefill.
+func (p Profile) LocalPrefill(n, ctx int) time.Duration {
+	if p.LocalPrefillFactor <= 0 {
+		return p.Prefill(n, ctx)
+	}
+	if n <= 0 {
+		return 0
+	}
+	return p.LocalPrefillOverhead + time.Duration(p.LocalPrefillFactor*float64(p.Prefill(n, ctx)-p.PrefillOverhead))
 }
 
 // Transfer models a KV read of n tokens (0 when nothing is read).
@@ -140,6 +162,23 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 // kvroutetest's TestProfileCalibration checks these on the engines, and the
 // demo's TestPublishedPoints on the demo's own conversations.
 //
+// # Decode-local prefill
+//
+// A plain request sent to a decode engine (a decode-local turn: it computes
+// only what its prefix cache lacks) is priced by LocalPrefill: a fixed 2
+// decode steps (it waits for the running step, then its chunk shares
+// steps with the decode batch) plus twice the prefill engine's per-token
+// and attention cost (the decode engine runs the chunk inside its batch,
+// on a deployment sized for decoding). Both are an ASSUMPTION, not a
+// measurement: the published results have no decode-local turn. A decode
+// engine's prefill is thus worse per token than the prefill engine's, but
+// skips the prefill leg's fixed cost and both KV transfers, so for a short
+// suffix on a long history it wins and for a long suffix it loses:
+//
+//	qwen3-32b 24k, 300 new:   local 20 + 2×11.3 = 43 ms   (pull path ~290 ms)
+//	qwen3-32b 24k, 4000 new:  local 20 + 2×143 = 306 ms   (pull path ~430 ms)
+//	glm-5-fp8 20k, 4000 new:  local 60 + 2×369 = 799 ms   (pull path ~790 ms)
+//
 // # Render
 //
 // RenderOverhead 1 ms and RenderPerToken 300 ns (8.2 ms for 24k tokens) are
@@ -159,6 +198,9 @@ var profiles = []Profile{
 		InterTokenLatency: 10 * time.Millisecond,
 		RenderOverhead:    time.Millisecond,
 		RenderPerToken:    300 * time.Nanosecond,
+
+		LocalPrefillOverhead: 20 * time.Millisecond,
+		LocalPrefillFactor:   2,
 	},
 	{
 		Name:              "glm-5-fp8",
@@ -170,6 +212,9 @@ var profiles = []Profile{
 		InterTokenLatency: 30 * time.Millisecond,
 		RenderOverhead:    time.Millisecond,
 		RenderPerToken:    300 * time.Nanosecond,
+
+		LocalPrefillOverhead: 60 * time.Millisecond,
+		LocalPrefillFactor:   2,
 	},
 }
 

@@ -175,6 +175,9 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	r.Finish = g.Finish
 	p := e.cfg.Profile
 	r.Prefill = p.Prefill(computed, start)
+	if t.role == RolePlain {
+		r.Prefill = p.LocalPrefill(computed, start)
+	}
 	r.Transfer = p.Transfer(t.count)
 	r.Decode = p.Decode(len(g.Tokens))
 	e.stats.TokensComputed += computed

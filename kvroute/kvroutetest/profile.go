@@ -23,10 +23,20 @@ type Profile struct {
 	InterTokenLatency time.Duration
 	RenderOverhead    time.Duration // render endpoints: fixed cost per call
 	RenderPerToken    time.Duration // render endpoints: cost per prompt token
+	// LocalPrefillOverhead and LocalPrefillFactor price a plain request
+	// (no kv_transfer_params, as a decode-local turn is) on the engine:
+	// LocalPrefillOverhead + LocalPrefillFactor × (prefill less
+	// PrefillOverhead); a factor of 0 prices it as any prefill.
+	LocalPrefillOverhead time.Duration
+	LocalPrefillFactor   float64
 }
 
 // Prefill models computing n tokens after ctx positions already held.
 func (p Profile) Prefill(n, ctx int) time.Duration { return sim.Profile(p).Prefill(n, ctx) }
+
+// LocalPrefill models a plain request computing n tokens after ctx
+// positions its prefix cache held, on a decode engine.
+func (p Profile) LocalPrefill(n, ctx int) time.Duration { return sim.Profile(p).LocalPrefill(n, ctx) }
 
 // Transfer models reading n tokens of KV.
 func (p Profile) Transfer(n int) time.Duration { return sim.Profile(p).Transfer(n) }
