@@ -138,6 +138,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Resp
 	}
 	ep.inflight.Add(1)
 	sent := t.r.cfg.clock()
+	t.dSent = sent
 	resp, err := t.r.client.Do(hreq, transport.Deadlines{FirstByte: t.r.cfg.firstByteTimeout, Idle: t.r.cfg.idleTimeout})
 	if err != nil {
 		ep.inflight.Add(-1)

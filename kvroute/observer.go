@@ -1,6 +1,10 @@
 package kvroute
 
-import "time"
+import (
+	"time"
+
+	"github.com/bidikv/bidikv/threshold"
+)
 
 // Observer receives one TurnRecord per turn, when the turn ends: after the
 // last byte of a stream, after a non-streaming body, or on failure. It is
@@ -73,6 +77,20 @@ type TurnRecord struct {
 	TTFT      time.Duration // Do's start to the first event (or body) handed to the caller
 	Total     time.Duration // Do's start to the end of the turn
 	Bytes     int64         // response bytes handed to the caller
+
+	// Choice is the path the Chooser took for this turn (WithDecodeLocal):
+	// threshold.PathPull, PathLocal or PathRecompute; "" when it was not
+	// asked (decode-local off, no handle verified by tokens, or the
+	// handle's decode engine unavailable). A decode-local leg that failed
+	// and ran again as a plain miss reports Reuse ReuseMiss, MissRetry.
+	Choice threshold.Path
+	// EstimatedTTFT is the Chooser's estimate of Choice's engine time to
+	// first token (the legs, without render or the router's own work), to
+	// compare with TTFT; 0 without an estimate.
+	EstimatedTTFT time.Duration
+	// LocalRefusal says why a turn estimated cheapest on its decode engine
+	// did not go there (threshold.RefuseLocalSuffix, RefuseLocalBusy).
+	LocalRefusal string
 
 	Stored       bool    // D's handle was retained for the next turn
 	StoreRefusal Refusal // why nothing was retained, when Stored is false

@@ -89,6 +89,8 @@ type config struct {
 	renderTimeout    time.Duration
 	maxEventBytes    int
 	maxEntryBytes    int
+	decodeLocal      bool
+	kvBytesPerToken  int64
 	ends             endpointConfig
 	errs             []error
 }
@@ -395,7 +397,31 @@ func WithMaxEntryBytes(n int) Option {
 	return optionFunc(func(c *config) { c.maxEntryBytes = n })
 }
 
+// WithDecodeLocal lets a turn whose retained handle was verified by tokens
+// run decode-local (package doc, Decode-local turns): as a plain request to
+// the decode engine that holds the conversation, which computes only the
+// new suffix from its own prefix cache. The WithThresholdPolicy policy
+// decides per turn when it is a threshold.Chooser (threshold.CostModel is
+// one); otherwise a threshold.CostModel with its defaults and WithThreshold
+// does. Turn it on only when the decode engines run with prefix caching
+// (vLLM's default, --enable-prefix-caching): the router cannot see it, and
+// a decode engine without it recomputes the whole prompt (the answer is
+// still right, but slow, until the cost model learns it). Default false.
+func WithDecodeLocal(on bool) Option {
+	return optionFunc(func(c *config) { c.decodeLocal = on })
+}
+
+// WithKVBytesPerToken sets the bytes of KV one token takes on the decode
+// engines (layers × KV heads × head dim × 2 × dtype bytes), for
+// DecodeKV.Bytes. Default 0: unknown, Bytes stays 0. Negative is invalid.
+func WithKVBytesPerToken(n int64) Option {
+	return optionFunc(func(c *config) { c.kvBytesPerToken = n })
+}
+
 func (c *config) validate() {
+	if c.kvBytesPerToken < 0 {
+		c.fail("WithKVBytesPerToken", "%d is negative; use 0 when unknown", c.kvBytesPerToken)
+	}
 	switch c.verification {
 	case VerifyTokens, VerifyContent:
 	default:

@@ -270,6 +270,11 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = RefuseReuseOff
 		return
 	}
+	if t.rec.Reuse == ReuseLocal {
+		// A plain request: no handle expected, the earlier one stays.
+		t.rec.StoreRefusal = RefuseDecodeLocal
+		return
+	}
 	// D emits a handle when it finished normally and was sent P's (a
 	// plain request, the local fallback, gets none).
 	expected := !t.local && (reply.FinishReason == "stop" || reply.FinishReason == "length")
@@ -356,6 +361,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	r.storeOK(ctx)
 	r.stats.stored.Add(1)
 	t.rec.Stored = true
+	r.kv.put(ret.Key, t.decodeURL, hi.tokens, e.created.Add(r.cfg.retentionTTL), e.created)
 }
 
 // tooLarge records a handle whose entry is over a size bound: counted and

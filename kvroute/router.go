@@ -26,6 +26,8 @@ type Router struct {
 	log      *slog.Logger
 	store    Store
 	policy   threshold.Policy
+	chooser  threshold.Chooser // WithDecodeLocal: chooses each verified turn's path
+	learner  threshold.Learner // the chooser's, when it learns
 	ident    Identifier
 	tenant   TenantFunc
 	selector Selector
@@ -42,6 +44,7 @@ type Router struct {
 	once           sync.Map // logOnce keys
 	storeHealth    storeHealth
 	caps           renderCaps
+	kv             kvLedger
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -98,6 +101,16 @@ func New(opts ...Option) (*Router, error) {
 			return nil, fmt.Errorf("%w: WithThreshold: %v", ErrInvalidConfig, err)
 		}
 		r.policy = p
+	}
+	if cfg.decodeLocal {
+		if r.chooser, _ = r.policy.(threshold.Chooser); r.chooser == nil {
+			m, err := threshold.NewCostModel(threshold.CostConfig{Threshold: cfg.threshold})
+			if err != nil {
+				return nil, fmt.Errorf("%w: WithDecodeLocal: %v", ErrInvalidConfig, err)
+			}
+			r.chooser = m
+		}
+		r.learner, _ = r.chooser.(threshold.Learner)
 	}
 	r.ident = cfg.identifier
 	if r.ident == nil {
@@ -162,6 +175,16 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	lctx, endLookup := t.startPhase(ctx, PhaseLookup, "")
 	ent := t.lookup(lctx)
 	endLookup(nil)
+	if t.localEP != nil {
+		resp, err := t.runLocal(ctx)
+		if err == nil {
+			return resp, nil
+		}
+		if !t.redo(ctx, err) {
+			return nil, t.fail(PhaseDecode, err)
+		}
+		t.localFailed(ctx, err)
+	}
 	for {
 		ph, pURL, err := t.runPrefill(ctx, ent)
 		if err != nil {
@@ -220,6 +243,14 @@ type turn struct {
 	decodeURL string
 
 	trace turnTrace
+
+	// The path a Chooser took (WithDecodeLocal): whether it was asked,
+	// its choice, the decode engine of a decode-local turn, and when the
+	// last decode leg was sent.
+	chose   bool
+	choice  threshold.Choice
+	localEP *endpoint
+	dSent   time.Time
 }
 
 func (r *Router) newTurn(req *Request) *turn {
@@ -282,6 +313,8 @@ func (t *turn) finish() {
 	}
 	t.done = true
 	t.rec.Total = t.since()
+	t.choice.Release()
+	t.observe()
 	if t.r.cfg.observer != nil {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
 	}
@@ -321,6 +354,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		if !ok {
 			continue
 		}
+		r.kv.take(k)
 		e, err := decodeEntry(v)
 		if err != nil {
 			return t.miss(MissBadEntry)
@@ -345,6 +379,9 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		t.rec.Reuse = ReuseHit
 		t.hit = true
 		t.rec.HandleAge = age
+		if t.choosePath(ctx, k, &e, age) {
+			return nil
+		}
 		return &e
 	}
 	return t.miss(MissNotFound)
@@ -444,6 +481,11 @@ func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Durat
 	}
 	t.r.storeOK(ctx)
 	t.r.stats.putBacks.Add(1)
+	tokens := e.tokens
+	if t.rec.HandleTokens > 0 {
+		tokens = t.rec.HandleTokens // before any cut to the verified prefix
+	}
+	t.r.kv.put(key, e.endpoint, tokens, e.created.Add(t.r.cfg.retentionTTL), t.r.cfg.clock())
 }
 
 func (t *turn) miss(reason MissReason) *entry {

@@ -62,12 +62,24 @@ type Stats struct {
 	// GoneHandles counts retained handles found for a decode endpoint that
 	// is no longer listed (MissEndpointGone), not attached.
 	GoneHandles int64
+	// ChosePull, ChoseLocal and ChoseRecompute count the Chooser's
+	// decisions by path (WithDecodeLocal): attach the handle, answer on
+	// the decode engine that holds the conversation, recompute on P.
+	ChosePull, ChoseLocal, ChoseRecompute int64
+	// LocalBusy counts turns estimated cheapest decode-local that pulled
+	// because their decode engine ran its maximum of decode-local
+	// prefills.
+	LocalBusy int64
+	// LocalFailures counts decode-local legs that failed before any byte
+	// reached the client; each turn ran again as a plain miss.
+	LocalFailures int64
 }
 
 type counters struct {
 	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures atomic.Int64
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
+	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -90,5 +102,10 @@ func (c *counters) snapshot() Stats {
 		PushHandles:     c.pushHandles.Load(),
 		TooLarge:        c.tooLarge.Load(),
 		GoneHandles:     c.goneHandles.Load(),
+		ChosePull:       c.chosePull.Load(),
+		ChoseLocal:      c.choseLocal.Load(),
+		ChoseRecompute:  c.choseRecompute.Load(),
+		LocalBusy:       c.localBusy.Load(),
+		LocalFailures:   c.localFailures.Load(),
 	}
 }

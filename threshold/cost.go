@@ -209,9 +209,16 @@ func recomputeX(in Turn) []float64 {
 	return []float64{1, 0, 0, float64(in.PromptTokens) / tokScale, pairs(in.PromptTokens, 0) / pairScale}
 }
 
-// decodeX: the decode engine reads the suffix (it holds the verified
-// prefix, in its retained blocks or its prefix cache, on both P paths).
-func decodeX(in Turn) []float64 { return []float64{1, float64(in.Suffix()) / tokScale} }
+// decodeX: after a pull the decode engine reads the suffix (it holds the
+// verified prefix); after a recompute, which may land on any decode
+// engine, the whole prompt.
+func decodeX(in Turn, whole bool) []float64 {
+	n := in.Suffix()
+	if whole {
+		n = in.PromptTokens
+	}
+	return []float64{1, float64(n) / tokScale}
+}
 
 func localX(in Turn) []float64 {
 	s := in.Suffix()
@@ -224,9 +231,8 @@ func dur(ms float64) time.Duration { return time.Duration(math.Round(max(ms, 0) 
 // for in, without choosing or reserving anything.
 func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 	m.mu.Lock()
-	d := dot(m.dCoef, decodeX(in))
-	pull = dur(dot(m.pCoef, pullX(in)) + d)
-	recompute = dur(dot(m.pCoef, recomputeX(in)) + d)
+	pull = dur(dot(m.pCoef, pullX(in)) + dot(m.dCoef, decodeX(in, false)))
+	recompute = dur(dot(m.pCoef, recomputeX(in)) + dot(m.dCoef, decodeX(in, true)))
 	local = dur(dot(m.lCoef, localX(in))) + time.Duration(max(in.DecodeInFlight, 0))*m.cfg.Priors.InFlightCost
 	m.mu.Unlock()
 	return pull, local, recompute
@@ -305,7 +311,7 @@ func (m *CostModel) Observe(o Observation) {
 			x = pullX(in)
 		}
 		m.prefill.add(x, ms(o.Prefill))
-		m.dec.add(decodeX(in), ms(o.DecodeFirst))
+		m.dec.add(decodeX(in, o.Path == PathRecompute), ms(o.DecodeFirst))
 		m.pCoef, m.dCoef = m.prefill.solve(), m.dec.solve()
 	}
 }
