@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
+	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
@@ -27,7 +29,18 @@ type config struct {
 	reasoning     bool    // replies carry reasoning the template strips from history
 	verification  kvroute.Verification
 	published     []published // the profile's calibration points, if any
+	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
+	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
+	pauses        []time.Duration
+	pauseJitter   float64 // think time is uniform in pause × [1-j, 1+j]
 }
+
+// replyGrowth is what a turn's reply adds to the next prompt, in tokens,
+// on average (the reply and its template), for the suffix-mode schedule.
+const replyGrowth = 16
+
+// localMode reports whether the router may run decode-local turns.
+func (c config) localMode() bool { return c.suffixTokens > 0 && c.decodeLocal }
 
 // published is one calibration point of the published 1P1D results, in ms.
 type published struct {
@@ -70,6 +83,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	quiet := fs.Bool("quiet", false, "no progress bar on stderr")
 	reasoning := fs.Bool("reasoning", false, "replies start with <think>…</think>, which the chat template drops from past turns (as Qwen3's does)")
 	verify := fs.String("verification", "", "router verification mode: tokens or content (empty: the router's default)")
+	suffix := fs.Int("suffix-tokens", 0, "each turn after the first adds this many new tokens, as a tool result would (0: the published shape, a constant growth factor)")
+	local := fs.Bool("decode-local", true, "with --suffix-tokens, let the router answer a turn on the decode engine that holds the conversation when its cost model says so (=false: today's path, every hit pulls)")
+	pause := fs.String("pause", "", "comma-separated think times between turns (e.g. 60s,300s,440s,460s,600s): one reuse-on run per value on a virtual clock, printing hit rate, TTFT and KV held on D as the pause crosses the retention TTL")
+	jitter := fs.Float64("pause-jitter", 0.05, "think time is uniform in pause×[1-j, 1+j]")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -96,12 +113,31 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		reasoning:     *reasoning,
 		verification:  kvroute.Verification(*verify),
 		published:     pub,
+		suffixTokens:  *suffix,
+		decodeLocal:   *local,
+		pauseJitter:   *jitter,
+	}
+	if *pause != "" {
+		for _, f := range strings.Split(*pause, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if err != nil || d < 0 {
+				return config{}, fmt.Errorf("--pause %q: want durations such as 300s", f)
+			}
+			c.pauses = append(c.pauses, d)
+		}
 	}
 	if c.endTokens == 0 {
 		c.endTokens = defEnd
 	}
 	if c.turns == 0 {
 		c.turns = defTurns
+	}
+	if c.suffixTokens > 0 {
+		c.published = nil // a different shape from the published experiment's
+		if *turns == 0 {
+			// As many turns as fit between the first prompt and the last.
+			c.turns = min(defTurns, 1+(c.endTokens-c.startTokens)/(c.suffixTokens+replyGrowth))
+		}
 	}
 	return c, c.validate()
 }
@@ -112,8 +148,13 @@ func (c config) growth() float64 {
 	return math.Pow(float64(c.endTokens)/float64(c.startTokens), 1/float64(c.turns-2))
 }
 
-// nominal is the prompt length turn t aims at, before jitter.
+// nominal is the prompt length turn t aims at, before jitter. With
+// --suffix-tokens the first turn is long and each later one adds the
+// suffix and the reply before it.
 func (c config) nominal(t int) int {
+	if c.suffixTokens > 0 {
+		return c.endTokens - (c.turns-1-t)*(c.suffixTokens+replyGrowth)
+	}
 	if t == c.turns-1 {
 		return c.endTokens
 	}
@@ -132,6 +173,15 @@ func (c config) validate() error {
 		return fmt.Errorf("--verification %q: want tokens or content", c.verification)
 	case c.endTokens <= c.startTokens:
 		return fmt.Errorf("--max-tokens %d must exceed %d", c.endTokens, c.startTokens)
+	case c.suffixTokens < 0:
+		return errors.New("--suffix-tokens must not be negative")
+	case c.pauseJitter < 0 || c.pauseJitter >= 1:
+		return errors.New("--pause-jitter must be in [0, 1)")
+	case c.suffixTokens > 0 && c.nominal(0) < 256:
+		return fmt.Errorf("--suffix-tokens %d: %d turns do not fit under --max-tokens %d; use fewer --turns",
+			c.suffixTokens, c.turns, c.endTokens)
+	case c.suffixTokens > 0:
+		return nil
 	case float64(c.startTokens)*(1-1/c.growth()) < float64(2*(c.replyTokens+64)):
 		return fmt.Errorf("--max-tokens %d leaves too little room for %d turns: each turn must add at least %d tokens",
 			c.endTokens, c.turns, 2*(c.replyTokens+64))

@@ -24,6 +24,7 @@ type conversation struct {
 	messages []message
 	targets  []int // prompt tokens wanted at each turn
 	reply    int   // max_tokens
+	suffix   int   // > 0: each turn after the first adds exactly this many tokens
 }
 
 const systemPrompt = "You are a coding agent in a large Go repository. Tools: list_files(dir), read_file(path), " +
@@ -45,8 +46,13 @@ func newConversation(id int, c config) *conversation {
 	// at startTokens, the last at endTokens. Turns 1 and last are the
 	// published points, so they and the turns before them are exact; the
 	// others are jittered by up to 15% of a step.
+	cv.suffix = c.suffixTokens
 	g := math.Log(c.growth())
 	for t := range c.turns {
+		if c.suffixTokens > 0 {
+			cv.targets = append(cv.targets, c.nominal(t))
+			continue
+		}
 		jitter := 0.0
 		if t > 1 && t < c.turns-2 {
 			jitter = (cv.rng.Float64()*2 - 1) * 0.15
@@ -67,6 +73,21 @@ func (cv *conversation) next(turn int) ([]byte, error) {
 	role, head := "user", fmt.Sprintf("Task %d: the tests in package m%d fail. Find the cause and fix it. Repository map:\n", cv.id, cv.id)
 	if turn > 0 {
 		head = fmt.Sprintf("Tool result (read_file m%d/file%d.go):\n", cv.id, turn)
+	}
+	if cv.suffix > 0 && turn > 0 {
+		// The history so far, as the next prompt renders it, plus the
+		// suffix: count the prompt with an empty tool result first.
+		cv.messages = append(cv.messages, message{Role: role, Content: ""})
+		body, err := cv.body()
+		if err != nil {
+			return nil, err
+		}
+		n, err := kvroutetest.CountTokens(kvroute.PathChatCompletions, body)
+		if err != nil {
+			return nil, err
+		}
+		cv.messages = cv.messages[:len(cv.messages)-1]
+		cv.targets[turn] = n + cv.suffix
 	}
 	cv.messages = append(cv.messages, message{Role: role, Content: head})
 	last := &cv.messages[len(cv.messages)-1]

@@ -3,9 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"text/tabwriter"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/threshold"
 )
 
 // bucket is the figures of one turn index across conversations.
@@ -53,6 +57,12 @@ type summary struct {
 	published    []published // shown when the run reaches their prompt lengths
 	growth       float64
 	turns        int
+	suffixTokens int
+	decodeLocal  bool
+	paths        map[threshold.Path]int // reuse-on turns by the cost model's path
+	busy         int                    // turns estimated cheapest decode-local that pulled: D was busy
+	estErr       [3]float64             // |estimate - modelled engine TTFT| / modelled, p50 p95 p99
+	firstTokens  int                    // the first prompt's length with --suffix-tokens
 	// renderFixed and renderPerToken are the profile's render cost.
 	renderFixed, renderPerToken time.Duration
 }
@@ -60,7 +70,11 @@ type summary struct {
 func summarize(c config, off, on modeResult) summary {
 	s := summary{profile: c.profile.Name, kvBytes: c.kvBytes, peakHeldToks: on.peakHeldToks,
 		wrong: off.wrong + on.wrong, turnsPerMode: len(on.turns), reasoning: c.reasoning,
-		growth: c.growth(), turns: c.turns, renderFixed: c.profile.RenderOverhead, renderPerToken: c.profile.RenderPerToken}
+		growth: c.growth(), turns: c.turns, renderFixed: c.profile.RenderOverhead, renderPerToken: c.profile.RenderPerToken,
+		suffixTokens: c.suffixTokens, decodeLocal: c.localMode(), paths: map[threshold.Path]int{}}
+	if c.suffixTokens > 0 {
+		s.firstTokens = c.nominal(0)
+	}
 	if !c.reasoning {
 		s.published = c.published
 	}
@@ -76,14 +90,14 @@ func summarize(c config, off, on modeResult) summary {
 		overheads = append(overheads, t.overhead)
 		offOver = append(offOver, t.overhead)
 	}
-	var renders, sides, longRenders, longSides []time.Duration
+	var renders, sides, longRenders, longSides, estErrs []time.Duration
 	var handles, unverified int
 	for _, t := range on.turns {
 		b := &s.buckets[t.index]
 		b.on = append(b.on, t)
 		overheads = append(overheads, t.overhead)
 		onOver = append(onOver, t.overhead)
-		if t.outcome == "hit" {
+		if reused(t) {
 			hits++
 			if t.partial {
 				s.verification.partial++
@@ -101,6 +115,18 @@ func summarize(c config, off, on modeResult) summary {
 			handles++
 			unverified += t.handleTokens - t.verified
 		}
+		if t.path != "" {
+			s.paths[t.path]++
+			if t.refusal == threshold.RefuseLocalBusy {
+				s.busy++
+			}
+			if e := t.engines(); e > 0 && t.estimate > 0 {
+				estErrs = append(estErrs, time.Duration(1e6*math.Abs(float64(t.estimate-e))/float64(e)))
+			}
+		}
+	}
+	for i, p := range percentiles(estErrs) {
+		s.estErr[i] = float64(p) / 1e6
 	}
 	s.overhead = percentiles(overheads)
 	s.offOverhead, s.onOverhead = percentiles(offOver), percentiles(onOver)
@@ -135,7 +161,7 @@ func (b *bucket) fill() {
 		b.onRecompute += t.recompute / n
 		b.onTransfer += t.transfer / n
 		b.onDecode += t.decodeFirst / n
-		if t.outcome == "hit" {
+		if reused(t) {
 			hits++
 		}
 		computed += t.computed
@@ -150,6 +176,10 @@ func (b *bucket) fill() {
 		b.recomputed = float64(computed) / float64(prompt)
 	}
 }
+
+// reused reports whether a turn reused KV: a hit, or a decode-local turn
+// (D's prefix cache, warm with the retained handle's blocks).
+func reused(t turn) bool { return t.outcome == kvroute.ReuseHit || t.outcome == kvroute.ReuseLocal }
 
 func ttfts(ts []turn) []time.Duration {
 	out := make([]time.Duration, len(ts))
@@ -242,8 +272,17 @@ func (s summary) print(w io.Writer) {
 	if s.reasoning {
 		fmt.Fprintf(w, "Replies carry reasoning (<think>…</think>) that the chat template drops from past turns.\n")
 	}
-	fmt.Fprintf(w, "Conversations of %d turns, the prompt growing %.3f× a turn (%.0f%% of each prompt new).\n",
-		s.turns, s.growth, 100*(1-1/s.growth))
+	if s.suffixTokens > 0 {
+		mode := "on: the router's cost model may answer a turn on the decode engine alone"
+		if !s.decodeLocal {
+			mode = "off: every hit pulls D's KV to P"
+		}
+		fmt.Fprintf(w, "Conversations of %d turns: a first prompt of %s tokens, then %d new tokens a turn (a tool result)\nand the reply before it. Decode-local turns %s.\n",
+			s.turns, kTokens(s.firstTokens), s.suffixTokens, mode)
+	} else {
+		fmt.Fprintf(w, "Conversations of %d turns, the prompt growing %.3f× a turn (%.0f%% of each prompt new).\n",
+			s.turns, s.growth, 100*(1-1/s.growth))
+	}
 	fmt.Fprintf(w, "Engine times are MODELLED from the profile (calibrated on published 1P1D results); the router's own\n")
 	fmt.Fprintf(w, "overhead is MEASURED in real time on this machine and added unscaled.\n\n")
 
@@ -251,7 +290,7 @@ func (s summary) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "prompt\tturns\toff p50\toff p95\toff p99\ton p50\ton p95\ton p99\toff/on p50\t")
 	for _, b := range s.buckets {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f×\t\n", kTokens(b.tokens), len(b.on),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f×\t\n", s.label(b.tokens), len(b.on),
 			ms(b.offP[0]), ms(b.offP[1]), ms(b.offP[2]), ms(b.onP[0]), ms(b.onP[1]), ms(b.onP[2]), b.ratio)
 	}
 	_ = tw.Flush()
@@ -260,7 +299,7 @@ func (s summary) print(w io.Writer) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "prompt\toff: P recompute\ton: P KV pull\tP recompute\tD pull+1st token\thit rate\ttokens recomputed\tKV held on D\t")
 	for _, b := range s.buckets {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%s\t\n", kTokens(b.tokens), ms(b.offRecompute), ms(b.onTransfer),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%s\t\n", s.label(b.tokens), ms(b.offRecompute), ms(b.onTransfer),
 			ms(b.onRecompute), ms(b.onDecode), 100*b.hitRate, 100*b.recomputed, s.heldString(b.heldTokens))
 	}
 	_ = tw.Flush()
@@ -285,6 +324,12 @@ func (s summary) print(w io.Writer) {
 	fmt.Fprintf(w, "router overhead per turn (MEASURED, real time): reuse off p50 %s p95 %s p99 %s; reuse on p50 %s p95 %s p99 %s\n",
 		round(s.offOverhead[0]), round(s.offOverhead[1]), round(s.offOverhead[2]),
 		round(s.onOverhead[0]), round(s.onOverhead[1]), round(s.onOverhead[2]))
+	if s.decodeLocal {
+		fmt.Fprintf(w, "paths of reuse-on turns with a verified handle: pull %d, decode-local %d, recompute %d (%d pulled because D ran its maximum of decode-local prefills)\n",
+			s.paths[threshold.PathPull], s.paths[threshold.PathLocal], s.paths[threshold.PathRecompute], s.busy)
+		fmt.Fprintf(w, "cost model: |estimated - modelled engine TTFT| / modelled p50 %.0f%% p95 %.0f%% p99 %.0f%% (learned online from the turns, priors threshold.DefaultRates)\n",
+			100*s.estErr[0], 100*s.estErr[1], 100*s.estErr[2])
+	}
 	fmt.Fprintf(w, "answers that differ from a single engine's: %d of %d\n", s.wrong, 2*s.turnsPerMode)
 	if n := len(s.buckets); n > 0 {
 		last := s.buckets[n-1]
@@ -318,6 +363,15 @@ func (s summary) printPublished(w io.Writer) {
 		fmt.Fprintln(tw, r)
 	}
 	_ = tw.Flush()
+}
+
+// label is a row's prompt length: in thousands, to a tenth with
+// --suffix-tokens, whose rows are close together.
+func (s summary) label(tokens int) string {
+	if s.suffixTokens > 0 {
+		return fmt.Sprintf("%.1fk", float64(tokens)/1000)
+	}
+	return kTokens(tokens)
 }
 
 func (s summary) heldString(tokens int) string {

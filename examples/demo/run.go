@@ -17,6 +17,7 @@ import (
 	"github.com/bidikv/bidikv/internal/upstreamclock"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -37,6 +38,9 @@ type turn struct {
 	handleTokens int           // tokens the handle found holds (0: none found)
 	verified     int           // tokens the render proved D's blocks share with the prompt
 	partial      bool          // only the verified prefix of the handle was attached
+	path         threshold.Path
+	estimate     time.Duration // the cost model's estimate of the engine TTFT of path
+	refusal      string        // why a turn estimated cheapest decode-local was not
 }
 
 // ttft is the modelled time to first token plus the router's real overhead.
@@ -98,6 +102,16 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 	if c.verification != "" {
 		opts = append(opts, kvroute.WithVerification(c.verification))
 	}
+	var model *threshold.CostModel
+	if reuse && c.localMode() {
+		// The router's clock is real time, in which the engines answer at
+		// once: it must not learn from it. The demo feeds the model the
+		// modelled times of each turn instead (learn, below).
+		if model, err = threshold.NewCostModel(threshold.CostConfig{}); err != nil {
+			return modeResult{}, err
+		}
+		opts = append(opts, kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(chooser{model}))
+	}
 	router, err := kvroute.New(opts...)
 	if err != nil {
 		return modeResult{}, err
@@ -115,6 +129,9 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 				tr, err := runTurn(gctx, router, clock, renders, obs, cv, t, reuse)
 				if err != nil {
 					return fmt.Errorf("conversation %d turn %d (reuse %t): %w", i, t, reuse, err)
+				}
+				if model != nil {
+					learn(model, tr, p, d, c.profile)
 				}
 				held := d.Stats().BlocksPinned * kvroutetest.DefaultBlockSize
 				mu.Lock()
@@ -225,6 +242,8 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 	if rec, ok := obs.take(id); ok {
 		t.renderSide = max(0, rec.Render-renderWait)
 		t.handleTokens, t.verified, t.partial = rec.HandleTokens, rec.VerifiedTokens, rec.Partial
+		t.path, t.estimate, t.refusal = rec.Choice, rec.EstimatedTTFT, rec.LocalRefusal
+		t.promptTokens = rec.PromptTokens
 	}
 	return t, nil
 }
@@ -264,7 +283,7 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 	}
 	dec := map[string]kvroutetest.RequestRecord{}
 	for _, r := range d.Requests() {
-		if r.Role == "decode" {
+		if r.Role == "decode" || r.Role == "plain" {
 			dec[r.RequestID] = r
 			if r.Wrong {
 				res.wrong++
@@ -276,13 +295,23 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 		id := turnID(t.reuse, t.conv, t.index)
 		pr, ok1 := pre[id]
 		dr, ok2 := dec[id]
-		if !ok1 || !ok2 {
+		if !ok2 || (!ok1 && dr.Role != "plain") {
 			return fmt.Errorf("no engine records for turn %s", id)
+		}
+		t.render = render[id]
+		t.heldTokens = 0
+		if dr.Role == "plain" {
+			// Decode-local: D computes what its prefix cache lacks, then
+			// its first decode step; P is not involved. D keeps the
+			// handle of the turn before, which is still retained.
+			t.promptTokens, t.computed = dr.PromptTokens, dr.ComputedTokens
+			t.recompute, t.transfer = 0, 0
+			t.decodeFirst = dr.Prefill + prof.Decode(1)
+			continue
 		}
 		t.promptTokens = pr.PromptTokens
 		t.computed = pr.ComputedTokens
 		t.recompute, t.transfer = pr.Prefill, pr.Transfer
-		t.render = render[id]
 		// D's time to first token: reading P's blocks, then the first
 		// decode step (which also computes the last prompt position).
 		t.decodeFirst = dr.Transfer + prof.Decode(1)
@@ -291,4 +320,46 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 		}
 	}
 	return nil
+}
+
+// chooser hides the CostModel's Observe from the router, which would learn
+// from its real clock (engines that answer at once); learn feeds the
+// modelled times.
+type chooser struct{ m *threshold.CostModel }
+
+// Reuse implements threshold.Policy.
+func (c chooser) Reuse(in threshold.Input) bool { return c.m.Reuse(in) }
+
+// Choose implements threshold.Chooser.
+func (c chooser) Choose(in threshold.Turn) threshold.Choice { return c.m.Choose(in) }
+
+// learn reports a finished turn's modelled engine times to the cost model,
+// as the router does with its own clock in a real deployment.
+func learn(m *threshold.CostModel, t turn, p, d *kvroutetest.Engine, prof kvroutetest.Profile) {
+	if t.path == "" || t.verified <= 0 {
+		return
+	}
+	id := turnID(t.reuse, t.conv, t.index)
+	var pr, dr *kvroutetest.RequestRecord
+	for _, r := range p.Requests() {
+		if r.RequestID == id && r.Role == "prefill" {
+			pr = &r
+		}
+	}
+	for _, r := range d.Requests() {
+		if r.RequestID == id && (r.Role == "decode" || r.Role == "plain") {
+			dr = &r
+		}
+	}
+	if dr == nil {
+		return
+	}
+	o := threshold.Observation{Path: t.path, Decode: d.URL(), PromptTokens: dr.PromptTokens, ReusableTokens: t.verified}
+	if dr.Role == "plain" {
+		o.DecodeFirst = dr.Prefill + prof.Decode(1)
+	} else if pr != nil {
+		o.Prefill = pr.Prefill + pr.Transfer
+		o.DecodeFirst = dr.Transfer + prof.Decode(1)
+	}
+	m.Observe(o)
 }
