@@ -103,6 +103,11 @@ type CostConfig struct {
 	Forget float64
 	// Static turns learning off: Observe is ignored and the priors hold.
 	Static bool
+	// NoDeferred compares a decode-local turn by its own time to first
+	// token only. By default its suffix's prefill on the prefill engine is
+	// added: the turn leaves the retained handle behind, so the next turn
+	// that pulls computes that suffix again there.
+	NoDeferred bool
 }
 
 // ErrInvalidCost is returned by [NewCostModel] for a configuration it
@@ -111,7 +116,8 @@ var ErrInvalidCost = errors.New("threshold: invalid cost model")
 
 // CostModel estimates each path's time to first token from the turn's
 // token counts and rates learned online from observed turns, and chooses
-// the cheapest: decode-local only within its bounds. It is a [Chooser], a
+// the cheapest: decode-local only within its bounds, and counting the
+// suffix's later prefill on P (CostConfig.NoDeferred). It is a [Chooser], a
 // [Learner] and, for Reuse, the engine's threshold rule. Safe for
 // concurrent use.
 type CostModel struct {
@@ -238,7 +244,8 @@ func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 	return pull, local, recompute
 }
 
-// Choose implements [Chooser]: the cheapest estimate, decode-local only
+// Choose implements [Chooser]: the cheapest estimate (decode-local's
+// with its deferred cost, see CostConfig.NoDeferred), decode-local only
 // when the suffix is within MaxLocalSuffix and the decode engine runs fewer
 // than MaxLocalInFlight decode-local prefills (reserving one until
 // Release). A turn with unknown token counts takes PathPull.
@@ -251,7 +258,7 @@ func (m *CostModel) Choose(in Turn) Choice {
 	if rec < pull {
 		c.Path, c.Estimate = PathRecompute, rec
 	}
-	if local >= c.Estimate {
+	if local+m.deferred(in) >= c.Estimate {
 		return c
 	}
 	if m.cfg.MaxLocalSuffix < 0 || m.cfg.MaxLocalInFlight < 0 || in.Suffix() > m.cfg.MaxLocalSuffix {
@@ -273,6 +280,19 @@ func (m *CostModel) Choose(in Turn) Choice {
 	c.Path, c.Estimate = PathLocal, local
 	c.release, c.done = n, new(atomic.Bool)
 	return c
+}
+
+// deferred is what a decode-local turn adds to a later pull: its suffix's
+// prefill on the prefill engine, less the fixed cost the pull pays anyway.
+func (m *CostModel) deferred(in Turn) time.Duration {
+	if m.cfg.NoDeferred {
+		return 0
+	}
+	s := in.Suffix()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.pCoef
+	return dur(p[3]*float64(s)/tokScale + p[4]*pairs(s, in.ReusableTokens)/pairScale)
 }
 
 // LocalInFlight returns the decode-local prefills now reserved on the

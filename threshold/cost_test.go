@@ -16,7 +16,9 @@ import (
 //	pull(s)  = 90 + 20 + 20000×5µs + 10 ms + s×(10+5) µs = 220 ms + 15 µs×s
 //	local(s) = 20 ms + 40 µs×s
 //
-// and they meet at s = 200 ms / 25 µs = 8,000 tokens.
+// and they meet at s = 200 ms / 25 µs = 8,000 tokens. With the deferred
+// cost (the suffix's prefill on P, 10 µs×s, that a later pull pays) local
+// compares as 20 ms + 50 µs×s and they meet at 200/35 = 5,714.3 tokens.
 func breakEvenRates() threshold.Rates {
 	return threshold.Rates{
 		PrefillFixed: 90 * time.Millisecond, PrefillPerToken: 10 * time.Microsecond,
@@ -29,21 +31,29 @@ func breakEvenRates() threshold.Rates {
 // TestChooseFlipsAtBreakEven: below the modelled break-even suffix the
 // turn goes decode-local, above it pulls; the estimates match the formula.
 func TestChooseFlipsAtBreakEven(t *testing.T) {
-	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), MaxLocalSuffix: 10000, Static: true})
-	require.NoError(t, err)
-	const reusable, breakEven = 20000, 8000
 	for _, tt := range []struct {
-		suffix int
-		want   threshold.Path
-	}{{1, threshold.PathLocal}, {300, threshold.PathLocal}, {breakEven - 1, threshold.PathLocal},
-		{breakEven + 1, threshold.PathPull}, {9000, threshold.PathPull}} {
-		in := threshold.Turn{PromptTokens: reusable + tt.suffix, ReusableTokens: reusable, Decode: "d"}
-		c := m.Choose(in)
-		assert.Equal(t, tt.want, c.Path, "suffix %d", tt.suffix)
-		assert.Equal(t, 220*time.Millisecond+time.Duration(tt.suffix)*15*time.Microsecond, c.Pull, "suffix %d", tt.suffix)
-		assert.Equal(t, 20*time.Millisecond+time.Duration(tt.suffix)*40*time.Microsecond, c.Local, "suffix %d", tt.suffix)
-		assert.Empty(t, c.Refusal)
-		c.Release()
+		name       string
+		noDeferred bool
+		breakEven  int // the last suffix that goes decode-local
+	}{{"deferred", false, 5714}, {"no deferred", true, 7999}} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), MaxLocalSuffix: 10000, Static: true, NoDeferred: tt.noDeferred})
+			require.NoError(t, err)
+			const reusable = 20000
+			for _, s := range []struct {
+				suffix int
+				want   threshold.Path
+			}{{1, threshold.PathLocal}, {300, threshold.PathLocal}, {tt.breakEven, threshold.PathLocal},
+				{tt.breakEven + 1, threshold.PathPull}, {9000, threshold.PathPull}} {
+				in := threshold.Turn{PromptTokens: reusable + s.suffix, ReusableTokens: reusable, Decode: "d"}
+				c := m.Choose(in)
+				assert.Equal(t, s.want, c.Path, "suffix %d", s.suffix)
+				assert.Equal(t, 220*time.Millisecond+time.Duration(s.suffix)*15*time.Microsecond, c.Pull, "suffix %d", s.suffix)
+				assert.Equal(t, 20*time.Millisecond+time.Duration(s.suffix)*40*time.Microsecond, c.Local, "suffix %d", s.suffix)
+				assert.Empty(t, c.Refusal)
+				c.Release()
+			}
+		})
 	}
 }
 
@@ -107,7 +117,7 @@ func TestCostModelLearns(t *testing.T) {
 	truth.LocalPerToken = 40 * time.Microsecond
 	prior := truth
 	prior.LocalPerToken = 13 * time.Microsecond // below pull's 15 µs: the priors never pull
-	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: prior, MaxLocalSuffix: 1 << 20})
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: prior, MaxLocalSuffix: 1 << 20, NoDeferred: true})
 	require.NoError(t, err)
 	const reusable = 20000
 	breakEven := func() int {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strings"
-	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
@@ -31,8 +29,6 @@ type config struct {
 	published     []published // the profile's calibration points, if any
 	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
 	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
-	pauses        []time.Duration
-	pauseJitter   float64 // think time is uniform in pause × [1-j, 1+j]
 }
 
 // replyGrowth is what a turn's reply adds to the next prompt, in tokens,
@@ -85,8 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	verify := fs.String("verification", "", "router verification mode: tokens or content (empty: the router's default)")
 	suffix := fs.Int("suffix-tokens", 0, "each turn after the first adds this many new tokens, as a tool result would (0: the published shape, a constant growth factor)")
 	local := fs.Bool("decode-local", true, "with --suffix-tokens, let the router answer a turn on the decode engine that holds the conversation when its cost model says so (=false: today's path, every hit pulls)")
-	pause := fs.String("pause", "", "comma-separated think times between turns (e.g. 60s,300s,440s,460s,600s): one reuse-on run per value on a virtual clock, printing hit rate, TTFT and KV held on D as the pause crosses the retention TTL")
-	jitter := fs.Float64("pause-jitter", 0.05, "think time is uniform in pause×[1-j, 1+j]")
+
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -115,16 +110,6 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		published:     pub,
 		suffixTokens:  *suffix,
 		decodeLocal:   *local,
-		pauseJitter:   *jitter,
-	}
-	if *pause != "" {
-		for _, f := range strings.Split(*pause, ",") {
-			d, err := time.ParseDuration(strings.TrimSpace(f))
-			if err != nil || d < 0 {
-				return config{}, fmt.Errorf("--pause %q: want durations such as 300s", f)
-			}
-			c.pauses = append(c.pauses, d)
-		}
 	}
 	if c.endTokens == 0 {
 		c.endTokens = defEnd
@@ -175,8 +160,6 @@ func (c config) validate() error {
 		return fmt.Errorf("--max-tokens %d must exceed %d", c.endTokens, c.startTokens)
 	case c.suffixTokens < 0:
 		return errors.New("--suffix-tokens must not be negative")
-	case c.pauseJitter < 0 || c.pauseJitter >= 1:
-		return errors.New("--pause-jitter must be in [0, 1)")
 	case c.suffixTokens > 0 && c.nominal(0) < 256:
 		return fmt.Errorf("--suffix-tokens %d: %d turns do not fit under --max-tokens %d; use fewer --turns",
 			c.suffixTokens, c.turns, c.endTokens)
