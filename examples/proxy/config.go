@@ -35,6 +35,8 @@ type config struct {
 	verification      string
 	blockSize         int
 	localFallback     bool
+	decodeLocal       bool
+	kvBytesPerToken   int64
 	redisURL          string
 	redisWaitReplicas int
 	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
@@ -186,6 +188,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects)")
 	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
+	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
+	fs.Int64Var(&c.kvBytesPerToken, "kv-bytes-per-token", 0, "bytes of KV per token on the decode engines, for the decode_kv_held_bytes gauge (0: unknown)")
 	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis: redis://[user:password@]host:port/db, redis-sentinel://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379, or redis-cluster://node:6379?addr=node2:6379; default in memory")
 	fs.IntVar(&c.redisWaitReplicas, "redis-wait-replicas", 0, "with Sentinel or Cluster: hand out a handle only once this many replicas acknowledged its delete (WAIT), so that a failover cannot hand it out again; 0: GETDEL alone")
 	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY), visible in the process list: prefer --api-key-file or "+envAPIKeys+"; none of the three: no authentication")
@@ -364,6 +368,8 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithIdleTimeout(c.idleTimeout),
 		kvroute.WithVerification(kvroute.Verification(c.verification)),
 		kvroute.WithBlockSize(c.blockSize),
+		kvroute.WithDecodeLocal(c.decodeLocal),
+		kvroute.WithKVBytesPerToken(c.kvBytesPerToken),
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))

@@ -140,7 +140,54 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.PushHandles }),
 		stat("handles_too_large_total", "Handles not retained because their entry is over a size bound.",
 			func(s kvroute.Stats) int64 { return s.TooLarge }),
+		stat("decode_local_busy_total", "Turns estimated cheapest decode-local that pulled because their decode engine ran its maximum of decode-local prefills.",
+			func(s kvroute.Stats) int64 { return s.LocalBusy }),
+		stat("decode_local_failures_total", "Decode-local legs that failed before any byte reached the client; each turn ran again as a plain miss.",
+			func(s kvroute.Stats) int64 { return s.LocalFailures }),
 	)
+	for _, p := range []struct {
+		path string
+		get  func(kvroute.Stats) int64
+	}{
+		{"pull", func(s kvroute.Stats) int64 { return s.ChosePull }},
+		{"decode_local", func(s kvroute.Stats) int64 { return s.ChoseLocal }},
+		{"recompute", func(s kvroute.Stats) int64 { return s.ChoseRecompute }},
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "path_decisions_total",
+			Help:        "The cost model's decisions by path (--decode-local): pull the retained KV to P, answer on the decode engine that holds the conversation, or recompute on P.",
+			ConstLabels: prometheus.Labels{"path": p.path}},
+			func() float64 { return float64(p.get(r.Stats())) }))
+	}
+	m.reg.MustRegister(decodeKVCollector{r: r})
+}
+
+var (
+	kvTokensDesc = prometheus.NewDesc(namespace+"_decode_kv_held_tokens",
+		"KV tokens each decode engine holds for this proxy's live retained handles (the memory the retention TTL trades against the hit rate).",
+		[]string{"endpoint"}, nil)
+	kvBytesDesc = prometheus.NewDesc(namespace+"_decode_kv_held_bytes",
+		"decode_kv_held_tokens × --kv-bytes-per-token (0 when that is unset).", []string{"endpoint"}, nil)
+	kvHandlesDesc = prometheus.NewDesc(namespace+"_decode_kv_held_handles",
+		"Live retained handles per decode engine.", []string{"endpoint"}, nil)
+)
+
+// decodeKVCollector exports Router.DecodeKV at each scrape.
+type decodeKVCollector struct{ r *kvroute.Router }
+
+// Describe implements prometheus.Collector.
+func (c decodeKVCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- kvTokensDesc
+	ch <- kvBytesDesc
+	ch <- kvHandlesDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c decodeKVCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, kv := range c.r.DecodeKV() {
+		ch <- prometheus.MustNewConstMetric(kvTokensDesc, prometheus.GaugeValue, float64(kv.Tokens), kv.Endpoint)
+		ch <- prometheus.MustNewConstMetric(kvBytesDesc, prometheus.GaugeValue, float64(kv.Bytes), kv.Endpoint)
+		ch <- prometheus.MustNewConstMetric(kvHandlesDesc, prometheus.GaugeValue, float64(kv.Handles), kv.Endpoint)
+	}
 }
 
 // watchStore exports the number of retained handles when the store can

@@ -67,3 +67,21 @@ func TestBadRequestMetrics(t *testing.T) {
 	assert.NotContains(t, page, `bidikv_reuse_misses_total{`)
 	assert.Equal(t, "NaN", metricValue(page, "bidikv_reuse_hit_ratio"))
 }
+
+// The cost model's decisions by path and the KV each decode engine holds
+// are exported, one series per path and per decode engine.
+func TestDecodeLocalMetrics(t *testing.T) {
+	r, err := kvroute.New(kvroute.WithPrefill("http://127.0.0.1:9"), kvroute.WithDecode("http://127.0.0.1:10"),
+		kvroute.WithDecodeLocal(true), kvroute.WithKVBytesPerToken(262144))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	m := newMetrics()
+	m.watchRouter(r)
+	page := scrape(t, m)
+	for _, p := range []string{"pull", "decode_local", "recompute"} {
+		assert.Equal(t, "0", metricValue(page, fmt.Sprintf(`bidikv_path_decisions_total{path=%q}`, p)), p)
+	}
+	assert.Equal(t, "0", metricValue(page, `bidikv_decode_kv_held_tokens{endpoint="http://127.0.0.1:10"}`))
+	assert.Equal(t, "0", metricValue(page, `bidikv_decode_kv_held_bytes{endpoint="http://127.0.0.1:10"}`))
+	assert.Equal(t, "0", metricValue(page, "bidikv_decode_local_busy_total"))
+}
