@@ -132,6 +132,30 @@
 // client-supplied kv_transfer_params are never forwarded; neither is the
 // client's Authorization header.
 //
+// # Decode-local turns
+//
+// With WithDecodeLocal(true), a turn whose handle was verified by tokens
+// may skip the prefill engine. A threshold.Chooser (by default a
+// threshold.CostModel: estimated TTFT of each path from the verified and
+// suffix token counts, rates learned online from the turns, the decode
+// engine's load) picks one of three paths: pull (the hit above), recompute
+// on P (the handle is put back; MissCostModel), or decode-local: the turn
+// goes as a plain request, with no kv_transfer_params at all, to the decode
+// engine that holds the handle, which computes only the suffix from its own
+// prefix cache (the retained blocks keep it warm). A decode-local turn
+// retains nothing (RefuseDecodeLocal) and puts the handle back, so it stays
+// the candidate for the next long turn; no other shape is ever sent to a
+// decode engine without P's handle (do_remote_prefill true without blocks
+// kills current engines' cores; do_remote_prefill false leaks blocks).
+// TurnRecord.Choice, EstimatedTTFT and LocalRefusal report the decision,
+// Stats.Chose* count it, and Router.DecodeKV reports the KV each decode
+// engine holds for live retained handles. The cost model bounds
+// decode-local work per decode engine (suffix tokens, concurrent prefills)
+// so decode batches are not starved. Turn it on only when the decode
+// engines run with prefix caching (vLLM's default); the router cannot see
+// it. A decode-local leg that fails before any byte reached the client
+// runs again as a plain miss (Stats.LocalFailures).
+//
 // # Embedding
 //
 // A Router is an http.Handler for POST /v1/chat/completions,
