@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
+	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
@@ -29,6 +31,8 @@ type config struct {
 	published     []published // the profile's calibration points, if any
 	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
 	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
+	pauses        []time.Duration
+	pauseJitter   float64 // think time is uniform in pause × [1-j, 1+j]
 }
 
 // replyGrowth is what a turn's reply adds to the next prompt, in tokens,
@@ -80,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	reasoning := fs.Bool("reasoning", false, "replies start with <think>…</think>, which the chat template drops from past turns (as Qwen3's does)")
 	verify := fs.String("verification", "", "router verification mode: tokens or content (empty: the router's default)")
 	suffix := fs.Int("suffix-tokens", 0, "each turn after the first adds this many new tokens, as a tool result would (0: the published shape, a constant growth factor)")
+	pause := fs.String("pause", "", "comma-separated think times between turns (e.g. 60s,300s,440s,460s,600s): one more reuse-on run per value, on a virtual clock, printing hit rate, TTFT and KV held on D as the pause crosses the retention TTL")
+	jitter := fs.Float64("pause-jitter", 0.02, "think time is uniform in pause×[1-j, 1+j]")
 	local := fs.Bool("decode-local", true, "with --suffix-tokens, let the router answer a turn on the decode engine that holds the conversation when its cost model says so (=false: today's path, every hit pulls)")
 
 	if err := fs.Parse(args); err != nil {
@@ -110,6 +116,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		published:     pub,
 		suffixTokens:  *suffix,
 		decodeLocal:   *local,
+		pauseJitter:   *jitter,
+	}
+	if *pause != "" {
+		for _, f := range strings.Split(*pause, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if err != nil || d < 0 {
+				return config{}, fmt.Errorf("--pause %q: want durations such as 300s", f)
+			}
+			c.pauses = append(c.pauses, d)
+		}
 	}
 	if c.endTokens == 0 {
 		c.endTokens = defEnd
@@ -158,6 +174,8 @@ func (c config) validate() error {
 		return fmt.Errorf("--verification %q: want tokens or content", c.verification)
 	case c.endTokens <= c.startTokens:
 		return fmt.Errorf("--max-tokens %d must exceed %d", c.endTokens, c.startTokens)
+	case c.pauseJitter < 0 || c.pauseJitter >= 1:
+		return errors.New("--pause-jitter must be in [0, 1)")
 	case c.suffixTokens < 0:
 		return errors.New("--suffix-tokens must not be negative")
 	case c.suffixTokens > 0 && c.nominal(0) < 256:

@@ -25,6 +25,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	s.print(stdout)
+	s.printPauses(stdout)
 	if c.svg != "" {
 		f, err := os.Create(c.svg)
 		if err != nil {
@@ -45,7 +46,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // run runs the conversations with reuse off, then on, and summarizes.
 func run(ctx context.Context, c config, bar io.Writer) (summary, error) {
-	p := &progress{w: bar, total: 2 * c.conversations * c.turns}
+	p := &progress{w: bar, total: (2 + len(c.pauses)) * c.conversations * c.turns}
 	p.setLabel("reuse off")
 	off, err := runMode(ctx, c, false, p.tick)
 	if err != nil {
@@ -56,5 +57,14 @@ func run(ctx context.Context, c config, bar io.Writer) (summary, error) {
 	if err != nil {
 		return summary{}, err
 	}
-	return summarize(c, off, on), nil
+	s := summarize(c, off, on)
+	for _, d := range c.pauses {
+		p.setLabel("pause " + d.String())
+		row, err := runPause(ctx, c, d, p.tick)
+		if err != nil {
+			return summary{}, err
+		}
+		s.pauses = append(s.pauses, row)
+	}
+	return s, nil
 }

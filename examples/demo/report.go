@@ -63,6 +63,7 @@ type summary struct {
 	busy         int                    // turns estimated cheapest decode-local that pulled: D was busy
 	estErr       [3]float64             // |estimate - modelled engine TTFT| / modelled, p50 p95 p99
 	firstTokens  int                    // the first prompt's length with --suffix-tokens
+	pauses       []pauseRow             // --pause
 	// renderFixed and renderPerToken are the profile's render cost.
 	renderFixed, renderPerToken time.Duration
 }

@@ -38,6 +38,7 @@ type turn struct {
 	handleTokens int           // tokens the handle found holds (0: none found)
 	verified     int           // tokens the render proved D's blocks share with the prompt
 	partial      bool          // only the verified prefix of the handle was attached
+	missReason   string
 	path         threshold.Path
 	estimate     time.Duration // the cost model's estimate of the engine TTFT of path
 	refusal      string        // why a turn estimated cheapest decode-local was not
@@ -60,8 +61,40 @@ type modeResult struct {
 	wrong        int // decode outputs that differ from a single engine's
 }
 
-// runMode starts a fresh 1P1D pair and a router and runs every conversation.
-func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult, error) {
+// bench is a fresh 1P1D pair and a router over it.
+type bench struct {
+	p, d           *kvroutetest.Engine
+	router         *kvroute.Router
+	clock, renders *upstreamclock.Clock
+	obs            *observer
+	model          *threshold.CostModel // the router's cost model, decode-local runs only
+	closers        []func()
+}
+
+func (b *bench) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+// nowOnly is a virtual clock without its Sleep: engines on it read the
+// virtual time but do not advance it by their modelled durations.
+type nowOnly struct{ vc *kvroutetest.VirtualClock }
+
+// Now implements kvroutetest.Clock.
+func (n nowOnly) Now() time.Time { return n.vc.Now() }
+
+// startBench starts the engines and the router of one run. With vc, the
+// engines and the router tell time by it (TTLs and handle ages follow the
+// virtual clock), which only the caller moves.
+func startBench(c config, reuse bool, vc *kvroutetest.VirtualClock) (*bench, error) {
+	b := &bench{}
+	ok := false
+	defer func() {
+		if !ok {
+			b.close()
+		}
+	}()
 	reg := kvroutetest.NewRegistry()
 	blocks := 4 * c.conversations * (c.endTokens + c.turns*c.replyTokens) / kvroutetest.DefaultBlockSize
 	common := []kvroutetest.Option{
@@ -73,50 +106,68 @@ func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult
 		// when it finishes instead of keeping them for a next turn.
 		kvroutetest.WithBidirectional(reuse),
 	}
-	p, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(false))...)
-	if err != nil {
-		return modeResult{}, err
+	if vc != nil {
+		common = append(common, kvroutetest.WithClock(nowOnly{vc}))
 	}
-	defer p.Close()
-	d, err := kvroutetest.StartEngine(append(common, kvroutetest.WithStreamHandles(true))...)
-	if err != nil {
-		return modeResult{}, err
+	var err error
+	if b.p, err = kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(false))...); err != nil {
+		return nil, err
 	}
-	defer d.Close()
+	b.closers = append(b.closers, b.p.Close)
+	if b.d, err = kvroutetest.StartEngine(append(common, kvroutetest.WithStreamHandles(true))...); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, b.d.Close)
 
 	rt, err := transport.NewTransport()
 	if err != nil {
-		return modeResult{}, err
+		return nil, err
 	}
-	defer rt.CloseIdleConnections()
-	clock := upstreamclock.New(rt)
-	renders := upstreamclock.New(clock) // render calls only, also counted by clock
-	obs := &observer{recs: map[string]kvroute.TurnRecord{}}
+	b.closers = append(b.closers, rt.CloseIdleConnections)
+	b.clock = upstreamclock.New(rt)
+	b.renders = upstreamclock.New(b.clock) // render calls only, also counted by clock
+	b.obs = &observer{recs: map[string]kvroute.TurnRecord{}}
 	opts := []kvroute.Option{
-		kvroute.WithPrefill(p.URL()),
-		kvroute.WithDecode(d.URL()),
+		kvroute.WithPrefill(b.p.URL()),
+		kvroute.WithDecode(b.d.URL()),
 		kvroute.WithReuse(reuse),
-		kvroute.WithTransport(renderSplit{render: renders, other: clock}),
-		kvroute.WithObserver(obs),
+		kvroute.WithTransport(renderSplit{render: b.renders, other: b.clock}),
+		kvroute.WithObserver(b.obs),
+	}
+	if vc != nil {
+		opts = append(opts, kvroute.WithClock(vc.Now))
+	}
+	if c.kvBytes > 0 {
+		opts = append(opts, kvroute.WithKVBytesPerToken(int64(c.kvBytes)))
 	}
 	if c.verification != "" {
 		opts = append(opts, kvroute.WithVerification(c.verification))
 	}
-	var model *threshold.CostModel
 	if reuse && c.localMode() {
-		// The router's clock is real time, in which the engines answer at
-		// once: it must not learn from it. The demo feeds the model the
-		// modelled times of each turn instead (learn, below).
-		if model, err = threshold.NewCostModel(threshold.CostConfig{}); err != nil {
-			return modeResult{}, err
+		// The router's clock is real (or virtual) time, in which the
+		// engines answer at once: it must not learn from it. The demo
+		// feeds the model the modelled times of each turn instead (learn).
+		if b.model, err = threshold.NewCostModel(threshold.CostConfig{}); err != nil {
+			return nil, err
 		}
-		opts = append(opts, kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(chooser{model}))
+		opts = append(opts, kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(chooser{b.model}))
 	}
-	router, err := kvroute.New(opts...)
+	if b.router, err = kvroute.New(opts...); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { _ = b.router.Close() })
+	ok = true
+	return b, nil
+}
+
+// runMode starts a fresh 1P1D pair and a router and runs every conversation.
+func runMode(ctx context.Context, c config, reuse bool, tick func()) (modeResult, error) {
+	b, err := startBench(c, reuse, nil)
 	if err != nil {
 		return modeResult{}, err
 	}
-	defer router.Close()
+	defer b.close()
+	router, clock, renders, obs, model, p, d := b.router, b.clock, b.renders, b.obs, b.model, b.p, b.d
 
 	res := modeResult{reuse: reuse}
 	var mu sync.Mutex
@@ -243,6 +294,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 		t.renderSide = max(0, rec.Render-renderWait)
 		t.handleTokens, t.verified, t.partial = rec.HandleTokens, rec.VerifiedTokens, rec.Partial
 		t.path, t.estimate, t.refusal = rec.Choice, rec.EstimatedTTFT, rec.LocalRefusal
+		t.missReason = rec.MissReason
 		t.promptTokens = rec.PromptTokens
 	}
 	return t, nil
