@@ -61,7 +61,7 @@ func (t *turn) choosePath(ctx context.Context, key string, e *entry, age time.Du
 		return false // the engine holding the blocks is gone or ejected: pull elsewhere
 	}
 	in := threshold.Turn{PromptTokens: t.rec.PromptTokens, ReusableTokens: t.rec.VerifiedTokens,
-		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load())}
+		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load()), HandleAge: age, RetentionTTL: r.cfg.retentionTTL}
 	c := r.chooser.Choose(in)
 	t.choice, t.chose = c, true
 	t.rec.Choice = c.Path

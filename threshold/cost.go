@@ -76,6 +76,9 @@ const (
 	DefaultPriorWeight = 1.0
 	// DefaultForget is the weight an observation keeps per later one.
 	DefaultForget = 0.98
+	// DefaultMaxLocalAge is the default CostConfig.MaxLocalAge: a handle
+	// older than half the retention TTL is renewed by a pull.
+	DefaultMaxLocalAge = 0.5
 )
 
 // CostConfig configures a [CostModel]. The zero value of a field means
@@ -108,6 +111,13 @@ type CostConfig struct {
 	// added: the turn leaves the retained handle behind, so the next turn
 	// that pulls computes that suffix again there.
 	NoDeferred bool
+	// MaxLocalAge bounds, as a share of Turn.RetentionTTL, the age of a
+	// handle a decode-local turn may leave in place (default
+	// DefaultMaxLocalAge; negative: no bound). Such a turn does not renew
+	// the handle: if the conversation's next turn comes as late after this
+	// one as this one came after the handle, the handle must still be
+	// live.
+	MaxLocalAge float64
 }
 
 // ErrInvalidCost is returned by [NewCostModel] for a configuration it
@@ -170,6 +180,9 @@ func NewCostModel(c CostConfig) (*CostModel, error) {
 		c.Forget = DefaultForget
 	case !(c.Forget > 0 && c.Forget <= 1):
 		return nil, fmt.Errorf("%w: Forget %v is not in (0, 1]", ErrInvalidCost, c.Forget)
+	}
+	if c.MaxLocalAge == 0 {
+		c.MaxLocalAge = DefaultMaxLocalAge
 	}
 	if c.MaxLocalSuffix == 0 {
 		c.MaxLocalSuffix = DefaultMaxLocalSuffix
@@ -246,9 +259,9 @@ func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 
 // Choose implements [Chooser]: the cheapest estimate (decode-local's
 // with its deferred cost, see CostConfig.NoDeferred), decode-local only
-// when the suffix is within MaxLocalSuffix and the decode engine runs fewer
-// than MaxLocalInFlight decode-local prefills (reserving one until
-// Release). A turn with unknown token counts takes PathPull.
+// when the suffix is within MaxLocalSuffix, the handle is young enough
+// (MaxLocalAge) and the decode engine runs fewer than MaxLocalInFlight
+// decode-local prefills (reserving one until Release). A turn with unknown token counts takes PathPull.
 func (m *CostModel) Choose(in Turn) Choice {
 	if in.PromptTokens <= 0 || in.ReusableTokens <= 0 {
 		return Choice{Path: PathPull}
@@ -263,6 +276,10 @@ func (m *CostModel) Choose(in Turn) Choice {
 	}
 	if m.cfg.MaxLocalSuffix < 0 || m.cfg.MaxLocalInFlight < 0 || in.Suffix() > m.cfg.MaxLocalSuffix {
 		c.Refusal = RefuseLocalSuffix
+		return c
+	}
+	if m.cfg.MaxLocalAge >= 0 && in.RetentionTTL > 0 && float64(in.HandleAge) > m.cfg.MaxLocalAge*float64(in.RetentionTTL) {
+		c.Refusal = RefuseLocalAge
 		return c
 	}
 	v, _ := m.local.LoadOrStore(in.Decode, new(atomic.Int64))

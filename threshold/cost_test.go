@@ -71,6 +71,23 @@ func TestChooseSuffixBound(t *testing.T) {
 	assert.Less(t, c.Local, c.Pull)
 }
 
+// TestChooseAgeBound: a handle older than MaxLocalAge of the retention
+// TTL is renewed by a pull, since a decode-local turn would leave it to
+// expire before the next turn.
+func TestChooseAgeBound(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), Static: true})
+	require.NoError(t, err)
+	in := threshold.Turn{PromptTokens: 20300, ReusableTokens: 20000, Decode: "d", RetentionTTL: 450 * time.Second}
+	in.HandleAge = 225 * time.Second
+	c := m.Choose(in)
+	assert.Equal(t, threshold.PathLocal, c.Path)
+	c.Release()
+	in.HandleAge = 226 * time.Second
+	c = m.Choose(in)
+	assert.Equal(t, threshold.PathPull, c.Path)
+	assert.Equal(t, threshold.RefuseLocalAge, c.Refusal)
+}
+
 // TestChooseBurstBounded: a burst of cheap decode-local turns on one
 // decode engine gets MaxLocalInFlight slots; the rest pull until a slot is
 // released. Another engine has its own slots; Release is idempotent.

@@ -30,6 +30,10 @@ const (
 const (
 	RefuseLocalSuffix = "suffix" // the suffix is over the decode-local bound
 	RefuseLocalBusy   = "busy"   // the decode engine runs its maximum of decode-local prefills
+	// RefuseLocalAge: the handle is too old. A decode-local turn does not
+	// renew it, so the next turn would likely find it expired; a pull
+	// retains a fresh one.
+	RefuseLocalAge = "age"
 )
 
 // Turn is what the router knows when it chooses a turn's path: a retained
@@ -44,6 +48,9 @@ type Turn struct {
 	Decode string
 	// DecodeInFlight is the number of the router's requests open on it.
 	DecodeInFlight int
+	// HandleAge is the handle's age and RetentionTTL how long the router
+	// retains a handle; 0 when unknown.
+	HandleAge, RetentionTTL time.Duration
 }
 
 // Suffix returns the tokens the turn adds to what the decode engine holds:
