@@ -17,6 +17,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/threshold"
 )
 
 func TestMain(m *testing.M) {
@@ -154,6 +155,11 @@ func TestParseFlagsErrors(t *testing.T) {
 		{"no concurrency", []string{"--concurrency", "0"}, "--concurrency"},
 		{"too short", []string{"--max-tokens", "2100"}, "--max-tokens"},
 		{"argument", []string{"extra"}, "unexpected argument"},
+		{"pause", []string{"--pause", "5 minutes"}, "--pause"},
+		{"negative pause", []string{"--pause", "-1s"}, "--pause"},
+		{"jitter", []string{"--pause-jitter", "1"}, "--pause-jitter"},
+		{"negative suffix", []string{"--suffix-tokens", "-1"}, "--suffix-tokens"},
+		{"suffix does not fit", []string{"--suffix-tokens", "3000", "--turns", "12"}, "--suffix-tokens"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,4 +242,68 @@ func countTokens(t *testing.T, body []byte) int {
 	n, err := kvroutetest.CountTokens(kvroute.PathChatCompletions, body)
 	require.NoError(t, err)
 	return n
+}
+
+// TestSuffixTokensDecodeLocal runs --suffix-tokens with and without
+// --decode-local: with 300 new tokens a turn the modelled engine TTFT p50
+// at the longest prompt is at least 2× lower decode-local, with 4000 it is
+// no more than 5% higher, and no answer differs from a single engine's.
+func TestSuffixTokensDecodeLocal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs eight short demos")
+	}
+	last := func(args ...string) (time.Duration, summary) {
+		c, err := parseFlags(append([]string{"--conversations", "2", "--quiet"}, args...), io.Discard)
+		require.NoError(t, err)
+		s, err := run(context.Background(), c, nil)
+		require.NoError(t, err)
+		assert.Zero(t, s.wrong, "%v", args)
+		b := s.buckets[len(s.buckets)-1]
+		ds := make([]time.Duration, len(b.on))
+		for i, tr := range b.on {
+			ds[i] = tr.engines() + tr.render // modelled: without the measured router overhead
+		}
+		return percentiles(ds)[0], s
+	}
+	for _, profile := range []string{"qwen3-32b", "glm-5-fp8"} {
+		t.Run(profile, func(t *testing.T) {
+			local, s := last("--profile", profile, "--suffix-tokens", "300")
+			plain, _ := last("--profile", profile, "--suffix-tokens", "300", "--decode-local=false")
+			t.Logf("300 new tokens: decode-local %v, pull %v", local, plain)
+			assert.LessOrEqual(t, 2*local, plain)
+			assert.Positive(t, s.paths[threshold.PathLocal])
+			assert.Empty(t, s.published)
+
+			local, _ = last("--profile", profile, "--suffix-tokens", "4000")
+			plain, _ = last("--profile", profile, "--suffix-tokens", "4000", "--decode-local=false")
+			t.Logf("4000 new tokens: decode-local %v, pull %v", local, plain)
+			assert.LessOrEqual(t, float64(local), 1.05*float64(plain))
+		})
+	}
+}
+
+// TestPauseCrossesTTL: think times below the retention TTL keep every
+// later turn a hit; above it every later turn finds its handle expired and
+// runs as a plain prefill, with the answers still right.
+func TestPauseCrossesTTL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a short demo")
+	}
+	c, err := parseFlags([]string{"--conversations", "2", "--quiet", "--pause", "300s,460s"}, io.Discard)
+	require.NoError(t, err)
+	s, err := run(context.Background(), c, nil)
+	require.NoError(t, err)
+	require.Len(t, s.pauses, 2)
+	below, above := s.pauses[0], s.pauses[1]
+	assert.Equal(t, 2*(c.turns-1), below.later)
+	assert.Equal(t, below.later, below.reused)
+	assert.Zero(t, below.expired)
+	assert.Zero(t, above.reused)
+	assert.Equal(t, above.later, above.expired)
+	assert.Zero(t, below.wrong+above.wrong)
+	assert.Greater(t, above.ttft[0], below.ttft[0], "plain prefills are slower")
+	assert.Positive(t, below.heldPeak)
+	var out bytes.Buffer
+	s.printPauses(&out)
+	assert.Contains(t, out.String(), "Think time between turns")
 }

@@ -393,13 +393,13 @@ func learn(m *threshold.CostModel, t turn, p, d *kvroutetest.Engine, prof kvrout
 	}
 	id := turnID(t.reuse, t.conv, t.index)
 	var pr, dr *kvroutetest.RequestRecord
-	for _, r := range p.Requests() {
-		if r.RequestID == id && r.Role == "prefill" {
+	for _, r := range p.FinishedRequests(id) {
+		if r.Role == "prefill" {
 			pr = &r
 		}
 	}
-	for _, r := range d.Requests() {
-		if r.RequestID == id && (r.Role == "decode" || r.Role == "plain") {
+	for _, r := range d.FinishedRequests(id) {
+		if r.Role == "decode" || r.Role == "plain" {
 			dr = &r
 		}
 	}

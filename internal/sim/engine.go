@@ -260,6 +260,8 @@ type Record struct {
 	// engine has one rank or the request was rejected before a rank was
 	// chosen).
 	Rank int
+
+	finished bool // finish ran: the record no longer changes (e.mu)
 }
 
 type heldState int
@@ -446,6 +448,26 @@ func (e *Engine) Records() []Record {
 		out[i].Header = r.Header.Clone()
 		out[i].Body = append([]byte(nil), r.Body...)
 		out[i].Handle = append(json.RawMessage(nil), r.Handle...)
+	}
+	return out
+}
+
+// FinishedRecords returns copies of the records of requests with
+// X-Request-Id id that have ended. Unlike Records it is safe to call while
+// other requests are being served, whose records are still being written.
+func (e *Engine) FinishedRecords(id string) []Record {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Record
+	for _, r := range e.records {
+		if !r.finished || r.RequestID != id {
+			continue
+		}
+		c := *r
+		c.Header = r.Header.Clone()
+		c.Body = append([]byte(nil), r.Body...)
+		c.Handle = append(json.RawMessage(nil), r.Handle...)
+		out = append(out, c)
 	}
 	return out
 }

@@ -152,6 +152,7 @@ func (e *Engine) newRecord(r *http.Request, body []byte, completion bool) *Recor
 func (e *Engine) finish(rec *Record, status int, errMsg string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	rec.finished = true
 	rec.Status = status
 	if errMsg != "" {
 		rec.Error = errMsg

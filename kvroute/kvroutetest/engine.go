@@ -112,6 +112,18 @@ func (e *Engine) Fingerprint() (fp string, ok bool) {
 // Stats returns a snapshot of the counters, after freeing whatever expired.
 func (e *Engine) Stats() Stats { return fromSimStats(e.sim.Stats()) }
 
+// FinishedRequests returns the records of the completion requests with
+// X-Request-Id id that have ended, in arrival order. Unlike Requests it may
+// be called while other requests are being served.
+func (e *Engine) FinishedRequests(id string) []RequestRecord {
+	rs := e.sim.FinishedRecords(id)
+	out := make([]RequestRecord, len(rs))
+	for i, r := range rs {
+		out[i] = fromSimRecord(r)
+	}
+	return out
+}
+
 // Requests returns a record of every completion request received, in
 // arrival order.
 func (e *Engine) Requests() []RequestRecord {
