@@ -36,6 +36,7 @@ type metrics struct {
 	duration  *prometheus.HistogramVec // reuse
 	handleAge prometheus.Histogram
 	reusable  prometheus.Histogram
+	estimate  *prometheus.HistogramVec // path: observed TTFT over the cost model's estimate
 
 	rejected *prometheus.CounterVec // status, reason
 	lookedUp struct {
@@ -87,6 +88,9 @@ func newMetrics() *metrics {
 			Help: "Age of the retained handle attached on a hit.", Buckets: prometheus.ExponentialBuckets(0.1, 2, 13)}),
 		reusable: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "reusable_tokens",
 			Help: "Tokens the attached handle lets the prefill engine read on a hit (remote_num_tokens, or the verified prefix).", Buckets: prometheus.ExponentialBuckets(64, 2, 12)}),
+		estimate: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "ttft_over_estimate_ratio",
+			Help: "Observed TTFT over the cost model's estimate of the engines' part (--decode-local), by chosen path; above 1 includes render and the router's own work.", Buckets: []float64{0.25, 0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}},
+			[]string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
 			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, closed."},
 			[]string{"status", "reason"}),
@@ -97,9 +101,9 @@ func newMetrics() *metrics {
 			[]string{"role", "endpoint"}),
 	}
 	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes,
-		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.inflight, m.endpointUp, m.rejected,
+		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.estimate, m.inflight, m.endpointUp, m.rejected,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "reuse_hit_ratio",
-			Help: "Hits over hits and misses since start, over turns that reached lookup (rejected requests and reuse off excluded); NaN before the first."},
+			Help: "Hits (decode-local turns included) over hits and misses since start, over turns that reached lookup (rejected requests and reuse off excluded); NaN before the first."},
 			m.hitRatio),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -260,6 +264,11 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.hits.Inc()
 		m.handleAge.Observe(rec.HandleAge.Seconds())
 		m.reusable.Observe(float64(rec.ReusableTokens))
+	case kvroute.ReuseLocal:
+		// A decode-local turn reused the decode engine's KV.
+		m.lookedUp.mu.Lock()
+		m.lookedUp.hits++
+		m.lookedUp.mu.Unlock()
 	case kvroute.ReuseMiss:
 		m.lookedUp.mu.Lock()
 		m.lookedUp.miss++
@@ -283,6 +292,9 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	}
 	if rec.Err == nil && rec.TTFT > 0 {
 		m.ttft.WithLabelValues(reuse).Observe(rec.TTFT.Seconds())
+		if rec.EstimatedTTFT > 0 {
+			m.estimate.WithLabelValues(string(rec.Choice)).Observe(float64(rec.TTFT) / float64(rec.EstimatedTTFT))
+		}
 	}
 	m.duration.WithLabelValues(reuse).Observe(rec.Total.Seconds())
 }

@@ -165,6 +165,7 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	attrs := []slog.Attr{
 		slog.String("request_id", rec.RequestID), slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
 		slog.String("reuse", string(rec.Reuse)), slog.String("miss_reason", string(rec.MissReason)),
+		slog.String("choice", string(rec.Choice)), slog.Duration("estimated_ttft", rec.EstimatedTTFT),
 		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),
 		slog.String("prefill_endpoint", rec.PrefillEndpoint), slog.String("decode_endpoint", rec.DecodeEndpoint),
 		slog.Int("prefill_attempts", rec.PrefillAttempts),
