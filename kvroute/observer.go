@@ -27,7 +27,7 @@ type TurnRecord struct {
 	Path      string
 	Stream    bool
 
-	// Reuse is ReuseHit, ReuseMiss or ReuseOff; "" when the turn failed
+	// Reuse is ReuseHit, ReuseLocal, ReuseMiss or ReuseOff; "" when the turn failed
 	// before the lookup (a closed Router, a malformed request: ErrPhase is
 	// PhaseLookup), which is no reuse miss.
 	Reuse          ReuseOutcome

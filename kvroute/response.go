@@ -32,7 +32,8 @@ type Response struct {
 	// by Do).
 	StatusCode int
 	// Header holds the decode engine's end-to-end headers plus
-	// X-Request-Id and X-Bidikv-Reuse (hit, miss or off).
+	// X-Request-Id and X-Bidikv-Reuse (hit, miss, off, or local for a
+	// decode-local turn).
 	Header http.Header
 	// Body is the whole body of a non-streaming response; nil for a stream.
 	Body []byte
@@ -55,8 +56,9 @@ type Response struct {
 // Streaming reports whether the response is an SSE stream.
 func (r *Response) Streaming() bool { return r.stream }
 
-// Reuse reports whether the turn reused retained KV (ReuseHit), did not
-// (ReuseMiss), or had reuse disabled (ReuseOff).
+// Reuse reports whether the turn reused retained KV (ReuseHit), ran
+// decode-local (ReuseLocal), did not reuse (ReuseMiss), or had reuse
+// disabled (ReuseOff).
 func (r *Response) Reuse() ReuseOutcome { return r.t.rec.Reuse }
 
 // RequestID is the X-Request-Id both legs carried.
