@@ -116,10 +116,12 @@ func (t *turn) localFailed(ctx context.Context, err error) {
 	t.miss(MissRetry)
 }
 
-// observe reports the finished turn's engine times to a learning Chooser.
+// observe reports the finished turn's engine times to a learning Chooser:
+// streaming turns only, whose first event is the first token (a
+// non-streaming answer arrives whole, after the last one).
 func (t *turn) observe() {
 	l := t.r.learner
-	if l == nil || !t.chose || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
+	if l == nil || !t.chose || !t.stream || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
 		return
 	}
 	first := t.rec.TTFT - t.dSent.Sub(t.start)

@@ -186,3 +186,43 @@ func TestDecodeLocalBurstBounded(t *testing.T) {
 	assert.EqualValues(t, n-2, s.LocalBusy)
 	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
 }
+
+// learner records what the router reports to a learning Chooser.
+type learner struct {
+	*threshold.CostModel
+	mu  sync.Mutex
+	obs []threshold.Observation
+}
+
+func (l *learner) Observe(o threshold.Observation) {
+	l.mu.Lock()
+	l.obs = append(l.obs, o)
+	l.mu.Unlock()
+	l.CostModel.Observe(o)
+}
+
+// TestDecodeLocalObserved: the router reports each streaming turn it chose
+// a path for, with the path, token counts and times on its clock.
+func TestDecodeLocalObserved(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+	rec := &recorder{}
+	l := &learner{CostModel: localModel(t, threshold.CostConfig{})}
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(l))
+	url := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, stream: true, maxTok: 24,
+		messages: []message{{Role: "system", Content: systemPrompt}}}
+	recs := runTurns(t, url, rec, conv, 3, nil, nil)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.Len(t, l.obs, 2, "turns 1 and 2 had a verified handle")
+	for i, o := range l.obs {
+		tr := recs[i+1]
+		assert.Equal(t, threshold.PathLocal, o.Path)
+		assert.Equal(t, tr.DecodeEndpoint, o.Decode)
+		assert.Equal(t, tr.PromptTokens, o.PromptTokens)
+		assert.Equal(t, tr.VerifiedTokens, o.ReusableTokens)
+		assert.Zero(t, o.Prefill)
+		assert.Positive(t, o.DecodeFirst)
+		assert.LessOrEqual(t, o.DecodeFirst, tr.TTFT)
+	}
+}

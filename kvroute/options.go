@@ -406,7 +406,11 @@ func WithMaxEntryBytes(n int) Option {
 // does. Turn it on only when the decode engines run with prefix caching
 // (vLLM's default, --enable-prefix-caching): the router cannot see it, and
 // a decode engine without it recomputes the whole prompt (the answer is
-// still right, but slow, until the cost model learns it). Default false.
+// still right, but slow, until the cost model learns it). The decode-local
+// leg goes to the engine that holds the handle, whatever the Selector
+// would pick; when that engine is ejected the turn pulls as usual. A
+// learning Chooser (threshold.Learner) is told each streaming turn's
+// observed times on the router's clock. Default false.
 func WithDecodeLocal(on bool) Option {
 	return optionFunc(func(c *config) { c.decodeLocal = on })
 }
