@@ -125,7 +125,8 @@ type CostConfig struct {
 var ErrInvalidCost = errors.New("threshold: invalid cost model")
 
 // CostModel estimates each path's time to first token from the turn's
-// token counts and rates learned online from observed turns, and chooses
+// token counts and rates learned online from observed turns (the
+// decode-local rates per decode engine), and chooses
 // the cheapest: decode-local only within its bounds, and counting the
 // suffix's later prefill on P (CostConfig.NoDeferred). It is a [Chooser], a
 // [Learner] and, for Reuse, the engine's threshold rule. Safe for
@@ -137,9 +138,19 @@ type CostModel struct {
 	mu                  sync.Mutex
 	prefill, dec, loc   *linear
 	pCoef, dCoef, lCoef []float64
+	// Each decode engine's own decode-local rates, once it has been
+	// observed; loc pools every engine's, for engines not yet seen.
+	engines map[string]*engineFit
 
 	local sync.Map // decode URL -> *atomic.Int64: decode-local prefills running
 }
+
+type engineFit struct {
+	lin  *linear
+	coef []float64
+}
+
+const maxEngines = 1024 // decode engines with their own rates; more use the pooled ones
 
 var _ Chooser = (*CostModel)(nil)
 var _ Learner = (*CostModel)(nil)
@@ -252,7 +263,11 @@ func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 	m.mu.Lock()
 	pull = dur(dot(m.pCoef, pullX(in)) + dot(m.dCoef, decodeX(in, false)))
 	recompute = dur(dot(m.pCoef, recomputeX(in)) + dot(m.dCoef, decodeX(in, true)))
-	local = dur(dot(m.lCoef, localX(in))) + time.Duration(max(in.DecodeInFlight, 0))*m.cfg.Priors.InFlightCost
+	lc := m.lCoef
+	if f, ok := m.engines[in.Decode]; ok {
+		lc = f.coef
+	}
+	local = dur(dot(lc, localX(in))) + time.Duration(max(in.DecodeInFlight, 0))*m.cfg.Priors.InFlightCost
 	m.mu.Unlock()
 	return pull, local, recompute
 }
@@ -337,8 +352,22 @@ func (m *CostModel) Observe(o Observation) {
 		if in.ReusableTokens <= 0 {
 			return
 		}
-		m.loc.add(localX(in), ms(o.DecodeFirst))
+		x, y := localX(in), ms(o.DecodeFirst)
+		f, ok := m.engines[o.Decode]
+		if !ok && len(m.engines) < maxEngines {
+			// A new engine starts from what the others taught.
+			f = &engineFit{lin: m.loc.clone()}
+			if m.engines == nil {
+				m.engines = map[string]*engineFit{}
+			}
+			m.engines[o.Decode] = f
+		}
+		m.loc.add(x, y)
 		m.lCoef = m.loc.solve()
+		if f != nil {
+			f.lin.add(x, y)
+			f.coef = f.lin.solve()
+		}
 	case PathPull, PathRecompute:
 		if o.Prefill <= 0 || (o.Path == PathPull && in.ReusableTokens <= 0) {
 			return
@@ -353,7 +382,9 @@ func (m *CostModel) Observe(o Observation) {
 	}
 }
 
-// Rates returns the rates the model estimates with now.
+// Rates returns the rates the model estimates with now; the decode-local
+// ones pooled over every decode engine (each engine's own are used for its
+// turns).
 func (m *CostModel) Rates() Rates {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -391,6 +422,15 @@ func newLinear(prior []float64, w, forget float64) *linear {
 		l.a[i] = make([]float64, n)
 	}
 	return l
+}
+
+func (l *linear) clone() *linear {
+	c := newLinear(l.prior, l.w, l.fgt)
+	for i := range l.a {
+		copy(c.a[i], l.a[i])
+	}
+	copy(c.b, l.b)
+	return c
 }
 
 func (l *linear) add(x []float64, y float64) {

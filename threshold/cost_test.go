@@ -187,3 +187,25 @@ func TestCostModelUnknownTokens(t *testing.T) {
 	assert.False(t, m.Reuse(threshold.Input{RemoteTokens: threshold.DefaultThreshold - 1}))
 	assert.True(t, m.Reuse(threshold.Input{RemoteTokens: threshold.DefaultThreshold}))
 }
+
+// TestCostModelPerEngine: a slow decode engine's decode-local turns teach
+// its own rates, not those of a fast one.
+func TestCostModelPerEngine(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), NoDeferred: true})
+	require.NoError(t, err)
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	for i := range 30 {
+		s := 200 + 100*(i%10)
+		m.Observe(threshold.Observation{Path: threshold.PathLocal, Decode: "fast", PromptTokens: 20000 + s, ReusableTokens: 20000, DecodeFirst: ms(20 + 0.040*float64(s))})
+		m.Observe(threshold.Observation{Path: threshold.PathLocal, Decode: "slow", PromptTokens: 20000 + s, ReusableTokens: 20000, DecodeFirst: ms(60 + 0.400*float64(s))})
+	}
+	in := threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000}
+	in.Decode = "fast"
+	_, fast, _ := m.Estimate(in)
+	in.Decode = "slow"
+	_, slow, _ := m.Estimate(in)
+	assert.InEpsilon(t, 40*time.Millisecond, fast, 0.1)
+	assert.InEpsilon(t, 260*time.Millisecond, slow, 0.1)
+	assert.Equal(t, threshold.PathLocal, m.Choose(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: "fast"}).Path)
+	assert.Equal(t, threshold.PathPull, m.Choose(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: "slow"}).Path)
+}
