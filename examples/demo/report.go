@@ -180,7 +180,9 @@ func (b *bucket) fill() {
 
 // reused reports whether a turn reused KV: a hit, or a decode-local turn
 // (D's prefix cache, warm with the retained handle's blocks).
-func reused(t turn) bool { return t.outcome == kvroute.ReuseHit || t.outcome == kvroute.ReuseLocal }
+func reused(t turn) bool {
+	return kvroute.ReuseOutcome(t.outcome) == kvroute.ReuseHit || kvroute.ReuseOutcome(t.outcome) == kvroute.ReuseLocal
+}
 
 func ttfts(ts []turn) []time.Duration {
 	out := make([]time.Duration, len(ts))

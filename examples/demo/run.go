@@ -38,7 +38,7 @@ type turn struct {
 	handleTokens int           // tokens the handle found holds (0: none found)
 	verified     int           // tokens the render proved D's blocks share with the prompt
 	partial      bool          // only the verified prefix of the handle was attached
-	missReason   string
+	missReason   kvroute.MissReason
 	path         threshold.Path
 	estimate     time.Duration // the cost model's estimate of the engine TTFT of path
 	refusal      string        // why a turn estimated cheapest decode-local was not
