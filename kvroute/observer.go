@@ -89,7 +89,8 @@ type TurnRecord struct {
 	// compare with TTFT; 0 without an estimate.
 	EstimatedTTFT time.Duration
 	// LocalRefusal says why a turn estimated cheapest on its decode engine
-	// did not go there (threshold.RefuseLocalSuffix, RefuseLocalBusy).
+	// did not go there (threshold.RefuseLocalSuffix, RefuseLocalAge,
+	// RefuseLocalBusy).
 	LocalRefusal string
 
 	Stored       bool    // D's handle was retained for the next turn
