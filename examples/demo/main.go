@@ -4,6 +4,8 @@
 //	go run ./examples/demo                      # qwen3-32b profile
 //	go run ./examples/demo --profile glm-5-fp8  # the larger model
 //	go run ./examples/demo --reasoning          # replies with <think>…</think>
+//	go run ./examples/demo --suffix-tokens 300  # short tool results: decode-local turns
+//	go run ./examples/demo --pause 300s,460s    # think time across the retention TTL
 //
 // It starts one simulated prefill engine (prefix caching off, as in the
 // published experiment) and one simulated decode engine in process, and
@@ -19,6 +21,14 @@
 // drops from past turns, as Qwen3's does. The router's default token
 // verification then reuses the prefix the template kept; content
 // verification (--verification content) reuses nothing.
+//
+// With --suffix-tokens N every turn after the first adds N new tokens (a
+// tool result) to a long history, and --decode-local (default on) lets the
+// router's cost model (threshold.CostModel) answer a turn on the decode
+// engine that holds the conversation, as a plain request computing only
+// the suffix; --decode-local=false restores the pull path. --pause adds a
+// reuse-on run per think time, on a virtual clock that the engines' TTL and
+// the router's retention follow.
 //
 // The engines do not sleep: the time they would take on GPUs is modelled
 // from their request records with the profile's cost model (calibrated on the
