@@ -368,8 +368,12 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithIdleTimeout(c.idleTimeout),
 		kvroute.WithVerification(kvroute.Verification(c.verification)),
 		kvroute.WithBlockSize(c.blockSize),
-		kvroute.WithDecodeLocal(c.decodeLocal),
-		kvroute.WithKVBytesPerToken(c.kvBytesPerToken),
+	}
+	if c.decodeLocal {
+		opts = append(opts, kvroute.WithDecodeLocal(true))
+	}
+	if c.kvBytesPerToken != 0 {
+		opts = append(opts, kvroute.WithKVBytesPerToken(c.kvBytesPerToken))
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))

@@ -171,3 +171,17 @@ func TestParseConfigLimits(t *testing.T) {
 		})
 	}
 }
+
+// --decode-local and --kv-bytes-per-token reach the router's options.
+func TestParseConfigDecodeLocal(t *testing.T) {
+	base := []string{"--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"}
+	c, err := parseConfig(base, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.False(t, c.decodeLocal)
+	n := len(c.routerOptions())
+	c, err = parseConfig(append(base, "--decode-local", "--kv-bytes-per-token", "262144"), func(string) string { return "" }, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, c.decodeLocal)
+	assert.Equal(t, int64(262144), c.kvBytesPerToken)
+	assert.Len(t, c.routerOptions(), n+2)
+}
