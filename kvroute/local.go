@@ -94,7 +94,9 @@ func (t *turn) runLocal(ctx context.Context) (*Response, error) {
 	defer t.choice.Release()
 	ep := t.localEP
 	t.decodeLegs++
-	resp, err := t.decodeOnce(ctx, ep, t.decodeBody(nil))
+	dctx := t.startDecode(ctx, ep.url)
+	resp, err := t.decodeOnce(dctx, ep, t.decodeBody(nil))
+	t.decodeDone(dctx, resp, err)
 	if err == nil {
 		return resp, nil
 	}

@@ -226,3 +226,35 @@ func TestDecodeLocalObserved(t *testing.T) {
 		assert.LessOrEqual(t, o.DecodeFirst, tr.TTFT)
 	}
 }
+
+// TestDecodeLocalTraced: a decode-local turn's phases are the lookup (and
+// its render call) and one decode leg to the engine that holds the
+// conversation, with no prefill.
+func TestDecodeLocalTraced(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+	ft := &fakeTracer{}
+	url := serve(t, newRouter(t, c, kvroute.WithTracer(ft), kvroute.WithDecodeLocal(true),
+		kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{}))))
+	conv := &conversation{path: kvroute.PathChatCompletions, stream: true, maxTok: 8, messages: []message{{Role: "system", Content: systemPrompt}}}
+	hdr := http.Header{"Traceparent": {"client-trace"}}
+	for i := range 2 {
+		conv.say(userText(i))
+		res := post(t, url, conv.path, conv.body(), hdr)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		conv.hear(res.text)
+	}
+	spans := ft.take()
+	var local []fakeSpan
+	for i, s := range spans {
+		if s.name == "turn" && i > 0 {
+			local = spans[i:]
+		}
+	}
+	require.NotEmpty(t, local)
+	assert.Equal(t, []string{"turn", "lookup", "verify", "decode", "stream"}, spanNames(local))
+	assert.Equal(t, kvroute.ReuseLocal, local[0].rec.Reuse)
+	for _, s := range local {
+		assert.Equal(t, 1, s.ended, "%s ended", s.name)
+		assert.NoError(t, s.err, s.name)
+	}
+}
