@@ -77,22 +77,7 @@ func BenchmarkTake(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
-			for done := 0; done < b.N; {
-				n := min(batch, b.N-done)
-				b.StopTimer()
-				for _, k := range keys[:n] {
-					if err := s.Put(ctx, k, benchValue, 450*time.Second); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StartTimer()
-				for _, k := range keys[:n] {
-					if _, ok, err := s.Take(ctx, k); err != nil || !ok {
-						b.Fatalf("Take(%q) = %v, %v", k, ok, err)
-					}
-				}
-				done += n
-			}
+			putTake(b, ctx, s, keys)
 		})
 	}
 }
@@ -185,22 +170,29 @@ func BenchmarkTakeWait(b *testing.B) {
 		s := newStore(b, primary, append([]redisstore.Option{redisstore.WithTimeout(time.Second)}, tc.opts...)...)
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
-			for done := 0; done < b.N; {
-				n := min(batch, b.N-done)
-				b.StopTimer()
-				for _, k := range keys[:n] {
-					if err := s.Put(ctx, k, benchValue, 450*time.Second); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StartTimer()
-				for _, k := range keys[:n] {
-					if _, ok, err := s.Take(ctx, k); err != nil || !ok {
-						b.Fatalf("Take(%q) = %v, %v", k, ok, err)
-					}
-				}
-				done += n
-			}
+			putTake(b, ctx, s, keys)
 		})
+	}
+}
+
+// putTake times b.N takes of keys put beforehand in batches of len(keys)
+// (the puts are not timed).
+func putTake(b *testing.B, ctx context.Context, s store, keys []string) {
+	b.Helper()
+	for done := 0; done < b.N; {
+		n := min(len(keys), b.N-done)
+		b.StopTimer()
+		for _, k := range keys[:n] {
+			if err := s.Put(ctx, k, benchValue, 450*time.Second); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		for _, k := range keys[:n] {
+			if _, ok, err := s.Take(ctx, k); err != nil || !ok {
+				b.Fatalf("Take(%q) = %v, %v", k, ok, err)
+			}
+		}
+		done += n
 	}
 }
