@@ -12,6 +12,9 @@
 //   node check.mjs <proxy-base-url> [--reference <engine-base-url>]
 //                  [--model NAME] [--turns N] [--api-key KEY] [--json]
 //
+// --api-key is a key the proxy accepts (its --api-key): both SDKs send it,
+// and a wrong key must raise each SDK's AuthenticationError.
+//
 // --reference is one engine serving the same model without disaggregation
 // (a plain vllmsim, or one vLLM server with greedy sampling): every turn is
 // sent to it too and the texts must be equal. Without it the suite runs
@@ -21,7 +24,7 @@ import Anthropic from '@anthropic-ai/sdk';
 
 const usage = 'usage: node check.mjs <proxy-base-url> [--reference URL] [--model NAME] [--turns N] [--api-key KEY] [--json]';
 const args = process.argv.slice(2);
-const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: 'sk-bidikv-check', json: false };
+const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: '', json: false };
 for (let i = 0; i < args.length; i++) {
   const a = args[i];
   const val = () => {
@@ -76,10 +79,12 @@ function recorder() {
   return { log, fetchFn };
 }
 
-function clients(base, rec) {
+// clients are the two SDKs as users make them: the OpenAI SDK sends its
+// key as Authorization: Bearer, the Anthropic SDK as X-Api-Key.
+function clients(base, rec, key = opt.apiKey || 'sk-no-key-needed') {
   return {
-    openai: new OpenAI({ apiKey: opt.apiKey, baseURL: base + '/v1', maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn }),
-    anthropic: new Anthropic({ apiKey: opt.apiKey, baseURL: base, maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn }),
+    openai: new OpenAI({ apiKey: key, baseURL: base + '/v1', maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn }),
+    anthropic: new Anthropic({ apiKey: key, baseURL: base, maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn }),
   };
 }
 
@@ -407,6 +412,43 @@ function checkSSE(raw, api) {
   });
 }
 
+// Calls besides turns: the model list through each SDK, Anthropic's token
+// count (Claude Code asks it before long requests) and, when the proxy
+// takes keys, a wrong key answered with each SDK's AuthenticationError.
+const otherCases = [
+  {
+    name: 'openai models.list', async run(sdk) {
+      const ids = [];
+      for await (const m of sdk.openai.models.list()) ids.push(m.id);
+      must(ids.includes(opt.model), `models ${ids.join(',')} include ${opt.model}`);
+    },
+  },
+  {
+    name: 'anthropic messages.countTokens', async run(sdk, rec) {
+      const r = await sdk.anthropic.messages.countTokens({ model: opt.model, system: [{ type: 'text', text: SYSTEM }], messages: [{ role: 'user', content: ask('count', 0) }] });
+      must(Number.isInteger(r.input_tokens) && r.input_tokens > 0, `input_tokens ${r.input_tokens}`);
+      must(/^application\/json/.test(rec.log.at(-1).headers.get('content-type') ?? ''), 'content-type application/json');
+    },
+  },
+  {
+    name: 'openai wrong key', needsKey: true, async run(_, rec) {
+      const bad = clients(opt.base, rec, 'sk-wrong');
+      const e = await bad.openai.chat.completions.create({ model: opt.model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }).then(() => null, (e) => e);
+      must(e instanceof OpenAI.AuthenticationError && e.status === 401, `AuthenticationError 401, got ${e?.constructor?.name} ${e?.status}`);
+      must(e.error?.type === 'authentication_error' && typeof e.error.message === 'string', `OpenAI error shape ${JSON.stringify(e.error)}`);
+    },
+  },
+  {
+    name: 'anthropic wrong key', needsKey: true, async run(_, rec) {
+      const bad = clients(opt.base, rec, 'sk-wrong');
+      const e = await bad.anthropic.messages.create({ model: opt.model, max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] }).then(() => null, (e) => e);
+      must(e instanceof Anthropic.AuthenticationError && e.status === 401, `AuthenticationError 401, got ${e?.constructor?.name} ${e?.status}`);
+      must(e.error?.type === 'error' && e.error.error?.type === 'authentication_error' && typeof e.error.error.message === 'string', `Anthropic error shape ${JSON.stringify(e.error)}`);
+      must(e.requestID, 'request-id reaches the SDK (error.requestID)');
+    },
+  },
+];
+
 async function runSuite(run, ref) {
   const rows = [];
   for (const sc of scenarios) {
@@ -448,6 +490,17 @@ async function runSuite(run, ref) {
     } catch (e) {
       row.errors++;
       row.failures.push(e?.message ?? String(e));
+    }
+    rows.push(row);
+  }
+  for (const c of otherCases) {
+    if (c.needsKey && !opt.apiKey) continue;
+    const row = { scenario: c.name, turns: 1, hits: 0, errors: 0, texts: [], failures: [] };
+    try {
+      await c.run(sdk, rec);
+    } catch (e) {
+      row.errors++;
+      row.failures.push(`${e instanceof CheckError ? '' : (e?.constructor?.name ?? 'Error') + ': '}${e?.message ?? e}`);
     }
     rows.push(row);
   }

@@ -84,12 +84,12 @@ var (
 func (s *server) admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > s.maxBodyBytes {
-			s.reject(w, http.StatusRequestEntityTooLarge, "too_large",
+			s.reject(w, r, http.StatusRequestEntityTooLarge, "too_large",
 				"request body larger than "+strconv.FormatInt(s.maxBodyBytes, 10)+" bytes")
 			return
 		}
 		if !s.adm.enter() {
-			s.shed(w, "turns", "--max-concurrent-turns reached")
+			s.shed(w, r.URL.Path, "turns", "--max-concurrent-turns reached")
 			return
 		}
 		defer s.adm.leave()
@@ -99,7 +99,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		defer func() { s.adm.release(body.reserved) }()
 		if r.ContentLength > 0 {
 			if !s.adm.reserve(r.ContentLength) {
-				s.shed(w, "bytes", "--max-buffered-bytes reached")
+				s.shed(w, r.URL.Path, "bytes", "--max-buffered-bytes reached")
 				return
 			}
 			body.reserved = r.ContentLength
@@ -111,7 +111,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		t := s.open.add(cancel)
 		defer s.open.remove(t)
 
-		tw := &turnWriter{ResponseWriter: w, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
+		tw := &turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
 		r2 := r.WithContext(ctx)
 		r2.Body = body
 		next.ServeHTTP(tw, r2)
@@ -130,11 +130,11 @@ func (s *server) admit(next http.Handler) http.Handler {
 	})
 }
 
-// shed answers 503 with Retry-After in OpenAI's error shape.
-func (s *server) shed(w http.ResponseWriter, what, msg string) {
+// shed answers 503 with Retry-After in the error shape of path's API.
+func (s *server) shed(w http.ResponseWriter, path, what, msg string) {
 	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
 	s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusServiceUnavailable), "overloaded_"+what).Inc()
-	b := errorJSON("overloaded: "+msg+"; retry later", "server_error", "overloaded")
+	b := proxyError(path, http.StatusServiceUnavailable, "overloaded: "+msg+"; retry later", "server_error", "overloaded")
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(http.StatusServiceUnavailable)
@@ -200,6 +200,7 @@ func (b *bodyReader) Close() error { return b.rc.Close() }
 // the request's context on a failed write) instead of holding its slot.
 type turnWriter struct {
 	http.ResponseWriter
+	req          *http.Request // the turn's request: its path picks the error shape
 	body         *bodyReader
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
@@ -218,12 +219,12 @@ func (w *turnWriter) WriteHeader(code int) {
 	switch w.body.err {
 	case errBodyBudget:
 		w.replaced = true
-		w.s.shed(w.ResponseWriter, "bytes", "--max-buffered-bytes reached")
+		w.s.shed(w.ResponseWriter, w.req.URL.Path, "bytes", "--max-buffered-bytes reached")
 		return
 	case errBodyTimeout:
 		w.replaced = true
 		w.ResponseWriter.Header().Set("Connection", "close")
-		w.s.reject(w.ResponseWriter, http.StatusRequestTimeout, "body_timeout",
+		w.s.reject(w.ResponseWriter, w.req, http.StatusRequestTimeout, "body_timeout",
 			"request body not received within "+w.s.readBodyTimeout.String())
 		return
 	}
@@ -276,12 +277,16 @@ func (w *turnWriter) cut() {
 	w.deadline()
 	switch {
 	case w.stream && !w.finished:
-		b := errorJSON(msg, "server_error", "shutting_down")
-		_, _ = w.ResponseWriter.Write(append(append([]byte("data: "), b...), "\n\n"...))
+		b := proxyError(w.req.URL.Path, http.StatusServiceUnavailable, msg, "server_error", "shutting_down")
+		ev := []byte("data: ")
+		if anthropicPath(w.req.URL.Path) {
+			ev = []byte("event: error\ndata: ") // Anthropic's error event
+		}
+		_, _ = w.ResponseWriter.Write(append(append(ev, b...), "\n\n"...))
 		_ = http.NewResponseController(w.ResponseWriter).Flush()
 	case !w.wrote:
 		w.ResponseWriter.Header().Set("Connection", "close")
-		b := errorJSON(msg, "server_error", "shutting_down")
+		b := proxyError(w.req.URL.Path, http.StatusServiceUnavailable, msg, "server_error", "shutting_down")
 		w.ResponseWriter.Header().Set("Content-Type", "application/json")
 		w.ResponseWriter.Header().Set("Content-Length", strconv.Itoa(len(b)))
 		w.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -56,6 +58,7 @@ func (s *server) routes() http.Handler {
 		kvroute.PathCompletions:     {post, turns},
 		kvroute.PathResponses:       {post, turns},
 		kvroute.PathMessages:        {post, turns},
+		pathCountTokens:             {post, s.auth(http.HandlerFunc(s.countTokens))},
 		"/v1/models":                {get, s.auth(http.HandlerFunc(s.models))},
 		"/health":                   {get, http.HandlerFunc(s.live)},
 		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
@@ -72,10 +75,10 @@ func (s *server) routes() http.Handler {
 		rt, ok := table[r.URL.Path]
 		switch {
 		case !ok:
-			s.reject(w, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
+			s.reject(w, r, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
 		case !slices.Contains(rt.methods, r.Method):
 			w.Header().Set("Allow", strings.Join(rt.methods, ", "))
-			s.reject(w, http.StatusMethodNotAllowed, "method_not_allowed", r.URL.Path+" takes "+strings.Join(rt.methods, " or ")+", not "+r.Method)
+			s.reject(w, r, http.StatusMethodNotAllowed, "method_not_allowed", r.URL.Path+" takes "+strings.Join(rt.methods, " or ")+", not "+r.Method)
 		default:
 			rt.h.ServeHTTP(w, r)
 		}
@@ -91,7 +94,7 @@ func (s *server) headerLimit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if headerSize(r) > s.maxHeaderBytes {
 			w.Header().Set("Connection", "close")
-			s.reject(w, http.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
+			s.reject(w, r, http.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
 				"request line and headers larger than "+strconv.Itoa(s.maxHeaderBytes)+" bytes")
 			return
 		}
@@ -126,6 +129,10 @@ func (s *server) access(next http.Handler) http.Handler {
 		}
 		rw := &statusWriter{ResponseWriter: w}
 		rw.Header().Set("X-Request-Id", id)
+		if anthropicPath(r.URL.Path) {
+			// Anthropic's header: its SDKs report it (requestID, _request_id).
+			rw.Header().Set("Request-Id", id)
+		}
 		next.ServeHTTP(rw, r)
 		level := slog.LevelInfo
 		if r.URL.Path == "/health" || r.URL.Path == "/ready" || r.URL.Path == "/metrics" || r.URL.Path == "/healthcheck" {
@@ -138,13 +145,20 @@ func (s *server) access(next http.Handler) http.Handler {
 	})
 }
 
-// auth requires one of the inbound API keys, when any is configured.
+// auth requires one of the inbound API keys, when any is configured, as
+// Authorization: Bearer KEY (OpenAI's SDKs, current Anthropic SDKs) or
+// X-Api-Key: KEY (Anthropic's API header: Claude Code, older Anthropic
+// SDKs).
 func (s *server) auth(next http.Handler) http.Handler {
 	if len(s.keys) == 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			tok = r.Header.Get("X-Api-Key")
+			ok = tok != ""
+		}
 		if ok {
 			d := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 			match := 0
@@ -157,7 +171,7 @@ func (s *server) auth(next http.Handler) http.Handler {
 			}
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="bidikv"`)
-		s.reject(w, http.StatusUnauthorized, "unauthorized", "invalid or missing API key")
+		s.reject(w, r, http.StatusUnauthorized, "unauthorized", "invalid or missing API key")
 	})
 }
 
@@ -185,13 +199,54 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// models forwards GET /v1/models to the first engine that answers,
-// trying those last seen healthy first.
+// pathCountTokens is Anthropic's token count (vLLM serves it): Claude Code
+// asks it before long requests.
+const pathCountTokens = "/v1/messages/count_tokens"
+
+// models forwards GET /v1/models to the first engine that answers.
 func (s *server) models(w http.ResponseWriter, r *http.Request) {
+	s.passThrough(w, r, nil)
+}
+
+// countTokens forwards POST /v1/messages/count_tokens (its query, such as
+// ?beta=true, included) to the first engine that answers: it renders the
+// prompt and touches no KV, so any engine can. The body is bounded by
+// --max-body-bytes.
+func (s *server) countTokens(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			s.reject(w, r, http.StatusRequestEntityTooLarge, "too_large", "request body larger than "+strconv.FormatInt(s.maxBodyBytes, 10)+" bytes")
+			return
+		}
+		if r.Context().Err() == nil {
+			writeError(w, r, http.StatusBadRequest, "reading the request body: "+err.Error())
+		}
+		return
+	}
+	s.passThrough(w, r, body)
+}
+
+// passThrough sends r's method, path and query (and body, if not nil) to
+// the first engine that answers below 500, trying those last seen healthy
+// first, and copies its answer: for calls any engine serves alike.
+func (s *server) passThrough(w http.ResponseWriter, r *http.Request, body []byte) {
+	target := r.URL.Path
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
 	for _, e := range s.health.ordered() {
-		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, e.url+"/v1/models", nil)
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(body)
+		}
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, e.url+target, rd)
 		if err != nil {
 			continue
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
 		}
 		if s.upstream != "" {
 			req.Header.Set("Authorization", "Bearer "+s.upstream)
@@ -204,30 +259,31 @@ func (s *server) models(w http.ResponseWriter, r *http.Request) {
 			}
 			continue
 		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes))
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes))
 		_ = resp.Body.Close()
 		if err != nil || resp.StatusCode >= 500 {
 			continue
 		}
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(body)
+		_, _ = w.Write(b)
 		return
 	}
-	writeError(w, http.StatusServiceUnavailable, "no engine answered /v1/models")
+	writeError(w, r, http.StatusServiceUnavailable, "no engine answered "+r.URL.Path)
 }
 
 // reject answers an error the proxy decides itself and counts it in
 // bidikv_rejected_requests_total.
-func (s *server) reject(w http.ResponseWriter, status int, reason, msg string) {
+func (s *server) reject(w http.ResponseWriter, r *http.Request, status int, reason, msg string) {
 	s.metrics.rejected.WithLabelValues(strconv.Itoa(status), reason).Inc()
-	writeError(w, status, msg)
+	writeError(w, r, status, msg)
 }
 
-// writeError answers in OpenAI's error shape.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	b := errorBody(status, msg)
+// writeError answers in the error shape of r's API: Anthropic's for
+// /v1/messages and its sub-paths, else OpenAI's.
+func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	b := errorBodyFor(r.URL.Path, status, msg)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
@@ -262,6 +318,56 @@ func errorBody(status int, msg string) []byte {
 		typ = "server_error"
 	}
 	return errorJSON(msg, typ, code)
+}
+
+// anthropicPath reports whether path is Anthropic's Messages API or one of
+// its sub-paths (count_tokens).
+func anthropicPath(path string) bool {
+	return path == kvroute.PathMessages || strings.HasPrefix(path, kvroute.PathMessages+"/")
+}
+
+// errorBodyFor renders msg in the error shape of the API at path.
+func errorBodyFor(path string, status int, msg string) []byte {
+	if anthropicPath(path) {
+		return anthropicErrorBody(status, msg)
+	}
+	return errorBody(status, msg)
+}
+
+// proxyError is an error the proxy decides with its own OpenAI type and
+// code, in the error shape of the API at path.
+func proxyError(path string, status int, msg, typ, code string) []byte {
+	if anthropicPath(path) {
+		return anthropicErrorBody(status, msg)
+	}
+	return errorJSON(msg, typ, code)
+}
+
+// anthropicErrorBody is Anthropic's {"type":"error","error":{"type",
+// "message"}}, with the error type Anthropic's API gives the status; its
+// SDKs read error.type and error.message.
+func anthropicErrorBody(status int, msg string) []byte {
+	typ := "api_error"
+	switch {
+	case status == http.StatusUnauthorized:
+		typ = "authentication_error"
+	case status == http.StatusForbidden:
+		typ = "permission_error"
+	case status == http.StatusNotFound:
+		typ = "not_found_error"
+	case status == http.StatusRequestEntityTooLarge:
+		typ = "request_too_large"
+	case status == http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case status == http.StatusServiceUnavailable:
+		typ = "overloaded_error"
+	case status == http.StatusGatewayTimeout:
+		typ = "timeout_error"
+	case status >= 400 && status < 500:
+		typ = "invalid_request_error"
+	}
+	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": "proxy: " + msg}})
+	return b
 }
 
 // errorJSON is OpenAI's error body.
