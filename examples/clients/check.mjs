@@ -431,6 +431,14 @@ const otherCases = [
     },
   },
   {
+    // Claude Code and older Anthropic SDKs send the key as X-Api-Key.
+    name: 'anthropic X-Api-Key header', needsKey: true, async run(_, rec) {
+      const c = new Anthropic({ apiKey: null, authToken: null, baseURL: opt.base, maxRetries: 0, fetch: rec.fetchFn, defaultHeaders: { 'X-Api-Key': opt.apiKey } });
+      const m = await c.messages.create({ model: opt.model, max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] });
+      must(m.type === 'message' && textOf(m).length > 0, 'a message');
+    },
+  },
+  {
     name: 'openai wrong key', needsKey: true, async run(_, rec) {
       const bad = clients(opt.base, rec, 'sk-wrong');
       const e = await bad.openai.chat.completions.create({ model: opt.model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }).then(() => null, (e) => e);
