@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -126,4 +131,45 @@ func TestCountTokens(t *testing.T) {
 	_, _, page := p.do(t, http.MethodGet, "/metrics", "")
 	assert.Equal(t, "absent", metricValue(page, `bidikv_turns_total{path="/v1/messages",result="ok",reuse="miss"}`), "no turn")
 	assert.Equal(t, "1", metricValue(page, `bidikv_rejected_requests_total{reason="too_large",status="413"}`))
+}
+
+// A Messages stream cut by the drain ends with Anthropic's error event
+// (event: error, Anthropic's error body): Anthropic's SDKs skip events
+// without an event name, so a bare data: line would end the stream
+// silently, as if the message were whole.
+func TestDrainCutsMessagesStream(t *testing.T) {
+	t.Parallel() // slow: real processes or a long stream
+	// Messages has no ignore_eos: a reply of about 16 tokens, slowed ten
+	// times (about 3.5 s of decode).
+	p := startEngine(t, "--profile", "qwen3-32b", "--speed", "0.1", "--no-enable-prefix-caching")
+	d := startEngine(t, "--profile", "qwen3-32b", "--speed", "0.1")
+	px := startProxy(t, p, d, "--shutdown-grace", "300ms")
+
+	b := `{"model":"sim-model","max_tokens":400,"stream":true,"messages":[{"role":"user","content":"tell me a long story about a fox"}]}`
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, px.url+"/v1/messages?beta=true", strings.NewReader(b))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	r := bufio.NewReader(resp.Body)
+	first, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "event: message_start\n", first)
+
+	require.NoError(t, px.cmd.Process.Signal(syscall.SIGTERM))
+	rest, err := io.ReadAll(r)
+	require.NoError(t, err, "the stream ends cleanly after its error event")
+	assert.NotContains(t, string(rest), "message_stop")
+	assert.Regexp(t, `\n\nevent: error\ndata: \{"error":\{"message":"proxy: shutting down: [^"]+","type":"overloaded_error"\},"type":"error"\}\n\n$`, string(rest))
+	select {
+	case err := <-px.done:
+		px.done <- err
+		assert.Error(t, err, "the proxy exits non-zero")
+	case <-time.After(time.Minute):
+		require.FailNow(t, "the proxy did not exit")
+	}
 }

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// clientsDir is examples/clients: check.mjs and its pinned SDKs.
+const clientsDir = "../clients"
+
+// needClients returns the node binary for examples/clients/check.mjs. It
+// skips the test when node (20 or later) or the installed SDKs
+// (npm ci --prefix examples/clients) are missing, except in CI (CI=true),
+// where it fails.
+func needClients(t *testing.T) string {
+	t.Helper()
+	missing := func(format string, args ...any) string {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf(format, args...)
+		}
+		t.Skipf(format, args...)
+		return ""
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return missing("node not installed: %v", err)
+	}
+	out, err := exec.Command(node, "--version").Output()
+	if err != nil {
+		return missing("node --version: %v", err)
+	}
+	major := 0
+	if m := regexp.MustCompile(`^v(\d+)\.`).FindSubmatch(out); m != nil {
+		major, _ = strconv.Atoi(string(m[1]))
+	}
+	if major < 20 {
+		return missing("node %s is older than 20", bytes.TrimSpace(out))
+	}
+	for _, pkg := range []string{"openai", "@anthropic-ai/sdk"} {
+		if _, err := os.Stat(filepath.Join(clientsDir, "node_modules", pkg, "package.json")); err != nil {
+			return missing("%s not installed (npm ci --prefix examples/clients): %v", pkg, err)
+		}
+	}
+	return node
+}
+
+// clientsReport is check.mjs --json.
+type clientsReport struct {
+	Versions struct{ OpenAI, Anthropic, Node string }
+	Failed   int
+	Rows     []struct {
+		Run                 int
+		Scenario            string
+		Turns, Hits, Errors int
+		Failures            []string
+	}
+}
+
+// runClients runs check.mjs against the proxy at base with extra flags.
+func runClients(t *testing.T, node, base string, extra ...string) (clientsReport, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, append([]string{"check.mjs", base, "--json"}, extra...)...)
+	cmd.Dir = clientsDir
+	// The SDKs read their keys and base URLs from the environment only
+	// when the code passes none; check.mjs passes both, and nothing else
+	// of the environment's should reach them.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OPENAI_") && !strings.HasPrefix(kv, "ANTHROPIC_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var rep clientsReport
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), "check.mjs: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	return rep, fmt.Sprintf("exit: %v\n%s%s", err, stdout.String(), stderr.String())
+}
+
+// The official OpenAI and Anthropic SDKs, unmodified, through the proxy
+// (examples/clients/check.mjs): four-turn conversations on every API the
+// proxy serves, streaming and not, with tools, each resending its history
+// as agents do. Every turn parses in the SDK, equals a single engine's
+// answer, carries no handle byte and hits from turn 2 where the proxy can
+// reuse; malformed requests raise the SDKs' BadRequestError and a wrong
+// key their AuthenticationError. A second run without the reference
+// engine compares two identical runs instead.
+func TestRealClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	node := needClients(t)
+	t.Parallel() // slow: real processes
+	p := startEngine(t, "--no-enable-prefix-caching")
+	d := startEngine(t)
+	ref := startEngine(t) // one engine, no disaggregation: the reference answers
+	px := startProxy(t, p, d, "--api-key", "sk-clients")
+
+	rep, out := runClients(t, node, px.url, "--reference", ref.url, "--api-key", "sk-clients")
+	require.Zero(t, rep.Failed, out)
+	assert.NotEmpty(t, rep.Versions.OpenAI, out)
+	assert.NotEmpty(t, rep.Versions.Anthropic, out)
+	turns := map[string]int{} // by API, over the conversations
+	hits := map[string]int{}
+	turns["anthropic messages"] = 1 // the X-Api-Key check: one more first turn
+	conversations := 0
+	for _, r := range rep.Rows {
+		assert.Zero(t, r.Errors, "%s: %v", r.Scenario, r.Failures)
+		if strings.HasPrefix(r.Scenario, "error: ") || r.Turns == 1 {
+			continue
+		}
+		conversations++
+		api := strings.Fields(r.Scenario)[0] + " " + strings.Fields(r.Scenario)[1]
+		turns[api] += r.Turns
+		hits[api] += r.Hits
+		assert.Equal(t, 4, r.Turns, r.Scenario)
+		want := 3 // from turn 2
+		if r.Scenario == "anthropic messages.stream" {
+			want = 0 // vLLM's Messages streams carry no handle
+		}
+		assert.Equal(t, want, r.Hits, r.Scenario)
+	}
+	assert.Equal(t, 12, conversations, out)
+
+	// The proxy counted the same turns and hits.
+	_, page := get(t, px.url+"/metrics")
+	for path, sc := range map[string][]string{
+		"/v1/chat/completions": {"openai chat"},
+		"/v1/completions":      {"openai completions"},
+		"/v1/responses":        {"openai responses", "openai responses.stream"},
+		"/v1/messages":         {"anthropic messages", "anthropic messages.stream", "anthropic beta.messages"},
+	} {
+		n, h := 0, 0
+		for _, api := range sc {
+			n += turns[api]
+			h += hits[api]
+		}
+		ok := func(reuse string) int {
+			v, _ := strconv.Atoi(metricValue(page, `bidikv_turns_total{path="`+path+`",result="ok",reuse="`+reuse+`"}`))
+			return v
+		}
+		assert.Equal(t, h, ok("hit"), path)
+		assert.Equal(t, n-h, ok("miss"), path)
+	}
+	assert.NotContains(t, px.stderr.String(), "You are a coding agent", "prompts never reach the logs")
+
+	t.Run("two identical runs", func(t *testing.T) {
+		rep, out := runClients(t, node, px.url, "--api-key", "sk-clients")
+		require.Zero(t, rep.Failed, out)
+		runs := map[int]int{}
+		for _, r := range rep.Rows {
+			runs[r.Run]++
+		}
+		assert.Len(t, runs, 2, out)
+	})
+}
