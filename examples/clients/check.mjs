@@ -115,7 +115,7 @@ function chatStream(conv, includeUsage) {
       const params = { model: opt.model, messages: st.msgs, max_tokens: 24, stream: true };
       if (includeUsage !== undefined) params.stream_options = { include_usage: includeUsage };
       const s = await sdk.openai.chat.completions.create(params);
-      let text = '', role = '', finish = null, usage = null, chunks = 0, id = '';
+      let text = '', reasoning = '', role = '', finish = null, usage = null, chunks = 0, id = '';
       for await (const ch of s) {
         chunks++;
         id ||= ch.id;
@@ -125,6 +125,7 @@ function chatStream(conv, includeUsage) {
         for (const c of ch.choices) {
           if (c.delta?.role) role = c.delta.role;
           text += c.delta?.content ?? '';
+          reasoning += c.delta?.reasoning ?? c.delta?.reasoning_content ?? '';
           if (c.finish_reason) finish = c.finish_reason;
         }
       }
@@ -133,7 +134,7 @@ function chatStream(conv, includeUsage) {
       if (includeUsage) must(usage && usage.completion_tokens > 0 && usage.prompt_tokens > 0, 'include_usage: a usage chunk');
       else must(!usage, 'no usage chunk unless asked');
       st.msgs.push({ role: 'assistant', content: text });
-      return { text, stream: true };
+      return { text, reasoning, stream: true };
     },
   };
 }
@@ -154,7 +155,7 @@ const scenarios = [
       must(r.usage && r.usage.total_tokens === r.usage.prompt_tokens + r.usage.completion_tokens, 'usage adds up');
       must(response.ok, 'withResponse gives the raw response');
       st.msgs.push(m);
-      return { text: m.content ?? '' };
+      return { text: m.content ?? '', reasoning: m.reasoning ?? m.reasoning_content ?? '' };
     },
   },
   chatStream('openai chat stream usage', true),
@@ -171,7 +172,7 @@ const scenarios = [
       const m = r.choices[0].message;
       must(!m.tool_calls || Array.isArray(m.tool_calls), 'tool_calls is absent or a list');
       st.msgs.push(m);
-      return { text: m.content ?? '' };
+      return { text: m.content ?? '', reasoning: m.reasoning ?? m.reasoning_content ?? '' };
     },
   },
   {
@@ -220,7 +221,7 @@ const scenarios = [
       must(r.status === 'completed' || r.status === 'incomplete', `status ${r.status}`);
       must(r.output_text === deltas, 'output_text equals the deltas');
       st.input.push(...r.output);
-      return { text: r.output_text, stream: true };
+      return { text: r.output_text, reasoning: reasoningOf(r.output), stream: true };
     },
   },
   messagesScenario('anthropic messages', { stream: false }),
@@ -260,7 +261,7 @@ function responsesScenario(name, stream) {
         must(r.object === 'response' && r.status !== 'failed', `response status ${r.status}`);
         must(r.usage && r.usage.input_tokens > 0, 'usage.input_tokens');
         st.input.push(...r.output);
-        return { text: r.output_text };
+        return { text: r.output_text, reasoning: reasoningOf(r.output) };
       }
       const s = await sdk.openai.responses.create({ ...body, stream: true });
       let text = '', completed = null, seq = -1;
@@ -276,7 +277,8 @@ function responsesScenario(name, stream) {
       must(completed, 'response.completed arrives');
       must(completed.output_text === undefined || completed.output_text === text, 'completed output_text equals the deltas');
       st.input.push(...items); // Codex keeps the output_item.done items
-      return { text, stream: true };
+      must(reasoningOf(items) === reasoningOf(completed.output), 'the done items are the completed output');
+      return { text, reasoning: reasoningOf(items), stream: true };
     },
   };
 }
@@ -317,10 +319,14 @@ function messagesScenario(name, { stream, beta }) {
       must(m.usage && m.usage.input_tokens > 0 && m.usage.output_tokens > 0, 'usage');
       if (!stream) must(m.type === 'message' && m.role === 'assistant', `type ${m.type} role ${m.role}`);
       st.msgs.push({ role: 'assistant', content: m.content });
-      return { text: textOf(m), stream };
+      return { text: textOf(m), reasoning: m.content.filter((b) => b.type === 'thinking').map((b) => b.thinking).join(''), stream };
     },
   };
 }
+
+// reasoningOf joins the text of the reasoning items of a Responses output.
+const reasoningOf = (output) => output.filter((it) => it.type === 'reasoning')
+  .map((it) => (it.content ?? []).map((c) => c.text).join('') || (it.summary ?? []).map((c) => c.text).join('')).join('');
 
 const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
 
@@ -477,10 +483,12 @@ async function runSuite(run, ref) {
         if (ref) {
           const want = await sc.turn(refSdk, refSt, i);
           must(got.text === want.text, `text equals the reference engine's: got ${JSON.stringify(got.text)}, want ${JSON.stringify(want.text)}`);
+          must((got.reasoning ?? '') === (want.reasoning ?? ''), `reasoning equals the reference engine's: got ${JSON.stringify(got.reasoning)}, want ${JSON.stringify(want.reasoning)}`);
         }
         row.turns++;
         if (reuse === 'hit') row.hits++;
-        row.texts.push(got.text);
+        row.texts.push(got.text + '\u0000' + (got.reasoning ?? ''));
+        if (got.reasoning) row.reasoning = (row.reasoning ?? 0) + 1;
       } catch (e) {
         row.errors++;
         row.failures.push(`turn ${i + 1}: ${e instanceof CheckError ? '' : (e?.constructor?.name ?? 'Error') + ': '}${e?.message ?? e}`);

@@ -65,6 +65,7 @@ type clientsReport struct {
 		Run                 int
 		Scenario            string
 		Turns, Hits, Errors int
+		Reasoning           int // turns that carried reasoning
 		Failures            []string
 	}
 }
@@ -158,6 +159,26 @@ func TestRealClients(t *testing.T) {
 		assert.Equal(t, n-h, ok("miss"), path)
 	}
 	assert.NotContains(t, px.stderr.String(), "You are a coding agent", "prompts never reach the logs")
+
+	t.Run("reasoning", func(t *testing.T) {
+		// A reasoning model: chat's reasoning field, Responses' reasoning
+		// items and Messages' thinking blocks, each echoed back by the
+		// agent as it came, and each equal to the single engine's.
+		t.Parallel()
+		p := startEngine(t, "--no-enable-prefix-caching", "--reasoning")
+		d := startEngine(t, "--reasoning")
+		ref := startEngine(t, "--reasoning")
+		px := startProxy(t, p, d)
+		rep, out := runClients(t, node, px.url, "--reference", ref.url)
+		require.Zero(t, rep.Failed, out)
+		reasoned := 0
+		for _, r := range rep.Rows {
+			if r.Reasoning == r.Turns && r.Turns == 4 {
+				reasoned++
+			}
+		}
+		assert.Equal(t, 10, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
+	})
 
 	t.Run("two identical runs", func(t *testing.T) {
 		rep, out := runClients(t, node, px.url, "--api-key", "sk-clients")
