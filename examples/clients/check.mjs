@@ -161,6 +161,25 @@ const scenarios = [
   chatStream('openai chat stream usage', true),
   chatStream('openai chat stream no usage', false),
   {
+    // The SDK's chat stream helper, which rebuilds the completion from the
+    // chunks and checks them.
+    name: 'openai chat.completions.stream helper', api: 'chat', reuse: hitsFrom2,
+    start: () => ({ msgs: [{ role: 'system', content: SYSTEM }] }),
+    async turn(sdk, st, i) {
+      st.msgs.push({ role: 'user', content: ask('openai chat.completions.stream helper', i) });
+      const s = sdk.openai.chat.completions.stream({ model: opt.model, messages: st.msgs, max_tokens: 24, stream_options: { include_usage: true } });
+      let deltas = '', reasoning = '';
+      s.on('content.delta', (e) => { deltas += e.delta; });
+      s.on('chunk', (ch) => { for (const c of ch.choices) reasoning += c.delta?.reasoning ?? c.delta?.reasoning_content ?? ''; });
+      const r = await s.finalChatCompletion();
+      const m = r.choices[0].message;
+      must((m.content ?? '') === deltas, 'the final message is the deltas');
+      must(r.usage && r.usage.completion_tokens > 0, 'usage');
+      st.msgs.push({ role: 'assistant', content: m.content ?? '' });
+      return { text: m.content ?? '', reasoning, stream: true };
+    },
+  },
+  {
     // Tools declared, and a tool call with its result in the history of
     // every turn after the first (the simulator never calls a tool itself).
     name: 'openai chat tools', api: 'chat', reuse: hitsFrom2,

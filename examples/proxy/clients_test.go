@@ -136,12 +136,12 @@ func TestRealClients(t *testing.T) {
 		}
 		assert.Equal(t, want, r.Hits, r.Scenario)
 	}
-	assert.Equal(t, 12, conversations, out)
+	assert.Equal(t, 13, conversations, out)
 
 	// The proxy counted the same turns and hits.
 	_, page := get(t, px.url+"/metrics")
 	for path, sc := range map[string][]string{
-		"/v1/chat/completions": {"openai chat"},
+		"/v1/chat/completions": {"openai chat", "openai chat.completions.stream"},
 		"/v1/completions":      {"openai completions"},
 		"/v1/responses":        {"openai responses", "openai responses.stream"},
 		"/v1/messages":         {"anthropic messages", "anthropic messages.stream", "anthropic beta.messages"},
@@ -177,7 +177,7 @@ func TestRealClients(t *testing.T) {
 				reasoned++
 			}
 		}
-		assert.Equal(t, 10, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
+		assert.Equal(t, 11, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
 	})
 
 	t.Run("two identical runs", func(t *testing.T) {
