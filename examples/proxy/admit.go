@@ -209,7 +209,7 @@ type turnWriter struct {
 	status       int  // their status
 	replaced     bool // the router's answer was replaced
 	stream       bool // the response is an event stream
-	finished     bool // the last write ended with data: [DONE]
+	finished     bool // the last write was the stream's final event
 }
 
 func (w *turnWriter) WriteHeader(code int) {
@@ -241,7 +241,7 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 	if w.replaced {
 		return len(p), nil
 	}
-	w.finished = bytes.HasSuffix(p, []byte("data: [DONE]\n\n"))
+	w.finished = finalEvent(p)
 	w.deadline()
 	return w.ResponseWriter.Write(p)
 }
@@ -270,8 +270,9 @@ func (w *turnWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // cut ends a turn the drain stopped: a stream gets an SSE error event (as
 // kvroute ends a failed stream, without data: [DONE]); a turn that sent
-// nothing yet gets 503. A stream that reached data: [DONE] just before is
-// left as it is.
+// nothing yet gets 503. A stream that sent its final event just before is
+// left as it is: an error after message_stop would make Anthropic's SDKs
+// throw away a whole message.
 func (w *turnWriter) cut() {
 	const msg = "shutting down: the turn was cut at the end of the shutdown grace period"
 	w.deadline()
@@ -292,6 +293,17 @@ func (w *turnWriter) cut() {
 		w.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.ResponseWriter.Write(b)
 	}
+}
+
+// finalEvent reports whether p, one write of a stream, is its final event:
+// data: [DONE] (chat, completions), or the event after which Responses and
+// Messages streams send nothing (they have no [DONE]). The router writes a
+// stream event by event.
+func finalEvent(p []byte) bool {
+	return bytes.HasSuffix(p, []byte("data: [DONE]\n\n")) ||
+		bytes.HasPrefix(p, []byte("event: message_stop\n")) ||
+		bytes.HasPrefix(p, []byte("event: response.completed\n")) ||
+		bytes.HasPrefix(p, []byte("event: response.incomplete\n"))
 }
 
 func isEventStream(ct string) bool {
