@@ -295,15 +295,18 @@ func (w *turnWriter) cut() {
 	}
 }
 
-// finalEvent reports whether p, one write of a stream, is its final event:
-// data: [DONE] (chat, completions), or the event after which Responses and
-// Messages streams send nothing (they have no [DONE]). The router writes a
-// stream event by event.
+// finalEvent reports whether the last event of p, a write of a stream, is
+// its final one: data: [DONE] (chat, completions), or the event after which
+// Responses and Messages streams send nothing (they have no [DONE]).
 func finalEvent(p []byte) bool {
-	return bytes.HasSuffix(p, []byte("data: [DONE]\n\n")) ||
-		bytes.HasPrefix(p, []byte("event: message_stop\n")) ||
-		bytes.HasPrefix(p, []byte("event: response.completed\n")) ||
-		bytes.HasPrefix(p, []byte("event: response.incomplete\n"))
+	last := bytes.TrimRight(p, "\n")
+	if i := bytes.LastIndex(last, []byte("\n\n")); i >= 0 {
+		last = last[i+2:]
+	}
+	return bytes.Equal(last, []byte("data: [DONE]")) ||
+		bytes.HasPrefix(last, []byte("event: message_stop\n")) ||
+		bytes.HasPrefix(last, []byte("event: response.completed\n")) ||
+		bytes.HasPrefix(last, []byte("event: response.incomplete\n"))
 }
 
 func isEventStream(ct string) bool {

@@ -185,6 +185,8 @@ func TestCutAfterFinalEvent(t *testing.T) {
 		{"chat cut", "/v1/chat/completions", "data: {\"choices\":[]}\n\n", "data: {\"error\":"},
 		{"messages done", "/v1/messages", "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", ""},
 		{"messages cut", "/v1/messages", "event: content_block_delta\ndata: {}\n\n", "event: error\ndata: {\"error\":"},
+		{"messages done, events in one write", "/v1/messages", "event: message_delta\ndata: {}\n\nevent: message_stop\ndata: {}\n\n", ""},
+		{"messages cut, events in one write", "/v1/messages", "event: message_stop\ndata: {}\n\nevent: ping\ndata: {}\n\n", "event: error\n"},
 		{"responses done", "/v1/responses", "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", ""},
 		{"responses cut", "/v1/responses", "event: response.output_text.delta\ndata: {}\n\n", "data: {\"error\":"},
 	} {
