@@ -5,7 +5,7 @@
 // came back. It checks every turn (the SDK parses it, the text is non-empty,
 // equals a single engine's answer when --reference is given and is the same
 // on a second identical run, no kv_transfer_params byte reaches the client,
-// X-Bidikv-Reuse shows hits where the proxy can reuse), checks that
+// X-Bidikv-Reuse shows hits, or local, where the proxy can reuse), checks that
 // malformed requests raise the SDKs' own BadRequestError, prints a summary
 // table and exits 1 on any failure.
 //
@@ -409,9 +409,12 @@ async function checkExchange(ex, sc, stream, wantReuse, run) {
   }
   if (sc.beta) must(new URL(ex.url).search === '?beta=true', `beta path ${ex.url}`);
   must(/^[!-~]{1,128}$/.test(ex.headers.get('x-request-id') ?? ''), 'an X-Request-Id (the SDKs report it)');
-  const reuse = ex.headers.get('x-bidikv-reuse');
-  must(reuse === 'hit' || reuse === 'miss', `X-Bidikv-Reuse ${reuse}`);
-  if (run === 0 || wantReuse === 'hit') must(reuse === wantReuse, `X-Bidikv-Reuse ${reuse}, want ${wantReuse}`);
+  // "local" (the proxy's --decode-local: the decode engine computed the
+  // turn from its own prefix cache) is reuse too.
+  const header = ex.headers.get('x-bidikv-reuse');
+  must(['hit', 'miss', 'local'].includes(header), `X-Bidikv-Reuse ${header}`);
+  const reuse = header === 'local' ? 'hit' : header;
+  if (run === 0 || wantReuse === 'hit') must(reuse === wantReuse, `X-Bidikv-Reuse ${header}, want ${wantReuse}`);
   return reuse;
 }
 

@@ -99,8 +99,9 @@ func runClients(t *testing.T, node, base string, extra ...string) (clientsReport
 // as agents do. Every turn parses in the SDK, equals a single engine's
 // answer, carries no handle byte and hits from turn 2 where the proxy can
 // reuse; malformed requests raise the SDKs' BadRequestError and a wrong
-// key their AuthenticationError. A second run without the reference
-// engine compares two identical runs instead.
+// key their AuthenticationError. The same on a reasoning model and with
+// --decode-local; a run without the reference engine compares two
+// identical runs instead.
 func TestRealClients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -178,6 +179,21 @@ func TestRealClients(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 11, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
+	})
+
+	t.Run("decode-local", func(t *testing.T) {
+		// Short turns answered by the decode engine from its own prefix
+		// cache (X-Bidikv-Reuse: local, which check.mjs counts as reuse):
+		// the same answers, through the same SDKs.
+		t.Parallel()
+		p := startEngine(t, "--no-enable-prefix-caching")
+		d := startEngine(t)
+		ref := startEngine(t)
+		px := startProxy(t, p, d, "--decode-local")
+		rep, out := runClients(t, node, px.url, "--reference", ref.url)
+		require.Zero(t, rep.Failed, out)
+		_, page := get(t, px.url+"/metrics")
+		assert.NotEqual(t, "absent", metricValue(page, `bidikv_turns_total{path="/v1/chat/completions",result="ok",reuse="local"}`), "some turns were local")
 	})
 
 	t.Run("two identical runs", func(t *testing.T) {
