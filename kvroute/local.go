@@ -53,14 +53,14 @@ func (r *Router) decodeEndpoint(url string) *endpoint {
 // attached; it has then been put back under key.
 func (t *turn) choosePath(ctx context.Context, key string, e *entry, age time.Duration) bool {
 	r := t.r
-	if r.chooser == nil || t.rec.Verification != VerifyTokens || t.rec.PromptTokens <= 0 || t.rec.VerifiedTokens <= 0 {
+	if r.chooser == nil || t.tokPrompt <= 0 || t.tokVerified <= 0 {
 		return false
 	}
 	ep := r.decodeEndpoint(e.endpoint)
 	if ep == nil {
 		return false // the engine holding the blocks is gone or ejected: pull elsewhere
 	}
-	in := threshold.Turn{PromptTokens: t.rec.PromptTokens, ReusableTokens: t.rec.VerifiedTokens,
+	in := threshold.Turn{PromptTokens: t.tokPrompt, ReusableTokens: t.tokVerified,
 		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load()), HandleAge: age, RetentionTTL: r.cfg.retentionTTL}
 	c := r.chooser.Choose(in)
 	t.choice, t.chose = c, true

@@ -237,10 +237,13 @@ type turn struct {
 	// a retained handle is attached, whether D prefills locally (P gave no
 	// handle), whether the client streams, and the decode engine of the
 	// last decode leg.
-	hit       bool
-	local     bool
-	stream    bool
-	decodeURL string
+	hit   bool
+	local bool
+	// tokPrompt and tokVerified are the new prompt's length and the
+	// prefix the handle's fingerprint matched, when tokens verified it.
+	tokPrompt, tokVerified int
+	stream                 bool
+	decodeURL              string
 
 	trace turnTrace
 
@@ -415,6 +418,7 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 		if err != nil {
 			return MissBadEntry
 		}
+		t.tokPrompt, t.tokVerified = len(toks), n
 		t.rec.VerifiedTokens = n
 		if n == 0 {
 			return MissMismatch
