@@ -36,31 +36,16 @@ func anchorBase(req *Request, kind string) hash.Hash {
 	return h
 }
 
-// chatAnchor returns the anchor key of a chat request.
-func chatAnchor(req *Request) (string, error) {
+// chatAnchorFrom returns the anchor key of a chat request whose
+// conversation start (chainConversation's second result) is start.
+func chatAnchorFrom(req *Request, start [32]byte) string {
 	h := anchorBase(req, "chat")
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
-		return digestKey("a", sum256(h)), nil
+		return digestKey("a", sum256(h))
 	}
-	msgs, _ := req.Field("messages")
-	var cur [32]byte
-	err := jsonraw.Elements(msgs, func(m []byte) error {
-		var role string
-		var err error
-		if cur, role, err = chainMessage(cur, m); err != nil {
-			return err
-		}
-		if role != "system" && role != "developer" {
-			return errStop
-		}
-		return nil
-	})
-	if err != nil && err != errStop {
-		return "", err
-	}
-	writeField(h, "start", cur[:])
-	return digestKey("a", sum256(h)), nil
+	writeField(h, "start", start[:])
+	return digestKey("a", sum256(h))
 }
 
 // completionAnchors returns the anchor keys under which a completions

@@ -146,6 +146,8 @@ type chatDigest struct {
 	// bounds are the digests of every prefix of the messages that ends
 	// with an assistant message, but the last message.
 	bounds [][32]byte
+	// anchor is the chat anchor key, from the same pass.
+	anchor string
 }
 
 // Lookup implements Identifier: the conversation's anchor (see anchor.go),
@@ -162,7 +164,7 @@ func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
 	}
 	var bounds [][32]byte
 	last := ""
-	cur, err := chainConversation(req, func(cur [32]byte, role string) {
+	cur, start, err := chainConversation(req, func(cur [32]byte, role string) {
 		if role == "assistant" {
 			bounds = append(bounds, cur)
 		}
@@ -176,11 +178,8 @@ func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
 	if last == "assistant" && len(bounds) > 0 {
 		bounds = bounds[:len(bounds)-1]
 	}
-	anchor, err := chatAnchor(req)
-	if err != nil {
-		return Candidates{}, err
-	}
-	return Candidates{Keys: []string{anchor}, Memo: &chatDigest{chain: cur, bounds: bounds}}, nil
+	anchor := chatAnchorFrom(req, start)
+	return Candidates{Keys: []string{anchor}, Memo: &chatDigest{chain: cur, bounds: bounds, anchor: anchor}}, nil
 }
 
 // digest returns the chat digest Lookup left in cands, computing it when
@@ -214,16 +213,12 @@ func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Ret
 	if err != nil {
 		return Retention{}, err
 	}
-	h := sha256.New()
-	h.Write(d.chain[:])
-	writeMessage(h, "assistant", contentText(reply.Content), "", "", reply.ToolCalls, nil)
+	h := &hasher{h: sha256.New()}
+	h.h.Write(d.chain[:])
+	writeMessage(h, "assistant", 't', []byte(reply.Content), "", "", reply.ToolCalls, nil)
 	var next [32]byte
-	h.Sum(next[:0])
-	anchor, err := chatAnchor(req)
-	if err != nil {
-		return Retention{}, err
-	}
-	return Retention{Key: anchor, Check: next[:], Refusal: reason}, nil
+	h.h.Sum(next[:0])
+	return Retention{Key: d.anchor, Check: next[:], Refusal: reason}, nil
 }
 
 // Verify implements Identifier: chat keys need no check; a completions
@@ -502,24 +497,41 @@ func shapingDigest(req *Request, kind string, fields []string) [32]byte {
 	return sum
 }
 
-// chainMessage returns sha256(prev || canonical(m)) and m's role.
-func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
+// chainer hashes messages in canonical form. It keeps its digests and
+// scratch buffers from one message to the next, so that hashing a
+// conversation allocates little: content is hashed straight from the
+// request's bytes, and only strings with escapes are decoded (into
+// scratch).
+type chainer struct {
+	d       hasher
+	scratch []byte
+	extra   [][2][]byte
+}
+
+func newChainer() *chainer {
+	return &chainer{d: hasher{h: sha256.New()}}
+}
+
+// message returns sha256(prev || canonical(m)) and m's role. With anchor
+// not nil it also replaces *anchor by sha256(*anchor || canonical(m)), from
+// the same pass over m.
+func (c *chainer) message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, string, error) {
 	var (
-		role, name, toolCallID string
+		role, name, toolCallID []byte
 		content                []byte
 		toolCalls              []byte
-		extra                  [][2][]byte
 	)
+	extra := c.extra[:0]
 	err := jsonraw.Members(m, func(k string, v []byte) error {
 		switch k {
 		case "role":
-			role, _ = jsonraw.String(v)
+			role = rawString(v)
 		case "content":
 			content = v
 		case "name":
-			name, _ = jsonraw.String(v)
+			name = rawString(v)
 		case "tool_call_id":
-			toolCallID, _ = jsonraw.String(v)
+			toolCallID = rawString(v)
 		case "tool_calls":
 			toolCalls = v
 		default:
@@ -530,21 +542,154 @@ func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
 		}
 		return nil
 	})
+	c.extra = extra[:0]
 	if err != nil {
 		return prev, "", err
 	}
-	h := sha256.New()
-	h.Write(prev[:])
+	// role, name and tool_call_id are short: decode the escaped ones.
+	var rs, ns, ts string
+	if role != nil {
+		rs = roleString(role)
+	}
+	if name != nil {
+		ns, _ = jsonraw.String(name)
+	}
+	if toolCallID != nil {
+		ts, _ = jsonraw.String(toolCallID)
+	}
+	d := &c.d
+	d.h.Reset()
+	d.h.Write(prev[:])
+	if anchor != nil {
+		if d.a == nil {
+			d.a = sha256.New()
+		}
+		d.a.Reset()
+		d.a.Write(anchor[:])
+		d.both = true
+	}
 	slices.SortFunc(extra, func(a, b [2][]byte) int { return bytes.Compare(a[0], b[0]) })
-	writeMessage(h, role, canonicalContent(content), name, toolCallID, toolCalls, extra)
+	var tag byte
+	var body []byte
+	tag, body, c.scratch = canonicalContent(content, c.scratch)
+	writeMessage(d, rs, tag, body, ns, ts, toolCalls, extra)
 	var sum [32]byte
-	h.Sum(sum[:0])
-	return sum, role, nil
+	d.h.Sum(sum[:0])
+	if anchor != nil {
+		d.a.Sum(anchor[:0])
+		d.both = false
+	}
+	return sum, rs, nil
+}
+
+// rawString returns v if it is a JSON string, else nil (a value that is
+// not a string hashes as the empty string, as jsonraw.String's "" did).
+func rawString(v []byte) []byte {
+	if len(v) == 0 || v[0] != '"' {
+		return []byte{}
+	}
+	return v
+}
+
+// roleString decodes a role, without allocating for the usual ones.
+func roleString(v []byte) string {
+	switch string(v) {
+	case `"user"`:
+		return "user"
+	case `"assistant"`:
+		return "assistant"
+	case `"system"`:
+		return "system"
+	case `"tool"`:
+		return "tool"
+	case `"developer"`:
+		return "developer"
+	}
+	s, _ := jsonraw.String(v)
+	return s
+}
+
+// chainMessage returns sha256(prev || canonical(m)) and m's role.
+func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
+	return newChainer().message(prev, m, nil)
+}
+
+// hasher feeds one digest, or two with both set, the same bytes, and
+// frames fields without allocating.
+type hasher struct {
+	h, a hash.Hash
+	both bool
+	tmp  [2*binary.MaxVarintLen64 + 64]byte
+}
+
+func (d *hasher) Write(p []byte) (int, error) {
+	d.h.Write(p)
+	if d.both {
+		d.a.Write(p)
+	}
+	return len(p), nil
+}
+
+// field is writeField: a length-prefixed name and value.
+func (d *hasher) field(name string, v []byte) {
+	d.tagged(name, -1, v)
+}
+
+// tagged is field for the value tag followed by v (tag < 0: v alone).
+func (d *hasher) tagged(name string, tag int, v []byte) {
+	l := len(v)
+	if tag >= 0 {
+		l++
+	}
+	d.lengthPrefix(name, l)
+	if tag >= 0 {
+		d.tmp[0] = byte(tag)
+		d.Write(d.tmp[:1])
+	}
+	d.Write(v)
+}
+
+// taggedString is tagged for the decoding of the JSON string q: strings
+// without escapes are hashed from q's bytes; the others are decoded twice,
+// piece by piece, once for their length and once into the digest, so no
+// copy of the text is made.
+func (d *hasher) taggedString(name string, tag byte, q []byte) {
+	inner := q[1 : len(q)-1]
+	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		d.tagged(name, int(tag), inner)
+		return
+	}
+	n := 0
+	if !jsonraw.StringPieces(q, func(p []byte) { n += len(p) }) {
+		d.tagged(name, int(tag), nil) // not a string: as jsonraw.String's ""
+		return
+	}
+	d.lengthPrefix(name, n+1)
+	d.tmp[0] = tag
+	d.Write(d.tmp[:1])
+	jsonraw.StringPieces(q, func(p []byte) { d.Write(p) })
+}
+
+// lengthPrefix writes a field's name and the length of its value.
+func (d *hasher) lengthPrefix(name string, l int) {
+	n := binary.PutUvarint(d.tmp[:], uint64(len(name)))
+	if len(name) > 64 {
+		d.Write(d.tmp[:n])
+		d.Write([]byte(name))
+		n = 0
+	} else {
+		n += copy(d.tmp[n:], name)
+	}
+	n += binary.PutUvarint(d.tmp[n:], uint64(l))
+	d.Write(d.tmp[:n])
 }
 
 func isEmptyString(v []byte) bool { return len(v) == 2 && v[0] == '"' && v[1] == '"' }
 
-// canonicalContent maps content to one form. vLLM turns string content
+// canonicalContent maps content to one form, returned as a tag byte and
+// the bytes that follow it (aliasing v or scratch, which is returned for
+// reuse); for tag 't' the bytes are a raw JSON string, hashed as its
+// decoding without building it (hasher.taggedString). vLLM turns string content
 // into a list of one text part and null into no parts, then hands the
 // template either the parts (its "openai" content format, where a template
 // concatenates text parts) or their texts joined with newlines ("string"
@@ -553,26 +698,29 @@ func isEmptyString(v []byte) bool { return len(v) == 2 && v[0] == '"' && v[1] ==
 // text; two or more text parts give their texts, each length-prefixed,
 // tagged "p", unlike any string; anything else (images, audio, parts with
 // other members) gives its compacted JSON tagged "j".
-func canonicalContent(v []byte) []byte {
+func canonicalContent(v, scratch []byte) (tag byte, body, buf []byte) {
 	if len(v) == 0 || jsonraw.IsNull(v) {
-		return contentText("")
+		return 't', nil, scratch
 	}
-	if s, ok := jsonraw.String(v); ok {
-		return contentText(s)
+	if v[0] == '"' {
+		return 't', v, scratch // a raw string: writeMessage decodes it
 	}
 	if v[0] == '[' {
-		var parts []string
+		// Text parts: their raw strings first, decoded below.
+		var small [4][]byte
+		parts := small[:0]
 		allText := true
 		_ = jsonraw.Elements(v, func(p []byte) error {
-			var typ, text string
+			var typ, text []byte
 			hasText := false
 			other := false
 			_ = jsonraw.Members(p, func(k string, pv []byte) error {
 				switch k {
 				case "type":
-					typ, _ = jsonraw.String(pv)
+					typ = pv
 				case "text":
-					text, hasText = jsonraw.String(pv)
+					text = pv
+					hasText = len(pv) > 0 && pv[0] == '"'
 				default:
 					if !jsonraw.IsNull(pv) {
 						other = true
@@ -580,7 +728,7 @@ func canonicalContent(v []byte) []byte {
 				}
 				return nil
 			})
-			if typ != "text" || !hasText || other {
+			if !hasText || other || !isText(typ) {
 				allText = false
 				return errStop
 			}
@@ -590,42 +738,60 @@ func canonicalContent(v []byte) []byte {
 		if allText {
 			switch len(parts) {
 			case 0:
-				return contentText("")
+				return 't', nil, scratch
 			case 1:
-				return contentText(parts[0])
+				return 't', parts[0], scratch
 			}
-			b := []byte{'p'}
+			b := scratch[:0]
 			for _, p := range parts {
-				b = binary.AppendUvarint(b, uint64(len(p)))
-				b = append(b, p...)
+				// Decoded after a length placeholder, then the length put
+				// in front: each part is appended once.
+				at := len(b)
+				b = append(b, make([]byte, binary.MaxVarintLen64)...)
+				b, _ = jsonraw.AppendString(b, p)
+				n := len(b) - at - binary.MaxVarintLen64
+				var l [binary.MaxVarintLen64]byte
+				k := binary.PutUvarint(l[:], uint64(n))
+				copy(b[at:], l[:k])
+				b = append(b[:at+k], b[at+binary.MaxVarintLen64:]...)
 			}
-			return b
+			return 'p', b, b
 		}
 	}
-	var buf bytes.Buffer
-	buf.WriteByte('j')
-	return compact(&buf, v)
+	out := compact(bytes.NewBuffer(scratch[:0]), v)
+	return 'j', out, out
 }
 
-func contentText(s string) []byte {
-	b := make([]byte, 0, len(s)+1)
-	b = append(b, 't')
-	return append(b, s...)
-}
-
-// writeMessage hashes one message in canonical form.
-func writeMessage(h hash.Hash, role string, content []byte, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
-	writeField(h, "role", []byte(role))
-	writeField(h, "content", content)
-	writeField(h, "name", []byte(name))
-	writeField(h, "tool_call_id", []byte(toolCallID))
-	writeToolCalls(h, toolCalls)
-	var buf bytes.Buffer
-	for _, e := range extra {
-		buf.Reset()
-		writeField(h, "x:"+string(e[0]), compact(&buf, e[1]))
+// isText reports whether a part's type is the JSON string "text".
+func isText(typ []byte) bool {
+	if string(typ) == `"text"` {
+		return true
 	}
-	h.Write([]byte{0xff}) // end of message
+	s, ok := jsonraw.String(typ)
+	return ok && s == "text"
+}
+
+// writeMessage hashes one message in canonical form: content is tag
+// followed by body.
+func writeMessage(d *hasher, role string, tag byte, body []byte, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
+	d.field("role", []byte(role))
+	if tag == 't' && len(body) > 0 && body[0] == '"' {
+		d.taggedString("content", tag, body)
+	} else {
+		d.tagged("content", int(tag), body)
+	}
+	d.field("name", []byte(name))
+	d.field("tool_call_id", []byte(toolCallID))
+	writeToolCalls(d, toolCalls)
+	if len(extra) > 0 {
+		var buf bytes.Buffer
+		for _, e := range extra {
+			buf.Reset()
+			d.field("x:"+string(e[0]), compact(&buf, e[1]))
+		}
+	}
+	d.tmp[0] = 0xff // end of message
+	d.Write(d.tmp[:1])
 }
 
 // writeToolCalls hashes tool calls; null and [] hash like none. Each call
@@ -635,16 +801,16 @@ func writeMessage(h hash.Hash, role string, content []byte, name, toolCallID str
 // {"id","type","function":{"name","arguments"}}), with an absent type read
 // as "function". function's members are hashed the same way, arguments by
 // toolArguments, every other value as canonical JSON.
-func writeToolCalls(h hash.Hash, v []byte) {
+func writeToolCalls(h *hasher, v []byte) {
 	if len(v) == 0 || jsonraw.IsNull(v) {
 		return
 	}
 	var buf []byte
 	_ = jsonraw.Elements(v, func(call []byte) error {
-		writeField(h, "call", nil)
+		h.field("call", nil)
 		if len(call) == 0 || call[0] != '{' {
 			buf = canonicalJSON(buf[:0], call)
-			writeField(h, "c", buf)
+			h.field("c", buf)
 			return nil
 		}
 		hasType := false
@@ -660,19 +826,19 @@ func writeToolCalls(h hash.Hash, v []byte) {
 		}
 		for _, m := range members {
 			if m.key == "function" && len(m.v) > 0 && m.v[0] == '{' {
-				writeField(h, "c:function", []byte("object"))
+				h.field("c:function", []byte("object"))
 				for _, f := range sortedMembers(m.v) {
 					if f.key == "arguments" {
 						buf = toolArguments(buf[:0], f.v)
 					} else {
 						buf = canonicalJSON(buf[:0], f.v)
 					}
-					writeField(h, "f:"+f.key, buf)
+					h.field("f:"+f.key, buf)
 				}
 				continue
 			}
 			buf = canonicalJSON(buf[:0], m.v)
-			writeField(h, "c:"+m.key, buf)
+			h.field("c:"+m.key, buf)
 		}
 		return nil
 	})
@@ -787,20 +953,33 @@ func compact(buf *bytes.Buffer, v []byte) []byte {
 
 // chainConversation hashes the tenant, the prompt-shaping fields and every
 // message in one pass, calling visit (if not nil) after each message with
-// the digest of the conversation up to and including it.
-func chainConversation(req *Request, visit func(cur [32]byte, role string)) ([32]byte, error) {
+// the digest of the conversation up to and including it. It also returns
+// the digest chatAnchor keys the conversation's start on: the chain from
+// zero over the messages up to and including the first that is not a
+// system or developer message, hashed in the same pass.
+func chainConversation(req *Request, visit func(cur [32]byte, role string)) ([32]byte, [32]byte, error) {
 	msgs, _ := req.Field("messages")
 	cur := shapingDigest(req, "chat", chatShaping)
+	var start [32]byte
+	open := true
+	c := newChainer()
 	err := jsonraw.Elements(msgs, func(m []byte) error {
 		var role string
 		var err error
-		if cur, role, err = chainMessage(cur, m); err != nil {
+		var anchor *[32]byte
+		if open {
+			anchor = &start
+		}
+		if cur, role, err = c.message(cur, m, anchor); err != nil {
 			return err
+		}
+		if role != "system" && role != "developer" {
+			open = false
 		}
 		if visit != nil {
 			visit(cur, role)
 		}
 		return nil
 	})
-	return cur, err
+	return cur, start, err
 }

@@ -148,3 +148,25 @@ func checkElements(t *testing.T, data []byte, valid bool) {
 		t.Fatalf("Elements: %v after %d of %d", err, i, len(want))
 	}
 }
+
+// FuzzStringPieces checks that StringPieces and StringBytes decode every
+// input as String does.
+func FuzzStringPieces(f *testing.F) {
+	for _, s := range []string{`"plain"`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\ud83d\ude00"`, `"\ud83dx"`, "\"\xff\xfe\"", `"\q"`, `"x`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		want, ok := jsonraw.String(v)
+		var got []byte
+		if jsonraw.StringPieces(v, func(p []byte) { got = append(got, p...) }) != ok {
+			t.Fatalf("StringPieces(%q): ok differs from String's %v", v, ok)
+		}
+		if ok && string(got) != want {
+			t.Fatalf("StringPieces(%q) = %q, String %q", v, got, want)
+		}
+		b, _, ok2 := jsonraw.StringBytes(v, nil)
+		if ok2 != ok || (ok && string(b) != want) {
+			t.Fatalf("StringBytes(%q) = %q %v, String %q %v", v, b, ok2, want, ok)
+		}
+	})
+}

@@ -67,6 +67,122 @@ func String(v []byte) (string, bool) {
 	return string(unquote(make([]byte, 0, len(inner)), v)), true
 }
 
+// StringBytes decodes the JSON string v without copying when it can: a
+// string without escapes whose bytes are valid UTF-8 is returned as v's own
+// bytes between the quotes (aliasing v); any other is decoded into
+// buf[:0], grown as needed. buf is returned for reuse (grown, or as given).
+// ok is false if v is not a well-formed JSON string.
+func StringBytes(v, buf []byte) (s, scratch []byte, ok bool) {
+	sc := scanner{data: v}
+	if len(v) == 0 || v[0] != '"' {
+		return nil, buf, false
+	}
+	end, escaped, err := sc.str(0)
+	if err != nil || end != len(v) {
+		return nil, buf, false
+	}
+	inner := v[1 : len(v)-1 : len(v)-1]
+	if !escaped && utf8.Valid(inner) {
+		return inner, buf, true
+	}
+	buf = unquote(buf[:0], v)
+	return buf, buf, true
+}
+
+// StringPieces decodes the JSON string v piece by piece without building
+// it: fn receives, in order, runs of v's own bytes that need no decoding and
+// the decoding of each escape or invalid byte (a piece is valid only during
+// the call). Their concatenation is what String returns. ok is false (and fn
+// is not called) if v is not a well-formed JSON string.
+func StringPieces(v []byte, fn func(piece []byte)) bool {
+	sc := scanner{data: v}
+	if len(v) == 0 || v[0] != '"' {
+		return false
+	}
+	end, _, err := sc.str(0)
+	if err != nil || end != len(v) {
+		return false
+	}
+	var tmp [utf8.UTFMax]byte
+	emitRune := func(r rune) { fn(tmp[:utf8.EncodeRune(tmp[:], r)]) }
+	s := v[1 : len(v)-1]
+	for len(s) > 0 {
+		i := bytes.IndexByte(s, '\\')
+		if i < 0 {
+			i = len(s)
+		}
+		validPieces(s[:i], fn, emitRune)
+		s = s[i:]
+		if len(s) == 0 {
+			break
+		}
+		// s[0] == '\\', a well-formed escape (validated above).
+		switch c := s[1]; c {
+		case 'b':
+			emitRune('\b')
+		case 'f':
+			emitRune('\f')
+		case 'n':
+			emitRune('\n')
+		case 'r':
+			emitRune('\r')
+		case 't':
+			emitRune('\t')
+		case 'u':
+			r := getu4(s)
+			s = s[6:]
+			if utf16.IsSurrogate(r) {
+				if r2 := getu4(s); r2 >= 0 {
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						emitRune(dec)
+						s = s[6:]
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			emitRune(r)
+			continue
+		default: // '"', '\\', '/'
+			emitRune(rune(c))
+		}
+		s = s[2:]
+	}
+	return true
+}
+
+// validPieces passes b to fn, with each byte of an invalid UTF-8 sequence
+// replaced by U+FFFD (as appendValidUTF8).
+func validPieces(b []byte, fn func([]byte), emitRune func(rune)) {
+	if len(b) == 0 {
+		return
+	}
+	if utf8.Valid(b) {
+		fn(b)
+		return
+	}
+	for len(b) > 0 {
+		i := 0
+		for i < len(b) && b[i] < utf8.RuneSelf {
+			i++
+		}
+		if i > 0 {
+			fn(b[:i])
+		}
+		b = b[i:]
+		if len(b) == 0 {
+			break
+		}
+		r, size := utf8.DecodeRune(b)
+		if r == utf8.RuneError && size == 1 {
+			emitRune(utf8.RuneError)
+		} else {
+			fn(b[:size])
+		}
+		b = b[size:]
+	}
+}
+
 // AppendString appends the decoded JSON string v to dst, like String but
 // without allocating a string. ok is false if v is not a well-formed JSON
 // string (dst is then returned unchanged).

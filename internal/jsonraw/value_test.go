@@ -2,7 +2,9 @@ package jsonraw_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -45,6 +47,23 @@ func TestString(t *testing.T) {
 				b, ok := jsonraw.AppendString([]byte("x"), []byte(tt.in))
 				assert.True(t, ok)
 				assert.Equal(t, "x"+want, string(b))
+				in := []byte(tt.in)
+				sb, scratch, ok := jsonraw.StringBytes(in, make([]byte, 0, 1))
+				assert.True(t, ok)
+				assert.Equal(t, want, string(sb), "StringBytes")
+				aliased := len(sb) > 0 && &sb[0] == &in[1]
+				plain := !strings.Contains(tt.in, `\`) && utf8.ValidString(tt.in) && len(sb) > 0
+				assert.Equal(t, plain, aliased, "aliases the input exactly when nothing needs decoding")
+				if !plain && len(sb) > 0 {
+					assert.Equal(t, &scratch[0], &sb[0], "decoded into the buffer it returns")
+				}
+				var pieces []byte
+				assert.True(t, jsonraw.StringPieces(in, func(p []byte) { pieces = append(pieces, p...) }))
+				assert.Equal(t, want, string(pieces), "StringPieces")
+			} else {
+				_, _, ok := jsonraw.StringBytes([]byte(tt.in), nil)
+				assert.False(t, ok, "StringBytes")
+				assert.False(t, jsonraw.StringPieces([]byte(tt.in), func([]byte) { t.Error("called") }), "StringPieces")
 			}
 		})
 	}
