@@ -19,7 +19,7 @@ import (
 // miss handle never reaches a decode engine.
 // In token mode it also asks D for token ids (return_token_ids), unless the
 // client asked for them itself.
-func (t *turn) decodeBody(pHandle []byte) []byte {
+func (t *turn) decodeBody(pHandle []byte) legBody {
 	set := make([]jsonraw.Member, 0, 2)
 	if pHandle != nil {
 		set = append(set, jsonraw.Member{Key: kvKey, Value: pHandle})
@@ -35,7 +35,7 @@ func (t *turn) decodeBody(pHandle []byte) []byte {
 	} else if v, ok := t.req.Field("return_token_ids"); ok {
 		t.idsAsked, _ = lenientBool(v)
 	}
-	return t.req.obj.Edit(decodeDrop, set...)
+	return t.req.obj.EditPieces(make(legBody, 0, 24), decodeDrop, set...)
 }
 
 // errLeaseExpired means P's lease on its blocks had less than ExpiryGuard
@@ -127,7 +127,7 @@ func unsent(err error) bool {
 // decodeOnce sends one decode leg to ep. A stream's first event is read
 // before it returns, so that a stream that breaks at once can still be
 // retried: nothing has reached the caller yet.
-func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body []byte) (*Response, error) {
+func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Response, error) {
 	t.decodeURL = ep.url
 	t.rec.DecodeEndpoint = ep.url
 	dctx, cancel := context.WithCancel(ctx)

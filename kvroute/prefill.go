@@ -1,11 +1,11 @@
 package kvroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"time"
@@ -26,10 +26,31 @@ var (
 
 // prefillBody is the client's body as the prefill leg sends it: the API's
 // one-token rewrite and handle (the retained D handle, or the miss handle).
-func (t *turn) prefillBody(handle []byte) []byte {
+func (t *turn) prefillBody(handle []byte) legBody {
 	a := t.req.api
 	set := append(slices.Clip(a.prefillSet()), jsonraw.Member{Key: kvKey, Value: handle})
-	return t.req.obj.Edit(a.prefillDrop(), set...)
+	return t.req.obj.EditPieces(make(legBody, 0, 24), a.prefillDrop(), set...)
+}
+
+// legBody is an upstream request body as pieces sent in order: the
+// client's bytes with the edited members spliced in (jsonraw.EditPieces),
+// written with vectored I/O and never copied whole.
+type legBody [][]byte
+
+// size returns the body's length.
+func (b legBody) size() int {
+	n := 0
+	for _, p := range b {
+		n += len(p)
+	}
+	return n
+}
+
+// reader returns a new reader of the whole body.
+func (b legBody) reader() io.Reader {
+	nb := make(net.Buffers, len(b))
+	copy(nb, b)
+	return &nb
 }
 
 // runPrefill sends the prefill leg, retrying safe failures on other
@@ -151,7 +172,7 @@ func retryablePrefill(err error, hit bool) bool {
 // prefillOnce sends one prefill request and returns P's handle. attached is
 // remote_num_tokens of the retained handle the request carries, 0 for a
 // miss.
-func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body []byte, attached int) ([]byte, error) {
+func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, attached int) ([]byte, error) {
 	ep.inflight.Add(1)
 	defer ep.inflight.Add(-1)
 	hreq, err := t.upstreamRequest(ctx, PhasePrefill, ep, body)
@@ -255,13 +276,13 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 // upstreamRequest builds a POST of body to ep for the client's path, with
 // the client's end-to-end headers, the turn's request id and the upstream
 // credential.
-func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body []byte) (*http.Request, error) {
+func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body legBody) (*http.Request, error) {
 	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body)
 }
 
 // upstreamRequestTo is upstreamRequest for another path of the engine.
-func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body []byte) (*http.Request, error) {
-	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
+func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody) (*http.Request, error) {
+	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, body.reader())
 	if err != nil {
 		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}
@@ -273,7 +294,10 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 	}
 	t.inject(ctx, hreq.Header)
 	ep.ep.Apply(hreq)
-	hreq.ContentLength = int64(len(body))
+	hreq.ContentLength = int64(body.size())
+	// For net/http's retry of a request a reused connection lost before
+	// it was written.
+	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 	return hreq, nil
 }
 

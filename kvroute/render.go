@@ -141,7 +141,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 	ctx, end := t.startPhase(ctx, PhaseVerify, ep.url)
 	defer func() { end(err) }()
 	t.r.stats.renders.Add(1)
-	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body)
+	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, legBody{body})
 	if err != nil {
 		return nil, 0, err
 	}

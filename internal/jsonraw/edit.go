@@ -24,15 +24,55 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 	if o.data == nil {
 		o = Object{data: []byte("{}"), close: 1}
 	}
-	// action per member: -1 keep, -2 drop, k >= 0 replace value with set[k].
-	var small [16]int
-	act := small[:0]
-	if len(o.members) > len(small) {
+	var smallAct [16]int
+	var smallApp [4]int
+	act, appends, changed := o.plan(del, set, smallAct[:0], smallApp[:0])
+	if !changed {
+		return o.data
+	}
+	var small [24][]byte
+	pieces := o.pieces(small[:0], nil, act, appends, set)
+	size := 0
+	for _, p := range pieces {
+		size += len(p)
+	}
+	out := make([]byte, 0, size)
+	for _, p := range pieces {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// EditPieces is Edit without the copy: it appends to dst the pieces whose
+// concatenation is Edit's result, in order. The pieces alias the document
+// and the values in set (which must not change while they are used); only
+// the keys of appended members are newly allocated. When nothing changes
+// the one piece is the document itself.
+func (o Object) EditPieces(dst [][]byte, del []string, set ...Member) [][]byte {
+	if o.data == nil {
+		o = Object{data: []byte("{}"), close: 1}
+	}
+	var smallAct [16]int
+	var smallApp [4]int
+	act, appends, changed := o.plan(del, set, smallAct[:0], smallApp[:0])
+	if !changed {
+		return append(dst, o.data)
+	}
+	n := 0
+	for _, k := range appends {
+		n += len(set[k].Key) + 8
+	}
+	return o.pieces(dst, make([]byte, 0, n), act, appends, set)
+}
+
+// plan decides Edit's action per member: -1 keep, -2 drop, k >= 0 replace
+// the value with set[k]; appends are the indexes into set of members to
+// append, in order of first appearance.
+func (o Object) plan(del []string, set []Member, act, appends []int) ([]int, []int, bool) {
+	if len(o.members) > cap(act) {
 		act = make([]int, 0, len(o.members))
 	}
 	changed := false
-	var appendSmall [4]int
-	appends := appendSmall[:0] // indexes into set, in order of first appearance
 	for i := range o.members {
 		act = append(act, -1)
 		m := &o.members[i]
@@ -83,28 +123,19 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 		}
 		changed = true
 	}
-	if !changed {
-		return o.data
-	}
+	return act, appends, changed
+}
 
-	// The output: the input less the members removed or replaced, plus
-	// the new members (sized exactly, so removing a large member does not
-	// allocate for it).
-	size := len(o.data)
-	for i, a := range act {
-		if a != -1 {
-			m := &o.members[i]
-			size -= m.end - m.start
-		}
-	}
-	for _, k := range set {
-		size += len(k.Key) + len(k.Value) + 8
-	}
-	if size < 0 {
-		size = 0
-	}
-	out := make([]byte, 0, size)
-	out = append(out, o.data[:o.open+1]...)
+var (
+	pieceComma = []byte(",")
+	pieceColon = []byte(":")
+)
+
+// pieces appends the edited document to dst as pieces; the quoted keys of
+// appended members are written into keys (which must have room for them
+// all, so that earlier pieces stay valid).
+func (o Object) pieces(dst [][]byte, keys []byte, act, appends []int, set []Member) [][]byte {
+	dst = append(dst, o.data[:o.open+1])
 	wrote := false
 	var tail []byte // whitespace between the last written value and '}'
 	for i := range o.members {
@@ -114,22 +145,22 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 		}
 		m := &o.members[i]
 		if wrote {
-			out = append(out, ',')
+			// The previous member's trailing whitespace, then ','.
+			dst = appendPiece(dst, tail)
+			dst = append(dst, pieceComma)
 		}
 		wrote = true
 		if a == -1 {
-			out = append(out, o.data[m.start:m.valEnd]...)
+			dst = appendPiece(dst, o.data[m.start:m.valEnd])
 		} else {
-			out = append(out, o.data[m.start:m.valStart]...)
-			out = append(out, value(set[a].Value)...)
+			dst = appendPiece(dst, o.data[m.start:m.valStart])
+			dst = append(dst, value(set[a].Value))
 		}
 		tail = o.data[m.valEnd:m.end]
-		out = append(out, tail...)
 	}
 	switch {
 	case wrote:
-		// Insert new members before the whitespace that preceded '}'.
-		out = out[:len(out)-len(tail)]
+		// New members go before the whitespace that preceded '}'.
 	case len(o.members) == 0:
 		tail = o.data[o.open+1 : o.close]
 	default:
@@ -139,15 +170,34 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 	}
 	for _, k := range appends {
 		if wrote {
-			out = append(out, ',')
+			dst = append(dst, pieceComma)
 		}
 		wrote = true
-		out = AppendQuote(out, set[k].Key)
-		out = append(out, ':')
-		out = append(out, value(set[k].Value)...)
+		at := len(keys)
+		if keys == nil {
+			keys = make([]byte, 0, len(set[k].Key)+8)
+		}
+		keys = AppendQuote(keys, set[k].Key)
+		dst = append(dst, keys[at:len(keys):len(keys)], pieceColon, value(set[k].Value))
 	}
-	out = append(out, tail...)
-	return append(out, o.data[o.close:]...)
+	dst = appendPiece(dst, tail)
+	return appendPiece(dst, o.data[o.close:])
+}
+
+// appendPiece appends p unless it is empty; a piece that continues the
+// previous one in the same array is merged into it.
+func appendPiece(dst [][]byte, p []byte) [][]byte {
+	if len(p) == 0 {
+		return dst
+	}
+	if n := len(dst); n > 0 {
+		last := dst[n-1]
+		if cap(last) > len(last) && len(p) > 0 && &last[:len(last)+1][len(last)] == &p[0] {
+			dst[n-1] = last[:len(last)+len(p)]
+			return dst
+		}
+	}
+	return append(dst, p)
 }
 
 func value(v []byte) []byte {

@@ -1,6 +1,7 @@
 package jsonraw_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -56,8 +57,36 @@ func TestEdit(t *testing.T) {
 			assert.Equal(t, tt.want, string(got))
 			assert.True(t, json.Valid(got))
 			assert.Equal(t, tt.in, string(in), "input not modified")
+			pieces := o.EditPieces(nil, tt.del, tt.set...)
+			assert.Equal(t, tt.want, string(bytes.Join(pieces, nil)), "EditPieces")
+			// Kept members are not copied: every piece of two bytes or
+			// more that is not a set value or an appended key aliases
+			// the input.
+			for _, p := range pieces {
+				if len(p) > 1 && !isSetValue(p, tt.set) && p[0] != '"' && string(p) != "null" {
+					assert.True(t, aliases(in, p), "piece %q is a copy", p)
+				}
+			}
 		})
 	}
+}
+
+func isSetValue(p []byte, set []jsonraw.Member) bool {
+	for _, m := range set {
+		if len(m.Value) > 0 && &m.Value[0] == &p[0] {
+			return true
+		}
+	}
+	return false
+}
+
+func aliases(in, p []byte) bool {
+	for i := range in {
+		if &in[i] == &p[0] {
+			return true
+		}
+	}
+	return false
 }
 
 func TestEditZeroObject(t *testing.T) {

@@ -88,6 +88,9 @@ func FuzzEdit(f *testing.F) {
 		// Keys are documented to be valid UTF-8 (decoded keys always are).
 		del, key = string([]rune(del)), string([]rune(key))
 		out := o.Edit([]string{del}, jsonraw.Member{Key: key, Value: val})
+		if joined := bytes.Join(o.EditPieces(nil, []string{del}, jsonraw.Member{Key: key, Value: val}), nil); !bytes.Equal(joined, out) {
+			t.Fatalf("EditPieces joined = %q, Edit %q", joined, out)
+		}
 		got, err := jsonraw.Parse(out)
 		if err != nil || !json.Valid(out) {
 			t.Fatalf("Edit output invalid (%v): %q", err, out)
