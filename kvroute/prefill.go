@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"time"
@@ -47,11 +46,7 @@ func (b legBody) size() int {
 }
 
 // reader returns a new reader of the whole body.
-func (b legBody) reader() io.Reader {
-	nb := make(net.Buffers, len(b))
-	copy(nb, b)
-	return &nb
-}
+func (b legBody) reader() *transport.Buffers { return transport.NewBuffers(b) }
 
 // runPrefill sends the prefill leg, retrying safe failures on other
 // engines, and returns P's handle (nil when P gave none and the local
@@ -297,7 +292,7 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 	hreq.ContentLength = int64(body.size())
 	// For net/http's retry of a request a reused connection lost before
 	// it was written.
-	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
 	return hreq, nil
 }
 

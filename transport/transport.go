@@ -98,7 +98,7 @@ func (c *config) transport() *http.Transport {
 	}
 	return &http.Transport{
 		Proxy:               c.proxy,
-		DialContext:         d.DialContext,
+		DialContext:         vectorDial(d.DialContext),
 		TLSClientConfig:     tc,
 		TLSHandshakeTimeout: c.tlsHandshakeTimeout,
 		MaxIdleConns:        c.maxIdleConns,
