@@ -16,6 +16,7 @@ type options struct {
 	port, sidePort int
 	cfg            sim.Config
 	verbose        bool
+	canned         string // "prefill" or "decode": canned.go's fixed answers
 }
 
 // kvTransferConfig is the part of vLLM's --kv-transfer-config the simulator
@@ -89,6 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.sideHost, "side-channel-host", "127.0.0.1", "side-channel host (VLLM_NIXL_SIDE_CHANNEL_HOST), also put in handles")
 	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT) of data-parallel rank 0; rank k listens on it + k (0: any free run of ports)")
 	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")
+	fs.StringVar(&o.canned, "canned", "", "for router overhead runs only: prefill or decode, answer at once with fixed bytes and a toy tokenizer, simulating nothing (no KV, no side channel; see examples/bench --overhead)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -107,6 +109,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 		k.engineKnobs.apply(&o.cfg)
 		k.Extra.apply(&o.cfg)
+	}
+	if o.canned != "" && o.canned != "prefill" && o.canned != "decode" {
+		return nil, fmt.Errorf("--canned %q: use prefill or decode", o.canned)
 	}
 	if o.cfg.DPSize < 1 {
 		return nil, fmt.Errorf("--data-parallel-size %d: must be at least 1", o.cfg.DPSize)

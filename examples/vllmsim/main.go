@@ -38,6 +38,11 @@
 // --side-channel-port + k and the line ends with
 // " data-parallel n side ports P-Q"; the engine printed is rank 0's.
 //
+// With --canned prefill or --canned decode it simulates nothing: it answers
+// at once with fixed bytes (and a toy tokenizer for render calls and
+// return_token_ids), for router overhead runs only (examples/bench
+// --overhead); its ready line is "vllmsim: serving http://ADDR canned ROLE".
+//
 // It stops on SIGINT or SIGTERM.
 package main
 

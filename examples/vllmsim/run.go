@@ -25,6 +25,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer apiLn.Close()
+	if o.canned != "" {
+		return runCanned(ctx, o, apiLn, stdout)
+	}
 	sideLns, err := listenRun(o.sideHost, o.sidePort, o.cfg.DPSize)
 	if err != nil {
 		return err
@@ -114,4 +117,28 @@ func listenRun(host string, port, n int) ([]net.Listener, error) {
 		lastErr = err
 	}
 	return nil, lastErr
+}
+
+// runCanned serves the canned engine (canned.go) until ctx is done.
+func runCanned(ctx context.Context, o *options, ln net.Listener, stdout io.Writer) error {
+	h, err := cannedHandler(o.canned, o.cfg.Model)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	fmt.Fprintf(stdout, "vllmsim: serving http://%s canned %s\n", ln.Addr(), o.canned)
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	return nil
 }

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+)
+
+// Canned mode (--canned prefill or --canned decode) is for router overhead
+// runs only (examples/bench --overhead): the engine simulates nothing. It
+// answers every request at once with fixed bytes and no KV, so that nearly
+// all the CPU of a run is the router's and the client's:
+//
+//   - prefill: POST /v1/chat/completions gets a one-token completion with
+//     a P handle; POST /v1/chat/completions/render gets the prompt's ids
+//     under a toy tokenizer (cannedChat), the only request it tokenizes.
+//   - decode: a three-event stream ("Done, the tests pass.") whose final
+//     chunk carries a D handle. With return_token_ids the first chunk
+//     carries the prompt's toy ids and the others the reply's, and the
+//     handle's remote_num_tokens covers them; without it the request is
+//     not decoded at all and the handle says 5000 tokens.
+//
+// An honest next turn (the messages, the reply, a new user message)
+// renders to ids that begin with the handle's, so token verification
+// passes. The toy tokenizer splits each message's content at whitespace
+// and each word into pieces of at most 5 bytes, a piece's id being its
+// FNV-32a hash modulo 151936; the template adds a role and an
+// end-of-turn id per message and the assistant role id at the end.
+const (
+	cannedPiece = 5
+	cannedVocab = 151936
+	// cannedReply is the decode engine's reply.
+	cannedReply = "Done, the tests pass."
+	// cannedBlockSize is the block size of canned D handles (kvroute's
+	// default).
+	cannedBlockSize = 16
+)
+
+func cannedID(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h % cannedVocab
+}
+
+func cannedSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
+
+// cannedText appends the toy ids of text to dst.
+func cannedText(dst []uint32, text string) []uint32 {
+	for i := 0; i < len(text); {
+		for i < len(text) && cannedSpace(text[i]) {
+			i++
+		}
+		j := i
+		for j < len(text) && !cannedSpace(text[j]) && j-i < cannedPiece {
+			j++
+		}
+		if j > i {
+			dst = append(dst, cannedID(text[i:j]))
+		}
+		i = j
+	}
+	return dst
+}
+
+type cannedMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type cannedRequest struct {
+	Messages       []cannedMessage `json:"messages"`
+	ReturnTokenIDs bool            `json:"return_token_ids"`
+}
+
+// cannedChat renders messages with the toy template, generation prompt
+// included.
+func cannedChat(msgs []cannedMessage) []uint32 {
+	end, asst := cannedID("<|im_end|>"), cannedID("<|assistant|>")
+	n := 1
+	for _, m := range msgs {
+		n += 2 + len(m.Content)/3
+	}
+	ids := make([]uint32, 0, n)
+	for _, m := range msgs {
+		ids = append(ids, cannedID("<|"+m.Role+"|>"))
+		ids = cannedText(ids, m.Content)
+		ids = append(ids, end)
+	}
+	return append(ids, asst)
+}
+
+func appendCannedIDs(b []byte, ids []uint32) []byte {
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(id), 10)
+	}
+	return append(b, ']')
+}
+
+// cannedHandler returns the canned engine of role "prefill" or "decode".
+func cannedHandler(role, model string) (http.Handler, error) {
+	var seq atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"vllmsim"}]}`, model)
+	})
+	switch role {
+	case "prefill":
+		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			n := seq.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, model, n)
+		})
+		mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
+			req, ok := readCanned(w, r)
+			if !ok {
+				return
+			}
+			ids := cannedChat(req.Messages)
+			out := make([]byte, 0, 7*len(ids)+16)
+			out = append(appendCannedIDs(append(out, `{"token_ids":`...), ids), '}')
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(out)
+		})
+	case "decode":
+		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			var req cannedRequest
+			if bytes.Contains(body, []byte(`"return_token_ids"`)) {
+				if err := json.Unmarshal(body, &req); err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+			}
+			cannedStream(w, seq.Add(1), model, req)
+		})
+	default:
+		return nil, fmt.Errorf("--canned %q: use prefill or decode", role)
+	}
+	return mux, nil
+}
+
+func readCanned(w http.ResponseWriter, r *http.Request) (cannedRequest, bool) {
+	var req cannedRequest
+	body, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return req, false
+	}
+	return req, true
+}
+
+// cannedStream writes the canned decode stream: the first event flushed
+// alone, the content and final events together.
+func cannedStream(w http.ResponseWriter, n int64, model string, req cannedRequest) {
+	var prompt, gen []uint32
+	tokens := 5000
+	if req.ReturnTokenIDs {
+		prompt = cannedChat(req.Messages)
+		gen = append(cannedText(nil, cannedReply), cannedID("<|im_end|>"))
+		tokens = len(prompt) + len(gen) - 1
+	}
+	blocks := (tokens + cannedBlockSize - 1) / cannedBlockSize
+	handle := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
+	for i := range blocks {
+		if i > 0 {
+			handle = append(handle, ',')
+		}
+		handle = strconv.AppendInt(handle, 10000+(n*int64(blocks)+int64(i))%90000, 10)
+	}
+	handle = fmt.Appendf(handle, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
+
+	w.Header().Set("Content-Type", "text/event-stream")
+	out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)
+	out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, n, model)
+	if req.ReturnTokenIDs {
+		out = appendCannedIDs(append(out, `,"prompt_token_ids":`...), prompt)
+	}
+	out = append(out, "}\n\n"...)
+	_, _ = w.Write(out)
+	_ = http.NewResponseController(w).Flush()
+	out = fmt.Appendf(out[:0], `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null`, n, model, cannedReply)
+	if req.ReturnTokenIDs {
+		out = appendCannedIDs(append(out, `,"token_ids":`...), gen[:len(gen)-1])
+	}
+	out = append(out, "}]}\n\n"...)
+	out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`, n, model)
+	if req.ReturnTokenIDs {
+		out = appendCannedIDs(append(out, `,"token_ids":`...), gen[len(gen)-1:])
+	}
+	out = append(out, `}],"kv_transfer_params":`...)
+	out = append(out, handle...)
+	out = append(out, "}\n\ndata: [DONE]\n\n"...)
+	_, _ = w.Write(out)
+}
