@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -183,4 +184,28 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, 3, c.maxActive)
 	assert.Equal(t, "http://h:1", c.url)
 	assert.Equal(t, "b", c.header.Get("A"))
+}
+
+func TestOverheadFlags(t *testing.T) {
+	c, err := parseOverheadFlags([]string{"--overhead", "--hist", "1KB,2048", "--conc", "1,8", "--modes", "tokens"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []int{1024, 2048}, c.hists)
+	assert.Equal(t, []int{1, 8}, c.concs)
+	assert.Equal(t, []string{"tokens"}, c.modes)
+	assert.Equal(t, 3, c.repeats)
+	for _, bad := range [][]string{{"--hist", "x"}, {"--conc", "0"}, {"--modes", "both"}, {"--repeats", "0"}} {
+		_, err := parseOverheadFlags(bad, io.Discard)
+		assert.Error(t, err, "%v", bad)
+	}
+}
+
+func TestReadStream(t *testing.T) {
+	stream := "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"prompt_token_ids\":[1,2]}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"Done, \"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok.\"}}]}\n\ndata: [DONE]\n\n"
+	ttft, reply, err := readStream(strings.NewReader(stream), time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, "Done, ok.", reply)
+	assert.Positive(t, ttft)
+	_, _, err = readStream(strings.NewReader("data: [DONE]\n\n"), time.Now())
+	assert.Error(t, err, "no content")
 }

@@ -17,6 +17,13 @@
 // X-Bidikv-Reuse response header (when present), and writes per-request
 // stats as JSON with --output. --send-conversation-id adds the body field
 // conversation_id and the X-Session-ID header; --header adds any header.
+//
+// With --overhead it measures the router's own cost instead (overhead.go):
+// run from the repository root, it builds and starts canned engines
+// (vllmsim --canned) and proxies as separate processes and compares them
+// with a direct P-then-D chain:
+//
+//	go run ./examples/bench --overhead [--hist 10KB,100KB] [--conc 1,64] [--modes content,tokens] [--repeats 3]
 package main
 
 import (

@@ -39,6 +39,11 @@ type state struct {
 }
 
 func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	for _, a := range args {
+		if a == "--overhead" || a == "-overhead" {
+			return runOverhead(ctx, args, stdout, stderr)
+		}
+	}
 	c, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
