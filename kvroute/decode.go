@@ -158,7 +158,11 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		out.stream = true
 		out.Header.Del("Content-Length")
-		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes))
+		// A pooled buffer as large as the last stream needed (D's first
+		// chunk carries the prompt's ids in token mode); Next returns it
+		// at the stream's end.
+		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes),
+			sse.WithBuffer(t.r.bufs.get(max(int(t.r.streamBuf.Load()), minPooled))))
 		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
 		ev, err := out.reader.Next()
 		if err != nil {

@@ -33,7 +33,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
 		return
 	}
-	body, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes)
+	body, ref, err := r.readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -43,7 +43,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusBadRequest, badRequest("reading the request body: %v", err))
 		return
 	}
-	resp, err := r.Do(hr.Context(), &Request{Path: hr.URL.Path, Header: hr.Header, Body: body})
+	// The turn's reference to a pooled body, released after the response
+	// (deferred first, so it runs last); upstream bodies that alias it
+	// hold their own until net/http closes them.
+	defer ref.release()
+	resp, err := r.Do(hr.Context(), &Request{Path: hr.URL.Path, Header: hr.Header, Body: body, ref: ref})
 	if err != nil {
 		if hr.Context().Err() != nil {
 			return // the client is gone
@@ -111,23 +115,29 @@ func sseError(status int, err error) []byte {
 }
 
 // readBody reads a request body. With a Content-Length within the limit
-// it reads into one buffer of that size, where io.ReadAll would grow a
-// buffer by doubling (and hold up to twice the body, in copies).
-func readBody(r io.Reader, length, limit int64) ([]byte, error) {
+// it reads into one pooled buffer of that size, where io.ReadAll would grow
+// a buffer by doubling (and hold up to twice the body, in copies); the
+// returned reference (nil otherwise) gives it back to the pool.
+func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, error) {
 	if length <= 0 || length > limit {
-		return io.ReadAll(r)
+		b, err := io.ReadAll(r)
+		return b, nil, err
 	}
-	b := make([]byte, length)
+	b := rt.bufs.get(int(length))
+	ref := &bodyRef{buf: b, pool: &rt.bufs}
+	ref.n.Store(1)
 	if _, err := io.ReadFull(r, b); err != nil {
+		ref.release()
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("the body is shorter than its Content-Length: %w", err)
+			return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	// net/http enforces Content-Length; anything after it is an error.
 	var one [1]byte
 	if n, _ := r.Read(one[:]); n > 0 {
-		return nil, errors.New("the body is longer than its Content-Length")
+		ref.release()
+		return nil, nil, errors.New("the body is longer than its Content-Length")
 	}
-	return b, nil
+	return b, ref, nil
 }

@@ -11,24 +11,48 @@ import (
 )
 
 func TestReadBody(t *testing.T) {
+	r := &Router{}
 	body := strings.Repeat("x", 1000)
-	b, err := readBody(strings.NewReader(body), 1000, 4096)
+	b, ref, err := r.readBody(strings.NewReader(body), 1000, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
-	assert.Equal(t, 1000, cap(b), "one buffer of the announced size")
+	assert.Equal(t, minPooled, cap(b), "one pooled buffer of the announced size's class")
+	require.NotNil(t, ref)
+	ref.acquire() // an upstream body aliasing it
+	ref.release() // the turn ends
+	again := r.bufs.get(1000)
+	assert.NotSame(t, &b[0], &again[0], "still held by the upstream body")
+	assert.Equal(t, int32(1), ref.n.Load())
+	ref.release() // net/http closed the upstream body: back to the pool
+	assert.Equal(t, int32(0), ref.n.Load())
 
-	_, err = readBody(strings.NewReader(body[:10]), 1000, 4096)
+	_, _, err = r.readBody(strings.NewReader(body[:10]), 1000, 4096)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 
-	_, err = readBody(strings.NewReader(body), 10, 4096)
+	_, _, err = r.readBody(strings.NewReader(body), 10, 4096)
 	assert.ErrorContains(t, err, "longer than its Content-Length")
 
 	// Unknown length, or one over the limit: read as it comes (the
-	// caller's MaxBytesReader enforces the limit).
-	b, err = readBody(bytes.NewReader([]byte(body)), -1, 4096)
+	// caller's MaxBytesReader enforces the limit), not pooled.
+	b, ref, err = r.readBody(bytes.NewReader([]byte(body)), -1, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
-	b, err = readBody(bytes.NewReader([]byte(body)), 1<<20, 4096)
+	assert.Nil(t, ref)
+	ref.release() // a nil reference counts nothing
+	b, _, err = r.readBody(bytes.NewReader([]byte(body)), 1<<20, 4096)
 	require.NoError(t, err)
 	assert.Len(t, b, 1000)
+}
+
+func TestBufPoolClasses(t *testing.T) {
+	for _, tt := range []struct{ n, class int }{{0, 0}, {1, 0}, {4096, 0}, {4097, 1}, {8192, 1}, {8193, 2}, {100 << 10, 5}, {8 << 20, 11}, {8<<20 + 1, -1}} {
+		assert.Equal(t, tt.class, class(tt.n), "class(%d)", tt.n)
+	}
+	var p bufPool
+	b := p.get(5000)
+	assert.Len(t, b, 5000)
+	assert.Equal(t, 8192, cap(b))
+	p.put(make([]byte, 5000)) // not a class's capacity: dropped
+	big := p.get(9 << 20)
+	assert.Len(t, big, 9<<20)
 }

@@ -45,8 +45,15 @@ func (b legBody) size() int {
 	return n
 }
 
-// reader returns a new reader of the whole body.
-func (b legBody) reader() *transport.Buffers { return transport.NewBuffers(b) }
+// reader returns a new reader of the whole body, holding a reference to
+// the pooled client body it aliases (if any) until net/http closes it.
+func (b legBody) reader(ref *bodyRef) *transport.Buffers {
+	if ref == nil {
+		return transport.NewBuffers(b, nil)
+	}
+	ref.acquire()
+	return transport.NewBuffers(b, ref.release)
+}
 
 // runPrefill sends the prefill leg, retrying safe failures on other
 // engines, and returns P's handle (nil when P gave none and the local
@@ -187,7 +194,7 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, atta
 		}
 		return nil, ue
 	}
-	b, err := readLimited(resp.Body, t.r.cfg.maxBodyBytes)
+	b, err := readSized(resp.Body, resp.ContentLength, t.r.cfg.maxBodyBytes, nil)
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
@@ -277,8 +284,10 @@ func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, b
 
 // upstreamRequestTo is upstreamRequest for another path of the engine.
 func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody) (*http.Request, error) {
-	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, body.reader())
+	rd := body.reader(t.req.ref)
+	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, rd)
 	if err != nil {
+		_ = rd.Close()
 		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}
 	hreq.Header = transport.RequestHeader(t.req.Header)
@@ -292,11 +301,34 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 	hreq.ContentLength = int64(body.size())
 	// For net/http's retry of a request a reused connection lost before
 	// it was written.
-	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(), nil }
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(t.req.ref), nil }
 	return hreq, nil
 }
 
 var errBodyTooLarge = errors.New("body exceeds the size limit")
+
+// readSized reads a body of the given Content-Length (-1: unknown) into
+// one buffer of that size from get (make when nil), or as readLimited when
+// the length is unknown or over the limit.
+func readSized(r io.Reader, length, limit int64, get func(int) []byte) ([]byte, error) {
+	if length <= 0 || length > limit {
+		return readLimited(r, limit)
+	}
+	var b []byte
+	if get != nil {
+		b = get(int(length))
+	} else {
+		b = make([]byte, length)
+	}
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		return nil, errors.New("the body is longer than its Content-Length")
+	}
+	return b, nil
+}
 
 func readLimited(r io.Reader, limit int64) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))

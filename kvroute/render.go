@@ -157,10 +157,12 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 	}
-	b, err := readLimited(resp.Body, t.r.cfg.maxBodyBytes)
+	// Read into a pooled buffer (the ids are copied out of it).
+	b, err := readSized(resp.Body, resp.ContentLength, t.r.cfg.maxBodyBytes, t.r.bufs.get)
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
+	defer t.r.bufs.put(b)
 	obj := b
 	if list {
 		n := 0

@@ -21,8 +21,14 @@ type Request struct {
 	// forwards end-to-end headers other than Authorization to both legs
 	// (with a Tracer, its trace headers replace the client's: WithTracer).
 	Header http.Header
-	// Body is the client's JSON body. Do does not modify it.
+	// Body is the client's JSON body. Do does not modify it. ServeHTTP
+	// reads it into a buffer the Router reuses after the turn, so an
+	// Identifier, Selector, TenantFunc or Observer must not keep Body (or
+	// a slice of it) beyond its call.
 	Body []byte
+	// ref counts the users of Body when the Router owns its buffer
+	// (ServeHTTP); nil otherwise.
+	ref *bodyRef
 
 	obj    jsonraw.Object
 	parsed bool

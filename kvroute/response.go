@@ -91,6 +91,7 @@ func (r *Response) Next() ([]byte, error) {
 			if r.capture.Done() {
 				r.end(nil)
 				r.err = io.EOF
+				r.recycle()
 				return nil, io.EOF
 			}
 			err = ErrStreamCut
@@ -166,6 +167,24 @@ func (r *Response) Close() error {
 	}
 	r.release()
 	return nil
+}
+
+// maxStreamHint bounds the buffer a stream starts with: a huge stream grows
+// its own rather than making every later stream take one as large.
+const maxStreamHint = 1 << 20
+
+// recycle returns the stream's buffer to the Router's pool at the end of a
+// complete stream, from Next (the reader's own goroutine: a stream that is
+// closed or breaks keeps its buffer, which another goroutine's Close could
+// race with), when no event it returned may be used any more.
+func (r *Response) recycle() {
+	b := r.reader.Buffer()
+	r.reader = nil
+	if b == nil {
+		return
+	}
+	r.t.r.streamBuf.Store(int64(min(cap(b), maxStreamHint)))
+	r.t.r.bufs.put(b)
 }
 
 // release closes the upstream body and cancels the decode request once.

@@ -45,6 +45,8 @@ type Router struct {
 	storeHealth    storeHealth
 	caps           renderCaps
 	kv             kvLedger
+	bufs           bufPool      // request bodies (ServeHTTP), render answers, stream buffers
+	streamBuf      atomic.Int64 // the size of the last stream's buffer, for the next one's
 }
 
 // New returns a Router configured by opts. It validates every option and

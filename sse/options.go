@@ -28,3 +28,14 @@ func WithMaxEventSize(n int) ReaderOption {
 		r.max = n
 	})
 }
+
+// WithBuffer makes the Reader read into buf (from buf[:0]) instead of
+// allocating its own buffer; it still grows a larger one when an event
+// needs it. With Reader.Buffer, a caller can reuse buffers across streams.
+func WithBuffer(buf []byte) ReaderOption {
+	return readerOptionFunc(func(r *Reader) {
+		if cap(buf) > 0 {
+			r.buf = buf[:0]
+		}
+	})
+}

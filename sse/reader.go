@@ -76,6 +76,16 @@ func NewReader(r io.Reader, opts ...ReaderOption) *Reader {
 	return rd
 }
 
+// Buffer returns the Reader's input buffer (the one given with WithBuffer,
+// or a larger one it grew), emptied, for reuse once neither the Reader nor
+// any Event it returned is used again; nil if it has none.
+func (r *Reader) Buffer() []byte {
+	if r.buf == nil {
+		return nil
+	}
+	return r.buf[:0]
+}
+
 // Next returns the next block of the stream. It returns io.EOF once all
 // input has been returned, ErrEventTooLarge for an event over the size
 // bound, or the error of the underlying reader. Errors are sticky: after

@@ -335,3 +335,29 @@ func TestReaderCROnlyStreamWithLateLF(t *testing.T) {
 	}
 	assert.Equal(t, n, count)
 }
+
+// TestReaderWithBuffer reads into a given buffer, and into a larger one it
+// grows for an event that does not fit; Buffer hands back the one in use.
+func TestReaderWithBuffer(t *testing.T) {
+	small := "data: a\n\n"
+	big := "data: " + strings.Repeat("x", 20<<10) + "\n\n"
+	buf := make([]byte, 0, 8<<10)
+	r := sse.NewReader(strings.NewReader(small), sse.WithBuffer(buf))
+	e, err := r.Next()
+	require.NoError(t, err)
+	assert.Equal(t, "a", string(e.Data))
+	assert.Same(t, &buf[:1][0], &e.Raw[0], "read into the given buffer")
+	_, err = r.Next()
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, cap(buf), cap(r.Buffer()))
+	assert.Empty(t, r.Buffer())
+
+	r = sse.NewReader(iotest.HalfReader(strings.NewReader(small+big)), sse.WithBuffer(buf))
+	for _, want := range []int{1, 20 << 10} {
+		e, err := r.Next()
+		require.NoError(t, err)
+		assert.Len(t, e.Data, want)
+	}
+	assert.Greater(t, cap(r.Buffer()), cap(buf), "grew past the given buffer")
+	assert.Nil(t, sse.NewReader(strings.NewReader("")).Buffer(), "no buffer before a read")
+}

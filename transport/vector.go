@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"sync/atomic"
 )
 
 // Buffers is a request body made of pieces sent in order without being
@@ -13,14 +14,18 @@ import (
 // It is an io.ReadCloser, so http.NewRequest keeps it as the Body. The
 // pieces must not change until the request is done; Read consumes them.
 type Buffers struct {
-	bufs net.Buffers
-	n    int
+	bufs    net.Buffers
+	n       int
+	onClose func()
+	closed  atomic.Bool
 }
 
 // NewBuffers returns a body of the pieces (the slice is copied, not the
-// bytes).
-func NewBuffers(pieces [][]byte) *Buffers {
-	b := &Buffers{bufs: make(net.Buffers, len(pieces))}
+// bytes). onClose, if not nil, is called once, by the first Close: net/http
+// closes a request's body when it is done with it, even after RoundTrip
+// returned, so that is when the pieces may be reused.
+func NewBuffers(pieces [][]byte, onClose func()) *Buffers {
+	b := &Buffers{bufs: make(net.Buffers, len(pieces)), onClose: onClose}
 	copy(b.bufs, pieces)
 	for _, p := range pieces {
 		b.n += len(p)
@@ -49,8 +54,13 @@ func (b *Buffers) WriteTo(w io.Writer) (int64, error) {
 	return n, err
 }
 
-// Close implements io.Closer; it does nothing.
-func (b *Buffers) Close() error { return nil }
+// Close implements io.Closer: the first call runs the onClose function.
+func (b *Buffers) Close() error {
+	if !b.closed.Swap(true) && b.onClose != nil {
+		b.onClose()
+	}
+	return nil
+}
 
 // vectorConn is a connection of NewTransport. net/http writes a request
 // body of known length by handing the connection an io.LimitedReader of it

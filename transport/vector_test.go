@@ -30,7 +30,8 @@ func TestBuffersBody(t *testing.T) {
 	for _, n := range []int{0, 10, 5000, 100 << 10} {
 		pieces := [][]byte{[]byte(`{"a":`), []byte(strings.Repeat("7", n) + "1"), []byte(`,"b":`), {}, []byte(`"x"}`)}
 		want := bytes.Join(pieces, nil)
-		body := transport.NewBuffers(pieces)
+		closed := 0
+		body := transport.NewBuffers(pieces, func() { closed++ })
 		assert.Equal(t, len(want), body.Len())
 		req, err := http.NewRequest(http.MethodPost, srv.URL, body)
 		require.NoError(t, err)
@@ -40,12 +41,14 @@ func TestBuffersBody(t *testing.T) {
 		_ = resp.Body.Close()
 		assert.Equal(t, string(want), string(<-got), "body of %d bytes", len(want))
 		assert.Equal(t, 0, body.Len(), "consumed")
+		assert.Equal(t, 1, closed, "net/http closed the body once")
 	}
 }
 
 // TestBuffersRead reads a body of pieces in small steps.
 func TestBuffersRead(t *testing.T) {
-	b := transport.NewBuffers([][]byte{[]byte("ab"), nil, []byte("cde")})
+	closed := 0
+	b := transport.NewBuffers([][]byte{[]byte("ab"), nil, []byte("cde")}, func() { closed++ })
 	var out bytes.Buffer
 	buf := make([]byte, 2)
 	for {
@@ -59,4 +62,6 @@ func TestBuffersRead(t *testing.T) {
 	assert.Equal(t, "abcde", out.String())
 	assert.Equal(t, 0, b.Len())
 	assert.NoError(t, b.Close())
+	assert.NoError(t, b.Close())
+	assert.Equal(t, 1, closed, "onClose runs once")
 }

@@ -1,0 +1,78 @@
+package kvroute
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// bufPool keeps byte buffers for reuse, by size class: class k holds
+// buffers of capacity minPooled<<k. A Router owns one; request bodies read
+// by ServeHTTP and render answers come from it, so that a turn does not
+// allocate its largest buffers.
+type bufPool struct {
+	classes [poolClasses]sync.Pool
+}
+
+const (
+	minPooled   = 4 << 10
+	poolClasses = 12 // up to 8 MiB
+)
+
+// class returns the size class that holds n bytes, or -1 when n is larger
+// than the largest.
+func class(n int) int {
+	if n <= minPooled {
+		return 0
+	}
+	k := bits.Len(uint((n - 1) / minPooled))
+	if k >= poolClasses {
+		return -1
+	}
+	return k
+}
+
+// get returns a buffer of length n.
+func (p *bufPool) get(n int) []byte {
+	k := class(n)
+	if k < 0 {
+		return make([]byte, n)
+	}
+	if v, ok := p.classes[k].Get().(*[]byte); ok {
+		return (*v)[:n]
+	}
+	return make([]byte, n, minPooled<<k)
+}
+
+// put returns b to the pool; a buffer of another capacity than a class's
+// is dropped.
+func (p *bufPool) put(b []byte) {
+	k := class(cap(b))
+	if k < 0 || cap(b) != minPooled<<k {
+		return
+	}
+	b = b[:0]
+	p.classes[k].Put(&b)
+}
+
+// bodyRef counts the users of a pooled request body: ServeHTTP, for the
+// turn, and each upstream request body that aliases it, until net/http
+// closes it. The last release returns the buffer to the pool. A nil
+// *bodyRef (a body the router does not own) counts nothing.
+type bodyRef struct {
+	n    atomic.Int32
+	buf  []byte
+	pool *bufPool
+}
+
+func (b *bodyRef) acquire() {
+	if b != nil {
+		b.n.Add(1)
+	}
+}
+
+func (b *bodyRef) release() {
+	if b != nil && b.n.Add(-1) == 0 {
+		b.pool.put(b.buf)
+	}
+}
