@@ -52,56 +52,64 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, bool) {
 		// At most one id per two bytes ("1,"): grow once, by the count.
 		dst = slices.Grow(dst, bytes.Count(arr, []byte{','})+1)
 	}
-	i := 0
-	skip := func() {
-		for i < len(arr) && (arr[i] == ' ' || arr[i] == '\n' || arr[i] == '\r' || arr[i] == '\t') {
-			i++
-		}
-	}
-	skip()
+	i := skipIDSpace(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return dst[:n], false
 	}
-	i++
-	skip()
+	i = skipIDSpace(arr, i+1)
 	if i < len(arr) && arr[i] == ']' {
-		i++
-		skip()
-		return dst, i == len(arr)
+		return dst, skipIDSpace(arr, i+1) == len(arr)
 	}
 	for {
-		skip()
 		start := i
 		var v uint64
-		for i < len(arr) && arr[i] >= '0' && arr[i] <= '9' {
-			v = v*10 + uint64(arr[i]-'0')
-			if v > 1<<32-1 {
-				return dst[:n], false
+		for i < len(arr) {
+			c := arr[i] - '0'
+			if c > 9 {
+				break
 			}
+			v = v*10 + uint64(c)
 			i++
 		}
-		if i == start || (arr[start] == '0' && i-start > 1) {
+		// Ten digits at most (2^32-1 has ten), no leading zero.
+		if i == start || i-start > 10 || v > 1<<32-1 || (arr[start] == '0' && i-start > 1) {
 			return dst[:n], false
 		}
 		dst = append(dst, uint32(v))
-		skip()
+		if i < len(arr) && arr[i] == ',' {
+			// The common case: "1,2,3" without spaces.
+			i++
+			if i < len(arr) && arr[i]-'0' <= 9 {
+				continue
+			}
+			i = skipIDSpace(arr, i)
+			continue
+		}
+		i = skipIDSpace(arr, i)
 		if i >= len(arr) {
 			return dst[:n], false
 		}
 		if arr[i] == ',' {
-			i++
+			i = skipIDSpace(arr, i+1)
 			continue
 		}
 		if arr[i] != ']' {
 			return dst[:n], false
 		}
-		i++
-		skip()
-		if i != len(arr) {
+		if skipIDSpace(arr, i+1) != len(arr) {
 			return dst[:n], false
 		}
 		return dst, true
 	}
+}
+
+// skipIDSpace returns the index of the first byte at or after i that is
+// not JSON whitespace.
+func skipIDSpace(arr []byte, i int) int {
+	for i < len(arr) && (arr[i] == ' ' || arr[i] == '\n' || arr[i] == '\r' || arr[i] == '\t') {
+		i++
+	}
+	return i
 }
 
 // addPromptIDs records a prompt_token_ids value.
