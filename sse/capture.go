@@ -92,18 +92,31 @@ func NewCapture(opts ...CaptureOption) *Capture {
 func (c *Capture) Forward(e Event) ([]byte, error) {
 	d := e.Data
 	done := e.HasData && string(d) == "[DONE]"
+	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
+	// Data to rewrite is validated and indexed once, and then inspected
+	// from its index (D's first chunk in token mode: the prompt's ids).
+	parse := e.HasData && !done && (strip || MayHoldHandle(d))
+	var perr error
+	if parse {
+		perr = c.obj.Reset(d)
+	}
 	if done {
 		c.done = true
 	} else if e.HasData {
-		c.inspect(d)
+		if parse && perr == nil {
+			for i := range c.obj.Len() {
+				c.inspectMember(c.obj.Member(i))
+			}
+		} else {
+			c.inspect(d)
+		}
 	}
-	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
 	if !strip && !MayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
 		return e.Raw, nil
 	}
 	data, changed := d, false
-	if e.HasData && !done && (strip || MayHoldHandle(d)) {
-		if err := c.obj.Reset(d); err != nil {
+	if parse {
+		if err := perr; err != nil {
 			if !errors.Is(err, jsonraw.ErrNotObject) {
 				return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
 			}
@@ -255,20 +268,25 @@ func (c *Capture) Usage() []byte { return c.usage }
 // metadata is missed).
 func (c *Capture) inspect(d []byte) {
 	_ = jsonraw.Members(d, func(key string, v []byte) error {
-		switch key {
-		case "choices":
-			c.choices(v)
-		case "usage":
-			if !jsonraw.IsNull(v) {
-				c.usage = append(c.usage[:0], v...)
-			}
-		case PromptTokenIDsKey:
-			if c.tokens {
-				c.addPromptIDs(v)
-			}
-		}
+		c.inspectMember(key, v)
 		return nil
 	})
+}
+
+// inspectMember is inspect for one top-level member.
+func (c *Capture) inspectMember(key string, v []byte) {
+	switch key {
+	case "choices":
+		c.choices(v)
+	case "usage":
+		if !jsonraw.IsNull(v) {
+			c.usage = append(c.usage[:0], v...)
+		}
+	case PromptTokenIDsKey:
+		if c.tokens {
+			c.addPromptIDs(v)
+		}
+	}
 }
 
 // choices handles the choice with index 0 (or, without an index, the first).
