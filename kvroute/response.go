@@ -131,8 +131,12 @@ func (r *Response) streamError(err error) error {
 }
 
 // WriteTo writes the response to w: the body, or every event of the stream
-// as it arrives, flushing after each one when w supports it (an
-// http.ResponseWriter, or anything with Flush() or Flush() error). It
+// as it arrives, flushing when w supports it (an http.ResponseWriter, or
+// anything with Flush() or Flush() error): after each event, except that
+// events the decode engine sent together (already read when the one
+// before is written) get one flush, after the last of them. The first two
+// events (vLLM's role chunk and the first token) are always flushed at
+// once. It
 // returns the bytes written and the first error; io.EOF is not an error.
 func (r *Response) WriteTo(w io.Writer) (int64, error) {
 	if !r.stream {
@@ -141,7 +145,7 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 	}
 	sw := sse.NewWriter(w)
 	var total int64
-	for {
+	for n := 0; ; n++ {
 		ev, err := r.Next()
 		if errors.Is(err, io.EOF) {
 			return total, nil
@@ -149,7 +153,15 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 		if err != nil {
 			return total, err
 		}
-		if err := sw.WriteRaw(ev); err != nil {
+		// One flush for the events D sent at once: an event is held
+		// back only while the next one is already read. The first two
+		// (vLLM's role chunk and the first token) always go at once.
+		if n >= 2 && r.reader != nil && r.reader.Ready() {
+			_, err = sw.Write(ev)
+		} else {
+			err = sw.WriteRaw(ev)
+		}
+		if err != nil {
 			return total, err
 		}
 		total += int64(len(ev))

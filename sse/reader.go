@@ -76,6 +76,19 @@ func NewReader(r io.Reader, opts ...ReaderOption) *Reader {
 	return rd
 }
 
+// Ready reports whether the input already read holds the end of another
+// block (a blank line after the current position), so that Next can
+// return it without waiting for the underlying reader. A writer can
+// then hold back its flush: the stream has more to send at once.
+func (r *Reader) Ready() bool {
+	if r.err != nil || r.pos >= len(r.buf) {
+		return false
+	}
+	b := r.buf[r.pos:]
+	// Two line terminators in a row, other than one "\r\n": a blank line.
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r")) || bytes.Contains(b, []byte("\r\r"))
+}
+
 // Buffer returns the Reader's input buffer (the one given with WithBuffer,
 // or a larger one it grew), emptied, for reuse once neither the Reader nor
 // any Event it returned is used again; nil if it has none.

@@ -361,3 +361,24 @@ func TestReaderWithBuffer(t *testing.T) {
 	assert.Greater(t, cap(r.Buffer()), cap(buf), "grew past the given buffer")
 	assert.Nil(t, sse.NewReader(strings.NewReader("")).Buffer(), "no buffer before a read")
 }
+
+// TestReaderReady reports a buffered block only when its blank line has
+// been read.
+func TestReaderReady(t *testing.T) {
+	for _, tt := range []struct {
+		in    string
+		ready bool
+	}{
+		{"data: a\n\ndata: b\n\n", true},
+		{"data: a\n\ndata: b\n", false},
+		{"data: a\n\ndata: b\r\n\r\n", true},
+		{"data: a\n\ndata: b\r\r", true},
+		{"data: a\n\ndata: b\r\n", false},
+		{"data: a\n\n", false},
+	} {
+		r := sse.NewReader(strings.NewReader(tt.in))
+		_, err := r.Next()
+		require.NoError(t, err)
+		assert.Equal(t, tt.ready, r.Ready(), "%q", tt.in)
+	}
+}

@@ -46,6 +46,11 @@ func (w *Writer) WriteRaw(raw []byte) error {
 	return w.Flush()
 }
 
+// Write writes raw SSE bytes without flushing, for a caller that knows
+// more events follow at once (see Reader.Ready); a later WriteRaw or Flush
+// sends them.
+func (w *Writer) Write(raw []byte) (int, error) { return w.w.Write(raw) }
+
 // Flush sends buffered bytes to the client. It returns nil if the
 // underlying ResponseWriter does not support flushing.
 func (w *Writer) Flush() error {
