@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"strconv"
@@ -110,13 +111,20 @@ type entry struct {
 	raw []byte // the stored value, for putting it back
 }
 
-// Entry encodings: version 1 had no flags and no fingerprint.
+// Entry encodings: version 1 had no flags and no fingerprint; version 2
+// added them; version 3 adds flagCompactBlocks, a handle stored compacted
+// (compactHandle), which a router that reads only version 2 refuses as a
+// bad entry rather than misreading.
 const (
 	entryVersion1 = 1
-	entryVersion  = 2
+	entryVersion2 = 2
+	entryVersion  = 3
 )
 
-const flagContentOK = 1
+const (
+	flagContentOK     = 1
+	flagCompactBlocks = 2
+)
 
 // encode serialises e compactly: a version byte, varints, the endpoint, the
 // check, a flag byte and the fingerprint, then the handle JSON as is.
@@ -131,9 +139,133 @@ func (e entry) encode() []byte {
 	if e.contentOK {
 		flags |= flagContentOK
 	}
+	at := len(b)
 	b = append(b, flags)
 	b = appendBytes(b, e.fp)
+	if c, ok := compactHandle(b, e.handle); ok {
+		c[at] |= flagCompactBlocks
+		return c
+	}
 	return append(b, e.handle...)
+}
+
+// compactHandle appends h with its remote_block_ids stored as varint
+// deltas (the JSON before and after the list, then the ids), about a
+// fifth of their decimal JSON. ok is false (dst unchanged) when h has no
+// such list of integer lists, or a flat list, or when expandHandle would
+// not give back exactly h (spacing, number spelling): the handle is then
+// stored verbatim.
+func compactHandle(dst, h []byte) ([]byte, bool) {
+	obj, err := jsonraw.Parse(h)
+	if err != nil {
+		return dst, false
+	}
+	v, ok := obj.Get("remote_block_ids")
+	if !ok || len(v) < 2 || v[0] != '[' {
+		return dst, false
+	}
+	at := bytes.Index(h, v) // any occurrence: the bytes are the same
+	if at < 0 {
+		return dst, false
+	}
+	var groups [][]int64
+	nested := len(v) > 1 && bytes.TrimLeft(v[1:], " ")[0] == '['
+	flat := []int64(nil)
+	bad := false
+	readInts := func(arr []byte) []int64 {
+		var ids []int64
+		err := jsonraw.Elements(arr, func(e []byte) error {
+			n, ok := jsonraw.Int(e)
+			if !ok || n < 0 {
+				bad = true
+				return errStop
+			}
+			ids = append(ids, n)
+			return nil
+		})
+		if err != nil {
+			bad = true
+		}
+		return ids
+	}
+	if nested {
+		_ = jsonraw.Elements(v, func(g []byte) error {
+			groups = append(groups, readInts(g))
+			if bad {
+				return errStop
+			}
+			return nil
+		})
+	} else {
+		flat = readInts(v)
+		groups = [][]int64{flat}
+	}
+	if bad {
+		return dst, false
+	}
+	n := len(dst)
+	dst = appendBytes(dst, h[:at])
+	dst = appendBytes(dst, h[at+len(v):])
+	if nested {
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, 0)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(groups)))
+	var prev int64
+	for _, g := range groups {
+		dst = binary.AppendUvarint(dst, uint64(len(g)))
+		for _, id := range g {
+			dst = binary.AppendVarint(dst, id-prev)
+			prev = id
+		}
+	}
+	if back, err := expandHandle(dst[n:]); err != nil || !bytes.Equal(back, h) {
+		return dst[:n], false
+	}
+	return dst, true
+}
+
+// expandHandle rebuilds a handle stored by compactHandle.
+func expandHandle(b []byte) ([]byte, error) {
+	r := entryReader{b: b}
+	head, tail := r.bytes(), r.bytes()
+	nested := r.byte() == 1
+	groups := r.uvarint()
+	if r.bad || groups > uint64(len(r.b)) || (!nested && groups != 1) {
+		return nil, errBadEntry
+	}
+	out := make([]byte, 0, len(head)+len(tail)+7*len(r.b)+8)
+	out = append(out, head...)
+	out = append(out, '[')
+	var prev int64
+	for g := range groups {
+		if g > 0 {
+			out = append(out, ',')
+		}
+		if nested {
+			out = append(out, '[')
+		}
+		n := r.uvarint()
+		if r.bad || n > uint64(len(r.b)) {
+			return nil, errBadEntry
+		}
+		for i := range n {
+			if i > 0 {
+				out = append(out, ',')
+			}
+			prev += r.varint()
+			out = strconv.AppendInt(out, prev, 10)
+		}
+		if nested {
+			out = append(out, ']')
+		}
+	}
+	if r.bad || len(r.b) != 0 {
+		return nil, errBadEntry
+	}
+	out = append(out, ']')
+	return append(out, tail...), nil
 }
 
 func appendBytes(b, v []byte) []byte {
@@ -192,7 +324,7 @@ func (r *entryReader) byte() byte {
 
 func decodeEntry(b []byte) (entry, error) {
 	var e entry
-	if len(b) < 1 || (b[0] != entryVersion && b[0] != entryVersion1) {
+	if len(b) < 1 || b[0] < entryVersion1 || b[0] > entryVersion {
 		return e, errBadEntry
 	}
 	r := entryReader{b: b[1:]}
@@ -200,10 +332,13 @@ func decodeEntry(b []byte) (entry, error) {
 	e.tokens = int(r.uvarint())
 	e.endpoint = string(r.bytes())
 	e.check = r.bytes()
+	compact := false
 	if b[0] == entryVersion1 {
 		e.contentOK = true
 	} else {
-		e.contentOK = r.byte()&flagContentOK != 0
+		flags := r.byte()
+		e.contentOK = flags&flagContentOK != 0
+		compact = b[0] >= entryVersion && flags&flagCompactBlocks != 0
 		if fp := r.bytes(); len(fp) > 0 {
 			e.fp = fingerprint(fp)
 		}
@@ -212,6 +347,13 @@ func decodeEntry(b []byte) (entry, error) {
 		return entry{}, errBadEntry
 	}
 	e.handle = r.b
+	if compact {
+		h, err := expandHandle(r.b)
+		if err != nil {
+			return entry{}, err
+		}
+		e.handle = h
+	}
 	e.created = time.Unix(0, created)
 	e.raw = b
 	return e, nil

@@ -1,0 +1,68 @@
+package kvroute
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestEntryCompactHandle stores handles through encode and decodeEntry:
+// every handle comes back byte for byte; those with a compact integer
+// block list are stored in fewer bytes, the others verbatim.
+func TestEntryCompactHandle(t *testing.T) {
+	var many strings.Builder
+	for i := range 1600 {
+		if i > 0 {
+			many.WriteByte(',')
+		}
+		fmt.Fprint(&many, 20000+i*3%7+i)
+	}
+	tests := []struct {
+		name    string
+		handle  string
+		compact bool
+	}{
+		{"nested", `{"do_remote_prefill":false,"remote_block_ids":[[11,12,13,14],[7,3]],"remote_engine_id":"d","remote_num_tokens":60}`, true},
+		{"large", `{"remote_block_ids":[[` + many.String() + `]],"remote_num_tokens":25600}`, true},
+		{"flat", `{"remote_block_ids":[5,6,7],"x":1}`, true},
+		{"empty", `{"remote_block_ids":[],"x":1}`, true},
+		{"spaces kept verbatim", `{"remote_block_ids": [[1, 2, 3]]}`, false},
+		{"not integers", `{"remote_block_ids":[[1.5]]}`, false},
+		{"negative", `{"remote_block_ids":[[-1]]}`, false},
+		{"exponent", `{"remote_block_ids":[[1e3]]}`, false},
+		{"null", `{"remote_block_ids":null}`, false},
+		{"none", `{"remote_engine_id":"d"}`, false},
+		{"same list earlier", `{"a":[[1,2]],"remote_block_ids":[[1,2]]}`, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := entry{created: time.Unix(100, 5), endpoint: "http://d", tokens: 60, check: []byte("c"), contentOK: true,
+				fp: fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, handle: []byte(tt.handle)}
+			raw := e.encode()
+			verbatim := len(raw) >= len(tt.handle) && strings.HasSuffix(string(raw), tt.handle)
+			assert.Equal(t, !tt.compact, verbatim, "stored verbatim")
+			if tt.name == "large" {
+				assert.Less(t, len(raw), len(tt.handle)/4, "a fifth of the JSON at most, about")
+			}
+			got, err := decodeEntry(raw)
+			require.NoError(t, err)
+			assert.Equal(t, tt.handle, string(got.handle))
+			assert.Equal(t, e.tokens, got.tokens)
+			assert.Equal(t, e.endpoint, got.endpoint)
+			assert.Equal(t, e.fp, got.fp)
+			assert.True(t, got.contentOK)
+			assert.True(t, e.created.Equal(got.created))
+		})
+	}
+	// A corrupt compact entry is a bad entry, not a wrong handle.
+	e := entry{created: time.Unix(1, 0), endpoint: "d", handle: []byte(`{"remote_block_ids":[[1,2,3]]}`)}
+	raw := e.encode()
+	for cut := len(raw) - 1; cut > len(raw)-8; cut-- {
+		_, err := decodeEntry(raw[:cut])
+		assert.Error(t, err, "cut at %d", cut)
+	}
+}
