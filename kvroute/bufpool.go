@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"io"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -74,5 +75,38 @@ func (b *bodyRef) acquire() {
 func (b *bodyRef) release() {
 	if b != nil && b.n.Add(-1) == 0 {
 		b.pool.put(b.buf)
+	}
+}
+
+// read reads r to its end, at most limit bytes (errBodyTooLarge beyond),
+// into a pooled buffer grown through the pool's classes, so that a body of
+// unknown length (a chunked answer) does not allocate as io.ReadAll's
+// doubling does. The caller puts the result back when done with it.
+func (p *bufPool) read(r io.Reader, limit int64) ([]byte, error) {
+	b := p.get(minPooled)[:0]
+	for {
+		if len(b) == cap(b) {
+			if int64(len(b)) > limit {
+				p.put(b)
+				return nil, errBodyTooLarge
+			}
+			nb := p.get(2 * cap(b))[:len(b)]
+			copy(nb, b)
+			p.put(b)
+			b = nb
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			p.put(b)
+			return nil, errBodyTooLarge
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			p.put(b)
+			return nil, err
+		}
 	}
 }

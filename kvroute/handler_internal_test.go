@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,3 +57,24 @@ func TestBufPoolClasses(t *testing.T) {
 	big := p.get(9 << 20)
 	assert.Len(t, big, 9<<20)
 }
+
+func TestBufPoolRead(t *testing.T) {
+	var p bufPool
+	for _, n := range []int{0, 10, minPooled, minPooled + 1, 100 << 10} {
+		body := strings.Repeat("y", n)
+		b, err := p.read(iotestHalf(strings.NewReader(body)), 1<<20)
+		require.NoError(t, err)
+		assert.Equal(t, body, string(b))
+		p.put(b)
+	}
+	_, err := p.read(strings.NewReader(strings.Repeat("z", 5000)), 4999)
+	assert.ErrorIs(t, err, errBodyTooLarge)
+	_, err = p.read(strings.NewReader(strings.Repeat("z", 4096)), 4095)
+	assert.ErrorIs(t, err, errBodyTooLarge)
+	b, err := p.read(strings.NewReader(strings.Repeat("z", 4096)), 4096)
+	require.NoError(t, err)
+	assert.Len(t, b, 4096)
+}
+
+// iotestHalf reads half of what is asked each time.
+func iotestHalf(r io.Reader) io.Reader { return iotest.HalfReader(r) }

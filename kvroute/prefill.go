@@ -314,6 +314,12 @@ func readSized(r io.Reader, length, limit int64, get func(int) []byte) ([]byte, 
 	if length <= 0 || length > limit {
 		return readLimited(r, limit)
 	}
+	return readExact(r, length, get)
+}
+
+// readExact reads a body of length bytes into a buffer from get (make when
+// nil); a longer body is an error.
+func readExact(r io.Reader, length int64, get func(int) []byte) ([]byte, error) {
 	var b []byte
 	if get != nil {
 		b = get(int(length))

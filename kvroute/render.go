@@ -158,7 +158,12 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 	}
 	// Read into a pooled buffer (the ids are copied out of it).
-	b, err := readSized(resp.Body, resp.ContentLength, t.r.cfg.maxBodyBytes, t.r.bufs.get)
+	var b []byte
+	if l := resp.ContentLength; l > 0 && l <= t.r.cfg.maxBodyBytes {
+		b, err = readExact(resp.Body, l, t.r.bufs.get)
+	} else {
+		b, err = t.r.bufs.read(resp.Body, t.r.cfg.maxBodyBytes)
+	}
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}

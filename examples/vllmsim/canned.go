@@ -121,8 +121,7 @@ func cannedHandler(role, model string) (http.Handler, error) {
 		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			n := seq.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, model, n)
+			writeJSON(w, fmt.Appendf(nil, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, model, n))
 		})
 		mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
 			req, ok := readCanned(w, r)
@@ -131,9 +130,7 @@ func cannedHandler(role, model string) (http.Handler, error) {
 			}
 			ids := cannedChat(req.Messages)
 			out := make([]byte, 0, 7*len(ids)+16)
-			out = append(appendCannedIDs(append(out, `{"token_ids":`...), ids), '}')
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(out)
+			writeJSON(w, append(appendCannedIDs(append(out, `{"token_ids":`...), ids), '}'))
 		})
 	case "decode":
 		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -211,4 +208,12 @@ func cannedStream(w http.ResponseWriter, n int64, model string, req cannedReques
 	out = append(out, handle...)
 	out = append(out, "}\n\ndata: [DONE]\n\n"...)
 	_, _ = w.Write(out)
+}
+
+// writeJSON writes a JSON answer with its Content-Length, as vLLM's API
+// server (Starlette's JSONResponse) does.
+func writeJSON(w http.ResponseWriter, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
 }
