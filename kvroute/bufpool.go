@@ -82,8 +82,10 @@ func (b *bodyRef) release() {
 // into a pooled buffer grown through the pool's classes, so that a body of
 // unknown length (a chunked answer) does not allocate as io.ReadAll's
 // doubling does. The caller puts the result back when done with it.
-func (p *bufPool) read(r io.Reader, limit int64) ([]byte, error) {
-	b := p.get(minPooled)[:0]
+// It starts with a buffer of hint bytes (the size the last such body
+// needed).
+func (p *bufPool) read(r io.Reader, limit int64, hint int) ([]byte, error) {
+	b := p.get(max(hint, minPooled))[:0]
 	for {
 		if len(b) == cap(b) {
 			if int64(len(b)) > limit {

@@ -168,40 +168,13 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 	if at < 0 {
 		return dst, false
 	}
-	var groups [][]int64
-	nested := len(v) > 1 && bytes.TrimLeft(v[1:], " ")[0] == '['
-	flat := []int64(nil)
-	bad := false
-	readInts := func(arr []byte) []int64 {
-		var ids []int64
-		err := jsonraw.Elements(arr, func(e []byte) error {
-			n, ok := jsonraw.Int(e)
-			if !ok || n < 0 {
-				bad = true
-				return errStop
-			}
-			ids = append(ids, n)
-			return nil
-		})
-		if err != nil {
-			bad = true
-		}
-		return ids
-	}
+	nested := bytes.TrimLeft(v[1:], " ")[0] == '['
+	groups := [][]byte{v}
 	if nested {
-		_ = jsonraw.Elements(v, func(g []byte) error {
-			groups = append(groups, readInts(g))
-			if bad {
-				return errStop
-			}
-			return nil
-		})
-	} else {
-		flat = readInts(v)
-		groups = [][]int64{flat}
-	}
-	if bad {
-		return dst, false
+		groups = groups[:0]
+		if jsonraw.Elements(v, func(g []byte) error { groups = append(groups, g); return nil }) != nil {
+			return dst, false
+		}
 	}
 	n := len(dst)
 	dst = appendBytes(dst, h[:at])
@@ -214,10 +187,22 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 	dst = binary.AppendUvarint(dst, uint64(len(groups)))
 	var prev int64
 	for _, g := range groups {
-		dst = binary.AppendUvarint(dst, uint64(len(g)))
-		for _, id := range g {
+		count := 0
+		if jsonraw.Elements(g, func([]byte) error { count++; return nil }) != nil {
+			return dst[:n], false
+		}
+		dst = binary.AppendUvarint(dst, uint64(count))
+		err := jsonraw.Elements(g, func(e []byte) error {
+			id, ok := jsonraw.Int(e)
+			if !ok || id < 0 {
+				return errStop
+			}
 			dst = binary.AppendVarint(dst, id-prev)
 			prev = id
+			return nil
+		})
+		if err != nil {
+			return dst[:n], false
 		}
 	}
 	if back, err := expandHandle(dst[n:]); err != nil || !bytes.Equal(back, h) {

@@ -62,16 +62,16 @@ func TestBufPoolRead(t *testing.T) {
 	var p bufPool
 	for _, n := range []int{0, 10, minPooled, minPooled + 1, 100 << 10} {
 		body := strings.Repeat("y", n)
-		b, err := p.read(iotestHalf(strings.NewReader(body)), 1<<20)
+		b, err := p.read(iotestHalf(strings.NewReader(body)), 1<<20, n/2)
 		require.NoError(t, err)
 		assert.Equal(t, body, string(b))
 		p.put(b)
 	}
-	_, err := p.read(strings.NewReader(strings.Repeat("z", 5000)), 4999)
+	_, err := p.read(strings.NewReader(strings.Repeat("z", 5000)), 4999, 0)
 	assert.ErrorIs(t, err, errBodyTooLarge)
-	_, err = p.read(strings.NewReader(strings.Repeat("z", 4096)), 4095)
+	_, err = p.read(strings.NewReader(strings.Repeat("z", 4096)), 4095, 0)
 	assert.ErrorIs(t, err, errBodyTooLarge)
-	b, err := p.read(strings.NewReader(strings.Repeat("z", 4096)), 4096)
+	b, err := p.read(strings.NewReader(strings.Repeat("z", 4096)), 4096, 0)
 	require.NoError(t, err)
 	assert.Len(t, b, 4096)
 }

@@ -162,7 +162,10 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 	if l := resp.ContentLength; l > 0 && l <= t.r.cfg.maxBodyBytes {
 		b, err = readExact(resp.Body, l, t.r.bufs.get)
 	} else {
-		b, err = t.r.bufs.read(resp.Body, t.r.cfg.maxBodyBytes)
+		b, err = t.r.bufs.read(resp.Body, t.r.cfg.maxBodyBytes, int(t.r.renderBuf.Load()))
+		if err == nil {
+			t.r.renderBuf.Store(int64(min(cap(b), maxStreamHint)))
+		}
 	}
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}

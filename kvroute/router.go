@@ -47,6 +47,7 @@ type Router struct {
 	kv             kvLedger
 	bufs           bufPool      // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf      atomic.Int64 // the size of the last stream's buffer, for the next one's
+	renderBuf      atomic.Int64 // the same for render answers of unknown length
 }
 
 // New returns a Router configured by opts. It validates every option and
