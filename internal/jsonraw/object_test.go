@@ -159,3 +159,16 @@ func TestResetReusesStorage(t *testing.T) {
 	assert.Equal(t, 0, o.Len(), "left empty on error")
 	assert.ErrorIs(t, o.Reset([]byte(`[]`)), jsonraw.ErrNotObject)
 }
+
+// TestParseIntArrays checks the integer-run fast path of the scanner
+// against encoding/json.
+func TestParseIntArrays(t *testing.T) {
+	for _, arr := range []string{
+		"[1,2,3]", "[0,10,200]", "[1,2,", "[1,,2]", "[01,2]", "[1,02]", "[0,0]", "[1,-2,3]", "[1,2.5,3]",
+		"[1,2e3,4]", "[1, 2,3]", "[1 ,2]", "[1,2 ]", "[1,2,3,]", "[1,2,3", "[1,2]]", "[9,99,999,9999]", "[1,2x]", "[1,2,{}]",
+	} {
+		in := []byte(`{"ids":` + arr + `}`)
+		_, err := jsonraw.Parse(in)
+		assert.Equal(t, json.Valid(in), err == nil, "%s: %v", arr, err)
+	}
+}

@@ -301,6 +301,9 @@ func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error)
 		return i + 1, nil
 	}
 	for {
+		if fn == nil {
+			i = skipInts(d, i)
+		}
 		valStart := i
 		valEnd, err := s.value(i)
 		if err != nil {
@@ -321,4 +324,24 @@ func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error)
 		}
 		i = skipSpace(d, i+1)
 	}
+}
+
+// skipInts returns the index after a run of array elements at i that are
+// non-negative integers each followed by a comma and a digit ("1,22,3"),
+// the shape of a token id list, which it checks in one tight loop; the
+// element it stops at is left to the general path.
+func skipInts(d []byte, i int) int {
+	for i < len(d) && d[i]-'0' <= 9 {
+		j := i + 1
+		if d[i] != '0' {
+			for j < len(d) && d[j]-'0' <= 9 {
+				j++
+			}
+		}
+		if j+1 >= len(d) || d[j] != ',' || d[j+1]-'0' > 9 {
+			return i
+		}
+		i = j + 1
+	}
+	return i
 }
