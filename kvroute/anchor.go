@@ -1,9 +1,7 @@
 package kvroute
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
-	"hash"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
@@ -24,10 +22,10 @@ import (
 // round trip.
 
 // anchorBase hashes what every anchor of the request shares.
-func anchorBase(req *Request, kind string) hash.Hash {
-	h := sha256.New()
-	writeField(h, "anchor.v1", []byte(kind))
-	writeField(h, "tenant", []byte(req.Tenant()))
+func anchorBase(req *Request, kind string) *hasher {
+	h := newHasher()
+	h.fieldString("anchor.v1", kind)
+	h.fieldString("tenant", req.Tenant())
 	for _, f := range [...]string{"model", "cache_salt"} {
 		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
 			writeField(h, f, v)
@@ -87,8 +85,8 @@ func completionAnchor(req *Request, text string) string {
 const maxAnchorTries = 8
 
 func prefixAnchor(base [32]byte, s string) string {
-	h := sha256.New()
-	h.Write(base[:])
+	h := newHasher()
+	h.writeDigest(base)
 	writeField(h, "prefix", []byte(s))
 	return digestKey("a", sum256(h))
 }
@@ -108,11 +106,7 @@ func anchorLen(n int) int {
 }
 
 // sum256 returns h's SHA-256 sum.
-func sum256(h hash.Hash) [32]byte {
-	var s [32]byte
-	h.Sum(s[:0])
-	return s
-}
+func sum256(h *hasher) [32]byte { return h.sum() }
 
 // anchorText returns what a completions prompt is anchored on: the prompt
 // string, or for a prompt of token ids their little-endian bytes (four per

@@ -213,11 +213,10 @@ func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Ret
 	if err != nil {
 		return Retention{}, err
 	}
-	h := &hasher{h: sha256.New()}
-	h.h.Write(d.chain[:])
+	h := newHasher()
+	h.writeDigest(d.chain)
 	writeMessage(h, "assistant", 't', []byte(reply.Content), "", "", reply.ToolCalls, nil)
-	var next [32]byte
-	h.h.Sum(next[:0])
+	next := h.sum()
 	return Retention{Key: d.anchor, Check: next[:], Refusal: reason}, nil
 }
 
@@ -480,9 +479,9 @@ func digestKey(prefix string, sum [32]byte) string {
 
 // shapingDigest hashes the tenant and the prompt-shaping fields present.
 func shapingDigest(req *Request, kind string, fields []string) [32]byte {
-	h := sha256.New()
-	writeField(h, "v1", []byte(kind))
-	writeField(h, "tenant", []byte(req.Tenant()))
+	h := newHasher()
+	h.fieldString("v1", kind)
+	h.fieldString("tenant", req.Tenant())
 	var buf bytes.Buffer
 	for _, f := range fields {
 		v, ok := req.Field(f)
@@ -492,9 +491,7 @@ func shapingDigest(req *Request, kind string, fields []string) [32]byte {
 		buf.Reset()
 		writeField(h, f, compact(&buf, v))
 	}
-	var sum [32]byte
-	h.Sum(sum[:0])
-	return sum
+	return h.sum()
 }
 
 // chainer hashes messages in canonical form. It keeps its digests and
@@ -559,13 +556,14 @@ func (c *chainer) message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, 
 	}
 	d := &c.d
 	d.h.Reset()
-	d.h.Write(prev[:])
+	d.writeDigest(prev)
 	if anchor != nil {
 		if d.a == nil {
 			d.a = sha256.New()
 		}
 		d.a.Reset()
-		d.a.Write(anchor[:])
+		copy(d.tmp[:], anchor[:])
+		d.a.Write(d.tmp[:32])
 		d.both = true
 	}
 	slices.SortFunc(extra, func(a, b [2][]byte) int { return bytes.Compare(a[0], b[0]) })
@@ -573,11 +571,10 @@ func (c *chainer) message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, 
 	var body []byte
 	tag, body, c.scratch = canonicalContent(content, c.scratch)
 	writeMessage(d, rs, tag, body, ns, ts, toolCalls, extra)
-	var sum [32]byte
-	d.h.Sum(sum[:0])
+	d.both = false
+	sum := d.sum()
 	if anchor != nil {
-		d.a.Sum(anchor[:0])
-		d.both = false
+		copy(anchor[:], d.a.Sum(d.tmp[:0]))
 	}
 	return sum, rs, nil
 }
@@ -774,14 +771,14 @@ func isText(typ []byte) bool {
 // writeMessage hashes one message in canonical form: content is tag
 // followed by body.
 func writeMessage(d *hasher, role string, tag byte, body []byte, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
-	d.field("role", []byte(role))
+	d.fieldString("role", role)
 	if tag == 't' && len(body) > 0 && body[0] == '"' {
 		d.taggedString("content", tag, body)
 	} else {
 		d.tagged("content", int(tag), body)
 	}
-	d.field("name", []byte(name))
-	d.field("tool_call_id", []byte(toolCallID))
+	d.fieldString("name", name)
+	d.fieldString("tool_call_id", toolCallID)
 	writeToolCalls(d, toolCalls)
 	if len(extra) > 0 {
 		var buf bytes.Buffer
@@ -933,12 +930,33 @@ func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c =
 
 // writeField writes a length-prefixed name and value, so no two different
 // sequences of fields hash the same input.
-func writeField(h hash.Hash, name string, v []byte) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(name)))])
-	h.Write([]byte(name))
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(v)))])
-	h.Write(v)
+func writeField(h *hasher, name string, v []byte) { h.field(name, v) }
+
+// newHasher returns a SHA-256 hasher.
+func newHasher() *hasher { return &hasher{h: sha256.New()} }
+
+// fieldString is field for a string value, copied through the hasher's
+// scratch space rather than converted.
+func (d *hasher) fieldString(name, s string) {
+	d.lengthPrefix(name, len(s))
+	for len(s) > 0 {
+		n := copy(d.tmp[:], s)
+		d.Write(d.tmp[:n])
+		s = s[n:]
+	}
+}
+
+// writeDigest writes a 32-byte digest.
+func (d *hasher) writeDigest(sum [32]byte) {
+	copy(d.tmp[:], sum[:])
+	d.Write(d.tmp[:32])
+}
+
+// sum returns the digest of what was written to h.
+func (d *hasher) sum() [32]byte {
+	var s [32]byte
+	copy(s[:], d.h.Sum(d.tmp[:0]))
+	return s
 }
 
 // compact appends v without insignificant whitespace to buf and returns
