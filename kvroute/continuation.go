@@ -614,9 +614,10 @@ func chainMessage(prev [32]byte, m []byte) ([32]byte, string, error) {
 // hasher feeds one digest, or two with both set, the same bytes, and
 // frames fields without allocating.
 type hasher struct {
-	h, a hash.Hash
-	both bool
-	tmp  [2*binary.MaxVarintLen64 + 64]byte
+	h, a  hash.Hash
+	both  bool
+	tmp   [2*binary.MaxVarintLen64 + 64]byte
+	chunk []byte // taggedString's, allocated on first use
 }
 
 func (d *hasher) Write(p []byte) (int, error) {
@@ -664,8 +665,28 @@ func (d *hasher) taggedString(name string, tag byte, q []byte) {
 	d.lengthPrefix(name, n+1)
 	d.tmp[0] = tag
 	d.Write(d.tmp[:1])
-	jsonraw.StringPieces(q, func(p []byte) { d.Write(p) })
+	// The pieces are short (the runs between escapes): gather them in
+	// chunks, so the digest gets few large writes.
+	if d.chunk == nil {
+		d.chunk = make([]byte, 0, hashChunk)
+	}
+	c := d.chunk[:0]
+	jsonraw.StringPieces(q, func(p []byte) {
+		if len(c)+len(p) > cap(c) {
+			d.Write(c)
+			c = c[:0]
+			if len(p) > cap(c)/2 {
+				d.Write(p)
+				return
+			}
+		}
+		c = append(c, p...)
+	})
+	d.Write(c)
 }
+
+// hashChunk is the size of the chunks escaped strings are hashed in.
+const hashChunk = 2 << 10
 
 // lengthPrefix writes a field's name and the length of its value.
 func (d *hasher) lengthPrefix(name string, l int) {
