@@ -112,3 +112,27 @@ func (p *bufPool) read(r io.Reader, limit int64, hint int) ([]byte, error) {
 		}
 	}
 }
+
+// idPool keeps token id slices (render answers) for reuse.
+type idPool struct {
+	p sync.Pool
+}
+
+// get returns an empty slice with room for n ids.
+func (p *idPool) get(n int) []uint32 {
+	if v, ok := p.p.Get().(*[]uint32); ok {
+		if cap(*v) >= n {
+			return (*v)[:0]
+		}
+		p.p.Put(v) // too small for this one: keep it for a shorter prompt
+	}
+	return make([]uint32, 0, n)
+}
+
+func (p *idPool) put(ids []uint32) {
+	if cap(ids) == 0 {
+		return
+	}
+	ids = ids[:0]
+	p.p.Put(&ids)
+}

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -65,7 +66,8 @@ func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
 	}
 	ids, err := t.renderPrompt(ctx)
 	if err == nil {
-		t.rendered = ids
+		// From the Router's pool (renderCall): returned when the turn ends.
+		t.rendered, t.renderedPooled = ids, true
 	}
 	return ids, err
 }
@@ -187,7 +189,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	v, _ := o.Get(key)
-	ids, ok := sse.AppendTokenIDs(nil, v)
+	ids, ok := sse.AppendTokenIDs(t.r.ids.get(bytes.Count(v, []byte{','})+1), v)
 	if !ok {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}

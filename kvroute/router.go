@@ -48,6 +48,7 @@ type Router struct {
 	bufs           bufPool      // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf      atomic.Int64 // the size of the last stream's buffer, for the next one's
 	renderBuf      atomic.Int64 // the same for render answers of unknown length
+	ids            idPool       // rendered prompts' token ids, returned when their turn ends
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -235,6 +236,7 @@ type turn struct {
 	promptIDs, genIDs  []uint32
 	hasIDs             bool
 	rendered           []uint32
+	renderedPooled     bool // rendered came from the Router's id pool
 
 	// The turn's own state, which the TurnRecord only reports: whether
 	// a retained handle is attached, whether D prefills locally (P gave no
@@ -325,6 +327,10 @@ func (t *turn) finish() {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
 	}
 	t.endTurn()
+	if t.renderedPooled {
+		t.r.ids.put(t.rendered)
+		t.rendered, t.renderedPooled = nil, false
+	}
 }
 
 // lookup takes the retained handle this request continues, if any, and
