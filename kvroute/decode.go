@@ -164,6 +164,12 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes),
 			sse.WithBuffer(t.r.bufs.get(max(int(t.r.streamBuf.Load()), minPooled))))
 		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
+		if ib, ok := out.capture.(interface{ useIDBuffer([]uint32) }); ok && (t.idsAdded || t.idsAsked) {
+			// The prompt's ids go into a pooled slice as large as the last
+			// prompt's, returned when the turn ends.
+			t.streamIDs = t.r.ids.get(int(t.r.promptIDs.Load()))
+			ib.useIDBuffer(t.streamIDs)
+		}
 		ev, err := out.reader.Next()
 		if err != nil {
 			out.release()

@@ -48,7 +48,8 @@ type Router struct {
 	bufs           bufPool      // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf      atomic.Int64 // the size of the last stream's buffer, for the next one's
 	renderBuf      atomic.Int64 // the same for render answers of unknown length
-	ids            idPool       // rendered prompts' token ids, returned when their turn ends
+	ids            idPool       // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	promptIDs      atomic.Int64 // the length of the last stream's prompt ids, for the next one's slice
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -236,7 +237,8 @@ type turn struct {
 	promptIDs, genIDs  []uint32
 	hasIDs             bool
 	rendered           []uint32
-	renderedPooled     bool // rendered came from the Router's id pool
+	renderedPooled     bool     // rendered came from the Router's id pool
+	streamIDs          []uint32 // the pooled slice a stream's capture parses the prompt's ids into
 
 	// The turn's own state, which the TurnRecord only reports: whether
 	// a retained handle is attached, whether D prefills locally (P gave no
@@ -330,6 +332,16 @@ func (t *turn) finish() {
 	if t.renderedPooled {
 		t.r.ids.put(t.rendered)
 		t.rendered, t.renderedPooled = nil, false
+	}
+	if t.streamIDs != nil {
+		// The capture parsed into it, or into a larger slice it grew.
+		ids := t.streamIDs
+		if cap(t.promptIDs) > cap(ids) {
+			ids = t.promptIDs
+		}
+		t.r.promptIDs.Store(int64(min(len(t.promptIDs), maxStreamHint)))
+		t.r.ids.put(ids)
+		t.streamIDs, t.promptIDs, t.genIDs = nil, nil, nil
 	}
 }
 

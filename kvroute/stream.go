@@ -37,6 +37,9 @@ func newOpenAIStream(tokens, strip bool) streamCapture {
 	return openAIStream{c: sse.NewCapture(opts...)}
 }
 
+// useIDBuffer gives the capture a slice for the prompt's token ids.
+func (s openAIStream) useIDBuffer(buf []uint32) { s.c.UseIDBuffer(buf) }
+
 func (s openAIStream) Forward(ev sse.Event) ([]byte, error) { return s.c.Forward(ev) }
 func (s openAIStream) Done() bool                           { return s.c.Done() }
 func (s openAIStream) Handle() []byte                       { return s.c.Handle() }

@@ -26,9 +26,24 @@ func WithTokenIDs(strip bool) CaptureOption {
 	return captureOptionFunc(func(c *Capture) { c.tokens, c.stripTokens = true, strip })
 }
 
+// UseIDBuffer makes the Capture parse the prompt's token ids into buf
+// (from buf[:0]; a larger slice is allocated when they do not fit), so a
+// caller can reuse one slice across streams; PromptTokenIDs then returns
+// buf's array. It has no effect once the prompt's ids were seen.
+func (c *Capture) UseIDBuffer(buf []uint32) {
+	if !c.sawPromptIDs {
+		c.promptIDs = buf[:0]
+	}
+}
+
 // PromptTokenIDs returns the prompt's token ids seen so far (nil when the
 // engine sent none). Only a Capture made WithTokenIDs collects them.
-func (c *Capture) PromptTokenIDs() []uint32 { return c.promptIDs }
+func (c *Capture) PromptTokenIDs() []uint32 {
+	if !c.sawPromptIDs {
+		return nil
+	}
+	return c.promptIDs
+}
 
 // TokenIDs returns choice 0's generated token ids seen so far, in order.
 func (c *Capture) TokenIDs() []uint32 { return c.genIDs }

@@ -119,3 +119,27 @@ func TestStripTokenIDs(t *testing.T) {
 	_, err = sse.StripTokenIDs([]byte(`[1]`))
 	assert.Error(t, err)
 }
+
+// TestCaptureUseIDBuffer parses the prompt's ids into the given slice when
+// it has room, and into a new one when it has not.
+func TestCaptureUseIDBuffer(t *testing.T) {
+	chunk := func(ids string) sse.Event {
+		d := `{"choices":[{"index":0,"delta":{"content":""}}],"prompt_token_ids":` + ids + `}`
+		return sse.Event{Data: []byte(d), Raw: []byte("data: " + d + "\n\n"), HasData: true}
+	}
+	buf := make([]uint32, 0, 8)
+	c := sse.NewCapture(sse.WithTokenIDs(true))
+	assert.Nil(t, c.PromptTokenIDs(), "none seen")
+	c.UseIDBuffer(buf)
+	assert.Nil(t, c.PromptTokenIDs(), "none seen, buffer or not")
+	_, err := c.Forward(chunk("[1,2,3]"))
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{1, 2, 3}, c.PromptTokenIDs())
+	assert.Same(t, &buf[:1][0], &c.PromptTokenIDs()[0], "parsed into the buffer")
+
+	c = sse.NewCapture(sse.WithTokenIDs(true))
+	c.UseIDBuffer(make([]uint32, 0, 1))
+	_, err = c.Forward(chunk("[4,5,6,7]"))
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{4, 5, 6, 7}, c.PromptTokenIDs(), "grown past a small buffer")
+}
