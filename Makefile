@@ -17,7 +17,7 @@ race:
 # fuzz runs each fuzz target briefly (FUZZTIME, default 20s); fuzz-smoke
 # runs each for 3s, as part of test.
 FUZZTIME ?= 20s
-FUZZ_PKGS := ./internal/jsonraw ./sse ./transport
+FUZZ_PKGS := ./internal/jsonraw ./sse ./transport ./transport/discovery ./kvroute
 fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 fuzz:
