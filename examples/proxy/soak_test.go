@@ -230,14 +230,37 @@ func newSoak(t *testing.T) *soak {
 	return s
 }
 
-func reverseProxy(t *testing.T, raw string, tr http.RoundTripper) *httputil.ReverseProxy {
+// reverseProxy returns a dispatcher's route to the engine at raw. It reads
+// the request body to its end, then forwards a copy of it, never r.Body
+// itself. Forwarding r.Body (not one of the in-memory readers it knows),
+// the Transport flushes the request header, writes the Content-Length
+// bytes straight to the engine, and only then reads the body once more, to
+// see its EOF. The engine, which has the whole body, can answer before that
+// read, and the ReverseProxy (FlushInterval -1) flushes the answer's header
+// at once; a Go HTTP/1 server, when a handler flushes its header, reads what
+// is left of the request body and closes it ("the request body may be
+// unavailable", http.ResponseWriter). The Transport's late read then fails
+// (http.ErrBodyReadAfterClose), it closes its connection to the engine as
+// after any failed request write, and the ReverseProxy aborts the answer
+// it is copying: a stream the engine never cut ends, for the router, in
+// unexpected EOF. TestSoakDispatcherLateEOF makes that race certain.
+func reverseProxy(t *testing.T, raw string, tr http.RoundTripper) http.Handler {
 	t.Helper()
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = tr
 	rp.FlushInterval = -1
-	return rp
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		out := r.Clone(r.Context())
+		out.Body, out.ContentLength, out.TransferEncoding = io.NopCloser(bytes.NewReader(body)), int64(len(body)), nil
+		rp.ServeHTTP(w, out)
+	})
 }
 
 // next returns a number unique in the run, for prompts no earlier turn shares.
@@ -525,7 +548,7 @@ func assertNoHandle(t *testing.T, b []byte, label string) {
 // the fake engine's answer, every other request goes to the real decode
 // engine.
 type fakeDecode struct {
-	real *httputil.ReverseProxy
+	real http.Handler
 	mu   sync.Mutex
 	n    map[string]int // decode legs served per mode
 }
