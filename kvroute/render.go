@@ -1,7 +1,6 @@
 package kvroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -83,7 +82,9 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 	renderPath, list := t.req.api.renderPath()
 	now := t.r.cfg.clock()
 	if renderPath != "" && t.r.caps.available(ep.url, renderPath, now) {
-		body := t.req.obj.Edit([]string{kvKey, "conversation_id"})
+		// The client's bytes with the two members cut out, sent as pieces
+		// (no copy of the body).
+		body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
 		ids, status, err := t.renderCall(ctx, ep, renderPath, body, list)
 		if err == nil {
 			t.rec.TokenSource = TokensFromRender
@@ -98,7 +99,7 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 	if !ok || !t.r.caps.available(ep.url, pathTokenize, now) {
 		return nil, errNoRenderer
 	}
-	ids, status, err := t.renderCall(ctx, ep, pathTokenize, body, false)
+	ids, status, err := t.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
 	if err == nil {
 		t.rec.TokenSource = TokensFromTokenize
 		return ids, nil
@@ -111,6 +112,10 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 }
 
 const pathTokenize = "/tokenize"
+
+// renderDrop are the members a render body leaves out of the client's
+// request.
+var renderDrop = []string{kvKey, "conversation_id"}
 
 // routeMissing reports whether an engine's status says it does not serve
 // the route at all (an older engine, or the renderer not enabled), as
@@ -139,11 +144,11 @@ func (t *turn) tokenizeBody() ([]byte, bool) {
 // answer: token_ids of a render object (or of the single element of a
 // completions render list), or tokens of a /tokenize answer. It returns the
 // engine's status when it answered.
-func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body []byte, list bool) (_ []uint32, _ int, err error) {
+func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body legBody, list bool) (_ []uint32, _ int, err error) {
 	ctx, end := t.startPhase(ctx, PhaseVerify, ep.url)
 	defer func() { end(err) }()
 	t.r.stats.renders.Add(1)
-	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, legBody{body})
+	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -184,13 +189,23 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body [
 	if path == pathTokenize {
 		key = "tokens"
 	}
-	o, err := jsonraw.Parse(obj)
+	// One pass validates the answer and converts its ids, into a pooled
+	// slice (ResetIDs replaces one too small for the answer's commas).
+	var o jsonraw.Object
+	ids, m, err := o.ResetIDs(obj, key, t.r.ids.get(0))
 	if err != nil {
+		t.r.ids.put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
-	v, _ := o.Get(key)
-	ids, ok := sse.AppendTokenIDs(t.r.ids.get(bytes.Count(v, []byte{','})+1), v)
+	ok := m >= 0
 	if !ok {
+		// A duplicate or escaped key, or no id array: read the member
+		// the way Get finds it.
+		v, _ := o.Get(key)
+		ids, ok = sse.AppendTokenIDs(ids[:0], v)
+	}
+	if !ok {
+		t.r.ids.put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	return ids, resp.StatusCode, nil

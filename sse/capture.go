@@ -97,14 +97,29 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 	// from its index (D's first chunk in token mode: the prompt's ids).
 	parse := e.HasData && !done && (strip || MayHoldHandle(d))
 	var perr error
+	idMember := -1
+	var ids []uint32
 	if parse {
-		perr = c.obj.Reset(d)
+		if c.tokens && !c.sawPromptIDs {
+			// The first chunk's prompt ids (chat: a top-level member) are
+			// converted in the same pass that validates them.
+			ids, idMember, perr = c.obj.ResetIDs(d, PromptTokenIDsKey, c.promptIDs)
+			if idMember < 0 {
+				c.promptIDs = ids[:0] // scratch; kept for its room
+			}
+		} else {
+			perr = c.obj.Reset(d)
+		}
 	}
 	if done {
 		c.done = true
 	} else if e.HasData {
 		if parse && perr == nil {
 			for i := range c.obj.Len() {
+				if i == idMember {
+					c.promptIDsParsed(ids)
+					continue
+				}
 				c.inspectMember(c.obj.Member(i))
 			}
 		} else {

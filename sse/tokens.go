@@ -67,55 +67,11 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, bool) {
 		// At most one id per two bytes ("1,"): grow once, by the count.
 		dst = slices.Grow(dst, bytes.Count(arr, []byte{','})+1)
 	}
-	i := skipIDSpace(arr, 0)
-	if i >= len(arr) || arr[i] != '[' {
+	out, end, ok := jsonraw.AppendUint32s(dst, arr, 0)
+	if !ok || skipIDSpace(arr, end) != len(arr) {
 		return dst[:n], false
 	}
-	i = skipIDSpace(arr, i+1)
-	if i < len(arr) && arr[i] == ']' {
-		return dst, skipIDSpace(arr, i+1) == len(arr)
-	}
-	for {
-		start := i
-		var v uint64
-		for i < len(arr) {
-			c := arr[i] - '0'
-			if c > 9 {
-				break
-			}
-			v = v*10 + uint64(c)
-			i++
-		}
-		// Ten digits at most (2^32-1 has ten), no leading zero.
-		if i == start || i-start > 10 || v > 1<<32-1 || (arr[start] == '0' && i-start > 1) {
-			return dst[:n], false
-		}
-		dst = append(dst, uint32(v))
-		if i < len(arr) && arr[i] == ',' {
-			// The common case: "1,2,3" without spaces.
-			i++
-			if i < len(arr) && arr[i]-'0' <= 9 {
-				continue
-			}
-			i = skipIDSpace(arr, i)
-			continue
-		}
-		i = skipIDSpace(arr, i)
-		if i >= len(arr) {
-			return dst[:n], false
-		}
-		if arr[i] == ',' {
-			i = skipIDSpace(arr, i+1)
-			continue
-		}
-		if arr[i] != ']' {
-			return dst[:n], false
-		}
-		if skipIDSpace(arr, i+1) != len(arr) {
-			return dst[:n], false
-		}
-		return dst, true
-	}
+	return out, true
 }
 
 // skipIDSpace returns the index of the first byte at or after i that is
@@ -125,6 +81,12 @@ func skipIDSpace(arr []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// promptIDsParsed records the prompt_token_ids value that
+// jsonraw.Object.ResetIDs converted while it validated the event.
+func (c *Capture) promptIDsParsed(ids []uint32) {
+	c.promptIDs, c.sawPromptIDs = ids, true
 }
 
 // addPromptIDs records a prompt_token_ids value.

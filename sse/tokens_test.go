@@ -1,13 +1,16 @@
 package sse_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -142,4 +145,71 @@ func TestCaptureUseIDBuffer(t *testing.T) {
 	_, err = c.Forward(chunk("[4,5,6,7]"))
 	require.NoError(t, err)
 	assert.Equal(t, []uint32{4, 5, 6, 7}, c.PromptTokenIDs(), "grown past a small buffer")
+}
+
+// FuzzCapturePromptIDs checks the prompt ids a Capture converts while it
+// validates a first chunk against validating it and then reading every
+// top-level prompt_token_ids member with AppendTokenIDs.
+func FuzzCapturePromptIDs(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt_token_ids":[1,2,3],"choices":[]}`, `{"a":1,"prompt_token_ids":[ 151644 , 0 ]}`,
+		`{"prompt_token_ids":[1,2}`, `{"prompt_token_ids":[1],"prompt_token_ids":[2]}`, `{"prompt\u005ftoken_ids":[7]}`,
+		`{"prompt_token_ids":[1.0]}`, `{"prompt_token_ids":null}`, `{"prompt_token_ids":[4294967296]}`,
+		`{"prompt\u005ftoken_ids":[7],"prompt_token_ids":[1,2,3,4,5,6,7,8,9]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if t := bytes.TrimLeft(data, " \t"); bytes.ContainsAny(data, "\r\n") || bytes.Contains(data, []byte("choices")) || len(t) > 0 && t[0] == '[' {
+			// Arrays that may hold a handle are refused as such.
+			return
+		}
+		c := sse.NewCapture(sse.WithTokenIDs(true))
+		c.UseIDBuffer(make([]uint32, 0, 4))
+		_, err := c.Forward(sse.Event{Raw: []byte("data: " + string(data) + "\n\n"), Data: data, HasData: true})
+		_, err2 := c.Forward(sse.Event{Raw: []byte("data: {\"choices\":[{\"index\":0,\"token_ids\":[9]}]}\n\n"), Data: []byte(`{"choices":[{"index":0,"token_ids":[9]}]}`), HasData: true})
+		require.NoError(t, err2)
+
+		// The reference: validate, then read each member (malformed data
+		// is still inspected, trusting the engine, as Forward does).
+		var ref []uint32
+		saw, bad := false, false
+		read := func(k string, v []byte) error {
+			if k != sse.PromptTokenIDsKey || jsonraw.IsNull(v) {
+				return nil
+			}
+			if ids, ok := sse.AppendTokenIDs(nil, v); ok {
+				ref, saw = ids, true
+			} else {
+				bad = true
+			}
+			return nil
+		}
+		o, perr := jsonraw.Parse(data)
+		if perr == nil {
+			for i := range o.Len() {
+				_ = read(o.Member(i))
+			}
+		} else {
+			_ = jsonraw.Members(data, read)
+		}
+		if !mayHold(data) {
+			return // not parsed by Forward at all
+		}
+		if (err != nil) != (perr != nil && !errors.Is(perr, jsonraw.ErrNotObject)) {
+			t.Fatalf("%q: Forward err %v, reference %v", data, err, perr)
+		}
+		got := c.PromptTokenIDs()
+		if (got != nil) != saw || c.HasTokenIDs() != (saw && !bad) {
+			t.Fatalf("%q: ids %v (has %v), reference %v saw %v bad %v", data, got, c.HasTokenIDs(), ref, saw, bad)
+		}
+		if saw && !bad {
+			require.Equal(t, ref, got, "%q", data)
+		}
+	})
+}
+
+// mayHold is Forward's test for parsing an event in strip mode.
+func mayHold(d []byte) bool {
+	return bytes.Contains(d, []byte(sse.TokenIDsKey)) || bytes.Contains(d, []byte(`\u`)) || sse.MayHoldHandle(d)
 }

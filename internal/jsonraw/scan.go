@@ -31,6 +31,15 @@ type scanner struct {
 	// trusted skips the validation of string contents: the input is known
 	// to be valid JSON, so only the closing quote needs to be found.
 	trusted bool
+
+	// With idKey set (ResetIDs), the value of the top-level member whose
+	// raw key is idKey is converted into ids while validated; idMember is
+	// its index among the top-level members (-1: none converted) and
+	// idSeen the number of top-level members with that raw key.
+	idKey    string
+	ids      []uint32
+	idMember int
+	idSeen   int
 }
 
 func isSpace(c byte) bool {
@@ -250,7 +259,7 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		s.depth--
 		return i + 1, nil
 	}
-	for {
+	for member := 0; ; member++ {
 		if i >= len(d) || d[i] != '"' {
 			return i, s.unexpected(i, "looking for beginning of object key string")
 		}
@@ -265,7 +274,12 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		}
 		i = skipSpace(d, i+1)
 		valStart := i
-		valEnd, err := s.value(i)
+		var valEnd int
+		if s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey {
+			valEnd, err = s.idValue(i, member)
+		} else {
+			valEnd, err = s.value(i)
+		}
 		if err != nil {
 			return valEnd, err
 		}
@@ -324,6 +338,31 @@ func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error)
 		}
 		i = skipSpace(d, i+1)
 	}
+}
+
+// idValue validates the value at data[i] of the member with the key
+// ResetIDs converts, converting it when it is an id array: the array is
+// read once, and only a value that is not such an array (a malformed one
+// included) is validated again from its start by the general path, which
+// reports any error just as Reset does.
+func (s *scanner) idValue(i, member int) (int, error) {
+	s.idSeen++
+	if s.idSeen == 1 && i < len(s.data) && s.data[i] == '[' && s.depth < maxDepth {
+		if cap(s.ids) < (len(s.data)-i)/2 {
+			// At most one id per two bytes ("1,"): room for one per comma
+			// in the rest of the document, allocated once.
+			if n := bytes.Count(s.data[i:], []byte{','}) + 1; cap(s.ids) < n {
+				s.ids = make([]uint32, 0, n)
+			}
+		}
+		ids, end, ok := AppendUint32s(s.ids[:0], s.data, i)
+		s.ids = ids[:0]
+		if ok {
+			s.ids, s.idMember = ids, member
+			return end, nil
+		}
+	}
+	return s.value(i)
 }
 
 // skipInts returns the index after a run of array elements at i that are

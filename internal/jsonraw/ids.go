@@ -1,0 +1,152 @@
+package jsonraw
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// AppendUint32s converts the JSON array that starts at data[i] (after any
+// whitespace) when every element is an integer in [0, 2^32) written
+// without sign, fraction or exponent (the shape of a token id list),
+// appending the values to dst. It returns the index just past the closing
+// ']' and true; or dst with its original length and false for any other
+// value, valid JSON or not, and for input that ends early. It does not
+// look at the bytes after the array.
+func AppendUint32s(dst []uint32, data []byte, i int) ([]uint32, int, bool) {
+	n := len(dst)
+	i = skipSpace(data, i)
+	if i >= len(data) || data[i] != '[' {
+		return dst, i, false
+	}
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == ']' {
+		return dst, i + 1, true
+	}
+	for {
+		v, end, ok := uint32At(data, i)
+		if !ok {
+			return dst[:n], end, false
+		}
+		dst = append(dst, v)
+		i = end
+		if i < len(data) && data[i] == ',' {
+			// The common case: "1,2,3" without spaces.
+			i++
+			if i < len(data) && data[i]-'0' <= 9 {
+				continue
+			}
+			i = skipSpace(data, i)
+			continue
+		}
+		i = skipSpace(data, i)
+		if i >= len(data) {
+			return dst[:n], i, false
+		}
+		switch data[i] {
+		case ',':
+			i = skipSpace(data, i+1)
+		case ']':
+			return dst, i + 1, true
+		default:
+			return dst[:n], i, false
+		}
+	}
+}
+
+// uint32At reads the unsigned integer at data[i]: at most ten digits, no
+// leading zero, below 2^32. It returns the index after its last digit.
+func uint32At(data []byte, i int) (uint32, int, bool) {
+	if i+8 <= len(data) {
+		// Eight bytes at once: the digits before the first non-digit.
+		x := binary.LittleEndian.Uint64(data[i:])
+		// A byte is a digit when it is neither above '9' (adding 0x46
+		// sets its top bit), below '0' (subtracting 0x30 borrows into
+		// it) nor at or above 0x80. Carries and borrows only cross from
+		// a byte that is itself flagged, so the lowest flag is exact.
+		m := (x | (x + 0x4646464646464646) | (x - 0x3030303030303030)) & msb
+		k := bits.TrailingZeros64(m) >> 3 // the number of leading digits, 0 to 8
+		if k > 0 && k < 8 {
+			if k > 1 && data[i] == '0' {
+				return 0, i, false
+			}
+			// The k digits as the last k of eight, the rest zeros, then
+			// combined pairwise.
+			y := (x << (64 - 8*uint(k))) & 0x0f0f0f0f0f0f0f0f
+			y = (y * 2561) >> 8
+			y = ((y & 0x00ff00ff00ff00ff) * 6553601) >> 16
+			y = ((y & 0x0000ffff0000ffff) * 42949672960001) >> 32
+			return uint32(y), i + k, true
+		}
+		if k == 0 {
+			return 0, i, false
+		}
+	}
+	start := i
+	var v uint64
+	for i < len(data) && i-start <= 10 {
+		c := data[i] - '0'
+		if c > 9 {
+			break
+		}
+		v = v*10 + uint64(c)
+		i++
+	}
+	if i == start || i-start > 10 || v > 1<<32-1 || (data[start] == '0' && i-start > 1) {
+		return 0, i, false
+	}
+	return uint32(v), i, true
+}
+
+// ResetIDs is Reset, except that the value of a top-level member whose key
+// is spelled key literally (no escapes), when it is such an array of
+// integers (see AppendUint32s), is converted while it is validated: its
+// values are appended to ids[:0], and the result is returned with the
+// member's index. The index is -1 when no member has that key spelled so,
+// more than one member has that key (however spelled), or the value is
+// not such an array (the member is
+// then only validated, as by Reset); the returned ids then hold nothing
+// meaningful. A document is accepted or rejected, with the same error,
+// exactly as by Reset.
+func (o *Object) ResetIDs(data []byte, key string, ids []uint32) ([]uint32, int, error) {
+	members := o.members[:0]
+	*o = Object{}
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		o.members = members
+		return ids, -1, o.Reset(data)
+	}
+	if members == nil {
+		members = make([]span, 0, 16)
+	}
+	s := scanner{data: data}
+	s.idKey, s.ids, s.idMember = key, ids[:0], -1
+	end, err := s.object(i, func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error {
+		sp := span{start: start, keyStart: keyStart, keyEnd: keyEnd, valStart: valStart, valEnd: valEnd, end: end}
+		if needsDecode(data[keyStart:keyEnd], escaped) {
+			sp.escaped = true
+			sp.key = string(unquote(nil, data[keyStart:keyEnd]))
+		}
+		members = append(members, sp)
+		return nil
+	})
+	ids = s.ids
+	member := s.idMember
+	if s.idSeen > 1 {
+		member = -1
+	}
+	for k := range members {
+		if member >= 0 && members[k].escaped && members[k].key == key {
+			member = -1 // the same key, spelled with escapes
+		}
+	}
+	if err != nil {
+		o.members = members[:0]
+		return ids, -1, err
+	}
+	if err := s.trailing(end); err != nil {
+		o.members = members[:0]
+		return ids, -1, err
+	}
+	o.data, o.open, o.close, o.members = data, i, end-1, members
+	return ids, member, nil
+}

@@ -1,0 +1,164 @@
+package jsonraw_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// refUint32s is the oracle for AppendUint32s on a whole document: an
+// array of integers in [0, 2^32) with plain digits, by encoding/json.
+func refUint32s(b []byte) ([]uint32, bool) {
+	var nums []json.Number
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if !json.Valid(b) || d.Decode(&nums) != nil || nums == nil {
+		return nil, false
+	}
+	out := make([]uint32, 0, len(nums))
+	for _, n := range nums {
+		s := string(n)
+		if strings.ContainsAny(s, ".eE-") || len(s) > 10 {
+			return nil, false
+		}
+		v, err := n.Int64()
+		if err != nil || v > 1<<32-1 {
+			return nil, false
+		}
+		out = append(out, uint32(v))
+	}
+	return out, true
+}
+
+func TestAppendUint32s(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []uint32
+		end  int
+		ok   bool
+	}{
+		{`[]`, []uint32{}, 2, true},
+		{` [ 1 , 22,333 ]x`, []uint32{1, 22, 333}, 15, true},
+		{`[0,9,10,1234567,12345678,123456789,4294967295]`, []uint32{0, 9, 10, 1234567, 12345678, 123456789, 4294967295}, 46, true},
+		{`[4294967296]`, nil, 0, false},
+		{`[12345678901]`, nil, 0, false},
+		{`[00]`, nil, 0, false},
+		{`[0012345,1]`, nil, 0, false},
+		{`[1,]`, nil, 0, false},
+		{`[1`, nil, 0, false},
+		{`[1.5]`, nil, 0, false},
+		{`[-1]`, nil, 0, false},
+		{`["1"]`, nil, 0, false},
+		{`{}`, nil, 0, false},
+	} {
+		got, end, ok := jsonraw.AppendUint32s([]uint32{}, []byte(c.in), 0)
+		assert.Equal(t, c.ok, ok, c.in)
+		if c.ok {
+			assert.Equal(t, c.want, got, c.in)
+			assert.Equal(t, c.end, end, c.in)
+		} else {
+			assert.Empty(t, got, c.in)
+		}
+	}
+}
+
+func TestResetIDs(t *testing.T) {
+	var o jsonraw.Object
+	doc := []byte(`{"a":1,"prompt_token_ids":[5,6,7],"b":[1]}`)
+	ids, m, err := o.ResetIDs(doc, "prompt_token_ids", nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, m)
+	assert.Equal(t, []uint32{5, 6, 7}, ids)
+	v, _ := o.Get("b")
+	assert.Equal(t, `[1]`, string(v))
+
+	// Not converted: a duplicate, an escaped key, a value of another shape.
+	for _, d := range []string{
+		`{"prompt_token_ids":[1],"prompt_token_ids":[2]}`,
+		`{"prompt\u005ftoken_ids":[1]}`,
+		`{"prompt\u005ftoken_ids":[1],"prompt_token_ids":[2]}`,
+		`{"prompt_token_ids":[2],"prompt\u005ftoken_ids":[1]}`,
+		`{"prompt_token_ids":[1.0]}`,
+		`{"prompt_token_ids":null}`,
+		`{"x":{"prompt_token_ids":[1]}}`,
+	} {
+		_, m, err := o.ResetIDs([]byte(d), "prompt_token_ids", nil)
+		require.NoError(t, err, d)
+		assert.Equal(t, -1, m, d)
+	}
+	// Malformed: the same error as Reset's.
+	for _, d := range []string{`{"prompt_token_ids":[1,2}`, `{"prompt_token_ids":[1,2]`, `{"prompt_token_ids":[01]}`, `{"prompt_token_ids":[1]} x`, `[1]`} {
+		_, m, err := o.ResetIDs([]byte(d), "prompt_token_ids", nil)
+		var p jsonraw.Object
+		want := p.Reset([]byte(d))
+		require.Error(t, err, d)
+		assert.Equal(t, want.Error(), err.Error(), d)
+		assert.Equal(t, -1, m, d)
+	}
+}
+
+// FuzzResetIDs checks ResetIDs against Reset (same verdict, error and
+// members) and the ids it converts against encoding/json.
+func FuzzResetIDs(f *testing.F) {
+	for _, s := range []string{
+		`{"k":[1,2,3]}`, `{"a":"x","k":[ 1 , 22 ,333]}`, `{"k":[1,2}`, `{"k":[01]}`, `{"k":[4294967296]}`,
+		`{"k":[1],"k":[2]}`, `{"k\u0000":[1]}`, `{"k":[1e3]}`, `{"k":[]}`, `{"k":[123456789,1234567890]}`, `[1]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var a, b jsonraw.Object
+		ids, m, err := a.ResetIDs(data, "k", nil)
+		want := b.Reset(data)
+		if (err == nil) != (want == nil) || (err != nil && err.Error() != want.Error()) {
+			t.Fatalf("ResetIDs err %v, Reset err %v", err, want)
+		}
+		if err != nil {
+			if m != -1 {
+				t.Fatalf("member %d on error", m)
+			}
+			return
+		}
+		if a.Len() != b.Len() {
+			t.Fatalf("%d members, Reset %d", a.Len(), b.Len())
+		}
+		for i := range a.Len() {
+			ka, va := a.Member(i)
+			kb, vb := b.Member(i)
+			if ka != kb || !bytes.Equal(va, vb) {
+				t.Fatalf("member %d differs", i)
+			}
+		}
+		if m < 0 {
+			// Without escapes or nested objects, the one spelling of the
+			// key holding an id array must have been converted.
+			if bytes.Count(data, []byte(`"k"`)) == 1 && bytes.Count(data, []byte{'{'}) == 1 && !bytes.Contains(data, []byte(`\`)) {
+				if v, ok := a.Get("k"); ok {
+					if _, ok := refUint32s(v); ok {
+						t.Fatalf("an id array was not converted: %q", data)
+					}
+				}
+			}
+			return
+		}
+		k, v := a.Member(m)
+		if k != "k" {
+			t.Fatalf("member %d is %q", m, k)
+		}
+		ref, ok := refUint32s(v)
+		if !ok || len(ref) != len(ids) {
+			t.Fatalf("converted %v, encoding/json %v (%v)", ids, ref, ok)
+		}
+		for i := range ref {
+			if ref[i] != ids[i] {
+				t.Fatalf("converted %v, encoding/json %v", ids, ref)
+			}
+		}
+	})
+}
