@@ -126,7 +126,9 @@ func (p *idPool) get(n int) []uint32 {
 		}
 		p.p.Put(v) // too small for this one: keep it for a shorter prompt
 	}
-	return make([]uint32, 0, n)
+	// A quarter more: the next turn of a conversation has a longer prompt,
+	// and should still fit in the slice this one returns.
+	return make([]uint32, 0, n+n/4)
 }
 
 func (p *idPool) put(ids []uint32) {

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -190,9 +191,9 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 		key = "tokens"
 	}
 	// One pass validates the answer and converts its ids, into a pooled
-	// slice (ResetIDs replaces one too small for the answer's commas).
+	// slice with room for one id per comma.
 	var o jsonraw.Object
-	ids, m, err := o.ResetIDs(obj, key, t.r.ids.get(0))
+	ids, m, err := o.ResetIDs(obj, key, t.r.ids.get(bytes.Count(obj, []byte{','})+1))
 	if err != nil {
 		t.r.ids.put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}

@@ -451,7 +451,16 @@ func isDataLine(line []byte) bool {
 
 // lineEnd returns the end of the first line of b and the start of the next.
 func lineEnd(b []byte) (end, next int) {
-	i := bytes.IndexAny(b, "\r\n")
+	// Two byte searches, each vectorised, rather than IndexAny's loop:
+	// a data line of D's first chunk in token mode is ~166 KB long.
+	i := bytes.IndexByte(b, '\n')
+	lim := i
+	if lim < 0 {
+		lim = len(b)
+	}
+	if j := bytes.IndexByte(b[:lim], '\r'); j >= 0 {
+		i = j
+	}
 	switch {
 	case i < 0:
 		return len(b), len(b)

@@ -350,9 +350,10 @@ func (s *scanner) idValue(i, member int) (int, error) {
 	if s.idSeen == 1 && i < len(s.data) && s.data[i] == '[' && s.depth < maxDepth {
 		if cap(s.ids) < (len(s.data)-i)/2 {
 			// At most one id per two bytes ("1,"): room for one per comma
-			// in the rest of the document, allocated once.
+			// in the rest of the document, allocated once (a quarter more,
+			// for a caller that reuses it for a longer list).
 			if n := bytes.Count(s.data[i:], []byte{','}) + 1; cap(s.ids) < n {
-				s.ids = make([]uint32, 0, n)
+				s.ids = make([]uint32, 0, n+n/4)
 			}
 		}
 		ids, end, ok := AppendUint32s(s.ids[:0], s.data, i)
