@@ -3,6 +3,7 @@ package kvroute
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 )
 
 // A fingerprint is the compact record, kept with a retained handle, of the
@@ -44,23 +45,7 @@ func newFingerprint(prompt, generated []uint32, n, blockSize int) fingerprint {
 	b := make([]byte, 0, 2*binary.MaxVarintLen64+8*(full+1))
 	b = binary.AppendUvarint(b, uint64(blockSize))
 	b = binary.AppendUvarint(b, uint64(n))
-	h := uint64(fpSeed)
-	pos := 0
-	feed := func(ids []uint32) {
-		for _, id := range ids {
-			if pos == n {
-				return
-			}
-			h = fpMix(h, id)
-			pos++
-			if pos%blockSize == 0 {
-				b = binary.LittleEndian.AppendUint64(b, h)
-			}
-		}
-	}
-	feed(prompt)
-	feed(generated)
-	return binary.LittleEndian.AppendUint64(b, h)
+	return appendChain(b, fpSeed, 0, prompt, generated, n, blockSize)
 }
 
 var errBadFingerprint = errors.New("kvroute: malformed token fingerprint")
@@ -87,13 +72,42 @@ func (f fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
 // sequence, else the tokens of the full blocks that match (a multiple of the
 // block size), else 0.
 func (f fingerprint) commonPrefix(prompt []uint32) (int, error) {
+	c, err := f.verifyPrefix(prompt)
+	return c.n, err
+}
+
+// A chainPrefix is the hash chain of newFingerprint over the first n
+// tokens of ids (n > 0): its state h after them and, for the full blocks
+// of blockSize among them, the 8-byte block hashes. Fingerprinting a
+// sequence that begins with those same tokens, with the same block size,
+// can start from it instead of hashing them again.
+type chainPrefix struct {
+	ids       []uint32
+	n         int
+	h         uint64
+	blockSize int
+	blocks    []byte
+}
+
+// verifyPrefix is commonPrefix, also returning the chain over the verified
+// prefix (zero when none is verified). Its hashes are the fingerprint's own:
+// each equals the chain computed over prompt up to that point, or the
+// prefix would not have been verified.
+func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
 	bs, n, hashes, err := f.parse()
 	if err != nil {
-		return 0, err
+		return chainPrefix{}, err
 	}
 	full := n / bs
 	h := uint64(fpSeed)
 	matched := 0
+	prefix := func(m int, h uint64) chainPrefix {
+		if m == 0 {
+			return chainPrefix{}
+		}
+		return chainPrefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
+	}
+	blockH := uint64(0) // the hash at the last matched block's end
 	for i, id := range prompt {
 		if i == n {
 			break
@@ -102,13 +116,51 @@ func (f fingerprint) commonPrefix(prompt []uint32) (int, error) {
 		if (i+1)%bs == 0 {
 			blk := (i + 1) / bs
 			if binary.LittleEndian.Uint64(hashes[8*(blk-1):]) != h {
-				return matched, nil
+				return prefix(matched, blockH), nil
 			}
-			matched = blk * bs
+			matched, blockH = blk*bs, h
 		}
 	}
 	if len(prompt) >= n && binary.LittleEndian.Uint64(hashes[8*full:]) == h {
-		return n, nil
+		return prefix(n, h), nil
 	}
-	return matched, nil
+	return prefix(matched, blockH), nil
+}
+
+// fingerprintFrom is newFingerprint(prompt, generated, n, blockSize),
+// starting from c when the sequence begins with c's tokens (they are
+// compared, not trusted) and c has the same block size and fits in n;
+// otherwise it hashes every token.
+func fingerprintFrom(c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
+	if c.n == 0 || c.blockSize != blockSize || c.n > n || c.n > len(prompt) || c.n > len(c.ids) ||
+		!slices.Equal(prompt[:c.n], c.ids[:c.n]) || len(prompt)+len(generated) < n || blockSize <= 0 {
+		return newFingerprint(prompt, generated, n, blockSize)
+	}
+	full := n / blockSize
+	b := make([]byte, 0, 2*binary.MaxVarintLen64+8*(full+1))
+	b = binary.AppendUvarint(b, uint64(blockSize))
+	b = binary.AppendUvarint(b, uint64(n))
+	b = append(b, c.blocks...)
+	return appendChain(b, c.h, c.n, prompt[c.n:], generated, n, blockSize)
+}
+
+// appendChain continues the chain with state h after pos tokens over the
+// tokens of rest and then generated, up to n tokens, appending each full
+// block's hash and then the final one to b.
+func appendChain(b []byte, h uint64, pos int, rest, generated []uint32, n, blockSize int) []byte {
+	feed := func(ids []uint32) {
+		for _, id := range ids {
+			if pos == n {
+				return
+			}
+			h = fpMix(h, id)
+			pos++
+			if pos%blockSize == 0 {
+				b = binary.LittleEndian.AppendUint64(b, h)
+			}
+		}
+	}
+	feed(rest)
+	feed(generated)
+	return binary.LittleEndian.AppendUint64(b, h)
 }

@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,4 +235,92 @@ func BenchmarkReadRenderAnswer(b *testing.B) {
 			b.Fatalf("ok %v, %d ids", ok, len(got))
 		}
 	}
+}
+
+// TestFingerprintFrom checks that a fingerprint started from a verified
+// prefix's chain is byte for byte the one hashed from scratch, whatever the
+// next sequence holds: the same prefix, one differing token inside or
+// after it, a shorter one, another block size.
+func TestFingerprintFrom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids := func(n int) []uint32 {
+		s := make([]uint32, n)
+		for i := range s {
+			s[i] = rng.Uint32N(200000)
+		}
+		return s
+	}
+	for _, bs := range []int{1, 3, 16} {
+		for _, r := range []int{1, 15, 16, 17, 160, 161} {
+			old := ids(r + 40)
+			fp := newFingerprint(old[:r-min(r, 5)], old[r-min(r, 5):], r, bs)
+			// The next rendered prompt: the old sequence, then more.
+			rendered := append(slices.Clone(old[:r]), ids(50)...)
+			cp, err := fp.verifyPrefix(rendered)
+			require.NoError(t, err)
+			require.Equal(t, r, cp.n, "bs %d r %d: whole sequence verified", bs, r)
+			gen := ids(30)
+			for _, c := range []struct {
+				name   string
+				prompt []uint32
+				bs     int
+			}{
+				{"same", rendered, bs},
+				{"token differs in prefix", with(rendered, r/2, 7), bs},
+				{"token differs after prefix", with(rendered, r+1, 7), bs},
+				{"shorter", rendered[:r], bs},
+				{"other block size", rendered, bs + 1},
+			} {
+				n := len(c.prompt) + len(gen) - 3
+				want := newFingerprint(c.prompt, gen, n, c.bs)
+				got := fingerprintFrom(cp, c.prompt, gen, n, c.bs)
+				require.Equal(t, want, got, "bs %d r %d: %s", bs, r, c.name)
+			}
+			// A partial match: the chain up to the last matching block.
+			bad := with(rendered, r-1, rendered[r-1]+1)
+			cp, err = fp.verifyPrefix(bad)
+			require.NoError(t, err)
+			wantN, _ := fp.commonPrefix(bad)
+			require.Equal(t, wantN, cp.n)
+			n := len(bad) + len(gen)
+			require.Equal(t, newFingerprint(bad, gen, n, bs), fingerprintFrom(cp, bad, gen, n, bs), "bs %d r %d: partial", bs, r)
+		}
+	}
+}
+
+// with returns a copy of s with s[i] = v.
+func with(s []uint32, i int, v uint32) []uint32 {
+	s = slices.Clone(s)
+	s[i] = v
+	return s
+}
+
+// FuzzFingerprintFrom checks fingerprintFrom against newFingerprint for
+// sequences derived from fuzzed bytes.
+func FuzzFingerprintFrom(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}, []byte{1, 2, 3, 4, 9}, uint8(4), uint8(2))
+	f.Fuzz(func(t *testing.T, a, b []byte, bs, extra uint8) {
+		if bs == 0 || len(a) == 0 {
+			return
+		}
+		toIDs := func(p []byte) []uint32 {
+			s := make([]uint32, len(p))
+			for i, c := range p {
+				s[i] = uint32(c % 8)
+			}
+			return s
+		}
+		old, next := toIDs(a), toIDs(b)
+		fp := newFingerprint(old, nil, len(old), int(bs))
+		cp, err := fp.verifyPrefix(next)
+		require.NoError(t, err)
+		n, _ := fp.commonPrefix(next)
+		require.Equal(t, n, cp.n)
+		gen := toIDs(a[:min(len(a), int(extra))])
+		for _, bsz := range []int{int(bs), int(bs) + 1} {
+			for m := 1; m <= len(next)+len(gen); m += 1 + len(next)/7 {
+				require.Equal(t, newFingerprint(next, gen, m, bsz), fingerprintFrom(cp, next, gen, m, bsz))
+			}
+		}
+	})
 }

@@ -436,14 +436,16 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 				slog.String("path", t.req.Path))
 			return nil, ""
 		}
-		return newFingerprint(ids, nil, min(len(ids), tokens), bs), ""
+		return fingerprintFrom(t.fpPrefix, ids, nil, min(len(ids), tokens), bs), ""
 	}
 	if !t.hasIDs || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
 		r.logOnce(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
 		return nil, ""
 	}
-	fp := newFingerprint(t.promptIDs, t.genIDs, tokens, bs)
+	// The verified prefix is hashed again only when D's prompt ids differ
+	// from the rendered ones there (fingerprintFrom compares them).
+	fp := fingerprintFrom(t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
 	if fp == nil {
 		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
 	}

@@ -239,6 +239,10 @@ type turn struct {
 	rendered           []uint32
 	renderedPooled     bool     // rendered came from the Router's id pool
 	streamIDs          []uint32 // the pooled slice a stream's capture parses the prompt's ids into
+	// fpPrefix is the fingerprint chain over the prefix of the prompt's
+	// tokens that verification matched; its ids alias them (rendered),
+	// so it is dropped when the turn ends.
+	fpPrefix chainPrefix
 
 	// The turn's own state, which the TurnRecord only reports: whether
 	// a retained handle is attached, whether D prefills locally (P gave no
@@ -329,6 +333,7 @@ func (t *turn) finish() {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
 	}
 	t.endTurn()
+	t.fpPrefix = chainPrefix{}
 	if t.renderedPooled {
 		t.r.ids.put(t.rendered)
 		t.rendered, t.renderedPooled = nil, false
@@ -435,10 +440,14 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 			return t.verifyContent(e)
 		}
 		t.rec.PromptTokens = len(toks)
-		n, err := e.fp.commonPrefix(toks)
+		cp, err := e.fp.verifyPrefix(toks)
 		if err != nil {
 			return MissBadEntry
 		}
+		n := cp.n
+		// The chain over the verified tokens, for this turn's own
+		// fingerprint (D's blocks begin with the same prompt).
+		t.fpPrefix = cp
 		t.tokPrompt, t.tokVerified = len(toks), n
 		t.rec.VerifiedTokens = n
 		if n == 0 {
