@@ -23,12 +23,34 @@ func AppendUint32s(dst []uint32, data []byte, i int) ([]uint32, int, bool) {
 		return dst, i + 1, true
 	}
 	for {
-		v, end, ok := uint32At(data, i)
-		if !ok {
-			return dst[:n], end, false
+		if i+8 <= len(data) {
+			// uint32At's eight-byte step, inlined for the common id of
+			// one to seven digits.
+			x := binary.LittleEndian.Uint64(data[i:])
+			m := (x | (x + 0x4646464646464646) | (x - 0x3030303030303030)) & msb
+			if k := bits.TrailingZeros64(m) >> 3; k > 0 && k < 8 && (k == 1 || data[i] != '0') {
+				dst = append(dst, digits8(x, k))
+				i += k
+				if data[i] == ',' {
+					i++
+					if i < len(data) && data[i]-'0' <= 9 {
+						continue
+					}
+					i = skipSpace(data, i)
+					continue
+				}
+				goto separator
+			}
 		}
-		dst = append(dst, v)
-		i = end
+		{
+			v, end, ok := uint32At(data, i)
+			if !ok {
+				return dst[:n], end, false
+			}
+			dst = append(dst, v)
+			i = end
+		}
+	separator:
 		if i < len(data) && data[i] == ',' {
 			// The common case: "1,2,3" without spaces.
 			i++
@@ -69,13 +91,7 @@ func uint32At(data []byte, i int) (uint32, int, bool) {
 			if k > 1 && data[i] == '0' {
 				return 0, i, false
 			}
-			// The k digits as the last k of eight, the rest zeros, then
-			// combined pairwise.
-			y := (x << (64 - 8*uint(k))) & 0x0f0f0f0f0f0f0f0f
-			y = (y * 2561) >> 8
-			y = ((y & 0x00ff00ff00ff00ff) * 6553601) >> 16
-			y = ((y & 0x0000ffff0000ffff) * 42949672960001) >> 32
-			return uint32(y), i + k, true
+			return digits8(x, k), i + k, true
 		}
 		if k == 0 {
 			return 0, i, false
@@ -95,6 +111,18 @@ func uint32At(data []byte, i int) (uint32, int, bool) {
 		return 0, i, false
 	}
 	return uint32(v), i, true
+}
+
+// digits8 returns the value of the k (1 to 7) ASCII digits in the low
+// bytes of x, the first digit in the lowest byte.
+func digits8(x uint64, k int) uint32 {
+	// The k digits as the last k of eight, the rest zeros, then combined
+	// pairwise.
+	y := (x << (64 - 8*uint(k))) & 0x0f0f0f0f0f0f0f0f
+	y = (y * 2561) >> 8
+	y = ((y & 0x00ff00ff00ff00ff) * 6553601) >> 16
+	y = ((y & 0x0000ffff0000ffff) * 42949672960001) >> 32
+	return uint32(y)
 }
 
 // ResetIDs is Reset, except that the value of a top-level member whose key
