@@ -186,7 +186,19 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(groups)))
 	var prev int64
+	var scratch [2048]uint32 // 32k tokens in blocks of 16, on the stack
 	for _, g := range groups {
+		// The common shape, block ids below 2^32, in one pass; any other
+		// goes through the general path below. Either way the result is
+		// checked by expanding it again.
+		if ids, end, ok := jsonraw.AppendUint32s(scratch[:0], g, 0); ok && end == len(g) {
+			dst = binary.AppendUvarint(dst, uint64(len(ids)))
+			for _, id := range ids {
+				dst = binary.AppendVarint(dst, int64(id)-prev)
+				prev = int64(id)
+			}
+			continue
+		}
 		count := 0
 		if jsonraw.Elements(g, func([]byte) error { count++; return nil }) != nil {
 			return dst[:n], false
