@@ -23,6 +23,16 @@ func AppendUint32s(dst []uint32, data []byte, i int) ([]uint32, int, bool) {
 		return dst, i + 1, true
 	}
 	for {
+		if i+72 <= len(data) {
+			var j int
+			if dst, j = appendIDBlock(dst, data, i); j > i {
+				i = j
+				if data[i]-'0' > 9 {
+					i = skipSpace(data, i)
+				}
+				continue
+			}
+		}
 		if i+8 <= len(data) {
 			// uint32At's eight-byte step, inlined for the common id of
 			// one to seven digits.
@@ -73,6 +83,39 @@ func AppendUint32s(dst []uint32, data []byte, i int) ([]uint32, int, bool) {
 			return dst[:n], i, false
 		}
 	}
+}
+
+// appendIDBlock appends the ids of "d,dd,ddd," runs in the 64 bytes from
+// data[i] (i+72 <= len(data)): each id of one to seven digits, without a
+// leading zero, that ends with a comma in a word of eight bytes holding
+// only digits and commas. It returns the index after the last such comma,
+// or i when there is none; the id found there is left to the general
+// path. The commas of a word are found at once, so the ids' conversions do
+// not wait on one another.
+func appendIDBlock(dst []uint32, data []byte, i int) ([]uint32, int) {
+	start := i
+	for p := i; p < i+64; p += 8 {
+		x := binary.LittleEndian.Uint64(data[p:])
+		// Per byte, without carries between bytes: top bit set unless
+		// the byte is a digit, and unless it is a comma.
+		low := x &^ msb
+		nondigit := (x | (low + 0x4646464646464646) | ^(low + 0x5050505050505050)) & msb
+		v := x ^ 0x2c2c2c2c2c2c2c2c
+		comma := ^((v&^msb + 0x7f7f7f7f7f7f7f7f) | v) & msb
+		if nondigit != comma {
+			break // a byte that is neither
+		}
+		for ; comma != 0; comma &= comma - 1 {
+			e := p + bits.TrailingZeros64(comma)>>3
+			k := e - start
+			if k < 1 || k > 7 || (k > 1 && data[start] == '0') {
+				return dst, start
+			}
+			dst = append(dst, digits8(binary.LittleEndian.Uint64(data[start:]), k))
+			start = e + 1
+		}
+	}
+	return dst, start
 }
 
 // uint32At reads the unsigned integer at data[i]: at most ten digits, no

@@ -3,6 +3,8 @@ package jsonraw_test
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -68,6 +70,43 @@ func TestAppendUint32s(t *testing.T) {
 	}
 }
 
+// TestAppendUint32sLong runs long arrays, the 64-byte block path's input,
+// against encoding/json: valid ones with ids of every length and spacing,
+// and each with one byte changed to a character that breaks it or not.
+func TestAppendUint32sLong(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 300 {
+		var b []byte
+		b = append(b, '[')
+		for j := range 10 + rng.IntN(60) {
+			if j > 0 {
+				b = append(b, ',')
+				if rng.IntN(10) == 0 {
+					b = append(b, ' ')
+				}
+			}
+			b = strconv.AppendUint(b, uint64(rng.Uint32())>>(rng.IntN(33)), 10)
+		}
+		b = append(b, ']')
+		variants := [][]byte{b}
+		for range 8 {
+			v := bytes.Clone(b)
+			const breakers = ",0 ]x\x80-9"
+			v[1+rng.IntN(len(v)-2)] = breakers[rng.IntN(len(breakers))]
+			variants = append(variants, v)
+		}
+		for _, v := range variants {
+			want, wantOK := refUint32s(v)
+			got, end, ok := jsonraw.AppendUint32s(nil, v, 0)
+			ok = ok && end == len(v)
+			require.Equal(t, wantOK, ok, "%s", v)
+			if ok {
+				require.Equal(t, want, got, "%s", v)
+			}
+		}
+	}
+}
+
 func TestResetIDs(t *testing.T) {
 	var o jsonraw.Object
 	doc := []byte(`{"a":1,"prompt_token_ids":[5,6,7],"b":[1]}`)
@@ -109,6 +148,9 @@ func FuzzResetIDs(f *testing.F) {
 	for _, s := range []string{
 		`{"k":[1,2,3]}`, `{"a":"x","k":[ 1 , 22 ,333]}`, `{"k":[1,2}`, `{"k":[01]}`, `{"k":[4294967296]}`,
 		`{"k":[1],"k":[2]}`, `{"k\u0000":[1]}`, `{"k":[1e3]}`, `{"k":[]}`, `{"k":[123456789,1234567890]}`, `[1]`,
+		`{"k":[1,22,333,4444,55555,666666,7777777,88888888,999999999,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}`,
+		`{"k":[1,22,333,4444,55555,666666,7777777,,88888888,999999999,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}`,
+		`{"k":[1,22,333,4444,55555,666666,07777777,88888888,999999999,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}`,
 	} {
 		f.Add([]byte(s))
 	}
