@@ -37,6 +37,9 @@ func TestEntryCompactHandle(t *testing.T) {
 		{"null", `{"remote_block_ids":null}`, false},
 		{"none", `{"remote_engine_id":"d"}`, false},
 		{"same list earlier", `{"a":[[1,2]],"remote_block_ids":[[1,2]]}`, true},
+		{"ids of 2^32 and above", `{"remote_block_ids":[[4294967295,4294967296,5,9007199254740993]]}`, true},
+		{"longer than the stack scratch", `{"remote_block_ids":[[` + many.String() + `,` + many.String() + `]]}`, true},
+		{"leading zero", `{"remote_block_ids":[[1,02]]}`, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,5 +67,24 @@ func TestEntryCompactHandle(t *testing.T) {
 	for cut := len(raw) - 1; cut > len(raw)-8; cut-- {
 		_, err := decodeEntry(raw[:cut])
 		assert.Error(t, err, "cut at %d", cut)
+	}
+}
+
+// BenchmarkCompactHandle is compactHandle on a 26k-token handle: 1,637
+// block ids in one group.
+func BenchmarkCompactHandle(b *testing.B) {
+	h := []byte(`{"do_remote_prefill":true,"remote_engine_id":"d","remote_block_ids":[[`)
+	for i := range 1637 {
+		if i > 0 {
+			h = append(h, ',')
+		}
+		h = fmt.Appendf(h, "%d", 1000+i*3)
+	}
+	h = append(h, `]],"remote_host":"127.0.0.1","remote_port":1,"remote_num_tokens":26176}`...)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := compactHandle(nil, h); !ok {
+			b.Fatal("not compacted")
+		}
 	}
 }
