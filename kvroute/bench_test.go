@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -72,7 +73,7 @@ func benchmarkTurn(b *testing.B, mode kvroute.Verification, hist int) {
 		// The first turn's prompt, for its size in tokens (ReportMetric
 		// after the loop: b.Loop's first call drops earlier metrics).
 		conv := newBenchConv("c0 ", hist)
-		toks := len(toyChat(toyMessages(conv.messages)))
+		toks := len(toytok.Chat(toyMessages(conv.messages)))
 		defer func() {
 			b.ReportMetric(float64(toks), "prompt-tokens")
 			b.ReportMetric(float64(toyContentBytes(conv.messages))/float64(toks), "B/token")

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/internal/upstreamclock"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
@@ -72,83 +73,17 @@ func cannedPrefill(w http.ResponseWriter, n int64) {
 	fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
 }
 
-// The token-aware canned engines (tokenEngines) share a deterministic toy
-// tokenizer: the content of each message is split at whitespace and every
-// word into pieces of at most toyPiece bytes; a piece's id is its FNV-32a
-// hash modulo a vocabulary of toyVocab ids (so ids have the 5 and 6 digits
-// of a real vocabulary). The toy chat template renders each message as a
-// role token, its content's pieces and an end-of-turn token, and ends with
-// the generation prompt (the assistant role token). On the benchmark
-// histories this gives about 4 bytes of content per token (a 100 KB
-// history is about 26k tokens); BenchmarkTurn/tokens reports the figure.
-const (
-	toyPiece = 5
-	toyVocab = 151936
-)
+// The token-aware canned engines (tokenEngines) share internal/toytok's
+// deterministic toy tokenizer and chat template with vllmsim's canned
+// mode. On the benchmark histories this gives about 4 bytes of content per
+// token (a 100 KB history is about 26k tokens); BenchmarkTurn/tokens
+// reports the figure.
 
-func toyID(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h % toyVocab
-}
+// toyReply is D's canned reply and toyReplyIDs its generated ids (the
+// end-of-turn token last, as an engine samples it).
+const toyReply = "Done, the tests pass."
 
-var (
-	toyEnd       = toyID("<|im_end|>")
-	toyAssistant = toyID("<|assistant|>")
-	toyRoles     = map[string]uint32{"system": toyID("<|system|>"), "user": toyID("<|user|>"), "assistant": toyAssistant, "tool": toyID("<|tool|>")}
-	// toyReply is D's canned reply and its generated ids (the end-of-turn
-	// token last, as an engine samples it).
-	toyReply    = "Done, the tests pass."
-	toyReplyIDs = append(toyText(nil, toyReply), toyEnd)
-)
-
-func toySpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
-
-// toyText appends the ids of text's pieces to dst.
-func toyText(dst []uint32, text string) []uint32 {
-	for i := 0; i < len(text); {
-		for i < len(text) && toySpace(text[i]) {
-			i++
-		}
-		j := i
-		for j < len(text) && !toySpace(text[j]) && j-i < toyPiece {
-			j++
-		}
-		if j > i {
-			dst = append(dst, toyID(text[i:j]))
-		}
-		i = j
-	}
-	return dst
-}
-
-type toyMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
-// toyChat renders messages with the toy chat template, generation prompt
-// included: the prompt an engine computes for them.
-func toyChat(msgs []toyMessage) []uint32 {
-	n := 1
-	for _, m := range msgs {
-		n += 2 + len(m.Content)/3
-	}
-	ids := make([]uint32, 0, n)
-	for _, m := range msgs {
-		role, ok := toyRoles[m.Role]
-		if !ok {
-			role = toyID("<|" + m.Role + "|>")
-		}
-		ids = append(ids, role)
-		ids = toyText(ids, m.Content)
-		ids = append(ids, toyEnd)
-	}
-	return append(ids, toyAssistant)
-}
+var toyReplyIDs = toytok.Reply(toyReply)
 
 // toyContentBytes is the content bytes of messages, for the bytes/token
 // ratio.
@@ -160,32 +95,21 @@ func toyContentBytes(msgs []map[string]string) int {
 	return n
 }
 
-func toyMessages(msgs []map[string]string) []toyMessage {
-	out := make([]toyMessage, len(msgs))
+func toyMessages(msgs []map[string]string) []toytok.Message {
+	out := make([]toytok.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = toyMessage{Role: m["role"], Content: m["content"]}
+		out[i] = toytok.Message{Role: m["role"], Content: m["content"]}
 	}
 	return out
 }
 
-func appendIDs(b []byte, ids []uint32) []byte {
-	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendUint(b, uint64(id), 10)
-	}
-	return append(b, ']')
-}
-
 // toyRequest is what the token-aware engines read of a request.
 type toyRequest struct {
-	Messages       []toyMessage `json:"messages"`
-	ReturnTokenIDs bool         `json:"return_token_ids"`
+	Messages       []toytok.Message `json:"messages"`
+	ReturnTokenIDs bool             `json:"return_token_ids"`
 }
 
-// tokenEngines are canned engines that know tokens (see toyText), started
+// tokenEngines are canned engines that know tokens (see internal/toytok), started
 // by newTokenEngines.
 type tokenEngines struct {
 	prefill, decode string
@@ -248,10 +172,10 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		if !ok {
 			return
 		}
-		ids := toyChat(req.Messages)
+		ids := toytok.Chat(req.Messages)
 		out := make([]byte, 0, 7*len(ids)+32)
 		out = append(out, `{"token_ids":`...)
-		out = append(appendIDs(out, ids), '}')
+		out = append(toytok.AppendJSON(out, ids), '}')
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(out)
 	})
@@ -261,7 +185,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 			return
 		}
 		n := seq.Add(1)
-		prompt := toyChat(req.Messages)
+		prompt := toytok.Chat(req.Messages)
 		gen := toyReplyIDs
 		tokens := len(prompt) + len(gen) - 1
 		blocks := (tokens + kvroute.DefaultBlockSize - 1) / kvroute.DefaultBlockSize
@@ -282,19 +206,19 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)
 		out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, n)
 		if req.ReturnTokenIDs {
-			out = appendIDs(append(out, `,"prompt_token_ids":`...), prompt)
+			out = toytok.AppendJSON(append(out, `,"prompt_token_ids":`...), prompt)
 		}
 		out = append(out, "}\n\n"...)
 		_, _ = w.Write(out)
 		_ = fl.Flush()
 		out = fmt.Appendf(out[:0], `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null`, n, toyReply)
 		if req.ReturnTokenIDs {
-			out = appendIDs(append(out, `,"token_ids":`...), gen[:len(gen)-1])
+			out = toytok.AppendJSON(append(out, `,"token_ids":`...), gen[:len(gen)-1])
 		}
 		out = append(out, "}]}\n\n"...)
 		out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`, n)
 		if req.ReturnTokenIDs {
-			out = appendIDs(append(out, `,"token_ids":`...), gen[len(gen)-1:])
+			out = toytok.AppendJSON(append(out, `,"token_ids":`...), gen[len(gen)-1:])
 		}
 		out = append(out, `}],"kv_transfer_params":`...)
 		out = append(out, handle...)

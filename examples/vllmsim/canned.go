@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/bidikv/bidikv/internal/toytok"
 )
 
 // Canned mode (--canned prefill or --canned decode) is for router overhead
@@ -17,7 +19,7 @@ import (
 //
 //   - prefill: POST /v1/chat/completions gets a one-token completion with
 //     a P handle; POST /v1/chat/completions/render gets the prompt's ids
-//     under a toy tokenizer (cannedChat), the only request it tokenizes.
+//     under a toy tokenizer (internal/toytok), the only request it tokenizes.
 //   - decode: a three-event stream ("Done, the tests pass.") whose final
 //     chunk carries a D handle. With return_token_ids the first chunk
 //     carries the prompt's toy ids and the others the reply's, and the
@@ -26,13 +28,8 @@ import (
 //
 // An honest next turn (the messages, the reply, a new user message)
 // renders to ids that begin with the handle's, so token verification
-// passes. The toy tokenizer splits each message's content at whitespace
-// and each word into pieces of at most 5 bytes, a piece's id being its
-// FNV-32a hash modulo 151936; the template adds a role and an
-// end-of-turn id per message and the assistant role id at the end.
+// passes. The toy tokenizer and template are internal/toytok's.
 const (
-	cannedPiece = 5
-	cannedVocab = 151936
 	// cannedReply is the decode engine's reply.
 	cannedReply = "Done, the tests pass."
 	// cannedBlockSize is the block size of canned D handles (kvroute's
@@ -40,71 +37,9 @@ const (
 	cannedBlockSize = 16
 )
 
-func cannedID(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h % cannedVocab
-}
-
-func cannedSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
-
-// cannedText appends the toy ids of text to dst.
-func cannedText(dst []uint32, text string) []uint32 {
-	for i := 0; i < len(text); {
-		for i < len(text) && cannedSpace(text[i]) {
-			i++
-		}
-		j := i
-		for j < len(text) && !cannedSpace(text[j]) && j-i < cannedPiece {
-			j++
-		}
-		if j > i {
-			dst = append(dst, cannedID(text[i:j]))
-		}
-		i = j
-	}
-	return dst
-}
-
-type cannedMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
 type cannedRequest struct {
-	Messages       []cannedMessage `json:"messages"`
-	ReturnTokenIDs bool            `json:"return_token_ids"`
-}
-
-// cannedChat renders messages with the toy template, generation prompt
-// included.
-func cannedChat(msgs []cannedMessage) []uint32 {
-	end, asst := cannedID("<|im_end|>"), cannedID("<|assistant|>")
-	n := 1
-	for _, m := range msgs {
-		n += 2 + len(m.Content)/3
-	}
-	ids := make([]uint32, 0, n)
-	for _, m := range msgs {
-		ids = append(ids, cannedID("<|"+m.Role+"|>"))
-		ids = cannedText(ids, m.Content)
-		ids = append(ids, end)
-	}
-	return append(ids, asst)
-}
-
-func appendCannedIDs(b []byte, ids []uint32) []byte {
-	b = append(b, '[')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendUint(b, uint64(id), 10)
-	}
-	return append(b, ']')
+	Messages       []toytok.Message `json:"messages"`
+	ReturnTokenIDs bool             `json:"return_token_ids"`
 }
 
 // cannedHandler returns the canned engine of role "prefill" or "decode".
@@ -128,9 +63,9 @@ func cannedHandler(role, model string) (http.Handler, error) {
 			if !ok {
 				return
 			}
-			ids := cannedChat(req.Messages)
+			ids := toytok.Chat(req.Messages)
 			out := make([]byte, 0, 7*len(ids)+16)
-			writeJSON(w, append(appendCannedIDs(append(out, `{"token_ids":`...), ids), '}'))
+			writeJSON(w, append(toytok.AppendJSON(append(out, `{"token_ids":`...), ids), '}'))
 		})
 	case "decode":
 		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -172,8 +107,8 @@ func cannedStream(w http.ResponseWriter, n int64, model string, req cannedReques
 	var prompt, gen []uint32
 	tokens := 5000
 	if req.ReturnTokenIDs {
-		prompt = cannedChat(req.Messages)
-		gen = append(cannedText(nil, cannedReply), cannedID("<|im_end|>"))
+		prompt = toytok.Chat(req.Messages)
+		gen = toytok.Reply(cannedReply)
 		tokens = len(prompt) + len(gen) - 1
 	}
 	blocks := (tokens + cannedBlockSize - 1) / cannedBlockSize
@@ -190,19 +125,19 @@ func cannedStream(w http.ResponseWriter, n int64, model string, req cannedReques
 	out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)
 	out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, n, model)
 	if req.ReturnTokenIDs {
-		out = appendCannedIDs(append(out, `,"prompt_token_ids":`...), prompt)
+		out = toytok.AppendJSON(append(out, `,"prompt_token_ids":`...), prompt)
 	}
 	out = append(out, "}\n\n"...)
 	_, _ = w.Write(out)
 	_ = http.NewResponseController(w).Flush()
 	out = fmt.Appendf(out[:0], `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null`, n, model, cannedReply)
 	if req.ReturnTokenIDs {
-		out = appendCannedIDs(append(out, `,"token_ids":`...), gen[:len(gen)-1])
+		out = toytok.AppendJSON(append(out, `,"token_ids":`...), gen[:len(gen)-1])
 	}
 	out = append(out, "}]}\n\n"...)
 	out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`, n, model)
 	if req.ReturnTokenIDs {
-		out = appendCannedIDs(append(out, `,"token_ids":`...), gen[len(gen)-1:])
+		out = toytok.AppendJSON(append(out, `,"token_ids":`...), gen[len(gen)-1:])
 	}
 	out = append(out, `}],"kv_transfer_params":`...)
 	out = append(out, handle...)
