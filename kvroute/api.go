@@ -1,6 +1,8 @@
 package kvroute
 
 import (
+	"strings"
+
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
@@ -68,6 +70,19 @@ func apiFor(path string) (api, bool) {
 		return messagesAPI{}, true
 	}
 	return nil, false
+}
+
+// ErrorBody renders err as the JSON error body of the API served at path,
+// for a response of the given status: Anthropic's {"type":"error","error":
+// {"type","message"}} for PathMessages and the paths below it, OpenAI's
+// {"error":{"message","type","code"}} otherwise. It is what the Router's
+// http.Handler answers, for programs that answer in front of it (limits,
+// authentication) in the same shapes.
+func ErrorBody(path string, status int, err error) []byte {
+	if path == PathMessages || strings.HasPrefix(path, PathMessages+"/") {
+		return messagesAPI{}.errorBody(status, err)
+	}
+	return errorBody(status, err)
 }
 
 // openAI is what the OpenAI-shaped APIs share: errors, token ids and the

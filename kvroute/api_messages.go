@@ -119,24 +119,28 @@ type anthropicErrorDetail struct {
 	Message string `json:"message"`
 }
 
-// errorBody is Anthropic's {"type":"error","error":{"type","message"}}.
+// errorBody is Anthropic's {"type":"error","error":{"type","message"}},
+// with the error type Anthropic's API gives the status; its SDKs read
+// error.type and error.message.
 func (messagesAPI) errorBody(status int, err error) []byte {
 	typ := "api_error"
-	switch status {
-	case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusMethodNotAllowed:
-		typ = "invalid_request_error"
-	case http.StatusUnauthorized:
+	switch {
+	case status == http.StatusUnauthorized:
 		typ = "authentication_error"
-	case http.StatusForbidden:
+	case status == http.StatusForbidden:
 		typ = "permission_error"
-	case http.StatusNotFound:
+	case status == http.StatusNotFound:
 		typ = "not_found_error"
-	case http.StatusRequestEntityTooLarge:
+	case status == http.StatusRequestEntityTooLarge:
 		typ = "request_too_large"
-	case http.StatusTooManyRequests:
+	case status == http.StatusTooManyRequests:
 		typ = "rate_limit_error"
-	case http.StatusServiceUnavailable:
+	case status == http.StatusServiceUnavailable:
 		typ = "overloaded_error"
+	case status == http.StatusGatewayTimeout:
+		typ = "timeout_error"
+	case status >= 400 && status < 500:
+		typ = "invalid_request_error"
 	}
 	msg := "kvroute: error"
 	if err != nil {

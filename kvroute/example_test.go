@@ -3,8 +3,10 @@ package kvroute_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
+	"net/http"
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
@@ -120,4 +122,17 @@ func ask(router *kvroute.Router, messages []map[string]string, maxTokens int, re
 	want, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, ref...)
 	reply = out.Choices[0].Message.Content
 	return reply, string(resp.Reuse()), reply == want.Text
+}
+
+// ErrorBody answers in the error shape of each API: what a program in
+// front of the Router (authentication, limits) writes to its clients.
+func ExampleErrorBody() {
+	err := errors.New("too many requests in flight")
+	fmt.Println(string(kvroute.ErrorBody(kvroute.PathChatCompletions, http.StatusServiceUnavailable, err)))
+	fmt.Println(string(kvroute.ErrorBody(kvroute.PathMessages, http.StatusServiceUnavailable, err)))
+	fmt.Println(string(kvroute.ErrorBody(kvroute.PathMessages+"/count_tokens", http.StatusUnauthorized, errors.New("bad key"))))
+	// Output:
+	// {"error":{"message":"too many requests in flight","type":"server_error","param":null,"code":"upstream_unavailable"}}
+	// {"type":"error","error":{"type":"overloaded_error","message":"too many requests in flight"}}
+	// {"type":"error","error":{"type":"authentication_error","message":"bad key"}}
 }

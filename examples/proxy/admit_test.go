@@ -24,7 +24,7 @@ func TestTurnWriterCut(t *testing.T) {
 		}
 	}
 	anthropicCut := "event: message_start\ndata: {}\n\nevent: error\ndata: " +
-		`{"error":{"message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period","type":"overloaded_error"},"type":"error"}` + "\n\n"
+		`{"type":"error","error":{"type":"overloaded_error","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period"}}` + "\n\n"
 	tests := []struct {
 		name   string
 		path   string // "": /v1/chat/completions
@@ -50,7 +50,7 @@ func TestTurnWriterCut(t *testing.T) {
 		{"messages stream in flight", "/v1/messages", sse("event: message_start\ndata: {}\n\n"), http.StatusOK, anthropicCut},
 		{"messages stream that just ended", "/v1/messages", sse("event: message_delta\ndata: {}\n\n", "event: message_stop\ndata: {}\n\n"), http.StatusOK, "event: message_stop\ndata: {}\n\n"},
 		{"messages events in one write", "/v1/messages", sse("event: message_delta\ndata: {}\n\nevent: message_stop\ndata: {}\n\n"), http.StatusOK, "event: message_stop\ndata: {}\n\n"},
-		{"messages nothing sent", "/v1/messages", func(http.ResponseWriter) {}, http.StatusServiceUnavailable, `"type":"overloaded_error"},"type":"error"}`},
+		{"messages nothing sent", "/v1/messages", func(http.ResponseWriter) {}, http.StatusServiceUnavailable, `"type":"overloaded_error","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period"}}`},
 		{"responses stream in flight", "/v1/responses", sse("event: response.created\ndata: {}\n\n"), http.StatusOK, `"code":"shutting_down","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period","param":null,"type":"server_error"}}` + "\n\n"},
 		{"responses stream that just ended", "/v1/responses", sse("event: response.completed\ndata: {}\n\n"), http.StatusOK, "event: response.completed\ndata: {}\n\n"},
 	}

@@ -20,7 +20,7 @@ import (
 
 // anthropicError matches Anthropic's error shape with the proxy's prefix:
 // what Anthropic's SDKs parse into error.type and error.message.
-var anthropicError = regexp.MustCompile(`^\{"error":\{"message":"proxy: [^"]*","type":"[a-z_]+"\},"type":"error"\}$`)
+var anthropicError = regexp.MustCompile(`^\{"type":"error","error":\{"type":"[a-z_]+","message":"proxy: [^"]*"\}\}$`)
 
 func assertAnthropicError(t *testing.T, status int, h http.Header, body string, wantStatus int, wantType string) {
 	t.Helper()
@@ -164,7 +164,7 @@ func TestDrainCutsMessagesStream(t *testing.T) {
 	rest, err := io.ReadAll(r)
 	require.NoError(t, err, "the stream ends cleanly after its error event")
 	assert.NotContains(t, string(rest), "message_stop")
-	assert.Regexp(t, `\n\nevent: error\ndata: \{"error":\{"message":"proxy: shutting down: [^"]+","type":"overloaded_error"\},"type":"error"\}\n\n$`, string(rest))
+	assert.Regexp(t, `\n\nevent: error\ndata: \{"type":"error","error":\{"type":"overloaded_error","message":"proxy: shutting down: [^"]+"\}\}\n\n$`, string(rest))
 	select {
 	case err := <-px.done:
 		px.done <- err

@@ -343,31 +343,9 @@ func proxyError(path string, status int, msg, typ, code string) []byte {
 	return errorJSON(msg, typ, code)
 }
 
-// anthropicErrorBody is Anthropic's {"type":"error","error":{"type",
-// "message"}}, with the error type Anthropic's API gives the status; its
-// SDKs read error.type and error.message.
+// anthropicErrorBody is Anthropic's error body, as the router writes it.
 func anthropicErrorBody(status int, msg string) []byte {
-	typ := "api_error"
-	switch {
-	case status == http.StatusUnauthorized:
-		typ = "authentication_error"
-	case status == http.StatusForbidden:
-		typ = "permission_error"
-	case status == http.StatusNotFound:
-		typ = "not_found_error"
-	case status == http.StatusRequestEntityTooLarge:
-		typ = "request_too_large"
-	case status == http.StatusTooManyRequests:
-		typ = "rate_limit_error"
-	case status == http.StatusServiceUnavailable:
-		typ = "overloaded_error"
-	case status == http.StatusGatewayTimeout:
-		typ = "timeout_error"
-	case status >= 400 && status < 500:
-		typ = "invalid_request_error"
-	}
-	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": "proxy: " + msg}})
-	return b
+	return kvroute.ErrorBody(kvroute.PathMessages, status, errors.New("proxy: "+msg))
 }
 
 // errorJSON is OpenAI's error body.
