@@ -103,12 +103,6 @@ func toyMessages(msgs []map[string]string) []toytok.Message {
 	return out
 }
 
-// toyRequest is what the token-aware engines read of a request.
-type toyRequest struct {
-	Messages       []toytok.Message `json:"messages"`
-	ReturnTokenIDs bool             `json:"return_token_ids"`
-}
-
 // tokenEngines are canned engines that know tokens (see internal/toytok), started
 // by newTokenEngines.
 type tokenEngines struct {
@@ -150,25 +144,13 @@ func newTokenEngines(tb testing.TB) *tokenEngines {
 // handlers returns the token-aware prefill and decode handlers.
 func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 	var seq atomic.Int64
-	read := func(w http.ResponseWriter, r *http.Request) (toyRequest, bool) {
-		var req toyRequest
-		body, err := io.ReadAll(r.Body)
-		if err == nil {
-			err = json.Unmarshal(body, &req)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return req, false
-		}
-		return req, true
-	}
 	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != kvroute.PathChatCompletions+"/render" {
 			_, _ = io.Copy(io.Discard, r.Body)
 			cannedPrefill(w, seq.Add(1))
 			return
 		}
-		req, ok := read(w, r)
+		req, ok := toytok.ReadRequest(w, r)
 		if !ok {
 			return
 		}
@@ -180,7 +162,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		_, _ = w.Write(out)
 	})
 	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req, ok := read(w, r)
+		req, ok := toytok.ReadRequest(w, r)
 		if !ok {
 			return
 		}

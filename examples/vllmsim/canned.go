@@ -37,11 +37,6 @@ const (
 	cannedBlockSize = 16
 )
 
-type cannedRequest struct {
-	Messages       []toytok.Message `json:"messages"`
-	ReturnTokenIDs bool             `json:"return_token_ids"`
-}
-
 // cannedHandler returns the canned engine of role "prefill" or "decode".
 func cannedHandler(role, model string) (http.Handler, error) {
 	var seq atomic.Int64
@@ -59,7 +54,7 @@ func cannedHandler(role, model string) (http.Handler, error) {
 			writeJSON(w, fmt.Appendf(nil, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, model, n))
 		})
 		mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
-			req, ok := readCanned(w, r)
+			req, ok := toytok.ReadRequest(w, r)
 			if !ok {
 				return
 			}
@@ -73,7 +68,7 @@ func cannedHandler(role, model string) (http.Handler, error) {
 			if err != nil {
 				return
 			}
-			var req cannedRequest
+			var req toytok.Request
 			if bytes.Contains(body, []byte(`"return_token_ids"`)) {
 				if err := json.Unmarshal(body, &req); err != nil {
 					http.Error(w, err.Error(), http.StatusBadRequest)
@@ -88,22 +83,9 @@ func cannedHandler(role, model string) (http.Handler, error) {
 	return mux, nil
 }
 
-func readCanned(w http.ResponseWriter, r *http.Request) (cannedRequest, bool) {
-	var req cannedRequest
-	body, err := io.ReadAll(r.Body)
-	if err == nil {
-		err = json.Unmarshal(body, &req)
-	}
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return req, false
-	}
-	return req, true
-}
-
 // cannedStream writes the canned decode stream: the first event flushed
 // alone, the content and final events together.
-func cannedStream(w http.ResponseWriter, n int64, model string, req cannedRequest) {
+func cannedStream(w http.ResponseWriter, n int64, model string, req toytok.Request) {
 	var prompt, gen []uint32
 	tokens := 5000
 	if req.ReturnTokenIDs {

@@ -13,7 +13,12 @@
 // per token.
 package toytok
 
-import "strconv"
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+)
 
 const (
 	// Piece is the longest piece of a word that is one token, in bytes.
@@ -91,4 +96,25 @@ func AppendJSON(b []byte, ids []uint32) []byte {
 		b = strconv.AppendUint(b, uint64(id), 10)
 	}
 	return append(b, ']')
+}
+
+// Request is what the canned engines read of a chat request.
+type Request struct {
+	Messages       []Message `json:"messages"`
+	ReturnTokenIDs bool      `json:"return_token_ids"`
+}
+
+// ReadRequest decodes r's body as a Request; when it cannot, it answers
+// 400 and reports false.
+func ReadRequest(w http.ResponseWriter, r *http.Request) (Request, bool) {
+	var req Request
+	body, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return req, false
+	}
+	return req, true
 }
