@@ -17,14 +17,18 @@ import (
 // refUint32s is the oracle for AppendUint32s on a whole document: an
 // array of integers in [0, 2^32) with plain digits, by encoding/json.
 func refUint32s(b []byte) ([]uint32, bool) {
-	var nums []json.Number
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	if !json.Valid(b) || d.Decode(&nums) != nil || nums == nil {
+	// Raw elements first: encoding/json also decodes a string holding a
+	// number ("0") into a json.Number, and a token id is never a string.
+	var raw []json.RawMessage
+	if !json.Valid(b) || json.Unmarshal(b, &raw) != nil || raw == nil {
 		return nil, false
 	}
-	out := make([]uint32, 0, len(nums))
-	for _, n := range nums {
+	out := make([]uint32, 0, len(raw))
+	for _, r := range raw {
+		if len(r) == 0 || r[0] < '0' || r[0] > '9' {
+			return nil, false
+		}
+		n := json.Number(r)
 		s := string(n)
 		if strings.ContainsAny(s, ".eE-") || len(s) > 10 {
 			return nil, false
