@@ -416,16 +416,28 @@ func (s *soak) phaseA(t *testing.T, rs *soakRound) {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		r := bufio.NewReader(c)
 		end := time.Now().Add(2 * soakIdleConn)
+		var lastDone time.Time // when the previous answer was read
 		for i := 0; i < 100 && time.Now().Before(end); i++ {
-			if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: soak\r\n\r\n"); !assert.NoError(t, err, "control request %d", i) {
+			// The proxy finished the previous answer before we read it, so
+			// the connection has been idle at least gap when we write: a
+			// close after a gap of the idle timeout or more (a stalled
+			// client on an overloaded machine) is the proxy doing its job.
+			gap := time.Since(lastDone)
+			_, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: soak\r\n\r\n")
+			var resp *http.Response
+			if err == nil {
+				resp, err = http.ReadResponse(r, nil)
+			}
+			if err != nil && i > 0 && gap >= soakIdleConn {
+				t.Logf("control request %d: closed after the client stalled %v (idle timeout %v): not a failure", i, gap.Round(time.Millisecond), soakIdleConn)
 				return
 			}
-			resp, err := http.ReadResponse(r, nil)
-			if !assert.NoError(t, err, "control request %d: the active connection was closed", i) {
+			if !assert.NoError(t, err, "control request %d: the active connection was closed (idle %v)", i, gap.Round(time.Millisecond)) {
 				return
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
+			lastDone = time.Now()
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			mu.Lock()
 			rs.controlRequests++
