@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 )
 
@@ -129,14 +128,8 @@ func (e *Engine) maxModelLen() int { return e.cfg.NumBlocks * e.cfg.BlockSize }
 // vLLM's GenerateRequest out (a list of one for completions). Responses and
 // Messages bodies are rendered as their generation renders them (as chat).
 func (e *Engine) serveRender(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	rec := e.newRecord(r, body, false)
-	e.mu.Lock()
-	rec.Role = RoleRender
-	e.stats.RenderRequests++
-	e.mu.Unlock()
-	if err != nil {
-		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+	body, rec, ok := e.readAux(w, r, RoleRender, &e.stats.RenderRequests)
+	if !ok {
 		return
 	}
 	path, api := PathCompletions, "Completions"
@@ -212,14 +205,8 @@ var tokenizeChatKeys = []string{"model", "messages", "add_generation_prompt", "c
 // max_model_len, tokens and token_strs (the token texts with
 // return_token_strs, else null).
 func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	rec := e.newRecord(r, body, false)
-	e.mu.Lock()
-	rec.Role = RoleTokenize
-	e.stats.TokenizeRequests++
-	e.mu.Unlock()
-	if err != nil {
-		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+	body, rec, ok := e.readAux(w, r, RoleTokenize, &e.stats.TokenizeRequests)
+	if !ok {
 		return
 	}
 	toks, m, err := e.tokenize(body)

@@ -332,19 +332,31 @@ func parseStatus(err error) int {
 	return http.StatusBadRequest
 }
 
+// readAux reads the body of a request that generates nothing (render,
+// tokenize, count_tokens) and records it under role, counting it in *count
+// (a field of e.stats). On a body it cannot read it answers 400 and
+// reports false.
+func (e *Engine) readAux(w http.ResponseWriter, r *http.Request, role string, count *int) ([]byte, *Record, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	rec := e.newRecord(r, body, false)
+	e.mu.Lock()
+	rec.Role = role
+	*count++
+	e.mu.Unlock()
+	if err != nil {
+		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+		return nil, rec, false
+	}
+	return body, rec, true
+}
+
 // serveCountTokens serves POST /v1/messages/count_tokens: the Messages
 // body rendered as generation would render it, answered
 // {"input_tokens": n, "context_management": {"original_input_tokens": n}}.
 // It counts in Stats.TokenizeRequests, not in Requests.
 func (e *Engine) serveCountTokens(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	rec := e.newRecord(r, body, false)
-	e.mu.Lock()
-	rec.Role = RoleCountTokens
-	e.stats.TokenizeRequests++
-	e.mu.Unlock()
-	if err != nil {
-		e.fail(w, rec, http.StatusBadRequest, "could not read body")
+	body, rec, ok := e.readAux(w, r, RoleCountTokens, &e.stats.TokenizeRequests)
+	if !ok {
 		return
 	}
 	req, err := e.parse(PathCountTokens, body)
