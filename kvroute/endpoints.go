@@ -135,9 +135,13 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 	return eps[i], nil
 }
 
-// has reports whether url is one of the current endpoints.
-func (p *pool) has(url string) bool {
-	return slices.ContainsFunc(p.list(), func(e *endpoint) bool { return e.url == url })
+// find returns the current endpoint whose URL is url, or nil.
+func (p *pool) find(url string) *endpoint {
+	eps := p.list()
+	if i := slices.IndexFunc(eps, func(e *endpoint) bool { return e.url == url }); i >= 0 {
+		return eps[i]
+	}
+	return nil
 }
 
 // SetEndpoints replaces the endpoints of phase (PhasePrefill or

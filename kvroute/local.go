@@ -38,11 +38,8 @@ const RefuseDecodeLocal Refusal = "decode_local"
 // decodeEndpoint returns the eligible decode endpoint whose URL is url, or
 // nil.
 func (r *Router) decodeEndpoint(url string) *endpoint {
-	now := r.hp.now()
-	for _, e := range r.decode.list() {
-		if e.url == url && e.health.eligible(now) {
-			return e
-		}
+	if e := r.decode.find(url); e != nil && e.health.eligible(r.hp.now()) {
+		return e
 	}
 	return nil
 }

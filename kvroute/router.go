@@ -393,7 +393,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			return t.miss(MissExpired)
 		}
 		t.rec.HandleTokens = e.tokens
-		if e.endpoint != "" && !r.decode.has(e.endpoint) {
+		if e.endpoint != "" && r.decode.find(e.endpoint) == nil {
 			// The decode engine that holds the blocks is gone: P's pull
 			// would fail. Not attached; kept for another router that may
 			// still list the engine, or for its return.
