@@ -1,6 +1,8 @@
 package kvroute
 
 import (
+	"hash/maphash"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -23,27 +25,44 @@ type DecodeKV struct {
 	Bytes int64
 }
 
-// kvLedger mirrors the Store's live handles: store key -> where its blocks
-// are, how many tokens, until when.
+// kvLedger mirrors the Store's live handles: for each store key, where its
+// blocks are, how many tokens, until when. It holds 16 bytes per handle in
+// a map keyed by a 64-bit hash of the store key (the key itself, about 70
+// bytes, is not kept): two keys with the same hash, about one chance in
+// 10^9 among 100,000 live handles, share one record, which makes DecodeKV
+// count one handle too few until it expires.
 type kvLedger struct {
 	mu    sync.Mutex
-	m     map[string]heldKV
+	seed  maphash.Seed
+	m     map[uint64]heldKV
+	eps   []string          // interned decode endpoints, by heldKV.ep
+	epIdx map[string]uint32 // endpoint -> index in eps
 	swept time.Time
 }
 
 type heldKV struct {
-	endpoint string
-	tokens   int
-	expires  time.Time
+	expires int64 // UnixNano
+	tokens  uint32
+	ep      uint32
 }
+
+func (l *kvLedger) hash(key string) uint64 { return maphash.String(l.seed, key) }
 
 func (l *kvLedger) put(key, ep string, tokens int, expires, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.m == nil {
-		l.m = map[string]heldKV{}
+		l.seed = maphash.MakeSeed()
+		l.m = map[uint64]heldKV{}
+		l.epIdx = map[string]uint32{}
 	}
-	l.m[key] = heldKV{endpoint: ep, tokens: tokens, expires: expires}
+	i, ok := l.epIdx[ep]
+	if !ok {
+		i = uint32(len(l.eps))
+		l.eps = append(l.eps, ep)
+		l.epIdx[ep] = i
+	}
+	l.m[l.hash(key)] = heldKV{expires: expires.UnixNano(), tokens: uint32(min(tokens, math.MaxUint32)), ep: i}
 	if now.Sub(l.swept) >= time.Second {
 		l.sweep(now)
 	}
@@ -51,17 +70,51 @@ func (l *kvLedger) put(key, ep string, tokens int, expires, now time.Time) {
 
 func (l *kvLedger) take(key string) {
 	l.mu.Lock()
-	delete(l.m, key)
+	if l.m != nil {
+		delete(l.m, l.hash(key))
+	}
 	l.mu.Unlock()
 }
 
-// sweep drops expired entries; l.mu held.
+// sweep drops expired entries; l.mu held. When the interned endpoints are
+// far more than the live handles use (engines replaced one after another),
+// it interns afresh.
 func (l *kvLedger) sweep(now time.Time) {
 	l.swept = now
+	t := now.UnixNano()
 	for k, h := range l.m {
-		if !now.Before(h.expires) {
+		if t >= h.expires {
 			delete(l.m, k)
 		}
+	}
+	if len(l.eps) <= 64 {
+		return
+	}
+	used := make([]bool, len(l.eps))
+	n := 0
+	for _, h := range l.m {
+		if !used[h.ep] {
+			used[h.ep] = true
+			n++
+		}
+	}
+	if n*2 > len(l.eps) {
+		return
+	}
+	remap := make([]uint32, len(l.eps))
+	eps := make([]string, 0, n)
+	clear(l.epIdx)
+	for i, ep := range l.eps {
+		if used[i] {
+			remap[i] = uint32(len(eps))
+			l.epIdx[ep] = uint32(len(eps))
+			eps = append(eps, ep)
+		}
+	}
+	l.eps = eps
+	for k, h := range l.m {
+		h.ep = remap[h.ep]
+		l.m[k] = h
 	}
 }
 
@@ -79,13 +132,14 @@ func (r *Router) DecodeKV() []DecodeKV {
 	r.kv.sweep(now)
 	var gone []string
 	for _, h := range r.kv.m {
-		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == h.endpoint })
+		ep := r.kv.eps[h.ep]
+		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == ep })
 		if i < 0 {
-			d, ok := byEP[h.endpoint]
+			d, ok := byEP[ep]
 			if !ok {
-				d = &DecodeKV{Endpoint: h.endpoint}
-				byEP[h.endpoint] = d
-				gone = append(gone, h.endpoint)
+				d = &DecodeKV{Endpoint: ep}
+				byEP[ep] = d
+				gone = append(gone, ep)
 			}
 			d.Handles++
 			d.Tokens += int64(h.tokens)

@@ -63,5 +63,5 @@ func ExampleWithMaxBytes() {
 	// Output:
 	// conv-1 retained: false
 	// entries: 2 evicted for bytes: 1
-	// retention: value too large: entry of 16646 bytes (key, value and overhead), limit 8720 (WithMaxBytes)
+	// retention: value too large: entry of 16486 bytes (key, value and overhead), limit 8400 (WithMaxBytes)
 }

@@ -7,58 +7,81 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jellydator/ttlcache/v3"
 )
 
 // Memory is an in-process store of decode handles, bounded in entries, in
 // bytes and in value size. It implements kvroute.Store and is safe for
 // concurrent use.
 //
-// Put copies the value, so the caller may reuse its buffer; Take removes the
-// entry and hands the stored slice to the caller, who then owns it. Take is
-// atomic: of any number of concurrent callers for one key, exactly one gets
-// the value.
+// Put copies the key and the value; Take removes the entry and returns a
+// fresh copy of the value, which the caller owns. Take is atomic: of any
+// number of concurrent callers for one key, exactly one gets the value.
 //
 // A Memory holds at most its [WithMaxEntries] bound of entries and its
 // [WithMaxBytes] bound of bytes: a Put that would exceed either first drops
 // expired entries and then evicts least recently put entries until the new
 // one fits. [Memory.Stats] counts the evictions by bound; [Memory.Bytes]
-// sums what the entries count against the byte bound.
+// gives what the entries count against the byte bound.
 //
-// Expired entries are never returned. They are dropped by the next Put (the
-// check is one comparison when nothing has expired), so a Memory starts no
-// goroutine. Expiry follows the real clock: the underlying ttlcache reads
-// time.Now and offers no clock hook, so tests of expiry must wait in real
-// time.
+// Expired entries are never returned. They are dropped by the next Put or
+// Take (the check is one comparison when nothing has expired), so a Memory
+// starts no goroutine. Expiry follows the real clock.
 //
-// Each entry costs about 240 bytes of bookkeeping (cache item, LRU list
-// element, expiry heap slot and map slot) plus its key and value, each
-// rounded up to the Go allocator's size class; the byte bound counts
-// [EntryOverhead] for the bookkeeping. Measured: a 600-byte value under a
-// 41-byte key retains about 925 bytes (1.45x the payload), so a Memory full
-// at [DefaultMaxEntries] with such values holds about 90 MiB, well under
-// [DefaultMaxBytes]; with 1 MB handles the byte bound (1 GiB, about a
-// thousand of them) applies first.
+// Each entry is one allocation holding its key and value, plus about 80
+// bytes of bookkeeping (a slot in an array, a place in the expiry heap and
+// a map slot); the byte bound counts [EntryOverhead] for the bookkeeping.
+// Measured: a 600-byte value under a 41-byte key retains about 780 bytes
+// (1.2x the payload), so a Memory full at [DefaultMaxEntries] with such
+// values holds about 75 MiB, well under [DefaultMaxBytes]; with 1 MB
+// handles the byte bound (1 GiB, about a thousand of them) applies first.
+//
+// Memory does not use ttlcache, the module's general TTL cache: a handle
+// of a short conversation is 300 to 400 bytes of JSON, and ttlcache's
+// bookkeeping per entry (an item with its own lock, an LRU list element,
+// an expiry heap slot and a map slot: about 215 bytes) would hold more
+// than twice the handle. Memory needs less: its LRU order is the put order
+// (a hit removes the entry, so nothing is ever touched), kept as links
+// between array slots.
 type Memory struct {
-	cache        *ttlcache.Cache[string, []byte]
 	maxEntries   int
 	maxValueSize int
 	maxBytes     int64
+	now          func() time.Time
 	closed       atomic.Bool
 
-	// mu serialises every change to cache, so that the ttlcache metrics
-	// read around a change belong to that change. ttlcache holds one
-	// exclusive lock for each change anyway, so mu costs no concurrency.
-	mu                             sync.Mutex
+	mu             sync.Mutex
+	index          map[string]int32 // key -> slot; the key shares the slot's data
+	slots          []slot
+	free           int32   // first free slot, linked through next; nilSlot if none
+	oldest, newest int32   // put order, linked through prev/next
+	heap           []int32 // slots by expiry, a binary min-heap
+	bytes          int64   // what the entries count against maxBytes
+
 	puts, hits, misses, tooLarge   atomic.Int64
 	expired, evictEntries, evictBy atomic.Int64
+	entries                        atomic.Int64
 }
+
+const nilSlot = -1
+
+// slot is one entry: its key and value in one string, when it expires,
+// its neighbours in put order and its place in the expiry heap.
+type slot struct {
+	data       string // key then value
+	klen       int32
+	at         int32 // index in heap
+	expires    int64 // UnixNano
+	prev, next int32
+}
+
+func (s *slot) key() string   { return s.data[:s.klen] }
+func (s *slot) value() string { return s.data[s.klen:] }
 
 // MemoryStats describes a [Memory]: its bounds, what it holds, and counts
 // since it was created.
 type MemoryStats struct {
-	// Entries is the number of unexpired entries held now.
+	// Entries is the number of entries held now; entries that expired
+	// since the last Put or Take may be among them until the next one.
 	Entries int
 	// MaxEntries is the entry bound ([WithMaxEntries]).
 	MaxEntries int
@@ -96,21 +119,20 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 		return nil, err
 	}
 	return &Memory{
-		cache: ttlcache.New(
-			ttlcache.WithCapacity[string, []byte](uint64(cfg.maxEntries)),
-			ttlcache.WithMaxCost(uint64(cfg.maxBytes), entryCost),
-			ttlcache.WithDisableTouchOnHit[string, []byte](),
-		),
 		maxEntries:   cfg.maxEntries,
 		maxValueSize: cfg.maxValueSize,
 		maxBytes:     cfg.maxBytes,
+		now:          time.Now,
+		index:        map[string]int32{},
+		free:         nilSlot,
+		oldest:       nilSlot,
+		newest:       nilSlot,
 	}, nil
 }
 
-// entryCost is what an entry counts against the byte bound. Put allocates
-// the value with append, so its capacity is the allocator's size class.
-func entryCost(it ttlcache.CostItem[string, []byte]) uint64 {
-	return uint64(len(it.Key)) + uint64(cap(it.Value)) + EntryOverhead
+// entryCost is what an entry counts against the byte bound.
+func entryCost(key, value int) int64 {
+	return int64(key) + int64(value) + EntryOverhead
 }
 
 // Put stores a copy of value under key for ttl, replacing any earlier value
@@ -133,42 +155,37 @@ func (m *Memory) Put(ctx context.Context, key string, value []byte, ttl time.Dur
 		m.tooLarge.Add(1)
 		return fmt.Errorf("%w: %d bytes, limit %d (WithMaxValueSize)", ErrTooLarge, len(value), m.maxValueSize)
 	}
-	// append rounds the capacity up to the size class actually allocated,
-	// which is what the byte bound should count.
-	v := append(make([]byte, 0), value...)
-	if cost := entryCost(ttlcache.CostItem[string, []byte]{Key: key, Value: v}); cost > uint64(m.maxBytes) {
-		// ttlcache would evict every entry, this one included.
+	cost := entryCost(len(key), len(value))
+	if cost > m.maxBytes {
 		m.tooLarge.Add(1)
 		return fmt.Errorf("%w: entry of %d bytes (key, value and overhead), limit %d (WithMaxBytes)", ErrTooLarge, cost, m.maxBytes)
 	}
-	// Clone the key: it may share memory with a much larger string.
-	key = strings.Clone(key)
+	var b strings.Builder
+	b.Grow(len(key) + len(value))
+	b.WriteString(key)
+	b.Write(value)
+	data := b.String()
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed.Load() {
 		return ErrClosed
 	}
-	// Drop expired entries first so that a full cache evicts them rather
+	now := m.now().UnixNano()
+	// Drop expired entries first so that a full Memory evicts them rather
 	// than a live one, and so that expired values do not linger.
-	before := m.cache.Metrics()
-	m.cache.DeleteExpired()
-	mid := m.cache.Metrics()
-	m.cache.Set(key, v, ttl)
-	after := m.cache.Metrics()
-
-	// Every entry ttlcache removes, whatever the reason, counts once in
-	// Evictions, so Insertions-Evictions is the number it holds.
-	m.expired.Add(int64(mid.Evictions - before.Evictions))
-	if evicted := int64(after.Evictions - mid.Evictions); evicted > 0 {
-		// A new key in a cache at its entry bound evicts one entry before
-		// the byte bound is checked; every other eviction is for bytes.
-		if after.Insertions > mid.Insertions && mid.Insertions-mid.Evictions >= uint64(m.maxEntries) {
-			m.evictEntries.Add(1)
-			evicted--
-		}
-		m.evictBy.Add(evicted)
+	m.dropExpired(now)
+	if i, ok := m.index[key]; ok {
+		m.remove(i)
+	} else if len(m.index) >= m.maxEntries {
+		m.remove(m.oldest)
+		m.evictEntries.Add(1)
 	}
+	for m.bytes+cost > m.maxBytes {
+		m.remove(m.oldest)
+		m.evictBy.Add(1)
+	}
+	m.insert(data, len(key), now+int64(ttl), cost)
 	m.puts.Add(1)
 	return nil
 }
@@ -183,32 +200,146 @@ func (m *Memory) Take(ctx context.Context, key string) (value []byte, ok bool, e
 	if m.closed.Load() {
 		return nil, false, ErrClosed
 	}
-	// GetAndDelete holds the cache's lock across the lookup and the
-	// delete, so exactly one concurrent caller finds the entry.
 	m.mu.Lock()
-	item, ok := m.cache.GetAndDelete(key)
+	m.dropExpired(m.now().UnixNano())
+	i, ok := m.index[key]
+	var v string
+	if ok {
+		v = m.slots[i].value()
+		m.remove(i)
+	}
 	m.mu.Unlock()
 	if !ok {
 		m.misses.Add(1)
 		return nil, false, nil
 	}
 	m.hits.Add(1)
-	return item.Value(), true, nil
+	return []byte(v), true, nil
 }
 
-// Len returns the number of unexpired entries.
+// insert adds an entry; m.mu held, the key absent and the bounds checked.
+func (m *Memory) insert(data string, klen int, expires, cost int64) {
+	i := m.free
+	if i == nilSlot {
+		i = int32(len(m.slots))
+		m.slots = append(m.slots, slot{})
+	} else {
+		m.free = m.slots[i].next
+	}
+	s := &m.slots[i]
+	*s = slot{data: data, klen: int32(klen), expires: expires, prev: m.newest, next: nilSlot}
+	if m.newest != nilSlot {
+		m.slots[m.newest].next = i
+	} else {
+		m.oldest = i
+	}
+	m.newest = i
+	s.at = int32(len(m.heap))
+	m.heap = append(m.heap, i)
+	m.up(int(s.at))
+	m.index[s.key()] = i
+	m.bytes += cost
+	m.entries.Store(int64(len(m.index)))
+}
+
+// remove drops slot i; m.mu held.
+func (m *Memory) remove(i int32) {
+	s := &m.slots[i]
+	delete(m.index, s.key())
+	m.bytes -= entryCost(int(s.klen), len(s.data)-int(s.klen))
+	if s.prev != nilSlot {
+		m.slots[s.prev].next = s.next
+	} else {
+		m.oldest = s.next
+	}
+	if s.next != nilSlot {
+		m.slots[s.next].prev = s.prev
+	} else {
+		m.newest = s.prev
+	}
+	at := int(s.at)
+	last := len(m.heap) - 1
+	if at != last {
+		m.heap[at] = m.heap[last]
+		m.slots[m.heap[at]].at = int32(at)
+	}
+	m.heap = m.heap[:last]
+	if at != last {
+		m.down(at)
+		m.up(at)
+	}
+	*s = slot{next: m.free, prev: nilSlot, at: nilSlot}
+	m.free = i
+	m.entries.Store(int64(len(m.index)))
+}
+
+// dropExpired removes the entries expired at now; m.mu held.
+func (m *Memory) dropExpired(now int64) {
+	for len(m.heap) > 0 && m.slots[m.heap[0]].expires <= now {
+		m.remove(m.heap[0])
+		m.expired.Add(1)
+	}
+	if len(m.index) == 0 && cap(m.slots) > 1024 {
+		// Empty after a burst: give the arrays back.
+		m.slots, m.heap, m.free = nil, nil, nilSlot
+	}
+}
+
+func (m *Memory) less(a, b int) bool {
+	return m.slots[m.heap[a]].expires < m.slots[m.heap[b]].expires
+}
+
+func (m *Memory) swap(a, b int) {
+	m.heap[a], m.heap[b] = m.heap[b], m.heap[a]
+	m.slots[m.heap[a]].at = int32(a)
+	m.slots[m.heap[b]].at = int32(b)
+}
+
+func (m *Memory) up(j int) {
+	for j > 0 {
+		p := (j - 1) / 2
+		if !m.less(j, p) {
+			return
+		}
+		m.swap(j, p)
+		j = p
+	}
+}
+
+func (m *Memory) down(j int) {
+	n := len(m.heap)
+	for {
+		c := 2*j + 1
+		if c >= n {
+			return
+		}
+		if c+1 < n && m.less(c+1, c) {
+			c++
+		}
+		if !m.less(c, j) {
+			return
+		}
+		m.swap(j, c)
+		j = c
+	}
+}
+
+// Len returns the number of entries held; like [MemoryStats.Entries], it
+// drops the entries that have expired first.
 func (m *Memory) Len() int {
-	return m.cache.Len()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dropExpired(m.now().UnixNano())
+	return len(m.index)
 }
 
 // Stats returns the Memory's bounds and counts. It costs a few atomic
-// loads, so it may be called as often as metrics are scraped; the bytes
-// held are not in it, see [Memory.Bytes]. The counts are read atomically
-// one by one: together they are a near-instant snapshot, not a
-// transaction.
+// loads and takes no lock, so it may be called as often as metrics are
+// scraped. The counts are read atomically one by one: together they are a
+// near-instant snapshot, not a transaction.
 func (m *Memory) Stats() MemoryStats {
 	return MemoryStats{
-		Entries:           m.cache.Len(),
+		Entries:           int(m.entries.Load()),
 		MaxEntries:        m.maxEntries,
 		MaxBytes:          m.maxBytes,
 		MaxValueSize:      m.maxValueSize,
@@ -222,22 +353,13 @@ func (m *Memory) Stats() MemoryStats {
 	}
 }
 
-// Bytes returns what the unexpired entries count against the byte bound
-// now ([WithMaxBytes]): for each, its key's length, its value's allocated
-// size and [EntryOverhead]. The underlying ttlcache keeps this total but
-// does not expose it, so Bytes sums it over the entries while Puts and
-// Takes wait: about 0.3 µs per entry, 30 ms with 100,000 entries. Call it
-// in tests and when debugging, not on every metrics scrape; the bound is
-// enforced on every Put whether or not Bytes is called.
+// Bytes returns what the entries held count against the byte bound
+// ([WithMaxBytes]): for each, its key's and its value's lengths and
+// [EntryOverhead]. It takes the Memory's lock for a moment.
 func (m *Memory) Bytes() int64 {
-	var n int64
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cache.Range(func(it *ttlcache.Item[string, []byte]) bool {
-		n += int64(it.Cost())
-		return true
-	})
-	return n
+	return m.bytes
 }
 
 // Close drops every entry; later calls to Put and Take return [ErrClosed].
@@ -246,7 +368,11 @@ func (m *Memory) Bytes() int64 {
 func (m *Memory) Close() error {
 	if !m.closed.Swap(true) {
 		m.mu.Lock()
-		m.cache.DeleteAll()
+		m.index = map[string]int32{}
+		m.slots, m.heap = nil, nil
+		m.free, m.oldest, m.newest = nilSlot, nilSlot, nilSlot
+		m.bytes = 0
+		m.entries.Store(0)
 		m.mu.Unlock()
 	}
 	return nil

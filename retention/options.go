@@ -15,10 +15,12 @@ const (
 	// holds in all (1 GiB), counted as described at [WithMaxBytes].
 	DefaultMaxBytes = 1 << 30
 	// EntryOverhead is the fixed number of bytes a Memory counts for each
-	// entry on top of its key and value, an estimate of the bookkeeping
-	// (cache item, LRU list element, expiry heap slot, map slot) measured
-	// at about 240 bytes.
-	EntryOverhead = 256
+	// entry on top of its key and value: its bookkeeping (an array slot,
+	// an expiry heap slot and a map slot, about 80 bytes) and the
+	// allocator's rounding of the key and value up to a size class.
+	EntryOverhead = 96
+	// MaxEntriesLimit is the largest entry bound [WithMaxEntries] accepts.
+	MaxEntriesLimit = 1<<31 - 1
 )
 
 // MemoryOption configures a [Memory] built by [NewMemory].
@@ -42,8 +44,8 @@ func defaultMemoryConfig() memoryConfig {
 
 // validate reports the first out-of-range option, naming it and the fix.
 func (c memoryConfig) validate() error {
-	if c.maxEntries <= 0 {
-		return fmt.Errorf("retention: WithMaxEntries(%d): must be positive (default %d)", c.maxEntries, DefaultMaxEntries)
+	if c.maxEntries <= 0 || c.maxEntries > MaxEntriesLimit {
+		return fmt.Errorf("retention: WithMaxEntries(%d): must be positive and at most %d (default %d)", c.maxEntries, MaxEntriesLimit, DefaultMaxEntries)
 	}
 	if c.maxValueSize <= 0 {
 		return fmt.Errorf("retention: WithMaxValueSize(%d): must be positive (default %d)", c.maxValueSize, DefaultMaxValueSize)
@@ -62,7 +64,8 @@ func (f memoryOptionFunc) apply(c *memoryConfig) { f(c) }
 // the Memory full, it first drops expired entries and then, if still full,
 // evicts the least recently put entry (counted in
 // [MemoryStats.EvictedForEntries]). The default is [DefaultMaxEntries]; n
-// must be positive (NewMemory fails on zero or a negative n).
+// must be positive and at most [MaxEntriesLimit] (NewMemory fails
+// otherwise).
 func WithMaxEntries(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.maxEntries = n })
 }
@@ -77,8 +80,7 @@ func WithMaxValueSize(n int) MemoryOption {
 }
 
 // WithMaxBytes bounds the bytes a Memory holds in all. Each entry counts
-// its key's length, its value's allocated size (its length rounded up to
-// the Go allocator's size class) and [EntryOverhead]. A Put that would take
+// its key's length, its value's length and [EntryOverhead]. A Put that would take
 // the total over n first drops expired entries and then evicts least
 // recently put entries until the new one fits (counted in
 // [MemoryStats.EvictedForBytes]); a single entry larger than n fails with

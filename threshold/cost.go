@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jellydator/ttlcache/v3"
 )
 
 // Rates are the engine costs a [CostModel] starts from (its priors) and
@@ -139,8 +141,12 @@ type CostModel struct {
 	prefill, dec, loc   *linear
 	pCoef, dCoef, lCoef []float64
 	// Each decode engine's own decode-local rates, once it has been
-	// observed; loc pools every engine's, for engines not yet seen.
-	engines map[string]*engineFit
+	// observed; loc pools every engine's, for engines not yet seen. The
+	// maxEngines most recently used are kept (least recently used out), so
+	// that engines replaced one after another (a Deployment's rollouts
+	// under DNS discovery) neither grow the model nor lock newer engines
+	// out of rates of their own.
+	engines *ttlcache.Cache[string, *engineFit]
 
 	local sync.Map // decode URL -> *atomic.Int64: decode-local prefills running
 }
@@ -150,7 +156,7 @@ type engineFit struct {
 	coef []float64
 }
 
-const maxEngines = 1024 // decode engines with their own rates; more use the pooled ones
+const maxEngines = 1024 // decode engines with their own rates, the most recently used
 
 var _ Chooser = (*CostModel)(nil)
 var _ Learner = (*CostModel)(nil)
@@ -201,7 +207,7 @@ func NewCostModel(c CostConfig) (*CostModel, error) {
 	if c.MaxLocalInFlight == 0 {
 		c.MaxLocalInFlight = DefaultMaxLocalInFlight
 	}
-	m := &CostModel{cfg: c}
+	m := &CostModel{cfg: c, engines: ttlcache.New(ttlcache.WithCapacity[string, *engineFit](maxEngines))}
 	switch {
 	case c.Threshold < 0:
 		m.policy = engine{threshold: 0}
@@ -264,8 +270,8 @@ func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 	pull = dur(dot(m.pCoef, pullX(in)) + dot(m.dCoef, decodeX(in, false)))
 	recompute = dur(dot(m.pCoef, recomputeX(in)) + dot(m.dCoef, decodeX(in, true)))
 	lc := m.lCoef
-	if f, ok := m.engines[in.Decode]; ok {
-		lc = f.coef
+	if it := m.engines.Get(in.Decode); it != nil {
+		lc = it.Value().coef
 	}
 	local = dur(dot(lc, localX(in))) + time.Duration(max(in.DecodeInFlight, 0))*m.cfg.Priors.InFlightCost
 	m.mu.Unlock()
@@ -353,21 +359,18 @@ func (m *CostModel) Observe(o Observation) {
 			return
 		}
 		x, y := localX(in), ms(o.DecodeFirst)
-		f, ok := m.engines[o.Decode]
-		if !ok && len(m.engines) < maxEngines {
+		var f *engineFit
+		if it := m.engines.Get(o.Decode); it != nil {
+			f = it.Value()
+		} else {
 			// A new engine starts from what the others taught.
 			f = &engineFit{lin: m.loc.clone()}
-			if m.engines == nil {
-				m.engines = map[string]*engineFit{}
-			}
-			m.engines[o.Decode] = f
+			m.engines.Set(o.Decode, f, ttlcache.NoTTL)
 		}
 		m.loc.add(x, y)
 		m.lCoef = m.loc.solve()
-		if f != nil {
-			f.lin.add(x, y)
-			f.coef = f.lin.solve()
-		}
+		f.lin.add(x, y)
+		f.coef = f.lin.solve()
 	case PathPull, PathRecompute:
 		if o.Prefill <= 0 || (o.Path == PathPull && in.ReusableTokens <= 0) {
 			return

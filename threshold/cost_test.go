@@ -1,6 +1,7 @@
 package threshold_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -208,4 +209,47 @@ func TestCostModelPerEngine(t *testing.T) {
 	assert.InEpsilon(t, 260*time.Millisecond, slow, 0.1)
 	assert.Equal(t, threshold.PathLocal, m.Choose(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: "fast"}).Path)
 	assert.Equal(t, threshold.PathPull, m.Choose(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: "slow"}).Path)
+}
+
+// TestCostModelEngineChurn replaces decode engines one after another, as
+// rollouts under DNS discovery do: an engine first seen after more than a
+// thousand others still gets rates of its own (the least recently used
+// engine's are dropped instead), and the one used all along keeps its own.
+func TestCostModelEngineChurn(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{Priors: breakEvenRates(), NoDeferred: true})
+	require.NoError(t, err)
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	estimate := func(decode string) time.Duration {
+		_, local, _ := m.Estimate(threshold.Turn{PromptTokens: 20500, ReusableTokens: 20000, Decode: decode})
+		return local
+	}
+	for i := range 30 { // 260 ms at s=500
+		s := 200 + 100*(i%10)
+		m.Observe(threshold.Observation{Path: threshold.PathLocal, Decode: "steady", PromptTokens: 20000 + s,
+			ReusableTokens: 20000, DecodeFirst: ms(60 + 0.400*float64(s))})
+	}
+	pod := 0
+	churn := func() { // a turn on a pod never seen before, slow
+		m.Observe(threshold.Observation{Path: threshold.PathLocal, Decode: fmt.Sprintf("pod-%d", pod), PromptTokens: 20500,
+			ReusableTokens: 20000, DecodeFirst: ms(500)})
+		pod++
+	}
+	for i := range 1500 {
+		churn()
+		if i%100 == 0 {
+			estimate("steady") // in use all along
+		}
+	}
+	for i := range 60 { // the newest engine, fast, among more churn
+		s := 200 + 100*(i%10)
+		m.Observe(threshold.Observation{Path: threshold.PathLocal, Decode: "newest", PromptTokens: 20000 + s,
+			ReusableTokens: 20000, DecodeFirst: ms(20 + 0.040*float64(s))})
+		churn()
+	}
+	// The newest engine starts from the pooled rates (about 500 ms here)
+	// and moves towards its own 40 ms; an engine never seen keeps the
+	// pooled estimate.
+	newest, unseen := estimate("newest"), estimate("never-seen")
+	assert.Less(t, float64(newest), 0.9*float64(unseen), "an engine seen after 1,500 others learns its own rates (%v, pooled %v)", newest, unseen)
+	assert.InEpsilon(t, 260*time.Millisecond, estimate("steady"), 0.15, "the engine in use kept its rates")
 }
