@@ -193,7 +193,11 @@ func TestOverheadFlags(t *testing.T) {
 	assert.Equal(t, []int{1, 8}, c.concs)
 	assert.Equal(t, []string{"tokens"}, c.modes)
 	assert.Equal(t, 3, c.repeats)
-	for _, bad := range [][]string{{"--hist", "x"}, {"--conc", "0"}, {"--modes", "both"}, {"--repeats", "0"}} {
+	assert.Empty(t, c.pinRouter+c.pinRest, "no pinning by default")
+	c, err = parseOverheadFlags([]string{"--pin-router", "1", "--pin-rest", "0"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, [2]string{"1", "0"}, [2]string{c.pinRouter, c.pinRest})
+	for _, bad := range [][]string{{"--hist", "x"}, {"--conc", "0"}, {"--modes", "both"}, {"--repeats", "0"}, {"--pin-router", "1"}, {"--pin-rest", "0"}} {
 		_, err := parseOverheadFlags(bad, io.Discard)
 		assert.Error(t, err, "%v", bad)
 	}

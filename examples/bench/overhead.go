@@ -26,7 +26,16 @@ package main
 //   - engine CPU per turn: both canned engines' utime+stime, in token mode
 //     their render and toy tokenizing (the engine's share, not the
 //     router's);
+//   - router busy: the proxy's CPU time over the run's wall time (100% is
+//     one core busy all the time);
 //   - the hit rate (X-Bidikv-Reuse) and turns per second.
+//
+// With --pin-router and --pin-rest (taskset CPU lists) the proxies run on
+// CPUs of their own and the engines and the client on the others, so that
+// the knee (where turns per second stop growing with concurrency) shows
+// which side saturates first: the router (busy near 100% of its CPUs) or
+// the engines and their loopback I/O (router busy below, the direct chain
+// stopping at the same rate).
 
 import (
 	"bufio"
@@ -59,6 +68,9 @@ type ovhConfig struct {
 	turns    int // turns per run at 10 KB; scaled by 10 KB / hist, at least minTurns
 	minTurns int
 	bin      string
+	// CPU lists for taskset: the proxies on pinRouter, the engines and this
+	// client on pinRest (both empty: no pinning).
+	pinRouter, pinRest string
 }
 
 func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
@@ -74,6 +86,8 @@ func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
 	fs.IntVar(&c.repeats, "repeats", 3, "interleaved repeats of each run")
 	fs.IntVar(&c.turns, "turns", 2000, "turns per run with a 10 KB history (scaled down for larger ones)")
 	fs.IntVar(&c.minTurns, "min-turns", 500, "turns per run at least (and at least 16 per client)")
+	fs.StringVar(&c.pinRouter, "pin-router", "", "CPUs (a taskset list) for the proxies; needs --pin-rest: the engines and the client run there, so that the router has cores of its own and the knee shows which side saturates")
+	fs.StringVar(&c.pinRest, "pin-rest", "", "CPUs (a taskset list) for the engines and this client, with --pin-router")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -102,6 +116,9 @@ func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
 			return c, fmt.Errorf("--modes %q: use content and/or tokens", *modes)
 		}
 		c.modes = append(c.modes, m)
+	}
+	if (c.pinRouter == "") != (c.pinRest == "") {
+		return c, errors.New("--pin-router and --pin-rest go together")
 	}
 	if c.repeats < 1 || c.turns < 1 {
 		return c, errors.New("--repeats and --turns must be at least 1")
@@ -137,8 +154,25 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			p.stop()
 		}
 	}()
+	if c.pinRest != "" {
+		// This process (the client) and every thread it has: new threads
+		// inherit the mask.
+		out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", c.pinRest, strconv.Itoa(os.Getpid())).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("taskset for the client: %w: %s", err, out)
+		}
+	}
 	start := func(name string, args ...string) (*child, error) {
-		p, err := startChild(ctx, filepath.Join(bin, name), args...)
+		path := filepath.Join(bin, name)
+		if cpus := c.pinRest; cpus != "" {
+			if name == "proxy" {
+				cpus = c.pinRouter
+			}
+			// taskset execs the program: the PID stays the program's.
+			args = append([]string{"-c", cpus, path}, args...)
+			path = "taskset"
+		}
+		p, err := startChild(ctx, path, args...)
 		if err == nil {
 			procs = append(procs, p)
 		}
@@ -166,6 +200,9 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 	loadStart := loadAvg()
 	fmt.Fprintf(stdout, "overhead: %d repeats, load average at start %s, %s\n", c.repeats, loadStart, cpuLine())
+	if c.pinRouter != "" {
+		fmt.Fprintf(stdout, "pinned: proxies on CPUs %s, engines and client on CPUs %s\n", c.pinRouter, c.pinRest)
+	}
 	type key struct {
 		target     string
 		hist, conc int
@@ -200,8 +237,8 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	fmt.Fprintf(stdout, "load average at end %s\n\n", loadAvg())
-	fmt.Fprintln(stdout, "| mode | history | conc | added TTFT p50 | added TTFT p99 | router CPU/turn | allocs/turn | alloc/turn (x body) | hit rate | turns/s proxy (direct) | engine CPU/turn proxy (direct) |")
-	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(stdout, "| mode | history | conc | added TTFT p50 | added TTFT p99 | router CPU/turn | router busy | allocs/turn | alloc/turn (x body) | hit rate | turns/s proxy (direct) | engine CPU/turn proxy (direct) |")
+	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range c.modes {
 		for _, hist := range c.hists {
 			for _, conc := range c.concs {
@@ -214,9 +251,10 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				}
 				body := med(px, func(r ovhRun) float64 { return r.bodyBytes })
 				alloc := med(px, func(r ovhRun) float64 { return r.allocBytes })
-				fmt.Fprintf(stdout, "| %s | %d KB | %d | %.3f ms | %.2f ms | %.3f ms | %.0f | %.1f KB (%.2fx) | %.3f | %.0f (%.0f) | %.3f ms (%.3f ms) |\n",
+				fmt.Fprintf(stdout, "| %s | %d KB | %d | %.3f ms | %.2f ms | %.3f ms | %.0f%% | %.0f | %.1f KB (%.2fx) | %.3f | %.0f (%.0f) | %.3f ms (%.3f ms) |\n",
 					m, hist>>10, conc, median(added50), median(added99),
 					med(px, func(r ovhRun) float64 { return r.routerCPU }),
+					med(px, func(r ovhRun) float64 { return r.routerCPU * r.rate / 10 }),
 					med(px, func(r ovhRun) float64 { return r.mallocs }),
 					alloc/1024, alloc/body,
 					med(px, func(r ovhRun) float64 { return r.hitRate }),
@@ -225,7 +263,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "\nmedians of %d interleaved repeats; added TTFT = proxy percentile - direct P-then-D percentile; CPU from /proc/PID/stat (utime+stime), allocations from the proxy's /metrics\n", c.repeats)
+	fmt.Fprintf(stdout, "\nmedians of %d interleaved repeats; added TTFT = proxy percentile - direct P-then-D percentile; CPU from /proc/PID/stat (utime+stime), allocations from the proxy's /metrics; router busy = router CPU time over the run's wall time (100%% = one core)\n", c.repeats)
 	return nil
 }
 
