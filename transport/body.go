@@ -24,8 +24,8 @@ func (b *body) Read(p []byte) (int, error) {
 		switch {
 		case errors.Is(err, io.EOF):
 			b.x.finish()
-		case n > 0 && b.x.idle != nil && !b.x.stopped:
-			b.x.idle.Reset(b.x.idleLimit)
+		case n > 0 && b.x.idling.Load() && !b.x.stopped:
+			b.x.phase.Reset(b.x.idleLimit)
 		}
 		b.mu.Unlock()
 	}

@@ -2,11 +2,14 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,11 +39,16 @@ func (d Deadlines) validate() error {
 }
 
 // Client sends upstream requests with per-phase [Deadlines]. It never sets
-// [http.Client.Timeout], which would cut long streams, and never follows
+// a whole-request timeout, which would cut long streams, and never follows
 // redirects: a 3xx response is returned as is. A Client is safe for
 // concurrent use; share one per transport.
+//
+// A Client hands each request straight to its RoundTripper, as an
+// [http.Client] without cookie jar, timeout or redirects would, but
+// without http.Client's per-request copy of the headers (kept there for
+// redirects, which a Client never follows).
 type Client struct {
-	hc    *http.Client
+	rt    http.RoundTripper
 	clock clock
 }
 
@@ -52,15 +60,7 @@ func NewClient(rt http.RoundTripper) *Client {
 		c := defaultConfig()
 		rt = c.transport()
 	}
-	return &Client{
-		hc: &http.Client{
-			Transport: rt,
-			CheckRedirect: func(*http.Request, []*http.Request) error {
-				return http.ErrUseLastResponse
-			},
-		},
-		clock: realClock{},
-	}
+	return &Client{rt: rt, clock: realClock{}}
 }
 
 // Do sends req and returns the response with its Body wrapped to enforce d.
@@ -73,42 +73,53 @@ func NewClient(rt http.RoundTripper) *Client {
 // [ErrTotalTimeout]; such errors report Timeout() == true and never match
 // [context.Canceled]. When the caller's context ends first, the error
 // matches [context.Canceled] (or [context.DeadlineExceeded]), whatever cause
-// it was cancelled with.
+// it was cancelled with. An error from Do is a [*url.Error], as from
+// [http.Client.Do].
 //
 // The caller must close the returned Body, as with [http.Client.Do]; Close
 // (or reading to io.EOF) stops every timer. As with http.Client.Do, req.Body
 // is closed even on error. A negative field in d is an error wrapping
-// [ErrInvalidConfig].
+// [ErrInvalidConfig]. Do does not modify req, its Header or its URL
+// (net/http's RoundTrip only reads them), so requests may share a
+// read-only Header map.
 func (c *Client) Do(req *http.Request, d Deadlines) (*http.Response, error) {
 	if err := d.validate(); err != nil {
-		if req.Body != nil {
-			_ = req.Body.Close()
-		}
+		closeBody(req)
 		return nil, err
+	}
+	if req.URL == nil {
+		closeBody(req)
+		return nil, &url.Error{Op: urlErrorOp(req.Method), Err: errors.New("http: nil Request.URL")}
+	}
+	if req.RequestURI != "" {
+		closeBody(req)
+		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.Redacted(),
+			Err: errors.New("http: Request.RequestURI can't be set in client requests")}
 	}
 	parent := req.Context()
 	ctx, cancel := context.WithCancelCause(parent)
 	x := &exchange{parent: parent, ctx: ctx, cancel: cancel}
 	if d.Total > 0 {
-		x.total = c.clock.AfterFunc(d.Total, x.expire(ErrTotalTimeout, d.Total))
+		x.total = c.clock.AfterFunc(d.Total, func() {
+			x.cancel(&timeoutError{kind: ErrTotalTimeout, limit: d.Total})
+		})
 	}
-	var first timer
+	// One timer serves the first-byte deadline and then the idle one.
+	x.firstLimit, x.idleLimit = d.FirstByte, d.Idle
 	if d.FirstByte > 0 {
-		first = c.clock.AfterFunc(d.FirstByte, x.expire(ErrFirstByteTimeout, d.FirstByte))
+		x.phase = c.clock.AfterFunc(d.FirstByte, x.expirePhase)
 	}
 
-	resp, err := c.hc.Do(req.WithContext(ctx))
-	if first != nil {
-		first.Stop()
-	}
+	resp, err := c.send(req.WithContext(ctx))
+	armed := x.phase != nil && x.phase.Stop()
 	if err == nil && ctx.Err() != nil {
 		// A deadline fired or the caller gave up just as the headers
 		// arrived: the body is already doomed.
 		_ = resp.Body.Close()
-		resp, err = nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.Redacted(), Err: context.Cause(ctx)}
+		resp, err = nil, context.Cause(ctx)
 	}
 	if err != nil {
-		err = x.fix(err, func(te *timeoutError) error {
+		err = x.fix(&url.Error{Op: urlErrorOp(req.Method), URL: req.URL.Redacted(), Err: err}, func(te *timeoutError) error {
 			return &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.Redacted(), Err: te}
 		})
 		x.finish()
@@ -116,11 +127,63 @@ func (c *Client) Do(req *http.Request, d Deadlines) (*http.Response, error) {
 		return nil, err
 	}
 	if d.Idle > 0 {
-		x.idleLimit = d.Idle
-		x.idle = c.clock.AfterFunc(d.Idle, x.expire(ErrIdleTimeout, d.Idle))
+		switch {
+		case x.phase == nil:
+			x.idling.Store(true)
+			x.phase = c.clock.AfterFunc(d.Idle, x.expirePhase)
+		case armed:
+			// Stopped before it fired: re-armed as the idle deadline.
+			x.idling.Store(true)
+			x.phase.Reset(d.Idle)
+		default:
+			// The first-byte deadline fired as the headers arrived: its
+			// callback cancels the exchange with ErrFirstByteTimeout.
+		}
 	}
 	resp.Body = &body{rc: resp.Body, x: x}
 	return resp, nil
+}
+
+// send hands req to the RoundTripper, as http.Client's own send does:
+// the body is closed on error, a nil Body becomes http.NoBody, and the
+// Basic credentials of a URL's user info are sent when the request has no
+// Authorization header.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	if req.Header == nil {
+		req.Header = make(http.Header) // req is Do's own copy
+	}
+	if u := req.URL.User; u != nil && req.Header.Get("Authorization") == "" {
+		pass, _ := u.Password()
+		req.Header = req.Header.Clone()
+		req.Header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+pass)))
+	}
+	resp, err := c.rt.RoundTrip(req)
+	if err != nil {
+		if resp != nil && resp.Body != nil {
+			_ = resp.Body.Close()
+		}
+		closeBody(req)
+		var rhe tls.RecordHeaderError
+		if errors.As(err, &rhe) && string(rhe.RecordHeader[:]) == "HTTP/" {
+			err = http.ErrSchemeMismatch
+		}
+		return nil, err
+	}
+	if resp == nil {
+		closeBody(req)
+		return nil, fmt.Errorf("http: RoundTripper implementation (%T) returned a nil *Response with a nil error", c.rt)
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
+	}
+	return resp, nil
+}
+
+// closeBody closes req's body, if it has one.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
 }
 
 // urlErrorOp mirrors net/http: "POST" becomes "Post".
@@ -137,14 +200,23 @@ type exchange struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	total     timer
-	idle      timer
-	idleLimit time.Duration
-	stopped   bool // guarded by body.mu once the body exists
+	total timer
+	// phase is the first-byte timer until the headers arrive, then the
+	// idle one (idling set), which the body restarts.
+	phase      timer
+	idling     atomic.Bool
+	firstLimit time.Duration
+	idleLimit  time.Duration
+	stopped    bool // guarded by body.mu once the body exists
 }
 
-func (x *exchange) expire(kind error, limit time.Duration) func() {
-	return func() { x.cancel(&timeoutError{kind: kind, limit: limit}) }
+// expirePhase is the phase timer's callback.
+func (x *exchange) expirePhase() {
+	if x.idling.Load() {
+		x.cancel(&timeoutError{kind: ErrIdleTimeout, limit: x.idleLimit})
+		return
+	}
+	x.cancel(&timeoutError{kind: ErrFirstByteTimeout, limit: x.firstLimit})
 }
 
 // finish stops every timer. It is idempotent.
@@ -153,8 +225,8 @@ func (x *exchange) finish() {
 	if x.total != nil {
 		x.total.Stop()
 	}
-	if x.idle != nil {
-		x.idle.Stop()
+	if x.phase != nil {
+		x.phase.Stop()
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -334,4 +336,70 @@ func TestDoRejectsNegativeDeadlines(t *testing.T) {
 			assert.True(t, rc.closed, "request body closed")
 		})
 	}
+}
+
+// TestDoSharesReadOnlyHeaders sends concurrent requests that share one
+// Header map (as the router's legs of a turn do): under -race, a write to
+// it by Do or net/http would be reported, and the map must come back
+// unchanged.
+func TestDoSharesReadOnlyHeaders(t *testing.T) {
+	got := make(chan http.Header, 16)
+	srv, c := newServer(t, "127.0.0.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r.Header.Clone()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	shared := http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"r1"}}
+	want := shared.Clone()
+	errs := make(chan error, 16)
+	for range 16 {
+		go func() {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(`{"x":1}`))
+			if err != nil {
+				errs <- err
+				return
+			}
+			req.Header = shared
+			resp, err := c.Do(req, transport.Deadlines{FirstByte: time.Minute, Idle: time.Minute, Total: time.Minute})
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 16 {
+		require.NoError(t, <-errs)
+		h := <-got
+		assert.Equal(t, "r1", h.Get("X-Request-Id"))
+		assert.Equal(t, "application/json", h.Get("Content-Type"))
+	}
+	assert.Equal(t, want, shared)
+}
+
+// TestDoErrorsAreURLErrors checks the error shape of a failed exchange:
+// a *url.Error naming the method and URL, as http.Client.Do gives, with
+// the request body closed.
+func TestDoErrorsAreURLErrors(t *testing.T) {
+	c := transport.NewClient(nil)
+	rc := &closeRecorder{Reader: strings.NewReader("x")}
+	// Port 1 on loopback: nothing listens there, the dial is refused.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://127.0.0.1:1/v1/x", rc)
+	require.NoError(t, err)
+	resp, err := c.Do(req, transport.Deadlines{FirstByte: time.Minute})
+	assert.Nil(t, resp)
+	var ue *url.Error
+	require.ErrorAs(t, err, &ue)
+	assert.Equal(t, "Post", ue.Op)
+	assert.Equal(t, "http://127.0.0.1:1/v1/x", ue.URL)
+	var oe *net.OpError
+	assert.ErrorAs(t, err, &oe)
+	assert.True(t, rc.closed, "request body closed")
+
+	req, err = http.NewRequestWithContext(t.Context(), http.MethodGet, "http://127.0.0.1:1/", nil)
+	require.NoError(t, err)
+	req.RequestURI = "/"
+	_, err = c.Do(req, transport.Deadlines{})
+	require.ErrorAs(t, err, &ue)
+	assert.Contains(t, ue.Err.Error(), "RequestURI")
 }
