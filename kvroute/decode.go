@@ -130,10 +130,10 @@ func unsent(err error) bool {
 func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Response, error) {
 	t.decodeURL = ep.url
 	t.rec.DecodeEndpoint = ep.url
-	dctx, cancel := context.WithCancel(ctx)
-	hreq, err := t.upstreamRequest(dctx, PhaseDecode, ep, body)
+	// No context of its own: closing the body transport.Client.Do
+	// returns (Response.release) cancels the exchange's context.
+	hreq, err := t.upstreamRequest(ctx, PhaseDecode, ep, body)
 	if err != nil {
-		cancel()
 		return nil, err
 	}
 	ep.inflight.Add(1)
@@ -142,11 +142,10 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 	resp, err := t.r.client.Do(hreq, transport.Deadlines{FirstByte: t.r.cfg.firstByteTimeout, Idle: t.r.cfg.idleTimeout})
 	if err != nil {
 		ep.inflight.Add(-1)
-		cancel()
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
 	}
 	t.rec.FirstByte = t.r.cfg.clock().Sub(sent)
-	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, body: resp.Body, cancel: cancel}
+	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, body: resp.Body}
 	transport.CopyHeader(out.Header, resp.Header)
 	out.Header.Set(headerRequestID, t.id)
 	out.Header.Set(headerReuse, string(t.rec.Reuse))

@@ -3,6 +3,8 @@ package kvroute
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,41 @@ type endpoint struct {
 	phase    Phase
 	inflight atomic.Int64
 	health   health
+	// urls caches the request URL of each path (pathURL): a map that is
+	// replaced, never modified, when a path is added.
+	urls atomic.Pointer[map[string]*url.URL]
+}
+
+// pathURL returns the URL of path on the endpoint, as
+// transport.Endpoint.NewRequest would send it, from a cache; the caller must not modify it. Paths are the
+// router's own few API and render routes, so the cache stays small.
+func (e *endpoint) pathURL(path string) (*url.URL, error) {
+	m := e.urls.Load()
+	if m != nil {
+		if u, ok := (*m)[path]; ok {
+			return u, nil
+		}
+	}
+	if e.ep.URL == nil {
+		return nil, fmt.Errorf("%w: no URL", transport.ErrInvalidEndpoint)
+	}
+	// Through its string, as http.NewRequest would parse it: JoinPath
+	// leaves a relative path on a base URL without one.
+	u, err := url.Parse(e.ep.JoinPath(path).String())
+	if err != nil {
+		return nil, err
+	}
+	for {
+		next := make(map[string]*url.URL, 4)
+		if m != nil {
+			maps.Copy(next, *m)
+		}
+		next[path] = u
+		if e.urls.CompareAndSwap(m, &next) {
+			return u, nil
+		}
+		m = e.urls.Load()
+	}
 }
 
 // pool is the set of endpoints of one phase. Readers load the slice

@@ -279,30 +279,68 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 // the client's end-to-end headers, the turn's request id and the upstream
 // credential.
 func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body legBody) (*http.Request, error) {
-	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body)
+	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body, t.id)
 }
 
-// upstreamRequestTo is upstreamRequest for another path of the engine.
-func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody) (*http.Request, error) {
+// upstreamRequestTo is upstreamRequest for another path of the engine,
+// with request id id.
+//
+// The URL is a copy of the endpoint's cached one for path, and the legs
+// of a turn share one read-only header map (legHeader) unless a leg needs
+// headers of its own: a rank pin, a trace context, another request id.
+// net/http's RoundTrip only reads Request.Header and transport.Client
+// does not copy it, so no one writes the shared map after legHeader.
+func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody, id string) (*http.Request, error) {
 	rd := body.reader(t.req.ref)
-	hreq, err := ep.ep.NewRequest(ctx, http.MethodPost, path, rd)
+	u, err := ep.pathURL(path)
 	if err != nil {
 		_ = rd.Close()
 		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}
-	hreq.Header = transport.RequestHeader(t.req.Header)
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set(headerRequestID, t.id)
-	if t.r.cfg.apiKey != "" {
-		hreq.Header.Set("Authorization", "Bearer "+t.r.cfg.apiKey)
+	// An empty URL parses to an empty *url.URL, which is then overwritten
+	// with the cached one: one URL allocation, no parse of the address.
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "", rd)
+	if err != nil {
+		_ = rd.Close()
+		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
 	}
-	t.inject(ctx, hreq.Header)
-	ep.ep.Apply(hreq)
+	*hreq.URL = *u
+	hreq.Host = u.Host
+	h := t.legHeader()
+	if ep.ep.Rank >= 0 || t.r.cfg.tracer != nil || id != t.id {
+		h = h.Clone()
+		h.Set(headerRequestID, id)
+		t.inject(ctx, h)
+		ep.ep.Apply(&http.Request{Header: h})
+	}
+	hreq.Header = h
 	hreq.ContentLength = int64(body.size())
 	// For net/http's retry of a request a reused connection lost before
 	// it was written.
 	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(t.req.ref), nil }
 	return hreq, nil
+}
+
+// legHeader returns the headers every leg of the turn sends, built on the
+// first call: the client's end-to-end headers (transport.RequestHeader,
+// which drops the rank header), the JSON content type, the turn's request
+// id and the upstream credential. The map is shared by the turn's
+// requests: it must not be modified.
+func (t *turn) legHeader() http.Header {
+	if t.hdr != nil {
+		return t.hdr
+	}
+	h := transport.RequestHeader(t.req.Header)
+	// One backing array for the values set here.
+	vals := []string{"application/json", t.id, ""}
+	h["Content-Type"] = vals[0:1:1]
+	h[headerRequestID] = vals[1:2:2]
+	if t.r.cfg.apiKey != "" {
+		vals[2] = "Bearer " + t.r.cfg.apiKey
+		h["Authorization"] = vals[2:3:3]
+	}
+	t.hdr = h
+	return h
 }
 
 var errBodyTooLarge = errors.New("body exceeds the size limit")

@@ -149,13 +149,12 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	ctx, end := t.startPhase(ctx, PhaseVerify, ep.url)
 	defer func() { end(err) }()
 	t.r.stats.renders.Add(1)
-	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body)
+	// Its own request id: engines key requests by X-Request-Id, and the
+	// prefill leg follows with the turn's.
+	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body, t.id+"-render")
 	if err != nil {
 		return nil, 0, err
 	}
-	// Its own request id: engines key requests by X-Request-Id, and the
-	// prefill leg follows with the turn's.
-	hreq.Header.Set(headerRequestID, t.id+"-render")
 	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.renderTimeout})
 	if err != nil {
 		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}

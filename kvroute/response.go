@@ -41,7 +41,6 @@ type Response struct {
 	t          *turn
 	ep         *endpoint
 	body       io.ReadCloser
-	cancel     context.CancelFunc
 	stream     bool
 	reader     *sse.Reader
 	capture    streamCapture
@@ -199,11 +198,11 @@ func (r *Response) recycle() {
 	r.t.r.bufs.put(b)
 }
 
-// release closes the upstream body and cancels the decode request once.
+// release closes the upstream body once, which cancels the decode
+// request (transport.Client's body ends the exchange's context).
 func (r *Response) release() {
 	r.once.Do(func() {
 		_ = r.body.Close()
-		r.cancel()
 		r.ep.inflight.Add(-1)
 	})
 }

@@ -255,6 +255,7 @@ type turn struct {
 	tokPrompt, tokVerified int
 	stream                 bool
 	decodeURL              string
+	hdr                    http.Header // legHeader's, shared by the turn's legs: read-only
 
 	trace turnTrace
 

@@ -14,6 +14,7 @@ import (
 // A Writer is not safe for concurrent use.
 type Writer struct {
 	w       io.Writer
+	rc      http.ResponseController // when w is an http.ResponseWriter (flush nil)
 	flush   func() error
 	noFlush bool
 }
@@ -27,7 +28,8 @@ func NewWriter(w io.Writer) *Writer {
 	sw := &Writer{w: w}
 	switch f := w.(type) {
 	case http.ResponseWriter:
-		sw.flush = http.NewResponseController(f).Flush
+		// Kept by value: no controller or method value to allocate.
+		sw.rc = *http.NewResponseController(f)
 	case interface{ Flush() error }:
 		sw.flush = f.Flush
 	case interface{ Flush() }:
@@ -57,7 +59,12 @@ func (w *Writer) Flush() error {
 	if w.noFlush {
 		return nil
 	}
-	err := w.flush()
+	var err error
+	if w.flush != nil {
+		err = w.flush()
+	} else {
+		err = w.rc.Flush()
+	}
 	if errors.Is(err, http.ErrNotSupported) {
 		w.noFlush = true
 		return nil

@@ -95,7 +95,11 @@ func (s *server) admit(next http.Handler) http.Handler {
 		defer s.adm.leave()
 		s.metrics.inflight.Inc()
 		defer s.metrics.inflight.Dec()
-		body := &bodyReader{rc: r.Body, adm: s.adm, limit: s.maxBodyBytes, ctl: http.NewResponseController(w)}
+		// The turn's body reader, writer and drain entry, in one
+		// allocation.
+		st := &admitted{ctl: *http.NewResponseController(w)}
+		body := &st.body
+		*body = bodyReader{rc: r.Body, adm: s.adm, limit: s.maxBodyBytes, ctl: &st.ctl}
 		defer func() { s.adm.release(body.reserved) }()
 		if r.ContentLength > 0 {
 			if !s.adm.reserve(r.ContentLength) {
@@ -108,10 +112,12 @@ func (s *server) admit(next http.Handler) http.Handler {
 
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
-		t := s.open.add(cancel)
-		defer s.open.remove(t)
+		st.open.cancel = cancel
+		s.open.add(&st.open)
+		defer s.open.remove(&st.open)
 
-		tw := &turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
+		tw := &st.tw
+		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
 		r2 := r.WithContext(ctx)
 		r2.Body = body
 		next.ServeHTTP(tw, r2)
@@ -139,6 +145,14 @@ func (s *server) shed(w http.ResponseWriter, path, what, msg string) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(b)
+}
+
+// admitted is what admit keeps for one turn.
+type admitted struct {
+	body bodyReader
+	tw   turnWriter
+	ctl  http.ResponseController // of the connection's ResponseWriter
+	open openTurn
 }
 
 // bodyReader is a turn's request body: it reserves chunked bytes in the

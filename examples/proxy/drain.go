@@ -31,12 +31,11 @@ type openTurns struct {
 
 func newOpenTurns() *openTurns { return &openTurns{turns: map[*openTurn]struct{}{}} }
 
-func (o *openTurns) add(cancel context.CancelCauseFunc) *openTurn {
-	t := &openTurn{cancel: cancel}
+// add registers t, whose cancel is set, until remove.
+func (o *openTurns) add(t *openTurn) {
 	o.mu.Lock()
 	o.turns[t] = struct{}{}
 	o.mu.Unlock()
-	return t
 }
 
 func (o *openTurns) remove(t *openTurn) {

@@ -123,15 +123,21 @@ func (s *server) access(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		id := r.Header.Get("X-Request-Id")
-		if id == "" {
+		// One backing array for the id's header values (each header gets
+		// its own element, so none can change another's).
+		fresh := id == ""
+		if fresh {
 			id = newRequestID()
-			r.Header.Set("X-Request-Id", id)
+		}
+		ids := []string{id, id, id}
+		if fresh {
+			r.Header["X-Request-Id"] = ids[0:1:1]
 		}
 		rw := &statusWriter{ResponseWriter: w}
-		rw.Header().Set("X-Request-Id", id)
+		rw.Header()["X-Request-Id"] = ids[1:2:2]
 		if anthropicPath(r.URL.Path) {
 			// Anthropic's header: its SDKs report it (requestID, _request_id).
-			rw.Header().Set("Request-Id", id)
+			rw.Header()["Request-Id"] = ids[2:3:3]
 		}
 		next.ServeHTTP(rw, r)
 		level := slog.LevelInfo
