@@ -64,6 +64,7 @@ type bodyRef struct {
 	n    atomic.Int32
 	buf  []byte
 	pool *bufPool
+	rel  func() // release, made once for every upstream body's onClose
 }
 
 func (b *bodyRef) acquire() {

@@ -125,6 +125,7 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 	}
 	b := rt.bufs.get(int(length))
 	ref := &bodyRef{buf: b, pool: &rt.bufs}
+	ref.rel = ref.release
 	ref.n.Store(1)
 	if _, err := io.ReadFull(r, b); err != nil {
 		ref.release()

@@ -52,7 +52,7 @@ func (b legBody) reader(ref *bodyRef) *transport.Buffers {
 		return transport.NewBuffers(b, nil)
 	}
 	ref.acquire()
-	return transport.NewBuffers(b, ref.release)
+	return transport.NewBuffers(b, ref.rel)
 }
 
 // runPrefill sends the prefill leg, retrying safe failures on other

@@ -9,7 +9,7 @@ import (
 // body enforces the idle and total deadlines while the response is read.
 type body struct {
 	rc io.ReadCloser
-	x  *exchange
+	x  exchange
 
 	mu   sync.Mutex // guards x.stopped and timer resets against Close
 	once sync.Once

@@ -98,7 +98,9 @@ func (c *Client) Do(req *http.Request, d Deadlines) (*http.Response, error) {
 	}
 	parent := req.Context()
 	ctx, cancel := context.WithCancelCause(parent)
-	x := &exchange{parent: parent, ctx: ctx, cancel: cancel}
+	// The exchange lives in the body that enforces it: one allocation.
+	b := &body{x: exchange{parent: parent, ctx: ctx, cancel: cancel}}
+	x := &b.x
 	if d.Total > 0 {
 		x.total = c.clock.AfterFunc(d.Total, func() {
 			x.cancel(&timeoutError{kind: ErrTotalTimeout, limit: d.Total})
@@ -140,7 +142,8 @@ func (c *Client) Do(req *http.Request, d Deadlines) (*http.Response, error) {
 			// callback cancels the exchange with ErrFirstByteTimeout.
 		}
 	}
-	resp.Body = &body{rc: resp.Body, x: x}
+	b.rc = resp.Body
+	resp.Body = b
 	return resp, nil
 }
 

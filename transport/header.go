@@ -52,8 +52,30 @@ func CopyHeader(dst, src http.Header) {
 // X-Session-ID, is kept. The result is a new header map sharing no slices
 // with in.
 func RequestHeader(in http.Header) http.Header {
+	listed := connectionTokens(in)
+	n := 0
+	for k, vv := range in {
+		if !dropped(textproto.CanonicalMIMEHeaderKey(k), listed, requestOnly) {
+			n += len(vv)
+		}
+	}
 	out := make(http.Header, len(in))
-	copyHeader(out, in, requestOnly)
+	// One backing array for every value; each header's slice is capped at
+	// its own values, so an append to one never reaches the next.
+	vals := make([]string, 0, n)
+	for k, vv := range in {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if dropped(ck, listed, requestOnly) {
+			continue
+		}
+		if prev, ok := out[ck]; ok { // two spellings of one name
+			out[ck] = append(prev, vv...)
+			continue
+		}
+		start := len(vals)
+		vals = append(vals, vv...)
+		out[ck] = vals[start:len(vals):len(vals)]
+	}
 	return out
 }
 
@@ -61,12 +83,19 @@ func copyHeader(dst, src http.Header, extra map[string]bool) {
 	listed := connectionTokens(src)
 	for k, vv := range src {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if hopByHop[ck] || ck == "Content-Length" || strings.HasPrefix(ck, "Proxy-") ||
-			listed[ck] || extra[ck] {
+		if dropped(ck, listed, extra) {
 			continue
 		}
 		dst[ck] = append(dst[ck], vv...)
 	}
+}
+
+// dropped reports whether the header of canonical name ck is not copied:
+// a hop-by-hop one, Content-Length, a Proxy-* one, one listed in
+// Connection or one of extra.
+func dropped(ck string, listed, extra map[string]bool) bool {
+	return hopByHop[ck] || ck == "Content-Length" || strings.HasPrefix(ck, "Proxy-") ||
+		listed[ck] || extra[ck]
 }
 
 // connectionTokens returns the canonical header names listed in the

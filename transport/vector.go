@@ -18,14 +18,24 @@ type Buffers struct {
 	n       int
 	onClose func()
 	closed  atomic.Bool
+	inline  [inlinePieces][]byte // bufs for a body of few pieces
 }
+
+// inlinePieces is how many pieces a Buffers holds without a slice of its
+// own.
+const inlinePieces = 16
 
 // NewBuffers returns a body of the pieces (the slice is copied, not the
 // bytes). onClose, if not nil, is called once, by the first Close: net/http
 // closes a request's body when it is done with it, even after RoundTrip
 // returned, so that is when the pieces may be reused.
 func NewBuffers(pieces [][]byte, onClose func()) *Buffers {
-	b := &Buffers{bufs: make(net.Buffers, len(pieces)), onClose: onClose}
+	b := &Buffers{onClose: onClose}
+	if len(pieces) <= len(b.inline) {
+		b.bufs = b.inline[:len(pieces):len(pieces)]
+	} else {
+		b.bufs = make(net.Buffers, len(pieces))
+	}
 	copy(b.bufs, pieces)
 	for _, p := range pieces {
 		b.n += len(p)
