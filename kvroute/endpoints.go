@@ -142,8 +142,12 @@ func (p *pool) set(eps []transport.Endpoint, report bool) ([]EndpointEvent, erro
 func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, hint string, exclude []string) (*endpoint, error) {
 	all := p.list()
 	now := p.hp.now()
-	cands := make([]Candidate, 0, len(all))
-	eps := make([]*endpoint, 0, len(all))
+	// The Selection and, for a few endpoints, its candidates in one
+	// allocation; the endpoints beside them on the stack.
+	ps := &pickSelection{}
+	cands := ps.cands[:0]
+	var epsBuf [len(ps.cands)]*endpoint
+	eps := epsBuf[:0]
 	for _, healthy := range [...]bool{true, false} {
 		for _, e := range all {
 			if slices.Contains(exclude, e.url) || (healthy && !e.health.eligible(now)) {
@@ -162,7 +166,8 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 	if !slices.ContainsFunc(cands, func(c Candidate) bool { return c.URL == affinity }) {
 		affinity = ""
 	}
-	i, err := sel.Select(ctx, &Selection{Phase: p.phase, Request: req, Candidates: cands, Affinity: affinity, Hint: hint, Exclude: exclude})
+	ps.sel = Selection{Phase: p.phase, Request: req, Candidates: cands, Affinity: affinity, Hint: hint, Exclude: exclude}
+	i, err := sel.Select(ctx, &ps.sel)
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +175,13 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 		return nil, fmt.Errorf("%w: the selector returned %d for %d candidates", ErrNoEndpoint, i, len(eps))
 	}
 	return eps[i], nil
+}
+
+// pickSelection is a Selection with room for the candidates of a small
+// pool.
+type pickSelection struct {
+	sel   Selection
+	cands [8]Candidate
 }
 
 // find returns the current endpoint whose URL is url, or nil.

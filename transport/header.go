@@ -52,41 +52,34 @@ func CopyHeader(dst, src http.Header) {
 // X-Session-ID, is kept. The result is a new header map sharing no slices
 // with in.
 func RequestHeader(in http.Header) http.Header {
-	listed := connectionTokens(in)
-	n := 0
-	for k, vv := range in {
-		if !dropped(textproto.CanonicalMIMEHeaderKey(k), listed, requestOnly) {
-			n += len(vv)
-		}
-	}
 	out := make(http.Header, len(in))
-	// One backing array for every value; each header's slice is capped at
-	// its own values, so an append to one never reaches the next.
-	vals := make([]string, 0, n)
-	for k, vv := range in {
-		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if dropped(ck, listed, requestOnly) {
-			continue
-		}
-		if prev, ok := out[ck]; ok { // two spellings of one name
-			out[ck] = append(prev, vv...)
-			continue
-		}
-		start := len(vals)
-		vals = append(vals, vv...)
-		out[ck] = vals[start:len(vals):len(vals)]
-	}
+	copyHeader(out, in, requestOnly)
 	return out
 }
 
 func copyHeader(dst, src http.Header, extra map[string]bool) {
 	listed := connectionTokens(src)
+	n := 0
+	for k, vv := range src {
+		if !dropped(textproto.CanonicalMIMEHeaderKey(k), listed, extra) {
+			n += len(vv)
+		}
+	}
+	// One backing array for the values of the names dst does not have;
+	// each slice is capped at its own values.
+	vals := make([]string, 0, n)
 	for k, vv := range src {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
 		if dropped(ck, listed, extra) {
 			continue
 		}
-		dst[ck] = append(dst[ck], vv...)
+		if prev, ok := dst[ck]; ok {
+			dst[ck] = append(prev, vv...)
+			continue
+		}
+		start := len(vals)
+		vals = append(vals, vv...)
+		dst[ck] = vals[start:len(vals):len(vals)]
 	}
 }
 

@@ -23,7 +23,7 @@ type Buffers struct {
 
 // inlinePieces is how many pieces a Buffers holds without a slice of its
 // own.
-const inlinePieces = 16
+const inlinePieces = 24
 
 // NewBuffers returns a body of the pieces (the slice is copied, not the
 // bytes). onClose, if not nil, is called once, by the first Close: net/http
