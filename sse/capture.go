@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -383,6 +384,9 @@ func finishReason(v []byte) string {
 // replaced by one "data: " line holding data, at the place of the first
 // data line.
 func reframe(dst, raw, data []byte, replace bool) []byte {
+	// At most raw plus the new data line: one growth of dst, not one per
+	// doubling.
+	dst = slices.Grow(dst, len(raw)+len("data: \n")+len(data))
 	wrote := false
 	for len(raw) > 0 {
 		end, next := lineEnd(raw)
@@ -401,11 +405,12 @@ func reframe(dst, raw, data []byte, replace bool) []byte {
 		} else if !wrote {
 			wrote = true
 			dst = append(dst, "data: "...)
-			for _, b := range data {
+			start := len(dst)
+			dst = append(dst, data...)
+			for i, b := range dst[start:] {
 				if b == '\n' || b == '\r' {
-					b = ' '
+					dst[start+i] = ' '
 				}
-				dst = append(dst, b)
 			}
 			dst = append(dst, '\n')
 		}

@@ -137,6 +137,19 @@ func Retry(ctx context.Context, p RetryPolicy, fn func(attempt int) (retryAfter 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// The first attempt runs before any backoff state is built: most
+	// calls succeed at once and then allocate nothing here. A failure is
+	// replayed as the backoff loop's first operation, so the loop (waits,
+	// OnRetry, Stop, Permanent) runs exactly as if it had made the call.
+	firstHint, firstErr := fn(1)
+	if firstErr == nil {
+		return nil
+	}
+	var perm *backoff.PermanentError
+	if errors.As(firstErr, &perm) {
+		return perm.Err
+	}
+	replay := true
 	exp := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(p.InitialInterval),
 		backoff.WithMaxInterval(p.MaxInterval),
@@ -147,8 +160,13 @@ func Retry(ctx context.Context, p RetryPolicy, fn func(attempt int) (retryAfter 
 	hb := &hintedBackOff{exp: exp, maxHint: p.MaxRetryAfter}
 	b := backoff.WithContext(backoff.WithMaxRetries(hb, uint64(p.MaxAttempts-1)), ctx)
 
-	attempt := 0
+	attempt := 1
 	op := func() error {
+		if replay {
+			replay = false
+			hb.hint = firstHint
+			return firstErr
+		}
 		attempt++
 		hint, err := fn(attempt)
 		hb.hint = hint
