@@ -22,8 +22,9 @@ import (
 // round trip.
 
 // anchorBase hashes what every anchor of the request shares.
+// The caller gives h back with req.sumPut.
 func anchorBase(req *Request, kind string) *hasher {
-	h := newHasher()
+	h := req.getHasher()
 	h.fieldString("anchor.v1", kind)
 	h.fieldString("tenant", req.Tenant())
 	for _, f := range [...]string{"model", "cache_salt"} {
@@ -40,10 +41,10 @@ func chatAnchorFrom(req *Request, start [32]byte) string {
 	h := anchorBase(req, "chat")
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
-		return digestKey("a", sum256(h))
+		return digestKey("a", req.sumPut(h))
 	}
 	writeField(h, "start", start[:])
-	return digestKey("a", sum256(h))
+	return digestKey("a", req.sumPut(h))
 }
 
 // completionAnchors returns the anchor keys under which a completions
@@ -57,9 +58,9 @@ func completionAnchors(req *Request, prompt string) []string {
 	h := anchorBase(req, "completion")
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
-		return []string{digestKey("a", sum256(h))}
+		return []string{digestKey("a", req.sumPut(h))}
 	}
-	base := sum256(h)
+	base := req.sumPut(h)
 	var keys []string
 	for a := anchorLen(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a = anchorLen(a - 1) {
 		keys = append(keys, prefixAnchor(base, prompt[:a]))
@@ -73,13 +74,13 @@ func completionAnchor(req *Request, text string) string {
 	h := anchorBase(req, "completion")
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
-		return digestKey("a", sum256(h))
+		return digestKey("a", req.sumPut(h))
 	}
 	a := anchorLen(len(text))
 	if a < minAnchor {
 		return ""
 	}
-	return prefixAnchor(sum256(h), text[:a])
+	return prefixAnchor(req.sumPut(h), text[:a])
 }
 
 const maxAnchorTries = 8
@@ -137,7 +138,7 @@ func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
-		return digestKey("a", sum256(h))
+		return digestKey("a", req.sumPut(h))
 	}
 	var head, turns string
 	if a, ok := apiFor(req.Path); ok {

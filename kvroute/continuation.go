@@ -213,10 +213,10 @@ func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Ret
 	if err != nil {
 		return Retention{}, err
 	}
-	h := newHasher()
+	h := req.getHasher()
 	h.writeDigest(d.chain)
 	writeMessage(h, "assistant", 't', []byte(reply.Content), "", "", reply.ToolCalls, nil)
-	next := h.sum()
+	next := req.sumPut(h)
 	return Retention{Key: d.anchor, Check: next[:], Refusal: reason}, nil
 }
 
@@ -479,7 +479,7 @@ func digestKey(prefix string, sum [32]byte) string {
 
 // shapingDigest hashes the tenant and the prompt-shaping fields present.
 func shapingDigest(req *Request, kind string, fields []string) [32]byte {
-	h := newHasher()
+	h := req.getHasher()
 	h.fieldString("v1", kind)
 	h.fieldString("tenant", req.Tenant())
 	var buf bytes.Buffer
@@ -491,7 +491,7 @@ func shapingDigest(req *Request, kind string, fields []string) [32]byte {
 		buf.Reset()
 		writeField(h, f, compact(&buf, v))
 	}
-	return h.sum()
+	return req.sumPut(h)
 }
 
 // chainer hashes messages in canonical form. It keeps its digests and
@@ -1001,7 +1001,8 @@ func chainConversation(req *Request, visit func(cur [32]byte, role string)) ([32
 	cur := shapingDigest(req, "chat", chatShaping)
 	var start [32]byte
 	open := true
-	c := newChainer()
+	c := req.getChainer()
+	defer req.putChainer(c)
 	err := jsonraw.Elements(msgs, func(m []byte) error {
 		var role string
 		var err error
