@@ -384,9 +384,15 @@ func finishReason(v []byte) string {
 // replaced by one "data: " line holding data, at the place of the first
 // data line.
 func reframe(dst, raw, data []byte, replace bool) []byte {
-	// At most raw plus the new data line: one growth of dst, not one per
-	// doubling.
-	dst = slices.Grow(dst, len(raw)+len("data: \n")+len(data))
+	// One growth of dst, not one per doubling: the new data line and
+	// room for the short lines around it, or raw as it is. (Not raw when
+	// replacing: raw may be a large event whose data shrank, such as a
+	// first chunk whose prompt ids are stripped.)
+	if replace {
+		dst = slices.Grow(dst, len("data: \n")+len(data)+64)
+	} else {
+		dst = slices.Grow(dst, len(raw))
+	}
 	wrote := false
 	for len(raw) > 0 {
 		end, next := lineEnd(raw)
