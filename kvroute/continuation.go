@@ -148,6 +148,9 @@ type chatDigest struct {
 	bounds [][32]byte
 	// anchor is the chat anchor key, from the same pass.
 	anchor string
+	// keys backs Lookup's Candidates.Keys (the anchor): one allocation
+	// with the digest.
+	keys [1]string
 }
 
 // Lookup implements Identifier: the conversation's anchor (see anchor.go),
@@ -162,7 +165,8 @@ func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
 	default:
 		return agentLookup(req)
 	}
-	var bounds [][32]byte
+	// Room for a conversation of a few turns without regrowing.
+	bounds := make([][32]byte, 0, 8)
 	last := ""
 	cur, start, err := chainConversation(req, func(cur [32]byte, role string) {
 		if role == "assistant" {
@@ -179,7 +183,8 @@ func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
 		bounds = bounds[:len(bounds)-1]
 	}
 	anchor := chatAnchorFrom(req, start)
-	return Candidates{Keys: []string{anchor}, Memo: &chatDigest{chain: cur, bounds: bounds, anchor: anchor}}, nil
+	d := &chatDigest{chain: cur, bounds: bounds, anchor: anchor, keys: [1]string{anchor}}
+	return Candidates{Keys: d.keys[:], Memo: d}, nil
 }
 
 // digest returns the chat digest Lookup left in cands, computing it when
@@ -474,7 +479,16 @@ func promptString(req *Request) (string, bool) {
 }
 
 func digestKey(prefix string, sum [32]byte) string {
-	return prefix + ":" + hex.EncodeToString(sum[:])
+	// Built on the stack: the string is the one allocation.
+	var b [16 + 1 + 2*len(sum)]byte
+	if len(prefix) > 16 {
+		return prefix + ":" + hex.EncodeToString(sum[:])
+	}
+	n := copy(b[:], prefix)
+	b[n] = ':'
+	n++
+	n += hex.Encode(b[n:], sum[:])
+	return string(b[:n])
 }
 
 // shapingDigest hashes the tenant and the prompt-shaping fields present.

@@ -160,7 +160,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 		// A pooled buffer as large as the last stream needed (D's first
 		// chunk carries the prompt's ids in token mode); Next returns it
 		// at the stream's end.
-		out.reader = sse.NewReader(resp.Body, sse.WithMaxEventSize(t.r.cfg.maxEventBytes),
+		out.reader = sse.NewReader(resp.Body, t.r.maxEvent,
 			sse.WithBuffer(t.r.bufs.get(max(int(t.r.streamBuf.Load()), minPooled))))
 		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
 		if ib, ok := out.capture.(interface{ useIDBuffer([]uint32) }); ok && (t.idsAdded || t.idsAsked) {
@@ -189,6 +189,10 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 }
 
 func isEventStream(ct string) bool {
+	switch ct {
+	case "text/event-stream", "text/event-stream; charset=utf-8":
+		return true // what engines send, without ParseMediaType's map
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "text/event-stream"
 }

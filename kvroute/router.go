@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -45,11 +46,12 @@ type Router struct {
 	storeHealth    storeHealth
 	caps           renderCaps
 	kv             kvLedger
-	bufs           bufPool      // request bodies (ServeHTTP), render answers, stream buffers
-	streamBuf      atomic.Int64 // the size of the last stream's buffer, for the next one's
-	renderBuf      atomic.Int64 // the same for render answers of unknown length
-	ids            idPool       // rendered prompts' and streams' prompt token ids, returned when their turn ends
-	promptIDs      atomic.Int64 // the length of the last stream's prompt ids, for the next one's slice
+	bufs           bufPool          // request bodies (ServeHTTP), render answers, stream buffers
+	streamBuf      atomic.Int64     // the size of the last stream's buffer, for the next one's
+	renderBuf      atomic.Int64     // the same for render answers of unknown length
+	ids            idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	promptIDs      atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
+	maxEvent       sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -90,6 +92,7 @@ func New(opts ...Option) (*Router, error) {
 		r.closers = append(r.closers, func() error { t.CloseIdleConnections(); return nil })
 	}
 	r.client = transport.NewClient(rt)
+	r.maxEvent = sse.WithMaxEventSize(cfg.maxEventBytes)
 	r.store = cfg.store
 	if r.store == nil {
 		m, err := retention.NewMemory(retention.WithMaxValueSize(cfg.maxEntryBytes))
