@@ -95,8 +95,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		defer s.adm.leave()
 		s.metrics.inflight.Inc()
 		defer s.metrics.inflight.Dec()
-		// The turn's body reader, writer and drain entry, in one
-		// allocation.
+		// The turn's body reader and writer, in one allocation.
 		st := &admitted{ctl: *http.NewResponseController(w)}
 		body := &st.body
 		*body = bodyReader{rc: r.Body, adm: s.adm, limit: s.maxBodyBytes, ctl: &st.ctl}
@@ -110,17 +109,16 @@ func (s *server) admit(next http.Handler) http.Handler {
 			body.prepaid = true
 		}
 
-		ctx, cancel := context.WithCancelCause(r.Context())
-		defer cancel(nil)
-		st.open.cancel = cancel
-		s.open.add(&st.open)
-		defer s.open.remove(&st.open)
+		// The drain cuts a turn through the request's own context, which
+		// derives from the server's base context (openTurns).
+		s.open.add()
+		defer s.open.remove()
 
 		tw := &st.tw
 		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
-		r2 := r.WithContext(ctx)
-		r2.Body = body
-		next.ServeHTTP(tw, r2)
+		// As with http.MaxBytesReader: the handler's body is the wrapper.
+		r.Body = body
+		next.ServeHTTP(tw, r)
 
 		switch {
 		case body.tooLarge:
@@ -130,7 +128,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 			s.metrics.rejected.WithLabelValues(strconv.Itoa(tw.status), "body_error").Inc()
 		case body.err != nil:
 			// The client went away before an answer: nothing to count.
-		case errors.Is(context.Cause(ctx), errCut):
+		case errors.Is(context.Cause(r.Context()), errCut):
 			tw.cut()
 		}
 	})
@@ -152,7 +150,6 @@ type admitted struct {
 	body bodyReader
 	tw   turnWriter
 	ctl  http.ResponseController // of the connection's ResponseWriter
-	open openTurn
 }
 
 // bodyReader is a turn's request body: it reserves chunked bytes in the

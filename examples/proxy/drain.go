@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -18,46 +19,55 @@ var errCut = errors.New("proxy: cut at the end of the shutdown grace period")
 // for their error events to go out before it closes every connection.
 const cutWait = 2 * time.Second
 
-// openTurn is one turn being served.
-type openTurn struct {
+// openTurns counts the turns being served, for the drain to cut, and
+// holds the context every connection's requests derive from
+// (http.Server.BaseContext): cutting cancels it, so no turn needs a
+// cancellable context of its own.
+type openTurns struct {
+	mu     sync.Mutex
+	n      int
+	base   context.Context
 	cancel context.CancelCauseFunc
 }
 
-// openTurns are the turns being served, for the drain to cut.
-type openTurns struct {
-	mu    sync.Mutex
-	turns map[*openTurn]struct{}
+func newOpenTurns() *openTurns {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &openTurns{base: ctx, cancel: cancel}
 }
 
-func newOpenTurns() *openTurns { return &openTurns{turns: map[*openTurn]struct{}{}} }
+// baseContext is the server's BaseContext.
+func (o *openTurns) baseContext(net.Listener) context.Context { return o.base }
 
-// add registers t, whose cancel is set, until remove.
-func (o *openTurns) add(t *openTurn) {
+// add registers a turn until remove.
+func (o *openTurns) add() {
 	o.mu.Lock()
-	o.turns[t] = struct{}{}
+	o.n++
 	o.mu.Unlock()
 }
 
-func (o *openTurns) remove(t *openTurn) {
+func (o *openTurns) remove() {
 	o.mu.Lock()
-	delete(o.turns, t)
+	o.n--
 	o.mu.Unlock()
 }
 
-// cut cancels every open turn with errCut, so that each ends with an error
-// event (a stream) or 503 (no byte sent yet). It reports how many it cut.
+// cut cancels, when any turn is open, the context of every request still
+// in flight with errCut, so that each open turn ends with an error event
+// (a stream) or 503 (no byte sent yet); other requests still open then
+// (the server is about to close their connections) end too. It reports
+// how many turns it cut.
 func (o *openTurns) cut() int {
 	o.mu.Lock()
-	ts := make([]*openTurn, 0, len(o.turns))
-	for t := range o.turns {
-		ts = append(ts, t)
-	}
+	n := o.n
 	o.mu.Unlock()
-	for _, t := range ts {
-		t.cancel(errCut)
+	if n > 0 {
+		o.cancel(errCut)
 	}
-	return len(ts)
+	return n
 }
+
+// close releases the base context once the server is done.
+func (o *openTurns) close() { o.cancel(nil) }
 
 // errDrainCut is returned by run when the grace period ended with turns
 // still open: the process exits non-zero.

@@ -95,7 +95,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		IdleTimeout:       cfg.idleConnTimeout,
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext:       s.open.baseContext, // the drain cuts turns through it
 	}
+	defer s.open.close()
 
 	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
 	polled := make(chan struct{})
