@@ -13,6 +13,7 @@ import (
 // allocate its largest buffers.
 type bufPool struct {
 	classes [poolClasses]sync.Pool
+	boxes   sync.Pool // empty *[]byte, so that put does not allocate one
 }
 
 const (
@@ -40,7 +41,10 @@ func (p *bufPool) get(n int) []byte {
 		return make([]byte, n)
 	}
 	if v, ok := p.classes[k].Get().(*[]byte); ok {
-		return (*v)[:n]
+		b := (*v)[:n]
+		*v = nil
+		p.boxes.Put(v)
+		return b
 	}
 	return make([]byte, n, minPooled<<k)
 }
@@ -52,8 +56,12 @@ func (p *bufPool) put(b []byte) {
 	if k < 0 || cap(b) != minPooled<<k {
 		return
 	}
-	b = b[:0]
-	p.classes[k].Put(&b)
+	v, _ := p.boxes.Get().(*[]byte)
+	if v == nil {
+		v = new([]byte)
+	}
+	*v = b[:0]
+	p.classes[k].Put(v)
 }
 
 // bodyRef counts the users of a pooled request body: ServeHTTP, for the
@@ -116,14 +124,18 @@ func (p *bufPool) read(r io.Reader, limit int64, hint int) ([]byte, error) {
 
 // idPool keeps token id slices (render answers) for reuse.
 type idPool struct {
-	p sync.Pool
+	p     sync.Pool
+	boxes sync.Pool // empty *[]uint32, so that put does not allocate one
 }
 
 // get returns an empty slice with room for n ids.
 func (p *idPool) get(n int) []uint32 {
 	if v, ok := p.p.Get().(*[]uint32); ok {
 		if cap(*v) >= n {
-			return (*v)[:0]
+			ids := (*v)[:0]
+			*v = nil
+			p.boxes.Put(v)
+			return ids
 		}
 		p.p.Put(v) // too small for this one: keep it for a shorter prompt
 	}
@@ -136,6 +148,10 @@ func (p *idPool) put(ids []uint32) {
 	if cap(ids) == 0 {
 		return
 	}
-	ids = ids[:0]
-	p.p.Put(&ids)
+	v, _ := p.boxes.Get().(*[]uint32)
+	if v == nil {
+		v = new([]uint32)
+	}
+	*v = ids[:0]
+	p.p.Put(v)
 }

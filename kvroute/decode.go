@@ -147,8 +147,10 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 	t.rec.FirstByte = t.r.cfg.clock().Sub(sent)
 	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, body: resp.Body}
 	transport.CopyHeader(out.Header, resp.Header)
-	out.Header.Set(headerRequestID, t.id)
-	out.Header.Set(headerReuse, string(t.rec.Reuse))
+	// The router's two headers in one backing array (canonical names).
+	own := []string{t.id, string(t.rec.Reuse)}
+	out.Header[headerRequestID] = own[0:1:1]
+	out.Header[headerReuse] = own[1:2:2]
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		out.release()
