@@ -57,6 +57,7 @@ type Capture struct {
 	asm assembler
 
 	tokens, stripTokens     bool
+	strip                   stripScratch
 	promptIDs, genIDs       []uint32
 	sawPromptIDs, sawGenIDs bool
 	badIDs                  bool
@@ -149,7 +150,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 			}
 			switch {
 			case strip:
-				data = stripTokenIDs(c.obj, hasHandle)
+				data = c.strip.strip(c.obj, hasHandle)
 				changed = hasHandle || len(data) != len(d)
 			case hasHandle:
 				data = c.obj.Edit([]string{HandleKey})

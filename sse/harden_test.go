@@ -132,3 +132,34 @@ func TestCaptureArrayDataFailsClosed(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "data: [1,2]\n\n", string(out))
 }
+
+// TestCaptureStripsEventAfterEvent forwards events of different sizes
+// through one stripping Capture, which reuses its buffers from one event to
+// the next: each output must be that event with its token ids removed, as
+// StripTokenIDs gives it alone, and a later event must not change what an
+// earlier Forward returned once it was copied.
+func TestCaptureStripsEventAfterEvent(t *testing.T) {
+	datas := []string{
+		`{"prompt_token_ids":[1,2,3,4,5,6,7,8],"choices":[{"index":0,"delta":{"content":"a long first piece of text"},"token_ids":[9,10]}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"b"},"token_ids":[11]}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"c"},"token_ids":[12]},{"index":1,"delta":{"content":"second choice, longer"},"token_ids":[13,14,15]}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"d"}}]}`,
+		`{"choices":[{"index":0,"delta":{},"finish_reason":"length","token_ids":[16]}]}`,
+	}
+	c := sse.NewCapture(sse.WithTokenIDs(true))
+	var got []string
+	for _, d := range datas {
+		e, err := sse.NewReader(strings.NewReader("data: " + d + "\n\n")).Next()
+		require.NoError(t, err)
+		out, err := c.Forward(e)
+		require.NoError(t, err)
+		got = append(got, string(out))
+	}
+	for i, d := range datas {
+		want, err := sse.StripTokenIDs([]byte(d))
+		require.NoError(t, err)
+		assert.Equal(t, "data: "+string(want)+"\n\n", got[i], "event %d", i)
+		assert.NotContains(t, got[i], "token_ids", "event %d", i)
+	}
+	assert.Equal(t, []uint32{9, 10, 11, 12, 16}, c.TokenIDs())
+}

@@ -124,7 +124,8 @@ func StripTokenIDs(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return stripTokenIDs(obj, false), nil
+	var s stripScratch
+	return s.strip(obj, false), nil
 }
 
 var (
@@ -133,12 +134,21 @@ var (
 	choiceTokenKeys = []string{PromptTokenIDsKey, TokenIDsKey}
 )
 
-// stripTokenIDs removes the token-id members from a parsed object, and the
-// handle too when dropHandle is set.
-func stripTokenIDs(obj jsonraw.Object, dropHandle bool) []byte {
-	var set []jsonraw.Member
+// stripScratch holds the buffers of stripping token ids from one event
+// after another (a Capture's): what strip returns is valid until its next
+// call.
+type stripScratch struct {
+	out, choices []byte
+	elem         jsonraw.Object // one element of choices, its index reused
+	set          [1]jsonraw.Member
+}
+
+// strip removes the token-id members from a parsed object, and the handle
+// too when dropHandle is set. It returns obj's bytes when nothing changes.
+func (s *stripScratch) strip(obj jsonraw.Object, dropHandle bool) []byte {
+	set := s.set[:0]
 	if choices, ok := obj.Get("choices"); ok && mayHoldTokenIDs(choices) {
-		if edited, changed := stripChoices(choices); changed {
+		if edited, changed := s.stripChoices(choices); changed {
 			set = append(set, jsonraw.Member{Key: "choices", Value: edited})
 		}
 	}
@@ -146,14 +156,19 @@ func stripTokenIDs(obj jsonraw.Object, dropHandle bool) []byte {
 	if dropHandle {
 		del = topAllKeys
 	}
-	return obj.Edit(del, set...)
+	out, changed := obj.AppendEdit(s.out[:0], del, set...)
+	s.set[0] = jsonraw.Member{} // holds no event bytes once done
+	if !changed {
+		return obj.Bytes()
+	}
+	s.out = out
+	return out
 }
 
 // stripChoices rewrites a choices array without the token-id members of
-// its elements.
-func stripChoices(arr []byte) ([]byte, bool) {
-	out := make([]byte, 0, len(arr))
-	out = append(out, '[')
+// its elements, into s.choices.
+func (s *stripScratch) stripChoices(arr []byte) ([]byte, bool) {
+	out := append(slices.Grow(s.choices[:0], len(arr)), '[')
 	changed := false
 	n := 0
 	err := jsonraw.Elements(arr, func(v []byte) error {
@@ -161,20 +176,21 @@ func stripChoices(arr []byte) ([]byte, bool) {
 			out = append(out, ',')
 		}
 		n++
-		o, err := jsonraw.Parse(v)
-		if err != nil {
+		if err := s.elem.Reset(v); err != nil {
 			out = append(out, v...)
 			return nil
 		}
-		e := o.Edit(choiceTokenKeys)
-		if len(e) != len(v) {
-			changed = true
-		}
-		out = append(out, e...)
+		var ch bool
+		out, ch = s.elem.AppendEdit(out, choiceTokenKeys)
+		changed = changed || ch
 		return nil
 	})
+	_ = s.elem.Reset(nil) // keeps its index's room, not the event's bytes
+	s.choices = out
 	if err != nil || !changed {
 		return arr, false
 	}
-	return append(out, ']'), true
+	out = append(out, ']')
+	s.choices = out
+	return out, true
 }

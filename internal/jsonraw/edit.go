@@ -1,5 +1,7 @@
 package jsonraw
 
+import "slices"
+
 // Member is a key and a raw JSON value to set with Object.Edit.
 type Member struct {
 	// Key is the unescaped member name. It must be valid UTF-8, as every
@@ -41,6 +43,33 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 		out = append(out, p...)
 	}
 	return out
+}
+
+// AppendEdit appends Edit's result to dst and reports whether anything
+// changed: when nothing does, it appends the document itself. It lets a
+// caller that edits many documents in turn reuse one buffer; dst must not
+// overlap the document or the values in set.
+func (o Object) AppendEdit(dst []byte, del []string, set ...Member) ([]byte, bool) {
+	if o.data == nil {
+		o = Object{data: []byte("{}"), close: 1}
+	}
+	var smallAct [16]int
+	var smallApp [4]int
+	act, appends, changed := o.plan(del, set, smallAct[:0], smallApp[:0])
+	if !changed {
+		return append(dst, o.data...), false
+	}
+	var small [24][]byte
+	pieces := o.pieces(small[:0], nil, act, appends, set)
+	size := 0
+	for _, p := range pieces {
+		size += len(p)
+	}
+	dst = slices.Grow(dst, size)
+	for _, p := range pieces {
+		dst = append(dst, p...)
+	}
+	return dst, true
 }
 
 // EditPieces is Edit without the copy: it appends to dst the pieces whose

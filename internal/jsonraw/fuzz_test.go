@@ -91,6 +91,15 @@ func FuzzEdit(f *testing.F) {
 		if joined := bytes.Join(o.EditPieces(nil, []string{del}, jsonraw.Member{Key: key, Value: val}), nil); !bytes.Equal(joined, out) {
 			t.Fatalf("EditPieces joined = %q, Edit %q", joined, out)
 		}
+		// AppendEdit: the same bytes after what dst held, and changed
+		// exactly when Edit did not return the document itself.
+		appended, changed := o.AppendEdit([]byte("pre"), []string{del}, jsonraw.Member{Key: key, Value: val})
+		if !bytes.Equal(appended, append([]byte("pre"), out...)) {
+			t.Fatalf("AppendEdit = %q, want %q after pre", appended, out)
+		}
+		if same := len(out) > 0 && len(data) > 0 && &out[0] == &data[0]; changed == same {
+			t.Fatalf("AppendEdit changed = %v, Edit returned the document itself: %v", changed, same)
+		}
 		got, err := jsonraw.Parse(out)
 		if err != nil || !json.Valid(out) {
 			t.Fatalf("Edit output invalid (%v): %q", err, out)
