@@ -20,8 +20,8 @@ import (
 // inproc is the proxy's run in this process, by default with engines that
 // refuse connections: enough for everything the proxy answers itself.
 type inproc struct {
-	url, addr string
-	stderr    *syncBuffer
+	url, addr      string
+	stdout, stderr *syncBuffer
 	client    *http.Client
 }
 
@@ -41,7 +41,7 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 	args = append(base, args...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, getenv, stdout, stderr) }()
-	p := &inproc{stderr: stderr, client: &http.Client{Transport: &http.Transport{}}}
+	p := &inproc{stdout: stdout, stderr: stderr, client: &http.Client{Transport: &http.Transport{}}}
 	t.Cleanup(func() {
 		p.client.CloseIdleConnections()
 		cancel()

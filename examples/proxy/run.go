@@ -99,6 +99,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer s.open.close()
 
+	if cfg.debugAddr != "" {
+		stopDebug, err := serveDebug(cfg.debugAddr, stdout)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
+	}
+
 	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
 	polled := make(chan struct{})
 	go func() {
