@@ -179,17 +179,36 @@ func digits8(x uint64, k int) uint32 {
 // meaningful. A document is accepted or rejected, with the same error,
 // exactly as by Reset.
 func (o *Object) ResetIDs(data []byte, key string, ids []uint32) ([]uint32, int, error) {
+	ids, member, _, err := o.ResetIDsKnown(data, key, ids, nil)
+	return ids, member, err
+}
+
+// ResetIDsKnown is ResetIDs with the text of an id array the caller has
+// already converted: known must be, byte for byte, an array AppendUint32s
+// accepts in full (from '[' to its ']', no surrounding whitespace), such as
+// the value of the member a ResetIDs call converted. When the value of the
+// member ResetIDs would convert has exactly known's bytes, it is taken
+// without being read again: same is true, the member's index is returned,
+// and ids is returned as given (ids[:0]), the caller's ids for known being
+// the member's. Otherwise (no known, or any other value) it is ResetIDs.
+// A document is accepted or rejected, with the same error, exactly as by
+// Reset, provided known is such an array; known is not checked, and it is
+// not retained.
+func (o *Object) ResetIDsKnown(data []byte, key string, ids []uint32, known []byte) (_ []uint32, member int, same bool, _ error) {
+	if len(known) < 2 || known[0] != '[' || known[len(known)-1] != ']' {
+		known = nil // not an array's text: no shortcut
+	}
 	members := o.members[:0]
 	*o = Object{}
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		o.members = members
-		return ids, -1, o.Reset(data)
+		return ids, -1, false, o.Reset(data)
 	}
 	if members == nil {
 		members = make([]span, 0, 16)
 	}
-	s := scanner{data: data}
+	s := scanner{data: data, idKnown: known}
 	s.idKey, s.ids, s.idMember = key, ids[:0], -1
 	end, err := s.object(i, func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error {
 		sp := span{start: start, keyStart: keyStart, keyEnd: keyEnd, valStart: valStart, valEnd: valEnd, end: end}
@@ -201,7 +220,7 @@ func (o *Object) ResetIDs(data []byte, key string, ids []uint32) ([]uint32, int,
 		return nil
 	})
 	ids = s.ids
-	member := s.idMember
+	member = s.idMember
 	if s.idSeen > 1 {
 		member = -1
 	}
@@ -212,12 +231,12 @@ func (o *Object) ResetIDs(data []byte, key string, ids []uint32) ([]uint32, int,
 	}
 	if err != nil {
 		o.members = members[:0]
-		return ids, -1, err
+		return ids, -1, false, err
 	}
 	if err := s.trailing(end); err != nil {
 		o.members = members[:0]
-		return ids, -1, err
+		return ids, -1, false, err
 	}
 	o.data, o.open, o.close, o.members = data, i, end-1, members
-	return ids, member, nil
+	return ids, member, member >= 0 && s.idKnownHit, nil
 }

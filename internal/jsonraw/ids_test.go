@@ -208,3 +208,161 @@ func FuzzResetIDs(f *testing.F) {
 		}
 	})
 }
+
+func TestResetIDsKnown(t *testing.T) {
+	known := []byte(`[5,6,7]`)
+	for _, c := range []struct {
+		doc    string
+		member int
+		same   bool
+		ids    []uint32 // converted when not the same
+	}{
+		{`{"a":1,"k":[5,6,7],"b":[1]}`, 1, true, nil},
+		{`{"k": [5,6,7] }`, 0, true, nil},
+		{`{"k":[5,6,8]}`, 0, false, []uint32{5, 6, 8}},         // one id differs
+		{`{"k":[5, 6,7]}`, 0, false, []uint32{5, 6, 7}},        // spacing differs
+		{`{"k":[5,6,7,8]}`, 0, false, []uint32{5, 6, 7, 8}},    // longer
+		{`{"k":[5,6]}`, 0, false, []uint32{5, 6}},              // shorter
+		{`{"x":[5,6,7],"k":[1]}`, 1, false, []uint32{1}},       // known's bytes under another key
+		{`{"x":{"k":[5,6,7]},"k":[1]}`, 1, false, []uint32{1}}, // nested, not top level
+		{`{"k":[5,6,7],"k":[5,6,7]}`, -1, false, nil},          // a duplicate
+		{`{"k\u0000":[5,6,7]}`, -1, false, nil},                // another key
+		{`{"k":[5,6,7],"\u006b":[1]}`, -1, false, nil},         // the key again, escaped
+	} {
+		var o jsonraw.Object
+		buf := make([]uint32, 0, 8)
+		ids, m, same, err := o.ResetIDsKnown([]byte(c.doc), "k", buf, known)
+		require.NoError(t, err, c.doc)
+		assert.Equal(t, c.member, m, c.doc)
+		assert.Equal(t, c.same, same, c.doc)
+		if c.same {
+			assert.Empty(t, ids, c.doc) // the caller's ids are known's
+		} else if m >= 0 {
+			assert.Equal(t, c.ids, ids, c.doc)
+		}
+		var p jsonraw.Object
+		require.NoError(t, p.Reset([]byte(c.doc)))
+		require.Equal(t, p.Len(), o.Len(), c.doc)
+		for i := range p.Len() {
+			kp, vp := p.Member(i)
+			ko, vo := o.Member(i)
+			assert.Equal(t, kp, ko, c.doc)
+			assert.Equal(t, string(vp), string(vo), c.doc)
+		}
+	}
+	// Truncated or broken after known's bytes: the same error as Reset's.
+	for _, d := range []string{`{"k":[5,6,7]`, `{"k":[5,6,7]]}`, `{"k":[5,6,7],}`, `{"k":[5,6,7] x}`, `{"k":[5,6,`, `{"k":[5,6,7]}x`} {
+		var o, p jsonraw.Object
+		_, m, same, err := o.ResetIDsKnown([]byte(d), "k", nil, known)
+		want := p.Reset([]byte(d))
+		require.Error(t, err, d)
+		assert.Equal(t, want.Error(), err.Error(), d)
+		assert.Equal(t, -1, m, d)
+		assert.False(t, same, d)
+	}
+	// A known text that is not an array's is not used.
+	var o jsonraw.Object
+	ids, m, same, err := o.ResetIDsKnown([]byte(`{"k":[5,6,7]}`), "k", nil, []byte(`[5,6,7`))
+	require.NoError(t, err)
+	assert.Equal(t, 0, m)
+	assert.False(t, same)
+	assert.Equal(t, []uint32{5, 6, 7}, ids)
+}
+
+// FuzzResetIDsKnown checks ResetIDsKnown against Reset (same verdict,
+// error and members) and against ResetIDs: the same member, and when it
+// takes the value as known's, the ids ResetIDs converts from it are
+// known's. known is an id array as a render answer spells it, taken from
+// the fuzzer's ids; the document is arbitrary (seeded with known's text
+// in place, altered in one id, in spacing, truncated).
+func FuzzResetIDsKnown(f *testing.F) {
+	for _, s := range []struct{ doc, known string }{
+		{`{"a":"x","k":[1,2,3],"b":1}`, `[1,2,3]`},
+		{`{"k":[1,2,4]}`, `[1,2,3]`},
+		{`{"k":[1, 2,3]}`, `[1,2,3]`},
+		{`{"k":[1,2,3`, `[1,2,3]`},
+		{`{"k":[1,2,3]`, `[1,2,3]`},
+		{`{"k":[1,2,3]]}`, `[1,2,3]`},
+		{`{"k":[1,2,3],"k":[1,2,3]}`, `[1,2,3]`},
+		{`{"k":[1,2,3,4]}`, `[1,2,3]`},
+		{`{"k":[]}`, `[]`},
+		{`{"k":[1,22,333,4444,55555,666666,7777777,88888888,999999999,1,2,3,4,5,6,7,8,9,10]}`, `[1,22,333,4444,55555,666666,7777777,88888888,999999999,1,2,3,4,5,6,7,8,9,10]`},
+	} {
+		f.Add([]byte(s.doc), []byte(s.known))
+	}
+	f.Fuzz(func(t *testing.T, data, knownIn []byte) {
+		// known must be an id array AppendUint32s accepts in full: the
+		// fuzzer's bytes when they are one, else none.
+		knownIDs, end, ok := jsonraw.AppendUint32s(nil, knownIn, 0)
+		var known []byte
+		if ok && end == len(knownIn) && len(knownIn) > 0 && knownIn[0] == '[' {
+			known = knownIn
+		}
+		var a, b, c jsonraw.Object
+		ids, m, same, err := a.ResetIDsKnown(data, "k", nil, known)
+		refIDs, refM, refErr := c.ResetIDs(data, "k", nil)
+		want := b.Reset(data)
+		if (err == nil) != (want == nil) || (err != nil && err.Error() != want.Error()) {
+			t.Fatalf("ResetIDsKnown err %v, Reset err %v", err, want)
+		}
+		if (refErr == nil) != (err == nil) {
+			t.Fatalf("ResetIDsKnown err %v, ResetIDs err %v", err, refErr)
+		}
+		if err != nil {
+			if m != -1 || same {
+				t.Fatalf("member %d, same %v on error", m, same)
+			}
+			return
+		}
+		if a.Len() != b.Len() {
+			t.Fatalf("%d members, Reset %d", a.Len(), b.Len())
+		}
+		for i := range a.Len() {
+			ka, va := a.Member(i)
+			kb, vb := b.Member(i)
+			if ka != kb || !bytes.Equal(va, vb) {
+				t.Fatalf("member %d differs", i)
+			}
+		}
+		if m != refM {
+			t.Fatalf("member %d, ResetIDs %d", m, refM)
+		}
+		if m < 0 {
+			if same {
+				t.Fatal("same without a member")
+			}
+			return
+		}
+		if !same {
+			if len(ids) != len(refIDs) {
+				t.Fatalf("converted %v, ResetIDs %v", ids, refIDs)
+			}
+			for i := range ids {
+				if ids[i] != refIDs[i] {
+					t.Fatalf("converted %v, ResetIDs %v", ids, refIDs)
+				}
+			}
+			if known != nil {
+				if _, v := a.Member(m); bytes.Equal(v, known) {
+					t.Fatalf("known's bytes not taken as known: %q", v)
+				}
+			}
+			return
+		}
+		if known == nil {
+			t.Fatal("same without known")
+		}
+		_, v := a.Member(m)
+		if !bytes.Equal(v, known) {
+			t.Fatalf("value %q taken as known %q", v, known)
+		}
+		if len(ids) != 0 || len(refIDs) != len(knownIDs) {
+			t.Fatalf("ids %v; ResetIDs %v, known %v", ids, refIDs, knownIDs)
+		}
+		for i := range refIDs {
+			if refIDs[i] != knownIDs[i] {
+				t.Fatalf("ResetIDs %v, known %v", refIDs, knownIDs)
+			}
+		}
+	})
+}

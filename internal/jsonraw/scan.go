@@ -40,6 +40,11 @@ type scanner struct {
 	ids      []uint32
 	idMember int
 	idSeen   int
+	// idKnown (ResetIDsKnown) is the text of an id array already
+	// validated and converted; a value with exactly its bytes is taken as
+	// it without being read again, and idKnownHit records that it was.
+	idKnown    []byte
+	idKnownHit bool
 }
 
 func isSpace(c byte) bool {
@@ -347,6 +352,13 @@ func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error)
 // reports any error just as Reset does.
 func (s *scanner) idValue(i, member int) (int, error) {
 	s.idSeen++
+	if s.idSeen == 1 && len(s.idKnown) > 0 && s.depth < maxDepth && bytes.HasPrefix(s.data[i:], s.idKnown) {
+		// A complete array (its text is one), so the value ends where it
+		// does: the general path would read the same bytes to the same
+		// ids.
+		s.idMember, s.idKnownHit = member, true
+		return i + len(s.idKnown), nil
+	}
 	if s.idSeen == 1 && i < len(s.data) && s.data[i] == '[' && s.depth < maxDepth {
 		if cap(s.ids) < (len(s.data)-i)/2 {
 			// At most one id per two bytes ("1,"): room for one per comma
