@@ -61,6 +61,14 @@ type Capture struct {
 	promptIDs, genIDs       []uint32
 	sawPromptIDs, sawGenIDs bool
 	badIDs                  bool
+	// knownRaw and knownIDs (ExpectPromptIDs): the prompt's ids the
+	// caller already has and their JSON text, until the first data event;
+	// knownUsed records that the stream's prompt ids were taken as them.
+	// spare keeps the Capture's own slice meanwhile.
+	knownRaw  []byte
+	knownIDs  []uint32
+	knownUsed bool
+	spare     []uint32
 }
 
 // NewCapture returns a Capture for one stream.
@@ -104,9 +112,15 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 	if parse {
 		if c.tokens && !c.sawPromptIDs {
 			// The first chunk's prompt ids (chat: a top-level member) are
-			// converted in the same pass that validates them.
-			ids, idMember, perr = c.obj.ResetIDs(d, PromptTokenIDsKey, c.promptIDs)
-			if idMember < 0 {
+			// converted in the same pass that validates them, or, when
+			// their text is the one the caller expects, not read at all.
+			var same bool
+			ids, idMember, same, perr = c.obj.ResetIDsKnown(d, PromptTokenIDsKey, c.promptIDs, c.knownRaw)
+			switch {
+			case same:
+				c.takeKnown()
+				ids = c.knownIDs
+			case idMember < 0:
 				c.promptIDs = ids[:0] // scratch; kept for its room
 			}
 		} else {
@@ -127,6 +141,10 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		} else {
 			c.inspect(d)
 		}
+	}
+	if e.HasData {
+		// The caller's text is compared with the first data only.
+		c.knownRaw, c.knownIDs = nil, nil
 	}
 	if !strip && !MayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
 		return e.Raw, nil

@@ -36,6 +36,30 @@ func (c *Capture) UseIDBuffer(buf []uint32) {
 	}
 }
 
+// ExpectPromptIDs gives the Capture the prompt's token ids the caller
+// already has (ids) with the JSON text they were converted from (raw: an
+// array of ids as a render answer spells it, from '[' to ']', which the
+// caller has validated and converted to ids in full, for example with
+// AppendTokenIDs). When the stream's first data event carries a
+// prompt_token_ids (top level, or in choice 0) whose value is byte for
+// byte raw, the value is not read again: PromptTokenIDs then returns ids
+// itself, not a copy, and PromptIDsExpected reports it. Any other value
+// (one id or one space different) is parsed as without this call. The
+// Capture keeps raw and ids only until that first data event: the caller
+// must leave raw unchanged until Forward has returned for an event with
+// data (or the Capture is no longer used), and ids unchanged while it uses
+// PromptTokenIDs. It has no effect once the prompt's ids were seen, or
+// without WithTokenIDs.
+func (c *Capture) ExpectPromptIDs(raw []byte, ids []uint32) {
+	if !c.sawPromptIDs && c.tokens {
+		c.knownRaw, c.knownIDs = raw, ids
+	}
+}
+
+// PromptIDsExpected reports whether the prompt's token ids were those given
+// to ExpectPromptIDs, taken without being parsed.
+func (c *Capture) PromptIDsExpected() bool { return c.knownUsed && c.sawPromptIDs }
+
 // PromptTokenIDs returns the prompt's token ids seen so far (nil when the
 // engine sent none). Only a Capture made WithTokenIDs collects them.
 func (c *Capture) PromptTokenIDs() []uint32 {
@@ -94,12 +118,29 @@ func (c *Capture) addPromptIDs(v []byte) {
 	if jsonraw.IsNull(v) {
 		return
 	}
-	ids, ok := AppendTokenIDs(c.promptIDs[:0], v)
+	if c.knownRaw != nil && bytes.Equal(v, c.knownRaw) {
+		c.takeKnown()
+		return
+	}
+	buf := c.promptIDs
+	if c.knownUsed {
+		buf = c.spare // never into the caller's ids
+	}
+	ids, ok := AppendTokenIDs(buf[:0], v)
 	if !ok {
 		c.badIDs = true
 		return
 	}
-	c.promptIDs, c.sawPromptIDs = ids, true
+	c.promptIDs, c.sawPromptIDs, c.knownUsed = ids, true, false
+}
+
+// takeKnown records the expected prompt ids as the prompt's, keeping the
+// Capture's own slice for a later value.
+func (c *Capture) takeKnown() {
+	if !c.knownUsed {
+		c.spare = c.promptIDs[:0]
+	}
+	c.promptIDs, c.sawPromptIDs, c.knownUsed = c.knownIDs, true, true
 }
 
 // addGenIDs appends a choice's token_ids value.

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -216,4 +219,164 @@ func FuzzCapturePromptIDs(f *testing.F) {
 // mayHold is Forward's test for parsing an event in strip mode.
 func mayHold(d []byte) bool {
 	return bytes.Contains(d, []byte(sse.TokenIDsKey)) || bytes.Contains(d, []byte(`\u`)) || sse.MayHoldHandle(d)
+}
+
+// TestCaptureExpectPromptIDs takes a first chunk's prompt ids as the
+// expected ones only when their text is the expected text byte for byte,
+// and otherwise parses them as without the expectation.
+func TestCaptureExpectPromptIDs(t *testing.T) {
+	known := []uint32{151644, 872, 198, 9707}
+	raw := []byte(`[151644,872,198,9707]`)
+	chunk := func(d string) sse.Event {
+		return sse.Event{Data: []byte(d), Raw: []byte("data: " + d + "\n\n"), HasData: true}
+	}
+	top := func(ids string) string {
+		return `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":` + ids + `}`
+	}
+	for _, c := range []struct {
+		name, data string
+		want       []uint32 // nil: no ids, or ids that cannot be read
+		expected   bool
+	}{
+		{"equal", top(`[151644,872,198,9707]`), known, true},
+		{"equal, spaced around", `{"prompt_token_ids": [151644,872,198,9707] ,"choices":[]}`, known, true},
+		{"one id differs", top(`[151644,872,198,9708]`), []uint32{151644, 872, 198, 9708}, false},
+		{"spacing differs", top(`[151644, 872,198,9707]`), known, false},
+		{"longer", top(`[151644,872,198,9707,1]`), []uint32{151644, 872, 198, 9707, 1}, false},
+		{"shorter", top(`[151644,872,198]`), []uint32{151644, 872, 198}, false},
+		{"in choice 0", `{"choices":[{"index":0,"text":"","prompt_token_ids":[151644,872,198,9707]}]}`, known, true},
+		{"a duplicate", `{"prompt_token_ids":[151644,872,198,9707],"prompt_token_ids":[1],"choices":[]}`, []uint32{1}, false},
+	} {
+		for _, strip := range []bool{true, false} {
+			name := fmt.Sprintf("%s/strip=%v", c.name, strip)
+			ref := sse.NewCapture(sse.WithTokenIDs(strip))
+			cp := sse.NewCapture(sse.WithTokenIDs(strip))
+			cp.ExpectPromptIDs(raw, known)
+			wantOut, wantErr := ref.Forward(chunk(c.data))
+			out, err := cp.Forward(chunk(c.data))
+			require.Equal(t, wantErr, err, name)
+			require.Equal(t, string(wantOut), string(out), name)
+			require.Equal(t, ref.PromptTokenIDs(), cp.PromptTokenIDs(), name)
+			if c.want != nil {
+				assert.Equal(t, c.want, cp.PromptTokenIDs(), name)
+			}
+			assert.Equal(t, c.expected, cp.PromptIDsExpected(), name)
+			if c.expected {
+				assert.Same(t, &known[0], &cp.PromptTokenIDs()[0], "%s: the caller's ids, not a copy", name)
+			}
+			require.Equal(t, []uint32{151644, 872, 198, 9707}, known, "%s: the caller's ids are never written", name)
+		}
+	}
+	t.Run("truncated", func(t *testing.T) {
+		for _, d := range []string{`{"prompt_token_ids":[151644,872,198,9707]`, `{"prompt_token_ids":[151644,872,198,9707`, `{"prompt_token_ids":[151644,872,198,9707]]}`} {
+			ref := sse.NewCapture(sse.WithTokenIDs(true))
+			cp := sse.NewCapture(sse.WithTokenIDs(true))
+			cp.ExpectPromptIDs(raw, known)
+			_, wantErr := ref.Forward(chunk(d))
+			_, err := cp.Forward(chunk(d))
+			require.Error(t, err, d)
+			assert.Equal(t, wantErr.Error(), err.Error(), d)
+			assert.Equal(t, ref.PromptTokenIDs(), cp.PromptTokenIDs(), d)
+		}
+	})
+	t.Run("first data event only", func(t *testing.T) {
+		cp := sse.NewCapture(sse.WithTokenIDs(true))
+		cp.ExpectPromptIDs(raw, known)
+		_, err := cp.Forward(sse.Event{Raw: []byte(": ping\n\n")})
+		require.NoError(t, err)
+		_, err = cp.Forward(chunk(`{"choices":[{"index":0,"delta":{"content":"a"}}]}`))
+		require.NoError(t, err)
+		// After a data event the text is no longer compared (the caller
+		// may reuse it): the ids are parsed.
+		_, err = cp.Forward(chunk(top(`[151644,872,198,9707]`)))
+		require.NoError(t, err)
+		assert.Equal(t, known, cp.PromptTokenIDs())
+		assert.False(t, cp.PromptIDsExpected())
+		assert.NotSame(t, &known[0], &cp.PromptTokenIDs()[0])
+	})
+	t.Run("without WithTokenIDs", func(t *testing.T) {
+		cp := sse.NewCapture()
+		cp.ExpectPromptIDs(raw, known)
+		_, err := cp.Forward(chunk(top(`[151644,872,198,9707]`)))
+		require.NoError(t, err)
+		assert.Nil(t, cp.PromptTokenIDs())
+		assert.False(t, cp.PromptIDsExpected())
+	})
+}
+
+// FuzzCaptureExpectPromptIDs checks a Capture given the expected prompt
+// ids (ExpectPromptIDs) against one without them, itself checked against
+// validate-then-parse by FuzzCapturePromptIDs: the same bytes forwarded,
+// errors, prompt ids and HasTokenIDs for a first chunk and the next one;
+// when the ids were taken as the expected ones, the chunk's value is their
+// text byte for byte. The expected text is the fuzzer's when it is an id
+// array, else the ids' canonical spelling.
+func FuzzCaptureExpectPromptIDs(f *testing.F) {
+	for _, s := range []struct{ data, known string }{
+		{`{"prompt_token_ids":[1,2,3],"choices":[]}`, `[1,2,3]`},
+		{`{"prompt_token_ids":[1,2,4],"choices":[]}`, `[1,2,3]`},
+		{`{"prompt_token_ids":[1, 2,3],"choices":[]}`, `[1,2,3]`},
+		{`{"prompt_token_ids":[1,2,3]`, `[1,2,3]`},
+		{`{"prompt_token_ids":[1,2,3`, `[1,2,3]`},
+		{`{"prompt_token_ids":[1,2,3],"prompt_token_ids":[1,2,3]}`, `[1,2,3]`},
+		{`{"prompt\u005ftoken_ids":[1,2,3]}`, `[1,2,3]`},
+		{`{"choices":[{"index":0,"prompt_token_ids":[1,2,3],"token_ids":[4]}]}`, `[1,2,3]`},
+		{`{"choices":[{"index":1,"prompt_token_ids":[1,2,3]}]}`, `[1,2,3]`},
+		{`{"prompt_token_ids":[],"kv_transfer_params":{"a":1}}`, `[]`},
+	} {
+		f.Add([]byte(s.data), []byte(s.known), true)
+		f.Add([]byte(s.data), []byte(s.known), false)
+	}
+	f.Fuzz(func(t *testing.T, data, knownIn []byte, strip bool) {
+		if bytes.ContainsAny(data, "\r\n") {
+			return // one data line
+		}
+		known, ok := sse.AppendTokenIDs(nil, knownIn)
+		raw := knownIn
+		if !ok || len(knownIn) == 0 || knownIn[0] != '[' || knownIn[len(knownIn)-1] != ']' {
+			raw = []byte{'['}
+			for i, id := range known {
+				if i > 0 {
+					raw = append(raw, ',')
+				}
+				raw = strconv.AppendUint(raw, uint64(id), 10)
+			}
+			raw = append(raw, ']')
+		}
+		ev := func(d []byte) sse.Event {
+			return sse.Event{Raw: []byte("data: " + string(d) + "\n\n"), Data: d, HasData: true}
+		}
+		next := []byte(`{"choices":[{"index":0,"token_ids":[9],"delta":{"content":"x"}}]}`)
+		ref := sse.NewCapture(sse.WithTokenIDs(strip))
+		ref.UseIDBuffer(make([]uint32, 0, 4))
+		cp := sse.NewCapture(sse.WithTokenIDs(strip))
+		cp.UseIDBuffer(make([]uint32, 0, 4))
+		rawCopy, knownCopy := bytes.Clone(raw), slices.Clone(known)
+		cp.ExpectPromptIDs(raw, known)
+		for _, d := range [][]byte{data, next} {
+			wantOut, wantErr := ref.Forward(ev(d))
+			out, err := cp.Forward(ev(d))
+			if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+				t.Fatalf("%q: err %v, without the expectation %v", d, err, wantErr)
+			}
+			if !bytes.Equal(out, wantOut) {
+				t.Fatalf("%q: forwarded %q, without the expectation %q", d, out, wantOut)
+			}
+		}
+		if !bytes.Equal(raw, rawCopy) || !slices.Equal(known, knownCopy) {
+			t.Fatal("the expected text or ids were changed")
+		}
+		got, want := cp.PromptTokenIDs(), ref.PromptTokenIDs()
+		if (got == nil) != (want == nil) || !slices.Equal(got, want) || cp.HasTokenIDs() != ref.HasTokenIDs() {
+			t.Fatalf("%q: ids %v (has %v), without the expectation %v (has %v)", data, got, cp.HasTokenIDs(), want, ref.HasTokenIDs())
+		}
+		if cp.PromptIDsExpected() {
+			if !bytes.Contains(data, raw) {
+				t.Fatalf("%q: taken as the expected %q", data, raw)
+			}
+			if len(known) > 0 && &got[0] != &known[0] {
+				t.Fatal("expected ids copied")
+			}
+		}
+	})
 }
