@@ -171,6 +171,12 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 			t.streamIDs = t.r.ids.get(int(t.r.promptIDs.Load()))
 			ib.useIDBuffer(t.streamIDs)
 		}
+		if ec, ok := out.capture.(interface{ expectPromptIDs([]byte, []uint32) }); ok && (t.idsAdded || t.idsAsked) && t.renderText != nil && t.rendered != nil {
+			// D's prompt ids, when spelled as the render answer's, are
+			// the rendered ones: not parsed again.
+			ec.expectPromptIDs(t.renderText, t.rendered)
+			out.renderText = true
+		}
 		ev, err := out.reader.Next()
 		if err != nil {
 			out.release()
@@ -180,6 +186,9 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 		}
 		out.pending, out.hasPending = ev, true
+		// The Response releases the render answer once its capture has
+		// seen the first data event.
+		t.renderInStream = out.renderText
 		t.r.hp.succeeded(ep)
 		return out, nil
 	}

@@ -133,7 +133,7 @@ func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
 // otherwise it hashes every token.
 func fingerprintFrom(c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
 	if c.n == 0 || c.blockSize != blockSize || c.n > n || c.n > len(prompt) || c.n > len(c.ids) ||
-		!slices.Equal(prompt[:c.n], c.ids[:c.n]) || len(prompt)+len(generated) < n || blockSize <= 0 {
+		!(sameIDs(prompt, c.ids) || slices.Equal(prompt[:c.n], c.ids[:c.n])) || len(prompt)+len(generated) < n || blockSize <= 0 {
 		return newFingerprint(prompt, generated, n, blockSize)
 	}
 	full := n / blockSize
@@ -163,4 +163,11 @@ func appendChain(b []byte, h uint64, pos int, rest, generated []uint32, n, block
 	feed(rest)
 	feed(generated)
 	return binary.LittleEndian.AppendUint64(b, h)
+}
+
+// sameIDs reports whether a and b are non-empty and start at the same
+// element of one array (D's prompt ids taken as the rendered ones), so
+// that their common length is equal without being compared.
+func sameIDs(a, b []uint32) bool {
+	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
 }

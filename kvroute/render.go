@@ -177,7 +177,12 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
-	defer t.r.bufs.put(b)
+	keep := false // the buffer is kept with the ids' text (holdRenderText)
+	defer func() {
+		if !keep {
+			t.r.bufs.put(b)
+		}
+	}()
 	obj := b
 	if list {
 		n := 0
@@ -198,7 +203,11 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	ok := m >= 0
-	if !ok {
+	if ok {
+		_, text := o.Member(m)
+		t.holdRenderText(b, text)
+		keep = true
+	} else {
 		// A duplicate or escaped key, or no id array: read the member
 		// the way Get finds it.
 		v, _ := o.Get(key)
@@ -209,6 +218,25 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	return ids, resp.StatusCode, nil
+}
+
+// holdRenderText keeps the render answer's buffer buf and, in it, the text
+// of its id array, until D's first stream event has been compared with it
+// (sse.Capture.ExpectPromptIDs: D's prompt_token_ids are the rendered ids
+// when their text is the same) or the turn ends. One pooled buffer per turn
+// in flight, about 6.5 bytes per prompt token, is held from the render
+// call until D's first event (the prefill leg and D's queueing).
+func (t *turn) holdRenderText(buf, text []byte) {
+	t.releaseRenderText()
+	t.renderBuf, t.renderText = buf, text
+}
+
+// releaseRenderText returns the render answer's buffer to the pool.
+func (t *turn) releaseRenderText() {
+	if t.renderBuf != nil {
+		t.r.bufs.put(t.renderBuf)
+	}
+	t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
 }
 
 // logOnce logs msg at warning level the first time key is seen by the

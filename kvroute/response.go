@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -50,6 +51,9 @@ type Response struct {
 	first      bool
 	err        error
 	once       sync.Once
+	// renderText: the capture compares D's first data event with the
+	// render answer's id text, which Next releases after that event.
+	renderText bool
 }
 
 // Streaming reports whether the response is an SSE stream.
@@ -100,6 +104,11 @@ func (r *Response) Next() ([]byte, error) {
 		return nil, r.err
 	}
 	out, ferr := r.capture.Forward(ev)
+	if r.renderText && ev.HasData {
+		// The capture no longer holds the render answer's text.
+		r.renderText = false
+		r.t.releaseRenderText()
+	}
 	if ferr != nil {
 		// Data that may hold a handle but is not JSON: never forward it.
 		r.err = r.streamError(ferr)
@@ -475,7 +484,15 @@ func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
 		gen, _ = jsonraw.Lookup(c, sse.TokenIDsKey)
 		return errStop
 	})
-	p, okP := sse.AppendTokenIDs(nil, prompt)
+	var p []uint32
+	okP := false
+	if t.renderText != nil && t.rendered != nil && bytes.Equal(prompt, t.renderText) {
+		// Spelled as the render answer's ids: the rendered ones (kept
+		// until the turn ends, after the answer is retained).
+		p, okP = t.rendered, true
+	} else {
+		p, okP = sse.AppendTokenIDs(nil, prompt)
+	}
 	g, okG := sse.AppendTokenIDs(nil, gen)
 	t.promptIDs, t.genIDs, t.hasIDs = p, g, okP && okG
 }

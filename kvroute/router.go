@@ -242,6 +242,13 @@ type turn struct {
 	rendered           []uint32
 	renderedPooled     bool     // rendered came from the Router's id pool
 	streamIDs          []uint32 // the pooled slice a stream's capture parses the prompt's ids into
+	// renderText is the text of the render answer's id array (rendered's
+	// source), in renderBuf, the pooled answer, until D's first event was
+	// compared with it; renderInStream says a streaming Response took it,
+	// which then releases it (from Next: Close may run on another
+	// goroutine).
+	renderBuf, renderText []byte
+	renderInStream        bool
 	// fpPrefix is the fingerprint chain over the prefix of the prompt's
 	// tokens that verification matched; its ids alias them (rendered),
 	// so it is dropped when the turn ends.
@@ -338,6 +345,15 @@ func (t *turn) finish() {
 	}
 	t.endTurn()
 	t.fpPrefix = chainPrefix{}
+	if t.renderInStream {
+		// A stream closed before its first data event: its capture may
+		// still hold the text, so the buffer is left to the collector.
+		t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
+	}
+	t.releaseRenderText()
+	// The capture took the rendered ids as the stream's prompt ids when
+	// their text was the render answer's: one slice, returned once.
+	promptIsRendered := sameIDs(t.promptIDs, t.rendered)
 	if t.renderedPooled {
 		t.r.ids.put(t.rendered)
 		t.rendered, t.renderedPooled = nil, false
@@ -345,7 +361,7 @@ func (t *turn) finish() {
 	if t.streamIDs != nil {
 		// The capture parsed into it, or into a larger slice it grew.
 		ids := t.streamIDs
-		if cap(t.promptIDs) > cap(ids) {
+		if cap(t.promptIDs) > cap(ids) && !promptIsRendered {
 			ids = t.promptIDs
 		}
 		t.r.promptIDs.Store(int64(min(len(t.promptIDs), maxStreamHint)))

@@ -40,6 +40,10 @@ func newOpenAIStream(tokens, strip bool) streamCapture {
 // useIDBuffer gives the capture a slice for the prompt's token ids.
 func (s openAIStream) useIDBuffer(buf []uint32) { s.c.UseIDBuffer(buf) }
 
+// expectPromptIDs gives the capture the rendered prompt ids and their text
+// (sse.Capture.ExpectPromptIDs).
+func (s openAIStream) expectPromptIDs(raw []byte, ids []uint32) { s.c.ExpectPromptIDs(raw, ids) }
+
 func (s openAIStream) Forward(ev sse.Event) ([]byte, error) { return s.c.Forward(ev) }
 func (s openAIStream) Done() bool                           { return s.c.Done() }
 func (s openAIStream) Handle() []byte                       { return s.c.Handle() }

@@ -48,10 +48,10 @@ func (c *Capture) UseIDBuffer(buf []uint32) {
 // Capture keeps raw and ids only until that first data event: the caller
 // must leave raw unchanged until Forward has returned for an event with
 // data (or the Capture is no longer used), and ids unchanged while it uses
-// PromptTokenIDs. It has no effect once the prompt's ids were seen, or
-// without WithTokenIDs.
+// PromptTokenIDs. It has no effect once the prompt's ids were seen,
+// without WithTokenIDs, or for no ids.
 func (c *Capture) ExpectPromptIDs(raw []byte, ids []uint32) {
-	if !c.sawPromptIDs && c.tokens {
+	if !c.sawPromptIDs && c.tokens && len(ids) > 0 {
 		c.knownRaw, c.knownIDs = raw, ids
 	}
 }
