@@ -93,38 +93,80 @@ type chainPrefix struct {
 // prefix (zero when none is verified). Its hashes are the fingerprint's own:
 // each equals the chain computed over prompt up to that point, or the
 // prefix would not have been verified.
+//
+// The chain is serial (each token's step waits for the one before), but
+// the fingerprint holds its state at each block's end: once blocks 1..k-1
+// are verified, the chain after them is the stored hash of block k-1, so
+// block k can be checked from there. verifyPrefix checks four blocks at
+// once, each from the stored hash before it, which keeps the multiplier
+// busy instead of waiting on one chain; the first block that differs ends
+// the prefix, as in the token-by-token walk (verifySerial, its test
+// oracle).
 func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
 	bs, n, hashes, err := f.parse()
 	if err != nil {
 		return chainPrefix{}, err
 	}
 	full := n / bs
-	h := uint64(fpSeed)
-	matched := 0
 	prefix := func(m int, h uint64) chainPrefix {
 		if m == 0 {
 			return chainPrefix{}
 		}
 		return chainPrefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
 	}
-	blockH := uint64(0) // the hash at the last matched block's end
-	for i, id := range prompt {
-		if i == n {
-			break
+	stored := func(blk int) uint64 { // the chain after blk full blocks
+		if blk == 0 {
+			return fpSeed
 		}
-		h = fpMix(h, id)
-		if (i+1)%bs == 0 {
-			blk := (i + 1) / bs
-			if binary.LittleEndian.Uint64(hashes[8*(blk-1):]) != h {
-				return prefix(matched, blockH), nil
-			}
-			matched, blockH = blk*bs, h
+		return binary.LittleEndian.Uint64(hashes[8*(blk-1):])
+	}
+	// The full blocks of the sequence that prompt covers.
+	blocks := min(len(prompt), n) / bs
+	blk := 0
+	for ; blk+4 <= blocks; blk += 4 {
+		h0, h1, h2, h3 := stored(blk), stored(blk+1), stored(blk+2), stored(blk+3)
+		p0 := prompt[blk*bs : (blk+1)*bs]
+		p1 := prompt[(blk+1)*bs : (blk+2)*bs]
+		p2 := prompt[(blk+2)*bs : (blk+3)*bs]
+		p3 := prompt[(blk+3)*bs : (blk+4)*bs]
+		for j := range p0 {
+			h0 = fpMix(h0, p0[j])
+			h1 = fpMix(h1, p1[j])
+			h2 = fpMix(h2, p2[j])
+			h3 = fpMix(h3, p3[j])
+		}
+		switch {
+		case h0 != stored(blk+1):
+			return prefix(blk*bs, stored(blk)), nil
+		case h1 != stored(blk+2):
+			return prefix((blk+1)*bs, stored(blk+1)), nil
+		case h2 != stored(blk+3):
+			return prefix((blk+2)*bs, stored(blk+2)), nil
+		case h3 != stored(blk+4):
+			return prefix((blk+3)*bs, stored(blk+3)), nil
 		}
 	}
-	if len(prompt) >= n && binary.LittleEndian.Uint64(hashes[8*full:]) == h {
-		return prefix(n, h), nil
+	for ; blk < blocks; blk++ {
+		h := stored(blk)
+		for _, id := range prompt[blk*bs : (blk+1)*bs] {
+			h = fpMix(h, id)
+		}
+		if h != stored(blk+1) {
+			return prefix(blk*bs, stored(blk)), nil
+		}
 	}
-	return prefix(matched, blockH), nil
+	// Every full block matched: the whole sequence, when prompt covers it,
+	// is checked from the last block's state by the final hash.
+	if len(prompt) >= n {
+		h := stored(full)
+		for _, id := range prompt[full*bs : n] {
+			h = fpMix(h, id)
+		}
+		if binary.LittleEndian.Uint64(hashes[8*full:]) == h {
+			return prefix(n, h), nil
+		}
+	}
+	return prefix(blocks*bs, stored(blocks)), nil
 }
 
 // fingerprintFrom is newFingerprint(prompt, generated, n, blockSize),

@@ -1,6 +1,8 @@
 package kvroute
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -322,5 +324,116 @@ func FuzzFingerprintFrom(f *testing.F) {
 				require.Equal(t, newFingerprint(next, gen, m, bsz), fingerprintFrom(cp, next, gen, m, bsz))
 			}
 		}
+	})
+}
+
+// verifySerial is verifyPrefix as a walk over the tokens in order, one
+// chain (the definition verifyPrefix's block-parallel check must match).
+func verifySerial(f fingerprint, prompt []uint32) (chainPrefix, error) {
+	bs, n, hashes, err := f.parse()
+	if err != nil {
+		return chainPrefix{}, err
+	}
+	full := n / bs
+	h := uint64(fpSeed)
+	matched := 0
+	prefix := func(m int, h uint64) chainPrefix {
+		if m == 0 {
+			return chainPrefix{}
+		}
+		return chainPrefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
+	}
+	blockH := uint64(0)
+	for i, id := range prompt {
+		if i == n {
+			break
+		}
+		h = fpMix(h, id)
+		if (i+1)%bs == 0 {
+			blk := (i + 1) / bs
+			if binary.LittleEndian.Uint64(hashes[8*(blk-1):]) != h {
+				return prefix(matched, blockH), nil
+			}
+			matched, blockH = blk*bs, h
+		}
+	}
+	if len(prompt) >= n && binary.LittleEndian.Uint64(hashes[8*full:]) == h {
+		return prefix(n, h), nil
+	}
+	return prefix(matched, blockH), nil
+}
+
+func requireSamePrefix(t *testing.T, want, got chainPrefix, msg string) {
+	t.Helper()
+	require.Equal(t, want.n, got.n, msg)
+	require.Equal(t, want.h, got.h, msg)
+	require.Equal(t, want.blockSize, got.blockSize, msg)
+	require.Equal(t, want.blocks, got.blocks, msg)
+	require.Equal(t, len(want.ids), len(got.ids), msg)
+}
+
+// TestVerifyPrefixBlocks checks the block-parallel verifyPrefix against
+// the token-by-token walk: prompts that continue the sequence, end inside
+// it, or differ in one token at every position class (each of four blocks
+// checked together, the blocks after the last group, the partial tail),
+// for several block sizes and lengths.
+func TestVerifyPrefixBlocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, bs := range []int{1, 3, 16, 64} {
+		for _, r := range []int{1, 15, 16, 17, 63, 64, 65, 200, 1000, 1001} {
+			seq := seqOf(rng, r+20)
+			fp := newFingerprint(seq[:r], nil, r, bs)
+			require.NotNil(t, fp)
+			prompts := [][]uint32{seq, seq[:r], seq[:r/2], nil}
+			for _, at := range []int{0, bs - 1, bs, 2*bs + 1, 3 * bs, 4*bs + 2, 5*bs - 1, r / 2, r - 1, r} {
+				if at < len(seq) {
+					p := slices.Clone(seq)
+					p[at] ^= 1
+					prompts = append(prompts, p)
+				}
+			}
+			for i, p := range prompts {
+				want, err := verifySerial(fp, p)
+				require.NoError(t, err)
+				got, err := fp.verifyPrefix(p)
+				require.NoError(t, err)
+				requireSamePrefix(t, want, got, fmt.Sprintf("bs %d, R %d, prompt %d", bs, r, i))
+			}
+		}
+	}
+}
+
+// FuzzVerifyPrefix checks verifyPrefix against verifySerial on fuzzed
+// fingerprints (made from a sequence, then with fuzzed bytes written over
+// some hashes, so that any block may mismatch) and prompts.
+func FuzzVerifyPrefix(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, uint8(2), []byte{})
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, []byte{1, 2, 3, 4, 5, 6, 7, 8, 0}, uint8(1), []byte{3, 9, 9, 9, 9, 9, 9, 9, 9})
+	f.Fuzz(func(t *testing.T, a, b []byte, bs uint8, corrupt []byte) {
+		if bs == 0 || len(a) == 0 {
+			return
+		}
+		toIDs := func(p []byte) []uint32 {
+			s := make([]uint32, len(p))
+			for i, c := range p {
+				s[i] = uint32(c % 8)
+			}
+			return s
+		}
+		old, next := toIDs(a), toIDs(b)
+		fp := newFingerprint(old, nil, len(old), int(bs))
+		_, _, hashes, err := fp.parse()
+		require.NoError(t, err)
+		// corrupt: a hash index, then 8 bytes to write there, repeated.
+		for len(corrupt) >= 9 && len(hashes) >= 8 {
+			k := int(corrupt[0]) % (len(hashes) / 8)
+			copy(hashes[8*k:8*k+8], corrupt[1:9])
+			corrupt = corrupt[9:]
+		}
+		want, err := verifySerial(fp, next)
+		require.NoError(t, err)
+		got, err := fp.verifyPrefix(next)
+		require.NoError(t, err)
+		requireSamePrefix(t, want, got, "")
 	})
 }
