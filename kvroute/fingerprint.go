@@ -38,11 +38,22 @@ func fpMix(h uint64, id uint32) uint64 {
 // prompt and generated, with blocks of blockSize tokens. It returns nil when
 // fewer than n tokens are given.
 func newFingerprint(prompt, generated []uint32, n, blockSize int) fingerprint {
+	return appendFingerprint(nil, prompt, generated, n, blockSize)
+}
+
+// fingerprintSize is the most bytes a fingerprint of n tokens with blocks
+// of blockSize takes.
+func fingerprintSize(n, blockSize int) int {
+	return 2*binary.MaxVarintLen64 + 8*(n/max(blockSize, 1)+1)
+}
+
+// appendFingerprint is newFingerprint built in dst[:0] (a new slice when
+// dst is nil or too small).
+func appendFingerprint(dst []byte, prompt, generated []uint32, n, blockSize int) fingerprint {
 	if n <= 0 || blockSize <= 0 || len(prompt)+len(generated) < n {
 		return nil
 	}
-	full := n / blockSize
-	b := make([]byte, 0, 2*binary.MaxVarintLen64+8*(full+1))
+	b := fingerprintBuf(dst, n, blockSize)
 	b = binary.AppendUvarint(b, uint64(blockSize))
 	b = binary.AppendUvarint(b, uint64(n))
 	return appendChain(b, fpSeed, 0, prompt, generated, n, blockSize)
@@ -174,16 +185,30 @@ func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
 // compared, not trusted) and c has the same block size and fits in n;
 // otherwise it hashes every token.
 func fingerprintFrom(c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
+	return appendFingerprintFrom(nil, c, prompt, generated, n, blockSize)
+}
+
+// appendFingerprintFrom is fingerprintFrom built in dst[:0] (a new slice
+// when dst is nil or too small).
+func appendFingerprintFrom(dst []byte, c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
 	if c.n == 0 || c.blockSize != blockSize || c.n > n || c.n > len(prompt) || c.n > len(c.ids) ||
 		!(sameIDs(prompt, c.ids) || slices.Equal(prompt[:c.n], c.ids[:c.n])) || len(prompt)+len(generated) < n || blockSize <= 0 {
-		return newFingerprint(prompt, generated, n, blockSize)
+		return appendFingerprint(dst, prompt, generated, n, blockSize)
 	}
-	full := n / blockSize
-	b := make([]byte, 0, 2*binary.MaxVarintLen64+8*(full+1))
+	b := fingerprintBuf(dst, n, blockSize)
 	b = binary.AppendUvarint(b, uint64(blockSize))
 	b = binary.AppendUvarint(b, uint64(n))
 	b = append(b, c.blocks...)
 	return appendChain(b, c.h, c.n, prompt[c.n:], generated, n, blockSize)
+}
+
+// fingerprintBuf returns dst[:0] when it has room for a fingerprint of n
+// tokens, else a new slice with just that room.
+func fingerprintBuf(dst []byte, n, blockSize int) []byte {
+	if size := fingerprintSize(n, blockSize); cap(dst) < size {
+		return make([]byte, 0, size)
+	}
+	return dst[:0]
 }
 
 // appendChain continues the chain with state h after pos tokens over the

@@ -321,7 +321,13 @@ func FuzzFingerprintFrom(f *testing.F) {
 		gen := toIDs(a[:min(len(a), int(extra))])
 		for _, bsz := range []int{int(bs), int(bs) + 1} {
 			for m := 1; m <= len(next)+len(gen); m += 1 + len(next)/7 {
-				require.Equal(t, newFingerprint(next, gen, m, bsz), fingerprintFrom(cp, next, gen, m, bsz))
+				want := newFingerprint(next, gen, m, bsz)
+				require.Equal(t, want, fingerprintFrom(cp, next, gen, m, bsz))
+				// Into a used buffer, with room or without.
+				for _, dst := range [][]byte{make([]byte, 5, fingerprintSize(m, bsz)), {9}} {
+					require.Equal(t, want, appendFingerprintFrom(dst, cp, next, gen, m, bsz))
+					require.Equal(t, want, appendFingerprint(dst, next, gen, m, bsz))
+				}
 			}
 		}
 	})

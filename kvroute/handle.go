@@ -129,8 +129,18 @@ const (
 // encode serialises e compactly: a version byte, varints, the endpoint, the
 // check, a flag byte and the fingerprint, then the handle JSON as is.
 func (e entry) encode() []byte {
-	b := make([]byte, 0, 2+6*binary.MaxVarintLen64+len(e.endpoint)+len(e.check)+len(e.fp)+len(e.handle))
-	b = append(b, entryVersion)
+	return e.encodeTo(make([]byte, 0, e.encodedSize()), nil)
+}
+
+// encodedSize bounds the length of e's encoding.
+func (e entry) encodedSize() int {
+	return 2 + 6*binary.MaxVarintLen64 + len(e.endpoint) + len(e.check) + len(e.fp) + len(e.handle)
+}
+
+// encodeTo is encode appended to dst[:0]; the check of a compacted handle
+// expands it into a buffer from pool (nil: a new one).
+func (e entry) encodeTo(dst []byte, pool *bufPool) []byte {
+	b := append(dst[:0], entryVersion)
 	b = binary.AppendVarint(b, e.created.UnixNano())
 	b = binary.AppendUvarint(b, uint64(e.tokens))
 	b = appendBytes(b, []byte(e.endpoint))
@@ -142,7 +152,7 @@ func (e entry) encode() []byte {
 	at := len(b)
 	b = append(b, flags)
 	b = appendBytes(b, e.fp)
-	if c, ok := compactHandle(b, e.handle); ok {
+	if c, ok := compactHandleWith(b, e.handle, pool); ok {
 		c[at] |= flagCompactBlocks
 		return c
 	}
@@ -156,6 +166,12 @@ func (e entry) encode() []byte {
 // not give back exactly h (spacing, number spelling): the handle is then
 // stored verbatim.
 func compactHandle(dst, h []byte) ([]byte, bool) {
+	return compactHandleWith(dst, h, nil)
+}
+
+// compactHandleWith is compactHandle, expanding the result again (its
+// check) into a buffer from pool (nil: a new one).
+func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
 	obj, err := jsonraw.Parse(h)
 	if err != nil {
 		return dst, false
@@ -217,7 +233,19 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 			return dst[:n], false
 		}
 	}
-	if back, err := expandHandle(dst[n:]); err != nil || !bytes.Equal(back, h) {
+	var check []byte
+	if pool != nil {
+		check = pool.get(len(h))[:0] // an exact expansion fits
+	}
+	back, err := appendExpanded(check, dst[n:])
+	same := err == nil && bytes.Equal(back, h)
+	if pool != nil {
+		if back == nil {
+			back = check
+		}
+		pool.put(back)
+	}
+	if !same {
 		return dst[:n], false
 	}
 	return dst, true
@@ -225,6 +253,12 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 
 // expandHandle rebuilds a handle stored by compactHandle.
 func expandHandle(b []byte) ([]byte, error) {
+	return appendExpanded(nil, b)
+}
+
+// appendExpanded is expandHandle appended to dst (nil: a new slice sized
+// for the handle).
+func appendExpanded(dst, b []byte) ([]byte, error) {
 	r := entryReader{b: b}
 	head, tail := r.bytes(), r.bytes()
 	nested := r.byte() == 1
@@ -232,7 +266,10 @@ func expandHandle(b []byte) ([]byte, error) {
 	if r.bad || groups > uint64(len(r.b)) || (!nested && groups != 1) {
 		return nil, errBadEntry
 	}
-	out := make([]byte, 0, len(head)+len(tail)+7*len(r.b)+8)
+	out := dst
+	if out == nil {
+		out = make([]byte, 0, len(head)+len(tail)+7*len(r.b)+8)
+	}
 	out = append(out, head...)
 	out = append(out, '[')
 	var prev int64

@@ -46,6 +46,14 @@ func TestEntryCompactHandle(t *testing.T) {
 			e := entry{created: time.Unix(100, 5), endpoint: "http://d", tokens: 60, check: []byte("c"), contentOK: true,
 				fp: fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, handle: []byte(tt.handle)}
 			raw := e.encode()
+			// Built in pooled buffers (the router's path), used twice so
+			// that the second reuses the first's: the same bytes.
+			var pool bufPool
+			for range 2 {
+				pooled := e.encodeTo(pool.get(e.encodedSize()), &pool)
+				require.Equal(t, raw, pooled)
+				pool.put(pooled)
+			}
 			verbatim := len(raw) >= len(tt.handle) && strings.HasSuffix(string(raw), tt.handle)
 			assert.Equal(t, !tt.compact, verbatim, "stored verbatim")
 			if tt.name == "large" {

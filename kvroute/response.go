@@ -363,6 +363,9 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		return
 	}
 	fp, hard := t.fingerprint(hi.tokens)
+	// The fingerprint and the entry are built in pooled buffers: both are
+	// copied into the entry and the store respectively.
+	defer r.bufs.put(fp)
 	if hard != "" {
 		t.rec.StoreRefusal = hard
 		r.stats.refusals.Add(1)
@@ -383,7 +386,12 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
 		contentOK: ret.Refusal == "", fp: fp, handle: handle}
-	val := e.encode()
+	val := e.encodeTo(r.bufs.get(e.encodedSize()), &r.bufs)
+	defer r.bufs.put(val)
+	if _, copies := r.store.(*retention.Memory); !copies {
+		// Another Store may keep the slice it is given.
+		val = bytes.Clone(val)
+	}
 	if len(val) > r.cfg.maxEntryBytes {
 		t.tooLarge(len(val))
 		return
@@ -416,7 +424,8 @@ func (t *turn) tooLarge(n int) {
 
 // fingerprint returns the token fingerprint of D's blocks in token mode
 // (nil in content mode or when the engine sent no token ids), or a refusal
-// that holds in every mode.
+// that holds in every mode. The fingerprint is built in a buffer from the
+// Router's pool, which the caller puts back.
 func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 	r := t.r
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
@@ -444,7 +453,8 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 				slog.String("path", t.req.Path))
 			return nil, ""
 		}
-		return fingerprintFrom(t.fpPrefix, ids, nil, min(len(ids), tokens), bs), ""
+		n := min(len(ids), tokens)
+		return appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), t.fpPrefix, ids, nil, n, bs), ""
 	}
 	if !t.hasIDs || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
@@ -453,7 +463,7 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 	}
 	// The verified prefix is hashed again only when D's prompt ids differ
 	// from the rendered ones there (fingerprintFrom compares them).
-	fp := fingerprintFrom(t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
+	fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(tokens, bs)), t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
 	if fp == nil {
 		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
 	}
