@@ -109,6 +109,9 @@ type entry struct {
 	handle    []byte      // D's kv_transfer_params, verbatim
 
 	raw []byte // the stored value, for putting it back
+	// expanded: handle was expanded into a buffer from decodeEntryWith's
+	// pool.
+	expanded bool
 }
 
 // Entry encodings: version 1 had no flags and no fingerprint; version 2
@@ -357,6 +360,13 @@ func (r *entryReader) byte() byte {
 }
 
 func decodeEntry(b []byte) (entry, error) {
+	return decodeEntryWith(b, nil)
+}
+
+// decodeEntryWith is decodeEntry, expanding a compacted handle into a
+// buffer from pool (nil: a new one), which the caller puts back when done
+// with e.handle.
+func decodeEntryWith(b []byte, pool *bufPool) (entry, error) {
 	var e entry
 	if len(b) < 1 || b[0] < entryVersion1 || b[0] > entryVersion {
 		return e, errBadEntry
@@ -382,11 +392,19 @@ func decodeEntry(b []byte) (entry, error) {
 	}
 	e.handle = r.b
 	if compact {
-		h, err := expandHandle(r.b)
+		var dst []byte
+		if pool != nil {
+			// About five bytes of JSON per byte of varint deltas.
+			dst = pool.get(6*len(r.b) + 64)[:0]
+		}
+		h, err := appendExpanded(dst, r.b)
 		if err != nil {
+			if pool != nil {
+				pool.put(dst)
+			}
 			return entry{}, err
 		}
-		e.handle = h
+		e.handle, e.expanded = h, pool != nil
 	}
 	e.created = time.Unix(0, created)
 	e.raw = b

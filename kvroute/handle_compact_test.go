@@ -62,6 +62,15 @@ func TestEntryCompactHandle(t *testing.T) {
 			got, err := decodeEntry(raw)
 			require.NoError(t, err)
 			assert.Equal(t, tt.handle, string(got.handle))
+			for range 2 { // expanded into a pooled buffer, then into the same one again
+				pooled, err := decodeEntryWith(raw, &pool)
+				require.NoError(t, err)
+				assert.Equal(t, tt.handle, string(pooled.handle))
+				assert.Equal(t, tt.compact, pooled.expanded)
+				if pooled.expanded {
+					pool.put(pooled.handle)
+				}
+			}
 			assert.Equal(t, e.tokens, got.tokens)
 			assert.Equal(t, e.endpoint, got.endpoint)
 			assert.Equal(t, e.fp, got.fp)

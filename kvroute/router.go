@@ -249,6 +249,9 @@ type turn struct {
 	// goroutine).
 	renderBuf, renderText []byte
 	renderInStream        bool
+	// expanded is the retained handle taken, expanded into a pooled
+	// buffer from its compacted form, returned when the turn ends.
+	expanded []byte
 	// fpPrefix is the fingerprint chain over the prefix of the prompt's
 	// tokens that verification matched; its ids alias them (rendered),
 	// so it is dropped when the turn ends.
@@ -351,6 +354,10 @@ func (t *turn) finish() {
 		t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
 	}
 	t.releaseRenderText()
+	if t.expanded != nil {
+		t.r.bufs.put(t.expanded)
+		t.expanded = nil
+	}
 	// The capture took the rendered ids as the stream's prompt ids when
 	// their text was the render answer's: one slice, returned once.
 	promptIsRendered := sameIDs(t.promptIDs, t.rendered)
@@ -404,9 +411,15 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			continue
 		}
 		r.kv.take(k)
-		e, err := decodeEntry(v)
+		e, err := decodeEntryWith(v, &r.bufs)
 		if err != nil {
 			return t.miss(MissBadEntry)
+		}
+		if e.expanded {
+			// Put back when the turn ends: every use of the expanded
+			// handle (the prefill body's kv_transfer_params, a cut) is a
+			// copy made before Do returns.
+			t.expanded = e.handle
 		}
 		age := r.cfg.clock().Sub(e.created)
 		if age >= r.cfg.retentionTTL {
