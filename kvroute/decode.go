@@ -171,6 +171,11 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 			t.streamIDs = t.r.ids.get(int(t.r.promptIDs.Load()))
 			ib.useIDBuffer(t.streamIDs)
 		}
+		if hc, ok := out.capture.(interface{ useHandleBuffer([]byte) }); ok {
+			// D's handle goes into a pooled buffer as large as the last
+			// one, returned once the handle is retained.
+			hc.useHandleBuffer(t.r.bufs.get(max(int(t.r.handleBuf.Load()), minPooled)))
+		}
 		if ec, ok := out.capture.(interface{ expectPromptIDs([]byte, []uint32) }); ok && (t.idsAdded || t.idsAsked) && t.renderText != nil && t.rendered != nil {
 			// D's prompt ids, when spelled as the render answer's, are
 			// the rendered ones: not parsed again.

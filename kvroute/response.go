@@ -121,6 +121,7 @@ func (r *Response) Next() ([]byte, error) {
 		r.retained = true
 		r.t.tokenIDs(r.capture)
 		r.t.retain(r.capture.Handle(), r.capture.Reply())
+		r.releaseHandle()
 	}
 	if !r.first {
 		r.first = true
@@ -207,6 +208,21 @@ func (r *Response) recycle() {
 	r.t.r.bufs.put(b)
 }
 
+// releaseHandle returns the capture's handle buffer to the Router's pool
+// once the handle is retained (the store holds its own encoding). It runs
+// on the goroutine that calls Next, the only one the capture writes the
+// buffer from; a stream that breaks or is closed keeps it.
+func (r *Response) releaseHandle() {
+	hc, ok := r.capture.(interface{ releaseHandleBuffer() []byte })
+	if !ok {
+		return
+	}
+	if b := hc.releaseHandleBuffer(); b != nil {
+		r.t.r.handleBuf.Store(int64(min(len(b), maxStreamHint)))
+		r.t.r.bufs.put(b)
+	}
+}
+
 // release closes the upstream body once, which cancels the decode
 // request (transport.Client's body ends the exchange's context).
 func (r *Response) release() {
@@ -225,6 +241,7 @@ func (r *Response) end(err error) {
 			r.retained = true
 			t.tokenIDs(r.capture)
 			t.retain(r.capture.Handle(), r.capture.Reply())
+			r.releaseHandle()
 		}
 	} else {
 		if t.rec.StoreRefusal == "" {

@@ -49,6 +49,7 @@ type Router struct {
 	bufs           bufPool          // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf      atomic.Int64     // the size of the last stream's buffer, for the next one's
 	renderBuf      atomic.Int64     // the same for render answers of unknown length
+	handleBuf      atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
 	ids            idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
 	promptIDs      atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
 	maxEvent       sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once

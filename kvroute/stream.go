@@ -40,6 +40,12 @@ func newOpenAIStream(tokens, strip bool) streamCapture {
 // useIDBuffer gives the capture a slice for the prompt's token ids.
 func (s openAIStream) useIDBuffer(buf []uint32) { s.c.UseIDBuffer(buf) }
 
+// useHandleBuffer gives the capture a buffer for D's handle.
+func (s openAIStream) useHandleBuffer(buf []byte) { s.c.UseHandleBuffer(buf) }
+
+// releaseHandleBuffer takes the handle's buffer back.
+func (s openAIStream) releaseHandleBuffer() []byte { return s.c.ReleaseHandleBuffer() }
+
 // expectPromptIDs gives the capture the rendered prompt ids and their text
 // (sse.Capture.ExpectPromptIDs).
 func (s openAIStream) expectPromptIDs(raw []byte, ids []uint32) { s.c.ExpectPromptIDs(raw, ids) }

@@ -64,6 +64,10 @@ type Capture struct {
 	// knownRaw and knownIDs (ExpectPromptIDs): the prompt's ids the
 	// caller already has and their JSON text, until the first data event;
 	// knownUsed records that the stream's prompt ids were taken as them.
+	// handleBuf (UseHandleBuffer) is where the handle is copied, when
+	// useHandleBuf is set.
+	handleBuf    []byte
+	useHandleBuf bool
 	// spare keeps the Capture's own slice meanwhile.
 	knownRaw  []byte
 	knownIDs  []uint32
@@ -164,7 +168,12 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		} else {
 			v, hasHandle := c.obj.Get(HandleKey)
 			if hasHandle && !jsonraw.IsNull(v) {
-				c.handle = bytes.Clone(v)
+				if c.useHandleBuf {
+					c.handleBuf = append(c.handleBuf[:0], v...)
+					c.handle = c.handleBuf
+				} else {
+					c.handle = bytes.Clone(v)
+				}
 			}
 			switch {
 			case strip:
@@ -284,8 +293,31 @@ func HasHandleKey(b []byte) bool {
 }
 
 // Handle returns a copy of the last non-null kv_transfer_params value seen,
-// as raw JSON, or nil.
+// as raw JSON, or nil. With UseHandleBuffer, the copy is in the Capture's
+// buffer: valid until the next Forward that sees a handle, or until
+// ReleaseHandleBuffer.
 func (c *Capture) Handle() []byte { return c.handle }
+
+// UseHandleBuffer makes the Capture copy each handle it sees into buf
+// (from buf[:0], into a larger slice when it does not fit) rather than into
+// a new slice, so that a caller can reuse one buffer across streams. Take
+// the buffer back with ReleaseHandleBuffer.
+func (c *Capture) UseHandleBuffer(buf []byte) {
+	c.handleBuf, c.useHandleBuf = buf[:0], true
+}
+
+// ReleaseHandleBuffer returns the buffer given to UseHandleBuffer, or the
+// larger one the Capture moved to, and stops using it: Handle returns nil
+// until another handle is seen, and later handles are copied into new
+// slices. It returns nil without UseHandleBuffer.
+func (c *Capture) ReleaseHandleBuffer() []byte {
+	b := c.handleBuf
+	if c.useHandleBuf && c.handle != nil {
+		c.handle = nil // it aliases b
+	}
+	c.handleBuf, c.useHandleBuf = nil, false
+	return b
+}
 
 // FinishReason returns the last non-null finish_reason of choice 0, or "".
 func (c *Capture) FinishReason() string { return c.finish }

@@ -234,3 +234,35 @@ func TestCaptureReplyCompletions(t *testing.T) {
 	forwardAll(t, c, stream)
 	assert.Equal(t, sse.Reply{Content: "Once upon", FinishReason: "length"}, c.Reply())
 }
+
+// TestCaptureUseHandleBuffer copies handles into the given buffer, grows
+// past a small one, and after ReleaseHandleBuffer copies into new slices.
+func TestCaptureUseHandleBuffer(t *testing.T) {
+	ev := func(h string) sse.Event {
+		d := `{"choices":[{"index":0,"delta":{}}],"kv_transfer_params":` + h + `}`
+		return sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true}
+	}
+	c := sse.NewCapture()
+	assert.Nil(t, c.ReleaseHandleBuffer(), "no buffer given")
+	buf := make([]byte, 0, 64)
+	c.UseHandleBuffer(buf)
+	out, err := c.Forward(ev(`{"remote_engine_id":"d","remote_block_ids":[1,2]}`))
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), "kv_transfer_params")
+	assert.Equal(t, `{"remote_engine_id":"d","remote_block_ids":[1,2]}`, string(c.Handle()))
+	assert.Same(t, &buf[:1][0], &c.Handle()[0], "copied into the buffer")
+	_, err = c.Forward(ev(`null`))
+	require.NoError(t, err)
+	assert.Equal(t, `{"remote_engine_id":"d","remote_block_ids":[1,2]}`, string(c.Handle()), "a null handle keeps the last")
+	long := `{"remote_engine_id":"` + strings.Repeat("e", 100) + `"}`
+	_, err = c.Forward(ev(long))
+	require.NoError(t, err)
+	assert.Equal(t, long, string(c.Handle()), "grown past the buffer")
+	got := c.ReleaseHandleBuffer()
+	assert.Equal(t, long, string(got), "the buffer it moved to")
+	assert.Nil(t, c.Handle(), "released with the buffer")
+	_, err = c.Forward(ev(`{"a":1}`))
+	require.NoError(t, err)
+	assert.Equal(t, `{"a":1}`, string(c.Handle()))
+	assert.Equal(t, long, string(got), "a released buffer is not written again")
+}
