@@ -1,6 +1,7 @@
 package sse_test
 
 import (
+	"bytes"
 	"net/http"
 	"strconv"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -254,6 +256,29 @@ func BenchmarkCaptureTokenIDs(b *testing.B) {
 			c := sse.NewCapture(sse.WithTokenIDs(true))
 			out, err := c.Forward(e)
 			if err != nil || len(c.PromptTokenIDs()) != promptIDsLen || len(out) > 512 {
+				b.Fatalf("%v: %d ids, %d bytes out", err, len(c.PromptTokenIDs()), len(out))
+			}
+		}
+	})
+	b.Run("prompt chunk strip expected", func(b *testing.B) {
+		// The same, with the render answer's ids and their text given
+		// (ExpectPromptIDs), as the router does on a verified hit: the
+		// chunk's array is compared, not parsed.
+		e, err := sse.NewReader(&cycle{data: []byte(firstChunk)}).Next()
+		require.NoError(b, err)
+		o, err := jsonraw.Parse(e.Data)
+		require.NoError(b, err)
+		raw, _ := o.Get(sse.PromptTokenIDsKey)
+		ids, ok := sse.AppendTokenIDs(nil, raw)
+		require.True(b, ok)
+		raw = bytes.Clone(raw) // the render answer's own bytes
+		b.SetBytes(int64(len(firstChunk)))
+		b.ReportAllocs()
+		for b.Loop() {
+			c := sse.NewCapture(sse.WithTokenIDs(true))
+			c.ExpectPromptIDs(raw, ids)
+			out, err := c.Forward(e)
+			if err != nil || !c.PromptIDsExpected() || len(c.PromptTokenIDs()) != promptIDsLen || len(out) > 512 {
 				b.Fatalf("%v: %d ids, %d bytes out", err, len(c.PromptTokenIDs()), len(out))
 			}
 		}
