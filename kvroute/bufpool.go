@@ -9,8 +9,12 @@ import (
 
 // bufPool keeps byte buffers for reuse, by size class: class k holds
 // buffers of capacity minPooled<<k. A Router owns one; request bodies read
-// by ServeHTTP and render answers come from it, so that a turn does not
-// allocate its largest buffers.
+// by ServeHTTP, render answers (held until D's first stream event, whose
+// prompt ids are compared with the answer's text), decode stream buffers,
+// a stream's decode handle, and the fingerprint, store entry and expanded
+// handle of a turn come from it, so that a turn does not allocate its
+// largest buffers. Buffers are held only while a turn uses them (at most
+// one set per turn in flight); sync.Pool drops idle ones at GC.
 type bufPool struct {
 	classes [poolClasses]sync.Pool
 	boxes   sync.Pool // empty *[]byte, so that put does not allocate one
