@@ -110,6 +110,9 @@ type tokenEngines struct {
 	// Sums over D's answers: handles sent, their JSON bytes, and their
 	// remote_num_tokens.
 	handles, handleBytes, handleTokens atomic.Int64
+	// spacedPromptIDs makes D spell the prompt's ids with a space after
+	// each comma: the same ids as P's render answer, in other text.
+	spacedPromptIDs atomic.Bool
 }
 
 // newTokenEngines starts a prefill and a decode server on 127.0.0.1 that
@@ -188,7 +191,19 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)
 		out = fmt.Appendf(out, `data: {"id":"cmpl-d%d","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, n)
 		if req.ReturnTokenIDs {
-			out = toytok.AppendJSON(append(out, `,"prompt_token_ids":`...), prompt)
+			out = append(out, `,"prompt_token_ids":`...)
+			if te.spacedPromptIDs.Load() {
+				out = append(out, '[')
+				for i, id := range prompt {
+					if i > 0 {
+						out = append(out, ", "...)
+					}
+					out = strconv.AppendUint(out, uint64(id), 10)
+				}
+				out = append(out, ']')
+			} else {
+				out = toytok.AppendJSON(out, prompt)
+			}
 		}
 		out = append(out, "}\n\n"...)
 		_, _ = w.Write(out)

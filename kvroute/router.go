@@ -362,6 +362,9 @@ func (t *turn) finish() {
 	// The capture took the rendered ids as the stream's prompt ids when
 	// their text was the render answer's: one slice, returned once.
 	promptIsRendered := sameIDs(t.promptIDs, t.rendered)
+	if promptIsRendered {
+		t.r.stats.renderedPromptIDs.Add(1)
+	}
 	if t.renderedPooled {
 		t.r.ids.put(t.rendered)
 		t.rendered, t.renderedPooled = nil, false

@@ -80,6 +80,10 @@ type counters struct {
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
+	// renderedPromptIDs counts turns whose decode answer's prompt ids were
+	// taken as the rendered ones (same text), not parsed; not exported in
+	// Stats (a measure of the router's own work, for its tests).
+	renderedPromptIDs atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {

@@ -1,6 +1,8 @@
 package kvroute_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // recorder keeps every TurnRecord.
@@ -288,3 +291,54 @@ func TestTokenVerificationPromptIDs(t *testing.T) {
 }
 
 func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// TestTokenHitsTakeRenderedPromptIDs runs token-verified conversations
+// over the token-aware canned engines: on every hit D's prompt ids, spelled
+// as P's render answer spells the same ids, are taken as the rendered ones
+// without being parsed again, and the fingerprint stored from them verifies
+// the next turn in full. When D spells them otherwise (a space after each
+// comma) they are parsed, with the same outcomes.
+func TestTokenHitsTakeRenderedPromptIDs(t *testing.T) {
+	for _, spaced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("spaced=%v", spaced), func(t *testing.T) {
+			te := newTokenEngines(t)
+			te.spacedPromptIDs.Store(spaced)
+			var last kvroute.TurnRecord
+			rt, err := transport.NewTransport()
+			require.NoError(t, err)
+			t.Cleanup(rt.CloseIdleConnections)
+			r, err := kvroute.New(kvroute.WithPrefill(te.prefill), kvroute.WithDecode(te.decode), kvroute.WithTransport(rt),
+				kvroute.WithVerification(kvroute.VerifyTokens),
+				kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = r.Close() })
+			const turns = 2 * turnsPerConv
+			hits := 0
+			var conv *benchConv
+			for i := range turns {
+				if i%turnsPerConv == 0 {
+					conv = newBenchConv(fmt.Sprintf("c%d ", i), 4<<10)
+				}
+				resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: conv.body()})
+				require.NoError(t, err)
+				var out bytes.Buffer
+				_, err = resp.WriteTo(&out)
+				require.NoError(t, err)
+				require.NoError(t, resp.Close())
+				assert.NotContains(t, out.String(), "token_ids")
+				require.NoError(t, checkTurn(&last, kvroute.VerifyTokens, i%turnsPerConv == 0), "turn %d", i)
+				if i%turnsPerConv != 0 {
+					hits++
+				}
+				conv.messages = append(conv.messages,
+					map[string]string{"role": "assistant", "content": toyReply},
+					map[string]string{"role": "user", "content": fmt.Sprintf("Now run step %d.", i)})
+			}
+			want := int64(hits)
+			if spaced {
+				want = 0
+			}
+			assert.Equal(t, want, kvroute.RenderedPromptIDs(r), "turns whose prompt ids were the rendered ones")
+		})
+	}
+}
