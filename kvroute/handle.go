@@ -175,6 +175,13 @@ func compactHandle(dst, h []byte) ([]byte, bool) {
 // compactHandleWith is compactHandle, expanding the result again (its
 // check) into a buffer from pool (nil: a new one).
 func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
+	return compactHandleCheck(dst, h, pool, false)
+}
+
+// compactHandleCheck is compactHandleWith; expand forces the check by
+// expansion even when the list's length shows its text is the one
+// expansion writes (the test oracle).
+func compactHandleCheck(dst, h []byte, pool *bufPool, expand bool) ([]byte, bool) {
 	obj, err := jsonraw.Parse(h)
 	if err != nil {
 		return dst, false
@@ -206,18 +213,29 @@ func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
 	dst = binary.AppendUvarint(dst, uint64(len(groups)))
 	var prev int64
 	var scratch [2048]uint32 // 32k tokens in blocks of 16, on the stack
+	// canonical: every group took the fast path, and the text has exactly
+	// the length expansion would write (see below); written counts it.
+	canonical, written := true, 2+len(groups)-1
+	if !nested {
+		written = 0
+	}
 	for _, g := range groups {
 		// The common shape, block ids below 2^32, in one pass; any other
-		// goes through the general path below. Either way the result is
-		// checked by expanding it again.
+		// goes through the general path below, whose result is checked by
+		// expanding it again.
 		if ids, end, ok := jsonraw.AppendUint32s(scratch[:0], g, 0); ok && end == len(g) {
 			dst = binary.AppendUvarint(dst, uint64(len(ids)))
+			glen := 2 + max(len(ids)-1, 0) // brackets and commas
 			for _, id := range ids {
 				dst = binary.AppendVarint(dst, int64(id)-prev)
 				prev = int64(id)
+				glen += decimalLen(id)
 			}
+			canonical = canonical && glen == len(g)
+			written += glen
 			continue
 		}
+		canonical = false
 		count := 0
 		if jsonraw.Elements(g, func([]byte) error { count++; return nil }) != nil {
 			return dst[:n], false
@@ -236,6 +254,16 @@ func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
 			return dst[:n], false
 		}
 	}
+	if canonical && !expand {
+		// AppendUint32s took only digits (no leading zero), commas and
+		// whitespace, so a list of the length expansion writes (each id
+		// in its shortest decimal, brackets and commas, no whitespace) is
+		// byte for byte what it writes; h around it is kept verbatim.
+		if written != len(v) {
+			return dst[:n], false
+		}
+		return dst, true
+	}
 	var check []byte
 	if pool != nil {
 		check = pool.get(len(h))[:0] // an exact expansion fits
@@ -252,6 +280,31 @@ func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
 		return dst[:n], false
 	}
 	return dst, true
+}
+
+// decimalLen is the number of decimal digits of v.
+func decimalLen(v uint32) int {
+	switch {
+	case v < 10:
+		return 1
+	case v < 100:
+		return 2
+	case v < 1000:
+		return 3
+	case v < 10000:
+		return 4
+	case v < 100000:
+		return 5
+	case v < 1000000:
+		return 6
+	case v < 10000000:
+		return 7
+	case v < 100000000:
+		return 8
+	case v < 1000000000:
+		return 9
+	}
+	return 10
 }
 
 // expandHandle rebuilds a handle stored by compactHandle.

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -104,4 +105,35 @@ func BenchmarkCompactHandle(b *testing.B) {
 			b.Fatal("not compacted")
 		}
 	}
+}
+
+// FuzzCompactHandle checks compactHandle's length test against the check
+// by expansion: the same verdict and bytes for any handle text, and a
+// compacted handle expands to exactly the text.
+func FuzzCompactHandle(f *testing.F) {
+	for _, s := range []string{
+		`{"do_remote_prefill":false,"remote_block_ids":[[11,12,13,14],[7,3]],"remote_engine_id":"d","remote_num_tokens":60}`,
+		`{"remote_block_ids":[5,6,7],"x":1}`, `{"remote_block_ids":[],"x":1}`, `{"remote_block_ids":[[]]}`,
+		`{"remote_block_ids": [[1, 2, 3]]}`, `{"remote_block_ids":[[1,2],[3] ]}`, `{"remote_block_ids":[ [1,2]]}`,
+		`{"remote_block_ids":[[1.5]]}`, `{"remote_block_ids":[[-1]]}`, `{"remote_block_ids":[[1,02]]}`,
+		`{"remote_block_ids":[[4294967295,4294967296,5,9007199254740993]]}`, `{"remote_block_ids":[[0,10,9999999999]]}`,
+		`{"a":[[1,2]],"remote_block_ids":[[1,2]]}`, `{"remote_block_ids":[[1,2]\n]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, h []byte) {
+		var pool bufPool
+		got, ok := compactHandleCheck([]byte{7}, h, &pool, false)
+		want, wantOK := compactHandleCheck([]byte{7}, h, nil, true)
+		if ok != wantOK || !bytes.Equal(got, want) {
+			t.Fatalf("%q: compacted %v (%q), by expansion %v (%q)", h, ok, got, wantOK, want)
+		}
+		if !ok {
+			return
+		}
+		back, err := expandHandle(got[1:])
+		if err != nil || !bytes.Equal(back, h) {
+			t.Fatalf("%q expands to %q (%v)", h, back, err)
+		}
+	})
 }
