@@ -126,30 +126,42 @@ func (p *bufPool) read(r io.Reader, limit int64, hint int) ([]byte, error) {
 	}
 }
 
-// idPool keeps token id slices (render answers) for reuse.
+// idPool keeps token id slices (render answers, streams' prompt ids) for
+// reuse, by size class as bufPool: class k holds slices of capacity
+// minPooledIDs<<k, so that prompts of different lengths (a 10 KB and a
+// 100 KB conversation) each find their own instead of popping one another's.
 type idPool struct {
-	p     sync.Pool
-	boxes sync.Pool // empty *[]uint32, so that put does not allocate one
+	classes [poolClasses]sync.Pool
+	boxes   sync.Pool // empty *[]uint32, so that put does not allocate one
 }
 
-// get returns an empty slice with room for n ids.
+// minPooledIDs is the capacity of idPool's smallest class (the same bytes
+// as bufPool's).
+const minPooledIDs = minPooled / 4
+
+// get returns an empty slice with room for n ids: a class's capacity, at
+// least a quarter more than n (the next turn of a conversation has a longer
+// prompt, and should still fit in the slice this one returns).
 func (p *idPool) get(n int) []uint32 {
-	if v, ok := p.p.Get().(*[]uint32); ok {
-		if cap(*v) >= n {
-			ids := (*v)[:0]
-			*v = nil
-			p.boxes.Put(v)
-			return ids
-		}
-		p.p.Put(v) // too small for this one: keep it for a shorter prompt
+	n += n / 4
+	k := class(4 * n)
+	if k < 0 {
+		return make([]uint32, 0, n)
 	}
-	// A quarter more: the next turn of a conversation has a longer prompt,
-	// and should still fit in the slice this one returns.
-	return make([]uint32, 0, n+n/4)
+	if v, ok := p.classes[k].Get().(*[]uint32); ok {
+		ids := (*v)[:0]
+		*v = nil
+		p.boxes.Put(v)
+		return ids
+	}
+	return make([]uint32, 0, minPooledIDs<<k)
 }
 
+// put returns ids to the pool; a slice of another capacity than a class's
+// is dropped.
 func (p *idPool) put(ids []uint32) {
-	if cap(ids) == 0 {
+	k := class(4 * cap(ids))
+	if k < 0 || cap(ids) != minPooledIDs<<k {
 		return
 	}
 	v, _ := p.boxes.Get().(*[]uint32)
@@ -157,5 +169,11 @@ func (p *idPool) put(ids []uint32) {
 		v = new([]uint32)
 	}
 	*v = ids[:0]
-	p.p.Put(v)
+	p.classes[k].Put(v)
+}
+
+// sameArray reports whether a and b share their first element's place
+// (one slice's array), for slices with room.
+func sameArray(a, b []uint32) bool {
+	return cap(a) > 0 && cap(b) > 0 && &a[:1][0] == &b[:1][0]
 }

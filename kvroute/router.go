@@ -370,13 +370,14 @@ func (t *turn) finish() {
 		t.rendered, t.renderedPooled = nil, false
 	}
 	if t.streamIDs != nil {
-		// The capture parsed into it, or into a larger slice it grew.
-		ids := t.streamIDs
-		if cap(t.promptIDs) > cap(ids) && !promptIsRendered {
-			ids = t.promptIDs
-		}
+		// The capture parsed into it, or into a larger slice it grew
+		// (returned too, and kept if of a class's size), or took the
+		// rendered ids (returned above).
 		t.r.promptIDs.Store(int64(min(len(t.promptIDs), maxStreamHint)))
-		t.r.ids.put(ids)
+		t.r.ids.put(t.streamIDs)
+		if !promptIsRendered && !sameArray(t.promptIDs, t.streamIDs) {
+			t.r.ids.put(t.promptIDs)
+		}
 		t.streamIDs, t.promptIDs, t.genIDs = nil, nil, nil
 	}
 }
