@@ -22,7 +22,7 @@ import (
 type inproc struct {
 	url, addr      string
 	stdout, stderr *syncBuffer
-	client    *http.Client
+	client         *http.Client
 }
 
 // startInProcess runs the proxy with args on 127.0.0.1 and stops it when
