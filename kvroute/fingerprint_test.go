@@ -305,20 +305,13 @@ func FuzzFingerprintFrom(f *testing.F) {
 		if bs == 0 || len(a) == 0 {
 			return
 		}
-		toIDs := func(p []byte) []uint32 {
-			s := make([]uint32, len(p))
-			for i, c := range p {
-				s[i] = uint32(c % 8)
-			}
-			return s
-		}
-		old, next := toIDs(a), toIDs(b)
+		old, next := fuzzIDs(a), fuzzIDs(b)
 		fp := newFingerprint(old, nil, len(old), int(bs))
 		cp, err := fp.verifyPrefix(next)
 		require.NoError(t, err)
 		n, _ := fp.commonPrefix(next)
 		require.Equal(t, n, cp.n)
-		gen := toIDs(a[:min(len(a), int(extra))])
+		gen := fuzzIDs(a[:min(len(a), int(extra))])
 		for _, bsz := range []int{int(bs), int(bs) + 1} {
 			for m := 1; m <= len(next)+len(gen); m += 1 + len(next)/7 {
 				want := newFingerprint(next, gen, m, bsz)
@@ -419,14 +412,7 @@ func FuzzVerifyPrefix(f *testing.F) {
 		if bs == 0 || len(a) == 0 {
 			return
 		}
-		toIDs := func(p []byte) []uint32 {
-			s := make([]uint32, len(p))
-			for i, c := range p {
-				s[i] = uint32(c % 8)
-			}
-			return s
-		}
-		old, next := toIDs(a), toIDs(b)
+		old, next := fuzzIDs(a), fuzzIDs(b)
 		fp := newFingerprint(old, nil, len(old), int(bs))
 		_, _, hashes, err := fp.parse()
 		require.NoError(t, err)
@@ -442,4 +428,14 @@ func FuzzVerifyPrefix(f *testing.F) {
 		require.NoError(t, err)
 		requireSamePrefix(t, want, got, "")
 	})
+}
+
+// fuzzIDs maps fuzzed bytes to token ids from a small alphabet, so that
+// sequences share prefixes often.
+func fuzzIDs(p []byte) []uint32 {
+	s := make([]uint32, len(p))
+	for i, c := range p {
+		s[i] = uint32(c % 8)
+	}
+	return s
 }

@@ -26,21 +26,9 @@ func (o Object) Edit(del []string, set ...Member) []byte {
 	if o.data == nil {
 		o = Object{data: []byte("{}"), close: 1}
 	}
-	var smallAct [16]int
-	var smallApp [4]int
-	act, appends, changed := o.plan(del, set, smallAct[:0], smallApp[:0])
+	out, changed := o.appendEdit(nil, false, del, set)
 	if !changed {
 		return o.data
-	}
-	var small [24][]byte
-	pieces := o.pieces(small[:0], nil, act, appends, set)
-	size := 0
-	for _, p := range pieces {
-		size += len(p)
-	}
-	out := make([]byte, 0, size)
-	for _, p := range pieces {
-		out = append(out, p...)
 	}
 	return out
 }
@@ -53,11 +41,20 @@ func (o Object) AppendEdit(dst []byte, del []string, set ...Member) ([]byte, boo
 	if o.data == nil {
 		o = Object{data: []byte("{}"), close: 1}
 	}
+	return o.appendEdit(dst, true, del, set)
+}
+
+// appendEdit appends the edited document to dst; when nothing changes it
+// appends the document itself if whole is set, else nothing.
+func (o Object) appendEdit(dst []byte, whole bool, del []string, set []Member) ([]byte, bool) {
 	var smallAct [16]int
 	var smallApp [4]int
 	act, appends, changed := o.plan(del, set, smallAct[:0], smallApp[:0])
 	if !changed {
-		return append(dst, o.data...), false
+		if whole {
+			dst = append(dst, o.data...)
+		}
+		return dst, false
 	}
 	var small [24][]byte
 	pieces := o.pieces(small[:0], nil, act, appends, set)

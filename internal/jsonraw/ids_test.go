@@ -171,16 +171,7 @@ func FuzzResetIDs(f *testing.F) {
 			}
 			return
 		}
-		if a.Len() != b.Len() {
-			t.Fatalf("%d members, Reset %d", a.Len(), b.Len())
-		}
-		for i := range a.Len() {
-			ka, va := a.Member(i)
-			kb, vb := b.Member(i)
-			if ka != kb || !bytes.Equal(va, vb) {
-				t.Fatalf("member %d differs", i)
-			}
-		}
+		sameMembers(t, a, b)
 		if m < 0 {
 			// Without escapes or nested objects, the one spelling of the
 			// key holding an id array must have been converted.
@@ -314,16 +305,7 @@ func FuzzResetIDsKnown(f *testing.F) {
 			}
 			return
 		}
-		if a.Len() != b.Len() {
-			t.Fatalf("%d members, Reset %d", a.Len(), b.Len())
-		}
-		for i := range a.Len() {
-			ka, va := a.Member(i)
-			kb, vb := b.Member(i)
-			if ka != kb || !bytes.Equal(va, vb) {
-				t.Fatalf("member %d differs", i)
-			}
-		}
+		sameMembers(t, a, b)
 		if m != refM {
 			t.Fatalf("member %d, ResetIDs %d", m, refM)
 		}
@@ -365,4 +347,19 @@ func FuzzResetIDsKnown(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameMembers fails t unless a and b hold the same members, in order.
+func sameMembers(t *testing.T, a, b jsonraw.Object) {
+	t.Helper()
+	if a.Len() != b.Len() {
+		t.Fatalf("%d members, Reset %d", a.Len(), b.Len())
+	}
+	for i := range a.Len() {
+		ka, va := a.Member(i)
+		kb, vb := b.Member(i)
+		if ka != kb || !bytes.Equal(va, vb) {
+			t.Fatalf("member %d differs", i)
+		}
+	}
 }
