@@ -220,7 +220,7 @@ func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Ret
 	}
 	h := req.getHasher()
 	h.writeDigest(d.chain)
-	writeMessage(h, "assistant", 't', []byte(reply.Content), "", "", reply.ToolCalls, nil)
+	writeMessage(h, "assistant", 't', []byte(reply.Content), true, "", "", reply.ToolCalls, nil)
 	next := req.sumPut(h)
 	return Retention{Key: d.anchor, Check: next[:], Refusal: reason}, nil
 }
@@ -584,7 +584,7 @@ func (c *chainer) message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, 
 	var tag byte
 	var body []byte
 	tag, body, c.scratch = canonicalContent(content, c.scratch)
-	writeMessage(d, rs, tag, body, ns, ts, toolCalls, extra)
+	writeMessage(d, rs, tag, body, false, ns, ts, toolCalls, extra)
 	d.both = false
 	sum := d.sum()
 	if anchor != nil {
@@ -672,7 +672,7 @@ func (d *hasher) taggedString(name string, tag byte, q []byte) {
 		return
 	}
 	n := 0
-	if !jsonraw.StringPieces(q, func(p []byte) { n += len(p) }) {
+	if !jsonraw.StringPiecesTrusted(q, func(p []byte) { n += len(p) }) {
 		d.tagged(name, int(tag), nil) // not a string: as jsonraw.String's ""
 		return
 	}
@@ -685,7 +685,7 @@ func (d *hasher) taggedString(name string, tag byte, q []byte) {
 		d.chunk = make([]byte, 0, hashChunk)
 	}
 	c := d.chunk[:0]
-	jsonraw.StringPieces(q, func(p []byte) {
+	jsonraw.StringPiecesTrusted(q, func(p []byte) {
 		if len(c)+len(p) > cap(c) {
 			d.Write(c)
 			c = c[:0]
@@ -804,10 +804,13 @@ func isText(typ []byte) bool {
 }
 
 // writeMessage hashes one message in canonical form: content is tag
-// followed by body.
-func writeMessage(d *hasher, role string, tag byte, body []byte, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
+// followed by body. A text body (tag 't') is the JSON string of a request's
+// content, hashed as its decoding; text is set when body is the text itself
+// (a reply D sent, which may begin with a quote like any text), hashed as
+// is.
+func writeMessage(d *hasher, role string, tag byte, body []byte, text bool, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
 	d.fieldString("role", role)
-	if tag == 't' && len(body) > 0 && body[0] == '"' {
+	if tag == 't' && !text && len(body) > 0 && body[0] == '"' {
 		d.taggedString("content", tag, body)
 	} else {
 		d.tagged("content", int(tag), body)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -670,6 +671,27 @@ func TestContinuationCompletionSeams(t *testing.T) {
 			require.Empty(t, ret.Refusal)
 			assert.Equal(t, tc.ok, continues(t, completionReq(prompt+tc.reply+tc.then), ret))
 			assert.Equal(t, tc.ok, ck.Verify(completionReq(prompt+tc.reply+tc.then), kvroute.Candidates{}, ret.Check))
+		})
+	}
+}
+
+// TestContinuationReplyQuoted: a reply is raw text, so one that begins
+// and ends with a double quote (a model quoting a string back) continues
+// like any other, and one spelled like a JSON escape stays the text it is.
+func TestContinuationReplyQuoted(t *testing.T) {
+	for _, text := range []string{`"main.go"`, `"a\nb"`, `"\u00e9"`, `"`, `""`, `"unterminated\"`} {
+		t.Run(text, func(t *testing.T) {
+			turn1 := map[string]any{"model": "m", "messages": msgs(user("quote the file name"))}
+			ret := stored(t, turn1, &kvroute.Reply{Content: text, FinishReason: "stop"})
+			next := clone(turn1)
+			next["messages"] = append(next["messages"].([]any), assistant(text), user("thanks"))
+			assert.True(t, continues(t, chatReq(t, next), ret), "the resent reply %q continues", text)
+			// Its JSON-decoded form is another text: it must not.
+			if s, err := strconv.Unquote(text); err == nil && s != text {
+				other := clone(turn1)
+				other["messages"] = append(other["messages"].([]any), assistant(s), user("thanks"))
+				assert.False(t, continues(t, chatReq(t, other), ret), "%q is not the reply %q", s, text)
+			}
 		})
 	}
 }

@@ -162,7 +162,8 @@ func checkElements(t *testing.T, data []byte, valid bool) {
 }
 
 // FuzzStringPieces checks that StringPieces and StringBytes decode every
-// input as String does.
+// input as String does, and StringPiecesTrusted every well-formed one (and
+// never panics on the others).
 func FuzzStringPieces(f *testing.F) {
 	for _, s := range []string{`"plain"`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\ud83d\ude00"`, `"\ud83dx"`, "\"\xff\xfe\"", `"\q"`, `"x`} {
 		f.Add([]byte(s))
@@ -175,6 +176,11 @@ func FuzzStringPieces(f *testing.F) {
 		}
 		if ok && string(got) != want {
 			t.Fatalf("StringPieces(%q) = %q, String %q", v, got, want)
+		}
+		var trusted []byte
+		tok := jsonraw.StringPiecesTrusted(v, func(p []byte) { trusted = append(trusted, p...) })
+		if ok && (!tok || string(trusted) != want) {
+			t.Fatalf("StringPiecesTrusted(%q) = %q %v, String %q", v, trusted, tok, want)
 		}
 		b, _, ok2 := jsonraw.StringBytes(v, nil)
 		if ok2 != ok || (ok && string(b) != want) {

@@ -95,14 +95,33 @@ func StringBytes(v, buf []byte) (s, scratch []byte, ok bool) {
 // the call). Their concatenation is what String returns. ok is false (and fn
 // is not called) if v is not a well-formed JSON string.
 func StringPieces(v []byte, fn func(piece []byte)) bool {
-	sc := scanner{data: v}
 	if len(v) == 0 || v[0] != '"' {
 		return false
 	}
+	sc := scanner{data: v}
 	end, _, err := sc.str(0)
 	if err != nil || end != len(v) {
 		return false
 	}
+	return stringPieces(v, fn)
+}
+
+// StringPiecesTrusted is StringPieces for a string taken from a parsed
+// Object or array (Parse, Reset, Elements, Members), whose form was
+// checked when the document was: it does not check it again, which halves
+// the passes over a long string. On other input it never panics, but it
+// may pass fn pieces that are not a decoding, or return false after
+// calling fn.
+func StringPiecesTrusted(v []byte, fn func(piece []byte)) bool {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return false
+	}
+	return stringPieces(v, fn)
+}
+
+// stringPieces decodes the quoted string v into fn; false on an escape cut
+// short (which a checked string never has).
+func stringPieces(v []byte, fn func(piece []byte)) bool {
 	var tmp [utf8.UTFMax]byte
 	emitRune := func(r rune) { fn(tmp[:utf8.EncodeRune(tmp[:], r)]) }
 	s := v[1 : len(v)-1]
@@ -116,7 +135,9 @@ func StringPieces(v []byte, fn func(piece []byte)) bool {
 		if len(s) == 0 {
 			break
 		}
-		// s[0] == '\\', a well-formed escape (validated above).
+		if len(s) < 2 {
+			return false
+		}
 		switch c := s[1]; c {
 		case 'b':
 			emitRune('\b')
@@ -130,6 +151,9 @@ func StringPieces(v []byte, fn func(piece []byte)) bool {
 			emitRune('\t')
 		case 'u':
 			r := getu4(s)
+			if r < 0 {
+				return false
+			}
 			s = s[6:]
 			if utf16.IsSurrogate(r) {
 				if r2 := getu4(s); r2 >= 0 {
