@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
