@@ -23,9 +23,9 @@ import (
 // one fits. [Memory.Stats] counts the evictions by bound; [Memory.Bytes]
 // gives what the entries count against the byte bound.
 //
-// Expired entries are never returned. They are dropped by the next Put or
-// Take (the check is one comparison when nothing has expired), so a Memory
-// starts no goroutine. Expiry follows the real clock.
+// Expired entries are never returned. They are dropped by the next Put,
+// Take, Len or Stats (the check is one comparison when nothing has
+// expired), so a Memory starts no goroutine. Expiry follows the real clock.
 //
 // Each entry is one allocation holding its key and value, plus about 80
 // bytes of bookkeeping (a slot in an array, a place in the expiry heap and
@@ -59,7 +59,6 @@ type Memory struct {
 
 	puts, hits, misses, tooLarge   atomic.Int64
 	expired, evictEntries, evictBy atomic.Int64
-	entries                        atomic.Int64
 }
 
 const nilSlot = -1
@@ -80,8 +79,7 @@ func (s *slot) value() string { return s.data[s.klen:] }
 // MemoryStats describes a [Memory]: its bounds, what it holds, and counts
 // since it was created.
 type MemoryStats struct {
-	// Entries is the number of entries held now; entries that expired
-	// since the last Put or Take may be among them until the next one.
+	// Entries is the number of unexpired entries held now.
 	Entries int
 	// MaxEntries is the entry bound ([WithMaxEntries]).
 	MaxEntries int
@@ -239,7 +237,6 @@ func (m *Memory) insert(data string, klen int, expires, cost int64) {
 	m.up(int(s.at))
 	m.index[s.key()] = i
 	m.bytes += cost
-	m.entries.Store(int64(len(m.index)))
 }
 
 // remove drops slot i; m.mu held.
@@ -270,7 +267,6 @@ func (m *Memory) remove(i int32) {
 	}
 	*s = slot{next: m.free, prev: nilSlot, at: nilSlot}
 	m.free = i
-	m.entries.Store(int64(len(m.index)))
 }
 
 // dropExpired removes the entries expired at now; m.mu held.
@@ -324,8 +320,8 @@ func (m *Memory) down(j int) {
 	}
 }
 
-// Len returns the number of entries held; like [MemoryStats.Entries], it
-// drops the entries that have expired first.
+// Len returns the number of unexpired entries held; it drops the entries
+// that have expired first.
 func (m *Memory) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -333,13 +329,14 @@ func (m *Memory) Len() int {
 	return len(m.index)
 }
 
-// Stats returns the Memory's bounds and counts. It costs a few atomic
-// loads and takes no lock, so it may be called as often as metrics are
-// scraped. The counts are read atomically one by one: together they are a
-// near-instant snapshot, not a transaction.
+// Stats returns the Memory's bounds and counts. It takes the Memory's lock
+// for a moment (to drop what has expired, as [Memory.Len]) and loads a few
+// counters, so it may be called as often as metrics are scraped. The
+// counts are read atomically one by one: together they are a near-instant
+// snapshot, not a transaction.
 func (m *Memory) Stats() MemoryStats {
 	return MemoryStats{
-		Entries:           int(m.entries.Load()),
+		Entries:           m.Len(),
 		MaxEntries:        m.maxEntries,
 		MaxBytes:          m.maxBytes,
 		MaxValueSize:      m.maxValueSize,
@@ -372,7 +369,6 @@ func (m *Memory) Close() error {
 		m.slots, m.heap = nil, nil
 		m.free, m.oldest, m.newest = nilSlot, nilSlot, nilSlot
 		m.bytes = 0
-		m.entries.Store(0)
 		m.mu.Unlock()
 	}
 	return nil
