@@ -31,13 +31,19 @@ type DecodeKV struct {
 // bytes, is not kept): two keys with the same hash, about one chance in
 // 10^9 among 100,000 live handles, share one record, which makes DecodeKV
 // count one handle too few until it expires.
+//
+// Each put looks at a few records (a random run of the map, as Go's map
+// iteration starts anywhere) and drops those expired, so that no turn pays
+// for a walk of every record; DecodeKV walks them all and drops every
+// expired one.
 type kvLedger struct {
 	mu    sync.Mutex
 	seed  maphash.Seed
 	m     map[uint64]heldKV
 	eps   []string          // interned decode endpoints, by heldKV.ep
+	refs  []int             // records per interned endpoint
 	epIdx map[string]uint32 // endpoint -> index in eps
-	swept time.Time
+	puts  int               // since the endpoints were last re-interned
 }
 
 type heldKV struct {
@@ -60,41 +66,62 @@ func (l *kvLedger) put(key, ep string, tokens int, expires, now time.Time) {
 	if !ok {
 		i = uint32(len(l.eps))
 		l.eps = append(l.eps, ep)
+		l.refs = append(l.refs, 0)
 		l.epIdx[ep] = i
 	}
-	l.m[l.hash(key)] = heldKV{expires: expires.UnixNano(), tokens: uint32(min(tokens, math.MaxUint32)), ep: i}
-	if now.Sub(l.swept) >= time.Second {
-		l.sweep(now)
+	h, exp := l.hash(key), expires.UnixNano()
+	if old, ok := l.m[h]; ok {
+		l.refs[old.ep]--
+	}
+	l.m[h] = heldKV{expires: exp, tokens: uint32(min(tokens, math.MaxUint32)), ep: i}
+	l.refs[i]++
+	l.sweep(now.UnixNano(), sweepPerPut)
+	if l.puts++; l.puts >= 4096 && len(l.eps) > 64 {
+		l.puts = 0
+		l.reintern()
 	}
 }
 
 func (l *kvLedger) take(key string) {
 	l.mu.Lock()
 	if l.m != nil {
-		delete(l.m, l.hash(key))
+		l.drop(l.hash(key))
 	}
 	l.mu.Unlock()
 }
 
-// sweep drops expired entries; l.mu held. When the interned endpoints are
-// far more than the live handles use (engines replaced one after another),
-// it interns afresh.
-func (l *kvLedger) sweep(now time.Time) {
-	l.swept = now
-	t := now.UnixNano()
+// sweepPerPut is how many records a put looks at for expired ones: at
+// 100,000 live handles and 1,000 puts a second an expired record is found
+// within about 3 s.
+const sweepPerPut = 32
+
+// sweep drops the expired records among the first n the map's iteration
+// gives (all of them for n < 0); l.mu held.
+func (l *kvLedger) sweep(now int64, n int) {
 	for k, h := range l.m {
-		if t >= h.expires {
-			delete(l.m, k)
+		if now >= h.expires {
+			l.drop(k)
+		}
+		if n--; n == 0 {
+			return
 		}
 	}
-	if len(l.eps) <= 64 {
-		return
+}
+
+// drop deletes the record under h, if any; l.mu held.
+func (l *kvLedger) drop(h uint64) {
+	if old, ok := l.m[h]; ok {
+		l.refs[old.ep]--
+		delete(l.m, h)
 	}
-	used := make([]bool, len(l.eps))
+}
+
+// reintern interns the endpoints afresh when most of those interned hold
+// no record any more (engines replaced one after another); l.mu held.
+func (l *kvLedger) reintern() {
 	n := 0
-	for _, h := range l.m {
-		if !used[h.ep] {
-			used[h.ep] = true
+	for _, r := range l.refs {
+		if r > 0 {
 			n++
 		}
 	}
@@ -103,15 +130,17 @@ func (l *kvLedger) sweep(now time.Time) {
 	}
 	remap := make([]uint32, len(l.eps))
 	eps := make([]string, 0, n)
+	refs := make([]int, 0, n)
 	clear(l.epIdx)
 	for i, ep := range l.eps {
-		if used[i] {
+		if l.refs[i] > 0 {
 			remap[i] = uint32(len(eps))
 			l.epIdx[ep] = uint32(len(eps))
 			eps = append(eps, ep)
+			refs = append(refs, l.refs[i])
 		}
 	}
-	l.eps = eps
+	l.eps, l.refs = eps, refs
 	for k, h := range l.m {
 		h.ep = remap[h.ep]
 		l.m[k] = h
@@ -129,7 +158,7 @@ func (r *Router) DecodeKV() []DecodeKV {
 		out = append(out, DecodeKV{Endpoint: e.url})
 	}
 	r.kv.mu.Lock()
-	r.kv.sweep(now)
+	r.kv.sweep(now.UnixNano(), -1)
 	var gone []string
 	for _, h := range r.kv.m {
 		ep := r.kv.eps[h.ep]
