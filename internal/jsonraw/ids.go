@@ -205,21 +205,14 @@ func (o *Object) ResetIDsKnown(data []byte, key string, ids []uint32, known []by
 		o.members = members
 		return ids, -1, false, o.Reset(data)
 	}
-	if members == nil {
-		members = make([]span, 0, 16)
-	}
 	s := scanner{data: data, idKnown: known}
 	s.idKey, s.ids, s.idMember = key, ids[:0], -1
-	end, err := s.object(i, func(start, keyStart, keyEnd int, escaped bool, valStart, valEnd, end int) error {
-		sp := span{start: start, keyStart: keyStart, keyEnd: keyEnd, valStart: valStart, valEnd: valEnd, end: end}
-		if needsDecode(data[keyStart:keyEnd], escaped) {
-			sp.escaped = true
-			sp.key = string(unquote(nil, data[keyStart:keyEnd]))
-		}
-		members = append(members, sp)
-		return nil
-	})
+	members, end, err := indexObject(&s, data, i, members)
 	ids = s.ids
+	if err != nil {
+		o.members = members
+		return ids, -1, false, err
+	}
 	member = s.idMember
 	if s.idSeen > 1 {
 		member = -1
@@ -228,14 +221,6 @@ func (o *Object) ResetIDsKnown(data []byte, key string, ids []uint32, known []by
 		if member >= 0 && members[k].escaped && members[k].key == key {
 			member = -1 // the same key, spelled with escapes
 		}
-	}
-	if err != nil {
-		o.members = members[:0]
-		return ids, -1, false, err
-	}
-	if err := s.trailing(end); err != nil {
-		o.members = members[:0]
-		return ids, -1, false, err
 	}
 	o.data, o.open, o.close, o.members = data, i, end-1, members
 	return ids, member, member >= 0 && s.idKnownHit, nil

@@ -61,6 +61,20 @@ func (o *Object) Reset(data []byte) error {
 		}
 		return ErrNotObject
 	}
+	members, end, err := indexObject(&s, data, i, members)
+	if err != nil {
+		o.members = members
+		return err
+	}
+	*o = Object{data: data, open: i, close: end - 1, members: members}
+	return nil
+}
+
+// indexObject scans the document whose top-level object opens at data[i]
+// with s, appending the object's members to members[:0] (a new slice when
+// nil). It returns them and the end of the object, or, for a malformed
+// document, the error and members emptied for reuse.
+func indexObject(s *scanner, data []byte, i int, members []span) ([]span, int, error) {
 	if members == nil {
 		members = make([]span, 0, 16)
 	}
@@ -73,16 +87,13 @@ func (o *Object) Reset(data []byte) error {
 		members = append(members, sp)
 		return nil
 	})
+	if err == nil {
+		err = s.trailing(end)
+	}
 	if err != nil {
-		o.members = members[:0]
-		return err
+		return members[:0], end, err
 	}
-	if err := s.trailing(end); err != nil {
-		o.members = members[:0]
-		return err
-	}
-	*o = Object{data: data, open: i, close: end - 1, members: members}
-	return nil
+	return members, end, nil
 }
 
 // Bytes returns the document Parse was given.
