@@ -173,15 +173,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		prompt := toytok.Chat(req.Messages)
 		gen := toyReplyIDs
 		tokens := len(prompt) + len(gen) - 1
-		blocks := (tokens + kvroute.DefaultBlockSize - 1) / kvroute.DefaultBlockSize
-		handle := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
-		for i := range blocks {
-			if i > 0 {
-				handle = append(handle, ',')
-			}
-			handle = strconv.AppendInt(handle, 10000+(n*int64(blocks)+int64(i))%90000, 10)
-		}
-		handle = fmt.Appendf(handle, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
+		handle := toytok.Handle(n, tokens, kvroute.DefaultBlockSize)
 		te.handles.Add(1)
 		te.handleBytes.Add(int64(len(handle)))
 		te.handleTokens.Add(int64(tokens))

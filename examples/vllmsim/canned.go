@@ -93,15 +93,7 @@ func cannedStream(w http.ResponseWriter, n int64, model string, req toytok.Reque
 		gen = toytok.Reply(cannedReply)
 		tokens = len(prompt) + len(gen) - 1
 	}
-	blocks := (tokens + cannedBlockSize - 1) / cannedBlockSize
-	handle := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
-	for i := range blocks {
-		if i > 0 {
-			handle = append(handle, ',')
-		}
-		handle = strconv.AppendInt(handle, 10000+(n*int64(blocks)+int64(i))%90000, 10)
-	}
-	handle = fmt.Appendf(handle, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
+	handle := toytok.Handle(n, tokens, cannedBlockSize)
 
 	w.Header().Set("Content-Type", "text/event-stream")
 	out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)

@@ -68,6 +68,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "vllmsim: serving http://%s side channel %s engine %s%s\n",
 		apiLn.Addr(), net.JoinHostPort(o.cfg.SideHost, strconv.Itoa(o.cfg.SidePort)), e.EngineID(), dp)
 
+	err = serveUntil(ctx, errc, append([]*http.Server{api}, sides...)...)
+	transport.CloseIdleConnections()
+	return err
+}
+
+// serveUntil waits until ctx is done or a server's Serve (reporting on
+// errc) fails, then shuts the servers down, allowing 5 s; it returns the
+// Serve error, nil when the servers only closed.
+func serveUntil(ctx context.Context, errc <-chan error, servers ...*http.Server) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
@@ -75,11 +84,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = api.Shutdown(shutdown)
-	for _, side := range sides {
-		_ = side.Shutdown(shutdown)
+	for _, srv := range servers {
+		_ = srv.Shutdown(shutdown)
 	}
-	transport.CloseIdleConnections()
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}
@@ -129,16 +136,5 @@ func runCanned(ctx context.Context, o *options, ln net.Listener, stdout io.Write
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	fmt.Fprintf(stdout, "vllmsim: serving http://%s canned %s\n", ln.Addr(), o.canned)
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
-		return serveErr
-	}
-	return nil
+	return serveUntil(ctx, errc, srv)
 }

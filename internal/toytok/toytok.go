@@ -15,6 +15,7 @@ package toytok
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -117,4 +118,19 @@ func ReadRequest(w http.ResponseWriter, r *http.Request) (Request, bool) {
 		return req, false
 	}
 	return req, true
+}
+
+// Handle is the canned decode engine's kv_transfer_params for its n-th
+// turn holding tokens tokens in blocks of blockSize: NIXL's shape, one KV
+// group of ceil(tokens/blockSize) block ids that differ from turn to turn.
+func Handle(n int64, tokens, blockSize int) []byte {
+	blocks := (tokens + blockSize - 1) / blockSize
+	h := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
+	for i := range blocks {
+		if i > 0 {
+			h = append(h, ',')
+		}
+		h = strconv.AppendInt(h, 10000+(n*int64(blocks)+int64(i))%90000, 10)
+	}
+	return fmt.Appendf(h, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
 }
