@@ -109,7 +109,7 @@ type entry struct {
 	handle    []byte      // D's kv_transfer_params, verbatim
 
 	raw []byte // the stored value, for putting it back
-	// expanded: handle was expanded into a buffer from decodeEntryWith's
+	// expanded: handle was expanded into a buffer from decodeEntry's
 	// pool.
 	expanded bool
 }
@@ -129,20 +129,16 @@ const (
 	flagCompactBlocks = 2
 )
 
-// encode serialises e compactly: a version byte, varints, the endpoint, the
-// check, a flag byte and the fingerprint, then the handle JSON as is.
-func (e entry) encode() []byte {
-	return e.encodeTo(make([]byte, 0, e.encodedSize()), nil)
-}
-
 // encodedSize bounds the length of e's encoding.
 func (e entry) encodedSize() int {
 	return 2 + 6*binary.MaxVarintLen64 + len(e.endpoint) + len(e.check) + len(e.fp) + len(e.handle)
 }
 
-// encodeTo is encode appended to dst[:0]; the check of a compacted handle
-// expands it into a buffer from pool (nil: a new one).
-func (e entry) encodeTo(dst []byte, pool *bufPool) []byte {
+// encode serialises e compactly into dst[:0]: a version byte, varints, the
+// endpoint, the check, a flag byte and the fingerprint, then the handle
+// JSON as is, or compacted (compactHandle, whose check expands it into a
+// buffer from pool; nil: a new one).
+func (e entry) encode(dst []byte, pool *bufPool) []byte {
 	b := append(dst[:0], entryVersion)
 	b = binary.AppendVarint(b, e.created.UnixNano())
 	b = binary.AppendUvarint(b, uint64(e.tokens))
@@ -155,7 +151,7 @@ func (e entry) encodeTo(dst []byte, pool *bufPool) []byte {
 	at := len(b)
 	b = append(b, flags)
 	b = appendBytes(b, e.fp)
-	if c, ok := compactHandleWith(b, e.handle, pool); ok {
+	if c, ok := compactHandle(b, e.handle, pool); ok {
 		c[at] |= flagCompactBlocks
 		return c
 	}
@@ -165,20 +161,15 @@ func (e entry) encodeTo(dst []byte, pool *bufPool) []byte {
 // compactHandle appends h with its remote_block_ids stored as varint
 // deltas (the JSON before and after the list, then the ids), about a
 // fifth of their decimal JSON. ok is false (dst unchanged) when h has no
-// such list of integer lists, or a flat list, or when expandHandle would
+// such list of integer lists, or a flat list, or when appendExpanded would
 // not give back exactly h (spacing, number spelling): the handle is then
-// stored verbatim.
-func compactHandle(dst, h []byte) ([]byte, bool) {
-	return compactHandleWith(dst, h, nil)
-}
-
-// compactHandleWith is compactHandle, expanding the result again (its
-// check) into a buffer from pool (nil: a new one).
-func compactHandleWith(dst, h []byte, pool *bufPool) ([]byte, bool) {
+// stored verbatim. That check expands into a buffer from pool (nil: a new
+// one), unless the list's length already proves it.
+func compactHandle(dst, h []byte, pool *bufPool) ([]byte, bool) {
 	return compactHandleCheck(dst, h, pool, false)
 }
 
-// compactHandleCheck is compactHandleWith; expand forces the check by
+// compactHandleCheck is compactHandle; expand forces the check by
 // expansion even when the list's length shows its text is the one
 // expansion writes (the test oracle).
 func compactHandleCheck(dst, h []byte, pool *bufPool, expand bool) ([]byte, bool) {
@@ -307,13 +298,8 @@ func decimalLen(v uint32) int {
 	return 10
 }
 
-// expandHandle rebuilds a handle stored by compactHandle.
-func expandHandle(b []byte) ([]byte, error) {
-	return appendExpanded(nil, b)
-}
-
-// appendExpanded is expandHandle appended to dst (nil: a new slice sized
-// for the handle).
+// appendExpanded appends the handle stored by compactHandle in b to dst
+// (nil: a new slice sized for the handle).
 func appendExpanded(dst, b []byte) ([]byte, error) {
 	r := entryReader{b: b}
 	head, tail := r.bytes(), r.bytes()
@@ -412,14 +398,10 @@ func (r *entryReader) byte() byte {
 	return c
 }
 
-func decodeEntry(b []byte) (entry, error) {
-	return decodeEntryWith(b, nil)
-}
-
-// decodeEntryWith is decodeEntry, expanding a compacted handle into a
-// buffer from pool (nil: a new one), which the caller puts back when done
-// with e.handle.
-func decodeEntryWith(b []byte, pool *bufPool) (entry, error) {
+// decodeEntry decodes an entry encode wrote, expanding a compacted handle
+// into a buffer from pool (nil: a new one), which the caller puts back
+// when done with e.handle (e.expanded).
+func decodeEntry(b []byte, pool *bufPool) (entry, error) {
 	var e entry
 	if len(b) < 1 || b[0] < entryVersion1 || b[0] > entryVersion {
 		return e, errBadEntry

@@ -46,12 +46,12 @@ func TestEntryCompactHandle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e := entry{created: time.Unix(100, 5), endpoint: "http://d", tokens: 60, check: []byte("c"), contentOK: true,
 				fp: fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, handle: []byte(tt.handle)}
-			raw := e.encode()
+			raw := e.encode(nil, nil)
 			// Built in pooled buffers (the router's path), used twice so
 			// that the second reuses the first's: the same bytes.
 			var pool bufPool
 			for range 2 {
-				pooled := e.encodeTo(pool.get(e.encodedSize()), &pool)
+				pooled := e.encode(pool.get(e.encodedSize()), &pool)
 				require.Equal(t, raw, pooled)
 				pool.put(pooled)
 			}
@@ -60,11 +60,11 @@ func TestEntryCompactHandle(t *testing.T) {
 			if tt.name == "large" {
 				assert.Less(t, len(raw), len(tt.handle)/4, "a fifth of the JSON at most, about")
 			}
-			got, err := decodeEntry(raw)
+			got, err := decodeEntry(raw, nil)
 			require.NoError(t, err)
 			assert.Equal(t, tt.handle, string(got.handle))
 			for range 2 { // expanded into a pooled buffer, then into the same one again
-				pooled, err := decodeEntryWith(raw, &pool)
+				pooled, err := decodeEntry(raw, &pool)
 				require.NoError(t, err)
 				assert.Equal(t, tt.handle, string(pooled.handle))
 				assert.Equal(t, tt.compact, pooled.expanded)
@@ -81,9 +81,9 @@ func TestEntryCompactHandle(t *testing.T) {
 	}
 	// A corrupt compact entry is a bad entry, not a wrong handle.
 	e := entry{created: time.Unix(1, 0), endpoint: "d", handle: []byte(`{"remote_block_ids":[[1,2,3]]}`)}
-	raw := e.encode()
+	raw := e.encode(nil, nil)
 	for cut := len(raw) - 1; cut > len(raw)-8; cut-- {
-		_, err := decodeEntry(raw[:cut])
+		_, err := decodeEntry(raw[:cut], nil)
 		assert.Error(t, err, "cut at %d", cut)
 	}
 }
@@ -101,7 +101,7 @@ func BenchmarkCompactHandle(b *testing.B) {
 	h = append(h, `]],"remote_host":"127.0.0.1","remote_port":1,"remote_num_tokens":26176}`...)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := compactHandle(nil, h); !ok {
+		if _, ok := compactHandle(nil, h, nil); !ok {
 			b.Fatal("not compacted")
 		}
 	}
@@ -131,7 +131,7 @@ func FuzzCompactHandle(f *testing.F) {
 		if !ok {
 			return
 		}
-		back, err := expandHandle(got[1:])
+		back, err := appendExpanded(nil, got[1:])
 		if err != nil || !bytes.Equal(back, h) {
 			t.Fatalf("%q expands to %q (%v)", h, back, err)
 		}

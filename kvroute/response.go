@@ -403,7 +403,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
 		contentOK: ret.Refusal == "", fp: fp, handle: handle}
-	val := e.encodeTo(r.bufs.get(e.encodedSize()), &r.bufs)
+	val := e.encode(r.bufs.get(e.encodedSize()), &r.bufs)
 	defer r.bufs.put(val)
 	if _, copies := r.store.(*retention.Memory); !copies {
 		// Another Store may keep the slice it is given.

@@ -416,7 +416,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			continue
 		}
 		r.kv.take(k)
-		e, err := decodeEntryWith(v, &r.bufs)
+		e, err := decodeEntry(v, &r.bufs)
 		if err != nil {
 			return t.miss(MissBadEntry)
 		}
