@@ -115,13 +115,10 @@ func (r *Response) Next() ([]byte, error) {
 		r.end(r.err)
 		return nil, r.err
 	}
-	if r.capture.Done() && !r.retained {
+	if r.capture.Done() {
 		// Retain before the client sees data: [DONE], so that a client
 		// that sends its next turn at once finds the handle.
-		r.retained = true
-		r.t.tokenIDs(r.capture)
-		r.t.retain(r.capture.Handle(), r.capture.Reply())
-		r.releaseHandle()
+		r.retainOnce()
 	}
 	if !r.first {
 		r.first = true
@@ -208,6 +205,18 @@ func (r *Response) recycle() {
 	r.t.r.bufs.put(b)
 }
 
+// retainOnce retains D's handle from the stream's capture, the first time
+// it is called.
+func (r *Response) retainOnce() {
+	if r.retained {
+		return
+	}
+	r.retained = true
+	r.t.tokenIDs(r.capture)
+	r.t.retain(r.capture.Handle(), r.capture.Reply())
+	r.releaseHandle()
+}
+
 // releaseHandle returns the capture's handle buffer to the Router's pool
 // once the handle is retained (the store holds its own encoding). It runs
 // on the goroutine that calls Next, the only one the capture writes the
@@ -237,12 +246,7 @@ func (r *Response) release() {
 func (r *Response) end(err error) {
 	t := r.t
 	if err == nil {
-		if !r.retained {
-			r.retained = true
-			t.tokenIDs(r.capture)
-			t.retain(r.capture.Handle(), r.capture.Reply())
-			r.releaseHandle()
-		}
+		r.retainOnce()
 	} else {
 		if t.rec.StoreRefusal == "" {
 			t.rec.StoreRefusal = RefuseStreamError
