@@ -26,9 +26,9 @@ type endpoint struct {
 	urls atomic.Pointer[map[string]*url.URL]
 }
 
-// pathURL returns the URL of path on the endpoint, as
-// transport.Endpoint.NewRequest would send it, from a cache; the caller must not modify it. Paths are the
-// router's own few API and render routes, so the cache stays small.
+// pathURL returns transport.Endpoint.PathURL(path) from a cache; the
+// caller must not modify it. Paths are the router's own few API and render
+// routes, so the cache stays small.
 func (e *endpoint) pathURL(path string) (*url.URL, error) {
 	m := e.urls.Load()
 	if m != nil {
@@ -36,12 +36,7 @@ func (e *endpoint) pathURL(path string) (*url.URL, error) {
 			return u, nil
 		}
 	}
-	if e.ep.URL == nil {
-		return nil, fmt.Errorf("%w: no URL", transport.ErrInvalidEndpoint)
-	}
-	// Through its string, as http.NewRequest would parse it: JoinPath
-	// leaves a relative path on a base URL without one.
-	u, err := url.Parse(e.ep.JoinPath(path).String())
+	u, err := e.ep.PathURL(path)
 	if err != nil {
 		return nil, err
 	}

@@ -311,7 +311,7 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 		h = h.Clone()
 		h.Set(headerRequestID, id)
 		t.inject(ctx, h)
-		ep.ep.Apply(&http.Request{Header: h})
+		ep.ep.ApplyHeader(h)
 	}
 	hreq.Header = h
 	hreq.ContentLength = int64(body.size())

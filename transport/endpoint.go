@@ -145,21 +145,41 @@ func (e Endpoint) Apply(req *http.Request) {
 	if req.Header == nil {
 		req.Header = make(http.Header)
 	}
-	if e.Rank >= 0 {
-		req.Header.Set(RankHeader, strconv.Itoa(e.Rank))
-		return
-	}
-	req.Header.Del(RankHeader)
+	e.ApplyHeader(req.Header)
 }
 
-// NewRequest builds a request to path on the endpoint with the caller's
-// context, as [http.NewRequestWithContext] does, then calls [Endpoint.Apply].
-// An Endpoint without URL is an error wrapping [ErrInvalidEndpoint].
-func (e Endpoint) NewRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+// ApplyHeader is [Endpoint.Apply] for a request's header h, which must not
+// be nil.
+func (e Endpoint) ApplyHeader(h http.Header) {
+	if e.Rank >= 0 {
+		h.Set(RankHeader, strconv.Itoa(e.Rank))
+		return
+	}
+	h.Del(RankHeader)
+}
+
+// PathURL returns the URL of a request to path on the endpoint, parsed
+// from its string as [Endpoint.NewRequest] sends it (JoinPath's result
+// leaves a relative path on a base URL without one, which the string
+// form resolves). An Endpoint without URL is an error wrapping
+// [ErrInvalidEndpoint].
+func (e Endpoint) PathURL(path string) (*url.URL, error) {
 	if e.URL == nil {
 		return nil, fmt.Errorf("%w: no URL", ErrInvalidEndpoint)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, e.JoinPath(path).String(), body)
+	return url.Parse(e.JoinPath(path).String())
+}
+
+// NewRequest builds a request to path on the endpoint ([Endpoint.PathURL])
+// with the caller's context, as [http.NewRequestWithContext] does, then
+// calls [Endpoint.Apply]. An Endpoint without URL is an error wrapping
+// [ErrInvalidEndpoint].
+func (e Endpoint) NewRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	u, err := e.PathURL(path)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return nil, err
 	}

@@ -119,8 +119,11 @@ func TestEndpointApply(t *testing.T) {
 				req.Header.Set("x-data-parallel-rank", tt.client)
 			}
 			e.Rank = tt.rank
+			h := req.Header.Clone()
 			e.Apply(req)
 			assert.Equal(t, tt.want, req.Header.Values(transport.RankHeader))
+			e.ApplyHeader(h)
+			assert.Equal(t, req.Header, h, "ApplyHeader is Apply on the header")
 		})
 	}
 }
@@ -140,7 +143,13 @@ func TestEndpointNewRequest(t *testing.T) {
 	assert.Equal(t, "2", req.Header.Get(transport.RankHeader))
 	assert.Equal(t, "http://[::1]:8100/p (rank 2)", e.String())
 
+	u, err := e.PathURL("/v1/chat/completions")
+	require.NoError(t, err)
+	assert.Equal(t, *req.URL, *u, "PathURL is where NewRequest sends")
+
 	_, err = transport.Endpoint{}.NewRequest(ctx, http.MethodGet, "/", nil)
+	assert.ErrorIs(t, err, transport.ErrInvalidEndpoint)
+	_, err = transport.Endpoint{}.PathURL("/")
 	assert.ErrorIs(t, err, transport.ErrInvalidEndpoint)
 	assert.Equal(t, "<nil>", transport.Endpoint{}.String())
 }
