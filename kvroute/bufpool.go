@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // bufPool keeps byte buffers for reuse, by size class: class k holds
@@ -16,8 +17,7 @@ import (
 // largest buffers. Buffers are held only while a turn uses them (at most
 // one set per turn in flight); sync.Pool drops idle ones at GC.
 type bufPool struct {
-	classes [poolClasses]sync.Pool
-	boxes   sync.Pool // empty *[]byte, so that put does not allocate one
+	classPool[byte]
 }
 
 const (
@@ -38,34 +38,59 @@ func class(n int) int {
 	return k
 }
 
+// classPool keeps slices of T by size class: class k holds slices of
+// minPooled<<k bytes' capacity.
+type classPool[T any] struct {
+	classes [poolClasses]sync.Pool
+	boxes   sync.Pool // empty *[]T, so that put does not allocate one
+}
+
+// elems is the capacity, in elements, of class k's slices.
+func (p *classPool[T]) elems(k int) int {
+	var t T
+	return (minPooled << k) / int(unsafe.Sizeof(t))
+}
+
+// classOf returns the class of slices with room for n elements, or -1
+// when none is large enough.
+func (p *classPool[T]) classOf(n int) int {
+	var t T
+	return class(n * int(unsafe.Sizeof(t)))
+}
+
+// take returns an empty slice of class k's capacity.
+func (p *classPool[T]) take(k int) []T {
+	if v, ok := p.classes[k].Get().(*[]T); ok {
+		s := (*v)[:0]
+		*v = nil
+		p.boxes.Put(v)
+		return s
+	}
+	return make([]T, 0, p.elems(k))
+}
+
+// put returns s to the pool; a slice of another capacity than a class's
+// is dropped.
+func (p *classPool[T]) put(s []T) {
+	k := p.classOf(cap(s))
+	if k < 0 || cap(s) != p.elems(k) {
+		return
+	}
+	v, _ := p.boxes.Get().(*[]T)
+	if v == nil {
+		v = new([]T)
+	}
+	*v = s[:0]
+	p.classes[k].Put(v)
+}
+
 // get returns a buffer of length n.
 func (p *bufPool) get(n int) []byte {
 	k := class(n)
 	if k < 0 {
 		return make([]byte, n)
 	}
-	if v, ok := p.classes[k].Get().(*[]byte); ok {
-		b := (*v)[:n]
-		*v = nil
-		p.boxes.Put(v)
-		return b
-	}
-	return make([]byte, n, minPooled<<k)
-}
-
-// put returns b to the pool; a buffer of another capacity than a class's
-// is dropped.
-func (p *bufPool) put(b []byte) {
-	k := class(cap(b))
-	if k < 0 || cap(b) != minPooled<<k {
-		return
-	}
-	v, _ := p.boxes.Get().(*[]byte)
-	if v == nil {
-		v = new([]byte)
-	}
-	*v = b[:0]
-	p.classes[k].Put(v)
+	return p.take(k)[:n]
 }
 
 // bodyRef counts the users of a pooled request body: ServeHTTP, for the
@@ -127,49 +152,23 @@ func (p *bufPool) read(r io.Reader, limit int64, hint int) ([]byte, error) {
 }
 
 // idPool keeps token id slices (render answers, streams' prompt ids) for
-// reuse, by size class as bufPool: class k holds slices of capacity
-// minPooledIDs<<k, so that prompts of different lengths (a 10 KB and a
-// 100 KB conversation) each find their own instead of popping one another's.
+// reuse, by size class as bufPool (class k: minPooled<<k bytes of ids), so
+// that prompts of different lengths (a 10 KB and a 100 KB conversation)
+// each find their own instead of popping one another's.
 type idPool struct {
-	classes [poolClasses]sync.Pool
-	boxes   sync.Pool // empty *[]uint32, so that put does not allocate one
+	classPool[uint32]
 }
-
-// minPooledIDs is the capacity of idPool's smallest class (the same bytes
-// as bufPool's).
-const minPooledIDs = minPooled / 4
 
 // get returns an empty slice with room for n ids: a class's capacity, at
 // least a quarter more than n (the next turn of a conversation has a longer
 // prompt, and should still fit in the slice this one returns).
 func (p *idPool) get(n int) []uint32 {
 	n += n / 4
-	k := class(4 * n)
+	k := p.classOf(n)
 	if k < 0 {
 		return make([]uint32, 0, n)
 	}
-	if v, ok := p.classes[k].Get().(*[]uint32); ok {
-		ids := (*v)[:0]
-		*v = nil
-		p.boxes.Put(v)
-		return ids
-	}
-	return make([]uint32, 0, minPooledIDs<<k)
-}
-
-// put returns ids to the pool; a slice of another capacity than a class's
-// is dropped.
-func (p *idPool) put(ids []uint32) {
-	k := class(4 * cap(ids))
-	if k < 0 || cap(ids) != minPooledIDs<<k {
-		return
-	}
-	v, _ := p.boxes.Get().(*[]uint32)
-	if v == nil {
-		v = new([]uint32)
-	}
-	*v = ids[:0]
-	p.classes[k].Put(v)
+	return p.take(k)
 }
 
 // sameArray reports whether a and b share their first element's place
