@@ -63,16 +63,16 @@ type Capture struct {
 	badIDs                  bool
 	// knownRaw and knownIDs (ExpectPromptIDs): the prompt's ids the
 	// caller already has and their JSON text, until the first data event;
-	// knownUsed records that the stream's prompt ids were taken as them.
-	// handleBuf (UseHandleBuffer) is where the handle is copied, when
-	// useHandleBuf is set.
-	handleBuf    []byte
-	useHandleBuf bool
-	// spare keeps the Capture's own slice meanwhile.
+	// knownUsed records that the stream's prompt ids were taken as them,
+	// and spare keeps the Capture's own slice meanwhile.
 	knownRaw  []byte
 	knownIDs  []uint32
 	knownUsed bool
 	spare     []uint32
+	// handleBuf (UseHandleBuffer) is where the handle is copied, when
+	// useHandleBuf is set.
+	handleBuf    []byte
+	useHandleBuf bool
 }
 
 // NewCapture returns a Capture for one stream.
