@@ -1,0 +1,176 @@
+package kvroutetest
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// Hostile decode engines: answers a router must never pass on with a KV
+// handle in them. A real vLLM engine puts its handle at the top level of a
+// body, or of a stream's final event; a broken or hostile engine, or a tap
+// in front of one, may put it anywhere and spell it any way. HostileAnswers
+// lists such answers for each API, streaming and not, and HostileEngine
+// serves them; CheckLeak is the oracle that tells whether any of the
+// handle reached a client.
+
+// The distinctive values of the handles hostile answers carry: the decode
+// handle's (HostileHandle) and the prefill handle's a HostileEngine
+// answers prefill legs with. None of them appears anywhere else, so a
+// client that sees one has seen (part of) a handle.
+const (
+	HostileEngineID         = "hostile-engine-5f3c9a"
+	HostileRequestID        = "hostile-request-81d0e4"
+	HostileHost             = "10.213.7.91"
+	HostilePrefillEngineID  = "hostile-prefill-2b7e61"
+	HostilePrefillRequestID = "hostile-prefill-request-c40a"
+)
+
+// HostileHandle is the decode handle every hostile answer carries, as vLLM
+// writes one (remote_blocks_expiry_time on the engine's monotonic clock).
+const HostileHandle = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[11,12,13]],` +
+	`"remote_engine_id":"` + HostileEngineID + `","remote_request_id":"` + HostileRequestID + `",` +
+	`"remote_host":"` + HostileHost + `","remote_port":47391,"tp_size":1,"remote_num_tokens":40,` +
+	`"remote_blocks_expiry_time":1234.5}`
+
+// hostilePrefillHandle is the prefill handle of a HostileEngine's answers
+// to prefill legs.
+const hostilePrefillHandle = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3]],` +
+	`"remote_engine_id":"` + HostilePrefillEngineID + `","remote_request_id":"` + HostilePrefillRequestID + `",` +
+	`"remote_host":"` + HostileHost + `","remote_port":47390,"tp_size":1}`
+
+// HostileSecrets returns the distinctive values of the hostile handles,
+// for CheckLeak.
+func HostileSecrets() []string {
+	return []string{HostileEngineID, HostileRequestID, HostileHost, HostilePrefillEngineID, HostilePrefillRequestID}
+}
+
+// HandleMembers are the names of kv_transfer_params and of a handle's
+// members. A client never has a reason to see a JSON member with one of
+// these names in an engine's answer.
+var HandleMembers = []string{
+	"kv_transfer_params", "do_remote_decode", "do_remote_prefill", "remote_block_ids", "remote_engine_id",
+	"remote_request_id", "remote_host", "remote_port", "remote_num_tokens", "remote_blocks_expiry_time",
+}
+
+// HostileAnswer is one malformed answer of a decode engine, as sent.
+type HostileAnswer struct {
+	// Name says what is malformed ("escaped key in choices[0].message",
+	// "gzip with Content-Encoding", ...).
+	Name string
+	// Path and Stream are the API and mode the answer is for.
+	Path   string
+	Stream bool
+	// Status, Header and Body are the answer: a stream's events are its
+	// Body, sent in one write.
+	Status int
+	Header http.Header
+	Body   []byte
+	// Clean, when not nil, is what a router should forward: the same
+	// answer with every kv_transfer_params member removed (the handle is
+	// removable: it sits in a kv_transfer_params member, whatever its
+	// spelling and depth, of an answer that is otherwise well formed).
+	// When nil, failing closed (an error instead of the answer) is right.
+	Clean []byte
+}
+
+// HostileEngine serves one HostileAnswer at a time on 127.0.0.1: every
+// POST whose kv_transfer_params has do_remote_decode true (a prefill leg)
+// gets a well-formed one-token answer with a prefill handle; every other
+// POST (a decode leg) gets the answer. Safe for concurrent use.
+type HostileEngine struct {
+	srv     *httptest.Server
+	mu      sync.Mutex
+	answer  HostileAnswer
+	decodes atomic.Int64
+	once    sync.Once
+}
+
+// NewHostileEngine starts a HostileEngine that serves a; tb.Cleanup
+// closes it.
+func NewHostileEngine(tb testing.TB, a HostileAnswer) *HostileEngine {
+	tb.Helper()
+	e := &HostileEngine{answer: a}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	tb.Cleanup(e.Close)
+	return e
+}
+
+// URL returns the engine's base URL.
+func (e *HostileEngine) URL() string { return e.srv.URL }
+
+// SetAnswer makes the engine serve a from now on.
+func (e *HostileEngine) SetAnswer(a HostileAnswer) {
+	e.mu.Lock()
+	e.answer = a
+	e.mu.Unlock()
+}
+
+// DecodeLegs returns the number of decode legs served.
+func (e *HostileEngine) DecodeLegs() int64 { return e.decodes.Load() }
+
+// Close stops the engine; it is safe to call more than once.
+func (e *HostileEngine) Close() {
+	e.once.Do(func() {
+		e.srv.CloseClientConnections()
+		e.srv.Close()
+	})
+}
+
+func (e *HostileEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if r.Method != http.MethodPost {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	var req struct {
+		KV *struct {
+			DoRemoteDecode bool `json:"do_remote_decode"`
+		} `json:"kv_transfer_params"`
+	}
+	_ = json.Unmarshal(body, &req)
+	if req.KV != nil && req.KV.DoRemoteDecode {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, prefillAnswerFor(r.URL.Path))
+		return
+	}
+	if bytes.HasSuffix([]byte(r.URL.Path), []byte("/render")) || r.URL.Path == "/tokenize" {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	e.decodes.Add(1)
+	e.mu.Lock()
+	a := e.answer
+	e.mu.Unlock()
+	for k, v := range a.Header {
+		w.Header()[k] = v
+	}
+	status := a.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(a.Body)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// prefillAnswerFor is a prefill engine's one-token answer for the API at
+// path, with the hostile prefill handle at its top level.
+func prefillAnswerFor(path string) string {
+	switch path {
+	case PathResponses:
+		return `{"id":"resp_p","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[],"kv_transfer_params":` + hostilePrefillHandle + `}`
+	case PathMessages:
+		return `{"id":"msg_p","type":"message","role":"assistant","content":[{"type":"text","text":"x"}],"stop_reason":"max_tokens","usage":{"input_tokens":5,"output_tokens":1},"kv_transfer_params":` + hostilePrefillHandle + `}`
+	case PathCompletions:
+		return `{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":` + hostilePrefillHandle + `}`
+	}
+	return `{"id":"chatcmpl-p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"kv_transfer_params":` + hostilePrefillHandle + `}`
+}
