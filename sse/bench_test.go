@@ -89,7 +89,7 @@ func BenchmarkCaptureForward(b *testing.B) {
 }
 
 func TestSteadyStateAllocs(t *testing.T) {
-	r := sse.NewReader(&cycle{data: []byte(plainChunk + ": ping\n\n" + "event: e\nid: 1\ndata: a\ndata: b\n\n")})
+	r := sse.NewReader(&cycle{data: []byte(plainChunk + ": ping\n\n" + "event: e\nid: 1\ndata: {\"a\":\ndata: 1}\n\n")})
 	w := sse.NewWriter(&discard{h: http.Header{}})
 	c := sse.NewCapture()
 	step := func() {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -85,35 +84,33 @@ func NewCapture(opts ...CaptureOption) *Capture {
 }
 
 // Forward inspects e and returns the bytes to send to the client in its
-// place.
+// place, through ScrubEvent: every kv_transfer_params member removed at
+// any depth (only a top-level one is taken as the engine's handle), and
+// of the lines outside the data only what a client reads and cannot hold
+// a handle. An event that needs no change is returned as it is: the
+// result is e.Raw itself, and no memory is allocated. Otherwise the result
+// is owned by the Capture and valid until the next call to Forward.
 //
-// An event without kv_transfer_params is returned unchanged: the result is
-// e.Raw itself, and no memory is allocated. An event whose JSON data has a
-// kv_transfer_params member at the top level or in an element of its
-// choices array (whatever the escaping of its key) is rewritten without it;
-// only a top-level one is taken as the engine's handle. The rest of the JSON
-// keeps its bytes, but the event is re-framed with the JSON on a single
-// "data: " line (line breaks between JSON tokens of a multi-line data field
-// become spaces) while its other lines are kept. A line other than a data
-// line (a comment, id, event, retry or unknown field) that contains the
-// bytes kv_transfer_params is dropped, with its line break: such lines carry
-// no JSON, so they are not rewritten, and they never reach a client. The
-// result is then owned by the Capture and valid until the next call to
-// Forward.
-//
-// Forward returns ErrMalformedData, and no bytes, when e's data may hold the
-// member but is not valid JSON, or is a JSON array.
+// Forward returns ErrMalformedData, and no bytes, when e's data is neither
+// JSON nor "[DONE]" (or empty), or holds a member only handles have
+// outside kv_transfer_params: such an event must not be forwarded, and
+// the stream must end. An Incomplete event (the stream ended inside it) is
+// neither inspected nor forwarded: Forward returns no bytes and no error.
 func (c *Capture) Forward(e Event) ([]byte, error) {
+	if e.Incomplete {
+		return nil, nil
+	}
 	d := e.Data
 	done := e.HasData && string(d) == "[DONE]"
-	strip := e.HasData && !done && c.stripTokens && mayHoldTokenIDs(d)
-	// Data to rewrite is validated and indexed once, and then inspected
-	// from its index (D's first chunk in token mode: the prompt's ids).
-	parse := e.HasData && !done && (strip || MayHoldHandle(d))
-	var perr error
-	idMember := -1
-	var ids []uint32
-	if parse {
+	data, edited := d, false
+	if e.HasData && !done && len(d) > 0 {
+		strip := c.stripTokens && mayHoldTokenIDs(d)
+		// Every event's data is validated and indexed once, and then
+		// inspected from its index (D's first chunk in token mode: the
+		// prompt's ids are converted in the same pass).
+		var perr error
+		idMember := -1
+		var ids []uint32
 		if c.tokens && !c.sawPromptIDs {
 			// The first chunk's prompt ids (chat: a top-level member) are
 			// converted in the same pass that validates them, or, when
@@ -130,11 +127,8 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 		} else {
 			perr = c.obj.Reset(d)
 		}
-	}
-	if done {
-		c.done = true
-	} else if e.HasData {
-		if parse && perr == nil {
+		switch {
+		case perr == nil:
 			for i := range c.obj.Len() {
 				if i == idMember {
 					c.promptIDsParsed(ids)
@@ -142,32 +136,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 				}
 				c.inspectMember(c.obj.Member(i))
 			}
-		} else {
-			c.inspect(d)
-		}
-	}
-	if e.HasData {
-		// The caller's text is compared with the first data only.
-		c.knownRaw, c.knownIDs = nil, nil
-	}
-	if !strip && !MayHoldHandle(e.Raw) && !namesHandle(e.Raw) {
-		return e.Raw, nil
-	}
-	data, changed := d, false
-	if parse {
-		if err := perr; err != nil {
-			if !errors.Is(err, jsonraw.ErrNotObject) {
-				return nil, fmt.Errorf("%w: %w", ErrMalformedData, err)
-			}
-			// Valid JSON but no object: a string or number has no member
-			// to remove; an array that may hold one is never forwarded
-			// (vLLM sends none).
-			if t := bytes.TrimLeft(d, " \t\r\n"); len(t) > 0 && t[0] == '[' && MayHoldHandle(d) {
-				return nil, fmt.Errorf("%w: an array", ErrMalformedData)
-			}
-		} else {
-			v, hasHandle := c.obj.Get(HandleKey)
-			if hasHandle && !jsonraw.IsNull(v) {
+			if v, ok := c.obj.Get(HandleKey); ok && !jsonraw.IsNull(v) {
 				if c.useHandleBuf {
 					c.handleBuf = append(c.handleBuf[:0], v...)
 					c.handle = c.handleBuf
@@ -175,121 +144,29 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 					c.handle = bytes.Clone(v)
 				}
 			}
-			switch {
-			case strip:
-				data = c.strip.strip(c.obj, hasHandle)
-				changed = hasHandle || len(data) != len(d)
-			case hasHandle:
-				data = c.obj.Edit([]string{HandleKey})
-				changed = true
+			if strip {
+				data = c.strip.strip(c.obj, false)
+				edited = len(data) != len(d)
 			}
-			if MayHoldHandle(data) {
-				if out, ok := StripChoiceHandles(data); ok {
-					data, changed = out, true
-				}
-			}
+		case !errors.Is(perr, jsonraw.ErrNotObject):
+			return nil, fmt.Errorf("%w: %w", ErrMalformedData, perr)
 		}
 	}
-	if e.HasData && !done && HasHandleKey(data) {
-		// A handle somewhere engines do not put one (below a choice, say):
-		// it cannot be removed with certainty, so it is never forwarded.
-		return nil, fmt.Errorf("%w: a nested handle", ErrMalformedData)
+	if e.HasData {
+		// The caller's text is compared with the first data only.
+		c.knownRaw, c.knownIDs = nil, nil
 	}
-	out, rewritten := Rewrite(c.out[:0], e, data, changed)
+	if done {
+		c.done = true
+	}
+	out, rewritten, err := scrubEvent(c.out[:0], e, data, edited, true)
+	if err != nil {
+		return nil, err
+	}
 	if rewritten {
 		c.out = out
 	}
 	return out, nil
-}
-
-// StripChoiceHandles returns obj, a JSON object, without the
-// kv_transfer_params members of the elements of its choices array, and true;
-// or obj itself and false when no element has one (or obj is not a valid
-// object). A top-level kv_transfer_params is left as it is.
-func StripChoiceHandles(obj []byte) ([]byte, bool) {
-	choices, ok := jsonraw.Lookup(obj, "choices")
-	if !ok || !MayHoldHandle(choices) || len(choices) == 0 || choices[0] != '[' {
-		return obj, false
-	}
-	out := make([]byte, 0, len(choices))
-	out = append(out, '[')
-	changed := false
-	n := 0
-	err := jsonraw.Elements(choices, func(v []byte) error {
-		if n > 0 {
-			out = append(out, ',')
-		}
-		n++
-		if MayHoldHandle(v) {
-			if o, err := jsonraw.Parse(v); err == nil && o.Has(HandleKey) {
-				out = append(out, o.Edit([]string{HandleKey})...)
-				changed = true
-				return nil
-			}
-		}
-		out = append(out, v...)
-		return nil
-	})
-	if err != nil || !changed {
-		return obj, false
-	}
-	out = append(out, ']')
-	o, err := jsonraw.Parse(obj)
-	if err != nil {
-		return obj, false
-	}
-	return o.Edit(nil, jsonraw.Member{Key: "choices", Value: out}), true
-}
-
-// MayHoldHandle is the cheap test for a kv_transfer_params member in JSON
-// text b: a key that decodes to it is either spelled literally or contains
-// a \u escape (no other JSON escape produces a letter or '_'). False means
-// b certainly holds none.
-func MayHoldHandle(b []byte) bool {
-	return bytes.Contains(b, []byte(HandleKey)) || bytes.Contains(b, []byte(`\u`))
-}
-
-// handleMembers are members only a KV handle has; a line outside the data
-// that names one is dropped even without the kv_transfer_params key.
-var handleMembers = [...]string{HandleKey, "remote_block_ids", "remote_engine_id"}
-
-// namesHandle reports whether b names kv_transfer_params or a handle
-// member.
-func namesHandle(b []byte) bool {
-	for _, m := range handleMembers {
-		if bytes.Contains(b, []byte(m)) {
-			return true
-		}
-	}
-	return false
-}
-
-// HasHandleKey reports whether JSON text b still holds kv_transfer_params
-// as a member name anywhere (a quoted occurrence followed by a colon, not
-// inside a string, where its quotes would be escaped). After stripping the
-// places where engines put handles, such a body or event is malformed and
-// must not be forwarded. A model's text that mentions the word is not a
-// member name.
-func HasHandleKey(b []byte) bool {
-	key := []byte(`"` + HandleKey + `"`)
-	for i := 0; ; {
-		j := bytes.Index(b[i:], key)
-		if j < 0 {
-			return false
-		}
-		j += i
-		i = j + len(key)
-		if j > 0 && b[j-1] == '\\' {
-			continue // inside a string: its quotes are escaped
-		}
-		k := i
-		for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') {
-			k++
-		}
-		if k < len(b) && b[k] == ':' {
-			return true // a member name
-		}
-	}
 }
 
 // Handle returns a copy of the last non-null kv_transfer_params value seen,
@@ -330,17 +207,8 @@ func (c *Capture) Done() bool { return c.done }
 // call to Forward.
 func (c *Capture) Usage() []byte { return c.usage }
 
-// inspect records the finish reason, usage and reply fragments of a chunk.
-// It trusts the engine's JSON: malformed data is ignored (at worst its
-// metadata is missed).
-func (c *Capture) inspect(d []byte) {
-	_ = jsonraw.Members(d, func(key string, v []byte) error {
-		c.inspectMember(key, v)
-		return nil
-	})
-}
-
-// inspectMember is inspect for one top-level member.
+// inspectMember records the finish reason, usage, reply fragments and
+// token ids of one top-level member of a chunk.
 func (c *Capture) inspectMember(key string, v []byte) {
 	switch key {
 	case "choices":
@@ -428,87 +296,6 @@ func finishReason(v []byte) string {
 	}
 	s, _ := jsonraw.String(v)
 	return s
-}
-
-// reframe appends to dst the event raw without its non-data lines that
-// contain kv_transfer_params and, when replace is set, with its data lines
-// replaced by one "data: " line holding data, at the place of the first
-// data line.
-func reframe(dst, raw, data []byte, replace bool) []byte {
-	// One growth of dst, not one per doubling: the new data line and
-	// room for the short lines around it, or raw as it is. (Not raw when
-	// replacing: raw may be a large event whose data shrank, such as a
-	// first chunk whose prompt ids are stripped.)
-	if replace {
-		dst = slices.Grow(dst, len("data: \n")+len(data)+64)
-	} else {
-		dst = slices.Grow(dst, len(raw))
-	}
-	wrote := false
-	for len(raw) > 0 {
-		end, next := lineEnd(raw)
-		// A byte order mark before a data line is dropped with it: the
-		// Reader ignores one only at the start of a stream.
-		line := raw[:end]
-		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) {
-			if !namesHandle(line) {
-				dst = append(dst, raw[:next]...)
-			}
-			raw = raw[next:]
-			continue
-		}
-		if !replace {
-			dst = append(dst, raw[:next]...)
-		} else if !wrote {
-			wrote = true
-			dst = append(dst, "data: "...)
-			start := len(dst)
-			dst = append(dst, data...)
-			for i, b := range dst[start:] {
-				if b == '\n' || b == '\r' {
-					dst[start+i] = ' '
-				}
-			}
-			dst = append(dst, '\n')
-		}
-		raw = raw[next:]
-	}
-	return dst
-}
-
-// Rewrite returns the bytes to forward for e once its data may have been
-// edited to data (changed says whether it was): e.Raw itself when nothing
-// changed and no line outside the data names a handle (kv_transfer_params,
-// remote_block_ids or remote_engine_id); otherwise, appended to dst, e
-// with every non-data line that names a handle dropped and, when changed,
-// its data lines replaced by one "data: " line holding data. rewritten
-// reports the second case, in which the result aliases dst.
-func Rewrite(dst []byte, e Event, data []byte, changed bool) (out []byte, rewritten bool) {
-	if !changed && !otherLineHolds(e.Raw) {
-		return e.Raw, false
-	}
-	return reframe(dst, e.Raw, data, changed), true
-}
-
-// otherLineHolds reports whether a line of raw other than a data line
-// contains kv_transfer_params.
-func otherLineHolds(raw []byte) bool {
-	if !namesHandle(raw) {
-		return false
-	}
-	for len(raw) > 0 {
-		end, next := lineEnd(raw)
-		line := raw[:end]
-		if !isDataLine(bytes.TrimPrefix(line, []byte(bom))) && namesHandle(line) {
-			return true
-		}
-		raw = raw[next:]
-	}
-	return false
-}
-
-func isDataLine(line []byte) bool {
-	return bytes.HasPrefix(line, []byte("data")) && (len(line) == 4 || line[4] == ':')
 }
 
 // lineEnd returns the end of the first line of b and the start of the next.

@@ -38,7 +38,12 @@ type Event struct {
 	// forwarded; they carry no event.
 	Comment bool
 	// Incomplete reports that the stream ended before the blank line that
-	// ends this block: Raw lacks it. A browser would discard such a block;
-	// a Reader returns it as a final event.
+	// ends this block: Raw lacks it. A client discards such a block (the
+	// SSE rule), and ScrubEvent never forwards it; a Reader returns it as
+	// a final event so that Raw still reproduces the input.
 	Incomplete bool
+	// BOM reports that Raw starts with the byte order mark of the
+	// stream's start, which the Reader ignored (a byte order mark
+	// anywhere else is part of a field name).
+	BOM bool
 }

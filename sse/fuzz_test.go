@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -143,14 +144,21 @@ func TestReaderAgreesWithGoSSE(t *testing.T) {
 	}
 }
 
-// FuzzCapture checks that Forward never panics and that whenever it returns
-// bytes, an EventSource reading them sees no top-level kv_transfer_params in
-// any event's JSON data.
+// FuzzCapture checks that Forward never panics, that every event it
+// forwards is complete, and that a client reading what it forwarded, as
+// the SSE specification says or as lenient clients do (a byte order mark
+// stripped from every line), decodes in no event's data, at any depth and
+// whatever the escapes, a member named kv_transfer_params or a member only
+// handles have. Like the router, it stops at the first event that fails.
 func FuzzCapture(f *testing.F) {
 	f.Add([]byte("data: {\"kv_transfer_params\":{\"a\":1},\"b\":2}\n\n"))
 	f.Add([]byte("data: {\"kv\\u005ftransfer_params\":1}\r\rdata: [DONE]\r\r"))
 	f.Add([]byte("event: x\ndata: {\"a\":\ndata: 1, \"kv_transfer_params\": null}\n: c\n\n"))
 	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"i\",\"function\":{\"name\":\"n\",\"arguments\":\"{\"}}]}}]}\n\n"))
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"\\u006bv_transfer_params\":{\"remote_engine_id\":\"d\"}}}],\"usage\":{\"kv_transfer_params\":1}}\n\n"))
+	f.Add([]byte("data: {}\n\n\xef\xbb\xbfdata: {\"kv_transfer_params\":1}\n\n"))
+	f.Add([]byte("event: response.completed\ndata: {\"response\":{\"kv_transfer_\ndata: params\":{\"remote_engine_id\":\"d\"}}}\n\n"))
+	f.Add([]byte("data: {\"usage\":{\"remote_block_ids\":[[1]]}}\n\ndata: [{\"kv_transfer_params\":1e999}]\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		r := sse.NewReader(bytes.NewReader(in))
 		c := sse.NewCapture(sse.WithReply())
@@ -165,27 +173,163 @@ func FuzzCapture(f *testing.F) {
 				if !errors.Is(err, sse.ErrMalformedData) {
 					t.Fatalf("unexpected error %v", err)
 				}
-				continue
+				break
+			}
+			if e.Incomplete && len(b) > 0 {
+				t.Fatalf("an incomplete event was forwarded: %q", b)
 			}
 			out.Write(b)
-			if !e.Incomplete && !bytes.HasSuffix(out.Bytes(), []byte("\n")) && !bytes.HasSuffix(out.Bytes(), []byte("\r")) {
-				t.Fatalf("forwarded event lost its terminator: %q", b)
+			if rest := bytes.TrimPrefix(b, []byte(byteOrderMark)); len(rest) > 0 && !endsWithBlankLine(rest) {
+				t.Fatalf("forwarded event does not end with a blank line: %q", b)
 			}
 		}
 		_ = c.Reply()
-		// Read back what the client would see.
-		cr := sse.NewReader(bytes.NewReader(out.Bytes()))
-		for range out.Len() + 2 {
-			e, err := cr.Next()
-			if err != nil {
-				break
+		checkForwarded(t, out.Bytes())
+	})
+}
+
+// endsWithBlankLine reports whether b's last line is blank.
+func endsWithBlankLine(b []byte) bool {
+	switch {
+	case bytes.HasSuffix(b, []byte("\r\n")):
+		b = b[:len(b)-2]
+	case bytes.HasSuffix(b, []byte("\n")), bytes.HasSuffix(b, []byte("\r")):
+		b = b[:len(b)-1]
+	default:
+		return false
+	}
+	return len(b) == 0 || b[len(b)-1] == '\n' || b[len(b)-1] == '\r'
+}
+
+// checkForwarded is FuzzCapture's oracle.
+func checkForwarded(t *testing.T, out []byte) {
+	t.Helper()
+	for _, lenient := range []bool{false, true} {
+		for _, d := range clientData(out, lenient) {
+			if !json.Valid(d) {
+				continue // a client cannot decode it (the capture forwards none with a name or escape)
 			}
-			var m map[string]json.RawMessage
-			if e.HasData && json.Unmarshal(e.Data, &m) == nil {
-				if _, ok := m[sse.HandleKey]; ok {
-					t.Fatalf("handle reached the client: %q", e.Raw)
+			if name, ok := handleMember(d); ok {
+				t.Fatalf("a client decodes a member %q (lenient %v) from %q", name, lenient, out)
+			}
+		}
+	}
+}
+
+// clientData returns the data of every event a client dispatches from b:
+// lines end in CR, LF or CRLF, the stream's byte order mark is ignored
+// (with lenient, one at the start of any line), unterminated last events
+// are dropped.
+func clientData(b []byte, lenient bool) [][]byte {
+	b = bytes.TrimPrefix(b, []byte(byteOrderMark))
+	var out, data [][]byte
+	has := false
+	for len(b) > 0 {
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 {
+			break
+		}
+		line := b[:i]
+		next := i + 1
+		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
+			next = i + 2
+		}
+		b = b[next:]
+		if lenient {
+			line = bytes.TrimPrefix(line, []byte(byteOrderMark))
+		}
+		switch {
+		case len(line) == 0:
+			if has {
+				out = append(out, bytes.Join(data, []byte("\n")))
+			}
+			data, has = nil, false
+		case bytes.Equal(line, []byte("data")):
+			data, has = append(data, nil), true
+		case bytes.HasPrefix(line, []byte("data:")):
+			data, has = append(data, bytes.TrimPrefix(line[5:], []byte(" "))), true
+		}
+	}
+	return out
+}
+
+// handleMembers are the names FuzzCapture's oracle looks for: the handle's
+// key and the members only handles have.
+var handleMembers = []string{sse.HandleKey, "do_remote_decode", "do_remote_prefill", "remote_block_ids",
+	"remote_engine_id", "remote_request_id", "remote_num_tokens", "remote_blocks_expiry_time"}
+
+// handleMember decodes the JSON text d token by token and returns the
+// first member name, at any depth, that is one of handleMembers.
+func handleMember(d []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(d))
+	dec.UseNumber()
+	type frame struct{ object, wantKey bool }
+	var stack []frame
+	done := func() {
+		if n := len(stack); n > 0 && stack[n-1].object {
+			stack[n-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		if dl, ok := tok.(json.Delim); ok {
+			if dl == '{' || dl == '[' {
+				stack = append(stack, frame{object: dl == '{', wantKey: dl == '{'})
+			} else {
+				stack = stack[:len(stack)-1]
+				done()
+			}
+			continue
+		}
+		if n := len(stack); n > 0 && stack[n-1].wantKey {
+			stack[n-1].wantKey = false
+			if s := tok.(string); slices.Contains(handleMembers, s) {
+				return s, true
+			}
+			continue
+		}
+		done()
+	}
+}
+
+// FuzzScrub checks Scrub against encoding/json: it accepts only valid
+// JSON, what it returns decodes with no handle member at any depth, and it
+// refuses valid JSON only for a member only handles have outside every
+// kv_transfer_params member.
+func FuzzScrub(f *testing.F) {
+	for _, s := range []string{
+		`{"kv_transfer_params":{"remote_engine_id":"d"}}`, `{"a":[{"\u006bv_transfer_params":1},{"remote_host":"h"}]}`,
+		`{"usage":{"remote_block_ids":[[1]]}}`, `[1,{"kv_transfer_params":null,"kv_transfer_params":2}]`, `"x"`, `{"a":1e999}`,
+		"{\"\xff\":{\"kv_transfer_params\":1}}", `{"kv\u005Ftransfer_params":1,"do_remote_decode":true}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		out, changed, err := sse.Scrub(nil, in)
+		valid := json.Valid(in)
+		if err != nil {
+			if !errors.Is(err, sse.ErrMalformedData) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			if valid {
+				// Only a member only handles have, outside kv_transfer_params.
+				if _, ok := handleMember(in); !ok {
+					t.Fatalf("Scrub refuses %q, which has no handle member", in)
 				}
 			}
+			return
+		}
+		if !valid {
+			t.Fatalf("Scrub accepts invalid %q", in)
+		}
+		if !changed && !bytes.Equal(in, out) {
+			t.Fatalf("unchanged but different: %q -> %q", in, out)
+		}
+		if name, ok := handleMember(out); ok {
+			t.Fatalf("Scrub(%q) = %q still has %q", in, out, name)
 		}
 	})
 }

@@ -46,6 +46,7 @@ type Reader struct {
 
 	skipLF  bool // the last line ended in '\r' at the end of the buffer
 	started bool // the first line (which may carry a BOM) was seen
+	bomHeld bool // the stream's byte order mark is in the current block
 	eof     bool
 	readErr error // error from r, reported once buffered events are out
 	err     error // sticky error returned by Next
@@ -235,33 +236,33 @@ func (r *Reader) fill() error {
 }
 
 // line interprets one line that starts at buf[off] and reports whether it
-// is blank.
+// is blank. Lines are read as classify reads them, the one classification
+// of this package (ScrubEvent uses it too): a byte order mark is ignored
+// only before the stream's first line; anywhere else it is part of a
+// field name.
 func (r *Reader) line(line []byte, off int) (blank bool) {
 	if !r.started {
 		r.started = true
 		if bytes.HasPrefix(line, []byte(bom)) {
 			line = line[len(bom):]
 			off += len(bom)
+			r.bomHeld = true
 		}
 	}
-	if len(line) == 0 {
+	kind, value := classify(line)
+	switch kind {
+	case lineBlank:
 		return true
+	case lineComment:
+		r.sawLine = true
+		return false
 	}
 	r.sawLine = true
-	if line[0] == ':' {
-		return
-	}
 	r.sawField = true
-	name, value, valOff := line, line[:0], off+len(line)
-	if c := bytes.IndexByte(line, ':'); c >= 0 {
-		name, value, valOff = line[:c], line[c+1:], off+c+1
-		if len(value) > 0 && value[0] == ' ' {
-			value, valOff = value[1:], valOff+1
-		}
-	}
+	valOff := off + len(line) - len(value)
 	span := [2]int{valOff - r.start, valOff - r.start + len(value)}
-	switch string(name) {
-	case "data":
+	switch kind {
+	case lineData:
 		r.nData++
 		switch r.nData {
 		case 1:
@@ -273,13 +274,13 @@ func (r *Reader) line(line []byte, off int) (blank bool) {
 			r.joined = append(r.joined, '\n')
 			r.joined = append(r.joined, value...)
 		}
-	case "event":
+	case lineEvent:
 		r.nameSpan, r.hasName = span, true
-	case "id":
+	case lineID:
 		if bytes.IndexByte(value, 0) < 0 {
 			r.idSpan, r.hasID = span, true
 		}
-	case "retry":
+	case lineRetry:
 		if len(value) > 0 && allDigits(value) {
 			if ms, err := strconv.ParseInt(string(value), 10, 64); err == nil && ms <= int64(1<<63-1)/int64(time.Millisecond) {
 				r.retry, r.hasRetry = time.Duration(ms)*time.Millisecond, true
@@ -312,7 +313,9 @@ func (r *Reader) dispatch(incomplete bool) (Event, error) {
 		Retry:      r.retry,
 		Comment:    !r.sawField,
 		Incomplete: incomplete,
+		BOM:        r.bomHeld,
 	}
+	r.bomHeld = false
 	switch {
 	case r.nData == 1:
 		ev.Data = block[r.data0[0]:r.data0[1]:r.data0[1]]
