@@ -1,13 +1,15 @@
 package kvroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
@@ -107,8 +109,11 @@ func (t *turn) redo(ctx context.Context, err error) bool {
 // event failed, and a lapsed P lease. An engine's 4xx is the request's
 // fault and is passed to the client.
 func redoable(err error) bool {
-	if errors.Is(err, errLeaseExpired) {
+	switch {
+	case errors.Is(err, errLeaseExpired):
 		return true
+	case errors.Is(err, errUnsafeAnswer):
+		return false // deterministic: not worth another prefill and decode
 	}
 	var ue *UpstreamError
 	if !errors.As(err, &ue) || errors.Is(err, context.Canceled) {
@@ -147,6 +152,7 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 	t.rec.FirstByte = t.r.cfg.clock().Sub(sent)
 	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, body: resp.Body}
 	transport.CopyHeader(out.Header, resp.Header)
+	dropUnsafeHeaders(out.Header)
 	// The router's two headers in one backing array (canonical names).
 	own := []string{t.id, string(t.rec.Reuse)}
 	out.Header[headerRequestID] = own[0:1:1]
@@ -155,6 +161,11 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		out.release()
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
+	}
+	if !identityEncoded(resp.Header) {
+		out.release()
+		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode,
+			Err: fmt.Errorf("%w: it is compressed (a Content-Encoding other than identity)", errUnsafeAnswer)}
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		out.stream = true
@@ -183,6 +194,15 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 			out.renderText = true
 		}
 		ev, err := out.reader.Next()
+		if err == nil && ev.Incomplete {
+			err = io.EOF // cut inside its first event, which is not forwarded
+			if !utf8.Valid(ev.Raw) {
+				// Not text at all (compressed bytes without their
+				// Content-Encoding, say): no cut another engine may not
+				// repeat.
+				err = fmt.Errorf("%w: not an event stream", errUnsafeAnswer)
+			}
+		}
 		if err != nil {
 			out.release()
 			if errors.Is(err, io.EOF) {
@@ -214,27 +234,50 @@ func isEventStream(ct string) bool {
 }
 
 // clientSafe returns an engine's error body as it may reach a client: a
-// JSON object without its kv_transfer_params (top level and in choices).
-// A body that still spells the key (an engine that echoes the request in
-// its error, say) or one that is not JSON and may hold it is dropped (nil):
-// the client then gets the router's own error for the status. Handles
-// never leave the router.
+// JSON body that names no handle member anywhere, not even in a string
+// (vLLM's validation errors echo the request, handle included), and that
+// sse.Scrub lets through; nil otherwise, and the client gets the router's
+// own error for the status. Handles never leave the router.
 func clientSafe(b []byte) []byte {
-	if !sse.MayHoldHandle(b) {
-		return b
+	if sse.MayHoldHandle(b) {
+		return nil
 	}
-	obj, err := jsonraw.Parse(b)
+	out, _, err := sse.Scrub(nil, b)
 	if err != nil {
 		return nil
 	}
-	if obj.Has(kvKey) {
-		b = obj.Edit([]string{kvKey})
+	return out
+}
+
+// identityEncoded reports whether a response's body is sent as it is: no
+// Content-Encoding, or only identity. The router never asks engines for
+// compressed answers (transport.RequestHeader drops the client's
+// Accept-Encoding) and cannot inspect compressed bytes, so any other
+// encoding fails closed.
+func identityEncoded(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "identity") {
+				return false
+			}
+		}
 	}
-	if out, ok := sse.StripChoiceHandles(b); ok {
-		b = out
+	return true
+}
+
+// dropUnsafeHeaders removes from an engine's response headers, before they
+// reach a client, Content-Encoding (only identity is accepted, and the
+// body may be rewritten) and every header whose name or value names
+// kv_transfer_params or a handle member, or whose value holds a \u escape.
+func dropUnsafeHeaders(h http.Header) {
+	for k, vs := range h {
+		name := strings.ReplaceAll(strings.ToLower(k), "-", "_")
+		drop := k == "Content-Encoding" || strings.Contains(name, "kv_transfer") || strings.Contains(name, "remote_")
+		for _, v := range vs {
+			drop = drop || strings.Contains(v, kvKey) || strings.Contains(v, "remote_") || strings.Contains(v, `\u`)
+		}
+		if drop {
+			delete(h, k)
+		}
 	}
-	if bytes.Contains(b, []byte(kvKey)) {
-		return nil
-	}
-	return b
 }

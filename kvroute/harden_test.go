@@ -408,8 +408,8 @@ func TestHandlesFailClosed(t *testing.T) {
 	t.Run("non-JSON decode body", func(t *testing.T) {
 		for _, body := range []string{
 			`oops {"kv_transfer_params":` + testDHandle,
-			`["kv\u005ftransfer_params"]`,
-			`[{"kv_transfer_params":1}]`,
+			"plain text",
+			`{"id":"d"}}`,
 		} {
 			f := newFake(t)
 			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, body) }
@@ -422,15 +422,27 @@ func TestHandlesFailClosed(t *testing.T) {
 			var ue *kvroute.UpstreamError
 			require.ErrorAs(t, obs.last().Err, &ue)
 			assert.Equal(t, kvroute.PhaseDecode, ue.Phase)
+			decodes := 0
+			for _, req := range f.requests() {
+				if req.role == "decode" {
+					decodes++
+				}
+			}
+			assert.Equal(t, 1, decodes, "a deterministic failure is not redone")
 		}
 	})
-	t.Run("non-JSON decode body without a handle passes", func(t *testing.T) {
-		f := newFake(t)
-		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, "plain text") }
-		r := fakeRouter(t, f, &lastTurn{})
-		res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
-		assert.Equal(t, http.StatusOK, res.status)
-		assert.Equal(t, "plain text", string(res.raw))
+	t.Run("JSON that is not an object is scrubbed", func(t *testing.T) {
+		for body, want := range map[string]string{
+			`["kv\u005ftransfer_params"]`: `["kv\u005ftransfer_params"]`,
+			`[{"kv_transfer_params":1}]`:  `[{}]`,
+		} {
+			f := newFake(t)
+			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, body) }
+			r := fakeRouter(t, f, &lastTurn{})
+			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+			assert.Equal(t, http.StatusOK, res.status)
+			assert.Equal(t, want, string(res.raw))
+		}
 	})
 	t.Run("nested in a choice", func(t *testing.T) {
 		f := newFake(t)

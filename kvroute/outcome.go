@@ -105,7 +105,7 @@ const (
 	RefuseHandleTooLarge  Refusal = "handle_too_large" // the entry is over WithMaxEntryBytes or the Store's value bound
 	RefuseIdentifierError Refusal = "identifier_error" // the Identifier failed
 	RefuseStoreError      Refusal = "store_error"      // the Store failed
-	RefuseNotJSON         Refusal = "not_json"         // the decode answer was not JSON
+	RefuseNotJSON         Refusal = "not_json"         // the decode answer was JSON but not an object
 	RefuseStreamError     Refusal = "stream_error"     // the stream broke
 	RefuseClosedEarly     Refusal = "closed_early"     // the caller closed the stream before its end
 	// RefuseFinishPrefix prefixes a finish reason other than stop or

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -88,6 +89,12 @@ func (r *Response) Next() ([]byte, error) {
 		r.pending = sse.Event{}
 	} else {
 		ev, err = r.reader.Next()
+	}
+	if err == nil && ev.Incomplete {
+		// The stream ended inside an event: a client would not dispatch
+		// it (the SSE rule), so it is not forwarded, and the stream ends
+		// here.
+		err = io.EOF
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
@@ -263,57 +270,51 @@ func (r *Response) end(err error) {
 	t.finish()
 }
 
-// errMalformedHandle fails a non-streaming decode answer that is not a JSON
-// object but may hold kv_transfer_params: it is never forwarded.
-var errMalformedHandle = errors.New("kvroute: the decode engine's answer is not a JSON object and may hold a KV handle")
+// errUnsafeAnswer fails a decode answer that cannot be forwarded safely:
+// it may hide a KV handle (see sse.Scrub). Such a failure is not redone:
+// the same request would likely bring the same answer.
+var errUnsafeAnswer = errors.New("kvroute: the decode engine's answer cannot be forwarded safely (it may hide a KV handle)")
 
-// readBody reads a non-streaming answer, strips its handle and retains it.
+// readBody reads a non-streaming answer, takes its handle, and keeps for
+// the caller what sse.Scrub lets through: every kv_transfer_params
+// removed, at any depth; an answer that is not JSON, or holds members
+// only handles have elsewhere, fails closed.
 func (r *Response) readBody() error {
 	defer r.release()
 	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
 	if err != nil {
 		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
 	}
-	obj, err := jsonraw.Parse(b)
-	if err != nil {
-		if sse.MayHoldHandle(b) {
-			// Not a JSON object, so nothing can be stripped, yet it may
-			// spell a handle: fail closed.
-			return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: errMalformedHandle}
+	obj, perr := jsonraw.Parse(b)
+	isObject := perr == nil
+	if !isObject && !errors.Is(perr, jsonraw.ErrNotObject) {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: not JSON", errUnsafeAnswer)}
+	}
+	var handle []byte
+	if isObject {
+		if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
+			handle = append([]byte(nil), h...)
 		}
-		// Not JSON: nothing to strip or capture; pass it on untouched.
-		r.Body = b
+		if r.t.idsAdded || r.t.idsAsked {
+			r.t.bodyTokenIDs(obj)
+		}
+		if r.t.idsAdded {
+			// The client did not ask for token ids: they never reach it.
+			b, _ = sse.StripTokenIDs(b)
+		}
+	}
+	out, _, err := sse.Scrub(nil, b)
+	if err != nil {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: %w", errUnsafeAnswer, err)}
+	}
+	r.Body = out
+	r.Header.Del("Content-Length")
+	if !isObject {
+		// Valid JSON but not an object: nothing to capture.
 		r.t.rec.StoreRefusal = RefuseNotJSON
 		r.finishBody()
 		return nil
 	}
-	var handle []byte
-	h, hasHandle := obj.Get(kvKey)
-	if hasHandle && !jsonraw.IsNull(h) {
-		handle = append([]byte(nil), h...)
-	}
-	if r.t.idsAdded || r.t.idsAsked {
-		r.t.bodyTokenIDs(obj)
-	}
-	switch {
-	case r.t.idsAdded:
-		// The client did not ask for token ids: they never reach it.
-		b, _ = sse.StripTokenIDs(obj.Edit([]string{kvKey}))
-	case hasHandle:
-		b = obj.Edit([]string{kvKey})
-	}
-	if sse.MayHoldHandle(b) {
-		if out, ok := sse.StripChoiceHandles(b); ok {
-			b = out
-		}
-	}
-	if sse.HasHandleKey(b) {
-		// A handle where engines put none (nested below a choice's
-		// message, say): fail closed rather than forward it.
-		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: errMalformedHandle}
-	}
-	r.Body = b
-	r.Header.Del("Content-Length")
 	r.t.retain(handle, r.t.req.api.bodyReply(obj))
 	r.finishBody()
 	return nil

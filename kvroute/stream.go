@@ -2,6 +2,8 @@ package kvroute
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
@@ -76,6 +78,8 @@ type typedStream struct {
 	rep    *Reply
 	done   bool
 	out    []byte
+	seq    int64 // the last sequence_number seen, valid with hasSeq
+	hasSeq bool
 }
 
 func (s *typedStream) Done() bool                           { return s.done }
@@ -90,34 +94,46 @@ func (s *typedStream) Reply() *Reply {
 }
 
 func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
-	data, changed := ev.Data, false
-	if ev.HasData {
+	if ev.Incomplete {
+		return nil, nil // never dispatched by a client: never forwarded
+	}
+	if ev.HasData && len(ev.Data) > 0 && string(ev.Data) != "[DONE]" {
 		obj, err := jsonraw.Parse(ev.Data)
 		switch {
 		case err == nil:
 			s.observe(obj, ev)
-			if sse.MayHoldHandle(ev.Data) {
-				if data, changed = s.strip(obj); sse.HasHandleKey(data) {
-					return nil, sse.ErrMalformedData // a handle where this API puts none
-				}
-			}
-		case sse.MayHoldHandle(ev.Data):
-			return nil, sse.ErrMalformedData // not JSON, yet it may spell a handle
+			s.takeHandle(obj)
+		case !errors.Is(err, jsonraw.ErrNotObject):
+			return nil, fmt.Errorf("%w: %w", sse.ErrMalformedData, err)
 		}
 	}
-	// Lines outside the data that name a handle are dropped (sse.Rewrite).
-	out, rewritten := sse.Rewrite(s.out[:0], ev, data, changed)
+	// The one mechanism: every kv_transfer_params removed at any depth,
+	// members only handles have anywhere else refused, and of the lines
+	// outside the data only what a client reads.
+	out, rewritten, err := sse.ScrubEvent(s.out[:0], ev, ev.Data, false)
+	if err != nil {
+		return nil, err
+	}
 	if rewritten {
 		s.out = out
 	}
 	return out, nil
 }
 
+// sequence returns the sequence_number of the last event seen (Responses
+// events carry one), and whether one was seen.
+func (s *typedStream) sequence() (int64, bool) { return s.seq, s.hasSeq }
+
 // observe notes a final event and reads the reply from it.
 func (s *typedStream) observe(obj jsonraw.Object, ev sse.Event) {
 	typ := ""
 	if v, ok := obj.Get("type"); ok {
 		typ, _ = jsonraw.String(v)
+	}
+	if v, ok := obj.Get("sequence_number"); ok {
+		if n, ok := jsonraw.Int(v); ok {
+			s.seq, s.hasSeq = n, true
+		}
 	}
 	if s.final[typ] || s.final[ev.Name] {
 		s.done = true
@@ -127,27 +143,19 @@ func (s *typedStream) observe(obj jsonraw.Object, ev sse.Event) {
 	}
 }
 
-// strip takes the handle wherever this API may put it (the top level, or
-// the nested object) and returns the data without it, and whether it
-// changed.
-func (s *typedStream) strip(obj jsonraw.Object) ([]byte, bool) {
-	var set []jsonraw.Member
-	h, top := obj.Get(kvKey)
-	if top && !jsonraw.IsNull(h) {
+// takeHandle keeps the handle wherever this API may put it: the top level,
+// or the nested object (the last non-null one wins). ScrubEvent removes
+// it, with every other kv_transfer_params.
+func (s *typedStream) takeHandle(obj jsonraw.Object) {
+	if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
 		s.handle = bytes.Clone(h)
 	}
-	if s.nested != "" {
-		if inner, ok := obj.Get(s.nested); ok && len(inner) > 0 && inner[0] == '{' {
-			if io, err := jsonraw.Parse(inner); err == nil && io.Has(kvKey) {
-				if h, _ := io.Get(kvKey); !jsonraw.IsNull(h) {
-					s.handle = bytes.Clone(h)
-				}
-				set = append(set, jsonraw.Member{Key: s.nested, Value: io.Edit([]string{kvKey})})
-			}
+	if s.nested == "" {
+		return
+	}
+	if inner, ok := obj.Get(s.nested); ok && len(inner) > 0 && inner[0] == '{' {
+		if h, ok := jsonraw.Lookup(inner, kvKey); ok && !jsonraw.IsNull(h) {
+			s.handle = bytes.Clone(h)
 		}
 	}
-	if !top && set == nil {
-		return obj.Bytes(), false // the word sits in content, which is the client's
-	}
-	return obj.Edit([]string{kvKey}, set...), true
 }

@@ -45,7 +45,10 @@ func TestResponsesStreamCapture(t *testing.T) {
 	assert.Equal(t, "hi", s.Reply().Content)
 	assert.Equal(t, "stop", s.Reply().FinishReason)
 
-	_, err = s.Forward(nextEvent(t, "data: {\"type\":\"x\",\"item\":{\"kv_transfer_params\":{}}}\n\n"))
+	out, err = s.Forward(nextEvent(t, "data: {\"type\":\"x\",\"item\":{\"kv_transfer_params\":{}}}\n\n"))
+	require.NoError(t, err)
+	assert.Equal(t, "data: {\"type\":\"x\",\"item\":{}}\n\n", string(out), "removed at any depth")
+	_, err = s.Forward(nextEvent(t, "data: {\"type\":\"x\",\"item\":{\"remote_engine_id\":\"d\"}}\n\n"))
 	assert.ErrorIs(t, err, sse.ErrMalformedData)
 	_, err = s.Forward(nextEvent(t, "data: not json kv_transfer_params\n\n"))
 	assert.ErrorIs(t, err, sse.ErrMalformedData)
