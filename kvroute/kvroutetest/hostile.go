@@ -2,13 +2,18 @@ package kvroutetest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Hostile decode engines: answers a router must never pass on with a KV
@@ -174,3 +179,89 @@ func prefillAnswerFor(path string) string {
 	}
 	return `{"id":"chatcmpl-p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"kv_transfer_params":` + hostilePrefillHandle + `}`
 }
+
+// hostileRequest is a minimal request of the API at path.
+func hostileRequest(path string, stream bool) string {
+	switch path {
+	case PathCompletions:
+		return fmt.Sprintf(`{"model":"m","prompt":"hi","max_tokens":8,"stream":%v}`, stream)
+	case PathResponses:
+		return fmt.Sprintf(`{"model":"m","input":"hi","max_output_tokens":8,"stream":%v}`, stream)
+	case PathMessages:
+		return fmt.Sprintf(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, stream)
+	}
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":%v}`, stream)
+}
+
+// TestHostile runs every HostileAnswer of the four APIs (PathChat,
+// PathCompletions, PathResponses, PathMessages), streaming and not,
+// through the router (or a proxy in front of one) at url, whose only
+// decode engine is e, with client (give it a transport with
+// DisableCompression, so that it sees the bytes as sent). For each answer
+// it checks that:
+//
+//   - CheckLeak finds nothing of the handle in what the client received;
+//   - an answer whose handle is removable (HostileAnswer.Clean) reaches
+//     the client with 200 and exactly as Clean: the same bytes for a body,
+//     the same events (read strictly and leniently) for a stream;
+//   - a 2xx answer is decoded once: a failure that the same request would
+//     bring again is not redone.
+func TestHostile(t *testing.T, e *HostileEngine, url string, client *http.Client) {
+	for _, path := range []string{PathChat, PathCompletions, PathResponses, PathMessages} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
+				for _, a := range HostileAnswers(path, stream) {
+					t.Run(a.Name, func(t *testing.T) { hostileTurn(t, e, url, client, a) })
+				}
+			})
+		}
+	}
+}
+
+func hostileTurn(t *testing.T, e *HostileEngine, url string, client *http.Client, a HostileAnswer) {
+	t.Helper()
+	e.SetAnswer(a)
+	before := e.DecodeLegs()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+a.Path, strings.NewReader(hostileRequest(a.Path, a.Stream)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept-Encoding", "gzip, br, zstd, deflate")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	if err := CheckLeak(resp.Header, body, HostileSecrets()...); err != nil {
+		t.Fatalf("%v\nstatus %d, engine answer %.300q\nforwarded %.600q", err, resp.StatusCode, a.Body, body)
+	}
+	if n := e.DecodeLegs() - before; a.Status/100 == 2 && n != 1 {
+		t.Errorf("%d decode legs, want 1: a deterministic failure is not redone", n)
+	}
+	if a.Clean == nil {
+		return
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d for a removable handle: %.600q", resp.StatusCode, body)
+	}
+	if !a.Stream {
+		if !bytes.Equal(a.Clean, body) {
+			t.Errorf("forwarded %q\nwant      %q", body, a.Clean)
+		}
+		return
+	}
+	for _, lenient := range []bool{false, true} {
+		if got, want := ParseEvents(body, lenient), ParseEvents(a.Clean, lenient); !slices.EqualFunc(got, want, eventEqual) {
+			t.Errorf("lenient %v: forwarded events %q\nwant %q", lenient, got, want)
+		}
+	}
+}
+
+func eventEqual(a, b Event) bool { return a.Name == b.Name && a.ID == b.ID && bytes.Equal(a.Data, b.Data) }

@@ -1,6 +1,7 @@
 package kvroutetest
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -356,7 +357,7 @@ func hostileStreams(path string, a apiAnswer) []HostileAnswer {
 	for _, line := range []string{": " + HostileHandle, ": kv_transfer_params", "id: " + HostileHandle, "event: kv_transfer_params",
 		"kv_transfer_params: " + HostileHandle, "retry: " + HostileHandle, ": \\u006bv_transfer_params", ": remote_engine_id " + HostileEngineID,
 		": \xff\xfe" + HostileEngineID} {
-		add("line "+strings.SplitN(line, " ", 2)[0]+" naming the handle", streamHeader,
+		add(fmt.Sprintf("line %.24q naming the handle", line), streamHeader,
 			streamWith(evLine(a.events[a.final], line+"\ndata: "+enc(final)+"\n\n")), clean)
 	}
 	add("CR line ends", streamHeader, strings.ReplaceAll(finalWith(jmember{`\u006bv_transfer_params`, jraw(HostileHandle)}), "\n", "\r"), clean)
@@ -368,7 +369,7 @@ func hostileStreams(path string, a apiAnswer) []HostileAnswer {
 
 	// Cut in the middle of an event.
 	add("cut inside the final event", streamHeader, streamWith(evLine(a.events[a.final], "data: "+finalText)), nil)
-	add("cut inside the final event's key", streamHeader, streamWith(evLine(a.events[a.final], "data: "+finalText[:keyAt+5])), nil)
+	add("cut inside the handle", streamHeader, streamWith(evLine(a.events[a.final], "data: "+finalText[:strings.Index(finalText, HostileHost)+5])), nil)
 	add("cut after the final event's data line", streamHeader, streamWith(evLine(a.events[a.final], "data: "+finalText+"\n")), nil)
 
 	// Compressed streams, headers.

@@ -3,6 +3,7 @@ package kvroutetest
 import (
 	"bytes"
 	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,8 +20,8 @@ import (
 //   - at the headers: a Content-Encoding other than identity (the client
 //     would decode bytes no one inspected), a header whose name or value
 //     names kv_transfer_params or a handle member;
-//   - at the raw bytes of headers and body, and of the body gunzipped when
-//     it is gzip: any of secrets (the distinctive values of the handles
+//   - at the raw bytes of headers and body, and of the body decompressed
+//     when it is a gzip or zlib stream: any of secrets (the distinctive values of the handles
 //     in play, such as HostileSecrets) is a leak;
 //   - at every JSON value the client would decode: the body, and the data
 //     of every event of a stream, read both as the SSE specification says
@@ -28,8 +29,9 @@ import (
 //     line, as go-sse does); every member at every depth is decoded
 //     (escapes resolved, duplicates included, numbers as written), and a
 //     member named kv_transfer_params or a handle member (HandleMembers), or
-//     a decoded string holding a secret, is a leak. Data that is not JSON
-//     but names a handle member or holds a \u escape is a leak as well.
+//     a decoded string holding a secret, is a leak. Data that is not JSON,
+//     and a stream's line outside the data, that names a handle member or
+//     holds a \u escape is a leak as well.
 //
 // A stream is recognised by its Content-Type (text/event-stream).
 func CheckLeak(h http.Header, body []byte, secrets ...string) error {
@@ -56,12 +58,9 @@ func CheckLeak(h http.Header, body []byte, secrets ...string) error {
 	if err := checkRaw("the body", body, secrets); err != nil {
 		return err
 	}
-	if bytes.HasPrefix(body, []byte{0x1f, 0x8b}) {
-		if zr, err := gzip.NewReader(bytes.NewReader(body)); err == nil {
-			plain, _ := io.ReadAll(io.LimitReader(zr, 64<<20))
-			if err := checkRaw("the gunzipped body", plain, secrets); err != nil {
-				return err
-			}
+	if plain := inflate(body); plain != nil {
+		if err := checkRaw("the decompressed body", plain, secrets); err != nil {
+			return err
 		}
 	}
 	if mt, _, _ := strings.Cut(h.Get("Content-Type"), ";"); strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
@@ -70,6 +69,9 @@ func CheckLeak(h http.Header, body []byte, secrets ...string) error {
 			if !bytes.HasPrefix(line, []byte("data:")) && string(line) != "data" {
 				if err := checkText("a line outside the data", line, secrets); err != nil {
 					return err
+				}
+				if bytes.Contains(line, []byte(`\u`)) {
+					return fmt.Errorf("a line outside the data holds a \\u escape: %.200q", line)
 				}
 			}
 		}
@@ -83,6 +85,31 @@ func CheckLeak(h http.Header, body []byte, secrets ...string) error {
 		return nil
 	}
 	return checkData("the body", body, secrets)
+}
+
+// inflate returns b decompressed when it is a gzip or zlib stream (the
+// frames brotli and zstd answers use here hold their bytes as they are, so
+// the raw checks see them), else nil.
+func inflate(b []byte) []byte {
+	var r io.Reader
+	switch {
+	case bytes.HasPrefix(b, []byte{0x1f, 0x8b}):
+		zr, err := gzip.NewReader(bytes.NewReader(b))
+		if err != nil {
+			return nil
+		}
+		r = zr
+	case len(b) > 2 && b[0] == 0x78 && (uint16(b[0])<<8|uint16(b[1]))%31 == 0:
+		zr, err := zlib.NewReader(bytes.NewReader(b))
+		if err != nil {
+			return nil
+		}
+		r = zr
+	default:
+		return nil
+	}
+	plain, _ := io.ReadAll(io.LimitReader(r, 64<<20))
+	return plain
 }
 
 // checkText looks for handle member names and secrets in text that is
