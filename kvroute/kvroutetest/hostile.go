@@ -264,4 +264,6 @@ func hostileTurn(t *testing.T, e *HostileEngine, url string, client *http.Client
 	}
 }
 
-func eventEqual(a, b Event) bool { return a.Name == b.Name && a.ID == b.ID && bytes.Equal(a.Data, b.Data) }
+func eventEqual(a, b Event) bool {
+	return a.Name == b.Name && a.ID == b.ID && bytes.Equal(a.Data, b.Data)
+}
