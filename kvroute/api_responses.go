@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
 // PathResponses is OpenAI's Responses API, as vLLM serves it.
@@ -29,6 +30,15 @@ func (responsesAPI) validate(obj jsonraw.Object) error {
 	if v, ok := obj.Get("background"); ok {
 		if b, _ := lenientBool(v); b {
 			return badRequest("background responses are not supported through a prefill/decode router")
+		}
+	}
+	// The response object echoes the request (metadata, tools, text,
+	// ...): a member there named as a KV handle or its members would make
+	// every answer fail closed, so it is refused here, before any engine
+	// is asked. The top-level kv_transfer_params is always replaced.
+	for i := range obj.Len() {
+		if key, v := obj.Member(i); key != kvKey && sse.NamesHandleMember(v) {
+			return badRequest("%s holds a member whose name is reserved for KV handles (their key, or remote_block_ids, remote_engine_id, remote_request_id, remote_num_tokens, remote_blocks_expiry_time, do_remote_decode, do_remote_prefill): the response would echo it", key)
 		}
 	}
 	return nil

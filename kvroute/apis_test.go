@@ -267,3 +267,40 @@ func TestAgentAnchorIgnoresCacheControl(t *testing.T) {
 	assert.Equal(t, keys(turn1), keys(asString), "string or blocks")
 	assert.NotEqual(t, keys(turn1), keys(other), "another conversation")
 }
+
+// Issue 21.21: a Responses answer echoes the request's metadata, tools and
+// text; a member there named kv_transfer_params or as a handle's members
+// are would make every decode answer fail closed. Such a request is
+// refused up front with 400, before any engine is asked (it was a 502
+// after three full prefill and decode attempts).
+func TestResponsesReservedNames(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	r := newRouter(t, c)
+	url := newServer(t, r) // the words are the client's: no leak guard
+	tool := func(props string) string {
+		return `"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":` + props + `}}]`
+	}
+	for _, extra := range []string{
+		`"metadata":{"kv_transfer_params":"x"}`,
+		`"metadata":{"\u006bv_transfer_params":"x"}`,
+		tool(`{"kv_transfer_params":{"type":"string"}}`),
+		tool(`{"remote_engine_id":{"type":"string"}}`),
+		`"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object","properties":{"remote_block_ids":{"type":"array"}}}}}`,
+	} {
+		for _, stream := range []bool{false, true} {
+			before := len(c.Prefill[0].Requests()) + len(c.Decode[0].Requests())
+			body := `{"model":"` + kvroutetest.DefaultModel + `","input":"hi","max_output_tokens":4,"stream":` + fmt.Sprint(stream) + `,` + extra + `}`
+			res := send(t, url, kvroute.PathResponses, []byte(body), nil)
+			assert.Equal(t, http.StatusBadRequest, res.status, "%s: %s", extra, res.raw)
+			assert.Contains(t, string(res.raw), "reserved", extra)
+			assert.Equal(t, before, len(c.Prefill[0].Requests())+len(c.Decode[0].Requests()), "no engine is asked: %s", extra)
+		}
+	}
+	// The same words as text, or a top-level kv_transfer_params (always
+	// replaced), are no reason to refuse.
+	for _, extra := range []string{`"metadata":{"note":"kv_transfer_params remote_engine_id"}`, `"kv_transfer_params":{"do_remote_decode":true}`} {
+		body := `{"model":"` + kvroutetest.DefaultModel + `","input":"hi","max_output_tokens":4,` + extra + `}`
+		res := send(t, url, kvroute.PathResponses, []byte(body), nil)
+		assert.Equal(t, http.StatusOK, res.status, "%s: %s", extra, res.raw)
+	}
+}

@@ -269,3 +269,22 @@ func reframe(dst []byte, e Event, data []byte, replace bool) []byte {
 	})
 	return dst
 }
+
+// NamesHandleMember reports whether the JSON text data has, at any depth, a
+// member whose decoded name is kv_transfer_params or one only handles have
+// (see Scrub); false when data is not valid JSON. A router uses it on
+// requests whose answers echo parts of them (OpenAI's Responses API echoes
+// metadata, tools and text): such a member would make every answer fail
+// closed.
+func NamesHandleMember(data []byte) bool {
+	if !MayHoldHandle(data) {
+		return false
+	}
+	_, _, err := jsonraw.Prune(nil, data, func(key []byte) jsonraw.Verdict {
+		if string(key) == HandleKey {
+			return jsonraw.Refuse
+		}
+		return decideHandle(key)
+	})
+	return errors.Is(err, jsonraw.ErrRefused)
+}
