@@ -52,9 +52,10 @@ type api interface {
 	// ContinuationKeys keys by content.
 	conversation() (head, turns string)
 	// errorBody is an error in the API's JSON shape; streamError the same
-	// as the stream event the API's clients expect.
+	// as the stream event the API's clients expect, after the event whose
+	// sequence number (Responses) is seq-1.
 	errorBody(status int, err error) []byte
-	streamError(status int, err error) []byte
+	streamError(status int, err error, seq int64) []byte
 }
 
 // apiFor returns the API a Router serves at path.
@@ -85,15 +86,36 @@ func ErrorBody(path string, status int, err error) []byte {
 	return errorBody(status, err)
 }
 
+// StreamErrorEvent renders err as the SSE event that ends a broken stream
+// of the API served at path, for a failure of the given status: OpenAI's
+// error body as a data event (data: {"error":{...}}, as vLLM ends a failed
+// chat or completions stream), Responses' error event (event: error with
+// {"type":"error","code","message","param","sequence_number"}, seq being
+// the sequence number after the last event sent), or Anthropic's (event:
+// error with {"type":"error","error":{"type","message"}}) for PathMessages
+// and the paths below it. It is what the Router's http.Handler writes,
+// for programs that end streams themselves (a drain) in the same shapes.
+func StreamErrorEvent(path string, status int, err error, seq int64) []byte {
+	switch {
+	case path == PathMessages || strings.HasPrefix(path, PathMessages+"/"):
+		return messagesAPI{}.streamError(status, err, seq)
+	case path == PathResponses:
+		return responsesAPI{}.streamError(status, err, seq)
+	}
+	return sseError(status, err)
+}
+
 // openAI is what the OpenAI-shaped APIs share: errors, token ids and the
 // chunk stream of chat and completions.
 type openAI struct{}
 
-func (openAI) errorBody(status int, err error) []byte   { return errorBody(status, err) }
-func (openAI) streamError(status int, err error) []byte { return sseError(status, err) }
-func (openAI) tokenIDs() bool                           { return true }
-func (openAI) streamHandles() bool                      { return true }
-func (openAI) conversation() (string, string)           { return "", "" }
+func (openAI) errorBody(status int, err error) []byte { return errorBody(status, err) }
+func (openAI) streamError(status int, err error, _ int64) []byte {
+	return sseError(status, err)
+}
+func (openAI) tokenIDs() bool                 { return true }
+func (openAI) streamHandles() bool            { return true }
+func (openAI) conversation() (string, string) { return "", "" }
 func (openAI) newStream(tokens, strip bool) streamCapture {
 	return newOpenAIStream(tokens, strip)
 }

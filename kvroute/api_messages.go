@@ -155,7 +155,7 @@ func (messagesAPI) errorBody(status int, err error) []byte {
 }
 
 // streamError is Anthropic's error event.
-func (a messagesAPI) streamError(status int, err error) []byte {
+func (a messagesAPI) streamError(status int, err error, _ int64) []byte {
 	b := a.errorBody(status, err)
 	out := make([]byte, 0, len(b)+24)
 	out = append(out, "event: error\ndata: "...)

@@ -1,6 +1,8 @@
 package kvroute
 
 import (
+	"encoding/json"
+
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
 )
@@ -140,4 +142,28 @@ func (responsesAPI) newStream(bool, bool) streamCapture {
 			return responseReply(resp)
 		},
 	}
+}
+
+// responsesErrorEvent is the Responses API's stream error event
+// (ResponseErrorEvent in OpenAI's SDKs): code and message at the top
+// level, param null.
+type responsesErrorEvent struct {
+	Type           string  `json:"type"`
+	Code           string  `json:"code"`
+	Message        string  `json:"message"`
+	Param          *string `json:"param"`
+	SequenceNumber int64   `json:"sequence_number"`
+}
+
+// streamError is the Responses API's error event: event: error, whose
+// data OpenAI's SDKs read as a ResponseErrorEvent and Codex as a failed
+// stream ("Error Code {code}: {message}"). seq follows the last event's
+// sequence_number.
+func (responsesAPI) streamError(status int, err error, seq int64) []byte {
+	_, code := errorKind(status, err)
+	b, _ := json.Marshal(responsesErrorEvent{Type: "error", Code: code, Message: err.Error(), SequenceNumber: seq})
+	out := make([]byte, 0, len(b)+24)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
 }

@@ -97,8 +97,15 @@ func HTTPStatus(err error) int {
 // content: messages come from the router's own errors, and an engine's
 // error message is included only as the engine wrote it.
 func errorBody(status int, err error) []byte {
-	typ := "server_error"
-	code := "upstream_error"
+	typ, code := errorKind(status, err)
+	b, _ := json.Marshal(openAIError{Error: openAIErrorDetail{Message: err.Error(), Type: typ, Code: code}})
+	return b
+}
+
+// errorKind is the type and code of OpenAI's error shape for err.
+func errorKind(status int, err error) (typ, code string) {
+	typ = "server_error"
+	code = "upstream_error"
 	switch {
 	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge || status == http.StatusUnprocessableEntity:
 		typ, code = "invalid_request_error", "invalid_request"
@@ -120,8 +127,7 @@ func errorBody(status int, err error) []byte {
 			code = string(ue.Phase) + "_timeout"
 		}
 	}
-	b, _ := json.Marshal(openAIError{Error: openAIErrorDetail{Message: err.Error(), Type: typ, Code: code}})
-	return b
+	return typ, code
 }
 
 type openAIError struct {

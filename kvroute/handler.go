@@ -24,7 +24,11 @@ import (
 func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	a, ok := apiFor(hr.URL.Path)
 	if !ok {
-		writeError(w, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
+		b := ErrorBody(hr.URL.Path, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write(b)
 		return
 	}
 	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a, status, err) }
@@ -76,7 +80,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
 			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
 		if resp.Streaming() {
-			_ = sse.NewWriter(w).WriteRaw(a.streamError(HTTPStatus(err), err))
+			_ = sse.NewWriter(w).WriteRaw(resp.ErrorEvent(err))
 		}
 	}
 }

@@ -135,6 +135,21 @@ func (r *Response) Next() ([]byte, error) {
 	return out, nil
 }
 
+// ErrorEvent returns the SSE event that ends the stream after err, an
+// error Next or WriteTo returned, in the shape of the turn's API (see
+// StreamErrorEvent; for Responses, numbered after the last event sent).
+// Write it after the last event Next returned: every event Next returns
+// is complete, so it starts on a fresh line.
+func (r *Response) ErrorEvent(err error) []byte {
+	var seq int64
+	if s, ok := r.capture.(interface{ sequence() (int64, bool) }); ok {
+		if n, ok := s.sequence(); ok {
+			seq = n + 1
+		}
+	}
+	return r.t.req.api.streamError(HTTPStatus(err), err, seq)
+}
+
 func (r *Response) streamError(err error) error {
 	var ue *UpstreamError
 	if errors.As(err, &ue) || errors.Is(err, context.Canceled) {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
 )
 
 // retryAfterSeconds is the Retry-After of a shed request: admitted turns
@@ -115,7 +117,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		defer s.open.remove()
 
 		tw := &st.tw
-		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout}
+		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
 		// As with http.MaxBytesReader: the handler's body is the wrapper.
 		r.Body = body
 		next.ServeHTTP(tw, r)
@@ -216,11 +218,12 @@ type turnWriter struct {
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
 	writeTimeout time.Duration
-	wrote        bool // headers went out
-	status       int  // their status
-	replaced     bool // the router's answer was replaced
-	stream       bool // the response is an event stream
-	finished     bool // the last write was the stream's final event
+	wrote        bool  // headers went out
+	status       int   // their status
+	replaced     bool  // the router's answer was replaced
+	stream       bool  // the response is an event stream
+	finished     bool  // the last write was the stream's final event
+	seq          int64 // a Responses stream's last sequence_number, -1 before any
 }
 
 func (w *turnWriter) WriteHeader(code int) {
@@ -253,6 +256,9 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	w.finished = finalEvent(p)
+	if w.stream && w.req.URL.Path == kvroute.PathResponses {
+		w.seq = lastSequence(p, w.seq)
+	}
 	w.deadline()
 	return w.ResponseWriter.Write(p)
 }
@@ -289,12 +295,16 @@ func (w *turnWriter) cut() {
 	w.deadline()
 	switch {
 	case w.stream && !w.finished:
-		b := proxyError(w.req.URL.Path, http.StatusServiceUnavailable, msg, "server_error", "shutting_down")
-		ev := []byte("data: ")
-		if anthropicPath(w.req.URL.Path) {
-			ev = []byte("event: error\ndata: ") // Anthropic's error event
+		var ev []byte
+		switch path := w.req.URL.Path; {
+		case anthropicPath(path): // Anthropic's error event
+			ev = append([]byte("event: error\ndata: "), anthropicErrorBody(http.StatusServiceUnavailable, msg)...)
+		case path == kvroute.PathResponses: // the Responses API's
+			ev = append([]byte("event: error\ndata: "), responsesErrorJSON(msg, "shutting_down", w.seq+1)...)
+		default: // OpenAI's error body as vLLM ends a failed stream
+			ev = append([]byte("data: "), errorJSON(msg, "server_error", "shutting_down")...)
 		}
-		_, _ = w.ResponseWriter.Write(append(append(ev, b...), "\n\n"...))
+		_, _ = w.ResponseWriter.Write(append(ev, "\n\n"...))
 		_ = http.NewResponseController(w.ResponseWriter).Flush()
 	case !w.wrote:
 		w.ResponseWriter.Header().Set("Connection", "close")
@@ -304,6 +314,28 @@ func (w *turnWriter) cut() {
 		w.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.ResponseWriter.Write(b)
 	}
+}
+
+// lastSequence returns the last sequence_number of a Responses stream
+// write p, or seq when p has none.
+func lastSequence(p []byte, seq int64) int64 {
+	const key = `"sequence_number":`
+	i := bytes.LastIndex(p, []byte(key))
+	if i < 0 {
+		return seq
+	}
+	rest := bytes.TrimLeft(p[i+len(key):], " ")
+	n, digits := int64(0), 0
+	for _, c := range rest {
+		if c < '0' || c > '9' || digits == 18 {
+			break
+		}
+		n, digits = n*10+int64(c-'0'), digits+1
+	}
+	if digits == 0 {
+		return seq
+	}
+	return n
 }
 
 // finalEvent reports whether the last event of p, a write of a stream, is

@@ -51,7 +51,13 @@ func TestTurnWriterCut(t *testing.T) {
 		{"messages stream that just ended", "/v1/messages", sse("event: message_delta\ndata: {}\n\n", "event: message_stop\ndata: {}\n\n"), http.StatusOK, "event: message_stop\ndata: {}\n\n"},
 		{"messages events in one write", "/v1/messages", sse("event: message_delta\ndata: {}\n\nevent: message_stop\ndata: {}\n\n"), http.StatusOK, "event: message_stop\ndata: {}\n\n"},
 		{"messages nothing sent", "/v1/messages", func(http.ResponseWriter) {}, http.StatusServiceUnavailable, `"type":"overloaded_error","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period"}}`},
-		{"responses stream in flight", "/v1/responses", sse("event: response.created\ndata: {}\n\n"), http.StatusOK, `"code":"shutting_down","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period","param":null,"type":"server_error"}}` + "\n\n"},
+		// Issue 21.22: the Responses API's own error event, numbered
+		// after the last event sent.
+		{"responses stream in flight", "/v1/responses", sse("event: response.created\ndata: {}\n\n"), http.StatusOK,
+			"\n\nevent: error\ndata: " + `{"code":"shutting_down","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period","param":null,"sequence_number":0,"type":"error"}` + "\n\n"},
+		{"responses stream numbered", "/v1/responses", sse("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n",
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"delta\":\"a\"}\n\n"), http.StatusOK,
+			"\n\nevent: error\ndata: " + `{"code":"shutting_down","message":"proxy: shutting down: the turn was cut at the end of the shutdown grace period","param":null,"sequence_number":2,"type":"error"}` + "\n\n"},
 		{"responses stream that just ended", "/v1/responses", sse("event: response.completed\ndata: {}\n\n"), http.StatusOK, "event: response.completed\ndata: {}\n\n"},
 	}
 	for _, tt := range tests {
@@ -61,7 +67,7 @@ func TestTurnWriterCut(t *testing.T) {
 				path = "/v1/chat/completions"
 			}
 			rec := httptest.NewRecorder()
-			tw := &turnWriter{ResponseWriter: rec, req: httptest.NewRequest(http.MethodPost, path, nil), body: &bodyReader{}}
+			tw := &turnWriter{ResponseWriter: rec, req: httptest.NewRequest(http.MethodPost, path, nil), body: &bodyReader{}, seq: -1}
 			tt.write(tw)
 			tw.cut()
 			assert.Equal(t, tt.status, rec.Code)

@@ -173,3 +173,49 @@ func TestDrainCutsMessagesStream(t *testing.T) {
 		require.FailNow(t, "the proxy did not exit")
 	}
 }
+
+// Issue 21.22: the errors net/http answers itself, before any handler (a
+// request it cannot parse), are in Anthropic's shape on /v1/messages and
+// the paths below it too, as the proxy's and the router's own errors
+// there are; other paths keep OpenAI's.
+func TestMessagesNetHTTPErrorsInAnthropicShape(t *testing.T) {
+	p := startInProcess(t, nil, "--max-header-bytes", "8192")
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+		typ       string
+	}{
+		{"bad Content-Length", "POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nContent-Length: abc\r\n\r\n", 400, "invalid_request_error"},
+		{"two Content-Lengths", "POST /v1/messages?beta=true HTTP/1.1\r\nHost: proxy\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, "invalid_request_error"},
+		{"bad transfer encoding", "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: proxy\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501, "api_error"},
+		{"no Host", "POST /v1/messages HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400, "invalid_request_error"},
+		{"headers above net/http's limit", "POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nX-Big: " + strings.Repeat("a", 40000) + "\r\n\r\n", 431, "invalid_request_error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := p.dial(t)
+			_, err := io.WriteString(c, tc.raw)
+			require.NoError(t, err)
+			resp, body := rawResponse(t, bufio.NewReader(c))
+			assertAnthropicError(t, resp.StatusCode, resp.Header, body, tc.status, tc.typ)
+		})
+	}
+	t.Run("after a request on the same connection", func(t *testing.T) {
+		c := p.dial(t)
+		r := bufio.NewReader(c)
+		_, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: proxy\r\n\r\n")
+		require.NoError(t, err)
+		resp, _ := rawResponse(t, r)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		_, err = io.WriteString(c, "POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nContent-Length: x\r\n\r\n")
+		require.NoError(t, err)
+		resp, body := rawResponse(t, r)
+		assertAnthropicError(t, resp.StatusCode, resp.Header, body, http.StatusBadRequest, "invalid_request_error")
+	})
+	t.Run("OpenAI's paths keep OpenAI's shape", func(t *testing.T) {
+		c := p.dial(t)
+		_, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: abc\r\n\r\n")
+		require.NoError(t, err)
+		resp, body := rawResponse(t, bufio.NewReader(c))
+		assertJSONError(t, resp.StatusCode, resp.Header, body, http.StatusBadRequest, "invalid_request")
+	})
+}

@@ -25,13 +25,74 @@ func (l jsonErrorListener) Accept() (net.Conn, error) {
 	return &jsonErrorConn{Conn: c}, nil
 }
 
-// jsonErrorConn rewrites net/http's plain-text parse errors into OpenAI's
-// JSON error shape, so that every error the proxy emits is JSON. net/http
-// writes each such error with one Write on the connection, then closes it.
-type jsonErrorConn struct{ net.Conn }
+// jsonErrorConn rewrites net/http's plain-text parse errors into JSON, so
+// that every error the proxy emits is JSON: Anthropic's error shape when
+// the request line of the failed request named /v1/messages or a path
+// below it, OpenAI's otherwise. net/http writes each such error with one
+// Write on the connection, then closes it; it has read the request line
+// by then, so the connection's reads tell which API it was for.
+type jsonErrorConn struct {
+	net.Conn
+	lines requestLines
+}
+
+func (c *jsonErrorConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.lines.scan(p[:n])
+	return n, err
+}
+
+// requestLines follows the lines a connection reads and remembers whether
+// the last one that looked like a request line ("METHOD /path ...") was
+// for Anthropic's API. It keeps at most maxLineStart bytes of a line.
+type requestLines struct {
+	start     []byte // the start of the current line
+	midLine   bool   // past the kept start of the current line
+	anthropic bool
+}
+
+// maxLineStart is what a request line needs to tell its path: a method
+// and "/v1/messages" followed by a space, '?' or '/'.
+const maxLineStart = 32
+
+func (l *requestLines) scan(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if !l.midLine {
+			part := b
+			if i >= 0 {
+				part = b[:i]
+			}
+			part = part[:min(len(part), maxLineStart-len(l.start))]
+			l.start = append(l.start, part...)
+			if i >= 0 || len(l.start) == maxLineStart {
+				l.requestLine()
+				l.midLine = true
+			}
+		}
+		if i < 0 {
+			return
+		}
+		b = b[i+1:]
+		l.start, l.midLine = l.start[:0], false
+	}
+}
+
+// requestLine notes the kept start of a line if it is a request line.
+func (l *requestLines) requestLine() {
+	method, rest, ok := bytes.Cut(l.start, []byte(" "))
+	if !ok || len(method) == 0 || bytes.ContainsAny(method, ":\t\r") || len(rest) == 0 || rest[0] != '/' {
+		return
+	}
+	end := bytes.IndexAny(rest, " ?\r")
+	if end < 0 {
+		end = len(rest)
+	}
+	l.anthropic = anthropicPath(string(rest[:end]))
+}
 
 func (c *jsonErrorConn) Write(p []byte) (int, error) {
-	if b, ok := rewriteNetHTTPError(p); ok {
+	if b, ok := rewriteNetHTTPError(p, c.lines.anthropic); ok {
 		if _, err := c.Conn.Write(b); err != nil {
 			return 0, err
 		}
@@ -50,8 +111,9 @@ func (c *jsonErrorConn) CloseWrite() error {
 }
 
 // rewriteNetHTTPError returns the JSON form of one of net/http's own error
-// responses, or false when p is not one.
-func rewriteNetHTTPError(p []byte) ([]byte, bool) {
+// responses (in Anthropic's shape when anthropic is set), or false when p
+// is not one.
+func rewriteNetHTTPError(p []byte, anthropic bool) ([]byte, bool) {
 	const proto = "HTTP/1.1 "
 	if !bytes.HasPrefix(p, []byte(proto)) || len(p) < len(proto)+3 {
 		return nil, false
@@ -66,6 +128,9 @@ func rewriteNetHTTPError(p []byte) ([]byte, bool) {
 	}
 	text := string(rest[len(netHTTPErrorHeaders)-2:])
 	body := errorBody(status, text)
+	if anthropic {
+		body = anthropicErrorBody(status, text)
+	}
 	out := make([]byte, 0, len(line)+len(body)+96)
 	out = append(out, proto...)
 	out = strconv.AppendInt(out, int64(status), 10)

@@ -77,7 +77,7 @@ func TestMalformedRequestsGetJSON(t *testing.T) {
 }
 
 func TestRewriteNetHTTPError(t *testing.T) {
-	b, ok := rewriteNetHTTPError([]byte("HTTP/1.1 400 Bad Request: missing required Host header" + netHTTPErrorHeaders + "400 Bad Request: missing required Host header"))
+	b, ok := rewriteNetHTTPError([]byte("HTTP/1.1 400 Bad Request: missing required Host header"+netHTTPErrorHeaders+"400 Bad Request: missing required Host header"), false)
 	require.True(t, ok)
 	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(string(b))), nil)
 	require.NoError(t, err)
@@ -91,7 +91,7 @@ func TestRewriteNetHTTPError(t *testing.T) {
 		"data: {}\n\n",
 		"HTTP/1.1 ",
 	} {
-		_, ok := rewriteNetHTTPError([]byte(s))
+		_, ok := rewriteNetHTTPError([]byte(s), false)
 		assert.False(t, ok, "handler output passes unchanged: %q", s)
 	}
 }

@@ -354,6 +354,14 @@ func anthropicErrorBody(status int, msg string) []byte {
 	return kvroute.ErrorBody(kvroute.PathMessages, status, errors.New("proxy: "+msg))
 }
 
+// responsesErrorJSON is the data of the Responses API's stream error event
+// (event: error), as kvroute.StreamErrorEvent writes it, with the proxy's
+// prefix and code.
+func responsesErrorJSON(msg, code string, seq int64) []byte {
+	b, _ := json.Marshal(map[string]any{"type": "error", "code": code, "message": "proxy: " + msg, "param": nil, "sequence_number": seq})
+	return b
+}
+
 // errorJSON is OpenAI's error body.
 func errorJSON(msg, typ, code string) []byte {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{
