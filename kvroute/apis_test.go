@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -302,5 +303,40 @@ func TestResponsesReservedNames(t *testing.T) {
 		body := `{"model":"` + kvroutetest.DefaultModel + `","input":"hi","max_output_tokens":4,` + extra + `}`
 		res := send(t, url, kvroute.PathResponses, []byte(body), nil)
 		assert.Equal(t, http.StatusOK, res.status, "%s: %s", extra, res.raw)
+	}
+}
+
+// Issue 21.22: what the Router's handler answers before any turn (a wrong
+// method, a body over WithMaxBodyBytes, a body that is not JSON, a path
+// below /v1/messages it does not serve) is in Anthropic's shape on
+// Anthropic's paths.
+func TestMessagesHandlerErrorsInAnthropicShape(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	r := newRouter(t, c, kvroute.WithMaxBodyBytes(256))
+	url := newServer(t, r)
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		typ                string
+	}{
+		{http.MethodGet, "/v1/messages", "", http.StatusMethodNotAllowed, "invalid_request_error"},
+		{http.MethodPost, "/v1/messages", strings.Repeat("x", 300), http.StatusRequestEntityTooLarge, "request_too_large"},
+		{http.MethodPost, "/v1/messages?beta=true", `{"model":`, http.StatusBadRequest, "invalid_request_error"},
+		{http.MethodPost, "/v1/messages/batches", `{}`, http.StatusNotFound, "not_found_error"},
+	} {
+		req, err := http.NewRequest(tc.method, url+tc.path, strings.NewReader(tc.body))
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode, "%s %s", tc.method, tc.path)
+		var ae struct {
+			Type  string `json:"type"`
+			Error struct{ Type, Message string }
+		}
+		require.NoError(t, json.Unmarshal(raw, &ae), "%s", raw)
+		assert.Equal(t, "error", ae.Type, "%s %s: %s", tc.method, tc.path, raw)
+		assert.Equal(t, tc.typ, ae.Error.Type, "%s %s: %s", tc.method, tc.path, raw)
 	}
 }

@@ -93,6 +93,7 @@ type HostileEngine struct {
 	mu      sync.Mutex
 	answer  HostileAnswer
 	decodes atomic.Int64
+	encoded atomic.Int64 // requests that carried an Accept-Encoding
 	once    sync.Once
 }
 
@@ -119,6 +120,11 @@ func (e *HostileEngine) SetAnswer(a HostileAnswer) {
 // DecodeLegs returns the number of decode legs served.
 func (e *HostileEngine) DecodeLegs() int64 { return e.decodes.Load() }
 
+// AcceptEncodings returns the number of requests that carried an
+// Accept-Encoding header: a router must never ask an engine for a
+// compressed answer, which it could not inspect.
+func (e *HostileEngine) AcceptEncodings() int64 { return e.encoded.Load() }
+
 // Close stops the engine; it is safe to call more than once.
 func (e *HostileEngine) Close() {
 	e.once.Do(func() {
@@ -129,6 +135,9 @@ func (e *HostileEngine) Close() {
 
 func (e *HostileEngine) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
+	if len(r.Header.Values("Accept-Encoding")) > 0 {
+		e.encoded.Add(1)
+	}
 	if r.Method != http.MethodPost {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
@@ -201,6 +210,8 @@ func hostileRequest(path string, stream bool) string {
 // it checks that:
 //
 //   - CheckLeak finds nothing of the handle in what the client received;
+//   - no engine request carries an Accept-Encoding, though the client's
+//     does;
 //   - an answer whose handle is removable (HostileAnswer.Clean) reaches
 //     the client with 200 and exactly as Clean: the same bytes for a body,
 //     the same events (read strictly and leniently) for a stream;
@@ -241,6 +252,9 @@ func hostileTurn(t *testing.T, e *HostileEngine, url string, client *http.Client
 	}
 	if err := CheckLeak(resp.Header, body, HostileSecrets()...); err != nil {
 		t.Fatalf("%v\nstatus %d, engine answer %.300q\nforwarded %.600q", err, resp.StatusCode, a.Body, body)
+	}
+	if n := e.AcceptEncodings(); n > 0 {
+		t.Errorf("%d engine requests carried an Accept-Encoding (the client sent one)", n)
 	}
 	if n := e.DecodeLegs() - before; a.Status/100 == 2 && n != 1 {
 		t.Errorf("%d decode legs, want 1: a deterministic failure is not redone", n)
