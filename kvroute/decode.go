@@ -271,8 +271,7 @@ func identityEncoded(h http.Header) bool {
 // kv_transfer_params or a handle member, or whose value holds a \u escape.
 func dropUnsafeHeaders(h http.Header) {
 	for k, vs := range h {
-		name := strings.ReplaceAll(strings.ToLower(k), "-", "_")
-		drop := k == "Content-Encoding" || strings.Contains(name, "kv_transfer") || strings.Contains(name, "remote_")
+		drop := k == "Content-Encoding" || headerNames(k, "kv_transfer") || headerNames(k, "remote_")
 		for _, v := range vs {
 			drop = drop || strings.Contains(v, kvKey) || strings.Contains(v, "remote_") || strings.Contains(v, `\u`)
 		}
@@ -280,4 +279,28 @@ func dropUnsafeHeaders(h http.Header) {
 			delete(h, k)
 		}
 	}
+}
+
+// headerNames reports whether the header name k contains word (lower case,
+// '_' for a word break), ignoring ASCII case and reading '-' as '_',
+// without allocating.
+func headerNames(k, word string) bool {
+	for i := 0; i+len(word) <= len(k); i++ {
+		j := 0
+		for ; j < len(word); j++ {
+			c := k[i+j]
+			if c == '-' {
+				c = '_'
+			} else if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != word[j] {
+				break
+			}
+		}
+		if j == len(word) {
+			return true
+		}
+	}
+	return false
 }

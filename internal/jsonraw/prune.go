@@ -72,7 +72,6 @@ type pruner struct {
 	scanner
 	decide func(key []byte) Verdict
 	cuts   [][2]int
-	key    [64]byte // decoding buffer for escaped names
 }
 
 // value validates and walks the value at data[i].
@@ -89,13 +88,16 @@ func (p *pruner) value(i int) (int, error) {
 }
 
 // name returns the decoded name of the member whose quoted key is q.
-func (p *pruner) name(q []byte, escaped bool) []byte {
+// Invalid UTF-8 decodes to U+FFFD, which no name a caller looks for
+// contains, so the raw bytes of a key without escapes decide as its
+// decoding would. (The buffer of an escaped key is declared on that path
+// alone, so that only such keys cost an allocation.)
+func name(q []byte, escaped bool) []byte {
 	if !escaped {
-		// Invalid UTF-8 decodes to U+FFFD, which no name a caller looks
-		// for contains, so the raw bytes decide as the decoding would.
 		return q[1 : len(q)-1]
 	}
-	return unquote(p.key[:0], q)
+	var buf [64]byte
+	return unquote(buf[:0], q)
 }
 
 // object walks the object at data[i] == '{'. A cut member takes the comma
@@ -129,7 +131,7 @@ func (p *pruner) object(i int) (int, error) {
 		}
 		i = skipSpace(d, i+1)
 		var valEnd int
-		switch p.decide(p.name(d[keyStart:keyEnd], escaped)) {
+		switch p.decide(name(d[keyStart:keyEnd], escaped)) {
 		case Refuse:
 			return keyStart, fmt.Errorf("%w at offset %d", ErrRefused, keyStart)
 		case Cut:
