@@ -25,8 +25,8 @@
 //     decode engine that held the retained KV is preferred: its own prefix
 //     cache still covers the conversation. The miss handle never reaches D.
 //  4. Capture: D's answer is handed to the caller with every
-//     kv_transfer_params removed and all other bytes untouched, event by
-//     event for a stream. D's handle is read from a non-streaming body or
+//     kv_transfer_params removed, at any depth (sse.Scrub), and all other
+//     bytes untouched, event by event for a stream. D's handle is read from a non-streaming body or
 //     from a stream's final chunk (engines with vLLM PR #40186; stock
 //     engines send none in streams, which is logged once and counted).
 //  5. Store: when the turn ended normally (finish_reason stop or length, the
@@ -186,9 +186,12 @@
 // available, 504 on a timeout. A prefill leg that fails on a connection
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
-// an error can only end it: ServeHTTP writes an SSE event
-// data: {"error":{...}} and closes the connection without data: [DONE], and
-// nothing is retained. A Store failure never fails a turn: it is a miss.
+// an error can only end it: ServeHTTP writes the API's error event
+// (Response.ErrorEvent, StreamErrorEvent: data: {"error":{...}} for chat
+// and completions; event: error with {"type":"error","code","message",
+// "param","sequence_number"} for Responses; Anthropic's event: error for
+// Messages) and closes the connection without the stream's final event,
+// and nothing is retained. A Store failure never fails a turn: it is a miss.
 //
 // # Many engines
 //
@@ -248,17 +251,33 @@
 //     push-mode handle is never retained (StoreRefusal "push_handle",
 //     Stats.PushHandles).
 //   - Handles never reach a client, even from malformed engine output
-//     (fail closed): a non-streaming decode body that is not a JSON object
-//     but contains kv_transfer_params or a \u escape that could spell it is
-//     a 502 naming PhaseDecode (the turn is redone as a plain miss while
-//     decode legs are left); kv_transfer_params is removed at the top level
-//     and from every element of choices, in bodies and stream events; a
-//     stream's comment, id, event or other non-data line that contains
-//     kv_transfer_params is dropped from the event (the rest of the event is
-//     forwarded); a stream event whose data may hold one but is not valid
-//     JSON, or is a JSON array, ends the stream with an error event; an
-//     engine's error body that still names the key after that is replaced
-//     by the router's own error for the status.
+//     (fail closed). Every decode answer goes through one mechanism,
+//     sse.Scrub (ScrubEvent for a stream event), which decides on the
+//     decoded JSON: a member whose decoded name is kv_transfer_params is
+//     removed at any depth, whatever its escapes or duplicates (only a
+//     top-level one, or the one in a Responses or Messages stream's
+//     response or message object, is taken as D's handle); an answer that
+//     is not JSON, or holds a member only handles have (remote_block_ids,
+//     remote_engine_id, remote_request_id, remote_num_tokens,
+//     remote_blocks_expiry_time, do_remote_decode, do_remote_prefill)
+//     outside kv_transfer_params, fails: a 502 naming PhaseDecode for a
+//     body, the stream's end with an error event for an event. So does an
+//     answer with a Content-Encoding other than identity (the legs never
+//     carry the client's Accept-Encoding, so engines have no reason to
+//     compress; D's Content-Encoding is never copied). Such a failure is
+//     not redone: the same request would likely bring the same answer. A
+//     stream's lines outside the data are forwarded only when a client
+//     reads them (comments, event, id, retry) and they are text naming no
+//     handle member and holding no backslash; a byte order mark is ignored
+//     at the start of the stream only, as by sse.Reader (elsewhere the line
+//     is a field a client ignores, dropped). An event the stream ended
+//     inside is never forwarded (a client would not dispatch it), and the
+//     error event that follows starts on a fresh line. Engine headers that
+//     name a handle are dropped, and an engine's error body that names a
+//     handle member anywhere (vLLM's validation errors echo the request)
+//     is replaced by the router's own error for the status. A Responses
+//     request whose echoed members (metadata, tools, text, ...) hold such a
+//     member is refused with 400 before any engine is asked.
 //   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
 //     a longer one ends the stream with an error), a retained entry by
 //     WithMaxEntryBytes (8 MiB, also the default store's value bound), room

@@ -12,9 +12,10 @@ import (
 // its KV handle.
 const HandleKey = "kv_transfer_params"
 
-// ErrMalformedData is returned by Capture.Forward for an event whose data
-// may carry a kv_transfer_params member but is not valid JSON, so that the
-// member cannot be removed safely. Such an event must not be forwarded.
+// ErrMalformedData is returned by Scrub, ScrubEvent and Capture.Forward for
+// data that may hide a KV handle: it is not valid JSON, or it holds a
+// member only handles have outside kv_transfer_params. Such data must not
+// be forwarded.
 var ErrMalformedData = errors.New("sse: malformed event data may carry a KV handle")
 
 // CaptureOption configures a Capture.
@@ -37,7 +38,7 @@ func WithReply() CaptureOption {
 // Capture inspects the events of a vLLM /v1/chat/completions or
 // /v1/completions stream on their way to the client. For each event,
 // Forward returns the bytes to forward, with every kv_transfer_params
-// member removed (top level and in choices, see Forward); the Capture keeps
+// member removed at any depth (ScrubEvent, see Forward); the Capture keeps
 // the last non-null value of the top-level member, and records the finish
 // reason of choice 0, the usage and whether the "[DONE]" event was seen.
 //

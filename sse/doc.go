@@ -4,8 +4,13 @@
 // A Reader splits a byte stream into events following the WHATWG framing
 // rules and keeps the exact bytes of each event, so that a proxy can forward
 // them untouched. A Writer forwards bytes to an http.ResponseWriter and
-// flushes after every event. A Capture looks at each event of an engine's
-// stream, removes the top-level kv_transfer_params member (the decode
-// engine's KV handle, which must never reach a client) and remembers the
-// handle, the finish reason, the usage and, optionally, the reply text.
+// flushes after every event. Scrub and ScrubEvent are the one mechanism
+// an engine's answer goes through on its way to a client: every member
+// whose decoded name is kv_transfer_params (the decode engine's KV handle,
+// which must never reach a client) is removed at any depth, and what may
+// hide a handle otherwise (data that is not JSON, a handle's members
+// elsewhere, lines a client ignores) fails or is dropped. A Capture looks
+// at each event of an engine's stream through ScrubEvent and remembers the
+// top-level handle, the finish reason, the usage and, optionally, the
+// reply text.
 package sse
