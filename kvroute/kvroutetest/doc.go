@@ -117,6 +117,20 @@
 // WithFingerprint makes responses carry vLLM's system_fingerprint (on the
 // final message only, in streams).
 //
+// # Hostile engines
+//
+// HostileEngine is a decode engine that answers with one of
+// HostileAnswers: for each API, streaming and not, every malformed way of
+// hiding a KV handle in an answer (kv_transfer_params spelled with escapes
+// at every object of the answer, a handle's members spread elsewhere,
+// duplicate keys, huge numbers, invalid UTF-8, compressed bodies with and
+// without Content-Encoding, byte order marks and split data lines in
+// streams, streams cut inside an event, headers and error bodies naming
+// the handle). CheckLeak is the oracle: it decodes every JSON value a
+// client receives, at every depth, and looks for handle member names and
+// the handles' distinctive values (HostileSecrets). TestHostile runs them
+// all through a router or proxy.
+//
 // # Faults and time
 //
 // FailNext, CutStreamAfter, Stall, Restart and Refuse inject faults. A
