@@ -47,7 +47,7 @@ type UpstreamError struct {
 	Phase    Phase  // PhasePrefill, PhaseDecode or PhaseStream
 	Endpoint string // base URL of the engine
 	Status   int    // the engine's HTTP status, 0 when none was received
-	Body     []byte // the engine's error body when it sent one (bounded)
+	Body     []byte // the engine's error body when it sent one (bounded), nil unless it is JSON naming no handle member
 	Err      error  // the cause
 
 	retryAfter time.Duration

@@ -20,10 +20,10 @@ import (
 // even if the client's context ended right after the last event.
 const storeTimeout = 2 * time.Second
 
-// Response is the decode engine's answer to one turn, with every
-// kv_transfer_params removed (top level and in choices; a stream's
-// non-data lines that name it are dropped) and all other bytes as the
-// engine sent them.
+// Response is the decode engine's answer to one turn as it may reach a
+// client: every kv_transfer_params removed at any depth, a stream's lines
+// a client ignores or that name a handle dropped (sse.Scrub, ScrubEvent),
+// and all other bytes as the engine sent them.
 //
 // A non-streaming response is complete when Do returns: Body holds it. A
 // streaming response is read event by event with Next, or forwarded whole
