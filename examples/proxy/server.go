@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/sse"
 )
 
 // maxModelsBytes bounds the /v1/models body copied from an engine.
@@ -269,6 +270,12 @@ func (s *server) passThrough(w http.ResponseWriter, r *http.Request, body []byte
 		_ = resp.Body.Close()
 		if err != nil || resp.StatusCode >= 500 {
 			continue
+		}
+		// Through the mechanism every engine answer takes on its way to a
+		// client: JSON without kv_transfer_params, or not at all.
+		if b, _, err = sse.Scrub(nil, b); err != nil || resp.Header.Get("Content-Encoding") != "" {
+			writeError(w, r, http.StatusBadGateway, "the engine's answer to "+r.URL.Path+" cannot be forwarded safely")
+			return
 		}
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
