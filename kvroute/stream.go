@@ -97,12 +97,17 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 	if ev.Incomplete {
 		return nil, nil // never dispatched by a client: never forwarded
 	}
+	var seq int64
+	hasSeq := false
 	if ev.HasData && len(ev.Data) > 0 && string(ev.Data) != "[DONE]" {
 		obj, err := jsonraw.Parse(ev.Data)
 		switch {
 		case err == nil:
 			s.observe(obj, ev)
 			s.takeHandle(obj)
+			if v, ok := obj.Get("sequence_number"); ok {
+				seq, hasSeq = jsonraw.Int(v)
+			}
 		case !errors.Is(err, jsonraw.ErrNotObject):
 			return nil, fmt.Errorf("%w: %w", sse.ErrMalformedData, err)
 		}
@@ -117,11 +122,14 @@ func (s *typedStream) Forward(ev sse.Event) ([]byte, error) {
 	if rewritten {
 		s.out = out
 	}
+	if hasSeq {
+		s.seq, s.hasSeq = seq, true // numbered: the last event forwarded
+	}
 	return out, nil
 }
 
-// sequence returns the sequence_number of the last event seen (Responses
-// events carry one), and whether one was seen.
+// sequence returns the sequence_number of the last event forwarded
+// (Responses events carry one), and whether one was.
 func (s *typedStream) sequence() (int64, bool) { return s.seq, s.hasSeq }
 
 // observe notes a final event and reads the reply from it.
@@ -129,11 +137,6 @@ func (s *typedStream) observe(obj jsonraw.Object, ev sse.Event) {
 	typ := ""
 	if v, ok := obj.Get("type"); ok {
 		typ, _ = jsonraw.String(v)
-	}
-	if v, ok := obj.Get("sequence_number"); ok {
-		if n, ok := jsonraw.Int(v); ok {
-			s.seq, s.hasSeq = n, true
-		}
 	}
 	if s.final[typ] || s.final[ev.Name] {
 		s.done = true
