@@ -101,6 +101,7 @@ const (
 	RefuseNoHandle        Refusal = "no_handle"        // a non-streaming answer without a handle
 	RefuseNoStreamHandle  Refusal = "no_stream_handle" // a stream without a handle (stock vLLM)
 	RefuseUnusableHandle  Refusal = "unusable_handle"  // a handle an engine would not act on
+	RefuseInvalidHandle   Refusal = "invalid_handle"   // a handle with a value vLLM cannot read correctly (Stats.InvalidHandles)
 	RefusePushHandle      Refusal = "push_handle"      // transfer_mode "push": not usable bidirectionally
 	RefuseHandleTooLarge  Refusal = "handle_too_large" // the entry is over WithMaxEntryBytes or the Store's value bound
 	RefuseIdentifierError Refusal = "identifier_error" // the Identifier failed

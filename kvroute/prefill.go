@@ -62,8 +62,11 @@ func (b legBody) reader(ref *bodyRef) *transport.Buffers {
 func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, error) {
 	handle, attached := missHandle, false
 	if ent != nil {
-		h, err := hitHandle(ent.handle)
+		h, err := hitHandle(ent.handle, t.r.cfg.blockSize)
 		if err != nil {
+			if errors.Is(err, errInvalidHandle) {
+				t.r.invalidHandle(PhaseLookup, ent.endpoint, err)
+			}
 			t.miss(MissBadEntry)
 		} else {
 			handle, attached = h, true
@@ -207,8 +210,11 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, atta
 	if !ok || jsonraw.IsNull(h) {
 		return nil, t.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := inspectHandle(h)
+	hi, err := checkHandle(h, t.r.cfg.blockSize)
 	if err != nil {
+		if errors.Is(err, errInvalidHandle) {
+			t.r.invalidHandle(PhasePrefill, ep.url, err)
+		}
 		return nil, t.noHandle(ep, resp.StatusCode, err)
 	}
 	if hi.pushMode {

@@ -373,9 +373,13 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
 		return
 	}
-	hi, err := inspectHandle(handle)
+	hi, err := checkHandle(handle, r.cfg.blockSize)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
+		if errors.Is(err, errInvalidHandle) {
+			t.rec.StoreRefusal = RefuseInvalidHandle
+			r.invalidHandle(PhaseDecode, t.decodeURL, err)
+		}
 		return
 	}
 	if hi.pushMode {

@@ -73,6 +73,13 @@ type Stats struct {
 	// LocalFailures counts decode-local legs that failed before any byte
 	// reached the client; each turn ran again as a plain miss.
 	LocalFailures int64
+	// InvalidHandles counts handles refused because vLLM could not read
+	// them correctly (a block id that is not an integer from 0 to 2^31-1,
+	// a port out of range, fewer blocks than remote_num_tokens needs, a
+	// member of the wrong type or named twice): a prefill engine's (the
+	// turn fails as without a handle), a decode engine's (not retained) or
+	// a retained one (not attached).
+	InvalidHandles int64
 }
 
 type counters struct {
@@ -80,6 +87,7 @@ type counters struct {
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
+	invalidHandles                                                                       atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -111,5 +119,6 @@ func (c *counters) snapshot() Stats {
 		ChoseRecompute:  c.choseRecompute.Load(),
 		LocalBusy:       c.localBusy.Load(),
 		LocalFailures:   c.localFailures.Load(),
+		InvalidHandles:  c.invalidHandles.Load(),
 	}
 }
