@@ -1,0 +1,90 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// reuseSystem is long enough for a first turn's KV to be worth a pull.
+const reuseSystem = "You are a coding agent working in a large Go repository. You can list files, read them, run the tests and edit code. " +
+	"Think about the failing tests before you change anything, keep changes small, explain each step in one sentence, " +
+	"and never invent file names: list the directory first. When the tests pass, summarise what you changed and why."
+
+// plainChat is a non-streaming chat body of a system and a user message.
+func plainChat(system, user string) string {
+	b, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 16,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}})
+	return string(b)
+}
+
+// chatAnswer reads the content of a non-streaming chat answer.
+func chatAnswer(t *testing.T, body string) string {
+	t.Helper()
+	var b struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &b), body)
+	require.NotEmpty(t, b.Choices, body)
+	return b.Choices[0].Message.Content
+}
+
+// Issue 21.2, through the proxy's flags: with --key-mode conversation-id
+// and --verification content, a tenant that sends a different, longer
+// prompt under its old conversation id gets no reuse, and no tenant gets a
+// wrong answer from a prefill engine that cached the old KV under that
+// prompt's token hashes.
+func TestConversationIDModeCannotPoison(t *testing.T) {
+	for _, mode := range []string{"content", "tokens"} {
+		t.Run(mode, func(t *testing.T) {
+			cl := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithRenderRoutes(mode == "content"))
+			p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(),
+				"--key-mode", "conversation-id", "--verification", mode, "--api-key", "key-a,key-b")
+			other := "Different instructions: you review pull requests for a payments service written in Rust. " +
+				strings.Repeat("Check every error path, every lock and every allocation before you approve. ", 5)
+			turns := []struct {
+				key, conv, body string
+			}{
+				{"key-a", "c1", plainChat(reuseSystem, "Turn 1: list the failing tests.")},
+				{"key-a", "c1", withToolChoice(plainChat(other, "Turn 1: list the failing tests."), mode)},
+				{"key-b", "", withToolChoice(plainChat(other, "Turn 1: list the failing tests."), mode)},
+			}
+			for i, tr := range turns {
+				h := []string{"Authorization", "Bearer " + tr.key, "Content-Type", "application/json"}
+				if tr.conv != "" {
+					h = append(h, "X-Session-ID", tr.conv)
+				}
+				status, hdr, body := p.do(t, http.MethodPost, "/v1/chat/completions", tr.body, h...)
+				require.Equal(t, http.StatusOK, status, "turn %d: %s", i, body)
+				ref, err := kvroutetest.Reference("/v1/chat/completions", []byte(tr.body))
+				require.NoError(t, err)
+				assert.Equal(t, ref.Text, chatAnswer(t, body), "turn %d differs from a single engine's", i)
+				if i > 0 {
+					assert.NotEqual(t, "hit", hdr.Get("X-Bidikv-Reuse"), "turn %d", i)
+				}
+			}
+			for _, e := range append(cl.Prefill, cl.Decode...) {
+				assert.Zero(t, e.Stats().PoisonedHits, "poisoned prefix-cache hits")
+				assert.Zero(t, e.Stats().WrongOutputs, "wrong outputs")
+			}
+		})
+	}
+}
+
+// withToolChoice adds tool_choice in token mode, where the engines serve
+// no render route and /tokenize cannot render it: verification falls back
+// to content rules.
+func withToolChoice(body, mode string) string {
+	if mode != "tokens" {
+		return body
+	}
+	return strings.TrimSuffix(body, "}") + `,"tool_choice":"none"}`
+}
