@@ -121,9 +121,9 @@ type Config struct {
 	// rank k's is EngineID + "_dp<k>"). Empty (vLLM's default) draws a
 	// random one at every start.
 	EngineID string
-	Clock            Clock     // nil: real time
-	Registry         *Registry // nil: a private registry
-	Logger           *slog.Logger
+	Clock    Clock     // nil: real time
+	Registry *Registry // nil: a private registry
+	Logger   *slog.Logger
 }
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
