@@ -60,6 +60,16 @@ const (
 	// endpoint returns (or another router sharing the store still lists
 	// it), and otherwise expires (Stats.GoneHandles).
 	MissEndpointGone MissReason = "endpoint_gone"
+	// MissRestarted: a handle was found whose decode engine restarted
+	// since it issued it (a later process_start_time_seconds, another
+	// engine id, or a failure to reach an engine without that metric):
+	// its blocks hold other content now, so it is dropped
+	// (Stats.RestartedHandles).
+	MissRestarted MissReason = "engine_restarted"
+	// MissEngineUnconfirmed: the decode engine's /metrics could not be
+	// read to check that it did not restart (WithRestartCheck); the handle
+	// is put back and may be attached once the engine answers.
+	MissEngineUnconfirmed MissReason = "engine_unconfirmed"
 )
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).

@@ -382,6 +382,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		}
 		return
 	}
+	r.sawEngineID(t.decodeURL, handle)
 	if hi.pushMode {
 		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
@@ -46,13 +48,14 @@ type Router struct {
 	storeHealth    storeHealth
 	caps           renderCaps
 	kv             kvLedger
-	bufs           bufPool          // request bodies (ServeHTTP), render answers, stream buffers
-	streamBuf      atomic.Int64     // the size of the last stream's buffer, for the next one's
-	renderBuf      atomic.Int64     // the same for render answers of unknown length
-	handleBuf      atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
-	ids            idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
-	promptIDs      atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
-	maxEvent       sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
+	metricsReads   singleflight.Group // decode engines' /metrics, by URL (restart.go)
+	bufs           bufPool            // request bodies (ServeHTTP), render answers, stream buffers
+	streamBuf      atomic.Int64       // the size of the last stream's buffer, for the next one's
+	renderBuf      atomic.Int64       // the same for render answers of unknown length
+	handleBuf      atomic.Int64       // the length of the last stream's decode handle, for the next one's buffer
+	ids            idPool             // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	promptIDs      atomic.Int64       // the length of the last stream's prompt ids, for the next one's slice
+	maxEvent       sse.ReaderOption   // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -438,6 +441,15 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			r.stats.goneHandles.Add(1)
 			t.putBack(ctx, k, &e, age)
 			return t.miss(MissEndpointGone)
+		}
+		if reason := t.checkRestart(ctx, &e); reason != "" {
+			if reason == MissRestarted {
+				// Its blocks are gone: never attached, not kept.
+				r.stats.restartedHandles.Add(1)
+			} else {
+				t.putBack(ctx, k, &e, age)
+			}
+			return t.miss(reason)
 		}
 		if reason := t.verify(ctx, &e); reason != "" {
 			t.putBack(ctx, k, &e, age)

@@ -80,6 +80,13 @@ type Stats struct {
 	// turn fails as without a handle), a decode engine's (not retained) or
 	// a retained one (not attached).
 	InvalidHandles int64
+	// RestartedHandles counts retained handles dropped because their
+	// decode engine restarted since it issued them (MissRestarted);
+	// DecodeRestarts counts the restarts noticed (a new
+	// process_start_time_seconds or engine id); RestartChecksUnavailable
+	// counts reads of a decode engine's /metrics that found no
+	// process_start_time_seconds.
+	RestartedHandles, DecodeRestarts, RestartChecksUnavailable int64
 }
 
 type counters struct {
@@ -87,7 +94,7 @@ type counters struct {
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
-	invalidHandles                                                                       atomic.Int64
+	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -120,5 +127,9 @@ func (c *counters) snapshot() Stats {
 		LocalBusy:       c.localBusy.Load(),
 		LocalFailures:   c.localFailures.Load(),
 		InvalidHandles:  c.invalidHandles.Load(),
+
+		RestartedHandles:         c.restartedHandles.Load(),
+		DecodeRestarts:           c.decodeRestarts.Load(),
+		RestartChecksUnavailable: c.restartChecksUnavailable.Load(),
 	}
 }
