@@ -148,6 +148,14 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.LocalBusy }),
 		stat("decode_local_failures_total", "Decode-local legs that failed before any byte reached the client; each turn ran again as a plain miss.",
 			func(s kvroute.Stats) int64 { return s.LocalFailures }),
+		stat("invalid_handles_total", "KV handles refused because vLLM could not read them correctly (block ids, port, counts, types, duplicate members).",
+			func(s kvroute.Stats) int64 { return s.InvalidHandles }),
+		stat("restarted_handles_total", "Retained handles dropped because their decode engine restarted since it issued them.",
+			func(s kvroute.Stats) int64 { return s.RestartedHandles }),
+		stat("decode_restarts_total", "Decode engine restarts noticed (a new process_start_time_seconds or engine id).",
+			func(s kvroute.Stats) int64 { return s.DecodeRestarts }),
+		stat("restart_checks_unavailable_total", "Reads of a decode engine's /metrics without process_start_time_seconds.",
+			func(s kvroute.Stats) int64 { return s.RestartChecksUnavailable }),
 	)
 	for _, p := range []struct {
 		path string

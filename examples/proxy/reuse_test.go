@@ -88,3 +88,47 @@ func withToolChoice(body, mode string) string {
 	}
 	return strings.TrimSuffix(body, "}") + `,"tool_choice":"none"}`
 }
+
+// Issue 21.8, through the proxy's flags: with --restart-check, a decode
+// engine with a fixed engine id that restarted (and serves other
+// conversations in the old block ids) never gets its old handle attached:
+// the turn is a miss counted as engine_restarted, with a single engine's
+// answer.
+func TestRestartCheckFlag(t *testing.T) {
+	reg := kvroutetest.NewRegistry()
+	pe := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithEngineID("p-fixed"))
+	de := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithEngineID("d-fixed"))
+	// Every hit reads the engine's start again: the restart below is
+	// instant, where a real one takes far longer than the default 1s.
+	p := startInProcess(t, nil, "--prefill", pe.URL(), "--decode", de.URL(), "--restart-check", "1ns")
+	msgs := []map[string]string{{"role": "system", "content": reuseSystem}}
+	ask := func(text string) (string, string) {
+		t.Helper()
+		msgs = append(msgs, map[string]string{"role": "user", "content": text})
+		b, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 16, "messages": msgs})
+		status, hdr, body := p.do(t, http.MethodPost, "/v1/chat/completions", string(b), "Content-Type", "application/json")
+		require.Equal(t, http.StatusOK, status, body)
+		ref, err := kvroutetest.Reference("/v1/chat/completions", b)
+		require.NoError(t, err)
+		answer := chatAnswer(t, body)
+		assert.Equal(t, ref.Text, answer, "differs from a single engine's")
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": answer})
+		return hdr.Get("X-Bidikv-Reuse"), body
+	}
+	ask("Turn 1: list the failing tests.")
+	reuse, _ := ask("Turn 2: fix the first one.")
+	require.Equal(t, "hit", reuse)
+	de.Restart()
+	other := plainChat("Another conversation. "+reuseSystem, "Turn 1: list the files.")
+	status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", other, "Content-Type", "application/json")
+	require.Equal(t, http.StatusOK, status, body)
+	reuse, _ = ask("Turn 3: run the tests.")
+	assert.Equal(t, "miss", reuse)
+	_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+	assert.Equal(t, "1", metricValue(page, `bidikv_reuse_misses_total{reason="engine_restarted"}`))
+	assert.Equal(t, "1", metricValue(page, "bidikv_restarted_handles_total"))
+	assert.Equal(t, "1", metricValue(page, "bidikv_decode_restarts_total"))
+	for _, e := range []*kvroutetest.Engine{pe, de} {
+		assert.Zero(t, e.Stats().WrongOutputs+e.Stats().FreedReads)
+	}
+}
