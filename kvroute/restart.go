@@ -96,8 +96,8 @@ func baseEngineID(id string) string {
 		if c >= '0' && c <= '9' {
 			continue
 		}
-		if i < len(id)-1 && i >= 3 && id[i-3:i+1] == "_dp" {
-			return id[:i-3]
+		if i < len(id)-1 && i > 2 && id[i-2:i+1] == "_dp" {
+			return id[:i-2]
 		}
 		break
 	}
