@@ -70,6 +70,16 @@ const (
 	// read to check that it did not restart (WithRestartCheck); the handle
 	// is put back and may be attached once the engine answers.
 	MissEngineUnconfirmed MissReason = "engine_unconfirmed"
+	// MissRenderMismatch: the prefill engine that rendered the prompt
+	// computed other tokens within the attached prefix (its prefill leg
+	// asks for return_token_ids): the handle was spent on a wrong pull, and
+	// the turn was redone as a plain miss on another prefill engine, or on
+	// the decode engine when no other is left (Stats.RenderMismatches).
+	// The conversation's later turns avoid that engine (its prefix cache
+	// may hold the pulled blocks under the tokens it computed); a turn
+	// whose only prefill engines are avoided runs on the decode engine
+	// with its handle put back, also reported as MissRenderMismatch.
+	MissRenderMismatch MissReason = "render_mismatch"
 )
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).

@@ -49,6 +49,7 @@ type Router struct {
 	caps           renderCaps
 	kv             kvLedger
 	metricsReads   singleflight.Group // decode engines' /metrics, by URL (restart.go)
+	poison         poisoned           // prefill engines conversations avoid (poison.go)
 	bufs           bufPool            // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf      atomic.Int64       // the size of the last stream's buffer, for the next one's
 	renderBuf      atomic.Int64       // the same for render answers of unknown length
@@ -229,12 +230,26 @@ type turn struct {
 	rec   TurnRecord
 	done  bool
 
-	hint       string     // ConversationHint, for placement only
-	cands      Candidates // what the Identifier's Lookup found, for Verify and Key
-	pDone      time.Time  // when P answered the last prefill leg
-	avoidP     []string   // prefill engines of legs a redo abandoned
-	avoidD     []string   // decode engines that failed this turn
-	decodeLegs int        // decode legs started
+	hint   string     // ConversationHint, for placement only
+	cands  Candidates // what the Identifier's Lookup found, for Verify and Key
+	pDone  time.Time  // when P answered the last prefill leg
+	avoidP []string   // prefill engines of legs a redo abandoned
+	// badP are prefill engines this turn must not use again: their prefill
+	// computed other prompt tokens than the render said, after pulling
+	// the attached KV, which their prefix cache may now hold under the
+	// tokens they computed.
+	badP []string
+	// renderEP is the prefill engine that rendered the prompt, where the
+	// prefill leg that carries the handle goes; verified are the tokens
+	// the handle's fingerprint was compared with.
+	renderEP *endpoint
+	verified []uint32
+	// entKey and entAge are the store key and age of the attached handle,
+	// to put it back when no prefill leg can take it.
+	entKey     string
+	entAge     time.Duration
+	avoidD     []string // decode engines that failed this turn
+	decodeLegs int      // decode legs started
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the
@@ -399,6 +414,9 @@ func (t *turn) lookup(ctx context.Context) *entry {
 	}
 	cands, err := r.ident.Lookup(t.req)
 	t.cands = cands
+	if err == nil {
+		t.badP = r.poison.avoid(cands.Keys, r.cfg.clock())
+	}
 	if err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: identifier lookup failed", slog.String("request_id", t.id), slog.String("err", err.Error()))
 		return t.miss(MissNoKey)
@@ -458,6 +476,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		t.rec.Reuse = ReuseHit
 		t.hit = true
 		t.rec.HandleAge = age
+		t.entKey, t.entAge = k, age
 		if t.choosePath(ctx, k, &e, age) {
 			return nil
 		}
@@ -479,16 +498,27 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 		}
 		toks, err := t.promptTokens(ctx)
 		if err != nil {
-			if errors.Is(err, errNoRenderer) {
+			switch {
+			case errors.Is(err, errNoRenderer):
 				r.stats.tokenFallbacks.Add(1)
 				r.logOnce(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
-			} else {
+			case errors.Is(err, errRenderSkipped):
+				// Counted in Stats.RenderSkipped; the breaker or the
+				// distrust logged why.
+			default:
 				r.stats.renderFailures.Add(1)
-				r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: render call failed; verifying by content instead",
+				var ue *UpstreamError
+				errors.As(err, &ue)
+				ep := ""
+				if ue != nil {
+					ep = ue.Endpoint
+				}
+				r.logOnce(ctx, "render_failed:"+ep, "kvroute: a render call failed; such turns are verified by content instead (Stats.RenderFailures)",
 					slog.String("request_id", t.id), slog.String("err", err.Error()))
 			}
 			return t.verifyContent(e)
 		}
+		t.verified = toks
 		t.rec.PromptTokens = len(toks)
 		cp, err := e.fp.verifyPrefix(toks)
 		if err != nil {

@@ -87,6 +87,20 @@ type Stats struct {
 	// counts reads of a decode engine's /metrics that found no
 	// process_start_time_seconds.
 	RestartedHandles, DecodeRestarts, RestartChecksUnavailable int64
+	// RenderBreaks counts openings of a prefill engine's render circuit
+	// breaker (consecutive failures, or a call that ran out of
+	// WithRenderTimeout); RenderSkipped counts turns that went on without
+	// a render because every prefill engine's renderer was behind an open
+	// breaker or distrusted.
+	RenderBreaks, RenderSkipped int64
+	// RenderMismatches counts prefill legs whose engine computed other
+	// prompt tokens than its render answered (return_token_ids on the leg
+	// that carries a handle): the turn was redone as a plain miss on
+	// another engine (MissRenderMismatch) when the difference lay in the
+	// attached prefix, and that engine's renderer is distrusted for five
+	// minutes. UncheckedPrefills counts such legs whose answer carried no
+	// prompt ids to compare (engines before vLLM PR #22587).
+	RenderMismatches, UncheckedPrefills int64
 }
 
 type counters struct {
@@ -95,6 +109,7 @@ type counters struct {
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
+	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills                     atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -131,5 +146,9 @@ func (c *counters) snapshot() Stats {
 		RestartedHandles:         c.restartedHandles.Load(),
 		DecodeRestarts:           c.decodeRestarts.Load(),
 		RestartChecksUnavailable: c.restartChecksUnavailable.Load(),
+		RenderBreaks:             c.renderBreaks.Load(),
+		RenderSkipped:            c.renderSkipped.Load(),
+		RenderMismatches:         c.renderMismatches.Load(),
+		UncheckedPrefills:        c.uncheckedPrefills.Load(),
 	}
 }
