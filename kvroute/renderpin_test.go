@@ -124,40 +124,80 @@ func (firstHealthy) Select(context.Context, *kvroute.Selection) (int, error) { r
 
 // Issue 21.7: the render call and the prefill leg that carries the handle
 // go to the same prefill engine, whatever the Selector would pick for the
-// leg, so that the tokens verified are those that engine computes.
+// leg, so that the tokens verified are those that engine computes (the
+// only line of defence on Responses and Messages, which return no token
+// ids); on chat and completions the leg asks for its prompt ids.
 func TestRenderAndPrefillOnOneEngine(t *testing.T) {
-	c := kvroutetest.NewCluster(t, 3, 2, kvroutetest.WithStreamHandles(true))
-	g := newRig(t, c, true)
-	for i := 1; i <= 12; i++ {
-		g.turn(i, false)
+	apis := []struct {
+		path string
+		body func(turn int) []byte
+		hear func(raw []byte, turn int)
+	}{}
+	for _, path := range []string{kvroute.PathChatCompletions, kvroute.PathCompletions} {
+		conv := &conversation{path: path, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}, prompt: systemPrompt}
+		apis = append(apis, struct {
+			path string
+			body func(turn int) []byte
+			hear func(raw []byte, turn int)
+		}{path, func(i int) []byte { conv.say(userText(i)); return conv.body() },
+			func(raw []byte, _ int) { text, _ := parseBody(t, raw); conv.hear(text) }})
 	}
-	g.finish()
-	renders := map[string]string{} // request id -> prefill engine URL
-	hits := 0
-	for _, e := range c.Prefill {
-		for _, rec := range e.Requests() {
-			if rec.Role == "render" {
-				renders[strings.TrimSuffix(rec.RequestID, "-render")] = e.URL()
-			}
+	for _, path := range []string{kvroute.PathResponses, kvroute.PathMessages} {
+		base := codexBase()
+		if path == kvroute.PathMessages {
+			base = claudeBase()
 		}
+		conv := &agentConv{path: path, base: base}
+		apis = append(apis, struct {
+			path string
+			body func(turn int) []byte
+			hear func(raw []byte, turn int)
+		}{path, func(i int) []byte { conv.say(userText(i)); return conv.body() },
+			func(raw []byte, i int) { text, _ := agentText(t, path, raw, false); conv.hear(text, i) }})
 	}
-	for _, e := range c.Prefill {
-		for _, rec := range e.Requests() {
-			if rec.Role != "prefill" {
-				continue
+	for _, api := range apis {
+		t.Run(api.path, func(t *testing.T) {
+			c := kvroutetest.NewCluster(t, 3, 2)
+			r := newRouter(t, c)
+			url := serve(t, r)
+			for i := 1; i <= 10; i++ {
+				body := api.body(i)
+				res := send(t, url, api.path, body, nil)
+				require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+				api.hear(res.raw, i)
 			}
-			var b struct {
-				KV  map[string]json.RawMessage `json:"kv_transfer_params"`
-				IDs bool                       `json:"return_token_ids"`
+			renders := map[string]string{} // request id -> prefill engine URL
+			for _, e := range c.Prefill {
+				for _, rec := range e.Requests() {
+					if rec.Role == "render" {
+						renders[strings.TrimSuffix(rec.RequestID, "-render")] = e.URL()
+					}
+				}
 			}
-			require.NoError(t, json.Unmarshal(rec.Body, &b))
-			if string(b.KV["remote_engine_id"]) == "null" {
-				continue
+			hits := 0
+			for _, e := range c.Prefill {
+				for _, rec := range e.Requests() {
+					if rec.Role != "prefill" {
+						continue
+					}
+					var b struct {
+						KV  map[string]json.RawMessage `json:"kv_transfer_params"`
+						IDs bool                       `json:"return_token_ids"`
+					}
+					require.NoError(t, json.Unmarshal(rec.Body, &b))
+					if string(b.KV["remote_engine_id"]) == "null" {
+						continue
+					}
+					hits++
+					assert.Equal(t, renders[rec.RequestID], e.URL(), "turn %s: rendered on one engine, prefilled on another", rec.RequestID)
+					tokenAPI := api.path == kvroute.PathChatCompletions || api.path == kvroute.PathCompletions
+					assert.Equal(t, tokenAPI, b.IDs, "the leg asks for the prompt ids it computes where the API returns them")
+				}
 			}
-			hits++
-			assert.Equal(t, renders[rec.RequestID], e.URL(), "turn %s: rendered on one engine, prefilled on another", rec.RequestID)
-			assert.True(t, b.IDs, "the leg asks for the prompt ids it computes")
-		}
+			assert.GreaterOrEqual(t, hits, 8)
+			for _, e := range append(c.Prefill, c.Decode...) {
+				assert.Zero(t, e.Stats().WrongOutputs)
+			}
+		})
 	}
-	assert.GreaterOrEqual(t, hits, 10)
 }
