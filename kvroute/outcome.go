@@ -129,6 +129,14 @@ const (
 	RefuseNotJSON         Refusal = "not_json"         // the decode answer was not JSON
 	RefuseStreamError     Refusal = "stream_error"     // the stream broke
 	RefuseClosedEarly     Refusal = "closed_early"     // the caller closed the stream before its end
+	// RefuseRenderPending: an API without token ids whose prompt render (a
+	// trial of its engine's render breaker) had not answered when the turn
+	// ended; the handle is retained when it answers (Stats.Stored counts it
+	// then), or not at all.
+	RefuseRenderPending Refusal = "render_pending"
+	// RefuseUnrendered: an API without token ids whose prompt could not be
+	// rendered; its turn cannot be verified by tokens and is not retained.
+	RefuseUnrendered Refusal = "unrendered"
 	// RefuseFinishPrefix prefixes a finish reason other than stop or
 	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
 	// finish as stop in vLLM).

@@ -116,6 +116,8 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		if attached {
 			attachedTokens = ent.tokens
 		}
+		// A prompt to fingerprint for the next turn renders beside the leg.
+		t.startBackgroundRender(ep)
 		// The prompt ids P computes are checked against the verified ones
 		// when a handle rides on the leg and the API returns them.
 		check := attached && t.verified != nil && t.req.api.tokenIDs()

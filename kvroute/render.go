@@ -117,7 +117,7 @@ func (t *turn) pickRenderer(ctx context.Context) (*endpoint, error) {
 		if err != nil {
 			return nil, err
 		}
-		if r.caps.claim(ep.url, now) {
+		if ok, _ := r.caps.claim(ep.url, now); ok {
 			return ep, nil
 		}
 		// Another turn took the breaker's one trial call.

@@ -92,20 +92,20 @@ func (c *renderCaps) skip(ep string, now time.Time) bool {
 }
 
 // claim marks the call about to be made to ep: for an open breaker whose
-// time is up, the one trial call. It reports false when another turn
-// claimed the trial first.
-func (c *renderCaps) claim(ep string, now time.Time) bool {
+// time is up, the one trial call (trial true). It reports false when
+// another turn claimed the trial first.
+func (c *renderCaps) claim(ep string, now time.Time) (ok, trial bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.breakers[ep]
 	if b == nil || !b.open {
-		return true
+		return true, false
 	}
 	if b.probing || now.Before(b.until) {
-		return false
+		return false, false
 	}
 	b.probing = true
-	return true
+	return true, true
 }
 
 // succeeded closes ep's breaker.

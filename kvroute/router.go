@@ -50,13 +50,18 @@ type Router struct {
 	kv             kvLedger
 	metricsReads   singleflight.Group // decode engines' /metrics, by URL (restart.go)
 	poison         poisoned           // prefill engines conversations avoid (poison.go)
-	bufs           bufPool            // request bodies (ServeHTTP), render answers, stream buffers
-	streamBuf      atomic.Int64       // the size of the last stream's buffer, for the next one's
-	renderBuf      atomic.Int64       // the same for render answers of unknown length
-	handleBuf      atomic.Int64       // the length of the last stream's decode handle, for the next one's buffer
-	ids            idPool             // rendered prompts' and streams' prompt token ids, returned when their turn ends
-	promptIDs      atomic.Int64       // the length of the last stream's prompt ids, for the next one's slice
-	maxEvent       sse.ReaderOption   // sse.WithMaxEventSize(cfg.maxEventBytes), made once
+	// bgCtx ends the background renders (bgrender.go) when the Router
+	// closes; bgWG waits for them.
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	bgWG      sync.WaitGroup
+	bufs      bufPool          // request bodies (ServeHTTP), render answers, stream buffers
+	streamBuf atomic.Int64     // the size of the last stream's buffer, for the next one's
+	renderBuf atomic.Int64     // the same for render answers of unknown length
+	handleBuf atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
+	ids       idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	promptIDs atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
+	maxEvent  sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -137,6 +142,8 @@ func New(opts ...Option) (*Router, error) {
 	if r.selector == nil {
 		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
 	}
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	r.closers = append([]func() error{func() error { r.bgCancel(); r.bgWG.Wait(); return nil }}, r.closers...)
 	if stop := r.startProbes(); stop != nil {
 		// Stop the probes before the transport's connections are closed.
 		r.closers = append([]func() error{stop}, r.closers...)
@@ -246,8 +253,10 @@ type turn struct {
 	verified []uint32
 	// entKey and entAge are the store key and age of the attached handle,
 	// to put it back when no prefill leg can take it.
-	entKey     string
-	entAge     time.Duration
+	entKey string
+	entAge time.Duration
+	// bg is the prompt's background render, for APIs without token ids.
+	bg         *bgRender
 	avoidD     []string // decode engines that failed this turn
 	decodeLegs int      // decode legs started
 
@@ -361,6 +370,9 @@ func (t *turn) finish() {
 	t.done = true
 	t.rec.Total = t.since()
 	t.choice.Release()
+	if t.bg != nil {
+		t.bg.abandon()
+	}
 	t.observe()
 	if t.r.cfg.observer != nil {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
