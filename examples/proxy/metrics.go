@@ -156,6 +156,14 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.DecodeRestarts }),
 		stat("restart_checks_unavailable_total", "Reads of a decode engine's /metrics without process_start_time_seconds.",
 			func(s kvroute.Stats) int64 { return s.RestartChecksUnavailable }),
+		stat("render_breaks_total", "Openings of a prefill engine's render circuit breaker (consecutive failures, or a call that ran out of --render-timeout).",
+			func(s kvroute.Stats) int64 { return s.RenderBreaks }),
+		stat("render_skipped_total", "Turns that went on without a render because every prefill engine's renderer was behind an open breaker or distrusted.",
+			func(s kvroute.Stats) int64 { return s.RenderSkipped }),
+		stat("render_mismatches_total", "Prefill legs whose engine computed other prompt tokens than its render answered (the renderer is distrusted; a wrong pull is redone as a plain miss).",
+			func(s kvroute.Stats) int64 { return s.RenderMismatches }),
+		stat("unchecked_prefills_total", "Prefill legs with a handle whose answer carried no prompt_token_ids to check.",
+			func(s kvroute.Stats) int64 { return s.UncheckedPrefills }),
 	)
 	for _, p := range []struct {
 		path string

@@ -2,8 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -131,4 +137,49 @@ func TestRestartCheckFlag(t *testing.T) {
 	for _, e := range []*kvroutetest.Engine{pe, de} {
 		assert.Zero(t, e.Stats().WrongOutputs+e.Stats().FreedReads)
 	}
+}
+
+// Issue 21.16, through the proxy's flags: a prefill engine whose render
+// route hangs costs one turn --render-timeout, once: its breaker opens,
+// and the conversation's later turns go on without asking it (verified by
+// content rules), each with a single engine's answer.
+func TestRenderTimeoutFlag(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	var calls atomic.Int32
+	release := make(chan struct{})
+	target, err := url.Parse(cl.Prefill[0].URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/render") {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body) // so that a client that gives up is noticed
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(func() { close(release) })
+	p := startInProcess(t, nil, "--prefill", front.URL, "--decode", cl.Decode[0].URL(), "--render-timeout", "200ms")
+	msgs := []map[string]string{{"role": "system", "content": reuseSystem}}
+	for i := 1; i <= 6; i++ {
+		msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("Turn %d: go on with the plan.", i)})
+		b, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 16, "messages": msgs})
+		status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", string(b), "Content-Type", "application/json")
+		require.Equal(t, http.StatusOK, status, body)
+		ref, err := kvroutetest.Reference("/v1/chat/completions", b)
+		require.NoError(t, err)
+		answer := chatAnswer(t, body)
+		assert.Equal(t, ref.Text, answer)
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": answer})
+	}
+	assert.Equal(t, int32(1), calls.Load(), "render calls that reached the hung renderer")
+	_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+	assert.Equal(t, "1", metricValue(page, "bidikv_render_breaks_total"))
+	assert.NotEqual(t, "0", metricValue(page, "bidikv_render_skipped_total"))
+	assert.Zero(t, cl.Decode[0].Stats().WrongOutputs)
 }
