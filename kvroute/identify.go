@@ -25,7 +25,11 @@ type Reply = sse.Reply
 // that fails verification is put back. Key runs when the decode engine
 // finished the turn normally and says where to retain its handle. Keys are
 // opaque strings and are never trusted: what they name is verified before
-// use. Implementations must still scope them by req.Tenant() so tenants
+// use. Verify must return true only when the request continues what the
+// handle holds: one that accepts any handle lets a prompt pull another
+// conversation's KV as its prefix, which answers wrongly and leaves those
+// blocks in the prefill engine's prefix cache under that prompt's tokens,
+// where every tenant that sends the prompt reads them. Implementations must still scope them by req.Tenant() so tenants
 // never share a handle. Implementations are called concurrently.
 //
 // The Candidates that Lookup returned are handed back to Verify and Key in
