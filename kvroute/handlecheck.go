@@ -96,7 +96,7 @@ func checkHandle(raw []byte, blockSize int) (handleInfo, error) {
 	if err != nil {
 		return hi, invalid("kv_transfer_params", "is not a JSON object")
 	}
-	if k, dup := duplicateMember(obj); dup {
+	if k, dup := obj.Duplicate(); dup {
 		return hi, invalid(k, "is given twice")
 	}
 	for _, k := range [...]string{"do_remote_decode", "do_remote_prefill"} {
@@ -111,7 +111,8 @@ func checkHandle(raw []byte, blockSize int) (handleInfo, error) {
 		if !ok || jsonraw.IsNull(v) {
 			return hi, errUnusableHandle
 		}
-		if s, isStr := jsonraw.String(v); !isStr || s == "" {
+		// A parsed value that opens with a quote is a string; "" is empty.
+		if len(v) < 3 || v[0] != '"' {
 			return hi, invalid(k, "is not a non-empty string")
 		}
 	}
@@ -169,21 +170,6 @@ func checkHandle(raw []byte, blockSize int) (handleInfo, error) {
 		}
 	}
 	return hi, nil
-}
-
-// duplicateMember reports the first member name obj holds twice, keys
-// compared as decoded.
-func duplicateMember(obj jsonraw.Object) (string, bool) {
-	n := obj.Len()
-	for i := 1; i < n; i++ {
-		ki, _ := obj.Member(i)
-		for j := range i {
-			if kj, _ := obj.Member(j); kj == ki {
-				return ki, true
-			}
-		}
-	}
-	return "", false
 }
 
 // blockGroups checks remote_block_ids (a list of integer lists, or a flat
