@@ -77,6 +77,11 @@ type life struct {
 	checked  time.Time // when /metrics was last read (router clock); zero: never
 	gap      time.Time // the last failure to reach the engine; zero: none
 	noMetric bool      // its last /metrics had no process_start_time_seconds
+	// unread: the last read of /metrics failed, at checked; it is not
+	// tried again (and the engine's handles are not attached) until the
+	// reading is as old as WithRestartCheck, so that an engine that does
+	// not answer costs one read per interval, not one per turn.
+	unread bool
 }
 
 // markGap records a failure to reach the engine at now.
@@ -191,19 +196,28 @@ func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
 	now := r.cfg.clock()
 	l := &ep.life
 	l.mu.Lock()
-	fresh := !l.checked.IsZero() && now.Sub(l.checked) < r.cfg.restartCheck && !l.gap.After(l.checked)
+	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.cfg.restartCheck
+	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
 	l.mu.Unlock()
-	if fresh {
+	switch {
+	case unread:
+		return errUnconfirmed
+	case fresh:
 		return nil
 	}
 	_, err, _ := r.metricsReads.Do(ep.url, func() (any, error) {
 		start, ok, err := r.fetchStart(ctx, ep)
 		if err != nil {
-			ep.life.markGap(r.cfg.clock())
+			l.mu.Lock()
+			l.checked, l.unread = r.cfg.clock(), true
+			if l.checked.After(l.gap) {
+				l.gap = l.checked
+			}
+			l.mu.Unlock()
 			return nil, err
 		}
 		l.mu.Lock()
-		l.checked = now
+		l.checked, l.unread = now, false
 		l.noMetric = !ok
 		changed := false
 		if ok {

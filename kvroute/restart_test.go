@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,4 +148,58 @@ func TestDecodeRestartNeverAttachesOldHandles(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A decode engine whose /metrics cannot be read keeps its handles out of
+// use (MissEngineUnconfirmed, put back) but in the store, and is read again
+// only once per WithRestartCheck: when it answers again, they are attached.
+func TestRestartCheckUnreadable(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := restartCluster(t, true, kvroutetest.WithClock(clk))
+	u, err := url.Parse(c.Decode[0].URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var broken atomic.Bool
+	var reads atomic.Int32
+	front := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			reads.Add(1)
+			if broken.Load() {
+				// The connection breaks: no answer at all.
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	obs := &lastTurn{}
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(front), kvroute.WithObserver(obs), kvroute.WithClock(clk.Now))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	srv := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+	ask := func(i int) kvroute.TurnRecord {
+		t.Helper()
+		conv.say(userText(i))
+		body := conv.body()
+		res := post(t, srv, conv.path, body, nil)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		assert.Equal(t, reference(t, conv.path, body), res.text)
+		conv.hear(res.text)
+		return obs.last()
+	}
+	ask(1)
+	broken.Store(true)
+	assert.Equal(t, kvroute.MissEngineUnconfirmed, ask(2).MissReason)
+	before := reads.Load()
+	// Within the check interval the engine is not read again.
+	assert.Equal(t, kvroute.MissEngineUnconfirmed, ask(3).MissReason)
+	assert.Equal(t, before, reads.Load(), "an unreadable engine is read once per interval")
+	broken.Store(false)
+	clk.Advance(2 * kvroute.DefaultRestartCheck)
+	assert.Equal(t, kvroute.ReuseHit, ask(4).Reuse)
+	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
 }
