@@ -99,6 +99,7 @@ func TestRenderMismatchRedone(t *testing.T) {
 					rec := obs.last()
 					assert.Equal(t, kvroute.MissRenderMismatch, rec.MissReason)
 					assert.Equal(t, int64(1), r.Stats().RenderMismatches)
+					defer func() { assert.Equal(t, int64(3), r.Stats().AvoidedEngineTurns, "turns 3 to 5 kept off the engine") }()
 					for i := 3; i <= 5; i++ {
 						ask(i)
 					}

@@ -427,7 +427,9 @@ func (t *turn) lookup(ctx context.Context) *entry {
 	cands, err := r.ident.Lookup(t.req)
 	t.cands = cands
 	if err == nil {
-		t.badP = r.poison.avoid(cands.Keys, r.cfg.clock())
+		if t.badP = r.poison.avoid(cands.Keys, r.cfg.clock()); len(t.badP) > 0 {
+			r.stats.avoidedEngineTurns.Add(1)
+		}
 	}
 	if err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: identifier lookup failed", slog.String("request_id", t.id), slog.String("err", err.Error()))

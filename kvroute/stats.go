@@ -101,6 +101,11 @@ type Stats struct {
 	// minutes. UncheckedPrefills counts such legs whose answer carried no
 	// prompt ids to compare (engines before vLLM PR #22587).
 	RenderMismatches, UncheckedPrefills int64
+	// AvoidedEngineTurns counts turns that kept off a prefill engine
+	// because an earlier turn of their conversation found it computing
+	// other prompt tokens than its render answered, after it had pulled
+	// (its prefix cache may hold those blocks; see MissRenderMismatch).
+	AvoidedEngineTurns int64
 }
 
 type counters struct {
@@ -109,7 +114,7 @@ type counters struct {
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
-	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills                     atomic.Int64
+	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -150,5 +155,6 @@ func (c *counters) snapshot() Stats {
 		RenderSkipped:            c.renderSkipped.Load(),
 		RenderMismatches:         c.renderMismatches.Load(),
 		UncheckedPrefills:        c.uncheckedPrefills.Load(),
+		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 	}
 }

@@ -164,6 +164,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.RenderMismatches }),
 		stat("unchecked_prefills_total", "Prefill legs with a handle whose answer carried no prompt_token_ids to check.",
 			func(s kvroute.Stats) int64 { return s.UncheckedPrefills }),
+		stat("avoided_engine_turns_total", "Turns that kept off a prefill engine whose prefix cache may hold KV pulled for a mismatched prompt of their conversation.",
+			func(s kvroute.Stats) int64 { return s.AvoidedEngineTurns }),
 	)
 	for _, p := range []struct {
 		path string
