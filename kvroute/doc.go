@@ -20,7 +20,10 @@
 //     removed (P always finishes on length), and kv_transfer_params set to
 //     the retained decode handle (role flags forced: do_remote_decode true,
 //     do_remote_prefill false; every other key byte for byte) or, on a miss,
-//     the miss handle. P answers one token and its own handle.
+//     the miss handle. P answers one token and its own handle. A hit goes
+//     to the prefill engine that rendered the prompt and, on chat and
+//     completions, asks for return_token_ids, whose prompt ids must match
+//     the verified tokens (see Verification).
 //  3. Decode: at once, the client's body goes to D with P's handle. The
 //     decode engine that held the retained KV is preferred: its own prefix
 //     cache still covers the conversation. The miss handle never reaches D.
