@@ -20,7 +20,10 @@
 //     removed (P always finishes on length), and kv_transfer_params set to
 //     the retained decode handle (role flags forced: do_remote_decode true,
 //     do_remote_prefill false; every other key byte for byte) or, on a miss,
-//     the miss handle. P answers one token and its own handle.
+//     the miss handle. P answers one token and its own handle. A hit goes
+//     to the prefill engine that rendered the prompt and, on chat and
+//     completions, asks for return_token_ids, whose prompt ids must match
+//     the verified tokens (see Verification).
 //  3. Decode: at once, the client's body goes to D with P's handle. The
 //     decode engine that held the retained KV is preferred: its own prefix
 //     cache still covers the conversation. The miss handle never reaches D.
@@ -90,8 +93,19 @@
 // as generation would (POST /v1/chat/completions/render or
 // /v1/completions/render; older engines' /tokenize when the request uses
 // none of the fields it ignores; a completions prompt of token ids is used
-// as is), and compared block by block with the fingerprint. The longest
-// common prefix L decides:
+// as is), and compared block by block with the fingerprint. The engine that
+// rendered is the one the prefill leg carrying the handle goes to, so the
+// tokens verified are the tokens that engine computes even while engines of
+// another version serve beside it; on chat and completions that leg asks
+// for return_token_ids, and P's prompt ids are compared with the verified
+// ones before the decode leg (checkPrefillIDs): a difference distrusts the
+// engine's renderer for five minutes (Stats.RenderMismatches), and one
+// within the attached prefix redoes the turn as a plain miss on another
+// prefill engine, or on the decode engine when none is left
+// (MissRenderMismatch). That check comes after P pulled, and P's prefix
+// cache may keep the pulled blocks under the tokens it computed, so the
+// conversation's later turns avoid that engine (for an hour after the last
+// of them, per Router). The longest common prefix L decides:
 //
 //   - L = remote_num_tokens: the handle is attached as stored.
 //   - L shorter (an edited or compacted history, reasoning the template
@@ -112,11 +126,15 @@
 // a render path with 404 or 501 is not asked on it for five minutes; with
 // no render endpoint and no usable /tokenize, or a render call that fails,
 // the candidate is verified by content instead if it was retained under
-// content rules, else not attached (MissUnverified). A decode engine that
-// sends no token ids (older engines; vLLM drops them with media, or with
-// include_reasoning false under a parser) makes its turn retained under
-// content rules only. Each fallback is counted (Stats.TokenFallbacks,
-// Stats.RenderFailures) and logged once.
+// content rules, else not attached (MissUnverified). A render call is
+// bounded by WithRenderTimeout; one that runs out of it, or three failures
+// in a row, open the engine's render circuit breaker (5 s, doubling up to
+// 5 min; Stats.RenderBreaks), during which no render call goes to it and
+// turns go on without one (Stats.RenderSkipped), but for one trial per
+// period. A decode engine that sends no token ids (older engines; vLLM
+// drops them with media, or with include_reasoning false under a parser)
+// makes its turn retained under content rules only. Each fallback is
+// counted (Stats.TokenFallbacks, Stats.RenderFailures) and logged once.
 //
 // VerifyContent needs no engine support: a handle is attached only when the
 // request resends the stored conversation and reply exactly (the
@@ -131,6 +149,13 @@
 // blocks. The router's own body fields (conversation_id) and any
 // client-supplied kv_transfer_params are never forwarded; neither is the
 // client's Authorization header.
+//
+// Identifiers only find handles: ExplicitID's conversation id as much as
+// ContinuationKeys' digests. A handle is attached after token verification,
+// or, for a handle without a fingerprint, after the Identifier's Verify,
+// which must check that the request continues what the handle holds:
+// attaching a handle to another prompt makes P answer wrongly and cache
+// the pulled blocks under that prompt's tokens, for every tenant.
 //
 // # Decode-local turns
 //
@@ -170,7 +195,11 @@
 // /v1/responses/render, /v1/messages/render) and reuses at most that prompt,
 // never the reply's tokens; they have no content rules. Responses'
 // previous_response_id and background are refused with 400 (they need one
-// stateful server); the prefill leg never stores. vLLM's Messages streams
+// stateful server); the prefill leg never stores. A turn there that was not
+// rendered for verification renders its prompt beside its prefill leg, on
+// the prefill engine, never after the answer: its retention waits for that
+// render within WithRenderTimeout, and not at all for a render breaker's
+// trial call, whose turn is retained when it answers (RefuseRenderPending). vLLM's Messages streams
 // carry no handle, so streamed Messages turns are not reused. Services that want the stream themselves call Do and
 // read Response.Next, or Response.WriteTo. Options configure endpoints,
 // the Store (retention.Memory by default; retention/redisstore shares
@@ -308,6 +337,24 @@
 //     are ejected they are tried anyway.
 //   - A retained handle past the retention TTL is a miss (MissExpired) and
 //     is never attached.
+//   - A decode engine restarted: the handles it issued before are never
+//     attached (MissRestarted, dropped; Stats.RestartedHandles). Before
+//     attaching one, the router reads the engine's
+//     process_start_time_seconds (GET /metrics) when its last reading is
+//     older than WithRestartCheck (1 s) or predates a failure to reach the
+//     engine, and a handle issued before the engine started is dropped; a
+//     new engine id in the engine's handles is a restart too, and on
+//     engines without that metric a failure to reach them counts as one. A
+//     /metrics that cannot be read leaves the handle in the store
+//     (MissEngineUnconfirmed). Start times are compared with the router's
+//     clock: keep clocks in sync.
+//   - Handles vLLM would misread are refused, when captured (P's: as no
+//     handle; D's: not retained, StoreRefusal "invalid_handle") and when
+//     attached (MissBadEntry): block ids that are not integers from 0 to
+//     2^31-1, a port outside 1 to 65535, counts of another type, a member
+//     named twice, or a longest KV group with fewer than
+//     ceil(remote_num_tokens/WithBlockSize) blocks (Stats.InvalidHandles;
+//     logged once per member).
 //
 // # Tracing
 //

@@ -21,6 +21,7 @@ type endpoint struct {
 	phase    Phase
 	inflight atomic.Int64
 	health   health
+	life     life // a decode engine's process (restart.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]

@@ -197,7 +197,7 @@ func BenchmarkCutHandle(b *testing.B) {
 	want := keep * DefaultBlockSize
 	out, err := cutHandle(raw, want, DefaultBlockSize)
 	require.NoError(b, err)
-	hi, err := inspectHandle(out)
+	hi, err := checkHandle(out, 16)
 	require.NoError(b, err)
 	require.Equal(b, want, hi.tokens)
 	b.SetBytes(int64(len(raw)))

@@ -38,7 +38,7 @@ func FuzzLegBodies(f *testing.F) {
 		r := &Router{cfg: defaultConfig()}
 		tr := &turn{r: r, req: req}
 
-		leg := decodeJSON(t, "prefill", bytes.Join(tr.prefillBody(retained), nil))
+		leg := decodeJSON(t, "prefill", bytes.Join(tr.prefillBody(retained, false), nil))
 		for _, k := range req.api.prefillDrop() {
 			if _, ok := leg[k]; ok && k != kvKey {
 				t.Fatalf("prefill leg keeps %q: %s", k, body)

@@ -31,64 +31,15 @@ type handleInfo struct {
 
 var errUnusableHandle = errors.New("handle lacks remote_engine_id, remote_request_id, remote_host, remote_port or remote_block_ids")
 
-// inspectHandle checks that raw is a handle an engine would act on (the
-// four address keys present and non-null, remote_block_ids non-empty) and
-// reads remote_num_tokens. It does not copy raw.
-func inspectHandle(raw []byte) (handleInfo, error) {
-	var hi handleInfo
-	obj, err := jsonraw.Parse(raw)
-	if err != nil {
-		return hi, err
-	}
-	for _, k := range [...]string{"remote_engine_id", "remote_request_id", "remote_host", "remote_port"} {
-		v, ok := obj.Get(k)
-		if !ok || jsonraw.IsNull(v) {
-			return hi, errUnusableHandle
-		}
-	}
-	blocks, ok := obj.Get("remote_block_ids")
-	if !ok || !nonEmptyBlocks(blocks) {
-		return hi, errUnusableHandle
-	}
-	if v, ok := obj.Get("remote_num_tokens"); ok {
-		if n, ok := jsonraw.Int(v); ok && n > 0 {
-			hi.tokens = int(n)
-		}
-	}
-	if v, ok := obj.Get("transfer_mode"); ok {
-		s, _ := jsonraw.String(v)
-		hi.pushMode = s == "push"
-	}
-	return hi, nil
-}
-
-// nonEmptyBlocks reports whether remote_block_ids holds at least one id:
-// [[1,2]] per KV group, or the flat [1,2] of very old engines.
-func nonEmptyBlocks(v []byte) bool {
-	if len(v) == 0 || v[0] != '[' {
-		return false
-	}
-	found := false
-	_ = jsonraw.Elements(v, func(e []byte) error {
-		switch {
-		case len(e) > 0 && e[0] == '[':
-			_ = jsonraw.Elements(e, func([]byte) error { found = true; return errStop })
-		case len(e) > 0 && (e[0] == '-' || (e[0] >= '0' && e[0] <= '9')):
-			found = true
-		}
-		if found {
-			return errStop
-		}
-		return nil
-	})
-	return found
-}
-
 var errStop = errors.New("stop")
 
 // hitHandle turns a retained decode handle into message 2: the two role
-// flags forced, every other key verbatim.
-func hitHandle(dHandle []byte) ([]byte, error) {
+// flags forced, every other key verbatim. The handle is checked again
+// (checkHandle): an entry may come from another router sharing the store.
+func hitHandle(dHandle []byte, blockSize int) ([]byte, error) {
+	if _, err := checkHandle(dHandle, blockSize); err != nil {
+		return nil, err
+	}
 	obj, err := jsonraw.Parse(dHandle)
 	if err != nil {
 		return nil, err

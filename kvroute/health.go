@@ -173,8 +173,12 @@ func (hp *healthPolicy) notify(ev EndpointEvent) {
 	}
 }
 
-// failed records a failed request on e.
+// failed records a failed request on e. On a decode engine it is also a
+// gap in what the router knows of its process (restart.go).
 func (hp *healthPolicy) failed(e *endpoint, err error) {
+	if e.phase == PhaseDecode {
+		e.life.markGap(hp.now())
+	}
 	if hp.cfg.ejectAfter <= 0 {
 		return
 	}

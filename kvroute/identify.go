@@ -25,7 +25,11 @@ type Reply = sse.Reply
 // that fails verification is put back. Key runs when the decode engine
 // finished the turn normally and says where to retain its handle. Keys are
 // opaque strings and are never trusted: what they name is verified before
-// use. Implementations must still scope them by req.Tenant() so tenants
+// use. Verify must return true only when the request continues what the
+// handle holds: one that accepts any handle lets a prompt pull another
+// conversation's KV as its prefix, which answers wrongly and leaves those
+// blocks in the prefill engine's prefix cache under that prompt's tokens,
+// where every tenant that sends the prompt reads them. Implementations must still scope them by req.Tenant() so tenants
 // never share a handle. Implementations are called concurrently.
 //
 // The Candidates that Lookup returned are handed back to Verify and Key in
@@ -84,29 +88,62 @@ func AuthorizationTenant(req *Request) string {
 func (r *Request) Tenant() string { return r.tenant }
 
 // ExplicitID identifies a conversation by a client-chosen id: the body
-// field conversation_id, else the X-Session-ID header, scoped by tenant.
-// Requests with neither are never reused. It trusts the client to send the
-// history unchanged; ContinuationKeys does not need that trust.
-type ExplicitID struct{}
-
-// Lookup returns the key for the request's conversation id, if any.
-func (ExplicitID) Lookup(req *Request) (Candidates, error) {
-	if k := explicitKey(req); k != "" {
-		return Candidates{Keys: []string{k}}, nil
-	}
-	return Candidates{}, nil
+// field conversation_id, else session_id, else prompt_cache_key, else the
+// X-Session-ID header (ConversationHint), scoped by tenant. Requests with
+// none are never reused.
+//
+// The id only finds a handle; it never vouches for it. A handle retained
+// under an id is verified like ContinuationKeys' (by tokens, or by
+// Content's rules when the handle has no token fingerprint), and a turn
+// that those rules refuse is retained for token verification only, or not
+// at all. Trusting the id alone would let a client send a different prompt
+// under an old id: the prefill engine would pull the old KV as the prefix
+// of the new prompt, answer wrongly, and cache those blocks under the new
+// prompt's token hashes, where every tenant that sends that prompt reads
+// them.
+type ExplicitID struct {
+	// Content holds the content rules that verify a handle without a
+	// token fingerprint and refuse turns the next render may not
+	// reproduce. The zero value is ContinuationKeys' defaults.
+	Content ContinuationKeys
 }
 
-// Key returns the same key as Lookup.
-func (ExplicitID) Key(req *Request, _ Candidates, _ *Reply) (Retention, error) {
-	if k := explicitKey(req); k != "" {
-		return Retention{Key: k}, nil
+// Lookup returns the key for the request's conversation id, if any, and
+// keeps Content's digest of a chat conversation for Verify.
+func (x ExplicitID) Lookup(req *Request) (Candidates, error) {
+	k := explicitKey(req)
+	if k == "" {
+		return Candidates{}, nil
 	}
-	return Retention{Refusal: RefuseNoConversationID}, nil
+	c := Candidates{Keys: []string{k}}
+	if req.Path == PathChatCompletions {
+		if d, err := x.Content.Lookup(req); err == nil {
+			c.Memo = d.Memo
+		}
+	}
+	return c, nil
 }
 
-// Verify accepts every handle: ExplicitID trusts the client.
-func (ExplicitID) Verify(*Request, Candidates, []byte) bool { return true }
+// Key returns the same key as Lookup, with Content's check and refusal
+// for the finished turn: a turn Content refuses outright is not retained.
+func (x ExplicitID) Key(req *Request, c Candidates, reply *Reply) (Retention, error) {
+	k := explicitKey(req)
+	if k == "" {
+		return Retention{Refusal: RefuseNoConversationID}, nil
+	}
+	ret, err := x.Content.Key(req, c, reply)
+	if err != nil || ret.Key == "" {
+		return ret, err
+	}
+	ret.Key = k
+	return ret, nil
+}
+
+// Verify reports whether the request continues what the handle holds, by
+// Content's rules (ContinuationKeys.Verify).
+func (x ExplicitID) Verify(req *Request, c Candidates, check []byte) bool {
+	return x.Content.Verify(req, c, check)
+}
 
 func explicitKey(req *Request) string {
 	id := ConversationHint(req)

@@ -91,6 +91,7 @@ type config struct {
 	maxEntryBytes    int
 	decodeLocal      bool
 	kvBytesPerToken  int64
+	restartCheck     time.Duration // WithRestartCheck
 	ends             endpointConfig
 	errs             []error
 }
@@ -112,6 +113,7 @@ func defaultConfig() config {
 		renderTimeout:    DefaultRenderTimeout,
 		maxEventBytes:    DefaultMaxEventBytes,
 		maxEntryBytes:    DefaultMaxEntryBytes,
+		restartCheck:     DefaultRestartCheck,
 		clock:            time.Now,
 		ends:             defaultEndpointConfig(),
 	}
@@ -436,6 +438,9 @@ func (c *config) validate() {
 	}
 	if c.renderTimeout <= 0 {
 		c.fail("WithRenderTimeout", "%v is not positive", c.renderTimeout)
+	}
+	if c.restartCheck < 0 {
+		c.fail("WithRestartCheck", "%v is negative; use 0 to turn the reads of /metrics off", c.restartCheck)
 	}
 	c.validateEndpoints()
 	if len(c.prefill)+len(c.ends.prefill) == 0 {

@@ -60,6 +60,26 @@ const (
 	// endpoint returns (or another router sharing the store still lists
 	// it), and otherwise expires (Stats.GoneHandles).
 	MissEndpointGone MissReason = "endpoint_gone"
+	// MissRestarted: a handle was found whose decode engine restarted
+	// since it issued it (a later process_start_time_seconds, another
+	// engine id, or a failure to reach an engine without that metric):
+	// its blocks hold other content now, so it is dropped
+	// (Stats.RestartedHandles).
+	MissRestarted MissReason = "engine_restarted"
+	// MissEngineUnconfirmed: the decode engine's /metrics could not be
+	// read to check that it did not restart (WithRestartCheck); the handle
+	// is put back and may be attached once the engine answers.
+	MissEngineUnconfirmed MissReason = "engine_unconfirmed"
+	// MissRenderMismatch: the prefill engine that rendered the prompt
+	// computed other tokens within the attached prefix (its prefill leg
+	// asks for return_token_ids): the handle was spent on a wrong pull, and
+	// the turn was redone as a plain miss on another prefill engine, or on
+	// the decode engine when no other is left (Stats.RenderMismatches).
+	// The conversation's later turns avoid that engine (its prefix cache
+	// may hold the pulled blocks under the tokens it computed); a turn
+	// whose only prefill engines are avoided runs on the decode engine
+	// with its handle put back, also reported as MissRenderMismatch.
+	MissRenderMismatch MissReason = "render_mismatch"
 )
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).
@@ -101,6 +121,7 @@ const (
 	RefuseNoHandle        Refusal = "no_handle"        // a non-streaming answer without a handle
 	RefuseNoStreamHandle  Refusal = "no_stream_handle" // a stream without a handle (stock vLLM)
 	RefuseUnusableHandle  Refusal = "unusable_handle"  // a handle an engine would not act on
+	RefuseInvalidHandle   Refusal = "invalid_handle"   // a handle with a value vLLM cannot read correctly (Stats.InvalidHandles)
 	RefusePushHandle      Refusal = "push_handle"      // transfer_mode "push": not usable bidirectionally
 	RefuseHandleTooLarge  Refusal = "handle_too_large" // the entry is over WithMaxEntryBytes or the Store's value bound
 	RefuseIdentifierError Refusal = "identifier_error" // the Identifier failed
@@ -108,6 +129,14 @@ const (
 	RefuseNotJSON         Refusal = "not_json"         // the decode answer was JSON but not an object
 	RefuseStreamError     Refusal = "stream_error"     // the stream broke
 	RefuseClosedEarly     Refusal = "closed_early"     // the caller closed the stream before its end
+	// RefuseRenderPending: an API without token ids whose prompt render (a
+	// trial of its engine's render breaker) had not answered when the turn
+	// ended; the handle is retained when it answers (Stats.Stored counts it
+	// then), or not at all.
+	RefuseRenderPending Refusal = "render_pending"
+	// RefuseUnrendered: an API without token ids whose prompt could not be
+	// rendered; its turn cannot be verified by tokens and is not retained.
+	RefuseUnrendered Refusal = "unrendered"
 	// RefuseFinishPrefix prefixes a finish reason other than stop or
 	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
 	// finish as stop in vLLM).

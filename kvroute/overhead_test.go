@@ -58,7 +58,7 @@ func cannedEngines(tb testing.TB) (prefill, decode string) {
 		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n", n)
 		_ = fl.Flush()
 		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Done, the tests pass.\"},\"finish_reason\":null}]}\n\n", n)
-		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":null}],\"kv_transfer_params\":{\"do_remote_prefill\":false,\"do_remote_decode\":true,\"remote_block_ids\":[[11,12,13,14,15,16,17,18]],\"remote_engine_id\":\"d-engine\",\"remote_request_id\":\"d-%d\",\"remote_host\":\"10.0.0.2\",\"remote_port\":5601,\"tp_size\":1,\"remote_num_tokens\":5000,\"remote_blocks_expiry_time\":12345.5}}\n\ndata: [DONE]\n\n", n, n)
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":null}],\"kv_transfer_params\":{\"do_remote_prefill\":false,\"do_remote_decode\":true,\"remote_block_ids\":[[11,12,13,14,15,16,17,18]],\"remote_engine_id\":\"d-engine\",\"remote_request_id\":\"d-%d\",\"remote_host\":\"10.0.0.2\",\"remote_port\":5601,\"tp_size\":1,\"remote_num_tokens\":128,\"remote_blocks_expiry_time\":12345.5}}\n\ndata: [DONE]\n\n", n, n)
 	})
 	ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 	tb.Cleanup(ps.Close)
@@ -453,7 +453,7 @@ func BenchmarkOverhead(b *testing.B) {
 func BenchmarkRetainedBytes(b *testing.B) {
 	b.Run("content/hist=1KB", func(b *testing.B) {
 		p, d := cannedEngines(b)
-		benchmarkRetained(b, p, d, kvroute.VerifyContent, 1<<10, func() (float64, float64) { return float64(len(cannedDHandle)), 5000 })
+		benchmarkRetained(b, p, d, kvroute.VerifyContent, 1<<10, func() (float64, float64) { return float64(len(cannedDHandle)), 128 })
 	})
 	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		for _, hist := range []int{1 << 10, 100 << 10} {
@@ -541,7 +541,7 @@ func benchmarkRetained(b *testing.B, p, d string, mode kvroute.Verification, his
 
 // cannedDHandle is the D handle the canned decode engine sends (with a
 // request id of typical length).
-const cannedDHandle = `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[11,12,13,14,15,16,17,18]],"remote_engine_id":"d-engine","remote_request_id":"d-1234","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":5000,"remote_blocks_expiry_time":12345.5}`
+const cannedDHandle = `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[11,12,13,14,15,16,17,18]],"remote_engine_id":"d-engine","remote_request_id":"d-12345","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":128,"remote_blocks_expiry_time":12345.5}`
 
 // benchDo runs one streaming turn through Do and drains it.
 func benchDo(b *testing.B, r *kvroute.Router, body []byte) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -24,10 +25,14 @@ var (
 )
 
 // prefillBody is the client's body as the prefill leg sends it: the API's
-// one-token rewrite and handle (the retained D handle, or the miss handle).
-func (t *turn) prefillBody(handle []byte) legBody {
+// one-token rewrite and handle (the retained D handle, or the miss handle),
+// and return_token_ids when the leg's prompt ids are to be checked.
+func (t *turn) prefillBody(handle []byte, askIDs bool) legBody {
 	a := t.req.api
 	set := append(slices.Clip(a.prefillSet()), jsonraw.Member{Key: kvKey, Value: handle})
+	if askIDs {
+		set = append(set, jsonraw.Member{Key: "return_token_ids", Value: jsonTrue})
+	}
 	return t.req.obj.EditPieces(make(legBody, 0, 24), a.prefillDrop(), set...)
 }
 
@@ -62,8 +67,11 @@ func (b legBody) reader(ref *bodyRef) *transport.Buffers {
 func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, error) {
 	handle, attached := missHandle, false
 	if ent != nil {
-		h, err := hitHandle(ent.handle)
+		h, err := hitHandle(ent.handle, t.r.cfg.blockSize)
 		if err != nil {
+			if errors.Is(err, errInvalidHandle) {
+				t.r.invalidHandle(PhaseLookup, ent.endpoint, err)
+			}
 			t.miss(MissBadEntry)
 		} else {
 			handle, attached = h, true
@@ -71,18 +79,36 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 	}
 	start := t.r.cfg.clock()
 	var (
-		tried = slices.Clone(t.avoidP) // a redone turn prefers a fresh engine
+		tried = append(slices.Clone(t.avoidP), t.badP...) // a redone turn prefers a fresh engine
 		ph    []byte
 		url   string
 	)
-	err := transport.Retry(ctx, t.r.cfg.retry, func(int) (time.Duration, error) {
-		ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, tried)
-		if errors.Is(err, ErrNoEndpoint) && len(tried) > 0 {
-			tried = tried[:0] // every engine failed once: try them again
+	attempt := func(int) (time.Duration, error) {
+		var ep *endpoint
+		if attached && t.renderEP != nil {
+			// The engine that rendered the prompt computes it: the tokens
+			// verified are the tokens it prefills.
+			ep = t.renderEP
+		} else {
+			var err error
 			ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, tried)
-		}
-		if err != nil {
-			return 0, transport.Permanent(err)
+			if errors.Is(err, ErrNoEndpoint) && len(tried) > len(t.badP) {
+				tried = append(tried[:0], t.badP...) // every engine failed once: try them again
+				ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, tried)
+			}
+			if errors.Is(err, ErrNoEndpoint) && len(t.badP) > 0 {
+				// Only engines whose prefix cache may hold the KV of a
+				// mismatched pull are left: the decode engine prefills.
+				if attached {
+					t.putBack(ctx, t.entKey, ent, t.entAge)
+					t.miss(MissRenderMismatch)
+				}
+				t.local, t.rec.LocalFallback = true, true
+				return 0, nil
+			}
+			if err != nil {
+				return 0, transport.Permanent(err)
+			}
 		}
 		t.rec.PrefillAttempts++
 		t.rec.PrefillEndpoint = ep.url
@@ -90,13 +116,30 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		if attached {
 			attachedTokens = ent.tokens
 		}
+		// A prompt to fingerprint for the next turn renders beside the leg.
+		t.startBackgroundRender(ep)
+		// The prompt ids P computes are checked against the verified ones
+		// when a handle rides on the leg and the API returns them.
+		check := attached && t.verified != nil && t.req.api.tokenIDs()
 		pctx, end := t.startPhase(ctx, PhasePrefill, ep.url)
-		h, err := t.prefillOnce(pctx, ep, t.prefillBody(handle), attachedTokens)
+		h, err := t.prefillOnce(pctx, ep, t.prefillBody(handle, check), attachedTokens, check)
 		end(err)
 		if err == nil {
 			t.r.hp.succeeded(ep)
 			ph, url = h, ep.url
 			return 0, nil
+		}
+		if errors.Is(err, errRenderMismatch) {
+			// P pulled the handle for a prompt other than the verified
+			// one: the handle is spent, P's answer is not sent on, and
+			// P's prefix cache may hold D's blocks under its own tokens.
+			// Redo as a plain miss on any other engine.
+			t.miss(MissRenderMismatch)
+			handle, attached = missHandle, false
+			t.badP = append(t.badP, ep.url)
+			t.r.poison.add(t.cands.Keys, ep.url, t.r.cfg.clock())
+			tried = append(tried, ep.url)
+			return 0, transport.Permanent(err)
 		}
 		if ctx.Err() == nil && unhealthy(err, attached) {
 			t.r.hp.failed(ep, err)
@@ -116,12 +159,21 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		var ue *UpstreamError
 		errors.As(err, &ue)
 		return ue.retryAfter, err
-	})
+	}
+	err := transport.Retry(ctx, t.r.cfg.retry, attempt)
+	if errors.Is(err, errRenderMismatch) {
+		// Redone once as a plain miss, whatever the retry policy: no
+		// handle rides on it, so it cannot mismatch again.
+		err = transport.Retry(ctx, t.r.cfg.retry, attempt)
+	}
 	if err != nil {
 		return nil, "", err
 	}
 	t.pDone = t.r.cfg.clock()
 	t.rec.Prefill = t.pDone.Sub(start)
+	if t.local {
+		return nil, "", nil
+	}
 	return ph, url, nil
 }
 
@@ -173,8 +225,9 @@ func retryablePrefill(err error, hit bool) bool {
 
 // prefillOnce sends one prefill request and returns P's handle. attached is
 // remote_num_tokens of the retained handle the request carries, 0 for a
-// miss.
-func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, attached int) ([]byte, error) {
+// miss; check says the leg asked for P's prompt ids, to be compared with
+// the verified ones (checkPrefillIDs).
+func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, attached int, check bool) ([]byte, error) {
 	ep.inflight.Add(1)
 	defer ep.inflight.Add(-1)
 	hreq, err := t.upstreamRequest(ctx, PhasePrefill, ep, body)
@@ -203,12 +256,20 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, atta
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
 	}
 	t.confirm(obj, attached)
+	if check {
+		if err := t.checkPrefillIDs(obj, ep, attached); err != nil {
+			return nil, err
+		}
+	}
 	h, ok := obj.Get(kvKey)
 	if !ok || jsonraw.IsNull(h) {
 		return nil, t.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := inspectHandle(h)
+	hi, err := checkHandle(h, t.r.cfg.blockSize)
 	if err != nil {
+		if errors.Is(err, errInvalidHandle) {
+			t.r.invalidHandle(PhasePrefill, ep.url, err)
+		}
 		return nil, t.noHandle(ep, resp.StatusCode, err)
 	}
 	if hi.pushMode {
@@ -219,6 +280,57 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, atta
 }
 
 var errPushHandle = errors.New(`handle has transfer_mode "push", which cannot be used bidirectionally`)
+
+// errRenderMismatch: the prefill engine computed other prompt tokens than
+// its render answered, within the handle's attached prefix.
+var errRenderMismatch = errors.New("kvroute: the prefill engine computed other prompt tokens than its render answered")
+
+// checkPrefillIDs compares the prompt ids a prefill answer carries (its
+// top-level prompt_token_ids, or choice 0's on completions) with the
+// tokens verification compared with the handle. Any difference means the
+// engine's renderer does not say what the engine computes (a stale or
+// mixed-version renderer behind the engine's URL): it is counted
+// (Stats.RenderMismatches), logged once per engine, and the engine is not
+// asked to render for renderDistrust. A difference within the attached
+// prefix means P pulled D's blocks as the prefix of another prompt: the
+// error redoes the turn as a plain miss, so the client never gets that
+// answer. An answer without prompt ids cannot be checked (counted in
+// Stats.UncheckedPrefills, logged once).
+func (t *turn) checkPrefillIDs(obj jsonraw.Object, ep *endpoint, attached int) error {
+	r := t.r
+	v, ok := obj.Get(sse.PromptTokenIDsKey)
+	if !ok || jsonraw.IsNull(v) {
+		choices, _ := obj.Get("choices")
+		_ = jsonraw.Elements(choices, func(c []byte) error {
+			v, ok = jsonraw.Lookup(c, sse.PromptTokenIDsKey)
+			return errStop
+		})
+	}
+	var ids []uint32
+	parsed := false
+	if ok && !jsonraw.IsNull(v) {
+		ids, parsed = sse.AppendTokenIDs(nil, v)
+	}
+	if !parsed {
+		r.stats.uncheckedPrefills.Add(1)
+		r.logOnce(context.Background(), "unchecked_prefill", "kvroute: a prefill engine answered without prompt_token_ids (return_token_ids, vLLM PR #22587); the tokens it computed cannot be checked against the verified ones",
+			slog.String("endpoint", ep.url))
+		return nil
+	}
+	n := min(attached, len(t.verified))
+	prefixOK := len(ids) >= n && slices.Equal(ids[:n], t.verified[:n])
+	if prefixOK && slices.Equal(ids, t.verified) {
+		return nil
+	}
+	r.stats.renderMismatches.Add(1)
+	r.caps.distrustFor(ep.url, r.cfg.clock(), renderDistrust)
+	r.logOnce(context.Background(), "render_mismatch:"+ep.url, "kvroute: a prefill engine computed other prompt tokens than its render answered (a stale or mixed-version renderer?); it is not asked to render for a while, and a turn whose attached prefix differed is redone as a plain miss on another engine",
+		slog.String("endpoint", ep.url), slog.Bool("within_attached_prefix", !prefixOK))
+	if prefixOK {
+		return nil
+	}
+	return &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: http.StatusOK, Err: errRenderMismatch}
+}
 
 // confirm reads usage.prompt_tokens_details.cached_tokens of a prefill
 // answer and, on a hit, checks that the engine loaded what the router

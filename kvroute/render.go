@@ -7,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"sync"
-	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
@@ -20,37 +18,10 @@ import (
 // than for generation, so /tokenize cannot verify it.
 var tokenizeUnsupported = []string{"tool_choice", "documents", "reasoning_effort", "response_format"}
 
-// renderRetry is how long an engine that answered a render path with 404 or
-// 501 is not asked on that path again.
-const renderRetry = 5 * time.Minute
-
 var (
 	errNoRenderer  = errors.New("kvroute: no engine serves a render or tokenize endpoint for this request")
 	errRenderShape = errors.New("kvroute: the render answer has no token ids")
 )
-
-// renderCaps remembers, per prefill endpoint and path, until when it is
-// known not to serve that path.
-type renderCaps struct {
-	mu      sync.Mutex
-	missing map[string]time.Time // endpoint URL + " " + path -> retry after
-}
-
-func (c *renderCaps) available(ep, path string, now time.Time) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	until, ok := c.missing[ep+" "+path]
-	return !ok || now.After(until)
-}
-
-func (c *renderCaps) markMissing(ep, path string, now time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.missing == nil {
-		c.missing = map[string]time.Time{}
-	}
-	c.missing[ep+" "+path] = now.Add(renderRetry)
-}
 
 // promptTokens returns the token ids the engines will compute for the
 // request's prompt: from the body when a completions prompt is given as
@@ -72,14 +43,30 @@ func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
 	return ids, err
 }
 
-// renderPrompt asks a prefill engine for the prompt's tokens.
+// renderPrompt asks a prefill engine for the prompt's tokens, and keeps
+// that engine for the turn's prefill leg that carries a handle
+// (t.renderEP, which runPrefill uses): the tokens verified are the tokens
+// that engine computes, even while engines of another version (a rolling
+// upgrade) serve beside it. Engines whose renderer is distrusted or whose
+// breaker is open are not asked (renderer.go).
 func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 	start := t.r.cfg.clock()
 	defer func() { t.rec.Render += t.r.cfg.clock().Sub(start) }()
-	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.hint, nil)
+	ep, err := t.pickRenderer(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ids, src, err := t.renderOn(ctx, ep)
+	if err == nil {
+		t.rec.TokenSource = src
+		t.renderEP = ep
+	}
+	return ids, err
+}
+
+// renderOn renders the prompt on ep: its render route, else /tokenize
+// when the request uses nothing /tokenize ignores.
+func (t *turn) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSource, error) {
 	renderPath, list := t.req.api.renderPath()
 	now := t.r.cfg.clock()
 	if renderPath != "" && t.r.caps.available(ep.url, renderPath, now) {
@@ -87,29 +74,57 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 		// (no copy of the body).
 		body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
 		ids, status, err := t.renderCall(ctx, ep, renderPath, body, list)
+		t.r.renderResult(ctx, ep.url, status, err)
 		if err == nil {
-			t.rec.TokenSource = TokensFromRender
-			return ids, nil
+			return ids, TokensFromRender, nil
 		}
 		if !routeMissing(status) {
-			return nil, err
+			return nil, "", err
 		}
 		t.r.caps.markMissing(ep.url, renderPath, now)
 	}
 	body, ok := t.tokenizeBody()
 	if !ok || !t.r.caps.available(ep.url, pathTokenize, now) {
-		return nil, errNoRenderer
+		t.r.caps.release(ep.url)
+		return nil, "", errNoRenderer
 	}
 	ids, status, err := t.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
+	t.r.renderResult(ctx, ep.url, status, err)
 	if err == nil {
-		t.rec.TokenSource = TokensFromTokenize
-		return ids, nil
+		return ids, TokensFromTokenize, nil
 	}
 	if routeMissing(status) {
 		t.r.caps.markMissing(ep.url, pathTokenize, now)
-		return nil, errNoRenderer
+		return nil, "", errNoRenderer
 	}
-	return nil, err
+	return nil, "", err
+}
+
+// pickRenderer picks the prefill engine to render on: one the Selector
+// picks among those whose renderer is neither distrusted nor behind an
+// open breaker (errRenderSkipped when none is left).
+func (t *turn) pickRenderer(ctx context.Context) (*endpoint, error) {
+	r := t.r
+	now := r.cfg.clock()
+	// Engines the conversation avoids (poison.go) neither render nor
+	// prefill it.
+	skipped := append(r.renderersSkipped(now), t.badP...)
+	for range 3 {
+		ep, err := r.prefill.pick(ctx, r.selector, t.req, "", t.hint, skipped)
+		if errors.Is(err, ErrNoEndpoint) && len(skipped) > 0 {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ok, _ := r.caps.claim(ep.url, now); ok {
+			return ep, nil
+		}
+		// Another turn took the breaker's one trial call.
+		skipped = append(skipped, ep.url)
+	}
+	r.stats.renderSkipped.Add(1)
+	return nil, errRenderSkipped
 }
 
 const pathTokenize = "/tokenize"

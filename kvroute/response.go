@@ -389,14 +389,23 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
 		return
 	}
-	hi, err := inspectHandle(handle)
+	hi, err := checkHandle(handle, r.cfg.blockSize)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
+		if errors.Is(err, errInvalidHandle) {
+			t.rec.StoreRefusal = RefuseInvalidHandle
+			r.invalidHandle(PhaseDecode, t.decodeURL, err)
+		}
 		return
 	}
+	r.sawEngineID(t.decodeURL, handle)
 	if hi.pushMode {
 		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
+		return
+	}
+	if t.bg != nil && t.rendered == nil && !t.req.api.tokenIDs() {
+		t.retainRendered(handle, hi.tokens, reply)
 		return
 	}
 	fp, hard := t.fingerprint(hi.tokens)
@@ -423,6 +432,64 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
 		contentOK: ret.Refusal == "", fp: fp, handle: handle}
+	t.rec.StoreRefusal, t.rec.Stored = r.storeEntry(ret.Key, e, t.id)
+}
+
+// retainRendered retains the handle of a turn on an API without token ids
+// whose prompt is being rendered in the background (bgrender.go): when the
+// render has answered, or for a breaker's trial render that has not, when
+// it answers, after the turn has ended (TurnRecord.StoreRefusal
+// RefuseRenderPending; Stats.Stored counts it then). The Identifier's key
+// and the handle are taken now.
+func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
+	r := t.r
+	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
+		if n, ok := lenientInt(v); !ok || n != 1 {
+			t.rec.StoreRefusal = RefuseN
+			r.stats.refusals.Add(1)
+			return
+		}
+	}
+	ret, err := r.ident.Key(t.req, t.cands, reply)
+	if err != nil || ret.Key == "" {
+		t.rec.StoreRefusal = ret.Refusal
+		if err != nil {
+			t.rec.StoreRefusal = RefuseIdentifierError
+		}
+		r.stats.refusals.Add(1)
+		return
+	}
+	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: tokens, check: bytes.Clone(ret.Check),
+		contentOK: ret.Refusal == "", handle: bytes.Clone(handle)}
+	key, id, path := ret.Key, t.id, t.req.Path
+	store := func(ids []uint32, err error) (Refusal, bool) {
+		if err != nil || len(ids) == 0 {
+			r.stats.tokenFallbacks.Add(1)
+			r.logOnce(context.Background(), "no_render:"+path, "kvroute: no engine renders "+path+" prompts; such turns cannot be verified by tokens and are not reused",
+				slog.String("path", path))
+			return RefuseUnrendered, false
+		}
+		bs := r.cfg.blockSize
+		if bs == 0 {
+			bs = DefaultBlockSize
+		}
+		n := min(len(ids), tokens)
+		fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), chainPrefix{}, ids, nil, n, bs)
+		defer r.bufs.put(fp)
+		e.fp = fp
+		return r.storeEntry(key, e, id)
+	}
+	ids, err, done := t.bg.result(func(ids []uint32, err error) { store(ids, err) })
+	if !done {
+		t.rec.StoreRefusal = RefuseRenderPending
+		return
+	}
+	t.rec.StoreRefusal, t.rec.Stored = store(ids, err)
+}
+
+// storeEntry retains e under key for the retention TTL and reports why
+// not, or that it did.
+func (r *Router) storeEntry(key string, e entry, requestID string) (Refusal, bool) {
 	val := e.encode(r.bufs.get(e.encodedSize()), &r.bufs)
 	defer r.bufs.put(val)
 	if _, copies := r.store.(*retention.Memory); !copies {
@@ -430,33 +497,30 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		val = bytes.Clone(val)
 	}
 	if len(val) > r.cfg.maxEntryBytes {
-		t.tooLarge(len(val))
-		return
+		return r.tooLarge(len(val)), false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if err := r.store.Put(ctx, ret.Key, val, r.cfg.retentionTTL); err != nil {
+	if err := r.store.Put(ctx, key, val, r.cfg.retentionTTL); err != nil {
 		if errors.Is(err, retention.ErrTooLarge) {
-			t.tooLarge(len(val))
-			return
+			return r.tooLarge(len(val)), false
 		}
-		t.rec.StoreRefusal = RefuseStoreError
-		r.storeFailed(ctx, "put", t.id, err)
-		return
+		r.storeFailed(ctx, "put", requestID, err)
+		return RefuseStoreError, false
 	}
 	r.storeOK(ctx)
 	r.stats.stored.Add(1)
-	t.rec.Stored = true
-	r.kv.put(ret.Key, t.decodeURL, hi.tokens, e.created.Add(r.cfg.retentionTTL), e.created)
+	r.kv.put(key, e.endpoint, e.tokens, e.created.Add(r.cfg.retentionTTL), e.created)
+	return "", true
 }
 
-// tooLarge records a handle whose entry is over a size bound: counted and
-// logged once, not on every turn.
-func (t *turn) tooLarge(n int) {
-	t.rec.StoreRefusal = RefuseHandleTooLarge
-	t.r.stats.tooLarge.Add(1)
-	t.r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
-		slog.Int("bytes", n), slog.Int("limit", t.r.cfg.maxEntryBytes))
+// tooLarge counts a handle whose entry is over a size bound and logs it
+// once, not on every turn.
+func (r *Router) tooLarge(n int) Refusal {
+	r.stats.tooLarge.Add(1)
+	r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
+		slog.Int("bytes", n), slog.Int("limit", r.cfg.maxEntryBytes))
+	return RefuseHandleTooLarge
 }
 
 // fingerprint returns the token fingerprint of D's blocks in token mode
@@ -480,13 +544,14 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 	if !t.req.api.tokenIDs() && tokens > 0 {
 		// An API without token ids (Responses, Messages): fingerprint the
 		// prompt as the engines render it, which D's blocks hold first;
-		// the reply's tokens stay unverified and are never reused.
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.renderTimeout)
-		defer cancel()
-		ids, err := t.promptTokens(ctx)
-		if err != nil || len(ids) == 0 {
+		// the reply's tokens stay unverified and are never reused. The
+		// prompt was rendered for verification, or in the background
+		// (retainRendered); it is never rendered here, on the answer's
+		// path.
+		ids := t.rendered
+		if len(ids) == 0 {
 			r.stats.tokenFallbacks.Add(1)
-			r.logOnce(ctx, "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
+			r.logOnce(context.Background(), "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
 				slog.String("path", t.req.Path))
 			return nil, ""
 		}

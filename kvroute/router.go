@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
@@ -46,13 +48,20 @@ type Router struct {
 	storeHealth    storeHealth
 	caps           renderCaps
 	kv             kvLedger
-	bufs           bufPool          // request bodies (ServeHTTP), render answers, stream buffers
-	streamBuf      atomic.Int64     // the size of the last stream's buffer, for the next one's
-	renderBuf      atomic.Int64     // the same for render answers of unknown length
-	handleBuf      atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
-	ids            idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
-	promptIDs      atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
-	maxEvent       sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
+	metricsReads   singleflight.Group // decode engines' /metrics, by URL (restart.go)
+	poison         poisoned           // prefill engines conversations avoid (poison.go)
+	// bgCtx ends the background renders (bgrender.go) when the Router
+	// closes; bgWG waits for them.
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	bgWG      sync.WaitGroup
+	bufs      bufPool          // request bodies (ServeHTTP), render answers, stream buffers
+	streamBuf atomic.Int64     // the size of the last stream's buffer, for the next one's
+	renderBuf atomic.Int64     // the same for render answers of unknown length
+	handleBuf atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
+	ids       idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	promptIDs atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
+	maxEvent  sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
 
 // New returns a Router configured by opts. It validates every option and
@@ -133,6 +142,8 @@ func New(opts ...Option) (*Router, error) {
 	if r.selector == nil {
 		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
 	}
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	r.closers = append([]func() error{func() error { r.bgCancel(); r.bgWG.Wait(); return nil }}, r.closers...)
 	if stop := r.startProbes(); stop != nil {
 		// Stop the probes before the transport's connections are closed.
 		r.closers = append([]func() error{stop}, r.closers...)
@@ -226,12 +237,28 @@ type turn struct {
 	rec   TurnRecord
 	done  bool
 
-	hint       string     // ConversationHint, for placement only
-	cands      Candidates // what the Identifier's Lookup found, for Verify and Key
-	pDone      time.Time  // when P answered the last prefill leg
-	avoidP     []string   // prefill engines of legs a redo abandoned
-	avoidD     []string   // decode engines that failed this turn
-	decodeLegs int        // decode legs started
+	hint   string     // ConversationHint, for placement only
+	cands  Candidates // what the Identifier's Lookup found, for Verify and Key
+	pDone  time.Time  // when P answered the last prefill leg
+	avoidP []string   // prefill engines of legs a redo abandoned
+	// badP are prefill engines this turn must not use again: their prefill
+	// computed other prompt tokens than the render said, after pulling
+	// the attached KV, which their prefix cache may now hold under the
+	// tokens they computed.
+	badP []string
+	// renderEP is the prefill engine that rendered the prompt, where the
+	// prefill leg that carries the handle goes; verified are the tokens
+	// the handle's fingerprint was compared with.
+	renderEP *endpoint
+	verified []uint32
+	// entKey and entAge are the store key and age of the attached handle,
+	// to put it back when no prefill leg can take it.
+	entKey string
+	entAge time.Duration
+	// bg is the prompt's background render, for APIs without token ids.
+	bg         *bgRender
+	avoidD     []string // decode engines that failed this turn
+	decodeLegs int      // decode legs started
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the
@@ -343,6 +370,9 @@ func (t *turn) finish() {
 	t.done = true
 	t.rec.Total = t.since()
 	t.choice.Release()
+	if t.bg != nil {
+		t.bg.abandon()
+	}
 	t.observe()
 	if t.r.cfg.observer != nil {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
@@ -396,6 +426,11 @@ func (t *turn) lookup(ctx context.Context) *entry {
 	}
 	cands, err := r.ident.Lookup(t.req)
 	t.cands = cands
+	if err == nil {
+		if t.badP = r.poison.avoid(cands.Keys, r.cfg.clock()); len(t.badP) > 0 {
+			r.stats.avoidedEngineTurns.Add(1)
+		}
+	}
 	if err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: identifier lookup failed", slog.String("request_id", t.id), slog.String("err", err.Error()))
 		return t.miss(MissNoKey)
@@ -439,6 +474,15 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			t.putBack(ctx, k, &e, age)
 			return t.miss(MissEndpointGone)
 		}
+		if reason := t.checkRestart(ctx, &e); reason != "" {
+			if reason == MissRestarted {
+				// Its blocks are gone: never attached, not kept.
+				r.stats.restartedHandles.Add(1)
+			} else {
+				t.putBack(ctx, k, &e, age)
+			}
+			return t.miss(reason)
+		}
 		if reason := t.verify(ctx, &e); reason != "" {
 			t.putBack(ctx, k, &e, age)
 			return t.miss(reason)
@@ -446,6 +490,7 @@ func (t *turn) lookup(ctx context.Context) *entry {
 		t.rec.Reuse = ReuseHit
 		t.hit = true
 		t.rec.HandleAge = age
+		t.entKey, t.entAge = k, age
 		if t.choosePath(ctx, k, &e, age) {
 			return nil
 		}
@@ -467,16 +512,27 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 		}
 		toks, err := t.promptTokens(ctx)
 		if err != nil {
-			if errors.Is(err, errNoRenderer) {
+			switch {
+			case errors.Is(err, errNoRenderer):
 				r.stats.tokenFallbacks.Add(1)
 				r.logOnce(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
-			} else {
+			case errors.Is(err, errRenderSkipped):
+				// Counted in Stats.RenderSkipped; the breaker or the
+				// distrust logged why.
+			default:
 				r.stats.renderFailures.Add(1)
-				r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: render call failed; verifying by content instead",
+				var ue *UpstreamError
+				errors.As(err, &ue)
+				ep := ""
+				if ue != nil {
+					ep = ue.Endpoint
+				}
+				r.logOnce(ctx, "render_failed:"+ep, "kvroute: a render call failed; such turns are verified by content instead (Stats.RenderFailures)",
 					slog.String("request_id", t.id), slog.String("err", err.Error()))
 			}
 			return t.verifyContent(e)
 		}
+		t.verified = toks
 		t.rec.PromptTokens = len(toks)
 		cp, err := e.fp.verifyPrefix(toks)
 		if err != nil {

@@ -73,6 +73,39 @@ type Stats struct {
 	// LocalFailures counts decode-local legs that failed before any byte
 	// reached the client; each turn ran again as a plain miss.
 	LocalFailures int64
+	// InvalidHandles counts handles refused because vLLM could not read
+	// them correctly (a block id that is not an integer from 0 to 2^31-1,
+	// a port out of range, fewer blocks than remote_num_tokens needs, a
+	// member of the wrong type or named twice): a prefill engine's (the
+	// turn fails as without a handle), a decode engine's (not retained) or
+	// a retained one (not attached).
+	InvalidHandles int64
+	// RestartedHandles counts retained handles dropped because their
+	// decode engine restarted since it issued them (MissRestarted);
+	// DecodeRestarts counts the restarts noticed (a new
+	// process_start_time_seconds or engine id); RestartChecksUnavailable
+	// counts reads of a decode engine's /metrics that found no
+	// process_start_time_seconds.
+	RestartedHandles, DecodeRestarts, RestartChecksUnavailable int64
+	// RenderBreaks counts openings of a prefill engine's render circuit
+	// breaker (consecutive failures, or a call that ran out of
+	// WithRenderTimeout); RenderSkipped counts turns that went on without
+	// a render because every prefill engine's renderer was behind an open
+	// breaker or distrusted.
+	RenderBreaks, RenderSkipped int64
+	// RenderMismatches counts prefill legs whose engine computed other
+	// prompt tokens than its render answered (return_token_ids on the leg
+	// that carries a handle): the turn was redone as a plain miss on
+	// another engine (MissRenderMismatch) when the difference lay in the
+	// attached prefix, and that engine's renderer is distrusted for five
+	// minutes. UncheckedPrefills counts such legs whose answer carried no
+	// prompt ids to compare (engines before vLLM PR #22587).
+	RenderMismatches, UncheckedPrefills int64
+	// AvoidedEngineTurns counts turns that kept off a prefill engine
+	// because an earlier turn of their conversation found it computing
+	// other prompt tokens than its render answered, after it had pulled
+	// (its prefix cache may hold those blocks; see MissRenderMismatch).
+	AvoidedEngineTurns int64
 }
 
 type counters struct {
@@ -80,6 +113,8 @@ type counters struct {
 	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
 	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
+	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
+	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -111,5 +146,15 @@ func (c *counters) snapshot() Stats {
 		ChoseRecompute:  c.choseRecompute.Load(),
 		LocalBusy:       c.localBusy.Load(),
 		LocalFailures:   c.localFailures.Load(),
+		InvalidHandles:  c.invalidHandles.Load(),
+
+		RestartedHandles:         c.restartedHandles.Load(),
+		DecodeRestarts:           c.decodeRestarts.Load(),
+		RestartChecksUnavailable: c.restartChecksUnavailable.Load(),
+		RenderBreaks:             c.renderBreaks.Load(),
+		RenderSkipped:            c.renderSkipped.Load(),
+		RenderMismatches:         c.renderMismatches.Load(),
+		UncheckedPrefills:        c.uncheckedPrefills.Load(),
+		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 	}
 }

@@ -39,6 +39,8 @@ type config struct {
 	localFallback     bool
 	decodeLocal       bool
 	kvBytesPerToken   int64
+	restartCheck      time.Duration
+	renderTimeout     time.Duration
 	redisURL          string
 	redisWaitReplicas int
 	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
@@ -191,6 +193,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
+	fs.DurationVar(&c.renderTimeout, "render-timeout", kvroute.DefaultRenderTimeout, "budget of one render call (token verification, and the prompt fingerprint of Responses and Messages turns): a call that runs out opens that engine's render breaker, and turns go on without a render")
+	fs.DurationVar(&c.restartCheck, "restart-check", kvroute.DefaultRestartCheck, "how old the proxy's reading of a decode engine's process_start_time_seconds (GET /metrics) may be when it attaches one of the engine's handles: a handle issued before the engine restarted is never attached (0: no reads; restarts are then noticed only by a new engine id or a failure to reach the engine)")
 	fs.Int64Var(&c.kvBytesPerToken, "kv-bytes-per-token", 0, "bytes of KV per token on the decode engines, for the decode_kv_held_bytes gauge (0: unknown)")
 	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis: redis://[user:password@]host:port/db, redis-sentinel://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379, or redis-cluster://node:6379?addr=node2:6379; default in memory")
 	fs.IntVar(&c.redisWaitReplicas, "redis-wait-replicas", 0, "with Sentinel or Cluster: hand out a handle only once this many replicas acknowledged its delete (WAIT), so that a failover cannot hand it out again; 0: GETDEL alone")
@@ -324,6 +328,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --verification %q: use %s or %s", errUsage, c.verification, kvroute.VerifyTokens, kvroute.VerifyContent)
 	case c.blockSize < 0:
 		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
+	case c.renderTimeout <= 0:
+		return fmt.Errorf("%w: --render-timeout must be positive", errUsage)
+	case c.restartCheck < 0:
+		return fmt.Errorf("%w: --restart-check must not be negative (0 turns the reads off)", errUsage)
 	case c.keyMode != keyContent && c.keyMode != keyConversationID:
 		return fmt.Errorf("%w: --key-mode %q: use %s or %s", errUsage, c.keyMode, keyContent, keyConversationID)
 	case c.logFormat != "text" && c.logFormat != "json":
@@ -371,6 +379,8 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithIdleTimeout(c.idleTimeout),
 		kvroute.WithVerification(kvroute.Verification(c.verification)),
 		kvroute.WithBlockSize(c.blockSize),
+		kvroute.WithRestartCheck(c.restartCheck),
+		kvroute.WithRenderTimeout(c.renderTimeout),
 	}
 	if c.decodeLocal {
 		opts = append(opts, kvroute.WithDecodeLocal(true))

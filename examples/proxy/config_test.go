@@ -62,6 +62,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"verification", "--verification \"bytes\": use tokens or content", []string{"--verification", "bytes"}},
 		{"block size", "--block-size", []string{"--block-size", "-16"}},
 		{"grace", "--shutdown-grace", []string{"--shutdown-grace", "-1s"}},
+		{"restart check", "--restart-check", []string{"--restart-check", "-1s"}},
+		{"render timeout", "--render-timeout", []string{"--render-timeout", "0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,7 +94,7 @@ func TestParseConfigSettings(t *testing.T) {
 	assert.Equal(t, keyConversationID, c.keyMode)
 	assert.Equal(t, "sk-up", c.upstreamAPIKey)
 	assert.Equal(t, "json", c.logFormat)
-	assert.Len(t, c.routerOptions(), 15, "upstream key and identifier options added")
+	assert.Len(t, c.routerOptions(), 17, "upstream key and identifier options added")
 }
 
 // --key-mode conversation-id needs inbound keys, or an explicit flag that

@@ -25,6 +25,8 @@ type options struct {
 type kvTransferConfig struct {
 	KVConnector string `json:"kv_connector"`
 	KVRole      string `json:"kv_role"`
+	// EngineID is vLLM's engine_id: fixed, it survives a restart.
+	EngineID string `json:"engine_id"`
 	engineKnobs
 	Extra engineKnobs `json:"kv_connector_extra_config"`
 }
@@ -65,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
 	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
 	fs.StringVar(&o.cfg.Model, "served-model-name", o.cfg.Model, "alias of --model")
-	kvc := fs.String("kv-transfer-config", "", "vLLM KV transfer config JSON (bidirectional_kv_xfer, kv_recompute_threshold, decoder_kv_blocks_ttl, kv_lease_duration, kv_load_failure_policy)")
+	kvc := fs.String("kv-transfer-config", "", "vLLM KV transfer config JSON (engine_id, bidirectional_kv_xfer, kv_recompute_threshold, decoder_kv_blocks_ttl, kv_lease_duration, kv_load_failure_policy)")
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
 	fs.IntVar(&o.cfg.NumBlocks, "num-gpu-blocks-override", o.cfg.NumBlocks, "KV pool capacity in blocks")
@@ -107,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if err := json.Unmarshal([]byte(*kvc), &k); err != nil {
 			return nil, fmt.Errorf("--kv-transfer-config: %w", err)
 		}
+		o.cfg.EngineID = k.EngineID
 		k.engineKnobs.apply(&o.cfg)
 		k.Extra.apply(&o.cfg)
 	}

@@ -15,7 +15,7 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{
 		"--port", "8100", "--no-enable-prefix-caching", "--block-size", "32", "--profile", "glm-5-fp8",
 		"--speed", "10", "--stream-handles", "--side-channel-host", "fd00::1", "--side-channel-port", "5601",
-		"--kv-transfer-config", `{"kv_load_failure_policy":"recompute","kv_connector_extra_config":{"bidirectional_kv_xfer":false,"kv_recompute_threshold":0,"decoder_kv_blocks_ttl":60,"kv_lease_duration":2.5}}`,
+		"--kv-transfer-config", `{"engine_id":"d-fixed","kv_load_failure_policy":"recompute","kv_connector_extra_config":{"bidirectional_kv_xfer":false,"kv_recompute_threshold":0,"decoder_kv_blocks_ttl":60,"kv_lease_duration":2.5}}`,
 	}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1", o.host)
@@ -33,6 +33,7 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, time.Minute, c.DecoderBlocksTTL)
 	assert.Equal(t, 2500*time.Millisecond, c.LeaseDuration)
 	assert.Equal(t, sim.PolicyRecompute, c.KVLoadFailurePolicy)
+	assert.Equal(t, "d-fixed", c.EngineID)
 }
 
 func TestParseFlagsDefaults(t *testing.T) {

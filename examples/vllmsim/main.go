@@ -17,8 +17,10 @@
 // openai), --render-api (enabled, disabled, absent), --data-parallel-size
 // (default 1), --strict-rank, --fingerprint-mode (full, hash, custom, none;
 // default absent), --fingerprint-value, --side-channel-host, --verbose. The settings in --kv-transfer-config may
-// also sit at its top level (kv_load_failure_policy, kv_lease_duration).
-// GET /sim/stats returns the engine's counters as JSON.
+// also sit at its top level (kv_load_failure_policy, kv_lease_duration);
+// its engine_id fixes the NIXL engine id (else a random one per start, as
+// vLLM draws). GET /metrics serves process_start_time_seconds, and GET
+// /sim/stats returns the engine's counters as JSON.
 //
 // Besides POST /v1/chat/completions and /v1/completions it serves vLLM's
 // POST /v1/responses (OpenAI's Responses API) and POST /v1/messages and

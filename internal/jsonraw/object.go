@@ -136,6 +136,34 @@ func (o Object) Get(key string) (value []byte, ok bool) {
 	return nil, false
 }
 
+// Duplicate returns the first member name (decoded) that the object holds
+// more than once, and whether there is one. It allocates only to return a
+// name it found.
+func (o Object) Duplicate() (string, bool) {
+	for i := 1; i < len(o.members); i++ {
+		mi := &o.members[i]
+		for j := range i {
+			if o.sameKey(mi, &o.members[j]) {
+				return o.keyOf(mi), true
+			}
+		}
+	}
+	return "", false
+}
+
+// sameKey reports whether two members' keys decode to the same name.
+func (o Object) sameKey(a, b *span) bool {
+	switch {
+	case a.escaped && b.escaped:
+		return a.key == b.key
+	case a.escaped:
+		return a.key == string(o.data[b.keyStart+1:b.keyEnd-1])
+	case b.escaped:
+		return b.key == string(o.data[a.keyStart+1:a.keyEnd-1])
+	}
+	return string(o.data[a.keyStart+1:a.keyEnd-1]) == string(o.data[b.keyStart+1:b.keyEnd-1])
+}
+
 // Has reports whether a member named key exists.
 func (o Object) Has(key string) bool {
 	_, ok := o.Get(key)

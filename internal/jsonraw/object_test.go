@@ -172,3 +172,31 @@ func TestParseIntArrays(t *testing.T) {
 		assert.Equal(t, json.Valid(in), err == nil, "%s: %v", arr, err)
 	}
 }
+
+func TestDuplicate(t *testing.T) {
+	for doc, want := range map[string]string{
+		`{"a":1,"b":2}`:                 "",
+		`{"a":1,"b":2,"a":3}`:           "a",
+		`{"port":1,"\u0070ort":2}`:      "port",
+		`{"\u0070ort":1,"port":2}`:      "port",
+		`{"\u0070ort":1,"p\u006frt":2}`: "port",
+		`{}`:                            "",
+		`{"é":1,"\u00e9":2}`:            "é",
+	} {
+		o, err := jsonraw.Parse([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, dup := o.Duplicate()
+		if dup != (want != "") || got != want {
+			t.Errorf("%s: Duplicate() = %q, %v; want %q", doc, got, dup, want)
+		}
+	}
+	o, err := jsonraw.Parse([]byte(`{"remote_port":1,"remote_host":"h","remote_engine_id":"e","tp_size":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { o.Duplicate() }); n != 0 {
+		t.Errorf("Duplicate allocates %v times", n)
+	}
+}

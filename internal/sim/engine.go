@@ -116,9 +116,14 @@ type Config struct {
 	// FingerprintValue is --fingerprint-value, the fingerprint of
 	// FingerprintCustom.
 	FingerprintValue string
-	Clock            Clock     // nil: real time
-	Registry         *Registry // nil: a private registry
-	Logger           *slog.Logger
+	// EngineID is kv_transfer_config's engine_id: the NIXL engine id in
+	// handles, kept across a restart (with several data-parallel ranks,
+	// rank k's is EngineID + "_dp<k>"). Empty (vLLM's default) draws a
+	// random one at every start.
+	EngineID string
+	Clock    Clock     // nil: real time
+	Registry *Registry // nil: a private registry
+	Logger   *slog.Logger
 }
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
@@ -340,10 +345,16 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// reset gives the engine a fresh identity and every rank an empty pool;
-// e.mu held or not yet shared.
+// reset starts the engine's process again: a fresh start time
+// (process_start_time_seconds), monotonic clock and engine id (unless
+// Config.EngineID fixes it), and every rank an empty pool: block ids a
+// handle of the previous process names now hold other content. e.mu held
+// or not yet shared.
 func (e *Engine) reset() {
-	base := "sim-" + randHex(6)
+	base := e.cfg.EngineID
+	if base == "" {
+		base = "sim-" + randHex(6)
+	}
 	e.start = e.clock.Now()
 	e.monoOffset = float64(1000 + randUint()%90000)
 	e.ranks = make([]*rank, e.cfg.dp())
@@ -407,6 +418,14 @@ func (e *Engine) DPSize() int { return len(e.peers) }
 // RankPeer returns rank k's side channel (RankPeer(0) is e). It panics when
 // k is out of range.
 func (e *Engine) RankPeer(k int) Peer { return e.peers[k] }
+
+// StartTime returns when the engine's current process started: its
+// process_start_time_seconds on GET /metrics.
+func (e *Engine) StartTime() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.start
+}
 
 // Mono returns the engine's monotonic clock in seconds (arbitrary offset).
 func (e *Engine) Mono() float64 {
@@ -494,8 +513,9 @@ func (e *Engine) Stall(d time.Duration) {
 	e.stall = d
 }
 
-// Restart loses every block and handle of every rank and takes a new engine
-// id; the addresses stay.
+// Restart loses every block and handle of every rank, as a restarted
+// process does: a new start time, and a new engine id unless
+// Config.EngineID fixes it; the addresses stay.
 func (e *Engine) Restart() {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,6 +125,54 @@ func TestRestartLosesBlocks(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, rd.Status)
 	assert.Equal(t, 1, d.Stats().LoadFailures)
 	assert.Zero(t, d.Stats().BlocksPinned)
+}
+
+// With an engine id fixed in its configuration, a restarted engine is
+// reached under the old handle's id, and the read returns whatever its
+// new process holds in those block ids: the reader's answer is wrong,
+// with no error. GET /metrics shows the new process_start_time_seconds.
+func TestRestartWithFixedEngineID(t *testing.T) {
+	reg := sim.NewRegistry()
+	clk := newClock()
+	p := start(t, reg, clk, func(c *sim.Config) { c.EngineID = "p-fixed" })
+	d := start(t, reg, clk, nil)
+	body := chat(msg{"user", words("restart", 40)})
+	rp := post(t, p.url, sim.PathChat, with(body, "max_tokens", 1, "kv_transfer_params", missHandle()))
+	before := metricsStart(t, p.url)
+	assert.Equal(t, p.StartTime().Unix(), int64(before))
+	clk.Advance(90 * time.Second)
+	p.Restart()
+	assert.Equal(t, "p-fixed", p.EngineID(), "a fixed engine id survives the restart")
+	after := metricsStart(t, p.url)
+	assert.InDelta(t, before+90, after, 0.001, "process_start_time_seconds moves to the new process's start")
+	// The new process serves another conversation in the same block ids.
+	post(t, p.url, sim.PathChat, with(chat(msg{"user", words("other", 40)}), "max_tokens", 1, "kv_transfer_params", missHandle()))
+
+	rd := post(t, d.url, sim.PathChat, with(body, "kv_transfer_params", rp.KV))
+	require.Equal(t, http.StatusOK, rd.Status, "the read succeeds")
+	assert.NotEqual(t, reference(t, sim.PathChat, body).Content, rd.Text, "with other content")
+	assert.Equal(t, 1, d.Stats().WrongOutputs)
+	assert.Equal(t, 1, p.Stats().FreedReads, "a read of blocks the new process does not hold for it")
+}
+
+// metricsStart reads process_start_time_seconds from GET /metrics.
+func metricsStart(t *testing.T, url string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "process_start_time_seconds "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("no process_start_time_seconds in %s", b)
+	return 0
 }
 
 // A handle naming a side channel no engine serves is a load failure; with

@@ -20,7 +20,9 @@ const maxBody = 64 << 20
 // such as ?beta=true is ignored), their render endpoints
 // (POST /v1/chat/completions/render, /v1/completions/render,
 // /v1/responses/render, /v1/messages/render; see Config.Render),
-// POST /tokenize, GET /health and GET /v1/models, and the simulator's own
+// POST /tokenize, GET /health, GET /v1/models and GET /metrics
+// (Prometheus text: the process collector's process_start_time_seconds),
+// and the simulator's own
 // GET /sim/stats (the Stats counters as JSON, for clients in other
 // processes). Responses and Messages requests are rendered as chat and take
 // the chat path through the engine (see apis.go); Messages errors are in
@@ -37,6 +39,11 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.serveModels(w)
+	case "/metrics":
+		if !allow(w, r, http.MethodGet) {
+			return
+		}
+		e.serveMetrics(w)
 	case "/sim/stats":
 		if !allow(w, r, http.MethodGet) {
 			return

@@ -133,7 +133,11 @@
 //
 // # Faults and time
 //
-// FailNext, CutStreamAfter, Stall, Restart and Refuse inject faults. A
+// FailNext, CutStreamAfter, Stall, Restart and Refuse inject faults (a
+// restarted engine has a new process_start_time_seconds on GET /metrics and
+// a new engine id, unless WithEngineID fixed it: then a handle issued
+// before the restart reads whatever the new process holds in its block
+// ids). A
 // Profile models prefill, transfer and decode time (LookupProfile has
 // profiles calibrated on published results); modelled durations are in
 // RequestRecord, and WithSpeed or a VirtualClock make them pass.

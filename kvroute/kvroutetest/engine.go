@@ -18,7 +18,8 @@ import (
 // request's kv_transfer_params. It serves POST /v1/chat/completions,
 // POST /v1/completions, POST /v1/responses, POST /v1/messages (and
 // /v1/messages/count_tokens), the render endpoints, POST /tokenize,
-// GET /health and GET /v1/models on 127.0.0.1 (the Path constants). Safe
+// GET /health, GET /v1/models and GET /metrics on 127.0.0.1 (the Path
+// constants). Safe
 // for concurrent use.
 type Engine struct {
 	sim  *sim.Engine
@@ -83,7 +84,7 @@ func (e *Engine) URL() string { return e.srv.URL }
 func (e *Engine) SideChannel() (host string, port int) { return e.sim.SideChannel() }
 
 // EngineID returns the engine id put in handles (remote_engine_id) by
-// data-parallel rank 0. It changes on Restart.
+// data-parallel rank 0. It changes on Restart unless WithEngineID fixed it.
 func (e *Engine) EngineID() string { return e.sim.EngineID() }
 
 // DPSize returns the number of data-parallel ranks (WithDPSize).
@@ -151,9 +152,14 @@ func (e *Engine) CutStreamAfter(k int) { e.sim.CutStreamAfter(k) }
 // prefill and before answering; a client that goes away meanwhile aborts it.
 func (e *Engine) Stall(d time.Duration) { e.sim.Stall(d) }
 
-// Restart loses all blocks and handles and takes a new engine id; the URL
-// and side channel stay.
+// Restart loses all blocks and handles, as a restarted vLLM process does:
+// a new start time (process_start_time_seconds on GET /metrics) and a new
+// engine id unless WithEngineID fixed it; the URL and side channel stay.
 func (e *Engine) Restart() { e.sim.Restart() }
+
+// StartTime returns when the engine's current process started, on its
+// clock: process_start_time_seconds on GET /metrics.
+func (e *Engine) StartTime() time.Time { return e.sim.StartTime() }
 
 // Refuse makes the engine accept and close every new connection while on;
 // turning it on also closes open idle connections.

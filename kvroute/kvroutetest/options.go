@@ -266,3 +266,10 @@ func WithStrictRank(on bool) Option {
 func WithFingerprint(mode, value string) Option {
 	return optionFunc(func(c *config) { c.sim.Fingerprint, c.sim.FingerprintValue = mode, value })
 }
+
+// WithEngineID fixes the NIXL engine id put in handles, as
+// kv_transfer_config's engine_id does (with WithDPSize, rank k's is id +
+// "_dp<k>"): it then survives Restart, and a handle issued before the
+// restart names blocks that now hold other content. Default: a random id
+// at every start, as vLLM draws one.
+func WithEngineID(id string) Option { return optionFunc(func(c *config) { c.sim.EngineID = id }) }

@@ -1,0 +1,164 @@
+package kvroute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Background renders. vLLM returns no token ids on /v1/responses and
+// /v1/messages, so a turn there that was not rendered for verification (a
+// first turn, a miss) is rendered to fingerprint the prompt its handle
+// holds. That render is not needed for the turn's answer, so it starts
+// beside the prefill leg, on the prefill engine, and is done long before
+// the answer ends unless the renderer is slower than prefill and decode
+// together. Then the turn's retention, which runs before the last event of
+// a stream (so that a client's next turn finds the handle), waits for it,
+// within WithRenderTimeout: a renderer that fails or hangs opens its
+// breaker, after which turns skip the render (and are not retained) and
+// the breaker's one trial call is never waited for: the handle is
+// retained when it answers, after the turn has ended.
+
+// bgRender is one turn's background render.
+type bgRender struct {
+	trial  bool          // the render breaker's trial call: never waited for
+	answer chan struct{} // closed when the render has answered
+	mu     sync.Mutex
+	done   bool
+	ids    []uint32
+	err    error
+	then   func(ids []uint32, err error) // set when the turn's retention waits for it
+	cancel context.CancelFunc
+}
+
+// startBackgroundRender starts the render of the turn's prompt on ep, the
+// prefill engine of its first prefill attempt, when the turn will need it:
+// an API without token ids, in token verification, not already rendered. It
+// is bounded by WithRenderTimeout and stopped by Close; an open render
+// breaker on ep skips it (the turn is then not retained, Stats.RenderSkipped).
+func (t *turn) startBackgroundRender(ep *endpoint) {
+	r := t.r
+	if t.bg != nil || t.rendered != nil || !r.cfg.reuse || r.cfg.verification != VerifyTokens || t.req.api.tokenIDs() {
+		return
+	}
+	path, list := t.req.api.renderPath()
+	if path == "" || list || !r.caps.available(ep.url, path, r.cfg.clock()) {
+		return
+	}
+	if r.caps.skip(ep.url, r.cfg.clock()) {
+		r.stats.renderSkipped.Add(1)
+		return
+	}
+	ok, trial := r.caps.claim(ep.url, r.cfg.clock())
+	if !ok {
+		r.stats.renderSkipped.Add(1)
+		return
+	}
+	// Everything the goroutine reads of the turn is built here: the
+	// body's pieces (the pooled client body stays referenced by the
+	// request until net/http closes it) and the shared leg headers.
+	body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
+	h := t.legHeader().Clone()
+	h.Set(headerRequestID, t.id+"-render")
+	ep.ep.ApplyHeader(h)
+	ref := t.req.ref
+	ctx, cancel := context.WithTimeout(r.bgCtx, r.cfg.renderTimeout)
+	bg := &bgRender{cancel: cancel, trial: trial, answer: make(chan struct{})}
+	t.bg = bg
+	r.bgWG.Add(1)
+	go func() {
+		defer r.bgWG.Done()
+		defer cancel()
+		r.stats.renders.Add(1)
+		ids, status, err := r.renderDetached(ctx, ep, path, body, ref, h)
+		r.renderResult(ctx, ep.url, status, err)
+		if routeMissing(status) {
+			r.caps.markMissing(ep.url, path, r.cfg.clock())
+		}
+		bg.mu.Lock()
+		bg.done, bg.ids, bg.err = true, ids, err
+		then := bg.then
+		bg.mu.Unlock()
+		close(bg.answer)
+		if then != nil {
+			then(ids, err)
+		}
+	}()
+}
+
+// result returns the render's answer (done true): at once when it has
+// come, after waiting for it when the render is not a breaker trial (it
+// ends within WithRenderTimeout). A trial's pending answer is handed to
+// then instead, which runs when it comes.
+func (b *bgRender) result(then func([]uint32, error)) (ids []uint32, err error, done bool) {
+	if !b.trial {
+		<-b.answer
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return b.ids, b.err, true
+	}
+	b.then = then
+	return nil, nil, false
+}
+
+// abandon stops the render unless the turn's retention waits for it.
+func (b *bgRender) abandon() {
+	b.mu.Lock()
+	waited := b.then != nil
+	b.mu.Unlock()
+	if !waited {
+		b.cancel()
+	}
+}
+
+// renderDetached posts body to path on ep with headers h, outside any
+// turn's state (no trace span: it runs beside the turn), and returns the
+// token_ids of the answer and the engine's status.
+func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
+	u, err := ep.pathURL(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	rd := body.reader(ref)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "", rd)
+	if err != nil {
+		_ = rd.Close()
+		return nil, 0, err
+	}
+	*hreq.URL = *u
+	hreq.Host = u.Host
+	hreq.Header = h
+	hreq.ContentLength = int64(body.size())
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref), nil }
+	resp, err := r.client.Do(hreq, transport.Deadlines{})
+	if err != nil {
+		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
+	}
+	b, err := readSized(resp.Body, resp.ContentLength, r.cfg.maxBodyBytes, nil)
+	if err != nil {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
+	}
+	obj, err := jsonraw.Parse(b)
+	if err != nil {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
+	}
+	v, _ := obj.Get("token_ids")
+	ids, ok := sse.AppendTokenIDs(nil, v)
+	if !ok {
+		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
+	}
+	return ids, resp.StatusCode, nil
+}

@@ -1,0 +1,285 @@
+package kvroute
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Decode engine restarts. A decode engine that restarted no longer holds
+// the blocks its handles name: P's read fails (vLLM's default random
+// engine id: P's handshake finds another id) or, with an engine id fixed
+// in kv_transfer_config, silently returns whatever the new process keeps
+// in those block ids, a wrong answer. So no handle is attached unless the
+// router knows its decode engine has not restarted since the handle was
+// issued. It learns that from three signals:
+//
+//   - the engine's process_start_time_seconds on GET /metrics (the
+//     Prometheus process collector vLLM's API server registers; a restart
+//     changes it), read again before a handle is attached when the last
+//     read is older than WithRestartCheck (default 1 s, far below the time
+//     a vLLM restart takes to load its model) or when the engine could
+//     not be reached since: a handle created before the engine's start is
+//     not attached (MissRestarted);
+//   - the engine id in its handles: a handle whose remote_engine_id
+//     (without vLLM's data-parallel suffix "_dp<k>") differs from the
+//     latest one the engine returned is from another process;
+//   - a failure to reach the engine (a refused or broken connection, a
+//     failed probe): on an engine that serves no process_start_time_seconds
+//     (vLLM with several API server processes), every handle it issued
+//     before the failure is treated as issued before a restart.
+//
+// Engine start times are compared with the router's clock, so the two
+// must agree (NTP) to well within the time an engine takes to start.
+
+// DefaultRestartCheck is how old the router's reading of a decode engine's
+// process_start_time_seconds may be when one of its handles is attached
+// (WithRestartCheck).
+const DefaultRestartCheck = time.Second
+
+// restartCheckTimeout bounds one GET /metrics.
+const restartCheckTimeout = 2 * time.Second
+
+// maxMetricsBytes bounds the /metrics page read.
+const maxMetricsBytes = 16 << 20
+
+// WithRestartCheck sets how old the router's reading of a decode engine's
+// process_start_time_seconds (GET /metrics) may be when it attaches one of
+// the engine's handles; an older one is read again first, on the turn's
+// lookup, at most once per interval per engine (concurrent turns share the
+// read). A handle issued before the engine's current process started is
+// never attached (package doc, Failure paths). The default is
+// DefaultRestartCheck (1 s). 0 turns the reads off: restarts are then
+// noticed only by a new engine id in the engine's handles or by a failure
+// to reach it, so an engine with a fixed engine id that restarts between
+// two turns without the router seeing it fail is not noticed. Negative is
+// an error.
+func WithRestartCheck(maxAge time.Duration) Option {
+	return optionFunc(func(c *config) { c.restartCheck = maxAge })
+}
+
+// life is what the router knows of one decode engine's process.
+type life struct {
+	mu       sync.Mutex
+	engineID string    // the engine id of its latest handle, without "_dp<k>"
+	start    time.Time // process_start_time_seconds; zero when unknown
+	checked  time.Time // when /metrics was last read (router clock); zero: never
+	gap      time.Time // the last failure to reach the engine; zero: none
+	noMetric bool      // its last /metrics had no process_start_time_seconds
+	// unread: the last read of /metrics failed, at checked; it is not
+	// tried again (and the engine's handles are not attached) until the
+	// reading is as old as WithRestartCheck, so that an engine that does
+	// not answer costs one read per interval, not one per turn.
+	unread bool
+}
+
+// markGap records a failure to reach the engine at now.
+func (l *life) markGap(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.After(l.gap) {
+		l.gap = now
+	}
+}
+
+// baseEngineID strips vLLM's data-parallel suffix "_dp<k>" from id: the
+// ranks of one engine share the rest, which a restart changes.
+func baseEngineID(id string) string {
+	for i := len(id) - 1; i >= 0; i-- {
+		c := id[i]
+		if c >= '0' && c <= '9' {
+			continue
+		}
+		if i < len(id)-1 && i > 2 && id[i-2:i+1] == "_dp" {
+			return id[:i-2]
+		}
+		break
+	}
+	return id
+}
+
+// handleEngineID returns the remote_engine_id of a handle, "" when it has
+// none.
+func handleEngineID(h []byte) string {
+	v, ok := jsonraw.Lookup(h, "remote_engine_id")
+	if !ok {
+		return ""
+	}
+	s, _ := jsonraw.String(v)
+	return s
+}
+
+// sawEngineID records the engine id of a handle the decode engine at url
+// just returned, and reports a restart when it differs from the one
+// before.
+func (r *Router) sawEngineID(url string, handle []byte) {
+	ep := r.decode.find(url)
+	id := baseEngineID(handleEngineID(handle))
+	if ep == nil || id == "" {
+		return
+	}
+	l := &ep.life
+	l.mu.Lock()
+	prev := l.engineID
+	l.engineID = id
+	l.mu.Unlock()
+	if prev != "" && prev != id {
+		r.restarted(url, "a new engine id in its handles")
+	}
+}
+
+// restarted counts and logs (once per endpoint) a restart the router
+// noticed.
+func (r *Router) restarted(url, how string) {
+	r.stats.decodeRestarts.Add(1)
+	r.logOnce(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
+		slog.String("endpoint", url), slog.String("noticed_by", how))
+}
+
+// errUnconfirmed: the engine's process could not be read.
+var errUnconfirmed = errors.New("kvroute: the decode engine's process start could not be read")
+
+// checkRestart decides whether e's decode engine may still hold e's
+// blocks: "" when nothing says it restarted since e was created,
+// MissRestarted when something does (e must not be attached, nor kept),
+// MissEngineUnconfirmed when the engine could not be reached to tell (e is
+// not attached now but may be later).
+func (t *turn) checkRestart(ctx context.Context, e *entry) MissReason {
+	r := t.r
+	ep := r.decode.find(e.endpoint)
+	if ep == nil {
+		return "" // MissEndpointGone's business
+	}
+	l := &ep.life
+	id := baseEngineID(handleEngineID(e.handle))
+	l.mu.Lock()
+	known := l.engineID
+	l.mu.Unlock()
+	if known != "" && id != "" && id != known {
+		return MissRestarted
+	}
+	if r.cfg.restartCheck > 0 {
+		if err := r.readStart(ctx, ep); err != nil {
+			r.logOnce(ctx, "restart_check:"+ep.url, "kvroute: cannot read a decode engine's /metrics to check it did not restart; its handles are not attached meanwhile",
+				slog.String("endpoint", ep.url), slog.String("err", err.Error()))
+			return MissEngineUnconfirmed
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.start.IsZero() && e.created.Before(l.start) {
+		return MissRestarted
+	}
+	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.created.Before(l.gap) {
+		// No start time to tell a restart from a network failure: a
+		// handle from before the engine was unreachable may be dead.
+		return MissRestarted
+	}
+	return ""
+}
+
+// readStart reads ep's process_start_time_seconds when the last reading is
+// older than WithRestartCheck or predates a failure to reach it; turns
+// that need it at once share one request.
+func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
+	now := r.cfg.clock()
+	l := &ep.life
+	l.mu.Lock()
+	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.cfg.restartCheck
+	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
+	l.mu.Unlock()
+	switch {
+	case unread:
+		return errUnconfirmed
+	case fresh:
+		return nil
+	}
+	_, err, _ := r.metricsReads.Do(ep.url, func() (any, error) {
+		start, ok, err := r.fetchStart(ctx, ep)
+		if err != nil {
+			l.mu.Lock()
+			l.checked, l.unread = r.cfg.clock(), true
+			if l.checked.After(l.gap) {
+				l.gap = l.checked
+			}
+			l.mu.Unlock()
+			return nil, err
+		}
+		l.mu.Lock()
+		l.checked, l.unread = now, false
+		l.noMetric = !ok
+		changed := false
+		if ok {
+			changed = !l.start.IsZero() && !start.Equal(l.start)
+			l.start = start
+			if !l.gap.After(now) {
+				l.gap = time.Time{} // the reading explains the gap
+			}
+		}
+		l.mu.Unlock()
+		if changed {
+			r.restarted(ep.url, "process_start_time_seconds")
+		}
+		return nil, nil
+	})
+	return err
+}
+
+// fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
+// ok is false when the engine answered without it.
+func (r *Router) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartCheckTimeout)
+	defer cancel()
+	req, err := ep.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	if r.cfg.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.cfg.apiKey)
+	}
+	resp, err := r.client.Do(req, transport.Deadlines{})
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		r.noStartMetric(ep.url)
+		return time.Time{}, false, nil
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, maxMetricsBytes))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		v, found := bytes.CutPrefix(sc.Bytes(), []byte("process_start_time_seconds "))
+		if !found {
+			continue
+		}
+		f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
+		if err != nil || f <= 0 || math.IsInf(f, 0) {
+			break
+		}
+		sec, frac := math.Modf(f)
+		return time.Unix(int64(sec), int64(frac*1e9)), true, nil
+	}
+	r.noStartMetric(ep.url)
+	return time.Time{}, false, nil
+}
+
+// noStartMetric logs once per endpoint that its /metrics has no
+// process_start_time_seconds.
+func (r *Router) noStartMetric(url string) {
+	r.stats.restartChecksUnavailable.Add(1)
+	r.logOnce(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
+		slog.String("endpoint", url))
+}
