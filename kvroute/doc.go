@@ -129,8 +129,24 @@
 // and are built from the caller's context: a client that goes away cancels
 // the prefill request or aborts the decode stream, and the engine frees its
 // blocks. The router's own body fields (conversation_id) and any
-// client-supplied kv_transfer_params are never forwarded; neither is the
-// client's Authorization header.
+// client-supplied kv_transfer_params are never forwarded; neither are the
+// client's credentials (Authorization, X-Api-Key, Cookie,
+// Proxy-Authorization).
+//
+// # Tenants
+//
+// Retained handles are scoped by tenant: a request never finds a handle
+// another tenant's turn retained, whatever history it sends. The tenant
+// (WithTenant; PrincipalTenant by default) derives from one value, the
+// request's principal (Request.Principal), decided in one place: the
+// principal an authenticating layer put in the request's context
+// (ContextWithPrincipal, such as KeyPrincipal of the API key it matched),
+// else a digest of the credentials in Authorization (any scheme, in any
+// case) and X-Api-Key (HeaderPrincipal). One key is one principal
+// whichever header carries it; two keys are two. Requests without any
+// credential share one principal, "": put a router that serves several
+// tenants behind an authenticating layer. Migration: AuthorizationTenant,
+// the old default, digested Authorization alone; it is now PrincipalTenant.
 //
 // # Decode-local turns
 //

@@ -127,7 +127,7 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.tenant = cfg.tenant
 	if r.tenant == nil {
-		r.tenant = AuthorizationTenant
+		r.tenant = PrincipalTenant
 	}
 	r.selector = cfg.selector
 	if r.selector == nil {
@@ -179,6 +179,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	}
 	t.stream = req.Streaming()
 	t.rec.Stream = t.stream
+	req.setPrincipal(ctx)
 	req.tenant = r.tenant(req)
 	t.hint = ConversationHint(req)
 	lctx, endLookup := t.startPhase(ctx, PhaseLookup, "")
