@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -80,7 +79,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {
-		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+		s.keys = append(s.keys, newInboundKey(k))
 	}
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)))
