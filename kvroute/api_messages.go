@@ -2,7 +2,6 @@ package kvroute
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -165,15 +164,7 @@ func (messagesAPI) errorBody(status int, err error) []byte {
 	case status >= 400 && status < 500:
 		typ = "invalid_request_error"
 	}
-	msg := "kvroute: error"
-	if err != nil {
-		msg = err.Error()
-	}
-	var ue *UpstreamError
-	if errors.As(err, &ue) && ue.Phase != "" {
-		msg = ue.Error()
-	}
-	b, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: typ, Message: msg}})
+	b, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: typ, Message: clientMessage(err)}})
 	return b
 }
 

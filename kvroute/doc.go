@@ -198,8 +198,10 @@
 // Errors before any response byte reach an HTTP client in OpenAI's JSON
 // error shape: 400 for a malformed request (ErrBadRequest), an engine's own
 // 4xx passed through, 502 for a failed upstream leg (*UpstreamError names
-// the phase, the endpoint and the status), 503 when no endpoint is
-// available, 504 on a timeout. A prefill leg that fails on a connection
+// the phase, the endpoint and the status; what the client reads names the
+// phase and the status, never the endpoint), 503 with Retry-After
+// (RetryAfter: the engine's own, else DefaultRetryAfter) when an engine
+// answered 503 or 429 or no endpoint is available, 504 on a timeout. A prefill leg that fails on a connection
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
 // an error can only end it: ServeHTTP writes an SSE event
