@@ -99,17 +99,43 @@ func (l *listFlag) String() string {
 	return strings.Join(*l.vals, ",")
 }
 
+// errEmptyValue refuses a flag given with nothing in it: in a deployment
+// that is usually an unset environment variable ("--prefill=$PREFILL"),
+// and a default in its place (localhost, no authentication) would be
+// worse than not starting.
+var errEmptyValue = errors.New("empty value (an unset environment variable?): give one, or leave the flag out")
+
+// Set adds the comma-separated values of s; an empty one is an error.
 func (l *listFlag) Set(s string) error {
 	if !l.set {
 		*l.vals = nil
 		l.set = true
 	}
 	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			*l.vals = append(*l.vals, v)
+		if v = strings.TrimSpace(v); v == "" {
+			return errEmptyValue
 		}
+		*l.vals = append(*l.vals, v)
 	}
 	return nil
+}
+
+// notEmpty lists the string flags that, given, must not be empty: an
+// empty one would silently mean a default (every interface, no
+// authentication, the in-memory store, no DNS discovery: localhost).
+var notEmpty = map[string]bool{
+	"host": true, "prefill-dns": true, "decode-dns": true, "api-key-file": true, "redis-url": true,
+}
+
+// checkEmpty refuses a notEmpty flag given with an empty value.
+func checkEmpty(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err == nil && notEmpty[f.Name] && strings.TrimSpace(f.Value.String()) == "" {
+			err = fmt.Errorf("%w: --%s: %v", errUsage, f.Name, errEmptyValue)
+		}
+	})
+	return err
 }
 
 // isListFlag reports whether a flag takes several values after one name,
@@ -224,6 +250,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	if err := checkEmpty(fs); err != nil {
+		return nil, err
 	}
 	if err := c.level(*level); err != nil {
 		return nil, err
