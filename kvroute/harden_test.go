@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -611,10 +612,16 @@ func TestRequestIDBounded(t *testing.T) {
 			}
 			assert.Equal(t, got, resp.Header.Get("X-Request-Id"))
 			assert.Equal(t, got, obs.last().RequestID)
+			engineID := obs.last().EngineRequestID
+			if tc.kept {
+				assert.Regexp(t, `^`+regexp.QuoteMeta(tc.id)+`-[0-9a-f]{16}$`, engineID, "the client's id, made unique for the engines")
+			} else {
+				assert.Equal(t, got, engineID)
+			}
 			reqs := f.requests()
 			require.Len(t, reqs, 2)
 			for _, q := range reqs {
-				assert.Equal(t, got, q.requestID, q.role)
+				assert.Equal(t, engineID, q.requestID, q.role)
 			}
 		})
 	}

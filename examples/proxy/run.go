@@ -172,7 +172,8 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	level := slog.LevelDebug
 	attrs := []slog.Attr{
-		slog.String("request_id", rec.RequestID), slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
+		slog.String("request_id", rec.RequestID), slog.String("engine_request_id", rec.EngineRequestID),
+		slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
 		slog.String("reuse", string(rec.Reuse)), slog.String("miss_reason", string(rec.MissReason)),
 		slog.String("choice", string(rec.Choice)), slog.Duration("estimated_ttft", rec.EstimatedTTFT),
 		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),

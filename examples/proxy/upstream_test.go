@@ -85,3 +85,39 @@ func TestPrefillOverloadReachesClient(t *testing.T) {
 		assert.NotContains(t, got, strings.TrimPrefix(refused, "http://"), path)
 	}
 }
+
+// Two clients that choose the same X-Request-Id never share a request id
+// on an engine: each turn's legs carry the client's id with a random
+// suffix (one id for both legs of a turn, as the protocol requires), each
+// client gets its own id back, and the turn's log line names the id the
+// engines saw.
+func TestRequestIDsUniqueOnEngines(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	px := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(), "--log-level", "debug")
+	const id = "client-chosen-id"
+	for i, q := range []string{"tell me about foxes", "tell me about owls"} {
+		body := `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"` + q + `"}]}`
+		status, h, got := px.do(t, http.MethodPost, "/v1/chat/completions", body, "X-Request-Id", id)
+		require.Equal(t, http.StatusOK, status, "client %d: %s", i, got)
+		assert.Equal(t, id, h.Get("X-Request-Id"), "the client gets its own id back")
+	}
+	var pre, dec []string
+	for _, r := range cl.Prefill[0].Requests() {
+		if r.Role == "prefill" {
+			pre = append(pre, r.RequestID)
+		}
+	}
+	for _, r := range cl.Decode[0].Requests() {
+		if r.Role == "decode" {
+			dec = append(dec, r.RequestID)
+		}
+	}
+	require.Len(t, pre, 2)
+	require.Len(t, dec, 2)
+	assert.NotEqual(t, pre[0], pre[1], "two clients' turns never share a request id on an engine")
+	for i := range pre {
+		assert.Regexp(t, `^`+id+`-[0-9a-f]{16}$`, pre[i], "the client's id, for correlation")
+		assert.Equal(t, pre[i], dec[i], "both legs of one turn carry one X-Request-Id")
+		assert.Contains(t, px.stderr.String(), "request_id="+id+" engine_request_id="+pre[i], "the turn's log names the id the engines saw")
+	}
+}
