@@ -128,9 +128,9 @@
 // Both legs carry the same X-Request-Id (TurnRecord.EngineRequestID): a
 // generated one, or the client's with 16 random hex digits appended, so
 // that two clients choosing the same id never collide on an engine; the
-// client gets its own id back (TurnRecord.RequestID). Both legs are built from the caller's context: a client that goes away cancels
-// the prefill request or aborts the decode stream, and the engine frees its
-// blocks. The router's own body fields (conversation_id) and any
+// client gets its own id back (TurnRecord.RequestID). Both legs are built
+// from the caller's context: a client that goes away cancels the prefill
+// request or aborts the decode stream, and the engine frees its blocks. The router's own body fields (conversation_id) and any
 // client-supplied kv_transfer_params are never forwarded; neither are the
 // client's credentials (Authorization, X-Api-Key, Cookie,
 // Proxy-Authorization).
