@@ -22,8 +22,10 @@ var errUsage = errors.New("proxy: invalid command line")
 type config struct {
 	host string
 	port int
-	// debugAddr serves net/http/pprof when set (host:port).
-	debugAddr string
+	// debugAddr serves net/http/pprof when set (host:port), on a
+	// loopback address unless debugRemote.
+	debugAddr   string
+	debugRemote bool
 
 	prefillHosts, decodeHosts []string
 	prefillPorts, decodePorts []string
@@ -237,7 +239,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
 	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
 	fs.DurationVar(&c.healthTimeout, "health-timeout", 2*time.Second, "bound on one engine health probe")
-	fs.StringVar(&c.debugAddr, "debug-addr", "", "host:port for Go's profiler (net/http/pprof under /debug/pprof/) on a listener of its own, for profiling only; keep it on 127.0.0.1 (default: off)")
+	fs.StringVar(&c.debugAddr, "debug-addr", "", "host:port for Go's profiler (net/http/pprof under /debug/pprof/, without cmdline) on a listener of its own, for profiling only: a loopback address such as 127.0.0.1:6060 (default: off)")
+	fs.BoolVar(&c.debugRemote, "debug-allow-remote", false, "let --debug-addr listen on an address other than loopback (the profiler has no authentication)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	c.dns.flags(fs)

@@ -82,6 +82,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		s.keys = append(s.keys, newInboundKey(k))
 	}
 
+	if cfg.debugAddr != "" {
+		stopDebug, err := serveDebug(cfg.debugAddr, cfg.debugRemote, stdout, log)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
+	}
+
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)))
 	if err != nil {
 		return err
@@ -97,14 +105,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		BaseContext:       s.open.baseContext, // the drain cuts turns through it
 	}
 	defer s.open.close()
-
-	if cfg.debugAddr != "" {
-		stopDebug, err := serveDebug(cfg.debugAddr, stdout)
-		if err != nil {
-			return err
-		}
-		defer stopDebug()
-	}
 
 	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
 	polled := make(chan struct{})
