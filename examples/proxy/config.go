@@ -46,6 +46,7 @@ type config struct {
 	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
 	apiKeyFile        string
 	allowAnonymousIDs bool
+	metricsKey        bool
 	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
 	maxBodyBytes      int64
 	maxHeaderBytes    int
@@ -65,6 +66,9 @@ type config struct {
 	logFormat         string
 
 	dns dnsConfig // --prefill-dns, --decode-dns and their options (dns.go)
+
+	// warnings are logged at start-up, once the logger exists.
+	warnings []string
 }
 
 // envAPIKeys names the environment variable with inbound API keys,
@@ -225,6 +229,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY), visible in the process list: prefer --api-key-file or "+envAPIKeys+"; none of the three: no authentication")
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
+	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
 	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
@@ -287,6 +292,9 @@ func (c *config) inboundKeys(getenv func(string) string) error {
 	b, err := os.ReadFile(c.apiKeyFile)
 	if err != nil {
 		return fmt.Errorf("%w: --api-key-file: %v", errUsage, err)
+	}
+	if fi, err := os.Stat(c.apiKeyFile); err == nil && fi.Mode().Perm()&0o006 != 0 {
+		c.warnings = append(c.warnings, fmt.Sprintf("--api-key-file %s is readable or writable by every user of the host (mode %04o): chmod 600 it", c.apiKeyFile, fi.Mode().Perm()))
 	}
 	n := 0
 	for _, l := range strings.Split(string(b), "\n") {
@@ -378,6 +386,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
 	case c.maxBufferedBytes < c.maxBodyBytes:
 		return fmt.Errorf("%w: --max-buffered-bytes %d is below --max-body-bytes %d: a request of the largest size could never be admitted", errUsage, c.maxBufferedBytes, c.maxBodyBytes)
+	case c.metricsKey && len(c.apiKeys) == 0:
+		return fmt.Errorf("%w: --metrics-require-key needs inbound API keys (--api-key-file, %s or --api-key)", errUsage, envAPIKeys)
 	case c.keyMode == keyConversationID && len(c.apiKeys) == 0 && !c.allowAnonymousIDs:
 		return fmt.Errorf("%w: --key-mode conversation-id without inbound API keys puts every client in one tenant, "+
 			"so anyone who knows a conversation id continues its KV: give --api-key-file (or %s, or --api-key), "+

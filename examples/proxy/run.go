@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/redisstore"
@@ -24,6 +26,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(cfg, stderr)
+	for _, w := range cfg.warnings {
+		log.Warn(w)
+	}
 	if err := resolveDNS(ctx, cfg, nil, log); err != nil {
 		return err
 	}
@@ -73,9 +78,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s := &server{
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
-		writeTimeout: cfg.writeTimeout,
-		adm:          &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
-		open:         newOpenTurns(),
+		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
+		adm:  &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
+		open: newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {
@@ -144,6 +149,9 @@ func newStore(cfg *config, log *slog.Logger) (kvroute.Store, func(), error) {
 		return nil, nil, fmt.Errorf("%w: --redis-wait-replicas needs --redis-url", errUsage)
 	}
 	if cfg.redisURL != "" {
+		// go-redis's own lines (a failed dial per call while Redis is
+		// down) through the process logger, not as text on stderr.
+		redis.SetLogger(redisstore.NewGoRedisLog(log.With(slog.String("component", "go-redis"))))
 		rs, err := redisstore.NewFromURL(cfg.redisURL, redisstore.WithLogger(log.With(slog.String("component", "redisstore"))),
 			redisstore.WithWaitReplicas(cfg.redisWaitReplicas))
 		if err != nil {
@@ -167,8 +175,10 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-// logTurn logs one turn at debug level (warn when it failed), with ids and
-// timings only: never prompts, bodies or credentials.
+// logTurn logs one turn at debug level (warn when it failed on the
+// proxy's or an engine's side; a client's error, such as a malformed
+// request, stays at debug: clients must not be able to flood the log),
+// with ids and timings only: never prompts, bodies or credentials.
 func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	level := slog.LevelDebug
 	attrs := []slog.Attr{
@@ -184,7 +194,9 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
 	if rec.Err != nil {
-		level = slog.LevelWarn
+		if kvroute.HTTPStatus(rec.Err) >= 500 {
+			level = slog.LevelWarn
+		}
 		attrs = append(attrs, slog.String("phase", string(rec.ErrPhase)), slog.String("err", rec.Err.Error()))
 	}
 	log.LogAttrs(ctx, level, "turn", attrs...)

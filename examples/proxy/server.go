@@ -30,7 +30,9 @@ type server struct {
 	client   *http.Client // for /v1/models
 	upstream string       // upstream API key, "" for none
 	keys     []inboundKey // the accepted inbound keys; none: open
-	log      *slog.Logger
+	// metricsKey requires an inbound key on /metrics (--metrics-require-key).
+	metricsKey bool
+	log        *slog.Logger
 
 	maxHeaderBytes  int
 	maxBodyBytes    int64
@@ -63,7 +65,7 @@ func (s *server) routes() http.Handler {
 		"/health":                   {get, http.HandlerFunc(s.live)},
 		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
 		"/ready":                    {get, http.HandlerFunc(s.ready)},
-		"/metrics":                  {get, s.metrics.handler()},
+		"/metrics":                  {get, s.metricsHandler()},
 	}
 	return s.access(s.headerLimit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
@@ -74,6 +76,13 @@ func (s *server) routes() http.Handler {
 		}
 		rt, ok := table[r.URL.Path]
 		switch {
+		case r.ProtoMajor != 1 || r.Method == "PRI":
+			// HTTP/2 with prior knowledge (h2c): its preface parses as
+			// "PRI * HTTP/2.0". Not a missing route: a protocol this
+			// server does not speak in clear text.
+			w.Header().Set("Connection", "close")
+			s.reject(w, r, http.StatusHTTPVersionNotSupported, "http_version",
+				"HTTP/2 without TLS (prior knowledge) is not served: use HTTP/1.1")
 		case !ok:
 			s.reject(w, r, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
 		case !slices.Contains(rt.methods, r.Method):
@@ -83,6 +92,15 @@ func (s *server) routes() http.Handler {
 			rt.h.ServeHTTP(w, r)
 		}
 	})))
+}
+
+// metricsHandler serves /metrics; with --metrics-require-key it takes an
+// inbound API key like the API routes (its labels name the engines' URLs).
+func (s *server) metricsHandler() http.Handler {
+	if s.metricsKey {
+		return s.auth(s.metrics.handler())
+	}
+	return s.metrics.handler()
 }
 
 // headerLimit answers 431 in OpenAI's error shape when the request line
