@@ -94,6 +94,7 @@ func (c *tenantConv) send(t *testing.T, client *http.Client, base string, cred [
 	require.NoError(t, err)
 	req.Header = c.header()
 	req.Header["Cookie"] = []string{"session=browser-secret"}
+	req.Header["Proxy-Authorization"] = []string{"Basic cHJveHk6c2VjcmV0"}
 	for i := 0; i+1 < len(cred); i += 2 {
 		req.Header[cred[i]] = append(req.Header[cred[i]], cred[i+1])
 	}
