@@ -133,20 +133,23 @@ func anchorText(req *Request) (string, bool) {
 
 // agentAnchor is the anchor of a Responses or Messages request: the hint,
 // else the head member and the turns up to and including the first user
-// turn (a string input: its first 256 bytes).
+// turn (a string input: its first 256 bytes), as far as the engine renders
+// them (api.renders: Claude Code's per-request billing header in the
+// system prompt is not, so it cannot make every turn a new conversation).
 func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
 	if hint := ConversationHint(req); hint != "" {
 		writeField(h, "hint", []byte(hint))
 		return digestKey("a", req.sumPut(h))
 	}
-	var head, turns string
-	if a, ok := apiFor(req.Path); ok {
-		head, turns = a.conversation()
+	a, ok := apiFor(req.Path)
+	if !ok {
+		a = responsesAPI{} // renders every text
 	}
+	head, turns := a.conversation()
 	var buf []byte
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
-		buf = anchorContent(buf[:0], v)
+		buf = anchorContent(buf[:0], v, a, "", true)
 		writeField(h, head, buf)
 	}
 	v, _ := req.Field(turns)
@@ -158,7 +161,8 @@ func agentAnchor(req *Request) string {
 		role, _ := jsonraw.Lookup(item, "role")
 		buf = append(buf[:0], role...)
 		if c, ok := jsonraw.Lookup(item, "content"); ok {
-			buf = anchorContent(append(buf, 0), c)
+			rs, _ := jsonraw.String(role)
+			buf = anchorContent(append(buf, 0), c, a, rs, false)
 		}
 		writeField(h, "turn", buf)
 		if s, _ := jsonraw.String(role); s == "user" {
@@ -169,20 +173,27 @@ func agentAnchor(req *Request) string {
 	return digestKey("a", sum256(h))
 }
 
-// anchorContent appends what an anchor keeps of a content value: a string,
-// or the text of each block of a list, in order; a block without text as
-// its type. Block metadata that agents move from turn to turn (Claude
-// Code's cache_control breakpoints) and the string-or-blocks spelling do
-// not change an anchor, which is only a candidate lookup: token
-// verification decides.
-func anchorContent(dst, v []byte) []byte {
+// anchorContent appends what an anchor keeps of a content value of the
+// head member (head) or of a turn of the given role: a string, or the
+// text of each block of a list, in order; a block without text as its
+// type. Texts the API's engine does not render (a.renders) are left out.
+// Block metadata that agents move from turn to turn (Claude Code's
+// cache_control breakpoints) and the string-or-blocks spelling do not
+// change an anchor, which is only a candidate lookup: token verification
+// decides.
+func anchorContent(dst, v []byte, a api, role string, head bool) []byte {
 	if s, ok := jsonraw.String(v); ok {
+		if !a.renders(s, role, head, false) {
+			return dst
+		}
 		return append(append(dst, s...), 0)
 	}
 	_ = jsonraw.Elements(v, func(b []byte) error {
 		if t, ok := jsonraw.Lookup(b, "text"); ok {
 			if s, ok := jsonraw.String(t); ok {
-				dst = append(append(dst, s...), 0)
+				if a.renders(s, role, head, true) {
+					dst = append(append(dst, s...), 0)
+				}
 				return nil
 			}
 		}

@@ -51,6 +51,11 @@ type api interface {
 	// APIs without content rules; "" for chat and completions, which
 	// ContinuationKeys keys by content.
 	conversation() (head, turns string)
+	// renders reports whether the engine renders text, a content string
+	// or (inBlock) a text block's text, of the conversation's head member
+	// (head) or of a turn of the given role. The anchor keeps only what
+	// the engine renders: vLLM drops some texts before rendering.
+	renders(text, role string, head, inBlock bool) bool
 	// errorBody is an error in the API's JSON shape; streamError the same
 	// as the stream event the API's clients expect, after the event whose
 	// sequence number (Responses) is seq-1.
@@ -113,9 +118,10 @@ func (openAI) errorBody(status int, err error) []byte { return errorBody(status,
 func (openAI) streamError(status int, err error, _ int64) []byte {
 	return sseError(status, err)
 }
-func (openAI) tokenIDs() bool                 { return true }
-func (openAI) streamHandles() bool            { return true }
-func (openAI) conversation() (string, string) { return "", "" }
+func (openAI) tokenIDs() bool                          { return true }
+func (openAI) streamHandles() bool                     { return true }
+func (openAI) conversation() (string, string)          { return "", "" }
+func (openAI) renders(string, string, bool, bool) bool { return true }
 func (openAI) newStream(tokens, strip bool) streamCapture {
 	return newOpenAIStream(tokens, strip)
 }

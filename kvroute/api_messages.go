@@ -2,8 +2,8 @@ package kvroute
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -100,6 +100,28 @@ func (messagesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
 func (messagesAPI) tokenIDs() bool                      { return false }
 func (messagesAPI) conversation() (string, string)      { return "system", "messages" }
 
+// billingHeader starts the text block Claude Code puts in its system
+// prompt (an attribution line with a hash that changes every request).
+const billingHeader = "x-anthropic-billing-header"
+
+// renders is vLLM's rule (vllm/entrypoints/anthropic/serving.py,
+// _convert_system_message, and inline_system.py, system_text): text
+// blocks of the system prompt and of system-role messages are rendered
+// only when not empty and not starting with x-anthropic-billing-header; a
+// system message's content string is dropped when it starts so; a
+// top-level system string is rendered as it is.
+func (messagesAPI) renders(text, role string, head, inBlock bool) bool {
+	switch {
+	case !head && role != "system":
+		return true
+	case inBlock:
+		return text != "" && !strings.HasPrefix(text, billingHeader)
+	case head:
+		return true
+	}
+	return !strings.HasPrefix(text, billingHeader)
+}
+
 // vLLM's Messages streams carry no handle, with or without PR #40186.
 func (messagesAPI) streamHandles() bool { return false }
 
@@ -142,15 +164,7 @@ func (messagesAPI) errorBody(status int, err error) []byte {
 	case status >= 400 && status < 500:
 		typ = "invalid_request_error"
 	}
-	msg := "kvroute: error"
-	if err != nil {
-		msg = err.Error()
-	}
-	var ue *UpstreamError
-	if errors.As(err, &ue) && ue.Phase != "" {
-		msg = ue.Error()
-	}
-	b, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: typ, Message: msg}})
+	b, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: typ, Message: clientMessage(err)}})
 	return b
 }
 

@@ -161,7 +161,7 @@ type responsesErrorEvent struct {
 // sequence_number.
 func (responsesAPI) streamError(status int, err error, seq int64) []byte {
 	_, code := errorKind(status, err)
-	b, _ := json.Marshal(responsesErrorEvent{Type: "error", Code: code, Message: err.Error(), SequenceNumber: seq})
+	b, _ := json.Marshal(responsesErrorEvent{Type: "error", Code: code, Message: clientMessage(err), SequenceNumber: seq})
 	out := make([]byte, 0, len(b)+24)
 	out = append(out, "event: error\ndata: "...)
 	out = append(out, b...)

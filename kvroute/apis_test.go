@@ -340,3 +340,80 @@ func TestMessagesHandlerErrorsInAnthropicShape(t *testing.T) {
 		assert.Equal(t, tc.typ, ae.Error.Type, "%s %s: %s", tc.method, tc.path, raw)
 	}
 }
+
+// billingBlock is the text block Claude Code puts first in its system
+// prompt: an attribution line whose hash changes with every request.
+func billingBlock(n int) map[string]any {
+	return map[string]any{"type": "text", "text": fmt.Sprintf("x-anthropic-billing-header: cc_version=2.1.77.%03x; cc_entrypoint=cli; cch=%05x;", n, n*7919)}
+}
+
+// vLLM drops Claude Code's billing header before rendering
+// (vllm/entrypoints/anthropic/serving.py): the anchor does too, so it
+// does not make every turn look like a new conversation. Texts vLLM
+// renders still count.
+func TestAgentAnchorIgnoresBillingHeader(t *testing.T) {
+	sys := func(blocks ...any) any { return blocks }
+	text := map[string]any{"type": "text", "text": systemPrompt}
+	user := map[string]any{"role": "user", "content": "fix the bug"}
+	keys := func(path string, m map[string]any) string {
+		if _, ok := m["messages"]; !ok && path == kvroute.PathMessages {
+			m["messages"] = []any{user}
+		}
+		m["model"], m["max_tokens"] = "m", 8
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		k, err := kvroute.ContinuationKeys{}.Lookup(&kvroute.Request{Path: path, Body: b})
+		require.NoError(t, err)
+		require.Len(t, k.Keys, 1)
+		return k.Keys[0]
+	}
+	msgs := kvroute.PathMessages
+	base := keys(msgs, map[string]any{"system": sys(text)})
+	assert.Equal(t, base, keys(msgs, map[string]any{"system": sys(billingBlock(1), text)}), "a billing block")
+	assert.Equal(t, keys(msgs, map[string]any{"system": sys(billingBlock(1), text)}), keys(msgs, map[string]any{"system": sys(billingBlock(2), text)}), "another request's hash")
+	assert.Equal(t, base, keys(msgs, map[string]any{"system": sys(text, map[string]any{"type": "text", "text": ""})}), "an empty block")
+	inline := func(content any) map[string]any {
+		return map[string]any{"system": sys(text), "messages": []any{map[string]any{"role": "system", "content": content}, user}}
+	}
+	assert.Equal(t, keys(msgs, inline([]any{billingBlock(1)})), keys(msgs, inline([]any{billingBlock(2)})), "in a system message's blocks")
+	assert.Equal(t, keys(msgs, inline(billingBlock(1)["text"])), keys(msgs, inline(billingBlock(2)["text"])), "as a system message's string")
+	// What vLLM renders keeps counting.
+	assert.NotEqual(t, keys(msgs, map[string]any{"system": billingBlock(1)["text"]}), keys(msgs, map[string]any{"system": billingBlock(2)["text"]}),
+		"a top-level system string is rendered as it is")
+	assert.NotEqual(t, base, keys(msgs, map[string]any{"system": sys(map[string]any{"type": "text", "text": "You are terse."})}))
+	assert.NotEqual(t, keys(msgs, map[string]any{"system": sys(text), "messages": []any{map[string]any{"role": "user", "content": billingBlock(1)["text"]}}}),
+		keys(msgs, map[string]any{"system": sys(text), "messages": []any{map[string]any{"role": "user", "content": billingBlock(2)["text"]}}}),
+		"a user's text is rendered whatever it starts with")
+	resp := kvroute.PathResponses
+	assert.NotEqual(t, keys(resp, map[string]any{"instructions": billingBlock(1)["text"], "input": "hi"}),
+		keys(resp, map[string]any{"instructions": billingBlock(2)["text"], "input": "hi"}), "only the Messages API drops it")
+}
+
+// Claude Code's conversations reuse KV from turn 2 although the billing
+// header in their system prompt changes every request; every answer is
+// the single engine's.
+func TestClaudeCodeBillingHeaderHits(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	rec := &recorder{}
+	url := serve(t, newRouter(t, c, kvroute.WithObserver(rec)))
+	conv := &agentConv{path: kvroute.PathMessages, base: claudeBase()}
+	system := conv.base["system"].([]any)
+	for turn := range 4 {
+		conv.base["system"] = append([]any{billingBlock(turn)}, system...)
+		conv.say(userText(turn))
+		body := conv.body()
+		res := send(t, url, kvroute.PathMessages+"?beta=true", body, http.Header{"Anthropic-Version": {"2023-06-01"}})
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		text, _ := agentText(t, kvroute.PathMessages, res.raw, false)
+		ref, err := kvroutetest.Reference(kvroute.PathMessages, body)
+		require.NoError(t, err)
+		assert.Equal(t, ref.Text, text, "turn %d", turn)
+		tr := rec.last()
+		if turn == 0 {
+			assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)
+		} else {
+			assert.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", turn, tr.MissReason)
+		}
+		conv.hear(text, turn)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,10 +53,12 @@ func runPlacement(t *testing.T, sel kvroute.Selector, convs, turns int) placemen
 		assert.Zero(t, e.Stats().FreedReads)
 		assert.Zero(t, e.Stats().ExpiredReads)
 		for _, rec := range e.Requests() {
-			if !later[rec.RequestID] || rec.Status != http.StatusOK {
+			// The engines saw the client's id with the router's suffix.
+			id := rec.RequestID[:max(0, strings.LastIndexByte(rec.RequestID, '-'))]
+			if !later[id] || rec.Status != http.StatusOK {
 				continue
 			}
-			ttft[rec.RequestID] += rec.Transfer + rec.Prefill
+			ttft[id] += rec.Transfer + rec.Prefill
 			if rec.Role == "decode" {
 				moved += rec.PulledTokens
 				n++

@@ -118,8 +118,9 @@ const DefaultMaxReplyBytes = 1 << 20
 const DefaultReasoningCloseTag = "</think>"
 
 // Fields that shape the rendered prompt in vLLM's chat and completion
-// request models, hashed into every key. Sorted, so the digest does not
-// depend on the client's key order.
+// request models, hashed into every content check (chat: the chained
+// conversation digest; completions: the prompt's check). Sorted, so the
+// digest does not depend on the client's key order.
 var chatShaping = []string{
 	"add_generation_prompt", "add_special_tokens", "cache_salt", "chat_template",
 	"chat_template_kwargs", "continue_final_message", "documents", "media_io_kwargs",
@@ -258,7 +259,7 @@ func (c ContinuationKeys) Verify(req *Request, cands Candidates, check []byte) b
 	if k <= 0 || len(check)-k != sha256.Size || uint64(len(prompt)) <= n {
 		return false
 	}
-	sum := sha256.Sum256([]byte(prompt[:n]))
+	sum := completionCheckSum(req, prompt[:n])
 	return bytes.Equal(sum[:], check[k:]) && cleanSeam(prompt[:n], prompt[n:])
 }
 
@@ -461,9 +462,21 @@ func (c ContinuationKeys) completionKey(req *Request, reply *Reply, soft Refusal
 	if soft != "" {
 		refusal = soft
 	}
-	sum := sha256.Sum256([]byte(text))
+	sum := completionCheckSum(req, text)
 	check := binary.AppendUvarint(nil, uint64(len(text)))
 	return Retention{Key: key, Check: append(check, sum[:]...), Refusal: refusal}, nil
+}
+
+// completionCheckSum is the content check of a completions turn whose
+// prompt (plus reply) is text: a digest of the prompt-shaping fields
+// (completionShaping: add_special_tokens puts a BOS token in front of the
+// prompt, so the same text renders other tokens) and of text.
+func completionCheckSum(req *Request, text string) [32]byte {
+	shaping := shapingDigest(req, "completion", completionShaping)
+	h := req.getHasher()
+	h.writeDigest(shaping)
+	h.fieldString("text", text)
+	return req.sumPut(h)
 }
 
 // promptString returns a completions prompt given as one string.

@@ -695,3 +695,41 @@ func TestContinuationReplyQuoted(t *testing.T) {
 		})
 	}
 }
+
+// The fields that shape a completions prompt's tokens are part of its
+// content check: add_special_tokens puts a BOS token in front of the same
+// text, so a handle retained without it holds other tokens.
+func TestContinuationCompletionShaping(t *testing.T) {
+	ck := kvroute.ContinuationKeys{}
+	p1 := strings.Repeat("history ", 40) + "Q:"
+	req := func(prompt string, extra map[string]any) *kvroute.Request {
+		m := map[string]any{"model": "m", "prompt": prompt}
+		for k, v := range extra {
+			m[k] = v
+		}
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		return &kvroute.Request{Path: kvroute.PathCompletions, Body: b}
+	}
+	next := p1 + " answer\nUser: more"
+	for _, tc := range []struct {
+		name         string
+		turn1, turn2 map[string]any
+		same         bool
+	}{
+		{"add_special_tokens turned on", nil, map[string]any{"add_special_tokens": true}, false},
+		{"add_special_tokens turned off", map[string]any{"add_special_tokens": true}, map[string]any{"add_special_tokens": false}, false},
+		{"add_special_tokens spelled 1: another spelling, refused", map[string]any{"add_special_tokens": true}, map[string]any{"add_special_tokens": 1}, false},
+		{"mm_processor_kwargs", nil, map[string]any{"mm_processor_kwargs": map[string]any{"x": 1}}, false},
+		{"add_special_tokens kept", map[string]any{"add_special_tokens": true}, map[string]any{"add_special_tokens": true, "temperature": 0.5}, true},
+		{"null is absent", nil, map[string]any{"add_special_tokens": nil}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ret, err := ck.Key(req(p1, tc.turn1), kvroute.Candidates{}, &kvroute.Reply{Content: " answer", FinishReason: "stop"})
+			require.NoError(t, err)
+			require.NotEmpty(t, ret.Key)
+			assert.True(t, continues(t, req(next, tc.turn1), ret), "the same fields continue")
+			assert.Equal(t, tc.same, ck.Verify(req(next, tc.turn2), kvroute.Candidates{}, ret.Check))
+		})
+	}
+}

@@ -143,12 +143,30 @@
 // cannot see what a chat template or a tokenizer does to the text, so it
 // can be wrong where VerifyTokens cannot (README, Limitations).
 //
-// Both legs carry the same X-Request-Id (the client's, or a generated one)
-// and are built from the caller's context: a client that goes away cancels
-// the prefill request or aborts the decode stream, and the engine frees its
-// blocks. The router's own body fields (conversation_id) and any
-// client-supplied kv_transfer_params are never forwarded; neither is the
-// client's Authorization header.
+// Both legs carry the same X-Request-Id (TurnRecord.EngineRequestID): a
+// generated one, or the client's with 16 random hex digits appended, so
+// that two clients choosing the same id never collide on an engine; the
+// client gets its own id back (TurnRecord.RequestID). Both legs are built
+// from the caller's context: a client that goes away cancels the prefill
+// request or aborts the decode stream, and the engine frees its blocks. The router's own body fields (conversation_id) and any
+// client-supplied kv_transfer_params are never forwarded; neither are the
+// client's credentials (Authorization, X-Api-Key, Cookie,
+// Proxy-Authorization).
+//
+// # Tenants
+//
+// Retained handles are scoped by tenant: a request never finds a handle
+// another tenant's turn retained, whatever history it sends. The tenant
+// (WithTenant; PrincipalTenant by default) derives from one value, the
+// request's principal (Request.Principal), decided in one place: the
+// principal an authenticating layer put in the request's context
+// (ContextWithPrincipal, such as KeyPrincipal of the API key it matched),
+// else a digest of the credentials in Authorization (any scheme, in any
+// case) and X-Api-Key (HeaderPrincipal). One key is one principal
+// whichever header carries it; two keys are two. Requests without any
+// credential share one principal, "": put a router that serves several
+// tenants behind an authenticating layer. Migration: AuthorizationTenant,
+// the old default, digested Authorization alone; it is now PrincipalTenant.
 //
 // Identifiers only find handles: ExplicitID's conversation id as much as
 // ContinuationKeys' digests. A handle is attached after token verification,
@@ -211,8 +229,10 @@
 // Errors before any response byte reach an HTTP client in OpenAI's JSON
 // error shape: 400 for a malformed request (ErrBadRequest), an engine's own
 // 4xx passed through, 502 for a failed upstream leg (*UpstreamError names
-// the phase, the endpoint and the status), 503 when no endpoint is
-// available, 504 on a timeout. A prefill leg that fails on a connection
+// the phase, the endpoint and the status; what the client reads names the
+// phase and the status, never the endpoint), 503 with Retry-After
+// (RetryAfter: the engine's own, else DefaultRetryAfter) when an engine
+// answered 503 or 429 or no endpoint is available, 504 on a timeout. A prefill leg that fails on a connection
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
 // an error can only end it: ServeHTTP writes the API's error event

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -70,8 +72,10 @@ func (e *UpstreamError) Unwrap() error { return e.Err }
 
 // HTTPStatus maps an error from Do to the status a client should get: 400
 // for ErrBadRequest; the engine's own 4xx when an engine rejected the
-// request (429 becomes 503); 503 when no endpoint is available or the
-// router is closed; 504 for timeouts; 502 for every other upstream failure.
+// request; 503 when an engine answered 503 or 429 (it is overloaded: the
+// client should retry, after RetryAfter), when no endpoint is available or
+// the router is closed; 504 for timeouts; 502 for every other upstream
+// failure.
 func HTTPStatus(err error) int {
 	var ue *UpstreamError
 	switch {
@@ -83,7 +87,7 @@ func HTTPStatus(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 && ue.Status != http.StatusRequestTimeout && ue.Status != http.StatusTooManyRequests:
 		return ue.Status
-	case errors.As(err, &ue) && ue.Status == http.StatusTooManyRequests:
+	case errors.As(err, &ue) && (ue.Status == http.StatusTooManyRequests || ue.Status == http.StatusServiceUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, transport.ErrFirstByteTimeout), errors.Is(err, transport.ErrIdleTimeout),
 		errors.Is(err, transport.ErrTotalTimeout), errors.Is(err, context.DeadlineExceeded):
@@ -93,12 +97,79 @@ func HTTPStatus(err error) int {
 	}
 }
 
+// DefaultRetryAfter is the Retry-After of a 503 when the engine that
+// caused it sent none; MaxRetryAfter bounds the engine's.
+const (
+	DefaultRetryAfter = time.Second
+	MaxRetryAfter     = 5 * time.Minute
+)
+
+// RetryAfter returns how long a client should wait before it retries
+// after err, for an error HTTPStatus maps to 503: the Retry-After of the
+// engine's 503 or 429 answer when it sent one (at most MaxRetryAfter,
+// rounded up to whole seconds), else DefaultRetryAfter. It is 0 for every
+// other error. ServeHTTP sends it as the Retry-After header.
+func RetryAfter(err error) time.Duration {
+	if HTTPStatus(err) != http.StatusServiceUnavailable {
+		return 0
+	}
+	var ue *UpstreamError
+	if errors.As(err, &ue) && ue.retryAfter > 0 {
+		d := min(ue.retryAfter, MaxRetryAfter)
+		return (d + time.Second - 1).Truncate(time.Second)
+	}
+	return DefaultRetryAfter
+}
+
+// clientMessage is err as a client may read it. An UpstreamError names its
+// phase, the engine's status and the cause, never the engine's address:
+// a network error, whose text names addresses, is told as "the engine
+// could not be reached". Logs keep err.Error(), which names the engine.
+func clientMessage(err error) string {
+	if err == nil {
+		return "kvroute: error"
+	}
+	var ue *UpstreamError
+	if !errors.As(err, &ue) {
+		return err.Error()
+	}
+	s := "kvroute: " + string(ue.Phase) + " failed"
+	if ue.Status != 0 {
+		s += ": engine status " + strconv.Itoa(ue.Status)
+	}
+	if c := publicCause(ue.Err); c != "" {
+		s += ": " + c
+	}
+	return s
+}
+
+// publicCause is the cause of an UpstreamError as a client may read it.
+func publicCause(err error) string {
+	if err == nil {
+		return ""
+	}
+	for _, known := range [...]error{transport.ErrFirstByteTimeout, transport.ErrIdleTimeout, transport.ErrTotalTimeout,
+		context.DeadlineExceeded, context.Canceled} {
+		if errors.Is(err, known) {
+			return known.Error()
+		}
+	}
+	var (
+		ne net.Error
+		ue *url.Error
+	)
+	if errors.As(err, &ne) || errors.As(err, &ue) {
+		return "the engine could not be reached"
+	}
+	return err.Error()
+}
+
 // errorBody renders err in OpenAI's error shape. It never includes request
 // content: messages come from the router's own errors, and an engine's
 // error message is included only as the engine wrote it.
 func errorBody(status int, err error) []byte {
 	typ, code := errorKind(status, err)
-	b, _ := json.Marshal(openAIError{Error: openAIErrorDetail{Message: err.Error(), Type: typ, Code: code}})
+	b, _ := json.Marshal(openAIError{Error: openAIErrorDetail{Message: clientMessage(err), Type: typ, Code: code}})
 	return b
 }
 

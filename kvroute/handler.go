@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/sse"
@@ -16,8 +17,9 @@ import (
 // /v1/responses and /v1/messages (a query string such as ?beta=true is
 // ignored) by running Do. Errors before the response reach the client in
 // the API's JSON error shape (OpenAI's; Anthropic's for /v1/messages) with
-// the status HTTPStatus gives; an engine's own 4xx error body is passed
-// through. Once a stream's headers are sent, an error can only end the
+// the status HTTPStatus gives and, on a 503, Retry-After (RetryAfter); an
+// engine's own 4xx error body is passed through. Messages name the phase
+// that failed, never an engine's address. Once a stream's headers are sent, an error can only end the
 // stream: the client gets the API's error event (`data: {"error":{...}}`,
 // or Anthropic's `event: error`) and the connection is closed without the
 // stream's final event.
@@ -57,8 +59,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 			return // the client is gone
 		}
 		status := HTTPStatus(err)
+		if d := RetryAfter(err); d > 0 {
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(d/time.Second), 10))
+		}
 		var ue *UpstreamError
-		if errors.As(err, &ue) && status == ue.Status && len(ue.Body) > 0 && isJSONObject(ue.Body) {
+		if errors.As(err, &ue) && status == ue.Status && status < 500 && len(ue.Body) > 0 && isJSONObject(ue.Body) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(status)
 			_, _ = w.Write(ue.Body)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -623,10 +624,16 @@ func TestRequestIDBounded(t *testing.T) {
 			}
 			assert.Equal(t, got, resp.Header.Get("X-Request-Id"))
 			assert.Equal(t, got, obs.last().RequestID)
+			engineID := obs.last().EngineRequestID
+			if tc.kept {
+				assert.Regexp(t, `^`+regexp.QuoteMeta(tc.id)+`-[0-9a-f]{16}$`, engineID, "the client's id, made unique for the engines")
+			} else {
+				assert.Equal(t, got, engineID)
+			}
 			reqs := f.requests()
 			require.Len(t, reqs, 2)
 			for _, q := range reqs {
-				assert.Equal(t, got, q.requestID, q.role)
+				assert.Equal(t, engineID, q.requestID, q.role)
 			}
 		})
 	}
@@ -809,6 +816,60 @@ func TestPrefillLegFinishesOnLengthSimulated(t *testing.T) {
 				conv.hear(res.text)
 			}
 			assert.Zero(t, g.r.Stats().NoPrefillHandle)
+		})
+	}
+}
+
+// Content mode on /v1/completions: the prompt-shaping fields are part of
+// the content check, so a turn that resends the stored text with
+// add_special_tokens switched (a BOS token in front of the same text: the
+// held blocks are other tokens) is not given the handle; a turn with the
+// same fields is.
+func TestContentModeCompletionShaping(t *testing.T) {
+	const reply = " answer"
+	f := newFake(t)
+	f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
+		writeJSON(w, `{"id":"d","object":"text_completion","choices":[{"index":0,"text":`+mustJSON(reply)+`,"finish_reason":"stop"}],"kv_transfer_params":`+testDHandle+`}`)
+	}
+	obs := &lastTurn{}
+	r := fakeRouter(t, f, obs)
+	p1 := strings.Repeat("history ", 40) + "Q:"
+	turn := func(prompt string, extra map[string]any) kvroute.TurnRecord {
+		t.Helper()
+		m := map[string]any{"model": kvroutetest.DefaultModel, "prompt": prompt, "max_tokens": 8}
+		for k, v := range extra {
+			m[k] = v
+		}
+		resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathCompletions, Header: http.Header{}, Body: []byte(mustJSON(m))})
+		require.NoError(t, err)
+		require.NoError(t, resp.Close())
+		return obs.last()
+	}
+	for _, tc := range []struct {
+		name         string
+		turn1, turn2 map[string]any
+		hit          bool
+	}{
+		{"add_special_tokens switched on", nil, map[string]any{"add_special_tokens": true}, false},
+		{"add_special_tokens switched off", map[string]any{"add_special_tokens": true}, map[string]any{"add_special_tokens": false}, false},
+		{"mm_processor_kwargs added", nil, map[string]any{"mm_processor_kwargs": map[string]any{"num_crops": 4}}, false},
+		{"the same fields", map[string]any{"add_special_tokens": true}, map[string]any{"add_special_tokens": true, "temperature": 0.5}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := p1 + " " + tc.name + "."
+			rec := turn(start, tc.turn1)
+			require.Equal(t, kvroute.ReuseMiss, rec.Reuse)
+			require.True(t, rec.Stored, "retained: %s", rec.StoreRefusal)
+			rec = turn(start+reply+"\nUser: more", tc.turn2)
+			legs := f.requests()
+			sent := string(legs[len(legs)-2].body["kv_transfer_params"])
+			if tc.hit {
+				assert.Equal(t, kvroute.ReuseHit, rec.Reuse, "%s", rec.MissReason)
+				assert.Contains(t, sent, `"remote_engine_id":"d0"`)
+			} else {
+				assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
+				assert.NotContains(t, sent, `"d0"`, "the handle of other tokens never reaches P")
+			}
 		})
 	}
 }

@@ -68,20 +68,31 @@ type Retention struct {
 
 // TenantFunc returns the scope of a request's retained handles. Requests
 // with different scopes never share a handle. It must not return secrets
-// in clear: return a digest.
+// in clear: return a digest. Scope by req.Principal(), the authenticated
+// principal (ContextWithPrincipal, else HeaderPrincipal), never by a raw
+// header: a header the TenantFunc does not read would let every client
+// that authenticates with it share one scope.
 type TenantFunc func(req *Request) string
 
-// AuthorizationTenant scopes handles by a digest of the inbound
-// Authorization header plus the body's cache_salt. It is the default.
-func AuthorizationTenant(req *Request) string {
+// PrincipalTenant scopes handles by the request's principal
+// (Request.Principal) plus the body's cache_salt. It is the default.
+func PrincipalTenant(req *Request) string {
 	h := sha256.New()
-	h.Write([]byte(req.Header.Get("Authorization")))
+	h.Write([]byte("tenant.v2\x00"))
+	h.Write([]byte(req.Principal()))
 	h.Write([]byte{0})
 	if v, ok := req.Field("cache_salt"); ok {
 		h.Write(v)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
+
+// AuthorizationTenant is PrincipalTenant.
+//
+// Deprecated: it once digested the Authorization header alone, so every
+// client that sent its key as X-Api-Key shared one scope; it now scopes by
+// Request.Principal, as PrincipalTenant, which new code should name.
+func AuthorizationTenant(req *Request) string { return PrincipalTenant(req) }
 
 // Tenant returns the request's tenant scope, as computed by the router's
 // TenantFunc.

@@ -109,7 +109,7 @@ func (t *turn) runLocal(ctx context.Context) (*Response, error) {
 func (t *turn) localFailed(ctx context.Context, err error) {
 	t.r.stats.localFailures.Add(1)
 	t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: decode-local leg failed; running the turn as a plain prefill",
-		slog.String("request_id", t.id), slog.String("endpoint", t.localEP.url), slog.String("err", err.Error()))
+		slog.String("request_id", t.id), slog.String("engine_request_id", t.legID), slog.String("endpoint", t.localEP.url), slog.String("err", err.Error()))
 	t.localEP = nil
 	t.chose = false
 	t.miss(MissRetry)

@@ -23,9 +23,16 @@ func (f ObserverFunc) ObserveTurn(rec *TurnRecord) { f(rec) }
 // TurnRecord describes one finished turn. Durations are measured on the
 // router's clock from the moment Do started.
 type TurnRecord struct {
+	// RequestID is the id the client sees (X-Request-Id of the answer):
+	// the client's own, or one the router generated.
 	RequestID string
-	Path      string
-	Stream    bool
+	// EngineRequestID is the X-Request-Id every engine request of the turn
+	// carried (both legs, and render calls with a "-render" suffix): for a
+	// client's id, that id and 16 random hex digits, so that two clients
+	// choosing the same id never collide on an engine; else RequestID.
+	EngineRequestID string
+	Path            string
+	Stream          bool
 
 	// Reuse is ReuseHit, ReuseLocal, ReuseMiss or ReuseOff; "" when the turn failed
 	// before the lookup (a closed Router, a malformed request: ErrPhase is

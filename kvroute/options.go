@@ -252,7 +252,8 @@ func WithIdentifier(id Identifier) Option {
 
 // WithTenant sets the function that scopes retained handles: identical
 // histories from two tenants never share a handle. The default is
-// AuthorizationTenant (a digest of the inbound Authorization header).
+// PrincipalTenant (a digest of the request's principal, Request.Principal,
+// and cache_salt).
 func WithTenant(f TenantFunc) Option {
 	return optionFunc(func(c *config) {
 		if f == nil {

@@ -155,7 +155,7 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		}
 		tried = append(tried, ep.url)
 		t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
-			slog.String("request_id", t.id), slog.String("endpoint", ep.url), slog.String("err", err.Error()))
+			slog.String("request_id", t.id), slog.String("engine_request_id", t.legID), slog.String("endpoint", ep.url), slog.String("err", err.Error()))
 		var ue *UpstreamError
 		errors.As(err, &ue)
 		return ue.retryAfter, err
@@ -381,17 +381,17 @@ func (t *turn) noHandle(ep *endpoint, status int, cause error) error {
 	if t.r.cfg.localFallback {
 		t.local, t.rec.LocalFallback = true, true
 		t.r.log.LogAttrs(context.Background(), slog.LevelWarn, "kvroute: prefill engine returned no handle; decode will prefill locally",
-			slog.String("request_id", t.id), slog.String("endpoint", ep.url))
+			slog.String("request_id", t.id), slog.String("engine_request_id", t.legID), slog.String("endpoint", ep.url))
 		return nil
 	}
 	return &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: status, Err: errors.Join(ErrNoHandle, cause)}
 }
 
 // upstreamRequest builds a POST of body to ep for the client's path, with
-// the client's end-to-end headers, the turn's request id and the upstream
-// credential.
+// the client's end-to-end headers, the turn's engine request id (legID)
+// and the upstream credential.
 func (t *turn) upstreamRequest(ctx context.Context, phase Phase, ep *endpoint, body legBody) (*http.Request, error) {
-	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body, t.id)
+	return t.upstreamRequestTo(ctx, phase, ep, t.req.Path, body, t.legID)
 }
 
 // upstreamRequestTo is upstreamRequest for another path of the engine,
@@ -419,7 +419,7 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 	*hreq.URL = *u
 	hreq.Host = u.Host
 	h := t.legHeader()
-	if ep.ep.Rank >= 0 || t.r.cfg.tracer != nil || id != t.id {
+	if ep.ep.Rank >= 0 || t.r.cfg.tracer != nil || id != t.legID {
 		h = h.Clone()
 		h.Set(headerRequestID, id)
 		t.inject(ctx, h)
@@ -435,16 +435,16 @@ func (t *turn) upstreamRequestTo(ctx context.Context, phase Phase, ep *endpoint,
 
 // legHeader returns the headers every leg of the turn sends, built on the
 // first call: the client's end-to-end headers (transport.RequestHeader,
-// which drops the rank header), the JSON content type, the turn's request
-// id and the upstream credential. The map is shared by the turn's
-// requests: it must not be modified.
+// which drops the rank header), the JSON content type, the turn's engine
+// request id (legID) and the upstream credential. The map is shared by the
+// turn's requests: it must not be modified.
 func (t *turn) legHeader() http.Header {
 	if t.hdr != nil {
 		return t.hdr
 	}
 	h := transport.RequestHeader(t.req.Header)
 	// One backing array for the values set here.
-	vals := []string{"application/json", t.id, ""}
+	vals := []string{"application/json", t.legID, ""}
 	h["Content-Type"] = vals[0:1:1]
 	h[headerRequestID] = vals[1:2:2]
 	if t.r.cfg.apiKey != "" {

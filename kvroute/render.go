@@ -166,7 +166,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	t.r.stats.renders.Add(1)
 	// Its own request id: engines key requests by X-Request-Id, and the
 	// prefill leg follows with the turn's.
-	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body, t.id+"-render")
+	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body, t.legID+"-render")
 	if err != nil {
 		return nil, 0, err
 	}

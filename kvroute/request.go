@@ -17,9 +17,11 @@ type Request struct {
 	// Path is PathChatCompletions or PathCompletions.
 	Path string
 	// Header holds the client's headers. The router reads X-Request-Id,
-	// X-Session-ID and Authorization (for the tenant; never forwarded) and
-	// forwards end-to-end headers other than Authorization to both legs
-	// (with a Tracer, its trace headers replace the client's: WithTracer).
+	// X-Session-ID, and Authorization and X-Api-Key for the principal
+	// unless the context carries one (Principal). It forwards end-to-end
+	// headers to both legs except the client's credentials (Authorization,
+	// X-Api-Key, Cookie, Proxy-Authorization: transport.RequestHeader);
+	// with a Tracer, its trace headers replace the client's (WithTracer).
 	Header http.Header
 	// Body is the client's JSON body. Do does not modify it. ServeHTTP
 	// reads it into a buffer the Router reuses after the turn, so an
@@ -34,6 +36,11 @@ type Request struct {
 	parsed bool
 	tenant string
 	api    api
+
+	// principal is Principal's value once principalSet: from the
+	// context of Do (ContextWithPrincipal), else from the headers.
+	principal    string
+	principalSet bool
 
 	// Free digest state for the request's keys and anchors (getHasher,
 	// getChainer): a turn hashes the request several times, one digest

@@ -136,7 +136,7 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.tenant = cfg.tenant
 	if r.tenant == nil {
-		r.tenant = AuthorizationTenant
+		r.tenant = PrincipalTenant
 	}
 	r.selector = cfg.selector
 	if r.selector == nil {
@@ -190,6 +190,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	}
 	t.stream = req.Streaming()
 	t.rec.Stream = t.stream
+	req.setPrincipal(ctx)
 	req.tenant = r.tenant(req)
 	t.hint = ConversationHint(req)
 	lctx, endLookup := t.startPhase(ctx, PhaseLookup, "")
@@ -232,7 +233,8 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 type turn struct {
 	r     *Router
 	req   *Request
-	id    string
+	id    string // the request id the client sees: its own, or a generated one
+	legID string // the X-Request-Id of every engine request of the turn (TurnRecord.EngineRequestID)
 	start time.Time
 	rec   TurnRecord
 	done  bool
@@ -315,12 +317,20 @@ func (r *Router) newTurn(req *Request) *turn {
 		req.Header = http.Header{}
 	}
 	t.id = req.Header.Get(headerRequestID)
-	if !validRequestID(t.id) {
+	t.legID = t.id
+	switch {
+	case !validRequestID(t.id):
 		// Absent, too long or not visible ASCII: never echoed, forwarded
 		// or logged.
 		t.id = newRequestID()
+		t.legID = t.id
+	default:
+		// The client's id, made unique for the engines: two clients that
+		// chose the same id never share one on an engine.
+		t.legID = engineRequestID(t.id)
 	}
 	t.rec.RequestID = t.id
+	t.rec.EngineRequestID = t.legID
 	t.rec.Path = req.Path
 	t.rec.CachedTokens = -1
 	// Reuse stays "" until the lookup: a turn that fails before it is no
@@ -349,6 +359,14 @@ func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "bidikv-" + hex.EncodeToString(b[:])
+}
+
+// engineRequestID is the id a turn's legs carry for a client's id: the
+// client's, for correlation, and 64 random bits.
+func engineRequestID(client string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return client + "-" + hex.EncodeToString(b[:])
 }
 
 func (t *turn) since() time.Duration { return t.r.cfg.clock().Sub(t.start) }

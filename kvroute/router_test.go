@@ -107,6 +107,7 @@ func TestPrefillRewrites(t *testing.T) {
 	hdr := http.Header{"X-Request-Id": {"req-turn-1"}}
 	res := post(t, url, kvroute.PathChatCompletions, conv.body(), hdr)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+	res0ID := res.header.Get("X-Request-Id")
 	conv.hear(res.text)
 	conv.say("and again")
 	res = post(t, url, kvroute.PathChatCompletions, conv.body(), http.Header{"X-Request-Id": {"req-turn-2"}})
@@ -128,7 +129,8 @@ func TestPrefillRewrites(t *testing.T) {
 		assert.Equal(t, dec[i].RequestID, rec.RequestID, "both legs carry one X-Request-Id")
 		assert.Equal(t, "", rec.Header.Get("Authorization"))
 	}
-	assert.Equal(t, "req-turn-1", pre[0].RequestID)
+	assert.Regexp(t, `^req-turn-1-[0-9a-f]{16}$`, pre[0].RequestID, "the client's id, made unique for the engines")
+	assert.Equal(t, "req-turn-1", res0ID, "the client sees its own id")
 	// Message 1: the miss handle, never the client's.
 	var b1 map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(pre[0].Body, &b1))

@@ -207,7 +207,8 @@ func TestTracerFailedPrefill(t *testing.T) {
 
 	c.Prefill[0].FailNext(2, http.StatusServiceUnavailable)
 	res = post(t, url, conv.path, conv.body(), nil)
-	require.Equal(t, http.StatusBadGateway, res.status, "%s", res.raw)
+	require.Equal(t, http.StatusServiceUnavailable, res.status, "P's 503 reaches the client as 503: %s", res.raw)
+	assert.Equal(t, "1", res.header.Get("Retry-After"))
 	spans = ft.take()
 	require.Equal(t, []string{"turn", "lookup", "prefill", "prefill"}, spanNames(spans))
 	for _, s := range spans {

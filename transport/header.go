@@ -25,6 +25,8 @@ var requestOnly = map[string]bool{
 	"Content-Length":       true,
 	"Accept-Encoding":      true,
 	"Authorization":        true,
+	"X-Api-Key":            true,
+	"Cookie":               true,
 	"X-Data-Parallel-Rank": true,
 }
 
@@ -45,7 +47,9 @@ func CopyHeader(dst, src http.Header) {
 //     request;
 //   - Accept-Encoding, so that engines answer uncompressed bytes the router
 //     can parse;
-//   - Authorization, because the router adds its own upstream credential;
+//   - the client's credentials: Authorization (the router adds its own
+//     upstream credential), X-Api-Key (Anthropic's key header) and Cookie;
+//     Proxy-Authorization goes with the other Proxy-* headers;
 //   - X-Data-Parallel-Rank, which only the router may set ([Endpoint.Apply]).
 //
 // Everything else, such as X-Request-Id, Content-Type, Accept and

@@ -88,6 +88,8 @@ func TestRequestHeader(t *testing.T) {
 	in := merge(hopHeaders(), http.Header{
 		"Host":                 {"router.example"},
 		"Authorization":        {"Bearer client-token"},
+		"X-Api-Key":            {"client-key"},
+		"Cookie":               {"session=client-secret"},
 		"Accept-Encoding":      {"gzip, br"},
 		"X-Data-Parallel-Rank": {"3"},
 		"Content-Type":         {"application/json"},

@@ -10,10 +10,17 @@
 // table and exits 1 on any failure.
 //
 //   node check.mjs <proxy-base-url> [--reference <engine-base-url>]
-//                  [--model NAME] [--turns N] [--api-key KEY] [--json]
+//                  [--model NAME] [--turns N] [--api-key KEY]
+//                  [--second-key KEY] [--json]
 //
 // --api-key is a key the proxy accepts (its --api-key): both SDKs send it,
 // and a wrong key must raise each SDK's AuthenticationError.
+//
+// --second-key is another key the proxy accepts, another tenant: on every
+// API, tenant B resends tenant A's exact history through the SDKs, with the
+// keys in either header (Authorization: Bearer, X-Api-Key); B must never
+// reuse A's KV (X-Bidikv-Reuse: miss) and A's own next turn, by the other
+// header, must hit.
 //
 // --reference is one engine serving the same model without disaggregation
 // (a plain vllmsim, or one vLLM server with greedy sampling): every turn is
@@ -22,9 +29,9 @@
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
-const usage = 'usage: node check.mjs <proxy-base-url> [--reference URL] [--model NAME] [--turns N] [--api-key KEY] [--json]';
+const usage = 'usage: node check.mjs <proxy-base-url> [--reference URL] [--model NAME] [--turns N] [--api-key KEY] [--second-key KEY] [--json]';
 const args = process.argv.slice(2);
-const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: '', json: false };
+const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: '', secondKey: '', json: false };
 for (let i = 0; i < args.length; i++) {
   const a = args[i];
   const val = () => {
@@ -35,12 +42,13 @@ for (let i = 0; i < args.length; i++) {
   else if (a === '--model') opt.model = val();
   else if (a === '--turns') opt.turns = Number(val());
   else if (a === '--api-key') opt.apiKey = val();
+  else if (a === '--second-key') opt.secondKey = val();
   else if (a === '--json') opt.json = true;
   else if (a.startsWith('--')) fatal(`unknown flag ${a}\n${usage}`);
   else if (!opt.base) opt.base = a;
   else fatal(usage);
 }
-if (!opt.base || !(opt.turns >= 2)) fatal(usage);
+if (!opt.base || !(opt.turns >= 2) || (opt.secondKey && !opt.apiKey)) fatal(usage);
 opt.base = opt.base.replace(/\/+$/, '');
 opt.reference = opt.reference.replace(/\/+$/, '');
 
@@ -61,7 +69,9 @@ const SYSTEM = 'You are a coding agent working in a large Go repository. You can
 // nonce makes this invocation's conversations new to a proxy that has seen
 // an earlier one (turn 1 is then a miss); both runs of one invocation share it.
 const nonce = Math.random().toString(16).slice(2, 10);
-const ask = (conv, i) => `[${conv} ${nonce}] Turn ${i + 1}: look at the tool output and continue the plan. ` +
+// askTag tells the tenant cases' conversations from the scenarios' own.
+let askTag = '';
+const ask = (conv, i) => `[${conv}${askTag} ${nonce}] Turn ${i + 1}: look at the tool output and continue the plan. ` +
   `The file has ${100 + 7 * i} lines and the suite reports ${i % 5} failures in module m${i}.`;
 
 // recorder wraps fetch: it keeps every exchange's URL, request body,
@@ -71,7 +81,7 @@ function recorder() {
   const log = [];
   const fetchFn = async (url, init) => {
     const res = await fetch(url, init);
-    const ex = { url: String(url), method: init?.method ?? 'GET', body: typeof init?.body === 'string' ? init.body : '', status: res.status, headers: res.headers };
+    const ex = { url: String(url), method: init?.method ?? 'GET', init, body: typeof init?.body === 'string' ? init.body : '', status: res.status, headers: res.headers };
     ex.raw = res.clone().text();
     log.push(ex);
     return res;
@@ -79,8 +89,9 @@ function recorder() {
   return { log, fetchFn };
 }
 
-// clients are the two SDKs as users make them: the OpenAI SDK sends its
-// key as Authorization: Bearer, the Anthropic SDK as X-Api-Key.
+// clients are the two SDKs as users make them: both send their apiKey as
+// Authorization: Bearer (Claude Code and older Anthropic SDKs send
+// X-Api-Key: the 'anthropic X-Api-Key header' case and tenantCases).
 function clients(base, rec, key = opt.apiKey || 'sk-no-key-needed') {
   return {
     openai: new OpenAI({ apiKey: key, baseURL: base + '/v1', maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn }),
@@ -274,7 +285,7 @@ function responsesScenario(name, stream) {
         st.input.push({ type: 'function_call_output', call_id: `call_${i}`, output: `--- FAIL: TestTurn${i} (0.00s)` });
       }
       st.input.push(userItem(ask(name, i)));
-      const body = responsesBody(`${name.replaceAll(' ', '-')}-${nonce}`, st.input);
+      const body = responsesBody(`${(name + askTag).replaceAll(' ', '-')}-${nonce}`, st.input);
       if (!stream) {
         const r = await sdk.openai.responses.create(body);
         must(r.object === 'response' && r.status !== 'failed', `response status ${r.status}`);
@@ -485,6 +496,70 @@ const otherCases = [
   },
 ];
 
+// keyClients are the two SDKs sending key in one header: 'bearer'
+// (Authorization: Bearer, as both SDKs send their apiKey) or 'x-api-key'
+// (as Claude Code and older Anthropic SDKs send it: the SDKs' own
+// Authorization left out, the key in X-Api-Key).
+function keyClients(rec, key, header) {
+  const common = { baseURL: opt.base, maxRetries: 0, timeout: 60_000, fetch: rec.fetchFn };
+  if (header === 'bearer') {
+    return {
+      openai: new OpenAI({ ...common, apiKey: key, baseURL: opt.base + '/v1' }),
+      anthropic: new Anthropic({ ...common, apiKey: key }),
+    };
+  }
+  return {
+    openai: new OpenAI({ ...common, apiKey: key, baseURL: opt.base + '/v1', defaultHeaders: { Authorization: null, 'X-Api-Key': key } }),
+    anthropic: new Anthropic({ ...common, apiKey: null, authToken: null, defaultHeaders: { 'X-Api-Key': key } }),
+  };
+}
+
+// sentKey returns the header that carried the key of a recorded request.
+function sentKey(ex) {
+  const h = new Headers(ex.init?.headers ?? {});
+  return h.get('authorization') ? 'bearer' + (h.get('x-api-key') ? '+x-api-key' : '') : h.get('x-api-key') ? 'x-api-key' : 'none';
+}
+
+// tenantCases: tenant A (--api-key) has turn 1 of a conversation on each
+// API; tenant B (--second-key) resends A's exact history with turn 2, its
+// key in the header A used; then A sends the same turn 2 with its key in
+// the other header. B must miss, A must hit, and both get the same answer.
+async function tenantCases() {
+  const rows = [];
+  const names = ['openai chat', 'openai completions', 'openai responses', 'anthropic messages'];
+  const headers = [['bearer', 'x-api-key'], ['x-api-key', 'bearer']];
+  for (const sc of scenarios.filter((s) => names.includes(s.name))) {
+    for (const [aHeader, bHeader] of headers) {
+      const rec = recorder();
+      const row = { scenario: `tenant: ${sc.name} a and b by ${aHeader}, a again by ${bHeader}`, turns: 0, hits: 0, errors: 0, texts: [], failures: [] };
+      askTag = ` tenant ${aHeader}`;
+      try {
+        const a = keyClients(rec, opt.apiKey, aHeader), a2 = keyClients(rec, opt.apiKey, bHeader), b = keyClients(rec, opt.secondKey, aHeader);
+        const st = sc.start();
+        await sc.turn(a, st, 0);
+        must(sentKey(rec.log.at(-1)) === aHeader, `a's key sent as ${aHeader}, got ${sentKey(rec.log.at(-1))}`);
+        await checkExchange(rec.log.at(-1), sc, false, 'miss', 0);
+        const stB = structuredClone(st);
+        const gotB = await sc.turn(b, stB, 1);
+        must(sentKey(rec.log.at(-1)) === aHeader, `b's key sent as ${aHeader}, got ${sentKey(rec.log.at(-1))}`);
+        const reuseB = await checkExchange(rec.log.at(-1), sc, false, 'miss', 0);
+        const gotA = await sc.turn(a2, st, 1);
+        must(sentKey(rec.log.at(-1)) === bHeader, `a's key sent as ${bHeader} the second time, got ${sentKey(rec.log.at(-1))}`);
+        const reuseA = await checkExchange(rec.log.at(-1), sc, false, 'hit', 0);
+        must(gotA.text === gotB.text, 'the same history, the same answer');
+        row.turns = 3;
+        row.hits = [reuseB, reuseA].filter((r) => r === 'hit').length;
+      } catch (e) {
+        row.errors++;
+        row.failures.push(`${e instanceof CheckError ? '' : (e?.constructor?.name ?? 'Error') + ': '}${e?.message ?? e}`);
+      }
+      askTag = '';
+      rows.push(row);
+    }
+  }
+  return rows;
+}
+
 async function runSuite(run, ref) {
   const rows = [];
   for (const sc of scenarios) {
@@ -531,6 +606,7 @@ async function runSuite(run, ref) {
     }
     rows.push(row);
   }
+  if (opt.secondKey && run === 0) rows.push(...await tenantCases());
   for (const c of otherCases) {
     if (c.needsKey && !opt.apiKey) continue;
     const row = { scenario: c.name, turns: 1, hits: 0, errors: 0, texts: [], failures: [] };

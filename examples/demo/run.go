@@ -25,6 +25,7 @@ import (
 type turn struct {
 	reuse        bool // the mode: reuse on or off
 	conv, index  int
+	engineID     string // the X-Request-Id the engines saw (kvroute.TurnRecord.EngineRequestID)
 	outcome      string // X-Bidikv-Reuse
 	promptTokens int
 	computed     int           // prompt tokens P computed
@@ -281,16 +282,24 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 	}
 	resp.Close() // the turn ends (and is observed) here
 	cv.hear(text.String())
-	rid := renderID(id)
+	// The engines saw the router's id for the turn, not the client's:
+	// the upstream clocks and the engines' records are keyed by it.
+	rec, ok := obs.take(id)
+	eid := id
+	if ok && rec.EngineRequestID != "" {
+		eid = rec.EngineRequestID
+	}
+	rid := renderID(eid)
 	t := turn{
 		reuse:    reuse,
 		conv:     cv.id,
 		index:    index,
+		engineID: eid,
 		outcome:  string(resp.Reuse()),
-		overhead: max(0, first-clock.Take(id)-clock.Take(rid)),
+		overhead: max(0, first-clock.Take(eid)-clock.Take(rid)),
 	}
 	renderWait := renders.Take(rid)
-	if rec, ok := obs.take(id); ok {
+	if ok {
 		t.renderSide = max(0, rec.Render-renderWait)
 		t.handleTokens, t.verified, t.partial = rec.HandleTokens, rec.VerifiedTokens, rec.Partial
 		t.path, t.estimate, t.refusal = rec.Choice, rec.EstimatedTTFT, rec.LocalRefusal
@@ -321,7 +330,7 @@ func appendContent(dst *bytes.Buffer, ev []byte) {
 }
 
 // join fills the modelled figures of every turn from the engines' request
-// records, matched by X-Request-Id.
+// records, matched by the X-Request-Id the engines saw (turn.engineID).
 func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) error {
 	pre := map[string]kvroutetest.RequestRecord{}
 	render := map[string]time.Duration{}
@@ -344,7 +353,7 @@ func join(res *modeResult, p, d *kvroutetest.Engine, prof kvroutetest.Profile) e
 	}
 	for i := range res.turns {
 		t := &res.turns[i]
-		id := turnID(t.reuse, t.conv, t.index)
+		id := t.engineID
 		pr, ok1 := pre[id]
 		dr, ok2 := dec[id]
 		if !ok2 || (!ok1 && dr.Role != "plain") {
@@ -391,7 +400,7 @@ func learn(m *threshold.CostModel, t turn, p, d *kvroutetest.Engine, prof kvrout
 	if t.path == "" || t.verified <= 0 {
 		return
 	}
-	id := turnID(t.reuse, t.conv, t.index)
+	id := t.engineID
 	var pr, dr *kvroutetest.RequestRecord
 	for _, r := range p.FinishedRequests(id) {
 		if r.Role == "prefill" {

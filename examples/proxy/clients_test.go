@@ -99,7 +99,10 @@ func runClients(t *testing.T, node, base string, extra ...string) (clientsReport
 // as agents do. Every turn parses in the SDK, equals a single engine's
 // answer, carries no handle byte and hits from turn 2 where the proxy can
 // reuse; malformed requests raise the SDKs' BadRequestError and a wrong
-// key their AuthenticationError. The same on a reasoning model and with
+// key their AuthenticationError. A second tenant (another key) resending
+// the first one's history through the SDKs, with the keys in either header,
+// never reuses its KV, and the first tenant's own next turn does. The same on
+// a reasoning model and with
 // --decode-local; a run without the reference engine compares two
 // identical runs instead.
 func TestRealClients(t *testing.T) {
@@ -111,18 +114,28 @@ func TestRealClients(t *testing.T) {
 	p := startEngine(t, "--no-enable-prefix-caching")
 	d := startEngine(t)
 	ref := startEngine(t) // one engine, no disaggregation: the reference answers
-	px := startProxy(t, p, d, "--api-key", "sk-clients")
+	px := startProxy(t, p, d, "--api-key", "sk-clients", "--api-key", "sk-clients-b")
 
-	rep, out := runClients(t, node, px.url, "--reference", ref.url, "--api-key", "sk-clients")
+	rep, out := runClients(t, node, px.url, "--reference", ref.url, "--api-key", "sk-clients", "--second-key", "sk-clients-b")
 	require.Zero(t, rep.Failed, out)
 	assert.NotEmpty(t, rep.Versions.OpenAI, out)
 	assert.NotEmpty(t, rep.Versions.Anthropic, out)
 	turns := map[string]int{} // by API, over the conversations
 	hits := map[string]int{}
 	turns["anthropic messages"] = 1 // the X-Api-Key check: one more first turn
-	conversations := 0
+	conversations, tenants := 0, 0
 	for _, r := range rep.Rows {
 		assert.Zero(t, r.Errors, "%s: %v", r.Scenario, r.Failures)
+		if name, ok := strings.CutPrefix(r.Scenario, "tenant: "); ok {
+			// B resent A's history (a miss), then A's own turn (a hit).
+			tenants++
+			api := strings.Join(strings.Fields(name)[:2], " ")
+			turns[api] += r.Turns
+			hits[api] += r.Hits
+			assert.Equal(t, 3, r.Turns, r.Scenario)
+			assert.Equal(t, 1, r.Hits, "%s: only a's own turn hits", r.Scenario)
+			continue
+		}
 		if strings.HasPrefix(r.Scenario, "error: ") || r.Turns == 1 {
 			continue
 		}
@@ -138,6 +151,7 @@ func TestRealClients(t *testing.T) {
 		assert.Equal(t, want, r.Hits, r.Scenario)
 	}
 	assert.Equal(t, 13, conversations, out)
+	assert.Equal(t, 8, tenants, "four APIs, each with a's key by either header and b's by the other: %s", out)
 
 	// The proxy counted the same turns and hits.
 	_, page := get(t, px.url+"/metrics")

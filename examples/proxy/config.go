@@ -22,8 +22,10 @@ var errUsage = errors.New("proxy: invalid command line")
 type config struct {
 	host string
 	port int
-	// debugAddr serves net/http/pprof when set (host:port).
-	debugAddr string
+	// debugAddr serves net/http/pprof when set (host:port), on a
+	// loopback address unless debugRemote.
+	debugAddr   string
+	debugRemote bool
 
 	prefillHosts, decodeHosts []string
 	prefillPorts, decodePorts []string
@@ -46,6 +48,7 @@ type config struct {
 	apiKeys           []string // from --api-key, --api-key-file and BIDIKV_API_KEYS
 	apiKeyFile        string
 	allowAnonymousIDs bool
+	metricsKey        bool
 	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
 	maxBodyBytes      int64
 	maxHeaderBytes    int
@@ -65,6 +68,9 @@ type config struct {
 	logFormat         string
 
 	dns dnsConfig // --prefill-dns, --decode-dns and their options (dns.go)
+
+	// warnings are logged at start-up, once the logger exists.
+	warnings []string
 }
 
 // envAPIKeys names the environment variable with inbound API keys,
@@ -101,17 +107,43 @@ func (l *listFlag) String() string {
 	return strings.Join(*l.vals, ",")
 }
 
+// errEmptyValue refuses a flag given with nothing in it: in a deployment
+// that is usually an unset environment variable ("--prefill=$PREFILL"),
+// and a default in its place (localhost, no authentication) would be
+// worse than not starting.
+var errEmptyValue = errors.New("empty value (an unset environment variable?): give one, or leave the flag out")
+
+// Set adds the comma-separated values of s; an empty one is an error.
 func (l *listFlag) Set(s string) error {
 	if !l.set {
 		*l.vals = nil
 		l.set = true
 	}
 	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			*l.vals = append(*l.vals, v)
+		if v = strings.TrimSpace(v); v == "" {
+			return errEmptyValue
 		}
+		*l.vals = append(*l.vals, v)
 	}
 	return nil
+}
+
+// notEmpty lists the string flags that, given, must not be empty: an
+// empty one would silently mean a default (every interface, no
+// authentication, the in-memory store, no DNS discovery: localhost).
+var notEmpty = map[string]bool{
+	"host": true, "prefill-dns": true, "decode-dns": true, "api-key-file": true, "redis-url": true,
+}
+
+// checkEmpty refuses a notEmpty flag given with an empty value.
+func checkEmpty(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if err == nil && notEmpty[f.Name] && strings.TrimSpace(f.Value.String()) == "" {
+			err = fmt.Errorf("%w: --%s: %v", errUsage, f.Name, errEmptyValue)
+		}
+	})
+	return err
 }
 
 // isListFlag reports whether a flag takes several values after one name,
@@ -201,6 +233,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.Var(&listFlag{vals: &c.apiKeys}, "api-key", "accepted inbound API keys (Authorization: Bearer KEY), visible in the process list: prefer --api-key-file or "+envAPIKeys+"; none of the three: no authentication")
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
+	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
 	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
@@ -215,7 +248,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
 	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
 	fs.DurationVar(&c.healthTimeout, "health-timeout", 2*time.Second, "bound on one engine health probe")
-	fs.StringVar(&c.debugAddr, "debug-addr", "", "host:port for Go's profiler (net/http/pprof under /debug/pprof/) on a listener of its own, for profiling only; keep it on 127.0.0.1 (default: off)")
+	fs.StringVar(&c.debugAddr, "debug-addr", "", "host:port for Go's profiler (net/http/pprof under /debug/pprof/, without cmdline) on a listener of its own, for profiling only: a loopback address such as 127.0.0.1:6060 (default: off)")
+	fs.BoolVar(&c.debugRemote, "debug-allow-remote", false, "let --debug-addr listen on an address other than loopback (the profiler has no authentication)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	c.dns.flags(fs)
@@ -228,6 +262,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	if err := checkEmpty(fs); err != nil {
+		return nil, err
 	}
 	if err := c.level(*level); err != nil {
 		return nil, err
@@ -259,6 +296,9 @@ func (c *config) inboundKeys(getenv func(string) string) error {
 	b, err := os.ReadFile(c.apiKeyFile)
 	if err != nil {
 		return fmt.Errorf("%w: --api-key-file: %v", errUsage, err)
+	}
+	if fi, err := os.Stat(c.apiKeyFile); err == nil && fi.Mode().Perm()&0o006 != 0 {
+		c.warnings = append(c.warnings, fmt.Sprintf("--api-key-file %s is readable or writable by every user of the host (mode %04o): chmod 600 it", c.apiKeyFile, fi.Mode().Perm()))
 	}
 	n := 0
 	for _, l := range strings.Split(string(b), "\n") {
@@ -354,6 +394,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
 	case c.maxBufferedBytes < c.maxBodyBytes:
 		return fmt.Errorf("%w: --max-buffered-bytes %d is below --max-body-bytes %d: a request of the largest size could never be admitted", errUsage, c.maxBufferedBytes, c.maxBodyBytes)
+	case c.metricsKey && len(c.apiKeys) == 0:
+		return fmt.Errorf("%w: --metrics-require-key needs inbound API keys (--api-key-file, %s or --api-key)", errUsage, envAPIKeys)
 	case c.keyMode == keyConversationID && len(c.apiKeys) == 0 && !c.allowAnonymousIDs:
 		return fmt.Errorf("%w: --key-mode conversation-id without inbound API keys puts every client in one tenant, "+
 			"so anyone who knows a conversation id continues its KV: give --api-key-file (or %s, or --api-key), "+

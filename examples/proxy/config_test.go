@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -186,4 +187,47 @@ func TestParseConfigDecodeLocal(t *testing.T) {
 	assert.True(t, c.decodeLocal)
 	assert.Equal(t, int64(262144), c.kvBytesPerToken)
 	assert.Len(t, c.routerOptions(), n+2)
+}
+
+// A flag that names engines (or the address, the keys, the store), given
+// with nothing in it, is refused: in a deployment that is an unset
+// environment variable, and the default in its place (localhost engines,
+// every interface, an open proxy) would run silently wrong.
+func TestEmptyValuesRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--prefill="},
+		{"--decode="},
+		{"--prefill", ""},
+		{"--prefill", ","},
+		{"--prefill", " , "},
+		{"--prefill", "http://p:1,,http://p:2"},
+		{"--decode", "http://d:1", ""},
+		{"--prefiller-hosts", ""},
+		{"--prefiller-hosts=", "--prefiller-ports", "8100"},
+		{"--decoder-hosts", "d", "--decoder-ports", ""},
+		{"--prefiller-port="},
+		{"--prefill-dns", ""},
+		{"--decode-dns="},
+		{"--prefill-dns", "  "},
+		{"--api-key", ""},
+		{"--api-key="},
+		{"--api-key-file", ""},
+		{"--host", ""},
+		{"--redis-url="},
+	} {
+		_, err := parseConfig(args, noEnv, io.Discard)
+		if assert.Error(t, err, "%q", args) {
+			assert.ErrorIs(t, err, errUsage, "%q", args)
+			assert.Contains(t, err.Error(), "empty value (an unset environment variable?)", "%q", args)
+		}
+	}
+	// Through the proxy's run: it stops at once with the error, serving
+	// nothing (a cancelled context: had it started, it would stop at once).
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout syncBuffer
+	err := run(ctx, []string{"--prefill=", "--decode", "http://127.0.0.1:1", "--host", "127.0.0.1", "--port", "0"}, noEnv, &stdout, io.Discard)
+	require.ErrorIs(t, err, errUsage)
+	assert.Contains(t, err.Error(), `invalid value "" for flag -prefill: empty value`)
+	assert.NotContains(t, stdout.String(), "serving")
 }

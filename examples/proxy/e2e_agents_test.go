@@ -92,6 +92,12 @@ func (c *agentClient) body() []byte {
 		m["input"] = c.items
 	} else {
 		m["messages"] = c.items
+		// Claude Code's attribution line, first in its system prompt: a
+		// hash that changes with every request (vLLM drops it before
+		// rendering).
+		sys, _ := m["system"].([]any)
+		m["system"] = append([]any{map[string]any{"type": "text",
+			"text": fmt.Sprintf("x-anthropic-billing-header: cc_version=2.0.50.%03x; cc_entrypoint=cli; cch=%05x;", len(c.items), len(c.items)*7919%0x100000)}}, sys...)
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -283,7 +289,8 @@ func (c *agentClient) readStream(t *testing.T, b []byte, out *agentTurn) {
 
 // Coding agents through the proxy as real processes: four-turn sessions
 // in the request shapes and headers Codex CLI (/v1/responses) and Claude
-// Code (/v1/messages?beta=true) send, streaming and not, each resending
+// Code (/v1/messages?beta=true, with its per-request billing header)
+// send, streaming and not, each resending
 // its whole history with the assistant's output echoed back. Turn 1
 // misses and later turns hit (Messages streams carry no handle with
 // vLLM, so they always miss), every answer is the single engine's, and

@@ -92,7 +92,7 @@ func newMetrics() *metrics {
 			Help: "Observed TTFT over the cost model's estimate of the engines' part (--decode-local), by chosen path; above 1 includes render and the router's own work.", Buckets: []float64{0.25, 0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}},
 			[]string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
-			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, closed."},
+			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, closed."},
 			[]string{"status", "reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
 			Help: "Completion requests being served now."}),

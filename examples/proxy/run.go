@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/retention"
@@ -25,6 +26,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(cfg, stderr)
+	for _, w := range cfg.warnings {
+		log.Warn(w)
+	}
 	if err := resolveDNS(ctx, cfg, nil, log); err != nil {
 		return err
 	}
@@ -74,13 +78,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	s := &server{
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
-		writeTimeout: cfg.writeTimeout,
-		adm:          &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
-		open:         newOpenTurns(),
+		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
+		adm:  &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
+		open: newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {
-		s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+		s.keys = append(s.keys, newInboundKey(k))
+	}
+
+	if cfg.debugAddr != "" {
+		stopDebug, err := serveDebug(cfg.debugAddr, cfg.debugRemote, stdout, log)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
 	}
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.host, strconv.Itoa(cfg.port)))
@@ -98,14 +110,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		BaseContext:       s.open.baseContext, // the drain cuts turns through it
 	}
 	defer s.open.close()
-
-	if cfg.debugAddr != "" {
-		stopDebug, err := serveDebug(cfg.debugAddr, stdout)
-		if err != nil {
-			return err
-		}
-		defer stopDebug()
-	}
 
 	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
 	polled := make(chan struct{})
@@ -145,6 +149,9 @@ func newStore(cfg *config, log *slog.Logger) (kvroute.Store, func(), error) {
 		return nil, nil, fmt.Errorf("%w: --redis-wait-replicas needs --redis-url", errUsage)
 	}
 	if cfg.redisURL != "" {
+		// go-redis's own lines (a failed dial per call while Redis is
+		// down) through the process logger, not as text on stderr.
+		redis.SetLogger(redisstore.NewGoRedisLog(log.With(slog.String("component", "go-redis"))))
 		rs, err := redisstore.NewFromURL(cfg.redisURL, redisstore.WithLogger(log.With(slog.String("component", "redisstore"))),
 			redisstore.WithWaitReplicas(cfg.redisWaitReplicas))
 		if err != nil {
@@ -168,12 +175,15 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-// logTurn logs one turn at debug level (warn when it failed), with ids and
-// timings only: never prompts, bodies or credentials.
+// logTurn logs one turn at debug level (warn when it failed on the
+// proxy's or an engine's side; a client's error, such as a malformed
+// request, stays at debug: clients must not be able to flood the log),
+// with ids and timings only: never prompts, bodies or credentials.
 func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	level := slog.LevelDebug
 	attrs := []slog.Attr{
-		slog.String("request_id", rec.RequestID), slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
+		slog.String("request_id", rec.RequestID), slog.String("engine_request_id", rec.EngineRequestID),
+		slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
 		slog.String("reuse", string(rec.Reuse)), slog.String("miss_reason", string(rec.MissReason)),
 		slog.String("choice", string(rec.Choice)), slog.Duration("estimated_ttft", rec.EstimatedTTFT),
 		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),
@@ -184,7 +194,9 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
 	if rec.Err != nil {
-		level = slog.LevelWarn
+		if kvroute.HTTPStatus(rec.Err) >= 500 {
+			level = slog.LevelWarn
+		}
 		attrs = append(attrs, slog.String("phase", string(rec.ErrPhase)), slog.String("err", rec.Err.Error()))
 	}
 	log.LogAttrs(ctx, level, "turn", attrs...)

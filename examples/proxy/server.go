@@ -30,8 +30,10 @@ type server struct {
 	metrics  *metrics
 	client   *http.Client // for /v1/models
 	upstream string       // upstream API key, "" for none
-	keys     [][32]byte   // digests of the accepted inbound keys; none: open
-	log      *slog.Logger
+	keys     []inboundKey // the accepted inbound keys; none: open
+	// metricsKey requires an inbound key on /metrics (--metrics-require-key).
+	metricsKey bool
+	log        *slog.Logger
 
 	maxHeaderBytes  int
 	maxBodyBytes    int64
@@ -64,7 +66,7 @@ func (s *server) routes() http.Handler {
 		"/health":                   {get, http.HandlerFunc(s.live)},
 		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
 		"/ready":                    {get, http.HandlerFunc(s.ready)},
-		"/metrics":                  {get, s.metrics.handler()},
+		"/metrics":                  {get, s.metricsHandler()},
 	}
 	return s.access(s.headerLimit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
@@ -75,6 +77,13 @@ func (s *server) routes() http.Handler {
 		}
 		rt, ok := table[r.URL.Path]
 		switch {
+		case r.ProtoMajor != 1 || r.Method == "PRI":
+			// HTTP/2 with prior knowledge (h2c): its preface parses as
+			// "PRI * HTTP/2.0". Not a missing route: a protocol this
+			// server does not speak in clear text.
+			w.Header().Set("Connection", "close")
+			s.reject(w, r, http.StatusHTTPVersionNotSupported, "http_version",
+				"HTTP/2 without TLS (prior knowledge) is not served: use HTTP/1.1")
 		case !ok:
 			s.reject(w, r, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
 		case !slices.Contains(rt.methods, r.Method):
@@ -84,6 +93,15 @@ func (s *server) routes() http.Handler {
 			rt.h.ServeHTTP(w, r)
 		}
 	})))
+}
+
+// metricsHandler serves /metrics; with --metrics-require-key it takes an
+// inbound API key like the API routes (its labels name the engines' URLs).
+func (s *server) metricsHandler() http.Handler {
+	if s.metricsKey {
+		return s.auth(s.metrics.handler())
+	}
+	return s.metrics.handler()
 }
 
 // headerLimit answers 431 in OpenAI's error shape when the request line
@@ -153,33 +171,84 @@ func (s *server) access(next http.Handler) http.Handler {
 }
 
 // auth requires one of the inbound API keys, when any is configured, as
-// Authorization: Bearer KEY (OpenAI's SDKs, current Anthropic SDKs) or
-// X-Api-Key: KEY (Anthropic's API header: Claude Code, older Anthropic
-// SDKs).
+// Authorization: Bearer KEY (OpenAI's SDKs, current Anthropic SDKs; the
+// scheme in any case, RFC 7235) or X-Api-Key: KEY (Anthropic's API header:
+// Claude Code, older Anthropic SDKs). Every key the request carries must
+// be the same accepted key: a request with two different keys, or one
+// accepted and one not, gets 401. The request's principal is then that
+// key's (kvroute.KeyPrincipal): the key, never the header that carried
+// it, is the tenant, so one key by either header is one tenant and two
+// keys are two.
 func (s *server) auth(next http.Handler) http.Handler {
 	if len(s.keys) == 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok {
-			tok = r.Header.Get("X-Api-Key")
-			ok = tok != ""
-		}
-		if ok {
-			d := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-			match := 0
-			for i := range s.keys {
-				match |= subtle.ConstantTimeCompare(d[:], s.keys[i][:])
-			}
-			if match == 1 {
-				next.ServeHTTP(w, r)
-				return
-			}
+		if p, ok := s.authenticate(r.Header); ok {
+			next.ServeHTTP(w, r.WithContext(kvroute.ContextWithPrincipal(r.Context(), p)))
+			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="bidikv"`)
 		s.reject(w, r, http.StatusUnauthorized, "unauthorized", "invalid or missing API key")
 	})
+}
+
+// inboundKey is an accepted inbound API key: its digest, compared in
+// constant time, and its principal.
+type inboundKey struct {
+	digest    [32]byte
+	principal string
+}
+
+func newInboundKey(k string) inboundKey {
+	return inboundKey{digest: sha256.Sum256([]byte(k)), principal: kvroute.KeyPrincipal(k)}
+}
+
+// authenticate returns the principal of the one accepted key that every
+// key in h names: each Bearer token of Authorization (another scheme is
+// not the proxy's and is ignored) and each X-Api-Key value, empty ones
+// ignored. No key, an unknown key or two different keys: false.
+func (s *server) authenticate(h http.Header) (string, bool) {
+	matched := -1
+	check := func(tok string) bool {
+		d := sha256.Sum256([]byte(tok))
+		idx := -1
+		for i := range s.keys { // every key compared: constant time over the set
+			if subtle.ConstantTimeCompare(d[:], s.keys[i].digest[:]) == 1 {
+				idx = i
+			}
+		}
+		if idx < 0 || (matched >= 0 && idx != matched) {
+			return false
+		}
+		matched = idx
+		return true
+	}
+	for _, v := range h.Values("Authorization") {
+		if tok := bearerToken(v); tok != "" && !check(tok) {
+			return "", false
+		}
+	}
+	for _, v := range h.Values("X-Api-Key") {
+		if v = strings.Trim(v, " \t"); v != "" && !check(v) {
+			return "", false
+		}
+	}
+	if matched < 0 {
+		return "", false
+	}
+	return s.keys[matched].principal, true
+}
+
+// bearerToken returns the token of an Authorization value of the Bearer
+// scheme, in any case and with any spaces around; "" for another scheme.
+func bearerToken(v string) string {
+	v = strings.Trim(v, " \t")
+	i := strings.IndexAny(v, " \t")
+	if i < 0 || !strings.EqualFold(v[:i], "Bearer") {
+		return ""
+	}
+	return strings.Trim(v[i:], " \t")
 }
 
 // live answers 200 while the process serves.

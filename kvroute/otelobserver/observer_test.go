@@ -217,7 +217,7 @@ func TestFailedPrefill(t *testing.T) {
 
 	g.c.Prefill[0].FailNext(2, http.StatusServiceUnavailable)
 	status, _ := conv.turn(t, g.url, "List the files.", nil)
-	require.Equal(t, http.StatusBadGateway, status)
+	require.Equal(t, http.StatusServiceUnavailable, status, "P's 503 reaches the client as 503")
 	spans := g.take()
 	require.Equal(t, []string{otelobserver.SpanLookup, otelobserver.SpanPrefill, otelobserver.SpanPrefill, otelobserver.SpanTurn}, names(spans))
 	turn := spans[3]
@@ -307,7 +307,7 @@ func TestMetrics(t *testing.T) {
 	// spent, so the turn is a miss (retry), failed in the prefill phase.
 	g.c.Prefill[0].FailNext(1, http.StatusServiceUnavailable)
 	status, _ = conv.turn(t, g.url, "Again.", nil)
-	require.Equal(t, http.StatusBadGateway, status)
+	require.Equal(t, http.StatusServiceUnavailable, status, "P's 503 reaches the client as 503")
 
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, g.reader.Collect(context.Background(), &rm))

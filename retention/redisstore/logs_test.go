@@ -4,6 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/retention/redisstore"
 )
 
 // logRecorder is a slog.Handler that keeps every record.
@@ -48,4 +54,17 @@ func (r *logRecorder) attr(i int, key string) any {
 		return true
 	})
 	return v
+}
+
+// GoRedisLog turns go-redis's log lines into structured records at debug
+// level, without go-redis's own prefix.
+func TestGoRedisLog(t *testing.T) {
+	rec := &logRecorder{}
+	g := redisstore.NewGoRedisLog(slog.New(rec))
+	g.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, "connection refused")
+	g.Printf(context.TODO(), "sentinel: new master=%q addr=%q", "m", "10.0.0.1:6379")
+	require.Equal(t, []string{"DEBUG go-redis", "DEBUG go-redis"}, rec.messages())
+	assert.Equal(t, "connection pool: failed to dial after 5 attempts: connection refused", rec.attr(0, "msg"))
+	assert.Equal(t, `sentinel: new master="m" addr="10.0.0.1:6379"`, rec.attr(1, "msg"))
+	redisstore.NewGoRedisLog(nil).Printf(context.Background(), "discarded")
 }
