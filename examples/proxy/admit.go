@@ -72,9 +72,12 @@ func (s *server) admit(next http.Handler) http.Handler {
 	})
 }
 
-// shed answers 503 with Retry-After in the error shape of path's API.
+// shed answers 503 with Retry-After in the error shape of path's API, and
+// closes the connection: net/http would otherwise wait for the rest of an
+// unread body, to discard it.
 func (s *server) shed(w http.ResponseWriter, path string, why shedReason) {
 	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+	w.Header().Set("Connection", "close")
 	s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusServiceUnavailable), "overloaded_"+why.what).Inc()
 	b := proxyError(path, http.StatusServiceUnavailable, "overloaded: "+why.flag+" reached; retry later", "server_error", "overloaded")
 	w.Header().Set("Content-Type", "application/json")

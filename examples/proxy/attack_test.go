@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// The attacks of issue 21 (items 12, 13, 15, 17, 19), each against the
+// proxy in this process with simulated engines: while the attack runs, a
+// well-behaved client keeps being served, with the single engine's answer.
+
+// goodChat is a well-behaved client's request.
+const goodChat = `{"model":"sim-model","messages":[{"role":"user","content":"are you there?"}],"max_tokens":8}`
+
+// served sends goodChat and reports whether it got 200 with the single
+// engine's answer; the status and body otherwise.
+func served(t *testing.T, p *inproc) (bool, string) {
+	t.Helper()
+	status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", goodChat)
+	if status != http.StatusOK {
+		return false, strconv.Itoa(status) + " " + body
+	}
+	var resp struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &resp), body)
+	require.Len(t, resp.Choices, 1)
+	assert.Equal(t, reference(t, []byte(goodChat)), resp.Choices[0].Message.Content)
+	return true, ""
+}
+
+// assertServed checks that n requests in a row are served.
+func assertServed(t *testing.T, p *inproc, n int) {
+	t.Helper()
+	for i := range n {
+		ok, got := served(t, p)
+		require.True(t, ok, "request %d of a well-behaved client during the attack: %s", i, got)
+	}
+}
+
+// waitMetric polls a sample of /metrics until ok accepts its value.
+func waitMetric(t *testing.T, p *inproc, sample string, ok func(v int) bool) {
+	t.Helper()
+	v := ""
+	for range 1000 {
+		v = p.metric(t, sample)
+		if n, err := strconv.Atoi(v); err == nil && ok(n) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.FailNow(t, "metric never reached the expected value", "%s = %s", sample, v)
+}
+
+// dialFrom opens a raw connection to the proxy from the loopback address
+// local (127.0.0.0/8 is all loopback on Linux); the test is skipped where
+// that address cannot be bound.
+func dialFrom(t *testing.T, p *inproc, local string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	c, err := d.Dial("tcp", p.addr)
+	if err != nil {
+		t.Skipf("cannot dial from %s: %v", local, err)
+	}
+	require.NoError(t, c.SetDeadline(time.Now().Add(20*time.Second)))
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// trickle sends a completion request's headers, declaring length bytes,
+// and the first sent bytes of its body.
+func trickle(t *testing.T, c net.Conn, path string, length, sent int) {
+	t.Helper()
+	_, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		path, length, strings.Repeat(" ", sent))
+	require.NoError(t, err)
+}
+
+// Item 12: bodies that trickle in hold no turn slot. Four times
+// --max-concurrent-turns connections send a few bytes of their bodies and
+// stop; a client whose body is in is still served, again and again.
+func TestSlowBodiesHoldNoTurnSlot(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(), "--max-concurrent-turns", "4")
+	const attackers, sent = 16, 3
+	for range attackers {
+		trickle(t, p.dial(t), "/v1/chat/completions", 1000, sent)
+	}
+	// Every attacker's bytes are in the proxy.
+	waitMetric(t, p, "bidikv_buffered_request_bytes", func(v int) bool { return v >= attackers*sent })
+	assertServed(t, p, 8)
+	assert.Equal(t, strconv.Itoa(attackers), p.metric(t, "bidikv_request_bodies_in_transit"))
+	assert.Equal(t, strconv.Itoa(attackers*sent), p.metric(t, "bidikv_buffered_request_bytes"))
+	assert.Equal(t, "0", p.metric(t, "bidikv_inflight_turns"))
+}
+
+// Item 12, the bounds of bodies in transit: one client address holds at
+// most --max-client-bodies-in-transit of them (the rest are shed at once
+// with 503 and Retry-After) while other addresses are served; and all
+// addresses together at most --max-bodies-in-transit.
+func TestBodiesInTransitBounded(t *testing.T) {
+	t.Run("per client address", func(t *testing.T) {
+		cl := kvroutetest.NewCluster(t, 1, 1)
+		p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(),
+			"--max-concurrent-turns", "2", "--max-client-bodies-in-transit", "4")
+		shed := 0
+		for i := range 12 {
+			c := dialFrom(t, p, "127.0.0.2")
+			trickle(t, c, "/v1/chat/completions", 1000, 3)
+			if i < 4 {
+				waitMetric(t, p, "bidikv_request_bodies_in_transit", func(v int) bool { return v == i+1 })
+				continue
+			}
+			resp, body := rawResponse(t, bufio.NewReader(c))
+			assertJSONError(t, resp.StatusCode, resp.Header, body, http.StatusServiceUnavailable, "overloaded")
+			assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+			assert.Contains(t, body, "--max-client-bodies-in-transit")
+			shed++
+		}
+		assert.Equal(t, 8, shed)
+		assertServed(t, p, 4) // from 127.0.0.1
+		assert.Equal(t, "8", p.metric(t, `bidikv_rejected_requests_total{reason="overloaded_client_bodies",status="503"}`))
+	})
+	t.Run("all addresses", func(t *testing.T) {
+		cl := kvroutetest.NewCluster(t, 1, 1)
+		p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(),
+			"--max-bodies-in-transit", "3", "--max-client-bodies-in-transit", "0")
+		held := make([]net.Conn, 3)
+		for i := range held {
+			held[i] = p.dial(t)
+			trickle(t, held[i], "/v1/chat/completions", 1000, 3)
+		}
+		waitMetric(t, p, "bidikv_request_bodies_in_transit", func(v int) bool { return v == 3 })
+		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", goodChat)
+		assertJSONError(t, status, h, body, http.StatusServiceUnavailable, "overloaded")
+		assert.Contains(t, body, "--max-bodies-in-transit")
+		// Once one ends, bodies are received again.
+		require.NoError(t, held[0].Close())
+		waitMetric(t, p, "bidikv_request_bodies_in_transit", func(v int) bool { return v == 2 })
+		assertServed(t, p, 2)
+	})
+}
+
+// Item 13: a declared Content-Length reserves nothing. Eight connections
+// declaring the largest body each (8 x 32 MiB, the whole default budget)
+// and sending one byte hold eight bytes of the budget, not 256 MiB, and
+// the router's buffers grow with what arrived, not with what was declared:
+// other clients are served, and the heap stays far below the declared sum.
+func TestDeclaredLengthChargedAsItArrives(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL())
+	const attackers, declared = 8, 32 << 20
+	before := heapInUse()
+	for range attackers {
+		trickle(t, p.dial(t), "/v1/chat/completions", declared, 1)
+	}
+	waitMetric(t, p, "bidikv_buffered_request_bytes", func(v int) bool { return v >= attackers })
+	assertServed(t, p, 4)
+	assert.Equal(t, strconv.Itoa(attackers), p.metric(t, "bidikv_buffered_request_bytes"))
+	grown := heapInUse() - before
+	assert.Less(t, grown, int64(attackers*declared/4), "heap grown by %d MiB", grown>>20)
+}
+
+// heapInUse returns the bytes of live heap objects after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
