@@ -59,7 +59,7 @@ func waitMetric(t *testing.T, p *inproc, sample string, ok func(v int) bool) {
 	v := ""
 	for range 1000 {
 		v = p.metric(t, sample)
-		if n, err := strconv.Atoi(v); err == nil && ok(n) {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && ok(int(f)) {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -182,4 +182,75 @@ func heapInUse() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
+}
+
+// Item 15: connections are bounded by --max-connections. Connections that
+// wait for a request (idle keep-alive ones, or new ones that sent
+// nothing) make room for new clients once they have waited a second: the
+// one that waited longest is closed. When every connection is serving a
+// request, a new one gets 503 with Retry-After on the raw connection, in
+// the error shape of its request line's API, and is closed.
+func TestConnectionCap(t *testing.T) {
+	t.Run("idle connections make room", func(t *testing.T) {
+		cl := kvroutetest.NewCluster(t, 1, 1)
+		p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(), "--max-connections", "8")
+		idle := make([]*bufio.Reader, 8)
+		for i := range idle {
+			c := p.dial(t)
+			_, err := fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: proxy\r\n\r\n")
+			require.NoError(t, err)
+			idle[i] = bufio.NewReader(c)
+			resp, _ := rawResponse(t, idle[i])
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+		}
+		// The eight wait for their next request; the client gets in once
+		// the first of them has waited long enough.
+		ok, got := false, ""
+		for range 200 {
+			if ok, got = served(t, p); ok {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		require.True(t, ok, "a new client was never served: %s", got)
+		assertServed(t, p, 4)
+		page := p.metric(t, "bidikv_evicted_connections_total")
+		assert.NotEqual(t, "0", page)
+		n, _ := strconv.Atoi(p.metric(t, "bidikv_client_connections"))
+		assert.LessOrEqual(t, n, 8)
+		// The first idle connection, the one that waited longest, was closed.
+		_, err := idle[0].ReadByte()
+		assert.Error(t, err, "closed")
+	})
+	t.Run("busy connections refuse", func(t *testing.T) {
+		// Four connections that send their request, and so are not
+		// waiting for one (they wait for a second after connecting too).
+		p := startInProcess(t, nil, "--max-connections", "4")
+		busy := make([]net.Conn, 4)
+		for i := range busy {
+			busy[i] = p.dial(t)
+			trickle(t, busy[i], "/v1/chat/completions", 1000, 1)
+		}
+		for _, path := range []string{"/v1/chat/completions", "/v1/messages", ""} {
+			c := p.dial(t)
+			if path != "" {
+				_, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: proxy\r\nContent-Length: 2\r\n\r\n{}", path)
+				require.NoError(t, err)
+			}
+			resp, body := rawResponse(t, bufio.NewReader(c))
+			assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+			assert.True(t, resp.Close, "Connection: close")
+			if path == "/v1/messages" {
+				assertAnthropicError(t, resp.StatusCode, resp.Header, body, http.StatusServiceUnavailable, "overloaded_error")
+			} else {
+				assertJSONError(t, resp.StatusCode, resp.Header, body, http.StatusServiceUnavailable, "overloaded")
+			}
+			assert.Contains(t, body, "--max-connections")
+			waitClosed(t, c, 5*time.Second)
+		}
+		for _, c := range busy {
+			require.NoError(t, c.Close())
+		}
+		waitMetric(t, p, "bidikv_refused_connections_total", func(v int) bool { return v == 3 })
+	})
 }

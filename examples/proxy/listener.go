@@ -181,6 +181,7 @@ func refuseConn(c net.Conn, wait time.Duration) {
 			path, _, _ = bytes.Cut(f[1], []byte("?"))
 		}
 	}
+	_ = c.SetDeadline(time.Now().Add(wait))
 	_, _ = c.Write(refusal(string(path)))
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
