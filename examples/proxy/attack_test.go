@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,4 +256,74 @@ func TestConnectionCap(t *testing.T) {
 		}
 		waitMetric(t, p, "bidikv_refused_connections_total", func(v int) bool { return v == 3 })
 	})
+}
+
+// slowStreamEngine is a decode engine whose streams never end: one chat
+// chunk of about 1 KiB every interval until the request is cancelled, as
+// a real engine's tokens trickle. It reports each stream's end on ended.
+func slowStreamEngine(t *testing.T, interval time.Duration) (url string, ended <-chan int) {
+	t.Helper()
+	done := make(chan int, 16)
+	chunk := []byte(`data: {"id":"cmpl-slow","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":{"content":"` +
+		strings.Repeat("x", 1000) + `"},"finish_reason":null}]}` + "\n\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" {
+			return // /health
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		n := 0
+		defer func() { done <- n }()
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			_ = http.NewResponseController(w).Flush()
+			n++
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, done
+}
+
+// Item 19: a client that stops reading a slow stream is cut after
+// --client-write-timeout although every write still lands in the kernel's
+// buffers: the bytes it leaves unacknowledged count, not only writes that
+// block. Its turn is freed while the engine still streams, and the
+// connection closed.
+func TestNonReadingClientCut(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("unacknowledged bytes are read from the socket on Linux only")
+	}
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	d, ended := slowStreamEngine(t, 10*time.Millisecond) // about 100 KB/s
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", d, "--client-write-timeout", "300ms")
+
+	// A small receive window, and no reads at all.
+	dl := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := dl.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"go on"}],"stream":true}`
+	_, err = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+
+	waitMetric(t, p, "bidikv_inflight_turns", func(v int) bool { return v == 1 })
+	select {
+	case n := <-ended:
+		t.Logf("the engine's stream was cancelled after %d chunks (%d KiB)", n, n)
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the turn of a client that reads nothing still streams after 10 s")
+	}
+	waitMetric(t, p, "bidikv_inflight_turns", func(v int) bool { return v == 0 })
+	assert.Equal(t, "1", p.metric(t, "bidikv_stalled_clients_total"))
 }
