@@ -281,7 +281,12 @@
 //     prefill, preferring another prefill engine, then another decode
 //     engine, because the failed D may have read P's handle. At most
 //     WithDecodeAttempts decode legs per turn; then 502 or 504. A decode
-//     engine's 4xx is passed to the client as is.
+//     engine's 4xx is passed to the client as is. A leg that timed out (no
+//     headers within WithFirstByteTimeout, no first event within
+//     WithIdleTimeout) is redone only for a healthy decode engine the turn
+//     has not tried, and only after the turn's first timeout: a turn waits
+//     for silent engines at most twice that timeout and runs at most two
+//     prefills for them, and a silent engine never gets a second leg.
 //   - After the first event: the stream ends with an SSE error event and no
 //     data: [DONE]; nothing is retained; the turn counts in Stats.Failures
 //     and against the endpoint's health.

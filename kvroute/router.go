@@ -232,6 +232,8 @@ type turn struct {
 	avoidP     []string   // prefill engines of legs a redo abandoned
 	avoidD     []string   // decode engines that failed this turn
 	decodeLegs int        // decode legs started
+	// decodeTimeouts counts the decode legs that timed out (againAfter).
+	decodeTimeouts int
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -326,4 +327,87 @@ func TestNonReadingClientCut(t *testing.T) {
 	}
 	waitMetric(t, p, "bidikv_inflight_turns", func(v int) bool { return v == 0 })
 	assert.Equal(t, "1", p.metric(t, "bidikv_stalled_clients_total"))
+}
+
+// silentEngine is a decode engine that accepts completion requests and
+// never answers them: no headers at all, or (headersOnly) a stream's
+// headers and then nothing. It counts the requests it got.
+func silentEngine(t *testing.T, headersOnly bool) (string, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return // /health answers
+		}
+		n.Add(1)
+		if headersOnly {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_ = http.NewResponseController(w).Flush()
+		}
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	return srv.URL, &n
+}
+
+// Item 17: a decode engine that never answers costs a turn one first-byte
+// (or first-event) timeout and one prefill, not three of each: the turn is
+// redone only for another decode engine that may answer, and only once.
+func TestSilentDecodeEngineBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		silent      int  // silent decode engines
+		good        bool // and one that answers
+		headersOnly bool
+		maxPrefills int
+		wantOK      bool
+	}{
+		{name: "one silent engine", silent: 1, maxPrefills: 1},
+		{name: "one silent engine after its headers", silent: 1, headersOnly: true, maxPrefills: 1},
+		{name: "two silent engines", silent: 2, maxPrefills: 2},
+		{name: "three silent engines", silent: 3, maxPrefills: 2},
+		{name: "a silent engine and one that answers", silent: 1, good: true, maxPrefills: 2, wantOK: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := kvroutetest.NewCluster(t, 1, 1)
+			var decode []string
+			var legs []*atomic.Int32
+			for range tc.silent {
+				u, n := silentEngine(t, tc.headersOnly)
+				decode, legs = append(decode, u), append(legs, n)
+			}
+			if tc.good {
+				decode = append(decode, cl.Decode[0].URL())
+			}
+			p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", strings.Join(decode, ","),
+				"--first-byte-timeout", "200ms", "--idle-timeout", "200ms")
+			body := `{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8,"stream":true}`
+			status, h, got := p.do(t, http.MethodPost, "/v1/chat/completions", body)
+			prefills := 0
+			for _, r := range cl.Prefill[0].Requests() {
+				if r.Role == "prefill" {
+					prefills++
+				}
+			}
+			silentLegs := 0
+			for _, n := range legs {
+				assert.LessOrEqual(t, n.Load(), int32(1), "a silent engine got a second leg")
+				silentLegs += int(n.Load())
+			}
+			assert.LessOrEqual(t, prefills, tc.maxPrefills, "prefills")
+			assert.LessOrEqual(t, silentLegs, 2, "legs sent to silent engines")
+			if tc.wantOK {
+				require.Equal(t, http.StatusOK, status, got)
+				assert.Contains(t, got, "data: [DONE]")
+				return
+			}
+			assert.Equal(t, http.StatusGatewayTimeout, status, got)
+			assert.Equal(t, "application/json", h.Get("Content-Type"))
+			assert.Contains(t, got, `"code":"decode_timeout"`)
+		})
+	}
 }
