@@ -146,7 +146,15 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		if got == n {
 			break
 		}
-		nb := rt.bufs.get(min(n, 2*len(b)))
+		// Doubling, but straight to the length once that is at most
+		// twice the doubled size: a body that flows gets its final buffer
+		// one step early, and a buffer never exceeds four times what
+		// arrived.
+		next := 2 * len(b)
+		if 2*next >= n {
+			next = n
+		}
+		nb := rt.bufs.get(next)
 		copy(nb, b[:got])
 		rt.bufs.put(b)
 		b = nb

@@ -174,7 +174,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	if r.closed.Load() {
 		return nil, t.fail(PhaseLookup, ErrClosed)
 	}
-	if err := req.parse(); err != nil {
+	if err := req.parse(r.cfg.maxMembers); err != nil {
 		return nil, t.fail(PhaseLookup, err)
 	}
 	t.stream = req.Streaming()

@@ -46,6 +46,7 @@ type config struct {
 	allowAnonymousIDs bool
 	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
 	maxBodyBytes      int64
+	maxObjectMembers  int
 	maxHeaderBytes    int
 	maxTurns          int
 	maxBufferedBytes  int64
@@ -204,6 +205,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.DefaultMaxObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
 	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
 	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
@@ -359,6 +361,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --max-client-bodies-in-transit %d: use 0 (no bound per client) up to --max-bodies-in-transit %d", errUsage, c.maxClientTransit, c.maxTransit)
 	case c.maxBodyBytes <= 0:
 		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
+	case c.maxObjectMembers <= 0:
+		return fmt.Errorf("%w: --max-object-members must be positive", errUsage)
 	case c.maxBufferedBytes < c.maxBodyBytes:
 		return fmt.Errorf("%w: --max-buffered-bytes %d is below --max-body-bytes %d: a request of the largest size could never be admitted", errUsage, c.maxBufferedBytes, c.maxBodyBytes)
 	case c.keyMode == keyConversationID && len(c.apiKeys) == 0 && !c.allowAnonymousIDs:
@@ -381,6 +385,7 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithReuse(c.reuse),
 		kvroute.WithLocalPrefillFallback(c.localFallback),
 		kvroute.WithMaxBodyBytes(c.maxBodyBytes),
+		kvroute.WithMaxObjectMembers(c.maxObjectMembers),
 		kvroute.WithPrefillTimeout(c.prefillTimeout),
 		kvroute.WithFirstByteTimeout(c.firstByteTimeout),
 		kvroute.WithIdleTimeout(c.idleTimeout),
