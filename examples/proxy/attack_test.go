@@ -411,3 +411,39 @@ func TestSilentDecodeEngineBounded(t *testing.T) {
 		})
 	}
 }
+
+// Item 14: the memory a body takes is bounded by its size, not by how many
+// members it has. An 18 MB body of one-character members (3.6 million,
+// duplicates of one key) is refused with 400, on every API in its error
+// shape, having allocated less than four times its size (a bound on the
+// heap it took); before, its member index and leg pieces allocated 2.3 GB.
+func TestManyMembersBodyBounded(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL())
+	const size = 18 << 20
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+		t.Run(path, func(t *testing.T) {
+			var b strings.Builder
+			b.Grow(size + 100)
+			b.WriteString(`{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]`)
+			for b.Len() < size {
+				b.WriteString(`,"a":0`)
+			}
+			b.WriteString("}")
+			body := b.String()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			status, h, got := p.do(t, http.MethodPost, path, body)
+			runtime.ReadMemStats(&after)
+			assert.Equal(t, http.StatusBadRequest, status, got)
+			assert.Equal(t, "application/json", h.Get("Content-Type"))
+			assert.Contains(t, got, "more than 10000 members")
+			if path == "/v1/messages" {
+				assert.Contains(t, got, `"type":"invalid_request_error"`)
+			}
+			allocated := after.TotalAlloc - before.TotalAlloc
+			t.Logf("allocated %d MiB for a %d MiB body", allocated>>20, len(body)>>20)
+			assert.Less(t, allocated, uint64(4*len(body)))
+		})
+	}
+}
