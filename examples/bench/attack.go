@@ -27,8 +27,9 @@ package main
 //     how long until half their turns are freed (at most --readers-wait);
 //   - members: not a load but one request each of 18 MB bodies with many
 //     members (3.6 million duplicate keys, and 600,000 messages), each
-//     against a fresh proxy; it reports the status and the proxy's peak
-//     RSS (VmHWM), and its RSS idle before the request.
+//     against a fresh proxy over canned engines (vllmsim --canned, which
+//     answer at once); it reports the status and the proxy's peak RSS
+//     (VmHWM), and its RSS idle before the request.
 //
 // --bin takes a directory with vllmsim and proxy binaries already built, to
 // compare proxies of two commits.
@@ -156,7 +157,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			err error
 		)
 		if a == "members" {
-			row, err = attackMembers(ctx, proxy)
+			row, err = attackMembers(ctx, bin)
 		} else {
 			row, err = attackLoad(ctx, c, a, proxy)
 		}
@@ -345,8 +346,8 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 				}
 			}
 		}()
-		time.Sleep(time.Second) // the streams start
 	}
+	time.Sleep(time.Second) // the attack lands before the good client runs again
 	during := goodClient(ctx, p.url, c.during, fresh)
 	if name == "readers" {
 		// Give the readers up to --readers-wait to be freed.
@@ -363,9 +364,27 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 		percentile(during.lat, 50), percentile(during.lat, 99), measured), nil
 }
 
-// attackMembers sends each many-member body to a fresh proxy and reports
-// its status and the proxy's peak RSS.
-func attackMembers(ctx context.Context, proxy func(...string) (*child, error)) (string, error) {
+// attackMembers sends each many-member body to a fresh proxy over canned
+// engines (which answer at once: the proxy's memory is measured, not the
+// engines' time) and reports its status and the proxy's peak RSS.
+func attackMembers(ctx context.Context, bin string) (string, error) {
+	var engines []*child
+	defer func() {
+		for _, e := range engines {
+			e.stop()
+		}
+	}()
+	for _, role := range []string{"prefill", "decode"} {
+		e, err := startChild(ctx, filepath.Join(bin, "vllmsim"), "--canned", role, "--port", "0")
+		if err != nil {
+			return "", err
+		}
+		engines = append(engines, e)
+	}
+	proxy := func() (*child, error) {
+		return startChild(ctx, filepath.Join(bin, "proxy"), "--port", "0", "--prefill", engines[0].url, "--decode", engines[1].url,
+			"--log-level", "error", "--health-interval", "1m")
+	}
 	const size = 18 << 20
 	bodies := []struct{ name, body string }{
 		{"3.6M duplicate members", manyMembers(size, `,"a":0`, `{"model":"sim-model","max_tokens":8,"messages":[{"role":"user","content":"hi"}]`, "}")},
