@@ -190,6 +190,17 @@
 // data: {"error":{...}} and closes the connection without data: [DONE], and
 // nothing is retained. A Store failure never fails a turn: it is a miss.
 //
+// # Memory
+//
+// A turn's memory follows its body's size. ServeHTTP reads a body of
+// known length into a buffer that grows with what arrived (at most four
+// times it, from 64 KiB), never one of the declared size; a body above
+// WithMaxBodyBytes gets 413. A body with an object of more than
+// WithMaxObjectMembers members, at any depth, gets 400 before anything is
+// indexed, so the member index and the members a digest collects stay
+// small; both legs are sent as pieces of the client's bytes, a few per
+// edited member, never a copy or a piece per member.
+//
 // # Many engines
 //
 // Each leg's engine is chosen by a Selector over the healthy endpoints
