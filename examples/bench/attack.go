@@ -32,7 +32,9 @@ package main
 //     (VmHWM), and its RSS idle before the request.
 //
 // --bin takes a directory with vllmsim and proxy binaries already built, to
-// compare proxies of two commits.
+// compare proxies of two commits; --nofile lowers the proxy's
+// file-descriptor limit (with prlimit), so that the connections attack can
+// exhaust it with fewer connections than this process may open.
 
 import (
 	"bufio"
@@ -60,6 +62,7 @@ type attackConfig struct {
 	baseline, during time.Duration
 	idleConns        int
 	readersWait      time.Duration
+	nofile           int
 }
 
 // readers is the number of non-reading clients, and the proxy's
@@ -79,6 +82,7 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 	fs.DurationVar(&c.baseline, "baseline", 3*time.Second, "how long the good client runs alone before each attack")
 	fs.DurationVar(&c.during, "during", 5*time.Second, "how long the good client runs during each attack")
 	fs.IntVar(&c.idleConns, "idle-conns", 10000, "idle connections of the connections attack")
+	fs.IntVar(&c.nofile, "nofile", 0, "the proxy's file-descriptor limit (prlimit --nofile), to see what exhausting it does (0: this process's)")
 	fs.DurationVar(&c.readersWait, "readers-wait", 3*time.Minute, "how long the readers attack waits for the non-reading streams to be freed")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -89,8 +93,8 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 		}
 		c.attacks = append(c.attacks, a)
 	}
-	if c.baseline <= 0 || c.during <= 0 || c.idleConns < 1 {
-		return c, errors.New("--baseline, --during and --idle-conns must be positive")
+	if c.baseline <= 0 || c.during <= 0 || c.idleConns < 1 || c.nofile < 0 {
+		return c, errors.New("--baseline, --during and --idle-conns must be positive, --nofile not negative")
 	}
 	return c, nil
 }
@@ -145,8 +149,14 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// proxy starts a fresh proxy; stop ends it.
 	proxy := func(extra ...string) (*child, error) {
-		return startChild(ctx, filepath.Join(bin, "proxy"), append([]string{"--port", "0",
-			"--prefill", pe.url, "--decode", de.url, "--log-level", "error", "--health-interval", "1m"}, extra...)...)
+		path, args := filepath.Join(bin, "proxy"), append([]string{"--port", "0",
+			"--prefill", pe.url, "--decode", de.url, "--log-level", "error", "--health-interval", "1m"}, extra...)
+		if c.nofile > 0 {
+			// prlimit execs the proxy: the PID stays the proxy's.
+			lim := strconv.Itoa(c.nofile)
+			path, args = "prlimit", append([]string{"--nofile=" + lim + ":" + lim, path}, args...)
+		}
+		return startChild(ctx, path, args...)
 	}
 	fmt.Fprintf(stdout, "attack: %s, load average %s; good client: one closed-loop client, streamed chat turns of 8 tokens\n\n", cpuLine(), loadAvg())
 	fmt.Fprintln(stdout, "| attack | good client alone: served, p50 / p99 | during the attack: served, shed (503), failed, p50 / p99 | measured |")
@@ -292,19 +302,23 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 		rss0, _ := rssKB(p.cmd.Process.Pid)
 		const probe = 2000
 		opened := 0
-		dialErr := ""
+		dialErr, unanswered := "", 0
 		for i := range c.idleConns {
 			cn, err := dial(0)
 			if err != nil {
 				dialErr = fmt.Sprintf("; dialing stopped after %d: %v", i, err)
 				break
 			}
-			_ = cn.SetDeadline(time.Now().Add(2 * time.Second))
+			_ = cn.SetDeadline(time.Now().Add(time.Second))
 			fmt.Fprintf(cn, "GET /health HTTP/1.1\r\nHost: proxy\r\n\r\n")
 			if resp, err := http.ReadResponse(bufio.NewReader(cn), nil); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				_ = resp.Body.Close()
 				opened++
+				unanswered = 0
+			} else if unanswered++; unanswered == 20 {
+				dialErr = fmt.Sprintf("; the proxy stopped answering after %d connections", i+1-20)
+				break
 			}
 			_ = cn.SetDeadline(time.Time{})
 			if i+1 == probe {
