@@ -21,8 +21,9 @@ package main
 //     stay open, idle; the good client opens a new connection for every
 //     turn. It also reports the proxy's RSS per idle connection, measured
 //     over the first 2,000 (below --max-connections);
-//   - readers: 64 clients ask for endless streams (100 tokens a second)
-//     and read nothing; the proxy runs with --max-concurrent-turns 64, so
+//   - readers: --readers (64) clients ask for endless streams (100 tokens a
+//     second) and read nothing; the proxy runs with --max-concurrent-turns
+//     set to their number, so
 //     they take every turn slot, and --client-write-timeout 5s; it reports
 //     how long until half their turns are freed (at most --readers-wait);
 //   - members: not a load but one request each of 18 MB bodies with many
@@ -63,11 +64,10 @@ type attackConfig struct {
 	idleConns        int
 	readersWait      time.Duration
 	nofile           int
+	// readers is the number of non-reading clients, and the proxy's
+	// --max-concurrent-turns in that attack: they take every turn slot.
+	readers int
 }
-
-// readers is the number of non-reading clients, and the proxy's
-// --max-concurrent-turns in that attack: they take every turn slot.
-const readers = 64
 
 var allAttacks = []string{"slow-bodies", "declared", "connections", "readers", "members"}
 
@@ -82,6 +82,7 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 	fs.DurationVar(&c.baseline, "baseline", 3*time.Second, "how long the good client runs alone before each attack")
 	fs.DurationVar(&c.during, "during", 5*time.Second, "how long the good client runs during each attack")
 	fs.IntVar(&c.idleConns, "idle-conns", 10000, "idle connections of the connections attack")
+	fs.IntVar(&c.readers, "readers", 64, "non-reading clients of the readers attack (the proxy's --max-concurrent-turns there)")
 	fs.IntVar(&c.nofile, "nofile", 0, "the proxy's file-descriptor limit (prlimit --nofile), to see what exhausting it does (0: this process's)")
 	fs.DurationVar(&c.readersWait, "readers-wait", 3*time.Minute, "how long the readers attack waits for the non-reading streams to be freed")
 	if err := fs.Parse(args); err != nil {
@@ -93,8 +94,8 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 		}
 		c.attacks = append(c.attacks, a)
 	}
-	if c.baseline <= 0 || c.during <= 0 || c.idleConns < 1 || c.nofile < 0 {
-		return c, errors.New("--baseline, --during and --idle-conns must be positive, --nofile not negative")
+	if c.baseline <= 0 || c.during <= 0 || c.idleConns < 1 || c.readers < 1 || c.nofile < 0 {
+		return c, errors.New("--baseline, --during, --idle-conns and --readers must be positive, --nofile not negative")
 	}
 	return c, nil
 }
@@ -220,7 +221,7 @@ func goodClient(ctx context.Context, url string, d time.Duration, fresh bool) go
 func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...string) (*child, error)) (string, error) {
 	var extra []string
 	if name == "readers" {
-		extra = []string{"--client-write-timeout", "5s", "--max-concurrent-turns", strconv.Itoa(readers)}
+		extra = []string{"--client-write-timeout", "5s", "--max-concurrent-turns", strconv.Itoa(c.readers)}
 	}
 	p, err := proxy(extra...)
 	if err != nil {
@@ -333,7 +334,7 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 			page["bidikv_evicted_connections_total"], page["bidikv_refused_connections_total"]) + dialErr
 	case "readers":
 		body := `{"model":"sim-model","messages":[{"role":"user","content":"tell me everything"}],"max_tokens":100000,"ignore_eos":true,"stream":true}`
-		for range readers {
+		for range c.readers {
 			cn, err := dial(0)
 			if err != nil {
 				return "", err
@@ -353,8 +354,8 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 				}
 				page, _ := metricsPage(ctx, p.url)
 				n, _ := strconv.ParseFloat(page["bidikv_inflight_turns"], 64)
-				held = held || n >= readers
-				if held && n < readers/2 {
+				held = held || int(n) >= c.readers
+				if held && int(n) <= c.readers/2 {
 					freedAfter.Store(int64(time.Since(readersStart)))
 					return
 				}
@@ -362,6 +363,12 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 		}()
 	}
 	time.Sleep(time.Second) // the attack lands before the good client runs again
+	if name == "slow-bodies" || name == "declared" {
+		page, _ := metricsPage(ctx, p.url)
+		measured += fmt.Sprintf("; bodies in transit %s, buffered bytes %s, inflight turns %s, shed per client address %s",
+			page["bidikv_request_bodies_in_transit"], page["bidikv_buffered_request_bytes"], page["bidikv_inflight_turns"],
+			page[`bidikv_rejected_requests_total{reason="overloaded_client_bodies",status="503"}`])
+	}
 	during := goodClient(ctx, p.url, c.during, fresh)
 	if name == "readers" {
 		// Give the readers up to --readers-wait to be freed.
@@ -369,9 +376,9 @@ func attackLoad(ctx context.Context, c attackConfig, name string, proxy func(...
 			time.Sleep(250 * time.Millisecond)
 		}
 		if d := time.Duration(freedAfter.Load()); d > 0 {
-			measured = fmt.Sprintf("%d non-reading streams (every turn slot) freed %.0f s after they started", readers, d.Seconds())
+			measured = fmt.Sprintf("%d non-reading streams (every turn slot) freed %.0f s after they started", c.readers, d.Seconds())
 		} else {
-			measured = fmt.Sprintf("%d non-reading streams (every turn slot) still held %.0f s after they started", readers, time.Since(readersStart).Seconds())
+			measured = fmt.Sprintf("%d non-reading streams (every turn slot) still held %.0f s after they started", c.readers, time.Since(readersStart).Seconds())
 		}
 	}
 	return fmt.Sprintf("| %s | %s | %d, %d, %d, %.0f / %.0f ms | %s |", name, base, during.ok, during.shed, during.failed,
@@ -488,7 +495,8 @@ func metricsPage(ctx context.Context, url string) (map[string]string, error) {
 			out[k] = v
 		}
 	}
-	for _, k := range []string{"bidikv_client_connections", "bidikv_idle_client_connections", "bidikv_evicted_connections_total", "bidikv_refused_connections_total"} {
+	for _, k := range []string{"bidikv_client_connections", "bidikv_idle_client_connections", "bidikv_evicted_connections_total",
+		"bidikv_refused_connections_total", "bidikv_request_bodies_in_transit", `bidikv_rejected_requests_total{reason="overloaded_client_bodies",status="503"}`} {
 		if _, ok := out[k]; !ok {
 			out[k] = "n/a"
 		}
