@@ -2,6 +2,8 @@ package main
 
 import (
 	"net"
+	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,4 +93,28 @@ func TestAdmissionBodiesInTransit(t *testing.T) {
 	}
 	assert.Equal(t, 0, a.held().transit)
 	assert.Empty(t, a.byClient)
+}
+
+// sendQueue reads a socket's unacknowledged bytes without allocating: it
+// runs at every write of a stream.
+func TestSendQueueAllocs(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("Linux only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	defer s.Close()
+	cc := &clientConn{Conn: s}
+	cc.raw, err = s.(syscall.Conn).SyscallConn()
+	require.NoError(t, err)
+	q, ok := cc.sendQueue()
+	require.True(t, ok)
+	assert.Zero(t, q)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = cc.sendQueue() }))
 }

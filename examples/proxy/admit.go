@@ -330,7 +330,7 @@ func (a *ackWatch) stalled(now time.Time) bool {
 	if a.cc == nil {
 		return false
 	}
-	q, ok := sendQueue(a.cc.raw)
+	q, ok := a.cc.sendQueue()
 	if !ok {
 		a.cc = nil // no socket to ask: the write deadline alone
 		return false

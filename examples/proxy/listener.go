@@ -33,7 +33,12 @@ type clientConn struct {
 	client  clientKey
 	raw     syscall.RawConn // the socket, for sendQueue; nil: none
 	written atomic.Int64
-	closed  atomic.Bool
+	outq    struct { // sendQueue's ioctl, made once
+		fn    func(fd uintptr)
+		n     int32
+		errno syscall.Errno
+	}
+	closed atomic.Bool
 
 	// Guarded by adm.mu.
 	admitted bool          // charged to the admission
