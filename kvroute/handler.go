@@ -118,6 +118,19 @@ func sseError(status int, err error) []byte {
 // read into: it then grows by doubling, up to the length, as bytes arrive.
 const firstBodyBuffer = 64 << 10
 
+// nextBodyBuffer is the size of the buffer that replaces a full one of
+// size cur while a body of length n is read: doubling, but straight to the
+// length once that is at most twice the doubled size, so that a body that
+// flows gets its final buffer one step early, and a buffer is never more
+// than four times what arrived (cur bytes).
+func nextBodyBuffer(cur, n int) int {
+	next := 2 * cur
+	if 2*next >= n {
+		next = n
+	}
+	return next
+}
+
 // readBody reads a request body. With a Content-Length within the limit
 // it reads into pooled buffers that grow with what has arrived (doubling
 // from firstBodyBuffer up to exactly the length), so that a client that
@@ -146,15 +159,7 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		if got == n {
 			break
 		}
-		// Doubling, but straight to the length once that is at most
-		// twice the doubled size: a body that flows gets its final buffer
-		// one step early, and a buffer never exceeds four times what
-		// arrived.
-		next := 2 * len(b)
-		if 2*next >= n {
-			next = n
-		}
-		nb := rt.bufs.get(next)
+		nb := rt.bufs.get(nextBodyBuffer(len(b), n))
 		copy(nb, b[:got])
 		rt.bufs.put(b)
 		b = nb
