@@ -88,7 +88,7 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 			t.r.hp.failed(ep, err)
 		}
 		t.avoidD = append(t.avoidD, ep.url)
-		if !redoable(err) || (pHandle != nil && !unsent(err)) {
+		if !redoable(err) || (pHandle != nil && !unsent(err)) || !t.againAfter(err) {
 			return nil, err
 		}
 		last = err
@@ -98,10 +98,34 @@ func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *ent
 
 // redo reports whether a turn whose decode leg failed with err may run
 // again as a plain miss: nothing reached the caller (Do has not returned),
-// the failure is one another engine may not repeat, and decode legs are
-// left.
+// the failure is one another engine may not repeat, decode legs are left,
+// and after a timeout another engine may answer (againAfter).
 func (t *turn) redo(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && redoable(err) && t.decodeLegs < t.r.cfg.decodeAttempts && !t.r.closed.Load()
+	return ctx.Err() == nil && redoable(err) && t.decodeLegs < t.r.cfg.decodeAttempts && !t.r.closed.Load() &&
+		t.againAfter(err)
+}
+
+// againAfter reports whether another decode leg may follow one that failed
+// with err. A leg that timed out (no headers within WithFirstByteTimeout,
+// or no first event within WithIdleTimeout) cost the whole timeout, and
+// the engine may be stalled for every request: another leg, with another
+// prefill, follows only for an engine this turn has not tried that is
+// healthy now, and only after the turn's first timeout. So a turn waits
+// for silent decode engines at most twice the timeout, and never sends
+// the same silent engine a new prefill's handle.
+func (t *turn) againAfter(err error) bool {
+	if !timedOut(err) {
+		return true
+	}
+	t.decodeTimeouts++
+	return t.decodeTimeouts == 1 && t.r.decode.hasOther(t.avoidD)
+}
+
+// timedOut reports whether a decode leg failed for want of an answer:
+// no headers within the first-byte deadline, or no first event within the
+// idle deadline.
+func timedOut(err error) bool {
+	return errors.Is(err, transport.ErrFirstByteTimeout) || errors.Is(err, transport.ErrIdleTimeout)
 }
 
 // redoable reports whether a failed decode leg is worth another engine:

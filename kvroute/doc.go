@@ -242,6 +242,17 @@
 // Messages) and closes the connection without the stream's final event,
 // and nothing is retained. A Store failure never fails a turn: it is a miss.
 //
+// # Memory
+//
+// A turn's memory follows its body's size. ServeHTTP reads a body of
+// known length into a buffer that grows with what arrived (at most four
+// times it, from 64 KiB), never one of the declared size; a body above
+// WithMaxBodyBytes gets 413. A body with an object of more than
+// WithMaxObjectMembers members, at any depth, gets 400 before anything is
+// indexed, so the member index and the members a digest collects stay
+// small; both legs are sent as pieces of the client's bytes, a few per
+// edited member, never a copy or a piece per member.
+//
 // # Many engines
 //
 // Each leg's engine is chosen by a Selector over the healthy endpoints
@@ -349,7 +360,12 @@
 //     prefill, preferring another prefill engine, then another decode
 //     engine, because the failed D may have read P's handle. At most
 //     WithDecodeAttempts decode legs per turn; then 502 or 504. A decode
-//     engine's 4xx is passed to the client as is.
+//     engine's 4xx is passed to the client as is. A leg that timed out (no
+//     headers within WithFirstByteTimeout, no first event within
+//     WithIdleTimeout) is redone only for a healthy decode engine the turn
+//     has not tried, and only after the turn's first timeout: a turn waits
+//     for silent engines at most twice that timeout and runs at most two
+//     prefills for them, and a silent engine never gets a second leg.
 //   - After the first event: the stream ends with an SSE error event and no
 //     data: [DONE]; nothing is retained; the turn counts in Stats.Failures
 //     and against the endpoint's health.

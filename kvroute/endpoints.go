@@ -181,6 +181,19 @@ type pickSelection struct {
 }
 
 // find returns the current endpoint whose URL is url, or nil.
+// hasOther reports whether an endpoint outside exclude is eligible now
+// (not ejected): one that a leg may be sent to with reason to expect an
+// answer.
+func (p *pool) hasOther(exclude []string) bool {
+	now := p.hp.now()
+	for _, e := range p.list() {
+		if !slices.Contains(exclude, e.url) && e.health.eligible(now) {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *pool) find(url string) *endpoint {
 	eps := p.list()
 	if i := slices.IndexFunc(eps, func(e *endpoint) bool { return e.url == url }); i >= 0 {

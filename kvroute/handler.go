@@ -123,31 +123,69 @@ func sseError(status int, err error) []byte {
 	return append(out, "\n\n"...)
 }
 
+// firstBodyBuffer is the buffer a request body of known length is first
+// read into: it then grows by doubling, up to the length, as bytes arrive.
+const firstBodyBuffer = 64 << 10
+
+// nextBodyBuffer is the size of the buffer that replaces a full one of
+// size cur while a body of length n is read: doubling, but straight to the
+// length once that is at most twice the doubled size, so that a body that
+// flows gets its final buffer one step early, and a buffer is never more
+// than four times what arrived (cur bytes).
+func nextBodyBuffer(cur, n int) int {
+	next := 2 * cur
+	if 2*next >= n {
+		next = n
+	}
+	return next
+}
+
 // readBody reads a request body. With a Content-Length within the limit
-// it reads into one pooled buffer of that size, where io.ReadAll would grow
-// a buffer by doubling (and hold up to twice the body, in copies); the
-// returned reference (nil otherwise) gives it back to the pool.
+// it reads into pooled buffers that grow with what has arrived (doubling
+// from firstBodyBuffer up to exactly the length), so that a client that
+// declares a large body and sends little holds little memory: at most
+// twice what it sent, or firstBodyBuffer. The returned reference (nil for
+// a body of unknown length, read with io.ReadAll) gives the buffer back to
+// the pool.
 func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, error) {
 	if length <= 0 || length > limit {
 		b, err := io.ReadAll(r)
 		return b, nil, err
 	}
-	b := rt.bufs.get(int(length))
-	ref := &bodyRef{buf: b, pool: &rt.bufs}
-	ref.rel = ref.release
-	ref.n.Store(1)
-	if _, err := io.ReadFull(r, b); err != nil {
-		ref.release()
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", err)
+	n := int(length)
+	b := rt.bufs.get(min(n, firstBodyBuffer))
+	got := 0
+	for {
+		m, err := io.ReadFull(r, b[got:])
+		got += m
+		if err != nil {
+			rt.bufs.put(b)
+			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+				return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", io.ErrUnexpectedEOF)
+			}
+			return nil, nil, err
+		}
+		if got == n {
+			break
+		}
+		nb := rt.bufs.get(nextBodyBuffer(len(b), n))
+		copy(nb, b[:got])
+		rt.bufs.put(b)
+		b = nb
+	}
+	// net/http enforces Content-Length; anything after it is an error, and
+	// so is a reader that fails at the end (a caller's wrapper refusing
+	// the body).
+	var one [1]byte
+	if m, err := r.Read(one[:]); m > 0 || (err != nil && err != io.EOF) {
+		rt.bufs.put(b)
+		if m > 0 {
+			err = errors.New("the body is longer than its Content-Length")
 		}
 		return nil, nil, err
 	}
-	// net/http enforces Content-Length; anything after it is an error.
-	var one [1]byte
-	if n, _ := r.Read(one[:]); n > 0 {
-		ref.release()
-		return nil, nil, errors.New("the body is longer than its Content-Length")
-	}
+	ref := &bodyRef{buf: b, pool: &rt.bufs}
+	ref.rel = ref.release
+	ref.n.Store(1)
 	return b, ref, nil
 }

@@ -78,3 +78,23 @@ func TestBufPoolRead(t *testing.T) {
 
 // iotestHalf reads half of what is asked each time.
 func iotestHalf(r io.Reader) io.Reader { return iotest.HalfReader(r) }
+
+// A request body's buffer grows with what arrived: at most four times the
+// bytes in, or firstBodyBuffer, for any declared length; and it ends at
+// exactly the length.
+func TestBodyBufferFollowsArrivals(t *testing.T) {
+	for _, n := range []int{1, 100, firstBodyBuffer, firstBodyBuffer + 1, 100 << 10, 1 << 20, 18 << 20, 32<<20 - 1, 32 << 20} {
+		cur, steps := min(n, firstBodyBuffer), 0
+		for cur < n {
+			next := nextBodyBuffer(cur, n)
+			if next <= cur || next > n || next > 4*cur {
+				t.Fatalf("length %d: a full buffer of %d grows to %d", n, cur, next)
+			}
+			cur = next
+			steps++
+		}
+		if cur != n || steps > 10 {
+			t.Fatalf("length %d: ends at %d after %d steps", n, cur, steps)
+		}
+	}
+}

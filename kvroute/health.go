@@ -152,8 +152,9 @@ func WithPrefillLease(d time.Duration) Option {
 
 // WithDecodeAttempts bounds how many decode legs one turn may start,
 // retries included (default DefaultDecodeAttempts, 3; 1 disables decode
-// retries). See the package documentation for when a decode leg is
-// retried.
+// retries). After a leg that timed out, at most one more leg follows, to
+// another healthy engine. See the package documentation for when a decode
+// leg is retried.
 func WithDecodeAttempts(n int) Option {
 	return optionFunc(func(c *config) { c.decodeAttempts = n })
 }

@@ -48,6 +48,11 @@ const (
 	// its token fingerprint (8 bytes per block) and the Identifier's check.
 	// A 1M-token context with two KV groups needs about 1.6 MB.
 	DefaultMaxEntryBytes = 8 << 20
+	// DefaultMaxObjectMembers bounds the members of any object in a
+	// request body: far above what the APIs' requests hold (a JSON schema's
+	// properties, a logit_bias map), far below what an 18 MB body of
+	// one-character members would make the router index.
+	DefaultMaxObjectMembers = 10_000
 )
 
 // Option configures a Router. Options are created by the With* functions.
@@ -89,6 +94,7 @@ type config struct {
 	renderTimeout    time.Duration
 	maxEventBytes    int
 	maxEntryBytes    int
+	maxMembers       int
 	decodeLocal      bool
 	kvBytesPerToken  int64
 	restartCheck     time.Duration // WithRestartCheck
@@ -114,6 +120,7 @@ func defaultConfig() config {
 		maxEventBytes:    DefaultMaxEventBytes,
 		maxEntryBytes:    DefaultMaxEntryBytes,
 		restartCheck:     DefaultRestartCheck,
+		maxMembers:       DefaultMaxObjectMembers,
 		clock:            time.Now,
 		ends:             defaultEndpointConfig(),
 	}
@@ -389,6 +396,18 @@ func WithMaxEventBytes(n int) Option {
 	return optionFunc(func(c *config) { c.maxEventBytes = n })
 }
 
+// WithMaxObjectMembers bounds the members of every object in a request
+// body, at any depth (duplicate keys included). A body with a larger
+// object is refused with 400 before the router indexes it, so that the
+// memory a turn takes stays proportional to its body: the index of an
+// object's members, and the members a content digest collects and sorts,
+// cost tens of bytes per member, which a body of one-character members
+// would multiply by up to 60. The default is DefaultMaxObjectMembers
+// (10,000); it must be positive.
+func WithMaxObjectMembers(n int) Option {
+	return optionFunc(func(c *config) { c.maxMembers = n })
+}
+
 // WithMaxEntryBytes bounds one retained entry (the decode handle, its token
 // fingerprint and the Identifier's check), in bytes. A larger one is not
 // retained (TurnRecord.StoreRefusal "handle_too_large", Stats.TooLarge; logged
@@ -479,5 +498,8 @@ func (c *config) validate() {
 	}
 	if c.maxEntryBytes <= 0 {
 		c.fail("WithMaxEntryBytes", "%d is not positive (default %d)", c.maxEntryBytes, DefaultMaxEntryBytes)
+	}
+	if c.maxMembers <= 0 {
+		c.fail("WithMaxObjectMembers", "%d is not positive (default %d)", c.maxMembers, DefaultMaxObjectMembers)
 	}
 }

@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -102,14 +103,18 @@ func (r *Request) Field(key string) (value []byte, ok bool) {
 // Chat reports whether the request is a chat completion.
 func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
 
-// parse validates the request and indexes its body.
-func (r *Request) parse() error {
+// parse validates the request and indexes its body, whose objects may
+// have at most maxMembers members each (WithMaxObjectMembers).
+func (r *Request) parse(maxMembers int) error {
 	a, ok := apiFor(r.Path)
 	if !ok {
 		return badRequest("unsupported path %q; use %s, %s, %s or %s", r.Path, PathChatCompletions, PathCompletions, PathResponses, PathMessages)
 	}
 	r.api = a
-	obj, err := jsonraw.Parse(r.Body)
+	obj, err := jsonraw.ParseLimited(r.Body, maxMembers)
+	if errors.Is(err, jsonraw.ErrTooManyMembers) {
+		return badRequest("request body has an object with more than %d members (WithMaxObjectMembers)", maxMembers)
+	}
 	if err != nil {
 		return badRequest("request body is not a JSON object: %v", err)
 	}

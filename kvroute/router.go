@@ -185,7 +185,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	if r.closed.Load() {
 		return nil, t.fail(PhaseLookup, ErrClosed)
 	}
-	if err := req.parse(); err != nil {
+	if err := req.parse(r.cfg.maxMembers); err != nil {
 		return nil, t.fail(PhaseLookup, err)
 	}
 	t.stream = req.Streaming()
@@ -261,6 +261,8 @@ type turn struct {
 	bg         *bgRender
 	avoidD     []string // decode engines that failed this turn
 	decodeLegs int      // decode legs started
+	// decodeTimeouts counts the decode legs that timed out (againAfter).
+	decodeTimeouts int
 
 	// Token verification: whether the decode leg asked for token ids on
 	// the client's behalf (they are then stripped from the answer) or the

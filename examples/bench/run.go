@@ -43,6 +43,9 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if a == "--overhead" || a == "-overhead" {
 			return runOverhead(ctx, args, stdout, stderr)
 		}
+		if a == "--attack" || a == "-attack" {
+			return runAttack(ctx, args, stdout, stderr)
+		}
 	}
 	c, err := parseFlags(args, stderr)
 	if err != nil {

@@ -8,81 +8,25 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
 )
 
-// retryAfterSeconds is the Retry-After of a shed request: admitted turns
-// are expected to free room within about this long.
-const retryAfterSeconds = 1
-
-// admission bounds the completion requests served at once and the request
-// body bytes they hold. It never queues: what does not fit is shed at once
-// with 503, so admitted turns keep their memory and finish.
-type admission struct {
-	mu       sync.Mutex
-	turns    int
-	maxTurns int
-	bytes    int64
-	maxBytes int64
-}
-
-// enter admits one turn, or reports false when --max-concurrent-turns
-// are being served.
-func (a *admission) enter() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.turns >= a.maxTurns {
-		return false
-	}
-	a.turns++
-	return true
-}
-
-func (a *admission) leave() {
-	a.mu.Lock()
-	a.turns--
-	a.mu.Unlock()
-}
-
-// reserve takes n bytes of the buffer budget, or reports false when they
-// do not fit.
-func (a *admission) reserve(n int64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.bytes+n > a.maxBytes {
-		return false
-	}
-	a.bytes += n
-	return true
-}
-
-func (a *admission) release(n int64) {
-	a.mu.Lock()
-	a.bytes -= n
-	a.mu.Unlock()
-}
-
-// held returns the turns admitted and the bytes reserved now.
-func (a *admission) held() (int, int64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.turns, a.bytes
-}
-
 // Why a body read was stopped by the proxy rather than by the client.
 var (
 	errBodyBudget  = errors.New("proxy: request body bytes held at once reached --max-buffered-bytes")
+	errBodyTurns   = errors.New("proxy: completion requests served at once reached --max-concurrent-turns")
 	errBodyTimeout = errors.New("proxy: request body not received within --read-body-timeout")
 )
 
-// admit serves a completion request when it fits: a free turn slot, and
-// room in the byte budget for its body (its Content-Length up front, or
-// the bytes as they arrive for a chunked body). The body must arrive
-// within --read-body-timeout (set in routes); the deadline is lifted once
-// it has, so streams run as long as they need. The turn is registered for the drain.
+// admit serves a completion request through the admission (admission.go):
+// its body is charged as a body in transit, for its client address too,
+// and each byte as it arrives; once the body is in, the request becomes a
+// turn and takes a turn slot. What does not fit is shed with 503 and
+// Retry-After. The body must arrive within --read-body-timeout (set in
+// routes); the deadline is lifted once it has, so streams run as long as
+// they need. The turn is registered for the drain.
 func (s *server) admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > s.maxBodyBytes {
@@ -90,34 +34,26 @@ func (s *server) admit(next http.Handler) http.Handler {
 				"request body larger than "+strconv.FormatInt(s.maxBodyBytes, 10)+" bytes")
 			return
 		}
-		if !s.adm.enter() {
-			s.shed(w, r.URL.Path, "turns", "--max-concurrent-turns reached")
+		cc := connFrom(r.Context())
+		var client clientKey
+		if cc != nil {
+			client = cc.client
+		}
+		if why, ok := s.adm.startBody(client); !ok {
+			s.shed(w, r.URL.Path, why)
 			return
 		}
-		defer s.adm.leave()
-		s.metrics.inflight.Inc()
-		defer s.metrics.inflight.Dec()
 		// The turn's body reader and writer, in one allocation.
 		st := &admitted{ctl: *http.NewResponseController(w)}
 		body := &st.body
-		*body = bodyReader{rc: r.Body, adm: s.adm, limit: s.maxBodyBytes, ctl: &st.ctl}
-		defer func() { s.adm.release(body.reserved) }()
-		if r.ContentLength > 0 {
-			if !s.adm.reserve(r.ContentLength) {
-				s.shed(w, r.URL.Path, "bytes", "--max-buffered-bytes reached")
-				return
-			}
-			body.reserved = r.ContentLength
-			body.prepaid = true
-		}
-
-		// The drain cuts a turn through the request's own context, which
-		// derives from the server's base context (openTurns).
-		s.open.add()
-		defer s.open.remove()
+		*body = bodyReader{rc: r.Body, s: s, client: client, transit: true, limit: s.maxBodyBytes, ctl: &st.ctl}
+		defer body.done()
 
 		tw := &st.tw
 		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
+		if cc != nil && s.writeTimeout > 0 {
+			tw.acks = ackWatch{cc: cc, limit: s.writeTimeout}
+		}
 		// As with http.MaxBytesReader: the handler's body is the wrapper.
 		r.Body = body
 		next.ServeHTTP(tw, r)
@@ -126,6 +62,8 @@ func (s *server) admit(next http.Handler) http.Handler {
 		case body.tooLarge:
 			s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusRequestEntityTooLarge), "too_large").Inc()
 		case tw.replaced:
+		case tw.stalled:
+			s.metrics.stalled.Inc()
 		case body.err != nil && tw.wrote:
 			s.metrics.rejected.WithLabelValues(strconv.Itoa(tw.status), "body_error").Inc()
 		case body.err != nil:
@@ -136,11 +74,14 @@ func (s *server) admit(next http.Handler) http.Handler {
 	})
 }
 
-// shed answers 503 with Retry-After in the error shape of path's API.
-func (s *server) shed(w http.ResponseWriter, path, what, msg string) {
+// shed answers 503 with Retry-After in the error shape of path's API, and
+// closes the connection: net/http would otherwise wait for the rest of an
+// unread body, to discard it.
+func (s *server) shed(w http.ResponseWriter, path string, why shedReason) {
 	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
-	s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusServiceUnavailable), "overloaded_"+what).Inc()
-	b := proxyError(path, http.StatusServiceUnavailable, "overloaded: "+msg+"; retry later", "server_error", "overloaded")
+	w.Header().Set("Connection", "close")
+	s.metrics.rejected.WithLabelValues(strconv.Itoa(http.StatusServiceUnavailable), "overloaded_"+why.what).Inc()
+	b := proxyError(path, http.StatusServiceUnavailable, "overloaded: "+why.flag+" reached; retry later", "server_error", "overloaded")
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(http.StatusServiceUnavailable)
@@ -154,18 +95,21 @@ type admitted struct {
 	ctl  http.ResponseController // of the connection's ResponseWriter
 }
 
-// bodyReader is a turn's request body: it reserves chunked bytes in the
-// budget as they arrive, notes a body above the limit (the router answers
-// 413), maps an expired read deadline to errBodyTimeout, and lifts the
-// deadline at the end of the body.
+// bodyReader is a request's body on its way through the admission: it
+// charges bytes to the budget as they arrive, notes a body above the limit
+// (the router answers 413), maps an expired read deadline to
+// errBodyTimeout, and at the end of the body lifts the deadline, ends the
+// body's transit and takes a turn slot for the request.
 type bodyReader struct {
 	rc       io.ReadCloser
-	adm      *admission
+	s        *server
+	client   clientKey
 	limit    int64
 	ctl      *http.ResponseController
 	n        int64
-	reserved int64
-	prepaid  bool  // Content-Length reserved up front
+	charged  int64
+	transit  bool  // counted as a body in transit
+	turn     bool  // holds a turn slot
 	tooLarge bool  // more than limit bytes arrived
 	err      error // the read error that ended the body early, errBody* when the proxy stopped it
 }
@@ -179,19 +123,20 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if b.n > b.limit {
 		b.tooLarge = true
 	}
-	if !b.prepaid && n > 0 {
-		want := min(b.n, b.limit+1) - b.reserved
-		if want > 0 {
-			if !b.adm.reserve(want) {
-				b.err = errBodyBudget
-				return 0, b.err
-			}
-			b.reserved += want
+	if want := min(b.n, b.limit+1) - b.charged; want > 0 {
+		if !b.s.adm.charge(want) {
+			b.err = errBodyBudget
+			return 0, b.err
 		}
+		b.charged += want
 	}
 	switch {
 	case err == io.EOF:
 		_ = b.ctl.SetReadDeadline(time.Time{})
+		if !b.in() {
+			b.err = errBodyTurns
+			return 0, b.err
+		}
 	case err != nil:
 		var ne interface{ Timeout() bool }
 		if errors.As(err, &ne) && ne.Timeout() {
@@ -202,15 +147,58 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// in ends the body's transit and takes a turn slot, or reports false at
+// --max-concurrent-turns.
+func (b *bodyReader) in() bool {
+	if b.turn {
+		return true
+	}
+	b.endTransit()
+	if !b.s.adm.enter() {
+		return false
+	}
+	b.turn = true
+	b.s.metrics.inflight.Inc()
+	// The drain cuts a turn through the request's own context, which
+	// derives from the server's base context (openTurns).
+	b.s.open.add()
+	return true
+}
+
+func (b *bodyReader) endTransit() {
+	if b.transit {
+		b.transit = false
+		b.s.adm.endBody(b.client)
+	}
+}
+
+// done releases what the request holds, when its handler returns.
+func (b *bodyReader) done() {
+	b.endTransit()
+	if b.turn {
+		b.turn = false
+		b.s.open.remove()
+		b.s.metrics.inflight.Dec()
+		b.s.adm.leave()
+	}
+	b.s.adm.release(b.charged)
+	b.charged = 0
+}
+
 func (b *bodyReader) Close() error { return b.rc.Close() }
 
 // turnWriter is a turn's ResponseWriter. When the proxy stopped the body
-// (budget or deadline), the router's answer (a 400 about the read) is
-// replaced by the proxy's own: 503 with Retry-After, or 408.
+// (budget, turn slots or deadline), the router's answer (a 400 about the
+// read) is replaced by the proxy's own: 503 with Retry-After, or 408.
 //
-// Each write and flush must complete within writeTimeout: a client that
-// stops reading fails the write, which ends the turn (net/http cancels
-// the request's context on a failed write) instead of holding its slot.
+// A client that stops reading is cut after writeTimeout
+// (--client-write-timeout) and its turn freed: each write and flush must
+// complete within it, and (on Linux) every byte written must be
+// acknowledged by the client's TCP within it (ackWatch), so that the
+// kernel's send buffer, which absorbs minutes of a slow stream before a
+// write blocks, does not hide the stall. The cut fails the write, which
+// ends the turn (net/http cancels the request's context on a failed write
+// and closes the connection).
 type turnWriter struct {
 	http.ResponseWriter
 	req          *http.Request // the turn's request: its path picks the error shape
@@ -218,13 +206,18 @@ type turnWriter struct {
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
 	writeTimeout time.Duration
+	acks         ackWatch
 	wrote        bool  // headers went out
 	status       int   // their status
 	replaced     bool  // the router's answer was replaced
 	stream       bool  // the response is an event stream
 	finished     bool  // the last write was the stream's final event
+	stalled      bool  // cut: the client stopped reading
 	seq          int64 // a Responses stream's last sequence_number, -1 before any
 }
+
+// errStalled ends the writes of a turn whose client stopped reading.
+var errStalled = errors.New("proxy: the client acknowledged no byte within --client-write-timeout")
 
 func (w *turnWriter) WriteHeader(code int) {
 	if w.wrote || w.replaced {
@@ -233,7 +226,11 @@ func (w *turnWriter) WriteHeader(code int) {
 	switch w.body.err {
 	case errBodyBudget:
 		w.replaced = true
-		w.s.shed(w.ResponseWriter, w.req.URL.Path, "bytes", "--max-buffered-bytes reached")
+		w.s.shed(w.ResponseWriter, w.req.URL.Path, shedBytes)
+		return
+	case errBodyTurns:
+		w.replaced = true
+		w.s.shed(w.ResponseWriter, w.req.URL.Path, shedTurns)
 		return
 	case errBodyTimeout:
 		w.replaced = true
@@ -255,18 +252,45 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 	if w.replaced {
 		return len(p), nil
 	}
+	if w.stalled {
+		return 0, errStalled
+	}
 	w.finished = finalEvent(p)
 	if w.stream && w.req.URL.Path == kvroute.PathResponses {
 		w.seq = lastSequence(p, w.seq)
 	}
 	w.deadline()
-	return w.ResponseWriter.Write(p)
+	n, err := w.ResponseWriter.Write(p)
+	if err == nil && w.acks.stalled(time.Now()) {
+		return n, w.stall()
+	}
+	w.noteTimeout(err)
+	return n, err
 }
 
 // deadline bounds the next write to the client.
 func (w *turnWriter) deadline() {
 	if w.writeTimeout > 0 && w.ctl != nil {
 		_ = w.ctl.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
+}
+
+// stall cuts the turn of a client that stopped reading: the connection's
+// next write fails at once.
+func (w *turnWriter) stall() error {
+	w.stalled = true
+	if w.ctl != nil {
+		_ = w.ctl.SetWriteDeadline(time.Unix(1, 0))
+	}
+	return errStalled
+}
+
+// noteTimeout marks the turn stalled when a write blocked beyond its
+// deadline.
+func (w *turnWriter) noteTimeout(err error) {
+	var ne interface{ Timeout() bool }
+	if err != nil && errors.As(err, &ne) && ne.Timeout() {
+		w.stalled = true
 	}
 }
 
@@ -279,11 +303,54 @@ func (w *turnWriter) FlushError() error {
 	if w.replaced {
 		return nil
 	}
+	if w.stalled {
+		return errStalled
+	}
 	w.deadline()
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err == nil && w.acks.stalled(time.Now()) {
+		return w.stall()
+	}
+	w.noteTimeout(err)
+	return err
 }
 
 func (w *turnWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ackWatch bounds how long bytes written to a client may stay
+// unacknowledged by its TCP: the time from the write of a byte to its
+// acknowledgement must stay within limit, checked at each write after it.
+// A client whose kernel still accepts bytes into its receive buffer
+// acknowledges them: what that buffer holds (its size when the client
+// stopped reading, 128 KiB to a few MiB on Linux) is not bounded here.
+type ackWatch struct {
+	cc    *clientConn // nil: no watch
+	limit time.Duration
+	mark  int64     // the connection's byte count at a write not yet known acknowledged, 0: none
+	at    time.Time // when that write was made
+}
+
+// stalled reports whether the bytes of the marked write are still
+// unacknowledged after limit, and marks the last write when none is.
+func (a *ackWatch) stalled(now time.Time) bool {
+	if a.cc == nil {
+		return false
+	}
+	q, ok := a.cc.sendQueue()
+	if !ok {
+		a.cc = nil // no socket to ask: the write deadline alone
+		return false
+	}
+	written := a.cc.written.Load()
+	if a.mark > 0 && written-q < a.mark {
+		return now.Sub(a.at) > a.limit
+	}
+	a.mark, a.at = 0, time.Time{}
+	if q > 0 {
+		a.mark, a.at = written, now
+	}
+	return false
+}
 
 // cut ends a turn the drain stopped: a stream gets an SSE error event (as
 // kvroute ends a failed stream, without data: [DONE]); a turn that sent

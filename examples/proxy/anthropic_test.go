@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -65,8 +66,9 @@ func TestAnthropicErrorShape(t *testing.T) {
 		assert.Empty(t, h.Get("Request-Id"))
 	})
 	t.Run("shed", func(t *testing.T) {
-		p := startInProcess(t, nil, "--max-concurrent-turns", "1")
-		held := slowTurn(t, p, 100)
+		e := hangingEngine(t)
+		p := startInProcess(t, nil, "--max-concurrent-turns", "1", "--prefill", e, "--decode", e)
+		held := heldTurn(t, p, kvroute.PathMessages)
 		defer held.Close()
 		status, h, body := p.do(t, http.MethodPost, "/v1/messages?beta=true", msgs)
 		assertAnthropicError(t, status, h, body, http.StatusServiceUnavailable, "overloaded_error")

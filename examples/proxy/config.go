@@ -51,9 +51,13 @@ type config struct {
 	metricsKey        bool
 	upstreamAPIKey    string // from OPENAI_API_KEY, never a flag
 	maxBodyBytes      int64
+	maxObjectMembers  int
 	maxHeaderBytes    int
 	maxTurns          int
 	maxBufferedBytes  int64
+	maxConns          int
+	maxTransit        int
+	maxClientTransit  int
 	idleConnTimeout   time.Duration
 	readBodyTimeout   time.Duration
 	writeTimeout      time.Duration
@@ -82,6 +86,9 @@ const (
 	defaultMaxHeaderBytes   = 64 << 10
 	defaultMaxTurns         = 256
 	defaultMaxBufferedBytes = 256 << 20
+	defaultMaxConns         = 4096
+	defaultMaxTransit       = 512
+	defaultMaxClientTransit = 32
 	defaultIdleConnTimeout  = 120 * time.Second
 	defaultReadBodyTimeout  = 60 * time.Second
 	defaultWriteTimeout     = 60 * time.Second
@@ -235,9 +242,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.DefaultMaxObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
 	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
-	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests; more are shed with 503 and Retry-After (at least --max-body-bytes)")
+	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
+	fs.IntVar(&c.maxConns, "max-connections", defaultMaxConns, "client connections open at once; above it the connection waiting longest for a request (1s or more) is closed, else the new one gets 503 and is closed")
+	fs.IntVar(&c.maxTransit, "max-bodies-in-transit", defaultMaxTransit, "completion request bodies being received at once; more are shed with 503 and Retry-After (a body in transit holds no turn slot)")
+	fs.IntVar(&c.maxClientTransit, "max-client-bodies-in-transit", defaultMaxClientTransit, "completion request bodies being received at once from one client address (IPv6: its /64); more are shed with 503 and Retry-After (0: no bound per address, for a proxy behind a load balancer)")
 	fs.DurationVar(&c.idleConnTimeout, "idle-conn-timeout", defaultIdleConnTimeout, "how long a client's keep-alive connection may sit idle between requests")
 	fs.DurationVar(&c.readBodyTimeout, "read-body-timeout", defaultReadBodyTimeout, "bound on reading a request body, from the end of its headers (408 after it); streams are not limited by it")
 	fs.DurationVar(&c.writeTimeout, "client-write-timeout", defaultWriteTimeout, "bound on each write of a completion response to the client (one stream event, or a body): a client that stops reading is cut after it, and its turn freed (0: none)")
@@ -390,8 +401,16 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --max-header-bytes must be at least 4096", errUsage)
 	case c.maxTurns <= 0:
 		return fmt.Errorf("%w: --max-concurrent-turns must be positive", errUsage)
+	case c.maxConns <= 0:
+		return fmt.Errorf("%w: --max-connections must be positive", errUsage)
+	case c.maxTransit <= 0:
+		return fmt.Errorf("%w: --max-bodies-in-transit must be positive", errUsage)
+	case c.maxClientTransit < 0 || c.maxClientTransit > c.maxTransit:
+		return fmt.Errorf("%w: --max-client-bodies-in-transit %d: use 0 (no bound per client) up to --max-bodies-in-transit %d", errUsage, c.maxClientTransit, c.maxTransit)
 	case c.maxBodyBytes <= 0:
 		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
+	case c.maxObjectMembers <= 0:
+		return fmt.Errorf("%w: --max-object-members must be positive", errUsage)
 	case c.maxBufferedBytes < c.maxBodyBytes:
 		return fmt.Errorf("%w: --max-buffered-bytes %d is below --max-body-bytes %d: a request of the largest size could never be admitted", errUsage, c.maxBufferedBytes, c.maxBodyBytes)
 	case c.metricsKey && len(c.apiKeys) == 0:
@@ -416,6 +435,7 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithReuse(c.reuse),
 		kvroute.WithLocalPrefillFallback(c.localFallback),
 		kvroute.WithMaxBodyBytes(c.maxBodyBytes),
+		kvroute.WithMaxObjectMembers(c.maxObjectMembers),
 		kvroute.WithPrefillTimeout(c.prefillTimeout),
 		kvroute.WithFirstByteTimeout(c.firstByteTimeout),
 		kvroute.WithIdleTimeout(c.idleTimeout),

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
 )
 
 func noEnv(string) string { return "" }
@@ -95,7 +97,7 @@ func TestParseConfigSettings(t *testing.T) {
 	assert.Equal(t, keyConversationID, c.keyMode)
 	assert.Equal(t, "sk-up", c.upstreamAPIKey)
 	assert.Equal(t, "json", c.logFormat)
-	assert.Len(t, c.routerOptions(), 17, "upstream key and identifier options added")
+	assert.Len(t, c.routerOptions(), 18, "upstream key and identifier options added")
 }
 
 // --key-mode conversation-id needs inbound keys, or an explicit flag that
@@ -153,6 +155,10 @@ func TestParseConfigLimits(t *testing.T) {
 	assert.Equal(t, int64(256<<20), c.maxBufferedBytes)
 	assert.Equal(t, 64<<10, c.maxHeaderBytes)
 	assert.Equal(t, 60*time.Second, c.writeTimeout)
+	assert.Equal(t, 4096, c.maxConns)
+	assert.Equal(t, 512, c.maxTransit)
+	assert.Equal(t, 32, c.maxClientTransit)
+	assert.Equal(t, kvroute.DefaultMaxObjectMembers, c.maxObjectMembers)
 
 	for _, tt := range []struct {
 		want string
@@ -165,6 +171,11 @@ func TestParseConfigLimits(t *testing.T) {
 		{"--max-header-bytes", []string{"--max-header-bytes", "100"}},
 		{"--max-body-bytes", []string{"--max-body-bytes", "0"}},
 		{"--client-write-timeout", []string{"--client-write-timeout", "-1s"}},
+		{"--max-connections", []string{"--max-connections", "0"}},
+		{"--max-bodies-in-transit", []string{"--max-bodies-in-transit", "0"}},
+		{"--max-client-bodies-in-transit 600: use 0 (no bound per client) up to --max-bodies-in-transit 512", []string{"--max-client-bodies-in-transit", "600"}},
+		{"--max-client-bodies-in-transit -1", []string{"--max-client-bodies-in-transit", "-1"}},
+		{"--max-object-members", []string{"--max-object-members", "0"}},
 	} {
 		t.Run(tt.want, func(t *testing.T) {
 			_, err := parseConfig(tt.args, noEnv, io.Discard)

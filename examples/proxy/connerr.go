@@ -14,17 +14,6 @@ import (
 // carry a Date header, so they never match.
 const netHTTPErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-// jsonErrorListener wraps accepted connections in jsonErrorConn.
-type jsonErrorListener struct{ net.Listener }
-
-func (l jsonErrorListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &jsonErrorConn{Conn: c}, nil
-}
-
 // jsonErrorConn rewrites net/http's plain-text parse errors into JSON, so
 // that every error the proxy emits is JSON: Anthropic's error shape when
 // the request line of the failed request named /v1/messages or a path

@@ -93,6 +93,13 @@ func (p *inproc) do(t *testing.T, method, path, body string, header ...string) (
 	return resp.StatusCode, resp.Header, string(b)
 }
 
+// metric returns the value of one sample of the proxy's /metrics page.
+func (p *inproc) metric(t *testing.T, sample string) string {
+	t.Helper()
+	_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+	return metricValue(page, sample)
+}
+
 // dial opens a raw connection to the proxy with a deadline for the test.
 func (p *inproc) dial(t *testing.T) net.Conn {
 	t.Helper()

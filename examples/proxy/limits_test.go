@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -64,22 +66,60 @@ func TestSlowBodyCut(t *testing.T) {
 	assert.Equal(t, "0", metricValue(page, `bidikv_buffered_request_bytes`))
 }
 
-// slowTurn starts a completion request whose body never completes, so the
-// turn holds its slot and its reserved bytes until the test closes c.
-func slowTurn(t *testing.T, p *inproc, contentLength int) net.Conn {
+// slowBody starts a completion request of contentLength bytes and sends
+// only sent of them, so that it stays in transit, holding sent bytes of the
+// budget, until the test closes the connection.
+func slowBody(t *testing.T, p *inproc, contentLength, sent int) net.Conn {
 	t.Helper()
 	c := p.dial(t)
-	_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: %d\r\n\r\n{", contentLength)
+	_, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: %d\r\n\r\n%s", contentLength, strings.Repeat(" ", sent))
 	require.NoError(t, err)
-	// Admitted once the buffered-bytes gauge shows its reservation.
+	// In transit once the buffered-bytes gauge shows its bytes.
 	for range 500 {
-		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
-		if metricValue(page, "bidikv_buffered_request_bytes") == strconv.Itoa(contentLength) {
+		if v, _ := strconv.Atoi(p.metric(t, "bidikv_buffered_request_bytes")); v >= sent {
 			return c
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	require.FailNow(t, "the slow turn was not admitted")
+	require.FailNow(t, "the slow body's bytes were not charged")
+	return nil
+}
+
+// hangingEngine is an engine that accepts every request and answers none
+// until the request is cancelled or the test ends.
+func hangingEngine(t *testing.T) string {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	return srv.URL
+}
+
+// heldTurn sends a complete completion request that the proxy admits as a
+// turn and that then waits on its (hanging) engines until the test closes
+// the connection.
+func heldTurn(t *testing.T, p *inproc, path string) net.Conn {
+	t.Helper()
+	before, _ := strconv.Atoi(p.metric(t, "bidikv_inflight_turns"))
+	c := p.dial(t)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+	if path == kvroute.PathMessages {
+		body = `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	}
+	_, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+	require.NoError(t, err)
+	for range 500 {
+		if n, _ := strconv.Atoi(p.metric(t, "bidikv_inflight_turns")); n > before {
+			return c
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.FailNow(t, "the held turn was not admitted")
 	return nil
 }
 
@@ -89,8 +129,9 @@ func slowTurn(t *testing.T, p *inproc, contentLength int) net.Conn {
 func TestShedding(t *testing.T) {
 	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 	t.Run("concurrent turns", func(t *testing.T) {
-		p := startInProcess(t, nil, "--max-concurrent-turns", "1")
-		held := slowTurn(t, p, 100)
+		e := hangingEngine(t)
+		p := startInProcess(t, nil, "--max-concurrent-turns", "1", "--prefill", e, "--decode", e)
+		held := heldTurn(t, p, kvroute.PathChatCompletions)
 		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", chat)
 		assertJSONError(t, status, h, body, http.StatusServiceUnavailable, "overloaded")
 		assert.Equal(t, "1", h.Get("Retry-After"))
@@ -113,9 +154,9 @@ func TestShedding(t *testing.T) {
 	})
 	t.Run("buffered bytes", func(t *testing.T) {
 		p := startInProcess(t, nil, "--max-body-bytes", "4096", "--max-buffered-bytes", "6000")
-		held := slowTurn(t, p, 4000)
+		held := slowBody(t, p, 4000, 3999)
 		_, _, page := p.do(t, http.MethodGet, "/metrics", "")
-		assert.Equal(t, "4000", metricValue(page, "bidikv_buffered_request_bytes"))
+		assert.Equal(t, "3999", metricValue(page, "bidikv_buffered_request_bytes"), "the bytes that arrived, not the declared length")
 
 		big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2500) + `"}]}`
 		status, h, body := p.do(t, http.MethodPost, "/v1/chat/completions", big)

@@ -45,6 +45,7 @@ type metrics struct {
 	}
 
 	inflight   prometheus.Gauge
+	stalled    prometheus.Counter
 	endpointUp *prometheus.GaugeVec // role, endpoint
 }
 
@@ -92,16 +93,18 @@ func newMetrics() *metrics {
 			Help: "Observed TTFT over the cost model's estimate of the engines' part (--decode-local), by chosen path; above 1 includes render and the router's own work.", Buckets: []float64{0.25, 0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}},
 			[]string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
-			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, closed."},
+			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, overloaded_bodies, overloaded_client_bodies, closed."},
 			[]string{"status", "reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
-			Help: "Completion requests being served now."}),
+			Help: "Completion requests being served now (bodies in transit excluded; bounded by --max-concurrent-turns)."}),
+		stalled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "stalled_clients_total",
+			Help: "Turns cut because their client stopped reading: a write blocked, or bytes stayed unacknowledged, beyond --client-write-timeout."}),
 		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "endpoint_up",
 			Help: "1 when the engine's last /health probe answered 200, else 0."},
 			[]string{"role", "endpoint"}),
 	}
 	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes,
-		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.estimate, m.inflight, m.endpointUp, m.rejected,
+		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.estimate, m.inflight, m.stalled, m.endpointUp, m.rejected,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "reuse_hit_ratio",
 			Help: "Hits (decode-local turns included) over hits and misses since start, over turns that reached lookup (rejected requests and reuse off excluded); NaN before the first."},
 			m.hitRatio),
@@ -223,11 +226,30 @@ func (m *metrics) watchStore(s kvroute.Store) {
 		Help: "Decode handles retained in the store now."}, func() float64 { return float64(l.Len()) }))
 }
 
-// watchAdmission exports the admission counts.
+// watchAdmission exports what the admission holds and refused.
 func (m *metrics) watchAdmission(a *admission) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "buffered_request_bytes",
-		Help: "Request body bytes reserved by the turns being served (bounded by --max-buffered-bytes)."},
-		func() float64 { _, b := a.held(); return float64(b) }))
+	gauge := func(name, help string, get func(held) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help},
+			func() float64 { return get(a.held()) })
+	}
+	counter := func(name, help string, get func(held) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help},
+			func() float64 { return get(a.held()) })
+	}
+	m.reg.MustRegister(
+		gauge("buffered_request_bytes", "Request body bytes held by the requests being received or served, charged as they arrive (bounded by --max-buffered-bytes).",
+			func(h held) float64 { return float64(h.bytes) }),
+		gauge("client_connections", "Client connections open (bounded by --max-connections).",
+			func(h held) float64 { return float64(h.conns) }),
+		gauge("idle_client_connections", "Client connections waiting for a request: connected or idle between requests.",
+			func(h held) float64 { return float64(h.waiting) }),
+		gauge("request_bodies_in_transit", "Completion request bodies being received (bounded by --max-bodies-in-transit, and per client address by --max-client-bodies-in-transit).",
+			func(h held) float64 { return float64(h.transit) }),
+		counter("evicted_connections_total", "Connections closed at --max-connections to admit a new one: the one waiting longest for a request.",
+			func(h held) float64 { return float64(h.evicted) }),
+		counter("refused_connections_total", "Connections refused at --max-connections with 503 (no connection had waited long enough to be closed instead).",
+			func(h held) float64 { return float64(h.refused) }),
+	)
 }
 
 func (m *metrics) hitRatio() float64 {

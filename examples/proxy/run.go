@@ -79,7 +79,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
 		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
-		adm:  &admission{maxTurns: cfg.maxTurns, maxBytes: cfg.maxBufferedBytes},
+		adm: newAdmission(limits{conns: cfg.maxConns, transit: cfg.maxTransit, clientTransit: cfg.maxClientTransit,
+			turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes}, nil),
 		open: newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
@@ -108,6 +109,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		MaxHeaderBytes:    cfg.maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       s.open.baseContext, // the drain cuts turns through it
+		ConnContext:       connContext,        // requests find their connection (admit.go)
+		ConnState:         s.adm.connState,    // the admission learns which connections wait
 	}
 	defer s.open.close()
 
@@ -120,13 +123,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer func() { stopPoll(); <-polled }()
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(jsonErrorListener{ln}) }()
+	go func() { served <- srv.Serve(newAdmitListener(ln, s.adm)) }()
 	fmt.Fprintf(stdout, "proxy: serving http://%s prefill %v decode %v\n", ln.Addr(), cfg.prefillURLs, cfg.decodeURLs)
 	log.Info("serving", slog.String("addr", ln.Addr().String()),
 		slog.Any("prefill", cfg.prefillURLs), slog.Any("decode", cfg.decodeURLs),
 		slog.Bool("reuse", cfg.reuse), slog.String("key_mode", cfg.keyMode),
 		slog.Bool("redis", cfg.redisURL != ""), slog.Int("inbound_keys", len(cfg.apiKeys)),
-		slog.Int("max_concurrent_turns", cfg.maxTurns), slog.Int64("max_buffered_bytes", cfg.maxBufferedBytes))
+		slog.Int("max_concurrent_turns", cfg.maxTurns), slog.Int64("max_buffered_bytes", cfg.maxBufferedBytes),
+		slog.Int("max_connections", cfg.maxConns), slog.Int("max_bodies_in_transit", cfg.maxTransit))
 
 	if cfg.keyMode == keyConversationID && len(cfg.apiKeys) == 0 {
 		log.Warn("--key-mode conversation-id without inbound API keys (--allow-anonymous-conversation-id): every client is one tenant")

@@ -61,7 +61,7 @@ func (s *server) routes() http.Handler {
 		kvroute.PathCompletions:     {post, turns},
 		kvroute.PathResponses:       {post, turns},
 		kvroute.PathMessages:        {post, turns},
-		pathCountTokens:             {post, s.auth(http.HandlerFunc(s.countTokens))},
+		pathCountTokens:             {post, s.auth(s.admit(http.HandlerFunc(s.countTokens)))},
 		"/v1/models":                {get, s.auth(http.HandlerFunc(s.models))},
 		"/health":                   {get, http.HandlerFunc(s.live)},
 		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name

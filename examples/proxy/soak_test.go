@@ -941,8 +941,8 @@ func (s *soak) phaseBurst(t *testing.T, rs *soakRound) {
 			assert.Equal(t, reference(t, r.body), r.a.text, label)
 			rs.burstAdmitted++
 		case http.StatusServiceUnavailable:
-			// Shed for bytes, or for turns: every request of the burst
-			// takes a turn slot before its body is read.
+			// Shed for bytes as they arrive, or for turns once a body
+			// is in and every turn slot is taken.
 			assertJSONError(t, r.a.status, r.a.header, string(r.a.raw), http.StatusServiceUnavailable, "overloaded")
 			assert.Equal(t, "1", r.a.header.Get("Retry-After"), label)
 			switch {

@@ -164,6 +164,7 @@ func (o Object) pieces(dst [][]byte, keys []byte, act, appends []int, set []Memb
 	dst = append(dst, o.data[:o.open+1])
 	wrote := false
 	var tail []byte // whitespace between the last written value and '}'
+	prevEnd := 0    // the end (its ',') of the last written member
 	for i := range o.members {
 		a := act[i]
 		if a == -2 {
@@ -171,11 +172,14 @@ func (o Object) pieces(dst [][]byte, keys []byte, act, appends []int, set []Memb
 		}
 		m := &o.members[i]
 		if wrote {
-			// The previous member's trailing whitespace, then ','.
+			// The previous member's trailing whitespace, then its own
+			// ',' from the document: a run of members kept as they are
+			// stays one piece, however many members it has.
 			dst = appendPiece(dst, tail)
-			dst = append(dst, pieceComma)
+			dst = appendPiece(dst, o.data[prevEnd:prevEnd+1])
 		}
 		wrote = true
+		prevEnd = m.end
 		if a == -1 {
 			dst = appendPiece(dst, o.data[m.start:m.valEnd])
 		} else {

@@ -3,6 +3,7 @@ package jsonraw_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -102,4 +103,39 @@ func TestEditUnchangedReturnsSameSlice(t *testing.T) {
 	got := o.Edit([]string{"c"}, m("b", "[2]"))
 	require.Len(t, got, len(in))
 	assert.Same(t, &in[0], &got[0])
+}
+
+// EditPieces keeps every run of members it does not change as one piece of
+// the document, however many members the run has: an upstream body costs
+// a few pieces, not one per member.
+func TestEditPiecesOnePiecePerRun(t *testing.T) {
+	var b bytes.Buffer
+	b.WriteString(`{ "model":"m"`)
+	for i := range 1000 {
+		fmt.Fprintf(&b, ` ,"k%d" : [%d]`, i, i)
+		if i == 500 {
+			b.WriteString(`,"drop":1,"set":"old"`)
+		}
+	}
+	b.WriteString(" }")
+	o, err := jsonraw.Parse(b.Bytes())
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name      string
+		del       []string
+		set       []jsonraw.Member
+		maxPieces int
+	}{
+		{"nothing changes", nil, nil, 1},
+		{"drop one", []string{"drop"}, nil, 3},
+		{"replace one", nil, []jsonraw.Member{m("set", `"new"`)}, 3},
+		{"drop, replace and append", []string{"drop"}, []jsonraw.Member{m("set", `"new"`), m("added", "true")}, 9},
+		{"drop the first", []string{"model"}, nil, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pieces := o.EditPieces(nil, tc.del, tc.set...)
+			assert.LessOrEqual(t, len(pieces), tc.maxPieces)
+			assert.Equal(t, string(o.Edit(tc.del, tc.set...)), string(bytes.Join(pieces, nil)))
+		})
+	}
 }

@@ -30,3 +30,22 @@ func (e *SyntaxError) Error() string {
 func syntaxErr(off int, msg string) error {
 	return &SyntaxError{Offset: off, Msg: msg}
 }
+
+// ErrTooManyMembers is matched (errors.Is) by the *MembersError of
+// ParseLimited.
+var ErrTooManyMembers = errors.New("jsonraw: an object has more members than the limit")
+
+// MembersError reports an object with more members than ParseLimited's
+// limit, at the byte offset of the first member beyond it.
+type MembersError struct {
+	Offset int
+	Limit  int
+}
+
+// Error implements error.
+func (e *MembersError) Error() string {
+	return "jsonraw: an object has more than " + strconv.Itoa(e.Limit) + " members at offset " + strconv.Itoa(e.Offset)
+}
+
+// Unwrap returns ErrTooManyMembers.
+func (e *MembersError) Unwrap() error { return ErrTooManyMembers }

@@ -33,6 +33,7 @@ func FuzzParse(f *testing.F) {
 		if (err == nil) != isObj {
 			t.Fatalf("Parse err = %v, want object %v", err, isObj)
 		}
+		checkLimited(t, data, valid, isObj)
 		if err != nil {
 			var se *jsonraw.SyntaxError
 			if valid != !errors.As(err, &se) || (valid && !errors.Is(err, jsonraw.ErrNotObject)) {
@@ -187,4 +188,73 @@ func FuzzStringPieces(f *testing.F) {
 			t.Fatalf("StringBytes(%q) = %q %v, String %q %v", v, b, ok2, want, ok)
 		}
 	})
+}
+
+// checkLimited checks ParseLimited against the most members any object of
+// data has, counted by encoding/json, for a few limits around it.
+func checkLimited(t *testing.T, data []byte, valid, isObj bool) {
+	t.Helper()
+	most := -1
+	if valid {
+		most = mostMembers(t, data)
+	}
+	for _, limit := range []int{0, 1, 2, 3, most, most + 1} {
+		_, err := jsonraw.ParseLimited(data, limit)
+		switch {
+		case !valid || !isObj:
+			if err == nil {
+				t.Fatalf("ParseLimited(%d) accepts what Parse refuses", limit)
+			}
+		case limit > 0 && most > limit:
+			var me *jsonraw.MembersError
+			if !errors.Is(err, jsonraw.ErrTooManyMembers) || !errors.As(err, &me) || me.Limit != limit {
+				t.Fatalf("ParseLimited(%d) with an object of %d members: %v", limit, most, err)
+			}
+		case err != nil:
+			t.Fatalf("ParseLimited(%d), at most %d members: %v", limit, most, err)
+		}
+	}
+}
+
+// mostMembers returns the most members of any object in the valid
+// document data (0 without objects).
+func mostMembers(t *testing.T, data []byte) int {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		object  bool
+		members int
+		key     bool // the next token of an object is a key
+	}
+	var stack []frame
+	most := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return most
+		}
+		if n := len(stack); n > 0 && stack[n-1].object {
+			top := &stack[n-1]
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				most = max(most, top.members)
+				stack = stack[:n-1]
+				continue
+			}
+			if top.key {
+				top.members++
+				top.key = false
+				continue
+			}
+			top.key = true
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, key: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+	}
 }

@@ -42,12 +42,28 @@ func Parse(data []byte) (Object, error) {
 	return o, nil
 }
 
+// ParseLimited is Parse with a bound on the members of every object in the
+// document, at any depth: an object with more than maxMembers members is a
+// *MembersError (matching ErrTooManyMembers), before anything is indexed
+// beyond the limit. So the index and every later walk of the document
+// that collects an object's members hold at most maxMembers of them.
+// maxMembers <= 0 means no bound.
+func ParseLimited(data []byte, maxMembers int) (Object, error) {
+	var o Object
+	if err := o.reset(data, maxMembers); err != nil {
+		return Object{}, err
+	}
+	return o, nil
+}
+
 // Reset is Parse into o, reusing o's storage, so that parsing many documents
 // in turn does not allocate in steady state. On error o is left empty.
-func (o *Object) Reset(data []byte) error {
+func (o *Object) Reset(data []byte) error { return o.reset(data, 0) }
+
+func (o *Object) reset(data []byte, maxMembers int) error {
 	members := o.members[:0]
 	*o = Object{}
-	s := scanner{data: data}
+	s := scanner{data: data, maxMembers: maxMembers}
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		o.members = members

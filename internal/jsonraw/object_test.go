@@ -200,3 +200,40 @@ func TestDuplicate(t *testing.T) {
 		t.Errorf("Duplicate allocates %v times", n)
 	}
 }
+
+// ParseLimited bounds the members of every object, at any depth, and
+// says so with a *MembersError; 0 is no bound.
+func TestParseLimited(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		doc   string
+		limit int
+		err   bool
+	}{
+		{"within", `{"a":1,"b":{"c":2,"d":3}}`, 2, false},
+		{"top level above", `{"a":1,"b":2,"c":3}`, 2, true},
+		{"duplicates count", `{"a":1,"a":2,"a":3}`, 2, true},
+		{"nested above", `{"a":{"b":1,"c":2,"d":3}}`, 2, true},
+		{"in an array", `{"a":[1,{"b":1,"c":2,"d":3}]}`, 2, true},
+		{"deep", `{"a":[[[{"x":{"b":1,"c":2,"d":3}}]]]}`, 2, true},
+		{"array elements do not count", `{"a":[1,2,3,4,5]}`, 1, false},
+		{"no bound", `{"a":1,"b":2,"c":3}`, 0, false},
+		{"not an object", `[{"a":1,"b":2,"c":3}]`, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := jsonraw.ParseLimited([]byte(tc.doc), tc.limit)
+			if !tc.err {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			if tc.name != "not an object" {
+				var me *jsonraw.MembersError
+				require.ErrorAs(t, err, &me)
+				assert.ErrorIs(t, err, jsonraw.ErrTooManyMembers)
+				assert.Equal(t, tc.limit, me.Limit)
+				assert.Contains(t, err.Error(), "more than 2 members")
+			}
+		})
+	}
+}

@@ -31,6 +31,9 @@ type scanner struct {
 	// trusted skips the validation of string contents: the input is known
 	// to be valid JSON, so only the closing quote needs to be found.
 	trusted bool
+	// maxMembers, when positive, bounds the members of every object
+	// (ParseLimited).
+	maxMembers int
 
 	// With idKey set (ResetIDs), the value of the top-level member whose
 	// raw key is idKey is converted into ids while validated; idMember is
@@ -265,6 +268,9 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		return i + 1, nil
 	}
 	for member := 0; ; member++ {
+		if s.maxMembers > 0 && member == s.maxMembers {
+			return i, &MembersError{Offset: i, Limit: s.maxMembers}
+		}
 		if i >= len(d) || d[i] != '"' {
 			return i, s.unexpected(i, "looking for beginning of object key string")
 		}
