@@ -98,7 +98,7 @@ func WithBlockSize(size int) Option {
 // WithHorizon sets how long a hold that ended without its conversation's
 // next turn (expired, released) is remembered: a turn that comes back
 // within the horizon still counts as a gap, and one that has not come back
-// by then counts as never returning. It costs about 40 bytes per ended
+// by then counts as never returning. It costs about 70 bytes per ended
 // hold remembered. The default is [DefaultHorizon] (30 min); d must be
 // positive and at most [MaxHorizon]. Model too (its snapshot's quantiles
 // are of gaps within the horizon).

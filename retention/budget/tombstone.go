@@ -7,9 +7,9 @@ import "hash/maphash"
 // next turn that comes later is still observed as a gap, and one that does
 // not come is observed as censored at the horizon. Each costs about 70
 // bytes (BenchmarkRetained): a map slot (a 64-bit hash of the key, as the
-// key itself is not kept, and the record) and a queue entry. Two keys with the same hash, about one
-// chance in 10^9 among 200,000 remembered holds, share a record: one of
-// them counts as censored early.
+// key itself is not kept, and the record) and a queue entry. Two keys
+// with the same hash, about one chance in 10^9 among 200,000 remembered
+// holds, share a record: one of them counts as censored early.
 type tombstones struct {
 	seed maphash.Seed
 	m    map[uint64]tomb
