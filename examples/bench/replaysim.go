@@ -241,4 +241,3 @@ func tuneTTL(tr *trace, maxTTL float64, target float64) (outcome, error) {
 	}
 	return best, nil
 }
-

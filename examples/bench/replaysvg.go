@@ -20,7 +20,7 @@ const (
 
 type series struct {
 	name, color, dash string
-	pts              [][2]float64 // x: held, y: reused, both shares in %
+	pts               [][2]float64 // x: held, y: reused, both shares in %
 }
 
 func writeReplaySVG(w io.Writer, name string, rep replayReport) error {
