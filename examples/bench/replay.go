@@ -265,6 +265,7 @@ func printReplay(w io.Writer, c replayFlags, tr *trace, rep replayReport) {
 	fmt.Fprintln(w, "a fixed TTL has no cap (its peak may exceed it): the first has the cap as its mean, the second managed's mean; managed values a hit by its tokens")
 	fmt.Fprintln(w, "(the replay's objective), \"cost model\" by the prefill seconds it saves in the default cost model (threshold.DefaultRates: attention makes long")
 	fmt.Fprintln(w, "contexts dearer per token); saved: those seconds, for every policy; released: holds a cap removed before use or expiry")
+	printGaps(w, tr, rep, c.ttl)
 	var drop, same, atCap int
 	worstPeak := 0.0
 	for _, r := range rep.rows {
@@ -288,3 +289,69 @@ func printReplay(w io.Writer, c replayFlags, tr *trace, rep replayReport) {
 	}
 	fmt.Fprintln(w)
 }
+
+// printGaps compares the gap model the managed policy learned (at the
+// budget nearest half) with the trace's own figures.
+func printGaps(w io.Writer, tr *trace, rep replayReport, ttl time.Duration) {
+	if len(rep.rows) == 0 {
+		return
+	}
+	r := rep.rows[0]
+	for _, x := range rep.rows {
+		if abs(x.fraction-0.5) < abs(r.fraction-0.5) {
+			r = x
+		}
+	}
+	g := r.managed.gaps
+	if len(g.Classes) == 0 {
+		return
+	}
+	c := g.Classes[0]
+	fmt.Fprintf(w, "gap model learned online (managed at %.0f%%, at the last arrival): next turn within %v (the horizon) %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s\n",
+		100*r.fraction, g.Horizon, c.Return, c.P50.Seconds(), c.P90.Seconds(), c.P99.Seconds())
+	// The trace's own share extended within the TTL, by turn group.
+	type count struct{ n, in int }
+	var byGroup [5]count
+	firstExt := make([]float64, len(tr.reqs))
+	for i := range firstExt {
+		firstExt[i] = -1
+	}
+	for m, rs := range tr.firsts {
+		for _, x := range rs {
+			firstExt[x] = tr.reqs[m].at() - tr.reqs[x].at()
+		}
+	}
+	for i, t := range tr.turn {
+		k := 4
+		for j, first := range []int{2, 3, 5, 9} {
+			if t < first {
+				k = j
+				break
+			}
+		}
+		byGroup[k].n++
+		if firstExt[i] >= 0 && firstExt[i] < ttl.Seconds() {
+			byGroup[k].in++
+		}
+	}
+	var parts []string
+	k := 0
+	for _, f := range c.Within {
+		if f.ToolCalls {
+			continue
+		}
+		turns := fmt.Sprint(f.FirstTurn)
+		switch f.LastTurn {
+		case 0:
+			turns += "+"
+		case f.FirstTurn:
+		default:
+			turns += fmt.Sprintf("-%d", f.LastTurn)
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f (trace %.2f)", turns, f.Probability, float64(byGroup[k].in)/float64(max(byGroup[k].n, 1))))
+		k++
+	}
+	fmt.Fprintf(w, "  next turn within %v, by turn number: %s\n", ttl, strings.Join(parts, ", "))
+}
+
+func abs(x float64) float64 { return max(x, -x) }

@@ -45,6 +45,9 @@ type outcome struct {
 	// released counts the holds a cap removed before they were used or
 	// expired.
 	released int
+	// gaps is what the managed policy's gap model learned, at the last
+	// arrival.
+	gaps budget.Snapshot
 }
 
 // event is the state after a request's arrival, for tests.
@@ -212,6 +215,9 @@ func replay(tr *trace, c replayConfig, check func(event) error) (outcome, error)
 	}
 	end := tr.reqs[len(tr.reqs)-1].at()
 	o.endHeld = held
+	if bud != nil {
+		o.gaps = bud.Snapshot(clock(end), time.Duration(c.ttl*1e9))
+	}
 	if d := end - start; d > 0 {
 		o.mean = integ / d
 		o.life /= d
