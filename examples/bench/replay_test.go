@@ -26,7 +26,7 @@ const committedTrace = "testdata/mooncake/conversation_trace.jsonl.gz"
 // extension can use the hold.
 func TestLinkExtensions(t *testing.T) {
 	reqs := []request{
-		{Timestamp: 0, InputLength: 1100, OutputLength: 10, HashIDs: []int64{1, 2, 3}},         // 0: 2 full blocks
+		{Timestamp: 0, InputLength: 1100, OutputLength: 10, HashIDs: []int64{1, 2, 3}},          // 0: 2 full blocks
 		{Timestamp: 1000, InputLength: 1600, OutputLength: 10, HashIDs: []int64{1, 2, 4, 5}},    // 1: extends 0 (first)
 		{Timestamp: 2000, InputLength: 2100, OutputLength: 10, HashIDs: []int64{1, 2, 4, 5, 6}}, // 2: extends 0 (not first) and 1 (first)
 		{Timestamp: 3000, InputLength: 1000, OutputLength: 10, HashIDs: []int64{7, 8}},          // 3: 1 full block: never extendable
