@@ -203,6 +203,19 @@ func (b *Budget) Return(key string, now time.Time) bool {
 	return false
 }
 
+// Lookup returns key's live hold, as of the last call that took a time
+// (a hold past its Expires may still be listed until then).
+func (b *Budget) Lookup(key string) (Held, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l, ok := b.live[key]
+	if !ok {
+		return Held{}, false
+	}
+	e := b.engines[l.eng]
+	return e.held(&e.recs[l.slot]), true
+}
+
 // End records that key's hold went at now without its conversation's next
 // turn: the store evicted it, or the caller released it outside
 // [Budget.Victims]. The conversation is still watched for the horizon. It

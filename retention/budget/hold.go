@@ -47,15 +47,23 @@ func (h Hold) validate() error {
 	return nil
 }
 
-// Victim is a hold [Budget.Victims] chose to release.
-type Victim struct {
-	// Key is the handle's store key: take it from the store, then release
-	// the blocks it names.
+// Held is a live hold as the ledger records it.
+type Held struct {
+	// Key is the handle's store key.
 	Key string
-	// Tokens and Blocks are what the release frees.
+	// Engine is the decode engine that holds the blocks.
+	Engine string
+	// Tokens and Blocks are what the hold pins.
 	Tokens, Blocks int
 	// Created and Expires are the hold's.
 	Created, Expires time.Time
+}
+
+// Victim is a hold [Budget.Victims] chose to release.
+type Victim struct {
+	// Held is the hold: take its Key from the store, then release the
+	// blocks the handle names.
+	Held
 	// Probability is the chance, when it was chosen, that its
 	// conversation's next turn would have come before it expired.
 	Probability float64

@@ -1,5 +1,7 @@
 package budget
 
+import "time"
+
 // engine is one decode engine's holds: a dense array of records, a
 // min-heap of them by expiry, and their totals.
 type engine struct {
@@ -116,5 +118,13 @@ func (e *engine) down(i int) {
 		}
 		e.swap(i, c)
 		i = c
+	}
+}
+
+// held describes r.
+func (e *engine) held(r *rec) Held {
+	return Held{
+		Key: r.key, Engine: e.name, Tokens: int(r.tokens), Blocks: int(r.blocks),
+		Created: time.Unix(0, r.created), Expires: time.Unix(0, r.expires),
 	}
 }

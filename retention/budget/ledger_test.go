@@ -132,6 +132,17 @@ func ledgerRun(t *testing.T, next func(n int) int, steps int) {
 			require.Equal(t, n, ages)
 		}
 		require.Equal(t, len(ref), b.Stats().Holds, "step %d %s", step, what)
+		for i := range 40 {
+			k := fmt.Sprintf("conv-%d", i)
+			got, ok := b.Lookup(k)
+			want, live := ref[k]
+			require.Equal(t, live, ok, "step %d %s: Lookup(%s)", step, what, k)
+			if live {
+				require.Equal(t, budget.Held{Key: k, Engine: want.engine, Tokens: want.tokens, Blocks: want.blocks,
+					Created: want.created.UTC(), Expires: want.expires.UTC()}, budget.Held{Key: got.Key, Engine: got.Engine,
+					Tokens: got.Tokens, Blocks: got.Blocks, Created: got.Created.UTC(), Expires: got.Expires.UTC()})
+			}
+		}
 	}
 	// Whatever happened, every probability stays in [0, 1].
 	s := b.Snapshot(now, 480*time.Second)

@@ -85,11 +85,7 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 		cands = cands[:last]
 		siftDown(cands, 0)
 		r := &e.recs[c.slot]
-		out = append(out, Victim{
-			Key: r.key, Tokens: int(r.tokens), Blocks: int(r.blocks),
-			Created: time.Unix(0, r.created), Expires: time.Unix(0, r.expires),
-			Probability: c.prob, Value: c.value,
-		})
+		out = append(out, Victim{Held: e.held(r), Probability: c.prob, Value: c.value})
 		freed += int64(r.blocks) * bs
 	}
 	b.cands = cands[:0]
