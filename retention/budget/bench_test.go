@@ -39,10 +39,11 @@ func BenchmarkAddReturn(b *testing.B) {
 }
 
 // BenchmarkVictims chooses victims among the holds of one engine that is
-// just over its budget (the cost each over-budget turn pays), at 10,000
-// and 100,000 holds on the engine.
+// just over its budget (the cost each over-budget turn pays), at 1,000,
+// 10,000 and 100,000 holds on the engine. An 8-GPU decode node has room
+// for a few million tokens of KV: hundreds to a few thousand holds.
 func BenchmarkVictims(b *testing.B) {
-	for _, n := range []int{10_000, 100_000} {
+	for _, n := range []int{1_000, 10_000, 100_000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			bu, err := budget.New(budget.WithCapacity(int64(n) * 2 * 1024))
 			if err != nil {
