@@ -85,6 +85,7 @@ func TestReplayInvariants(t *testing.T) {
 				{policy: dropOldest, ttl: 480, cap: cap},
 				{policy: managed, ttl: 480, cap: cap, saved: tokenSeconds},
 				{policy: managed, ttl: 480, cap: cap, saved: savedSeconds},
+				{policy: oracle, ttl: 480, cap: cap},
 			} {
 				used := map[int]bool{}
 				events := 0

@@ -18,10 +18,11 @@ const (
 	dropOldest               // a cap on held tokens; over it, the oldest hold goes first
 	fixedTTL                 // every finished request for a shorter TTL, no cap
 	managed                  // a cap; over it, retention/budget's victims
+	oracle                   // a cap; over it, the holds that will not be used go first (knows the future)
 )
 
 func (p policy) String() string {
-	return [...]string{"hold everything", "drop oldest", "fixed TTL", "managed"}[p]
+	return [...]string{"hold everything", "drop oldest", "fixed TTL", "managed", "oracle"}[p]
 }
 
 // simHold is a request's KV held on the decode engine.
@@ -40,6 +41,8 @@ type outcome struct {
 	saved   float64 // prefill seconds the hits saved, per the cost model
 	mean    float64 // held tokens, time-averaged over the trace
 	life    float64 // held token-seconds of every hold to its end, over the trace's duration
+	// lifeUsed is the part of life spent by holds that ended in a hit.
+	lifeUsed float64
 	peak    int64
 	endHeld int64 // held when the last request arrived
 	// released counts the holds a cap removed before they were used or
@@ -155,6 +158,7 @@ func replay(tr *trace, c replayConfig, check func(event) error) (outcome, error)
 			}
 		}
 		if best >= 0 {
+			o.lifeUsed += float64(holds[best].tokens) * (t - holds[best].created)
 			reused := min(holds[best].tokens, int64(q.InputLength))
 			o.reused += reused
 			o.saved += savedSeconds(reused)
@@ -182,6 +186,24 @@ func replay(tr *trace, c replayConfig, check func(event) error) (outcome, error)
 					head++
 				}
 				drop(fifo[head], t)
+				o.released++
+				ev.victims++
+			}
+		case oracle:
+			for held > c.cap {
+				// Worst first: a hold its next turn will not use before it
+				// expires (the oldest of those), else the one used last.
+				worst, wk := -1, 0.0
+				for r, h := range holds {
+					k := tr.usedAt(r)
+					if k < 0 || k >= h.expires {
+						k = 1e12 - h.created
+					}
+					if worst < 0 || k > wk || (k == wk && r < worst) {
+						worst, wk = r, k
+					}
+				}
+				drop(worst, t)
 				o.released++
 				ev.victims++
 			}
@@ -221,6 +243,7 @@ func replay(tr *trace, c replayConfig, check func(event) error) (outcome, error)
 	if d := end - start; d > 0 {
 		o.mean = integ / d
 		o.life /= d
+		o.lifeUsed /= d
 	}
 	return o, nil
 }

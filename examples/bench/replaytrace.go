@@ -33,14 +33,19 @@ type trace struct {
 	firsts [][]int32
 	// turn[n] is n's turn number: 1 for a request that extends none, else
 	// one more than the longest earlier request it extends.
-	turn   []int
-	parent []int
+	turn []int
 	// extends counts the requests that extend at least one earlier one.
 	extends int
 	// gaps are the seconds from each extended request to its first
 	// extension.
 	gaps []float64
+	// next[r] is the arrival (seconds) of r's first extension, -1 for none:
+	// the future, which only the oracle policy reads.
+	next []float64
 }
+
+// usedAt is when r's first extension arrives, -1 if none does.
+func (t *trace) usedAt(r int) float64 { return t.next[r] }
 
 // held is what a request's decode engine holds when it finishes: its
 // prompt and its reply.
@@ -89,7 +94,7 @@ func loadTrace(path string, limit int) (*trace, error) {
 // link finds, for each request, the earlier requests it extends: those
 // whose full blocks (at least 2) it starts with.
 func link(reqs []request) *trace {
-	t := &trace{reqs: reqs, firsts: make([][]int32, len(reqs)), turn: make([]int, len(reqs)), parent: make([]int, len(reqs))}
+	t := &trace{reqs: reqs, firsts: make([][]int32, len(reqs)), turn: make([]int, len(reqs))}
 	seed := maphash.MakeSeed()
 	// byPrefix maps the hash of a request's full blocks to the requests
 	// with exactly those full blocks.
@@ -125,7 +130,6 @@ func link(reqs []request) *trace {
 			}
 		}
 		t.turn[n] = 1
-		t.parent[n] = best
 		if best >= 0 {
 			t.turn[n] = t.turn[best] + 1
 			t.extends++
@@ -139,6 +143,15 @@ func link(reqs []request) *trace {
 				h.Write(buf[:])
 			}
 			byPrefix[h.Sum64()] = append(byPrefix[h.Sum64()], int32(n))
+		}
+	}
+	t.next = make([]float64, len(reqs))
+	for i := range t.next {
+		t.next[i] = -1
+	}
+	for n, rs := range t.firsts {
+		for _, r := range rs {
+			t.next[r] = reqs[n].at()
 		}
 	}
 	return t
