@@ -33,18 +33,18 @@ type simHold struct {
 
 // outcome is what a replay of one policy at one budget gave.
 type outcome struct {
-	policy  policy
-	cap     int64   // tokens; 0: none
-	ttl     float64 // seconds
-	reused  int64   // tokens reused by hits
-	hits    int
-	saved   float64 // prefill seconds the hits saved, per the cost model
-	mean    float64 // held tokens, time-averaged over the trace
-	life    float64 // held token-seconds of every hold to its end, over the trace's duration
+	policy policy
+	cap    int64   // tokens; 0: none
+	ttl    float64 // seconds
+	reused int64   // tokens reused by hits
+	hits   int
+	saved  float64 // prefill seconds the hits saved, per the cost model
+	mean   float64 // held tokens, time-averaged over the trace
+	life   float64 // held token-seconds of every hold to its end, over the trace's duration
 	// lifeUsed is the part of life spent by holds that ended in a hit.
 	lifeUsed float64
-	peak    int64
-	endHeld int64 // held when the last request arrived
+	peak     int64
+	endHeld  int64 // held when the last request arrived
 	// released counts the holds a cap removed before they were used or
 	// expired.
 	released int
