@@ -44,7 +44,6 @@ type outcome struct {
 	// lifeUsed is the part of life spent by holds that ended in a hit.
 	lifeUsed float64
 	peak     int64
-	endHeld  int64 // held when the last request arrived
 	// released counts the holds a cap removed before they were used or
 	// expired.
 	released int
@@ -236,7 +235,6 @@ func replay(tr *trace, c replayConfig, check func(event) error) (outcome, error)
 		}
 	}
 	end := tr.reqs[len(tr.reqs)-1].at()
-	o.endHeld = held
 	if bud != nil {
 		o.gaps = bud.Snapshot(clock(end), time.Duration(c.ttl*1e9))
 	}
