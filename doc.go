@@ -17,6 +17,9 @@
 //   - retention: where decode handles wait between turns; retention.Memory
 //     is the in-process default. retention/redisstore (its own module)
 //     shares them across router replicas through Redis.
+//   - retention/budget: the decode memory held for those handles: a ledger
+//     of holds per decode engine, a model of the pause between turns, and
+//     which holds to release when an engine's holds go over its budget.
 //   - threshold: whether attaching a retained handle is worth a pull.
 //   - transport: upstream HTTP: one tuned transport, per-phase deadlines,
 //     retries with backoff, endpoint addresses.

@@ -24,6 +24,14 @@
 // with a direct P-then-D chain:
 //
 //	go run ./examples/bench --overhead [--hist 10KB,100KB] [--conc 1,64] [--modes content,tokens] [--repeats 3]
+//
+// With --replay-trace it replays a Mooncake conversation trace (by default
+// the committed copy under testdata/mooncake) against decode-memory
+// policies, without engines (replay.go): hold everything, drop the oldest
+// hold over a cap, a shorter fixed TTL, and retention/budget's managed
+// victims, at caps from 20% to 100% of holding everything's mean:
+//
+//	go run ./examples/bench --replay-trace [FILE] [--budgets 0.2,0.5,1] [--svg bidikv-replay.svg]
 package main
 
 import (

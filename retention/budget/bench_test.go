@@ -1,0 +1,140 @@
+package budget_test
+
+import (
+	"fmt"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/bidikv/bidikv/retention/budget"
+)
+
+// keyOf is a store key of the length kvroute's continuation keys have
+// (about 70 bytes).
+func keyOf(i int) string {
+	return fmt.Sprintf("bidikv:c1:%064d", i)
+}
+
+func BenchmarkAddReturn(b *testing.B) {
+	bu, err := budget.New(budget.WithCapacity(1 << 40))
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = keyOf(i)
+	}
+	now := t0
+	f := budget.Features{Class: "acme/qwen3", Turn: 2}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := keys[i%len(keys)]
+		now = now.Add(time.Millisecond)
+		if err := bu.Add(budget.Hold{Key: k, Engine: "d0", Tokens: 5000, Created: now, Expires: now.Add(ttl), Features: f, Saved: time.Second}); err != nil {
+			b.Fatal(err)
+		}
+		bu.Return(k, now.Add(time.Second))
+	}
+}
+
+// BenchmarkVictims chooses victims among the holds of one engine that is
+// just over its budget (the cost each over-budget turn pays), at 1,000,
+// 10,000 and 100,000 holds on the engine. An 8-GPU decode node has room
+// for a few million tokens of KV: hundreds to a few thousand holds.
+func BenchmarkVictims(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			bu, err := budget.New(budget.WithCapacity(int64(n) * 2 * 1024))
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := t0
+			for i := range n {
+				c := now.Add(time.Duration(i) * ttl / time.Duration(n))
+				if err := bu.Add(budget.Hold{Key: keyOf(i), Engine: "d0", Tokens: 1024, Created: c, Expires: c.Add(ttl),
+					Features: budget.Features{Turn: 1 + i%7}, Saved: time.Second}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			now = now.Add(ttl - time.Second)
+			i := n
+			b.ReportAllocs()
+			for b.Loop() {
+				// One more hold over the budget: one victim.
+				if err := bu.Add(budget.Hold{Key: keyOf(i), Engine: "d0", Tokens: 1024, Created: now, Expires: now.Add(ttl), Saved: time.Second}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+				if vs := bu.Victims("d0", 0, now); len(vs) != 1 {
+					b.Fatal(len(vs))
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkProbability(b *testing.B) {
+	m, err := budget.NewModel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := budget.Features{Turn: 3}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		_ = m.Probability(f, time.Duration(i%480)*time.Second, ttl)
+	}
+}
+
+// BenchmarkRetained reports the heap a Budget retains per live hold (its
+// key of 74 bytes included) and per ended hold still watched for the
+// horizon (ns/op is meaningless here).
+func BenchmarkRetained(b *testing.B) {
+	const n = 100_000
+	var perHold, perTomb float64
+	for b.Loop() {
+		heap := func() uint64 {
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			return ms.HeapAlloc
+		}
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = keyOf(i)
+		}
+		before := heap()
+		bu, err := budget.New(budget.WithCapacity(1 << 40))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, k := range keys {
+			c := t0.Add(time.Duration(i) * time.Millisecond)
+			if err := bu.Add(budget.Hold{Key: k, Engine: "d0", Tokens: 5000, Created: c, Expires: c.Add(time.Hour), Saved: time.Second}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		perHold = float64(heap()-before) / n
+		runtime.KeepAlive(bu)
+
+		// Ended holds: each added and ended at once, so that only the
+		// tombstones grow.
+		before = heap()
+		bu, err = budget.New(budget.WithCapacity(1 << 40))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, k := range keys {
+			c := t0.Add(time.Duration(i) * time.Millisecond)
+			if err := bu.Add(budget.Hold{Key: k, Engine: "d0", Tokens: 5000, Created: c, Expires: c.Add(time.Hour), Saved: time.Second}); err != nil {
+				b.Fatal(err)
+			}
+			bu.End(k, c)
+		}
+		perTomb = float64(heap()-before) / n
+		runtime.KeepAlive(bu)
+		runtime.KeepAlive(keys)
+	}
+	b.ReportMetric(perHold, "B/hold")
+	b.ReportMetric(perTomb, "B/ended")
+}

@@ -1,0 +1,329 @@
+package budget
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Budget is the ledger of the decode memory held for retained handles, by
+// decode engine, with the gap model that predicts which holds will be
+// used, and the choice of which to release when an engine's holds go over
+// its budget ([Budget.Victims]). The caller reports each hold's life:
+// [Budget.Add] when a turn stores a handle, [Budget.Return] when a later
+// turn looks its key up (whether or not it attaches it), [Budget.End]
+// when the hold goes without one (the store evicted it, or the caller
+// released it itself); expiry is seen from each hold's Expires. A Budget
+// only knows, and only releases, the holds its caller added: with several
+// router replicas sharing a store, each releases only holds it took from
+// the store.
+//
+// Time is the caller's: every method that needs it takes now, and holds
+// carry their own times. A Budget is safe for concurrent use.
+type Budget struct {
+	mu      sync.Mutex
+	cfg     config
+	model   *Model
+	live    map[string]loc
+	engines []*engine
+	byName  map[string]uint32
+	tombs   tombstones
+	stats   Stats
+	cands   []cand // scratch for Victims
+}
+
+// Stats counts what a Budget has seen since it was made.
+type Stats struct {
+	// Holds and Tombstones are the holds live now and the ended ones
+	// still watched for their conversation's next turn.
+	Holds, Tombstones int
+	// Added counts holds added; Replaced those added under a key that
+	// already held one (the earlier is dropped unobserved).
+	Added, Replaced int64
+	// Returned counts next turns that found their hold live;
+	// ReturnedAfterEnd those that came after it ended (expired or
+	// released) but within the horizon.
+	Returned, ReturnedAfterEnd int64
+	// Expired, Released and Ended count holds that went without a next
+	// turn: past their Expires, chosen by Victims, or by End.
+	Expired, Released, Ended int64
+	// Censored counts ended holds whose conversation had not come back
+	// within the horizon.
+	Censored int64
+	// ClassesOverflow counts holds of classes past WithMaxClasses,
+	// learned only in the overall figures.
+	ClassesOverflow int64
+}
+
+// Capacity is a decode engine's KV memory, from its /metrics
+// (vllm:cache_config_info's num_gpu_blocks × block_size) or configured.
+type Capacity struct {
+	// Tokens is the KV capacity in tokens; 0: unknown, the budget's
+	// WithCapacity applies.
+	Tokens int64
+	// BlockSize is the tokens per block; 0: the budget's WithBlockSize.
+	BlockSize int
+}
+
+// New returns a Budget. It fails, wrapping [ErrInvalidConfig] and naming
+// the option, when an option is out of range.
+func New(opts ...Option) (*Budget, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Budget{
+		cfg:    c,
+		model:  newModel(c),
+		live:   map[string]loc{},
+		byName: map[string]uint32{},
+		tombs:  newTombstones(),
+	}, nil
+}
+
+// engine returns the engine named name, adding it. b.mu held.
+func (b *Budget) engine(name string) *engine {
+	if i, ok := b.byName[name]; ok {
+		return b.engines[i]
+	}
+	e := &engine{name: strings.Clone(name)}
+	b.byName[e.name] = uint32(len(b.engines))
+	b.engines = append(b.engines, e)
+	return e
+}
+
+func (b *Budget) blockSize(e *engine) int {
+	if e.blockSize > 0 {
+		return e.blockSize
+	}
+	return b.cfg.blockSize
+}
+
+// budgetTokens is e's budget in tokens, 0 when its capacity is unknown.
+func (b *Budget) budgetTokens(e *engine) int64 {
+	c := e.capacity
+	if c == 0 {
+		c = b.cfg.capacity
+	}
+	return int64(math.Floor(b.cfg.fraction * float64(c)))
+}
+
+// SetCapacity records engine's KV capacity, as its /metrics report it.
+// Holds already added keep the block count of their time.
+func (b *Budget) SetCapacity(engine string, c Capacity) {
+	b.mu.Lock()
+	e := b.engine(engine)
+	e.capacity, e.blockSize = max(c.Tokens, 0), max(c.BlockSize, 0)
+	b.mu.Unlock()
+}
+
+// Add records a hold. A hold already recorded under its key is replaced
+// (counted in [Stats.Replaced], not observed as a gap). It fails, wrapping
+// [ErrInvalidHold], on a hold without key, engine or tokens, or that
+// expires before it is created.
+//
+// A decode-local turn answered on the engine that holds the conversation
+// stores no new handle: call Return for the key (the conversation came
+// back), then Add the same hold again with Created at the turn's end and
+// the new turn number, and its old Expires.
+func (b *Budget) Add(h Hold) error {
+	if err := h.validate(); err != nil {
+		return err
+	}
+	now := h.Created.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(now)
+	if l, ok := b.live[h.Key]; ok {
+		b.removeAt(l)
+		b.stats.Replaced++
+	}
+	e := b.engine(h.Engine)
+	bs := b.blockSize(e)
+	b.model.mu.Lock()
+	before := b.model.overflow
+	cell := b.model.cellOf(h.Features, true)
+	b.stats.ClassesOverflow += b.model.overflow - before
+	b.model.mu.Unlock()
+	key := strings.Clone(h.Key)
+	slot := e.push(rec{
+		key:     key,
+		created: now,
+		expires: h.Expires.UnixNano(),
+		tokens:  uint32(h.Tokens),
+		blocks:  uint32((h.Tokens + bs - 1) / bs),
+		saved:   float32(h.Saved.Seconds()),
+		cell:    uint32(cell),
+	})
+	b.live[key] = loc{eng: b.byName[e.name], slot: slot}
+	b.stats.Added++
+	return nil
+}
+
+// removeAt deletes the live hold at l and returns its record. b.mu held.
+func (b *Budget) removeAt(l loc) rec {
+	e := b.engines[l.eng]
+	gone, moved := e.remove(l.slot)
+	delete(b.live, gone.key)
+	if moved != nil {
+		b.live[moved.key] = loc{eng: l.eng, slot: l.slot}
+	}
+	return gone
+}
+
+// Return records that a turn looked up key at now: the conversation came
+// back. It reports whether the hold was live (and removes it from the
+// ledger: the caller takes it from the store, attaches or releases it).
+// A hold that had already ended within the horizon is observed as a late
+// return; an unknown key is ignored.
+func (b *Budget) Return(key string, now time.Time) bool {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(n)
+	if l, ok := b.live[key]; ok {
+		r := b.removeAt(l)
+		b.observe(int(r.cell), r.created, n-r.created, true)
+		b.stats.Returned++
+		return true
+	}
+	if tb, ok := b.tombs.take(key); ok {
+		if n <= tb.deadline {
+			b.observe(int(tb.cell), tb.created, n-tb.created, true)
+			b.stats.ReturnedAfterEnd++
+		} else {
+			b.observe(int(tb.cell), tb.created, tb.deadline-tb.created, false)
+			b.stats.Censored++
+		}
+	}
+	return false
+}
+
+// Lookup returns key's live hold, as of the last call that took a time
+// (a hold past its Expires may still be listed until then).
+func (b *Budget) Lookup(key string) (Held, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l, ok := b.live[key]
+	if !ok {
+		return Held{}, false
+	}
+	e := b.engines[l.eng]
+	return e.held(&e.recs[l.slot]), true
+}
+
+// End records that key's hold went at now without its conversation's next
+// turn: the store evicted it, or the caller released it outside
+// [Budget.Victims]. The conversation is still watched for the horizon. It
+// reports whether the hold was live.
+func (b *Budget) End(key string, now time.Time) bool {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(n)
+	l, ok := b.live[key]
+	if !ok {
+		return false
+	}
+	b.bury(b.removeAt(l), n)
+	b.stats.Ended++
+	return true
+}
+
+// bury remembers an ended hold for the horizon from end. b.mu held.
+func (b *Budget) bury(r rec, end int64) {
+	tb := tomb{created: r.created, deadline: end + int64(b.cfg.horizon), cell: r.cell}
+	if old, ok := b.tombs.add(r.key, tb); ok {
+		// The key ended twice with no turn between: the earlier one had
+		// waited until now.
+		b.observe(int(old.cell), old.created, min(end, old.deadline)-old.created, false)
+		b.stats.Censored++
+	}
+}
+
+// observe records a closed observation in the model. b.mu held.
+func (b *Budget) observe(cell int, created, age int64, returned bool) {
+	b.model.mu.Lock()
+	b.model.close(cell, created, float64(max(age, 0))/1e9, returned)
+	b.model.mu.Unlock()
+}
+
+// expire ends the holds past their Expires and censors the tombstones
+// past their deadline, as of now. b.mu held.
+func (b *Budget) expire(now int64) {
+	for i, e := range b.engines {
+		for {
+			slot, ok := e.next()
+			if !ok || e.recs[slot].expires > now {
+				break
+			}
+			r := b.removeAt(loc{eng: uint32(i), slot: slot})
+			b.bury(r, r.expires)
+			b.stats.Expired++
+		}
+	}
+	b.tombs.due(now, func(tb tomb) {
+		b.observe(int(tb.cell), tb.created, tb.deadline-tb.created, false)
+		b.stats.Censored++
+	})
+}
+
+// refresh recomputes the model's probabilities at now if they are stale,
+// with every live hold and tombstone as an open observation. b.mu held.
+func (b *Budget) refresh(now int64, force bool) {
+	b.model.mu.Lock()
+	defer b.model.mu.Unlock()
+	if !force && !b.model.stale(now) {
+		return
+	}
+	b.model.refresh(now, func(add func(id int, created int64)) {
+		for _, e := range b.engines {
+			for i := range e.recs {
+				add(int(e.recs[i].cell), e.recs[i].created)
+			}
+		}
+		for _, tb := range b.tombs.m {
+			add(int(tb.cell), tb.created)
+		}
+	})
+}
+
+// Probability is the chance, per the gap model, that the next turn of a
+// conversation with features f comes after waited and by until (both
+// since its last turn ended), given it has not come by waited. The model
+// is refreshed first if its probabilities are older than WithRefresh.
+func (b *Budget) Probability(f Features, waited, until time.Duration, now time.Time) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := now.UnixNano()
+	b.expire(n)
+	b.refresh(n, false)
+	b.model.mu.Lock()
+	defer b.model.mu.Unlock()
+	return b.model.probability(b.model.cellOf(f, false), seconds(waited), seconds(until))
+}
+
+// Snapshot reports the gap model, refreshed at now, with the chance of a
+// next turn within window by feature.
+func (b *Budget) Snapshot(now time.Time, window time.Duration) Snapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := now.UnixNano()
+	b.expire(n)
+	b.refresh(n, true)
+	return b.model.Snapshot(window)
+}
+
+// Stats returns the counters and sizes, as of the last call that took a
+// time.
+func (b *Budget) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.stats
+	s.Holds, s.Tombstones = len(b.live), b.tombs.len()
+	return s
+}

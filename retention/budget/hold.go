@@ -1,0 +1,73 @@
+package budget
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Hold is a decode engine's KV kept for a retained handle, as the router
+// stored it: until the conversation's next turn attaches it, it is
+// released, or it expires.
+type Hold struct {
+	// Key is the handle's store key.
+	Key string
+	// Engine is the decode engine that holds the blocks (its URL).
+	Engine string
+	// Tokens is the handle's remote_num_tokens; the hold pins
+	// ceil(Tokens/block size) blocks. At most 2^32-1.
+	Tokens int
+	// Created is when the turn ended and the hold began.
+	Created time.Time
+	// Expires is when the engine frees the blocks by itself: Created plus
+	// its TTL (vLLM's decoder_kv_blocks_ttl, 480 s).
+	Expires time.Time
+	// Features predict whether and when the conversation comes back.
+	Features Features
+	// Saved is the prefill time a hit on this hold would save, from the
+	// caller's cost model (recomputing the tokens minus pulling them).
+	// Zero means nothing: such a hold is released first.
+	Saved time.Duration
+}
+
+// validate reports what is wrong with h.
+func (h Hold) validate() error {
+	switch {
+	case h.Key == "":
+		return fmt.Errorf("%w: empty Key", ErrInvalidHold)
+	case h.Engine == "":
+		return fmt.Errorf("%w: empty Engine", ErrInvalidHold)
+	case h.Tokens <= 0 || h.Tokens > math.MaxUint32:
+		return fmt.Errorf("%w: Tokens %d: must be in [1, 2^32-1]", ErrInvalidHold, h.Tokens)
+	case !h.Expires.After(h.Created):
+		return fmt.Errorf("%w: Expires %v is not after Created %v", ErrInvalidHold, h.Expires, h.Created)
+	case h.Saved < 0:
+		return fmt.Errorf("%w: negative Saved %v", ErrInvalidHold, h.Saved)
+	}
+	return nil
+}
+
+// Held is a live hold as the ledger records it.
+type Held struct {
+	// Key is the handle's store key.
+	Key string
+	// Engine is the decode engine that holds the blocks.
+	Engine string
+	// Tokens and Blocks are what the hold pins.
+	Tokens, Blocks int
+	// Created and Expires are the hold's.
+	Created, Expires time.Time
+}
+
+// Victim is a hold [Budget.Victims] chose to release.
+type Victim struct {
+	// Held is the hold: take its Key from the store, then release the
+	// blocks the handle names.
+	Held
+	// Probability is the chance, when it was chosen, that its
+	// conversation's next turn would have come before it expired.
+	Probability float64
+	// Value is the saved prefill seconds × Probability / Blocks at the
+	// choice: the holds of least value go first.
+	Value float64
+}

@@ -1,0 +1,180 @@
+package budget_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/retention/budget"
+)
+
+// refHold is the reference model's record of a live hold.
+type refHold struct {
+	engine           string
+	tokens, blocks   int
+	created, expires time.Time
+}
+
+// ledgerRun drives a Budget and a plain map with the same operations read
+// from next (which returns a number in [0, n)), and checks after each that
+// they agree and that Victims keeps its promises.
+func ledgerRun(t *testing.T, next func(n int) int, steps int) {
+	const bs = 16
+	engines := []string{"d0", "d1", "d2"}
+	caps := map[string]int64{"d0": 20_000, "d1": 0, "d2": 5_000} // d1: unknown
+	b, err := budget.New(budget.WithFraction(0.5), budget.WithBlockSize(bs))
+	require.NoError(t, err)
+	for e, c := range caps {
+		b.SetCapacity(e, budget.Capacity{Tokens: c})
+	}
+	ref := map[string]refHold{}
+	now := t0
+	expire := func() {
+		for k, h := range ref {
+			if !h.expires.After(now) {
+				delete(ref, k)
+			}
+		}
+	}
+	held := func(e string) (n int, tok, blocks int64) {
+		for _, h := range ref {
+			if h.engine == e {
+				n++
+				tok += int64(h.tokens)
+				blocks += int64(h.blocks)
+			}
+		}
+		return
+	}
+	for step := range steps {
+		key := fmt.Sprintf("conv-%d", next(40))
+		eng := engines[next(len(engines))]
+		var what string
+		switch op := next(10); {
+		case op < 4:
+			tokens := 1 + next(4000)
+			ttl := time.Duration(1+next(600)) * time.Second
+			f := budget.Features{Class: []string{"", "a", "b"}[next(3)], Turn: next(12), ToolCalls: next(4) == 0}
+			h := budget.Hold{Key: key, Engine: eng, Tokens: tokens, Created: now, Expires: now.Add(ttl), Features: f,
+				Saved: time.Duration(next(1000)) * time.Millisecond}
+			what = fmt.Sprintf("Add(%s, %s, %d, ttl %v)", key, eng, tokens, ttl)
+			require.NoError(t, b.Add(h), what)
+			expire()
+			ref[key] = refHold{engine: eng, tokens: tokens, blocks: (tokens + bs - 1) / bs, created: now, expires: h.Expires}
+		case op < 5:
+			what = "Return(" + key + ")"
+			got := b.Return(key, now)
+			expire()
+			_, want := ref[key]
+			require.Equal(t, want, got, what)
+			delete(ref, key)
+		case op < 6:
+			what = "End(" + key + ")"
+			got := b.End(key, now)
+			expire()
+			_, want := ref[key]
+			require.Equal(t, want, got, what)
+			delete(ref, key)
+		case op < 8:
+			incoming := next(3000)
+			what = fmt.Sprintf("Victims(%s, %d)", eng, incoming)
+			vs := b.Victims(eng, incoming, now)
+			expire()
+			_, _, blocks := held(eng)
+			budgetTok := int64(float64(caps[eng]) * 0.5)
+			need := (blocks+int64((incoming+bs-1)/bs))*bs - budgetTok
+			if caps[eng] == 0 || need <= 0 {
+				require.Empty(t, vs, "%s: under budget or no capacity: nothing released", what)
+				break
+			}
+			freed := int64(0)
+			for i, v := range vs {
+				h, ok := ref[v.Key]
+				require.True(t, ok, "%s: victim %s is live", what, v.Key)
+				require.Equal(t, eng, h.engine, "%s: victim on its engine", what)
+				require.Equal(t, h.tokens, v.Tokens)
+				require.Equal(t, h.blocks, v.Blocks)
+				if i > 0 {
+					require.LessOrEqual(t, vs[i-1].Value, v.Value, "%s: least value first", what)
+				}
+				freed += int64(v.Blocks) * bs
+				delete(ref, v.Key)
+			}
+			n, _, _ := held(eng)
+			if freed < need {
+				require.Zero(t, n, "%s: short of need only when every hold went", what)
+			} else {
+				last := vs[len(vs)-1]
+				require.Less(t, freed-int64(last.Blocks)*bs, need, "%s: no more released than needed", what)
+			}
+		default:
+			d := time.Duration(next(90)) * time.Second
+			what = fmt.Sprintf("advance %v", d)
+			now = now.Add(d)
+			expire()
+		}
+		us := b.Usage(now)
+		for _, u := range us {
+			n, tok, blocks := held(u.Engine)
+			require.Equal(t, n, u.Holds, "step %d %s: %s holds", step, what, u.Engine)
+			require.Equal(t, tok, u.Tokens, "step %d %s: %s tokens", step, what, u.Engine)
+			require.Equal(t, blocks, u.Blocks, "step %d %s: %s blocks", step, what, u.Engine)
+			require.Equal(t, blocks*bs, u.HeldTokens)
+			ages := 0
+			for _, a := range u.Ages {
+				ages += a
+			}
+			require.Equal(t, n, ages)
+		}
+		require.Equal(t, len(ref), b.Stats().Holds, "step %d %s", step, what)
+		for i := range 40 {
+			k := fmt.Sprintf("conv-%d", i)
+			got, ok := b.Lookup(k)
+			want, live := ref[k]
+			require.Equal(t, live, ok, "step %d %s: Lookup(%s)", step, what, k)
+			if live {
+				require.Equal(t, budget.Held{Key: k, Engine: want.engine, Tokens: want.tokens, Blocks: want.blocks,
+					Created: want.created.UTC(), Expires: want.expires.UTC()}, budget.Held{Key: got.Key, Engine: got.Engine,
+					Tokens: got.Tokens, Blocks: got.Blocks, Created: got.Created.UTC(), Expires: got.Expires.UTC()})
+			}
+		}
+	}
+	// Whatever happened, every probability stays in [0, 1].
+	s := b.Snapshot(now, 480*time.Second)
+	for _, c := range s.Classes {
+		require.True(t, c.Return >= 0 && c.Return <= 1)
+		for _, w := range c.Within {
+			require.True(t, w.Probability >= 0 && w.Probability <= 1)
+		}
+	}
+}
+
+func TestLedgerAgainstModel(t *testing.T) {
+	for seed := range uint64(60) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 99))
+			ledgerRun(t, r.IntN, 400)
+		})
+	}
+}
+
+func FuzzLedger(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add(slices.Repeat([]byte{7, 0, 200, 3, 9, 1, 50, 6, 2, 255}, 30))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := func(n int) int {
+			if len(data) < 2 {
+				return 0
+			}
+			v := int(binary.LittleEndian.Uint16(data))
+			data = data[2:]
+			return v % n
+		}
+		ledgerRun(t, next, len(data)/8+1)
+	})
+}

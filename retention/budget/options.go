@@ -1,0 +1,155 @@
+package budget
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	// DefaultFraction is the share of a decode engine's KV capacity that
+	// holds may take before [Budget.Victims] releases any: half. The rest
+	// is for the requests running on the engine; with free memory holding
+	// costs nothing, so the budget only matters once holds crowd out live
+	// work. The trace replay (examples/bench --replay-trace, BENCHMARKS.md
+	// section 8) shows why half is enough: with half of the memory that
+	// holding everything takes, the managed holds keep 77% of its reused
+	// tokens (with a fifth, 42%).
+	DefaultFraction = 0.5
+	// DefaultBlockSize is the tokens per KV block when an engine has not
+	// reported its own: vLLM's default on GPUs, 16.
+	DefaultBlockSize = 16
+	// DefaultHorizon is how long an ended hold waits for its conversation's
+	// next turn before it counts as never returning: 30 minutes.
+	DefaultHorizon = 30 * time.Minute
+	// DefaultHalfLife is how fast old observations fade from the gap
+	// model: an observation weighs half as much an hour later.
+	DefaultHalfLife = time.Hour
+	// DefaultMaxClasses bounds the classes learned separately: 256.
+	DefaultMaxClasses = 256
+	// DefaultRefresh is how often the gap model's probabilities are
+	// recomputed from its counts: every 10 s of the callers' clock.
+	DefaultRefresh = 10 * time.Second
+)
+
+// Option configures a [Budget] built by [New], or a [Model] built by
+// [NewModel] (the options marked "Model too").
+type Option interface {
+	apply(*config)
+}
+
+type config struct {
+	fraction   float64
+	capacity   int64
+	blockSize  int
+	horizon    time.Duration
+	halfLife   time.Duration
+	maxClasses int
+	refresh    time.Duration
+	budgetOnly []string // budget-only options given, for NewModel's error
+}
+
+func defaultConfig() config {
+	return config{
+		fraction:   DefaultFraction,
+		blockSize:  DefaultBlockSize,
+		horizon:    DefaultHorizon,
+		halfLife:   DefaultHalfLife,
+		maxClasses: DefaultMaxClasses,
+		refresh:    DefaultRefresh,
+	}
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// budgetOption marks an option NewModel refuses.
+func budgetOption(name string, f func(*config)) Option {
+	return optionFunc(func(c *config) {
+		f(c)
+		c.budgetOnly = append(c.budgetOnly, name)
+	})
+}
+
+// WithFraction sets the share of an engine's capacity its holds may take:
+// [Budget.Victims] releases nothing while the engine's held tokens (in
+// whole blocks) plus the incoming ones fit in fraction × capacity. The
+// default is [DefaultFraction] (0.5); f must be in (0, 1] (New fails
+// otherwise). Budget only.
+func WithFraction(f float64) Option {
+	return budgetOption("WithFraction", func(c *config) { c.fraction = f })
+}
+
+// WithCapacity sets the KV capacity, in tokens, of every engine that has
+// not reported its own through [Budget.SetCapacity]. The default, 0, means
+// unknown: an engine without a capacity has no budget and none of its
+// holds is ever released. Negative is invalid. Budget only.
+func WithCapacity(tokens int64) Option {
+	return budgetOption("WithCapacity", func(c *config) { c.capacity = tokens })
+}
+
+// WithBlockSize sets the tokens per KV block of engines that have not
+// reported theirs: a hold of n tokens pins ceil(n/size) blocks. The
+// default is [DefaultBlockSize] (16); size must be positive. Budget only.
+func WithBlockSize(size int) Option {
+	return budgetOption("WithBlockSize", func(c *config) { c.blockSize = size })
+}
+
+// WithHorizon sets how long a hold that ended without its conversation's
+// next turn (expired, released) is remembered: a turn that comes back
+// within the horizon still counts as a gap, and one that has not come back
+// by then counts as never returning. It costs about 70 bytes per ended
+// hold remembered. The default is [DefaultHorizon] (30 min); d must be
+// positive and at most [MaxHorizon]. Model too (its snapshot's quantiles
+// are of gaps within the horizon).
+func WithHorizon(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.horizon = d })
+}
+
+// WithHalfLife sets how fast observations fade from the gap model: one
+// observed d ago weighs half as much as one observed now, so recent
+// behaviour wins. The default is [DefaultHalfLife] (1 h); d must be at
+// least a second. Model too.
+func WithHalfLife(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.halfLife = d })
+}
+
+// WithMaxClasses bounds the classes ([Features.Class]) learned separately;
+// a class seen after the bound is reached is learned only in the overall
+// figures (counted in [Stats.ClassesOverflow]). The default is
+// [DefaultMaxClasses] (256); n must be positive. Each class costs about
+// 13 KB. Model too.
+func WithMaxClasses(n int) Option {
+	return optionFunc(func(c *config) { c.maxClasses = n })
+}
+
+// WithRefresh sets how often, on the callers' clock, the gap model
+// recomputes its probabilities from its counts (a walk over every live and
+// remembered hold). The default is [DefaultRefresh] (10 s); d must be
+// positive. Model too.
+func WithRefresh(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.refresh = d })
+}
+
+// validate reports the first out-of-range option, naming it and its
+// default.
+func (c config) validate() error {
+	switch {
+	case !(c.fraction > 0 && c.fraction <= 1):
+		return fmt.Errorf("%w: WithFraction(%v): must be in (0, 1] (default %v)", ErrInvalidConfig, c.fraction, DefaultFraction)
+	case c.capacity < 0:
+		return fmt.Errorf("%w: WithCapacity(%d): must not be negative (default 0: unknown, no budget)", ErrInvalidConfig, c.capacity)
+	case c.blockSize <= 0:
+		return fmt.Errorf("%w: WithBlockSize(%d): must be positive (default %d)", ErrInvalidConfig, c.blockSize, DefaultBlockSize)
+	case c.horizon <= 0 || c.horizon > MaxHorizon:
+		return fmt.Errorf("%w: WithHorizon(%v): must be positive and at most %v (default %v)", ErrInvalidConfig, c.horizon, MaxHorizon, DefaultHorizon)
+	case c.halfLife < time.Second:
+		return fmt.Errorf("%w: WithHalfLife(%v): must be at least 1s (default %v)", ErrInvalidConfig, c.halfLife, DefaultHalfLife)
+	case c.maxClasses <= 0:
+		return fmt.Errorf("%w: WithMaxClasses(%d): must be positive (default %d)", ErrInvalidConfig, c.maxClasses, DefaultMaxClasses)
+	case c.refresh <= 0:
+		return fmt.Errorf("%w: WithRefresh(%v): must be positive (default %v)", ErrInvalidConfig, c.refresh, DefaultRefresh)
+	}
+	return nil
+}

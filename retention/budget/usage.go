@@ -1,0 +1,61 @@
+package budget
+
+import (
+	"slices"
+	"time"
+)
+
+// ageBuckets are the upper bounds of the age histogram in [Usage]; the
+// last count is of holds older than the last bound.
+var ageBuckets = [...]time.Duration{15 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute}
+
+// AgeBounds returns the upper bounds of [Usage.Ages]' buckets: 15 s, 30 s,
+// 1, 2, 4 and 8 min (the last count is of older holds).
+func AgeBounds() []time.Duration { return slices.Clone(ageBuckets[:]) }
+
+// Usage is what one decode engine holds, and its budget.
+type Usage struct {
+	// Engine is the decode engine.
+	Engine string
+	// Holds, Tokens and Blocks are its live holds and what they pin.
+	Holds  int
+	Tokens int64
+	Blocks int64
+	// HeldTokens is Blocks × the engine's block size: the memory counted
+	// against the budget.
+	HeldTokens int64
+	// Capacity is its KV capacity in tokens (0: unknown), and Budget the
+	// share of it holds may take (0: no budget).
+	Capacity, Budget int64
+	// Ages counts the holds by age, with the bounds of [AgeBounds] and one
+	// more bucket for older ones.
+	Ages [len(ageBuckets) + 1]int
+}
+
+// Usage reports every engine's holds at now, in the order engines were
+// first seen.
+func (b *Budget) Usage(now time.Time) []Usage {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(n)
+	out := make([]Usage, 0, len(b.engines))
+	for _, e := range b.engines {
+		c := e.capacity
+		if c == 0 {
+			c = b.cfg.capacity
+		}
+		u := Usage{
+			Engine: e.name, Holds: len(e.recs), Tokens: e.tokens, Blocks: e.blocks,
+			HeldTokens: e.blocks * int64(b.blockSize(e)),
+			Capacity:   c, Budget: b.budgetTokens(e),
+		}
+		for i := range e.recs {
+			age := time.Duration(n - e.recs[i].created)
+			k, _ := slices.BinarySearch(ageBuckets[:], age)
+			u.Ages[k]++
+		}
+		out = append(out, u)
+	}
+	return out
+}
