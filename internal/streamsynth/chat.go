@@ -11,9 +11,9 @@ import (
 // chatChoice is one choice of a chat completion, raw values of the body;
 // nil when absent.
 type chatChoice struct {
-	index, finish, stop, logprobs, tokenIDs []byte
+	index, finish, stop, logprobs, tokenIDs    []byte
 	role, content, reasoning, reasoningContent []byte
-	toolCalls []byte
+	toolCalls                                  []byte
 }
 
 // readChatChoice reads and validates a choice of a chat completion.

@@ -9,7 +9,7 @@ import (
 
 // block is one content block of a Messages answer, raw; nil when absent.
 type block struct {
-	raw, typ                 []byte
+	raw, typ                  []byte
 	text, thinking, signature []byte
 	input                     []byte
 	hasInput                  bool

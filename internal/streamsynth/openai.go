@@ -10,10 +10,10 @@ import (
 // head is what every chunk of an OpenAI stream repeats from the answer,
 // and what its last chunks carry, raw; nil when the answer has none.
 type head struct {
-	object                         string // the chunks' object
-	id, created, model             []byte
-	fingerprint, usage, promptIDs  []byte
-	promptTokens                   []byte // usage.prompt_tokens
+	object                        string // the chunks' object
+	id, created, model            []byte
+	fingerprint, usage, promptIDs []byte
+	promptTokens                  []byte // usage.prompt_tokens
 }
 
 // readHead reads the members the chunks repeat. Absent and null members
