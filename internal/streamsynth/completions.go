@@ -64,6 +64,9 @@ func writeCompletions(w io.Writer, obj jsonraw.Object, opt Options) error {
 	choices := make([]completionChoice, 0, 1)
 	if err := jsonraw.Elements(arr, func(c []byte) error {
 		ch, err := readCompletionChoice(c)
+		if err == nil {
+			err = uniqueIndex(ch.index, len(choices), func(i int) []byte { return choices[i].index })
+		}
 		choices = append(choices, ch)
 		return err
 	}); err != nil {
@@ -101,7 +104,7 @@ func writeCompletions(w io.Writer, obj jsonraw.Object, opt Options) error {
 		o.s(`,"stop_reason":`)
 		o.rawOr(ch.stop, "null")
 		o.s(`}`)
-		h.close(o, opt, false, !opt.IncludeUsage, false)
+		h.close(o, opt, false, !h.usageChunk(opt), false)
 	}
 	h.end(o, opt)
 	return o.flush()
