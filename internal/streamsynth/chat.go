@@ -148,6 +148,9 @@ func writeChat(w io.Writer, obj jsonraw.Object, opt Options) error {
 	choices := make([]chatChoice, 0, 1)
 	if err := jsonraw.Elements(arr, func(c []byte) error {
 		ch, err := readChatChoice(c)
+		if err == nil {
+			err = uniqueIndex(ch.index, len(choices), func(i int) []byte { return choices[i].index })
+		}
 		choices = append(choices, ch)
 		return err
 	}); err != nil {
@@ -267,7 +270,7 @@ func writeChatChoice(o out, h *head, opt Options, ch *chatChoice, pos int) {
 		o.raw(ch.tokenIDs)
 	}
 	o.s(`}`)
-	h.close(o, opt, false, !opt.IncludeUsage, false)
+	h.close(o, opt, false, !h.usageChunk(opt), false)
 }
 
 // nonEmpty reports whether v is a string other than "".

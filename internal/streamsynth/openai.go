@@ -103,10 +103,14 @@ func (h *head) close(o out, opt Options, first, fingerprint, promptIDs bool) {
 	o.s("}\n\n")
 }
 
+// usageChunk reports whether the stream ends with a usage chunk, which
+// then carries the fingerprint (else the finish chunks do, as in vLLM).
+func (h *head) usageChunk(opt Options) bool { return opt.IncludeUsage && h.usage != nil }
+
 // end writes the usage chunk when it is asked for ("choices": [], the
 // answer's usage and fingerprint), then data: [DONE].
 func (h *head) end(o out, opt Options) {
-	if opt.IncludeUsage && h.usage != nil {
+	if h.usageChunk(opt) {
 		h.open(o)
 		o.s(`],"usage":`)
 		o.raw(h.usage)
@@ -148,13 +152,33 @@ func choicesOf(obj jsonraw.Object) ([]byte, error) {
 	return v, nil
 }
 
-// indexOf validates a choice's index: absent, or an integer.
+// indexOf validates a choice's index: absent, or an integer from 0.
 func indexOf(v []byte) ([]byte, error) {
 	if v == nil {
 		return nil, nil
 	}
-	if _, ok := jsonraw.Int(v); !ok {
-		return nil, fmt.Errorf("%w: a choice's index is not an integer", ErrMalformed)
+	if n, ok := jsonraw.Int(v); !ok || n < 0 {
+		return nil, fmt.Errorf("%w: a choice's index is not an integer from 0", ErrMalformed)
 	}
 	return v, nil
+}
+
+// uniqueIndex checks that the choice at position pos, whose index is raw
+// (its position when nil), has an index no earlier choice has: a client
+// merges the chunks of one index into one choice.
+func uniqueIndex(raw []byte, pos int, indexAt func(int) []byte) error {
+	effective := func(raw []byte, pos int) int64 {
+		if raw == nil {
+			return int64(pos)
+		}
+		n, _ := jsonraw.Int(raw)
+		return n
+	}
+	n := effective(raw, pos)
+	for i := range pos {
+		if effective(indexAt(i), i) == n {
+			return fmt.Errorf("%w: two choices with index %d", ErrMalformed, n)
+		}
+	}
+	return nil
 }
