@@ -33,6 +33,9 @@ type ErrorEvent func(status int, err error) []byte
 // one (error.message or message), else the status text. A nil fallback
 // writes OpenAI's or Anthropic's error shape with a generic type.
 func (a API) WriteError(w io.Writer, status int, body []byte, fallback ErrorEvent) error {
+	if _, ok := ForPath(a.String()); !ok {
+		return fmt.Errorf("streamsynth: %v has no synthesizer", a)
+	}
 	o := newOut(w)
 	obj, err := jsonraw.Parse(body)
 	shaped := false
@@ -58,8 +61,6 @@ func (a API) WriteError(w io.Writer, status int, body []byte, fallback ErrorEven
 				o.s("\n\n")
 				shaped = true
 			}
-		default:
-			return fmt.Errorf("streamsynth: %v has no synthesizer", a)
 		}
 	}
 	if !shaped {
