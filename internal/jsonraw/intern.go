@@ -1,7 +1,8 @@
 package jsonraw
 
 // intern converts a raw (escape-free) key to a string without allocating for
-// the keys of OpenAI-style request bodies and messages.
+// the keys of OpenAI-style request bodies and messages and of Anthropic's
+// messages and answers.
 func intern(b []byte) string {
 	switch string(b) {
 	case "role":
@@ -66,6 +67,34 @@ func intern(b []byte) string {
 		return "created"
 	case "kv_transfer_params":
 		return "kv_transfer_params"
+	// Members of vLLM's answers (often null).
+	case "refusal":
+		return "refusal"
+	case "annotations":
+		return "annotations"
+	case "audio":
+		return "audio"
+	case "function_call":
+		return "function_call"
+	case "routed_experts":
+		return "routed_experts"
+	case "prompt_logprobs":
+		return "prompt_logprobs"
+	// Anthropic's messages and answers.
+	case "message":
+		return "message"
+	case "thinking":
+		return "thinking"
+	case "signature":
+		return "signature"
+	case "input":
+		return "input"
+	case "stop_sequence":
+		return "stop_sequence"
+	case "input_tokens":
+		return "input_tokens"
+	case "output_tokens":
+		return "output_tokens"
 	}
 	return string(b)
 }

@@ -36,12 +36,17 @@ func (o out) s(s string) { _, _ = o.w.WriteString(s) }
 // data line: they are left out, which leaves the same JSON value.
 func (o out) raw(v []byte) {
 	for len(v) > 0 {
-		i := bytes.IndexAny(v, "\r\n")
+		i := bytes.IndexByte(v, '\n')
 		if i < 0 {
-			_, _ = o.w.Write(v)
-			return
+			i = len(v)
+		}
+		if j := bytes.IndexByte(v[:i], '\r'); j >= 0 {
+			i = j
 		}
 		_, _ = o.w.Write(v[:i])
+		if i == len(v) {
+			return
+		}
 		v = v[i+1:]
 	}
 }
