@@ -37,7 +37,7 @@ func benchBody(a streamsynth.API, n int) []byte {
 		body = map[string]any{"id": "cmpl-1", "created": 1, "model": "m",
 			"choices": []any{map[string]any{"index": 0, "text": text, "finish_reason": "stop", "stop_reason": nil,
 				"logprobs": nil, "prompt_logprobs": nil, "routed_experts": nil}},
-			"usage":   map[string]any{"prompt_tokens": 4, "total_tokens": 8, "completion_tokens": 4}}
+			"usage": map[string]any{"prompt_tokens": 4, "total_tokens": 8, "completion_tokens": 4}}
 	case streamsynth.Messages:
 		body = map[string]any{"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
 			"stop_reason": "tool_use", "stop_sequence": nil, "usage": map[string]any{"input_tokens": 2048, "output_tokens": 37},
