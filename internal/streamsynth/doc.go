@@ -59,7 +59,10 @@
 // its body budget). API.Write validates the body in one pass, then writes
 // the events through a 4 KiB buffer: short members are assembled there,
 // and every long value goes from the body to the writer without a copy.
-// The allocations per answer do not grow with its size (BenchmarkWrite).
+// Writing an answer allocates twice whatever its size: the output buffer
+// and the index of the body's top-level members (once with a caller's
+// *bufio.Writer of 4 KiB or more); a member name jsonraw does not intern
+// costs one more (TestWriteAllocations, BenchmarkWrite).
 //
 // # Errors
 //
