@@ -10,7 +10,8 @@
 //
 // For each case it asks for the answer without streaming, then through
 // the SDKs' stream helpers (OpenAI chat.completions.stream() and
-// finalChatCompletion(); Anthropic messages.stream() and finalMessage(),
+// finalChatCompletion(); Anthropic messages.stream() and
+// beta.messages.stream(), as Claude Code streams, with finalMessage(),
 // tool_use input parsed by the SDK) and by iterating create({stream:
 // true}) as agents do, and checks every reassembled answer equals the
 // non-streaming one. Exits 1 on any failure.
@@ -137,6 +138,9 @@ for (const c of cases) {
       check(same(final, ref), 'messages.stream().finalMessage()', final, ref);
       const wantText = ref.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
       check(text === wantText, "messages.stream().on('text')", text, wantText);
+      // Claude Code's way: the beta client (/v1/messages?beta=true).
+      const beta = messageView(await anthropic.beta.messages.stream(params).finalMessage());
+      check(same(beta, ref), 'beta.messages.stream().finalMessage()', beta, ref);
       const types = [];
       let iterText = '';
       for await (const ev of await anthropic.messages.create({ ...params, stream: true })) {

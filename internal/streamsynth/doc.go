@@ -19,13 +19,14 @@
 //
 // # The streams
 //
-//   - ChatCompletions: vLLM's chat.completion.chunk sequence. Per choice,
-//     a first chunk with delta {"role": "assistant", "content": ""} (and
-//     the prompt's token ids when the answer has them); the reasoning (in
-//     the member the answer uses, reasoning or reasoning_content), the
-//     content and each tool call (index, id, type, function.name with
-//     empty arguments, then the arguments) each in one chunk; a finish
-//     chunk with an empty delta, finish_reason and stop_reason; then the
+//   - ChatCompletions: vLLM's chat.completion.chunk sequence. First, for
+//     each choice, a chunk with delta {"role": "assistant", "content": ""}
+//     (and the prompt's token ids when the answer has them); then, choice
+//     by choice, the reasoning (in the member the answer uses, reasoning or
+//     reasoning_content), the content and each tool call (index, id, type,
+//     function.name with empty arguments, then the arguments) each in one
+//     chunk, and a finish chunk with an empty delta, finish_reason and
+//     stop_reason; then the
 //     usage chunk ("choices": []) when stream_options.include_usage is
 //     set, and data: [DONE]. id, created, model and system_fingerprint
 //     come from the answer.

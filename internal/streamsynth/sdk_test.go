@@ -141,7 +141,8 @@ func (s *sdkServer) fail(format string, args ...any) {
 // and on but the one without choices, every completions and Messages
 // case) through their stream
 // helpers (chat.completions.stream().finalChatCompletion(),
-// messages.stream().finalMessage() with tool_use input parsed) and by
+// messages.stream() and beta.messages.stream(), Claude Code's, with
+// finalMessage() and tool_use input parsed) and by
 // iterating create({stream: true}), and each reassembled answer equals
 // the SDK's parse of the non-streaming body (examples/clients/synth.mjs).
 func TestOfficialSDKs(t *testing.T) {
@@ -197,14 +198,14 @@ func TestOfficialSDKs(t *testing.T) {
 	require.Len(t, rep.Rows, len(srv.cases))
 	for _, r := range rep.Rows {
 		assert.Empty(t, r.Failures, "%s %s", r.API, r.Name)
-		want := map[string]int{"chat": 2, "completions": 1, "messages": 4}[r.API]
+		want := map[string]int{"chat": 2, "completions": 1, "messages": 5}[r.API]
 		assert.Equal(t, want, r.Checks, "%s %s: every check ran", r.API, r.Name)
 	}
 	assert.Zero(t, rep.Failed)
 	assert.NoError(t, runErr, stderr.String())
 	assert.Empty(t, srv.errs)
 	for _, c := range srv.cases {
-		streams := map[string]int{"chat": 2, "completions": 1, "messages": 2}[c.API]
+		streams := map[string]int{"chat": 2, "completions": 1, "messages": 3}[c.API]
 		assert.Equal(t, streams, srv.seen[fmt.Sprint(c.ID, " true")], "case %d %s: streamed requests", c.ID, c.Name)
 		assert.Equal(t, 1, srv.seen[fmt.Sprint(c.ID, " false")], "case %d %s: plain requests", c.ID, c.Name)
 	}
