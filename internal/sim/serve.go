@@ -258,29 +258,63 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 
 	ctx := r.Context()
+	if err := e.admit(ctx, t); err != nil {
+		e.gaveUp(w, t, err)
+		return
+	}
 	if apiErr := e.execute(ctx, t); apiErr != nil {
 		e.fail(w, rec, apiErr.status, apiErr.msg)
 		return
 	}
-	// Time to first token: transfer and prefill, then any stall.
-	if e.sleep(ctx, rec.Transfer+rec.Prefill) != nil || realSleep(ctx, stall) != nil {
-		e.abort(t)
-		e.finish(rec, 499, "client disconnected")
+	// Time to first token: the read from the remote (loading), the
+	// prefill and whatever preemptions cost, then any stall.
+	e.mu.Lock()
+	err = e.work(ctx, t, rec.Transfer)
+	if err == nil {
+		err = e.prefill(ctx, t)
+	}
+	e.mu.Unlock()
+	if err == nil {
+		err = realSleep(ctx, stall)
+	}
+	if err != nil {
+		e.gaveUp(w, t, err)
 		return
 	}
-	kv := e.hold(t)
-	out := &reply{e: e, t: t, id: respID, created: e.clock.Now().Unix(), kv: kv}
+	out := &reply{e: e, t: t, id: respID, created: e.clock.Now().Unix()}
 	if req.Stream {
 		out.stream(ctx, w)
 		return
 	}
-	if e.sleep(ctx, rec.Decode) != nil {
-		e.abort(t)
-		e.finish(rec, 499, "client disconnected")
+	e.mu.Lock()
+	err = e.decode(ctx, t, len(t.gens[0].Tokens))
+	if err == nil {
+		out.kv = e.complete(t)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		e.gaveUp(w, t, err)
 		return
 	}
 	out.json(w)
 	e.finish(rec, http.StatusOK, "")
+}
+
+// gaveUp ends a request the engine could not finish: a client that went
+// away (499, counted aborted) or an engine restarted under it (vLLM's
+// EngineDeadError, 500).
+func (e *Engine) gaveUp(w http.ResponseWriter, t *turn, err error) {
+	if errors.Is(err, errEngineRestarted) {
+		e.mu.Lock()
+		if t.state != stateDone {
+			e.finishTurn(t, false)
+		}
+		e.mu.Unlock()
+		e.fail(w, t.rec, http.StatusInternalServerError, engineDead)
+		return
+	}
+	e.abort(t)
+	e.finish(t.rec, 499, "client disconnected")
 }
 
 // streamError answers a streaming request whose error vLLM raises inside
