@@ -166,7 +166,7 @@ func (e *Engine) schedule(r *rank) {
 func (e *Engine) allocate(r *rank, t *turn) bool {
 	toks := t.toks
 	if t.started {
-		toks = t.allToks[:t.n+t.done]
+		toks = t.allToks[:t.sofar()]
 	}
 	p := r.pool
 	hits := p.lookup(toks)
@@ -201,29 +201,33 @@ func (e *Engine) allocate(r *rank, t *turn) bool {
 // grow makes t's blocks cover n positions (a decode step), preempting the
 // running request scheduled last while the pool has no free block. It
 // reports false when t itself was preempted. e.mu held.
+//
+// Like vLLM, it does not let waiting requests in while it preempts; the
+// blocks its victims free beyond its own need admit them afterwards.
 func (e *Engine) grow(t *turn, n int) bool {
-	p := t.pool
-	for need := (n+p.bs-1)/p.bs - len(t.seq.blocks); need > 0; {
-		e.sweep(e.clock.Now())
-		if p.freeCount() >= need {
-			fresh, _ := p.allocate(need)
-			t.seq.blocks = append(t.seq.blocks, fresh...)
-			return true
-		}
-		r := t.rk
-		if len(r.running) == 0 || p != r.pool {
-			// nothing to preempt (t is not running here): wait as a
+	p, r := t.pool, t.rk
+	need := (n+p.bs-1)/p.bs - len(t.seq.blocks)
+	if need <= 0 {
+		return true
+	}
+	e.sweep(e.clock.Now())
+	for p.freeCount() < need {
+		if len(r.running) == 0 {
+			// t is not in the running list (cannot happen): wait as a
 			// preempted request does
 			e.preempt(t)
 			return false
 		}
 		v := r.running[len(r.running)-1]
-		r.running = r.running[:len(r.running)-1]
 		e.preempt(v)
 		if v == t {
+			e.schedule(r)
 			return false
 		}
 	}
+	fresh, _ := p.allocate(need)
+	t.seq.blocks = append(t.seq.blocks, fresh...)
+	e.schedule(r)
 	return true
 }
 
@@ -258,7 +262,6 @@ func (e *Engine) preempt(v *turn) {
 		v.stopWork()
 	}
 	e.wakeTurn(v)
-	e.schedule(r)
 }
 
 // resume waits until a preempted t is admitted again and recomputes what
@@ -270,7 +273,7 @@ func (e *Engine) resume(ctx context.Context, t *turn) error {
 			return err
 		}
 		t.rec.Requeued += e.elapsed(t.waitFrom)
-		n := t.n + t.done
+		n := t.sofar()
 		d := e.cfg.Profile.Prefill(n-t.hit, t.hit)
 		if t.role != RolePrefill {
 			// a decode engine recomputes as its plain requests prefill
@@ -317,15 +320,16 @@ func (e *Engine) decode(ctx context.Context, t *turn, steps int) error {
 			return err
 		}
 		// generated token j needs the KV of positions up to t.n+j-1
+		// (n > 1 choices stream more steps than choice 0 has tokens;
+		// the blocks hold choice 0's)
 		j := t.done
-		if j >= 1 && !e.grow(t, t.n+j) {
+		if j >= 1 && !e.grow(t, min(t.n+j, len(t.allKV))) {
 			continue
 		}
-		k := min(steps, len(t.seq.blocks)*t.pool.bs-t.n-j+1)
-		if j == 0 {
-			k = min(steps, len(t.seq.blocks)*t.pool.bs-t.n+1)
+		k := steps
+		if covered := len(t.seq.blocks) * t.pool.bs; covered < len(t.allKV) {
+			k = max(min(steps, covered-t.n-j+1), 1)
 		}
-		k = max(k, 1)
 		t.phase, t.phaseAt, t.chunk = phaseDecode, e.clock.Now(), k
 		before := t.done
 		if err := e.work(ctx, t, itl*time.Duration(k)); err != nil {
@@ -342,6 +346,10 @@ func (e *Engine) decode(ctx context.Context, t *turn, steps int) error {
 	}
 	return nil
 }
+
+// sofar is the length of t's sequence so far: its prompt and the tokens
+// it generated.
+func (t *turn) sofar() int { return min(t.n+t.done, len(t.allToks)) }
 
 // commitDone writes the KV of the positions t has computed so far into
 // its blocks and caches the full ones; e.mu held.
@@ -380,7 +388,7 @@ func (e *Engine) work(ctx context.Context, t *turn, d time.Duration) error {
 		}
 	})
 	t.stopWork = stop
-	for !fired && t.state == stateRunning && ctx.Err() == nil {
+	for !fired && (t.state == stateRunning || t.state == stateLoading) && ctx.Err() == nil {
 		e.block(ctx, t, false)
 	}
 	t.stopWork = nil

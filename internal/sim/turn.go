@@ -81,8 +81,14 @@ func roleOf(p *Params) string {
 
 // GenParams returns the generation parameters an engine with configuration
 // c uses for choice sample of req.
+// Generation stops at max_model_len (NumBlocks × BlockSize) with finish
+// "length", as vLLM's check_stop does.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
-	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
+	maxTokens := r.MaxTokens
+	if room := c.NumBlocks*c.BlockSize - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
+		maxTokens = max(room, 1)
+	}
+	return GenParams{MaxTokens: maxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
 		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3,
 		DriftRate: c.DriftRate}
 }
