@@ -244,6 +244,8 @@ func (e *Engine) preempt(v *turn) {
 		v.chunk = 0
 	}
 	if v.seq != nil {
+		// what it computed stays in the prefix cache until evicted
+		e.commitDone(v)
 		v.seq.release()
 	}
 	for i, w := range r.running {

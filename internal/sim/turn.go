@@ -282,12 +282,16 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 			}
 		}
 	}
-	// Whether it reads or not, the reader notifies: the handle is consumed.
-	defer func() { _ = peer.Notify(ctx, p.EngineID, p.RequestID) }()
 	if t.rec.Pull != PullRead {
+		// The notify-only path (update_state_after_alloc with no external
+		// tokens; the worker's _read_blocks sends the notification alone,
+		// without looking at the expiry): the emitter frees the whole hold.
+		_ = peer.Notify(ctx, p.EngineID, p.RequestID)
 		return nil, 0, nil
 	}
 	if t.role == RolePrefill && p.Expiry != nil && mono >= *p.Expiry-5 {
+		// _is_turn2_read_expired: declined, _handle_failed_transfer, no
+		// notification; the emitter holds to its TTL.
 		return nil, 0, errDeclined
 	}
 	for g, ids := range p.Groups {
@@ -310,6 +314,9 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 			}
 		}
 	}
+	// The notification rides on the READ transfer: sent when the read
+	// completed, never for a failed one.
+	_ = peer.Notify(ctx, p.EngineID, p.RequestID)
 	t.count = count
 	return data, first, nil
 }
