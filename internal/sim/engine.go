@@ -143,7 +143,7 @@ type Config struct {
 }
 
 // DefaultVersion is the vLLM version an engine reports by default.
-const DefaultVersion = "0.20.0"
+const DefaultVersion = "0.30.0"
 
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
 // blocks, 1024 running requests, prefix caching on, bidirectional, stock
