@@ -489,6 +489,10 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 // e.mu held.
 func (e *Engine) armExpiry(r *rank, now time.Time) {
 	if len(r.waiting) == 0 {
+		if r.expiryStop != nil {
+			r.expiryStop()
+			r.expiryStop = nil
+		}
 		return
 	}
 	var next time.Time
