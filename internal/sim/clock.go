@@ -31,14 +31,17 @@ type Timer interface {
 // whose time moves only when a driver fires its next timer: every goroutine
 // the engine blocks (a request waiting for blocks, or for the end of its
 // modelled work, which the engine then times with Timer instead of Sleep)
-// is counted by Park before it blocks and Unpark when it is woken, the
-// latter called synchronously by whoever wakes it. A driver that knows how
-// many goroutines are meant to be blocked can so tell when the system has
-// settled and the next timer may fire (kvroutetest.EventClock).
+// is counted by Park before it blocks, and uncounted by Unpark, called
+// synchronously by whoever wakes it. The woken goroutine calls the resume
+// function Unpark returned before it goes on: the clock lets woken
+// goroutines run one at a time, in the order they were woken, so that a
+// run does not depend on how the Go scheduler orders them. A driver that
+// knows how many goroutines are meant to be blocked can so tell when the
+// system has settled and the next timer may fire (kvroutetest.EventClock).
 type Parker interface {
 	Timer
 	Park()
-	Unpark()
+	Unpark() (resume func())
 }
 
 type realClock struct{}
@@ -62,11 +65,10 @@ const (
 )
 
 func (e *Engine) clockMode() clockMode {
-	switch c := e.clock.(type) {
+	switch e.clock.(type) {
 	case Parker:
 		return modeEvent
 	case Sleeper:
-		_ = c
 		return modeSleep
 	}
 	if e.cfg.Speed > 0 {
@@ -109,8 +111,11 @@ func (e *Engine) park() {
 	}
 }
 
-func (e *Engine) unpark() {
+// unpark uncounts a parked goroutine; it returns what that goroutine must
+// call before it goes on (nil when nothing).
+func (e *Engine) unpark() func() {
 	if p, ok := e.clock.(Parker); ok {
-		p.Unpark()
+		return p.Unpark()
 	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -334,10 +336,12 @@ const (
 
 // held is a handle's blocks kept for a remote reader.
 type held struct {
+	id       string // the request id the reader names
 	seq      *seq
 	deadline time.Time
 	decode   bool // TTL (decode) rather than lease (prefill)
 	state    heldState
+	order    uint64 // creation order, for a fixed expiry order
 }
 
 // Engine is one simulated vLLM server. It is an http.Handler and the Peer
@@ -433,7 +437,8 @@ func (e *Engine) reset() {
 			// vLLM suffixes each data-parallel engine core's id
 			id = fmt.Sprintf("%s_dp%d", base, k)
 		}
-		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching), held: map[string]*held{}}
+		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching),
+			held: map[string]*held{}, active: map[string]*held{}}
 	}
 }
 
@@ -521,10 +526,8 @@ func (e *Engine) Stats() Stats {
 		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
 		s.Running += len(r.running)
 		s.Waiting += len(r.waiting) + r.loading
-		for _, h := range r.held {
-			if h.state == heldActive {
-				s.BlocksPinned += len(h.seq.blocks)
-			}
+		for _, h := range r.active {
+			s.BlocksPinned += len(h.seq.blocks)
 		}
 	}
 	return s
@@ -598,22 +601,32 @@ func (e *Engine) Restart() {
 
 func (e *Engine) groups() int { return max(e.cfg.KVGroups, 1) }
 
-// sweep frees held blocks whose lease or TTL ran out, on every rank; e.mu
-// held.
+// sweep frees held blocks whose lease or TTL ran out, on every rank, in
+// the order they expired (the free queue's order decides which cached
+// blocks are evicted first); e.mu held.
 func (e *Engine) sweep(now time.Time) {
 	for _, r := range e.ranks {
-		for _, h := range r.held {
-			if h.state == heldActive && !now.Before(h.deadline) {
-				n := len(h.seq.blocks)
-				h.seq.release()
-				h.state = heldExpired
-				if h.decode {
-					e.stats.TTLExpiries++
-					e.stats.TTLBlocks += n
-				} else {
-					e.stats.LeaseExpiries++
-					e.stats.LeaseBlocks += n
-				}
+		var due []*held
+		for _, h := range r.active {
+			if !now.Before(h.deadline) {
+				due = append(due, h)
+			}
+		}
+		slices.SortFunc(due, func(a, b *held) int {
+			if c := a.deadline.Compare(b.deadline); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.order, b.order)
+		})
+		for _, h := range due {
+			n := len(h.seq.blocks)
+			r.end(h, heldExpired)
+			if h.decode {
+				e.stats.TTLExpiries++
+				e.stats.TTLBlocks += n
+			} else {
+				e.stats.LeaseExpiries++
+				e.stats.LeaseBlocks += n
 			}
 		}
 	}
@@ -689,8 +702,7 @@ func (e *Engine) notify(_ context.Context, k int, engineID, requestID string) er
 	}
 	e.stats.NotifiedHolds++
 	e.stats.NotifiedBlocks += len(h.seq.blocks)
-	h.seq.release()
-	h.state = heldFreed
+	r.end(h, heldFreed)
 	e.schedule(r)
 	return nil
 }

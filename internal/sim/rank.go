@@ -17,9 +17,11 @@ const RankHeader = "X-data-parallel-rank"
 // the handles it holds for remote readers and its scheduler's queues
 // (sched.go).
 type rank struct {
-	id   string
-	pool *pool
-	held map[string]*held
+	id     string
+	pool   *pool
+	held   map[string]*held // by request id, ended ones too (a late read names them)
+	active map[string]*held // the holds that keep blocks
+	holds  uint64           // holds made
 
 	waiting     []*turn // first come, first served; preempted requests go first
 	running     []*turn // in the order they were scheduled
@@ -92,4 +94,11 @@ func pyInt(s string) (*big.Int, bool) {
 	}
 	v, ok := new(big.Int).SetString(s[:len(s)-len(digits)]+strings.ReplaceAll(digits, "_", ""), 10)
 	return v, ok
+}
+
+// end releases hold h's blocks; state says why.
+func (r *rank) end(h *held, state heldState) {
+	h.seq.release()
+	h.state = state
+	delete(r.active, h.id)
 }

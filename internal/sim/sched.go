@@ -427,7 +427,14 @@ func (e *Engine) block(ctx context.Context, t *turn, poll bool) {
 	e.mu.Lock()
 	if t.parked {
 		t.parked = false
-		e.unpark()
+		t.resume = e.unpark()
+	}
+	if resume := t.resume; resume != nil {
+		// an event clock lets woken goroutines go on one at a time
+		t.resume = nil
+		e.mu.Unlock()
+		resume()
+		e.mu.Lock()
 	}
 }
 
@@ -435,7 +442,7 @@ func (e *Engine) block(ctx context.Context, t *turn, poll bool) {
 func (e *Engine) wakeTurn(t *turn) {
 	if t.parked {
 		t.parked = false
-		e.unpark()
+		t.resume = e.unpark()
 	}
 	select {
 	case t.wake <- struct{}{}:
@@ -482,11 +489,15 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 // e.mu held.
 func (e *Engine) armExpiry(r *rank, now time.Time) {
 	if len(r.waiting) == 0 {
+		if r.expiryStop != nil {
+			r.expiryStop()
+			r.expiryStop = nil
+		}
 		return
 	}
 	var next time.Time
-	for _, h := range r.held {
-		if h.state == heldActive && (next.IsZero() || h.deadline.Before(next)) {
+	for _, h := range r.active {
+		if next.IsZero() || h.deadline.Before(next) {
 			next = h.deadline
 		}
 	}

@@ -36,8 +36,9 @@ type turn struct {
 	n         int   // prompt tokens
 	state     turnState
 	wake      chan struct{}
-	parked    bool // counted by a Parker clock
-	gen       int  // invalidates the timer of an earlier wait
+	parked    bool   // counted by a Parker clock
+	resume    func() // the Parker's resume, once woken
+	gen       int    // invalidates the timer of an earlier wait
 	stopWork  func() bool
 	heartbeat func() bool // stops the heartbeat to P while it waits
 	arrived   time.Time
@@ -371,7 +372,8 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 		PPSize:          1,
 		TransferMode:    "pull",
 	}
-	hd := &held{seq: t.seq, decode: t.role == RoleDecode}
+	r.holds++
+	hd := &held{id: t.rec.EngineRequestID, seq: t.seq, decode: t.role == RoleDecode, order: r.holds}
 	if hd.decode {
 		h.DoRemoteDecode = true
 		hd.deadline = now.Add(e.cfg.DecoderBlocksTTL)
@@ -381,7 +383,7 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 		h.DoRemotePrefill = true
 		hd.deadline = now.Add(e.cfg.LeaseDuration)
 	}
-	r.held[t.rec.EngineRequestID] = hd
+	r.held[hd.id], r.active[hd.id] = hd, hd
 	e.stats.HandlesEmitted++
 	e.stats.Holds++
 	raw, _ := json.Marshal(h)
@@ -394,9 +396,10 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 func (e *Engine) abort(t *turn) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	held := e.ranks[t.rank].held
-	if h, ok := held[t.rec.EngineRequestID]; ok && h.state == heldActive {
-		delete(held, t.rec.EngineRequestID)
+	r := e.ranks[t.rank]
+	if h, ok := r.held[t.rec.EngineRequestID]; ok && h.state == heldActive {
+		delete(r.held, h.id)
+		delete(r.active, h.id)
 		e.stats.HandlesEmitted--
 		e.stats.Holds--
 	}

@@ -119,10 +119,15 @@ func (c *VirtualClock) stop(tm *timer) bool {
 //	err := clk.Run(ctx)
 //
 // Run fires the earliest timer whenever as many goroutines are blocked as
-// there are participants, one timer at a time, so a run is repeatable.
-// Times a client reads off the clock while an answer streams may be later
-// than the engine's: take modelled figures from the engines' records
-// (RequestRecord.FirstToken, Queued, Preemptions). Safe for concurrent use.
+// there are participants, one timer at a time. The goroutines a timer or a
+// running session wakes go on one at a time, in the order they were woken
+// (a session runs until it blocks on the clock again, and only then does
+// the next one go on), so a run does not depend on the Go scheduler and
+// repeats exactly. Sessions must start blocked (Sleep until their first
+// arrival) or be started before Run. Times a client reads off the clock
+// while an answer streams may be later than the engine's: take modelled
+// figures from the engines' records (RequestRecord.FirstToken, Queued,
+// Preemptions). Safe for concurrent use.
 type EventClock struct {
 	mu           sync.Mutex
 	cond         *sync.Cond
@@ -132,6 +137,8 @@ type EventClock struct {
 	blocked      int
 	participants int
 	fired        int
+	running      bool            // a woken goroutine holds the turn to run
+	queue        []chan struct{} // woken goroutines waiting for the turn
 }
 
 // NewEventClock returns an event clock reading start.
@@ -170,19 +177,43 @@ func (c *EventClock) AfterFunc(d time.Duration, f func()) (stop func() bool) {
 }
 
 // Park counts a goroutine that is about to block until a timer or another
-// goroutine wakes it; Unpark, called by whoever wakes it, uncounts it.
+// goroutine wakes it; it ends the caller's turn to run, which passes to
+// the goroutine woken first since.
 func (c *EventClock) Park() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.blocked++
+	c.pass()
 	c.cond.Broadcast()
 }
 
-// Unpark uncounts a goroutine counted by Park.
-func (c *EventClock) Unpark() {
+// Unpark, called by whoever wakes a goroutine counted by Park, uncounts
+// it; the woken goroutine calls resume before it goes on, which returns
+// when its turn to run comes.
+func (c *EventClock) Unpark() (resume func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.blocked--
+	turn := make(chan struct{})
+	if !c.running {
+		c.running = true
+		close(turn)
+	} else {
+		c.queue = append(c.queue, turn)
+	}
+	return func() { <-turn }
+}
+
+// pass hands the turn to run to the next woken goroutine, if any; c.mu
+// held.
+func (c *EventClock) pass() {
+	if len(c.queue) == 0 {
+		c.running = false
+		return
+	}
+	close(c.queue[0])
+	c.queue[0] = nil
+	c.queue = c.queue[1:]
 }
 
 // Sleep blocks the caller, counted as blocked, until the clock has moved d
@@ -192,19 +223,23 @@ func (c *EventClock) Sleep(ctx context.Context, d time.Duration) error {
 		return err
 	}
 	done := make(chan struct{})
-	c.Park()
+	var resume func()
+	// the timer first: Run fires only once the caller counts as blocked
 	stop := c.AfterFunc(d, func() {
-		c.Unpark()
+		resume = c.Unpark()
 		close(done)
 	})
+	c.Park()
 	select {
 	case <-done:
+		resume()
 		return nil
 	case <-ctx.Done():
 		if stop() {
-			c.Unpark()
+			c.Unpark()()
 		} else {
 			<-done
+			resume()
 		}
 		return ctx.Err()
 	}
@@ -218,11 +253,13 @@ func (c *EventClock) Join() {
 	c.participants++
 }
 
-// Leave removes a participant, when its session ends.
+// Leave removes a participant, when its session ends; it ends the
+// caller's turn to run.
 func (c *EventClock) Leave() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.participants--
+	c.pass()
 	c.cond.Broadcast()
 }
 
@@ -301,7 +338,7 @@ func (c *EventClock) Run(ctx context.Context) error {
 	defer stop()
 	for {
 		c.mu.Lock()
-		for c.participants > 0 && c.blocked < c.participants && ctx.Err() == nil {
+		for c.participants > 0 && (c.blocked < c.participants || c.running) && ctx.Err() == nil {
 			c.cond.Wait()
 		}
 		participants, blocked, timers := c.participants, c.blocked, len(c.timers)
