@@ -129,6 +129,43 @@ func Probe(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, opt
 	return r
 }
 
+// Refresh brings prev, an earlier report of the same engine, up to date at
+// the cost of one request: it reads GET /metrics and returns a copy of
+// prev with the facts /metrics gives (prefix caching, the KV pool) renewed
+// and everything else, what was learned (Learn) included, kept. It probes
+// in full instead (Probe; full is true) when prev is nil, was not
+// reachable or could not tell the engine's version or render routes, when
+// /metrics does not answer 200, or when its process_start_time_seconds
+// differs from prev's: a restarted engine may run another version or
+// configuration, and what was learned of the old process is dropped.
+func Refresh(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, prev *Report, opts ...Option) (r *Report, full bool) {
+	if prev == nil || !prev.Reachable || prev.Version.Is(Unknown) || prev.ProcessStart.IsZero() {
+		return Probe(ctx, rt, ep, opts...), true
+	}
+	for _, a := range APIs {
+		if prev.Render.Get(a).Is(Unknown) {
+			return Probe(ctx, rt, ep, opts...), true
+		}
+	}
+	cfg := config{timeout: DefaultTimeout, now: time.Now}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	ans := (&prober{rt: rt, ep: ep, key: cfg.apiKey}).do(mctx, http.MethodGet, "/metrics", nil, maxMetrics)
+	cancel()
+	if ans.status != http.StatusOK {
+		return Probe(ctx, rt, ep, opts...), true
+	}
+	next := *prev
+	next.ProbedAt = cfg.now()
+	next.readMetrics(ans)
+	if !next.ProcessStart.Equal(prev.ProcessStart) {
+		return Probe(ctx, rt, ep, opts...), true
+	}
+	return &next, false
+}
+
 // prober sends the probe's requests.
 type prober struct {
 	rt  http.RoundTripper

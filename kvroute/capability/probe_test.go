@@ -389,3 +389,37 @@ func TestParseVersion(t *testing.T) {
 	v, _ = capability.ParseVersion("0.20.9")
 	assert.Equal(t, capability.Absent, v.Has(capability.SinceBidirectional))
 }
+
+// TestRefresh: a refresh costs one /metrics read and keeps what was
+// learned; a restart, or an engine that went away, brings a full probe.
+func TestRefresh(t *testing.T) {
+	e := kvroutetest.NewEngine(t)
+	ep, err := transport.ParseEndpoint(e.URL())
+	require.NoError(t, err)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	ctx := context.Background()
+
+	first, full := capability.Refresh(ctx, tr, ep, nil)
+	require.True(t, full)
+	learned := capability.Fact{State: P, Why: "a chat stream ended with a handle"}
+	first.Learn(capability.StreamHandlesName(capability.Chat), learned)
+	renders := e.Stats().RenderRequests
+
+	next, full := capability.Refresh(ctx, tr, ep, first)
+	assert.False(t, full)
+	assert.Equal(t, learned, next.StreamHandles.Chat)
+	assert.Equal(t, first.Facts(), next.Facts())
+	assert.Equal(t, renders, e.Stats().RenderRequests, "a refresh renders nothing")
+
+	e.Restart()
+	again, full := capability.Refresh(ctx, tr, ep, next)
+	assert.True(t, full, "a new process_start_time_seconds")
+	assert.True(t, again.StreamHandles.Chat.Is(U), "learned facts of the old process are dropped")
+	assert.Greater(t, e.Stats().RenderRequests, renders)
+
+	e.Close()
+	gone, full := capability.Refresh(ctx, tr, ep, again)
+	assert.True(t, full)
+	assert.False(t, gone.Reachable)
+}
