@@ -377,6 +377,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --port %d out of range", errUsage, c.port)
 	case c.verification != string(kvroute.VerifyTokens) && c.verification != string(kvroute.VerifyContent):
 		return fmt.Errorf("%w: --verification %q: use %s or %s", errUsage, c.verification, kvroute.VerifyTokens, kvroute.VerifyContent)
+	case c.decodeLocal && c.verification != string(kvroute.VerifyTokens):
+		return fmt.Errorf("%w: --decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification %s it never would", errUsage, c.verification)
 	case c.blockSize < 0:
 		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
 	case c.renderTimeout <= 0:

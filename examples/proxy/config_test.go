@@ -67,6 +67,10 @@ func TestParseConfigErrors(t *testing.T) {
 		{"grace", "--shutdown-grace", []string{"--shutdown-grace", "-1s"}},
 		{"restart check", "--restart-check", []string{"--restart-check", "-1s"}},
 		{"render timeout", "--render-timeout", []string{"--render-timeout", "0s"}},
+		{"decode-local by content", "--decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification content it never would",
+			[]string{"--decode-local", "--verification", "content"}},
+		{"decode-local by content, flags the other way round", "--decode-local needs --verification tokens",
+			[]string{"--verification=content", "--decode-local=true"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

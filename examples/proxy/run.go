@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/redisstore"
 	"github.com/bidikv/bidikv/transport"
@@ -70,6 +71,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp
+	if cfg.upstreamAPIKey != "" {
+		h.capOpts = append(h.capOpts, capability.WithAPIKey(cfg.upstreamAPIKey))
+	}
+	h.onCaps = cfg.warnGaps(ctx, log)
+	m.watchEngines(h)
 	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
 	if err != nil {
 		return err
@@ -142,6 +148,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case <-ctx.Done():
 	}
 	return drain(srv, served, s.open, cfg.shutdownGrace, log)
+}
+
+// warnGaps returns the health loop's onCaps: it logs each gap between the
+// configuration and the engines found once (capabilities.go), as a warning
+// (an error when reuse cannot work at all; a note at info level).
+func (c *config) warnGaps(ctx context.Context, log *slog.Logger) func([]engineFacts) {
+	logged := map[gap]bool{}
+	return func(engines []engineFacts) {
+		for _, g := range c.gaps(engines) {
+			if logged[g] {
+				continue
+			}
+			logged[g] = true
+			level := slog.LevelWarn
+			switch g.severity {
+			case gapError:
+				level = slog.LevelError
+			case gapNote:
+				level = slog.LevelInfo
+			}
+			log.LogAttrs(ctx, level, "engines: "+g.what, slog.String("fix", g.fix))
+		}
+	}
 }
 
 // newStore returns Redis when --redis-url is set, else an in-memory store.
