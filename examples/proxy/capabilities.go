@@ -133,10 +133,17 @@ func (c *config) gaps(engines []engineFacts) []gap {
 			"--verification content: Responses and Messages turns are never reused (they have no content rules), and chat and completions turns only when the history is resent exactly")
 	}
 
-	// The agent APIs need kv_transfer_params on both engines.
+	// The agent APIs need kv_transfer_params on both engines: a prefill
+	// engine without them answers with no handle, which fails the turn.
 	for _, a := range []capability.API{capability.Responses, capability.Messages} {
 		for _, e := range all {
-			if f := e.rep.Handles.Get(a); f.Is(capability.Absent) {
+			f := e.rep.Handles.Get(a)
+			switch {
+			case !f.Is(capability.Absent):
+			case e.role == rolePrefill && !c.localFallback:
+				add(gapWarn, f.Fix+", or --local-prefill-fallback (the decode engine then prefills such turns itself)",
+					"prefill engine %s: %s: %s turns fail with 502 (the prefill engine returns no handle)", e.url, f.Why, apiTitle(a))
+			default:
 				add(gapWarn, f.Fix, "%s engine %s: %s: %s turns are never reused", e.role, e.url, f.Why, apiTitle(a))
 			}
 		}
@@ -213,6 +220,114 @@ func union(a, b []string) []string {
 		if !slices.Contains(out, s) {
 			out = append(out, s)
 		}
+	}
+	return out
+}
+
+// apiView is what the engines found allow on one API.
+type apiView struct {
+	api capability.API
+	// verification is how a turn's reuse is proven: "render", "/tokenize",
+	// "content rules", or "none".
+	verification string
+	verifyState  capability.State
+	// handles: kv_transfer_params on every prefill and decode engine;
+	// streams: a handle in every decode engine's streams.
+	handles, streams capability.State
+	// reuse and streamed: whether a non-streaming and a streaming turn can
+	// reuse KV.
+	reuse, streamed capability.State
+	// why and fix explain the first gap of reuse, then of streamed.
+	why, fix string
+}
+
+// worst orders states Absent < Unknown < Present.
+func worst(a, b capability.State) capability.State {
+	rank := map[capability.State]int{capability.Absent: 0, capability.Unknown: 1, capability.Present: 2, "": 1}
+	if rank[b] < rank[a] {
+		return b
+	}
+	return a
+}
+
+// views assesses each API over the engines found (those not probed, or
+// unreachable, are left out).
+func (c *config) views(engines []engineFacts) []apiView {
+	var prefill, decode []*capability.Report
+	bidirectional := capability.Present
+	var biFact capability.Fact
+	for _, e := range engines {
+		if e.rep == nil || !e.rep.Reachable {
+			continue
+		}
+		if e.role == rolePrefill {
+			prefill = append(prefill, e.rep)
+		} else {
+			decode = append(decode, e.rep)
+		}
+		if f := e.rep.Bidirectional; f.Is(capability.Absent) {
+			bidirectional, biFact = capability.Absent, f
+		}
+	}
+	out := make([]apiView, 0, len(capability.APIs))
+	for _, a := range capability.APIs {
+		v := apiView{api: a, handles: capability.Present, streams: capability.Present, verifyState: capability.Present}
+		if len(prefill) == 0 || len(decode) == 0 {
+			v.handles, v.streams, v.verifyState = capability.Unknown, capability.Unknown, capability.Unknown
+		}
+		gap := func(s capability.State, f capability.Fact) {
+			if s != capability.Present && v.why == "" && (s == capability.Absent || f.Why != "") {
+				v.why, v.fix = f.Why, f.Fix
+			}
+		}
+		// Verification.
+		agent := a == capability.Responses || a == capability.Messages
+		switch {
+		case c.verification != string(kvroute.VerifyTokens) && agent:
+			v.verification, v.verifyState = "none", capability.Absent
+			gap(capability.Absent, capability.Fact{Why: "--verification content: " + apiTitle(a) + " has no content rules",
+				Fix: "--verification tokens (the default), with engines that serve the render routes"})
+		case c.verification != string(kvroute.VerifyTokens):
+			v.verification = "content rules"
+		default:
+			v.verification = "render"
+			for _, p := range prefill {
+				path, f := p.TokenPath(a)
+				switch {
+				case path == capability.TokensTokenize && v.verification == "render":
+					v.verification = "/tokenize"
+				case path == capability.TokensNone && !agent:
+					v.verification = "content rules"
+					gap(capability.Unknown, capability.Fact{Why: "no token source (" + f.Why + "): content rules", Fix: f.Fix})
+				case path == capability.TokensNone:
+					v.verification, v.verifyState = "none", worst(v.verifyState, f.State)
+					gap(f.State, f)
+				}
+			}
+		}
+		// Handles in bodies and streams.
+		for _, r := range append(append([]*capability.Report(nil), prefill...), decode...) {
+			f := r.Handles.Get(a)
+			v.handles = worst(v.handles, f.State)
+			gap(f.State, f)
+		}
+		for _, r := range decode {
+			v.streams = worst(v.streams, r.StreamHandles.Get(a).State)
+		}
+		v.reuse = worst(worst(v.verifyState, v.handles), bidirectional)
+		if bidirectional == capability.Absent {
+			gap(capability.Absent, biFact)
+		}
+		v.streamed = worst(v.reuse, v.streams)
+		if v.why == "" {
+			for _, r := range decode {
+				if f := r.StreamHandles.Get(a); !f.Is(capability.Present) {
+					v.why, v.fix = "streams: "+f.Why, f.Fix
+					break
+				}
+			}
+		}
+		out = append(out, v)
 	}
 	return out
 }

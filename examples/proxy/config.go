@@ -195,11 +195,17 @@ func expandLists(args []string) []string {
 
 // parseConfig reads the command line. getenv is os.Getenv in main.
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	return parseCommand("bidikv-proxy", args, getenv, stderr, nil)
+}
+
+// parseCommand reads the command line of the proxy, or of a subcommand
+// that takes the same flags and adds its own (extra).
+func parseCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (*config, error) {
 	c := &config{
 		prefillHosts: []string{"localhost"}, prefillPorts: []string{"8100"},
 		decodeHosts: []string{"localhost"}, decodePorts: []string{"8200"},
 	}
-	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&c.port, "port", 8000, "port to listen on (0: any free port)")
@@ -264,6 +270,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	c.dns.flags(fs)
+	if extra != nil {
+		extra(fs)
+	}
 
 	if err := fs.Parse(expandLists(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

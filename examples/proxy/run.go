@@ -22,6 +22,9 @@ import (
 // requests in flight get up to --shutdown-grace to finish, and whatever is
 // left is then cut.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "doctor" {
+		return runDoctor(ctx, args[1:], getenv, stdout, stderr)
+	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
 		return err

@@ -205,20 +205,14 @@ func (r *Report) Summary() string {
 		b.WriteString(")")
 	}
 	var ok, missing, unk []string
-	facts := r.Facts()
-	for i := 0; i < len(facts); i++ {
-		n := facts[i]
-		name, why := n.Name, n.Fact.Why
-		if g, w, k := r.group(facts[i:]); k > 0 {
-			name, why, i = g, w, i+k-1
-		}
+	for _, n := range Fold(r.Facts()) {
 		switch n.Fact.State {
 		case Present:
-			ok = append(ok, name)
+			ok = append(ok, n.Name)
 		case Absent:
-			missing = append(missing, name+" ("+why+")")
+			missing = append(missing, n.Name+" ("+n.Fact.Why+")")
 		default:
-			unk = append(unk, name)
+			unk = append(unk, n.Name)
 		}
 	}
 	if len(ok) > 0 {
@@ -233,18 +227,33 @@ func (r *Report) Summary() string {
 	return b.String()
 }
 
-// group folds a per-API capability whose four facts agree (the same state,
-// and for Absent the same reason once each route's path is left out) into
-// one entry: "render" and that reason, and
-// how many facts it folds (0 when they do not agree).
-func (r *Report) group(facts []Named) (name, why string, n int) {
+// Fold folds each per-API capability of facts (as Facts lists them) whose
+// four facts agree into one entry named without the API ("render",
+// "handles", "stream_handles"): the same state and, unless Present, the
+// same reason once each render route's path is left out, which the folded
+// Fact keeps (with the first fact's Fix). Other facts are kept as they are.
+func Fold(facts []Named) []Named {
+	out := make([]Named, 0, len(facts))
+	for i := 0; i < len(facts); i++ {
+		if n, ok := fold(facts[i:]); ok {
+			out = append(out, n)
+			i += len(APIs) - 1
+			continue
+		}
+		out = append(out, facts[i])
+	}
+	return out
+}
+
+// fold folds the per-API facts at the start of facts, if they agree.
+func fold(facts []Named) (Named, bool) {
 	if len(facts) < len(APIs) {
-		return "", "", 0
+		return Named{}, false
 	}
 	first := facts[0]
 	prefix, ok := strings.CutSuffix(first.Name, "_"+string(APIs[0]))
 	if !ok {
-		return "", "", 0
+		return Named{}, false
 	}
 	strip := func(i int) string {
 		w := facts[i].Fact.Why
@@ -253,14 +262,17 @@ func (r *Report) group(facts []Named) (name, why string, n int) {
 		}
 		return w
 	}
-	why = strip(0)
+	why := strip(0)
 	for i, a := range APIs {
 		if facts[i].Name != prefix+"_"+string(a) || facts[i].Fact.State != first.Fact.State ||
-			(first.Fact.State == Absent && strip(i) != why) {
-			return "", "", 0
+			(first.Fact.State != Present && strip(i) != why) {
+			return Named{}, false
 		}
 	}
-	return prefix, why, len(APIs)
+	if first.Fact.State == Present {
+		why = "every API"
+	}
+	return Named{Name: prefix, Fact: Fact{State: first.Fact.State, Why: why, Fix: first.Fact.Fix}}, true
 }
 
 // count writes n with a k or M suffix when it is a round enough figure.
