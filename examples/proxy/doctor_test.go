@@ -238,3 +238,29 @@ func TestDoctorText(t *testing.T) {
 		assert.ErrorIs(t, err, errUsage)
 	})
 }
+
+// TestContentModePerAPI is what --verification content reuses, per API,
+// measured through the doctor's probe on the simulated engines (stream
+// handles on): chat turns that resend the conversation exactly, and
+// completions turns whose prompt goes on from the stored prompt and reply
+// at clean token seams (the probe's reply starts without a space after
+// "Assistant:", a seam BPE tokenizers may merge, so none here); Responses
+// and Messages turns never (they have no content rules).
+func TestContentModePerAPI(t *testing.T) {
+	reg := kvroutetest.NewRegistry()
+	p := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithStreamHandles(true))
+	d := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithStreamHandles(true))
+	out, err, raw := doctor(t, p, d, "--probe", "--verification", "content")
+	require.NoError(t, err, raw)
+	got := map[string]int{}
+	for _, r := range out.Probe {
+		mode := "body"
+		if r.Stream {
+			mode = "stream"
+		}
+		got[r.API+" "+mode] = r.Reused
+		assert.Equal(t, r.Reused, r.Equal, r.API)
+	}
+	assert.Equal(t, map[string]int{"chat body": 2, "chat stream": 2, "completions body": 0, "completions stream": 0,
+		"responses body": 0, "responses stream": 0, "messages body": 0, "messages stream": 0}, got, raw)
+}
