@@ -16,7 +16,7 @@ import (
 )
 
 // errUsage wraps every command-line error, so main can exit with status 2.
-var errUsage = errors.New("proxy: invalid command line")
+var errUsage = errors.New("bidikv-proxy: invalid command line")
 
 // config is the parsed command line.
 type config struct {
@@ -193,20 +193,24 @@ func expandLists(args []string) []string {
 	return out
 }
 
-// parseConfig reads the command line. getenv is os.Getenv in main.
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	return parseCommand("bidikv-proxy", args, getenv, stderr, nil)
+// parseConfig reads the command line. getenv is os.Getenv in main; help
+// receives --help's text (the error is then flag.ErrHelp). Errors are
+// returned, never written: one line, naming the flag.
+func parseConfig(args []string, getenv func(string) string, help io.Writer) (*config, error) {
+	return parseCommand("bidikv-proxy", synopsis, args, getenv, help, nil)
 }
 
 // parseCommand reads the command line of the proxy, or of a subcommand
-// that takes the same flags and adds its own (extra).
-func parseCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (*config, error) {
+// that takes the same flags and adds its own (extra); head opens its
+// --help.
+func parseCommand(name, head string, args []string, getenv func(string) string, help io.Writer, extra func(*flag.FlagSet)) (*config, error) {
 	c := &config{
 		prefillHosts: []string{"localhost"}, prefillPorts: []string{"8100"},
 		decodeHosts: []string{"localhost"}, decodePorts: []string{"8200"},
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&c.port, "port", 8000, "port to listen on (0: any free port)")
 
@@ -247,11 +251,14 @@ func parseCommand(name string, args []string, getenv func(string) string, stderr
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
-	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	c.maxBodyBytes = kvroute.DefaultMaxBodyBytes
+	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request body accepted (413 above)")
 	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.DefaultMaxObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
-	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
+	c.maxHeaderBytes = defaultMaxHeaderBytes
+	fs.Var(intBytes{&c.maxHeaderBytes}, "max-header-bytes", "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
-	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
+	c.maxBufferedBytes = defaultMaxBufferedBytes
+	fs.Var(byteSize{&c.maxBufferedBytes}, "max-buffered-bytes", "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
 	fs.IntVar(&c.maxConns, "max-connections", defaultMaxConns, "client connections open at once; above it the connection waiting longest for a request (1s or more) is closed, else the new one gets 503 and is closed")
 	fs.IntVar(&c.maxTransit, "max-bodies-in-transit", defaultMaxTransit, "completion request bodies being received at once; more are shed with 503 and Retry-After (a body in transit holds no turn slot)")
 	fs.IntVar(&c.maxClientTransit, "max-client-bodies-in-transit", defaultMaxClientTransit, "completion request bodies being received at once from one client address (IPv6: its /64); more are shed with 503 and Retry-After (0: no bound per address, for a proxy behind a load balancer)")
@@ -276,9 +283,10 @@ func parseCommand(name string, args []string, getenv func(string) string, stderr
 
 	if err := fs.Parse(expandLists(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			writeHelp(help, fs, head)
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, parseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

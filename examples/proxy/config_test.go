@@ -57,7 +57,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"decoder count mismatch", "1 --decoder-hosts but 2 --decoder-ports", []string{"--decoder-ports", "1", "2"}},
 		{"bad port", `"x" is not a port`, []string{"--decoder-ports", "x"}},
 		{"URLs and pairs", "use either --prefill or", []string{"--prefill", "p:1", "--prefiller-hosts", "a"}},
-		{"unknown flag", "flag provided but not defined", []string{"--nope"}},
+		{"unknown flag", "unknown flag --nope", []string{"--nope"}},
 		{"stray argument", `unexpected argument "x"`, []string{"--port", "1", "x"}},
 		{"log level", "--log-level", []string{"--log-level", "loud"}},
 		{"log format", "--log-format", []string{"--log-format", "xml"}},
@@ -243,6 +243,6 @@ func TestEmptyValuesRefused(t *testing.T) {
 	var stdout syncBuffer
 	err := run(ctx, []string{"--prefill=", "--decode", "http://127.0.0.1:1", "--host", "127.0.0.1", "--port", "0"}, noEnv, &stdout, io.Discard)
 	require.ErrorIs(t, err, errUsage)
-	assert.Contains(t, err.Error(), `invalid value "" for flag -prefill: empty value`)
+	assert.Contains(t, err.Error(), `invalid value "" for flag --prefill: empty value`)
 	assert.NotContains(t, stdout.String(), "serving")
 }

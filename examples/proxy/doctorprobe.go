@@ -146,7 +146,7 @@ func (c *config) probeRouter(rt http.RoundTripper, reuse bool) (*kvroute.Router,
 	r, err := kvroute.New(opts...)
 	if err != nil {
 		_ = store.Close()
-		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, nil, nil, flagError(err)
 	}
 	return r, recs, func() { _ = r.Close(); _ = store.Close() }, nil
 }

@@ -25,7 +25,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && args[0] == "doctor" {
 		return runDoctor(ctx, args[1:], getenv, stdout, stderr)
 	}
-	cfg, err := parseConfig(args, getenv, stderr)
+	cfg, err := parseConfig(args, getenv, stdout)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	opts = append(opts, tel.options()...)
 	router, err := kvroute.New(opts...)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return flagError(err)
 	}
 	defer router.Close()
 	m.watchRouter(router)
