@@ -16,6 +16,10 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
+// UserAgent names the probe's requests to the engines (their access logs
+// show it), apart from the turns a router sends.
+const UserAgent = "bidikv-capability-probe"
+
 // DefaultTimeout bounds one Probe, all its requests together, when the
 // caller's context has no earlier deadline.
 const DefaultTimeout = 5 * time.Second
@@ -216,6 +220,7 @@ func (p *prober) do(ctx context.Context, method, path string, body []byte, limit
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept-Encoding", "identity")
+	req.Header.Set("User-Agent", UserAgent)
 	if p.key != "" {
 		req.Header.Set("Authorization", "Bearer "+p.key)
 	}

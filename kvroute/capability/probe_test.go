@@ -274,6 +274,7 @@ func TestProbeBounded(t *testing.T) {
 			n++
 			assert.Equal(t, "3", req.Header.Get(transport.RankHeader), req.URL.Path)
 			assert.Equal(t, "Bearer sk-engine", req.Header.Get("Authorization"), req.URL.Path)
+			assert.Equal(t, capability.UserAgent, req.Header.Get("User-Agent"), req.URL.Path)
 			assert.Less(t, req.ContentLength, int64(256), req.URL.Path)
 			if req.Method == http.MethodPost && req.URL.Path != "/tokenize" {
 				assert.True(t, strings.HasSuffix(req.URL.Path, "/render"), req.URL.Path)
