@@ -8,6 +8,10 @@
 //   - kvroute: the Router. kvroute.New(opts...) builds one; Router.Do runs a
 //     turn (pick, prefill, decode, capture, store); Router is also an
 //     http.Handler for /v1/chat/completions and /v1/completions. Start here.
+//   - kvroute/capability: what an engine offers a router (version, render
+//     routes, /tokenize, handles per API, prefix caching, KV pool), each
+//     fact present, absent or unknown with the evidence and the fix; the
+//     proxy's start-up log, /ready, metrics and `bidikv-proxy doctor` read it.
 //   - kvroute/otelobserver (its own module): OpenTelemetry for the Router,
 //     a kvroute.Tracer and kvroute.Observer: a span per turn and per phase,
 //     the trace context on every engine request, and metrics.

@@ -7,7 +7,8 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
-// The routes a Router serves.
+// The routes a Router serves (PathResponses and PathMessages are with
+// their APIs, api_responses.go and api_messages.go).
 const (
 	PathChatCompletions = "/v1/chat/completions"
 	PathCompletions     = "/v1/completions"
@@ -15,7 +16,9 @@ const (
 
 // Request is one turn as the client sent it.
 type Request struct {
-	// Path is PathChatCompletions or PathCompletions.
+	// Path is PathChatCompletions, PathCompletions, PathResponses or
+	// PathMessages (a query string, such as Claude Code's ?beta=true, is
+	// not part of it).
 	Path string
 	// Header holds the client's headers. The router reads X-Request-Id,
 	// X-Session-ID, and Authorization and X-Api-Key for the principal

@@ -2,7 +2,11 @@ package kvroute
 
 import "sync/atomic"
 
-// Stats are a Router's counters since New.
+// Stats are a Router's counters since New: what went wrong or was
+// refused, and the decisions the cost model took. Hits and misses are per
+// turn, in the TurnRecord given to the Observer (Reuse, MissReason,
+// StoreRefusal); count them there, as the proxy does
+// (bidikv_reuse_hits_total, bidikv_reuse_misses_total by reason).
 type Stats struct {
 	// Stored counts handles retained for a next turn.
 	Stored int64

@@ -70,9 +70,28 @@ func profileDefaults(name string) (end, turns int, kvBytes float64, pub []publis
 	return 24000, 12, 0, nil
 }
 
-func parseFlags(args []string, stderr io.Writer) (config, error) {
+// description opens --help.
+const description = `Usage: go run ./examples/demo [flags]
+
+The demo shows, with no GPU, what bidirectional KV reuse does to time to first
+token in prefill/decode disaggregation. It starts one simulated prefill engine
+(prefix caching off, as in the published experiment) and one simulated decode
+engine in process, and runs the same agent-style conversations twice through a
+kvroute.Router: reuse off (every turn recomputes the whole history) and reuse
+on (each turn's prefill pulls the KV the decode engine kept from the turn
+before). Engine times are modelled from a cost profile calibrated on the
+published 1P1D results; the router's own overhead is measured. It prints the
+tables and writes an SVG chart (--svg).
+
+Flags:
+`
+
+// parseFlags reads the command line; help receives --help's text (the
+// error is then flag.ErrHelp).
+func parseFlags(args []string, help io.Writer) (config, error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	name := fs.String("profile", "qwen3-32b", "cost profile: qwen3-32b or glm-5-fp8")
 	convs := fs.Int("conversations", 16, "conversations per mode")
 	turns := fs.Int("turns", 0, "turns per conversation (0: 12 for qwen3-32b, 19 for glm-5-fp8, the shapes that fit the published results)")
@@ -89,7 +108,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	local := fs.Bool("decode-local", true, "with --suffix-tokens, let the router answer a turn on the decode engine that holds the conversation when its cost model says so (=false: today's path, every hit pulls)")
 
 	if err := fs.Parse(args); err != nil {
-		return config{}, err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(help, description)
+			fs.SetOutput(help)
+			fs.PrintDefaults()
+			return config{}, err
+		}
+		return config{}, fmt.Errorf("%v; go run ./examples/demo --help lists the flags", err)
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))

@@ -11,7 +11,7 @@ import (
 // runMain parses args, runs both modes, prints the tables and writes the
 // chart.
 func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c, err := parseFlags(args, stderr)
+	c, err := parseFlags(args, stdout)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,10 @@ import (
 	"encoding/xml"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +24,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv("BIDIKV_DEMO_MAIN") != "" { // TestHelpExitsZero: this process is the demo
+		os.Args = append([]string{"demo"}, strings.Fields(os.Getenv("BIDIKV_DEMO_MAIN"))...)
+		main()
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -140,6 +148,114 @@ func TestRunMainWritesTablesAndChart(t *testing.T) {
 	require.NoError(t, err)
 	assertWellFormed(t, raw)
 	assert.Contains(t, string(raw), "reuse on")
+	// Every figure of the chart's footer is in the text output, as written
+	// there.
+	foot := regexp.MustCompile(`<text x="70" y="418" fill="#555">hit rate (\d+%); off/on TTFT p50 at the longest prompt \((\S+)\): (\S+×); router overhead p50 \(measured\): reuse off (\S+), on (\S+)</text>`).FindStringSubmatch(string(raw))
+	require.NotNil(t, foot, "%s", raw)
+	text := out.String()
+	assert.Contains(t, text, "hit rate "+foot[1]+" ")
+	assert.Contains(t, text, "off/on TTFT p50 at the longest prompt ("+foot[2]+"): "+foot[3])
+	assert.Contains(t, text, "reuse off p50 "+foot[4]+" ")
+	assert.Contains(t, text, "reuse on p50 "+foot[5]+" ")
+}
+
+// chartTicks returns the tick labels of the TTFT panel: x along the bottom
+// (font size 10, y just under the axis) and y on the left.
+func chartTicks(svg string) (x, y []string) {
+	for _, m := range regexp.MustCompile(`<text x="[0-9.]+" y="374" text-anchor="middle" font-size="10">([^<]+)</text>`).FindAllStringSubmatch(svg, -1) {
+		x = append(x, m[1])
+	}
+	for _, m := range regexp.MustCompile(`<text x="66" y="[0-9.]+" text-anchor="end" font-size="10">([^<]+)</text>`).FindAllStringSubmatch(svg, -1) {
+		y = append(y, m[1])
+	}
+	return x, y
+}
+
+// TestChartAxes: the axes fit the data, x up to the longest prompt and y
+// up to the largest value, with exact, evenly spaced tick labels; with
+// prompts in a narrow band (--suffix-tokens) x starts just under the first,
+// and bars are labelled distinctly; every point lies in its panel, and the
+// legend covers none of them.
+func TestChartAxes(t *testing.T) {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+	series := func(tokens []int, off, on []float64) summary {
+		s := summary{profile: "qwen3-32b", hitRate: 0.92}
+		for i, tok := range tokens {
+			s.buckets = append(s.buckets, bucket{turn: i, tokens: tok, on: []turn{{}}, off: []turn{{}},
+				offP: [3]time.Duration{ms(off[i]), ms(off[i] * 1.02), ms(off[i] * 1.05)},
+				onP:  [3]time.Duration{ms(on[i]), ms(on[i] * 1.02), ms(on[i] * 1.05)}, offRecompute: ms(off[i] * 0.9), onRecompute: ms(on[i] * 0.5)})
+		}
+		return s
+	}
+	cases := []struct {
+		name string
+		s    summary
+		x, y []string
+		bars int
+	}{
+		{"published shape", series([]int{1600, 2000, 2600, 3300, 4200, 5400, 6900, 8900, 11000, 15000, 19000, 24000},
+			[]float64{154, 155, 166, 180, 200, 224, 260, 312, 376, 464, 600, 793},
+			[]float64{154, 160, 166, 174, 185, 197, 217, 245, 273, 314, 387, 478}),
+			[]string{"0", "5k", "10k", "15k", "20k", "25k"}, []string{"0", "200", "400", "600", "800", "1000"}, 12},
+		{"--suffix-tokens 300", series([]int{20500, 20800, 21200, 21500, 21800, 22100, 22400, 22700, 23100, 23400, 23700, 24000},
+			[]float64{759, 649, 660, 671, 683, 694, 706, 717, 729, 741, 753, 765},
+			[]float64{760, 61, 61, 62, 62, 62, 62, 62, 68, 64, 63, 64}),
+			[]string{"20k", "21k", "22k", "23k", "24k"}, []string{"0", "200", "400", "600", "800"}, 12},
+		{"small values", series([]int{100, 200, 300}, []float64{0.2, 0.4, 0.7}, []float64{0.1, 0.2, 0.3}),
+			[]string{"0", "100", "200", "300"}, []string{"0", "0.2", "0.4", "0.6", "0.8"}, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			require.NoError(t, writeSVG(&buf, tc.s))
+			svg := buf.String()
+			assertWellFormed(t, buf.Bytes())
+			x, y := chartTicks(svg)
+			assert.Equal(t, tc.x, x[:len(tc.x)], "x ticks")
+			assert.Equal(t, tc.y, y, "y ticks of the TTFT panel")
+			bars := x[len(tc.x):]
+			assert.Len(t, bars, tc.bars)
+			seen := map[string]bool{}
+			for _, b := range bars {
+				assert.False(t, seen[b], "bar label %s twice: %v", b, bars)
+				seen[b] = true
+			}
+			// Every point of the TTFT panel lies inside it.
+			for _, m := range regexp.MustCompile(`<circle cx="([0-9.]+)" cy="([0-9.]+)"`).FindAllStringSubmatch(svg, -1) {
+				cx, _ := strconv.ParseFloat(m[1], 64)
+				cy, _ := strconv.ParseFloat(m[2], 64)
+				assert.True(t, cx >= leftX && cx <= leftX+panelW && cy >= topY && cy <= topY+panelH, "point %s,%s outside the panel", m[1], m[2])
+			}
+		})
+	}
+}
+
+// TestHelpExitsZero: `demo --help` prints a description and the flags on
+// stdout and exits 0; a bad flag is one line on stderr with a hint, exit 1.
+func TestHelpExitsZero(t *testing.T) {
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "BIDIKV_DEMO_MAIN=--help")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "exit status 0: %s", stderr.String())
+	assert.True(t, strings.HasPrefix(stdout.String(), "Usage: go run ./examples/demo [flags]\n\nThe demo shows, with no GPU,"), stdout.String())
+	assert.Contains(t, stdout.String(), "\nFlags:\n")
+	assert.Contains(t, stdout.String(), "-suffix-tokens int")
+	assert.Empty(t, stderr.String())
+
+	cmd = exec.Command(exe)
+	cmd.Env = append(os.Environ(), "BIDIKV_DEMO_MAIN=--nope")
+	stdout.Reset()
+	stderr.Reset()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 1, ee.ExitCode())
+	assert.Equal(t, "demo: flag provided but not defined: -nope; go run ./examples/demo --help lists the flags\n", stderr.String())
+	assert.Empty(t, stdout.String())
 }
 
 func TestParseFlagsErrors(t *testing.T) {

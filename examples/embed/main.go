@@ -1,6 +1,8 @@
-// Command embed is the README's embedding example: a chat-completions
-// server that routes every turn over vLLM prefill and decode engines with
-// bidirectional KV reuse.
+// Command embed is the README's embedding example: a server of the four
+// APIs agents speak (chat completions, completions, OpenAI's Responses and
+// Anthropic's Messages) that routes every turn over vLLM prefill and decode
+// engines with bidirectional KV reuse. TestReadmeEmbed (in the module root)
+// keeps the README's snippet and this file the same.
 //
 //	go run ./examples/embed -prefill http://10.0.0.1:8100 -decode http://10.0.0.2:8200
 package main
@@ -31,7 +33,9 @@ func main() {
 	}
 	defer router.Close()
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/chat/completions", router)
-	mux.Handle("POST /v1/completions", router)
+	mux.Handle("POST "+kvroute.PathChatCompletions, router)
+	mux.Handle("POST "+kvroute.PathCompletions, router)
+	mux.Handle("POST "+kvroute.PathResponses, router) // OpenAI's Responses API (Codex)
+	mux.Handle("POST "+kvroute.PathMessages, router)  // Anthropic's Messages API (Claude Code)
 	log.Fatal(http.ListenAndServe(*addr, mux))
 }

@@ -331,14 +331,23 @@ func TestNonReadingClientCut(t *testing.T) {
 
 // silentEngine is a decode engine that accepts completion requests and
 // never answers them: no headers at all, or (headersOnly) a stream's
-// headers and then nothing. It counts the requests it got.
+// headers and then nothing. It counts the requests it got. Other routes
+// (the proxy's capability probe: /version, /metrics, render, /tokenize)
+// answer 404 at once.
 func silentEngine(t *testing.T, headersOnly bool) (string, *atomic.Int32) {
 	t.Helper()
 	var n atomic.Int32
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
+			if r.URL.Path != "/health" {
+				http.NotFound(w, r)
+			}
 			return // /health answers
+		}
+		if r.URL.Path != "/v1/chat/completions" {
+			http.NotFound(w, r)
+			return
 		}
 		n.Add(1)
 		if headersOnly {

@@ -16,7 +16,7 @@ import (
 )
 
 // errUsage wraps every command-line error, so main can exit with status 2.
-var errUsage = errors.New("proxy: invalid command line")
+var errUsage = errors.New("bidikv-proxy: invalid command line")
 
 // config is the parsed command line.
 type config struct {
@@ -193,14 +193,24 @@ func expandLists(args []string) []string {
 	return out
 }
 
-// parseConfig reads the command line. getenv is os.Getenv in main.
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+// parseConfig reads the command line. getenv is os.Getenv in main; help
+// receives --help's text (the error is then flag.ErrHelp). Errors are
+// returned, never written: one line, naming the flag.
+func parseConfig(args []string, getenv func(string) string, help io.Writer) (*config, error) {
+	return parseCommand("bidikv-proxy", synopsis, args, getenv, help, nil)
+}
+
+// parseCommand reads the command line of the proxy, or of a subcommand
+// that takes the same flags and adds its own (extra); head opens its
+// --help.
+func parseCommand(name, head string, args []string, getenv func(string) string, help io.Writer, extra func(*flag.FlagSet)) (*config, error) {
 	c := &config{
 		prefillHosts: []string{"localhost"}, prefillPorts: []string{"8100"},
 		decodeHosts: []string{"localhost"}, decodePorts: []string{"8200"},
 	}
-	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&c.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&c.port, "port", 8000, "port to listen on (0: any free port)")
 
@@ -228,7 +238,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&c.recomputeThresh, "recompute-threshold", 64, "attach a handle only if at least this many tokens can be pulled (the engines' kv_recompute_threshold; 0: always)")
 	fs.BoolVar(&c.reuse, "reuse", true, "bidirectional KV reuse; false: plain one-way P→D disaggregation")
 	fs.StringVar(&c.keyMode, "key-mode", keyContent, "how turns are matched: content (the conversation itself) or conversation-id (conversation_id body field / X-Session-ID header, as the reference proxy)")
-	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects)")
+	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact; every API) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects; reuses chat turns, completions turns only at clean token seams, never Responses or Messages)")
 	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
@@ -241,11 +251,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
-	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", kvroute.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	c.maxBodyBytes = kvroute.DefaultMaxBodyBytes
+	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request body accepted (413 above)")
 	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.DefaultMaxObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
-	fs.IntVar(&c.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers accepted (431 above)")
+	c.maxHeaderBytes = defaultMaxHeaderBytes
+	fs.Var(intBytes{&c.maxHeaderBytes}, "max-header-bytes", "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
-	fs.Int64Var(&c.maxBufferedBytes, "max-buffered-bytes", defaultMaxBufferedBytes, "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
+	c.maxBufferedBytes = defaultMaxBufferedBytes
+	fs.Var(byteSize{&c.maxBufferedBytes}, "max-buffered-bytes", "request body bytes held at once over all completion requests, charged as they arrive; more are shed with 503 and Retry-After (at least --max-body-bytes)")
 	fs.IntVar(&c.maxConns, "max-connections", defaultMaxConns, "client connections open at once; above it the connection waiting longest for a request (1s or more) is closed, else the new one gets 503 and is closed")
 	fs.IntVar(&c.maxTransit, "max-bodies-in-transit", defaultMaxTransit, "completion request bodies being received at once; more are shed with 503 and Retry-After (a body in transit holds no turn slot)")
 	fs.IntVar(&c.maxClientTransit, "max-client-bodies-in-transit", defaultMaxClientTransit, "completion request bodies being received at once from one client address (IPv6: its /64); more are shed with 503 and Retry-After (0: no bound per address, for a proxy behind a load balancer)")
@@ -264,12 +277,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	c.dns.flags(fs)
+	if extra != nil {
+		extra(fs)
+	}
 
 	if err := fs.Parse(expandLists(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			writeHelp(help, fs, head)
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, parseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
@@ -377,6 +394,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --port %d out of range", errUsage, c.port)
 	case c.verification != string(kvroute.VerifyTokens) && c.verification != string(kvroute.VerifyContent):
 		return fmt.Errorf("%w: --verification %q: use %s or %s", errUsage, c.verification, kvroute.VerifyTokens, kvroute.VerifyContent)
+	case c.decodeLocal && c.verification != string(kvroute.VerifyTokens):
+		return fmt.Errorf("%w: --decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification %s it never would", errUsage, c.verification)
 	case c.blockSize < 0:
 		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
 	case c.renderTimeout <= 0:

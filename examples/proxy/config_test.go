@@ -57,7 +57,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"decoder count mismatch", "1 --decoder-hosts but 2 --decoder-ports", []string{"--decoder-ports", "1", "2"}},
 		{"bad port", `"x" is not a port`, []string{"--decoder-ports", "x"}},
 		{"URLs and pairs", "use either --prefill or", []string{"--prefill", "p:1", "--prefiller-hosts", "a"}},
-		{"unknown flag", "flag provided but not defined", []string{"--nope"}},
+		{"unknown flag", "unknown flag --nope", []string{"--nope"}},
 		{"stray argument", `unexpected argument "x"`, []string{"--port", "1", "x"}},
 		{"log level", "--log-level", []string{"--log-level", "loud"}},
 		{"log format", "--log-format", []string{"--log-format", "xml"}},
@@ -67,6 +67,10 @@ func TestParseConfigErrors(t *testing.T) {
 		{"grace", "--shutdown-grace", []string{"--shutdown-grace", "-1s"}},
 		{"restart check", "--restart-check", []string{"--restart-check", "-1s"}},
 		{"render timeout", "--render-timeout", []string{"--render-timeout", "0s"}},
+		{"decode-local by content", "--decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification content it never would",
+			[]string{"--decode-local", "--verification", "content"}},
+		{"decode-local by content, flags the other way round", "--decode-local needs --verification tokens",
+			[]string{"--verification=content", "--decode-local=true"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -239,6 +243,6 @@ func TestEmptyValuesRefused(t *testing.T) {
 	var stdout syncBuffer
 	err := run(ctx, []string{"--prefill=", "--decode", "http://127.0.0.1:1", "--host", "127.0.0.1", "--port", "0"}, noEnv, &stdout, io.Discard)
 	require.ErrorIs(t, err, errUsage)
-	assert.Contains(t, err.Error(), `invalid value "" for flag -prefill: empty value`)
+	assert.Contains(t, err.Error(), `invalid value "" for flag --prefill: empty value`)
 	assert.NotContains(t, stdout.String(), "serving")
 }

@@ -373,7 +373,7 @@ func TestReadyAuthAndLimits(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status, body)
 	status, body = get(t, px.url+"/ready")
 	assert.Equal(t, http.StatusOK, status, body)
-	assert.JSONEq(t, `{"ready":true,"prefill":true,"decode":true}`, body)
+	assertReady(t, body, true, true, true)
 
 	t.Run("inbound keys", func(t *testing.T) {
 		status, body := get(t, px.url+"/v1/models")
@@ -403,13 +403,31 @@ func TestReadyAuthAndLimits(t *testing.T) {
 		d.kill(t)
 		status, body := get(t, px.url+"/ready")
 		assert.Equal(t, http.StatusServiceUnavailable, status)
-		assert.JSONEq(t, `{"ready":false,"prefill":true,"decode":false}`, body)
+		assertReady(t, body, false, true, false)
 		_, page := get(t, px.url+"/metrics")
 		assert.Equal(t, "0", metricValue(page, `bidikv_endpoint_up{endpoint="`+d.url+`",role="decode"}`))
 		assert.Equal(t, "1", metricValue(page, `bidikv_endpoint_up{endpoint="`+p.url+`",role="prefill"}`))
 		status, body = get(t, px.url+"/v1/models", auth...)
 		assert.Equal(t, http.StatusOK, status, "models from the prefill engine still up: %s", body)
 	})
+}
+
+// assertReady checks /ready's first fields, kept from before the engines'
+// capabilities were added, and that it lists both engines.
+func assertReady(t *testing.T, body string, ready, prefill, decode bool) {
+	t.Helper()
+	var r struct {
+		Ready, Prefill, Decode *bool
+		Engines                []struct{ Role, Endpoint string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &r), body)
+	require.NotNil(t, r.Ready, body)
+	require.NotNil(t, r.Prefill, body)
+	require.NotNil(t, r.Decode, body)
+	assert.Equal(t, []bool{ready, prefill, decode}, []bool{*r.Ready, *r.Prefill, *r.Decode}, body)
+	assert.True(t, strings.HasPrefix(body, fmt.Sprintf(`{"ready":%t,"prefill":%t,"decode":%t,`, ready, prefill, decode)), body)
+	require.Len(t, r.Engines, 2, body)
+	assert.Equal(t, []string{"prefill", "decode"}, []string{r.Engines[0].Role, r.Engines[1].Role})
 }
 
 // A stream still open when the grace period ends gets an SSE error event

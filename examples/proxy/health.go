@@ -5,10 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute/capability"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // Engine roles, as labels in metrics and logs.
@@ -22,9 +26,14 @@ type engine struct {
 	role, url string
 	up        atomic.Bool
 	probed    atomic.Bool // up has been set at least once
+	// caps is the engine's last capability report (nil before the first
+	// probe that reached it); logged is the summary last logged.
+	caps   atomic.Pointer[capability.Report]
+	logged string // the health loop's only
 }
 
-// health probes the engines' GET /health.
+// health probes the engines' GET /health and, in its loop, their
+// capabilities (kvroute/capability).
 type health struct {
 	client   *http.Client
 	mu       sync.Mutex // guards engines, which DNS discovery replaces (setEngines)
@@ -32,6 +41,11 @@ type health struct {
 	timeout  time.Duration
 	log      *slog.Logger
 	onChange func(e *engine, up bool) // called on every change, and on the first probe
+	// capOpts are the capability probe's options (the engines' API key);
+	// onCaps is called after a round in which a report changed, with
+	// every engine's facts.
+	capOpts []capability.Option
+	onCaps  func([]engineFacts)
 }
 
 func newHealth(client *http.Client, prefill, decode []string, timeout time.Duration, log *slog.Logger) *health {
@@ -96,18 +110,76 @@ func (h *health) probe(parent context.Context, e *engine) {
 	}
 }
 
-// run probes every interval until ctx is done.
+// run probes every interval until ctx is done: health, then capabilities.
 func (h *health) run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		h.check(ctx)
+		h.refreshCaps(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// refreshCaps brings the capability report of every engine that is up
+// to date (capability.Refresh: one /metrics read; a full probe for an
+// engine seen for the first time, back after a failure, or restarted), logs
+// one line per engine whose summary changed, and calls onCaps when any did.
+func (h *health) refreshCaps(ctx context.Context) {
+	engines := h.list()
+	changed := make([]bool, len(engines))
+	var wg sync.WaitGroup
+	for i, e := range engines {
+		if !e.up.Load() {
+			continue
+		}
+		wg.Go(func() { changed[i] = h.refreshEngine(ctx, e) })
+	}
+	wg.Wait()
+	if ctx.Err() != nil || !slices.Contains(changed, true) || h.onCaps == nil {
+		return
+	}
+	h.onCaps(h.facts())
+}
+
+// refreshEngine refreshes e's report and reports whether its summary
+// changed (logging it).
+func (h *health) refreshEngine(ctx context.Context, e *engine) bool {
+	ep, err := transport.ParseEndpoint(e.url)
+	if err != nil {
+		return false
+	}
+	rep, _ := capability.Refresh(ctx, h.client.Transport, ep, e.caps.Load(), h.capOpts...)
+	if ctx.Err() != nil {
+		return false
+	}
+	e.caps.Store(rep)
+	sum := rep.Summary()
+	if sum == e.logged {
+		return false
+	}
+	e.logged = sum
+	level := slog.LevelInfo
+	if !rep.Reachable {
+		level = slog.LevelWarn
+	}
+	h.log.LogAttrs(ctx, level, "engine capabilities", slog.String("role", e.role), slog.String("endpoint", e.url),
+		slog.String("summary", sum))
+	return true
+}
+
+// facts returns every engine's role, URL and last report.
+func (h *health) facts() []engineFacts {
+	engines := h.list()
+	out := make([]engineFacts, len(engines))
+	for i, e := range engines {
+		out[i] = engineFacts{role: e.role, url: e.url, rep: e.caps.Load()}
+	}
+	return out
 }
 
 // ordered returns the engines last seen up first, decode before prefill.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/capability"
 )
 
 const namespace = "bidikv"
@@ -337,6 +338,57 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		}
 	}
 	m.duration.WithLabelValues(reuse).Observe(rec.Total.Seconds())
+}
+
+var (
+	capabilityDesc = prometheus.NewDesc(namespace+"_engine_capability",
+		"What the last capability probe found of an engine, per capability (kvroute/capability's names: render_chat, tokenize, handles_responses, stream_handles_messages, prefix_caching, ...): 1 present, 0 absent, -1 unknown. GET /ready has the reasons and fixes.",
+		[]string{"role", "endpoint", "capability"}, nil)
+	engineInfoDesc = prometheus.NewDesc(namespace+"_engine_info",
+		"1 per probed engine, with its vLLM version and model (empty when unknown).", []string{"role", "endpoint", "version", "model"}, nil)
+	engineBlockDesc = prometheus.NewDesc(namespace+"_engine_block_size",
+		"The engine's KV block size in tokens (vllm:cache_config_info block_size); compare with --block-size.", []string{"role", "endpoint"}, nil)
+	engineKVDesc = prometheus.NewDesc(namespace+"_engine_kv_capacity_tokens",
+		"The engine's KV capacity in tokens per data-parallel rank (vllm:cache_config_info).", []string{"role", "endpoint"}, nil)
+)
+
+// capabilityCollector exports the engines' last capability reports at
+// each scrape.
+type capabilityCollector struct{ h *health }
+
+// watchEngines exports the engines' capabilities.
+func (m *metrics) watchEngines(h *health) { m.reg.MustRegister(capabilityCollector{h: h}) }
+
+// Describe implements prometheus.Collector.
+func (c capabilityCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- capabilityDesc
+	ch <- engineInfoDesc
+	ch <- engineBlockDesc
+	ch <- engineKVDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c capabilityCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.h.facts() {
+		if e.rep == nil {
+			continue
+		}
+		for _, n := range e.rep.Facts() {
+			v := -1.0
+			switch n.Fact.State {
+			case capability.Present:
+				v = 1
+			case capability.Absent:
+				v = 0
+			}
+			ch <- prometheus.MustNewConstMetric(capabilityDesc, prometheus.GaugeValue, v, e.role, e.url, n.Name)
+		}
+		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, e.rep.VLLMVersion, e.rep.Model)
+		if e.rep.BlockSize > 0 {
+			ch <- prometheus.MustNewConstMetric(engineBlockDesc, prometheus.GaugeValue, float64(e.rep.BlockSize), e.role, e.url)
+			ch <- prometheus.MustNewConstMetric(engineKVDesc, prometheus.GaugeValue, float64(e.rep.KVCacheTokens), e.role, e.url)
+		}
+	}
 }
 
 // setUp records an engine's health.

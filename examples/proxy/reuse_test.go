@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -151,8 +152,8 @@ func TestRenderTimeoutFlag(t *testing.T) {
 	require.NoError(t, err)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasSuffix(r.URL.Path, "/render") {
-			rp.ServeHTTP(w, r)
+		if !strings.HasSuffix(r.URL.Path, "/render") || r.Header.Get("User-Agent") == capability.UserAgent {
+			rp.ServeHTTP(w, r) // the capability probe's calls are not turns'
 			return
 		}
 		calls.Add(1)

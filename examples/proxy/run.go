@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/redisstore"
 	"github.com/bidikv/bidikv/transport"
@@ -21,7 +22,10 @@ import (
 // requests in flight get up to --shutdown-grace to finish, and whatever is
 // left is then cut.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := parseConfig(args, getenv, stderr)
+	if len(args) > 0 && args[0] == "doctor" {
+		return runDoctor(ctx, args[1:], getenv, stdout, stderr)
+	}
+	cfg, err := parseConfig(args, getenv, stdout)
 	if err != nil {
 		return err
 	}
@@ -63,13 +67,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	opts = append(opts, tel.options()...)
 	router, err := kvroute.New(opts...)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return flagError(err)
 	}
 	defer router.Close()
 	m.watchRouter(router)
 
 	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp
+	if cfg.upstreamAPIKey != "" {
+		h.capOpts = append(h.capOpts, capability.WithAPIKey(cfg.upstreamAPIKey))
+	}
+	h.onCaps = cfg.warnGaps(ctx, log)
+	m.watchEngines(h)
 	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
 	if err != nil {
 		return err
@@ -142,6 +151,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case <-ctx.Done():
 	}
 	return drain(srv, served, s.open, cfg.shutdownGrace, log)
+}
+
+// warnGaps returns the health loop's onCaps: it logs each gap between the
+// configuration and the engines found once (capabilities.go), as a warning
+// (an error when reuse cannot work at all; a note at info level).
+func (c *config) warnGaps(ctx context.Context, log *slog.Logger) func([]engineFacts) {
+	logged := map[gap]bool{}
+	return func(engines []engineFacts) {
+		for _, g := range c.gaps(engines) {
+			if logged[g] {
+				continue
+			}
+			logged[g] = true
+			level := slog.LevelWarn
+			switch g.severity {
+			case gapError:
+				level = slog.LevelError
+			case gapNote:
+				level = slog.LevelInfo
+			}
+			log.LogAttrs(ctx, level, "engines: "+g.what, slog.String("fix", g.fix))
+		}
+	}
 }
 
 // newStore returns Redis when --redis-url is set, else an in-memory store.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -265,11 +266,24 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	if !p || !d {
 		status = http.StatusServiceUnavailable
 	}
+	type engineState struct {
+		Role     string `json:"role"`
+		Endpoint string `json:"endpoint"`
+		Up       bool   `json:"up"`
+		// Capabilities is the last capability probe's report (null before
+		// the first that reached the engine).
+		Capabilities *capability.Report `json:"capabilities"`
+	}
+	var engines []engineState
+	for _, e := range s.health.list() {
+		engines = append(engines, engineState{Role: e.role, Endpoint: e.url, Up: e.up.Load(), Capabilities: e.caps.Load()})
+	}
 	b, _ := json.Marshal(struct {
-		Ready   bool `json:"ready"`
-		Prefill bool `json:"prefill"`
-		Decode  bool `json:"decode"`
-	}{p && d, p, d})
+		Ready   bool          `json:"ready"`
+		Prefill bool          `json:"prefill"`
+		Decode  bool          `json:"decode"`
+		Engines []engineState `json:"engines"`
+	}{p && d, p, d, engines})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)

@@ -22,7 +22,8 @@ func TestPrefillOverloadReachesClient(t *testing.T) {
 	var mode atomic.Value
 	p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		status, ra := 503, ""
-		switch mode.Load().(string) {
+		m, _ := mode.Load().(string) // unset for the capability probe at start-up
+		switch m {
 		case "503 retry-after 7":
 			ra = "7"
 		case "429 retry-after 3":

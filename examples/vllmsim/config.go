@@ -70,7 +70,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	kvc := fs.String("kv-transfer-config", "", "vLLM KV transfer config JSON (engine_id, bidirectional_kv_xfer, kv_recompute_threshold, decoder_kv_blocks_ttl, kv_lease_duration, kv_load_failure_policy)")
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
-	fs.IntVar(&o.cfg.NumBlocks, "num-gpu-blocks-override", o.cfg.NumBlocks, "KV pool capacity in blocks")
+	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193)")
+	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", o.cfg.MaxNumSeqs, "requests a rank runs at once; the others wait (0: no limit)")
+	fs.StringVar(&o.cfg.Version, "sim-version", o.cfg.Version, "the vLLM version GET /version reports (empty: no /version route, 404)")
+	noTokenize := fs.Bool("no-tokenize", false, "no POST /tokenize route (404), as a server without it")
+	noResponsesKV := fs.Bool("no-responses-kv-transfer", false, "an engine before vLLM PR #37424: /v1/responses ignores kv_transfer_params and returns none")
+	noMessagesKV := fs.Bool("no-messages-kv-transfer", false, "an engine before vLLM PR #37535: /v1/messages ignores kv_transfer_params and returns none")
+	fs.StringVar(&o.cfg.UsageMetric, "kv-usage-metric", sim.UsageMetricCurrent, "KV usage gauge on /metrics: current (vllm:kv_cache_usage_perc), legacy (vllm:gpu_cache_usage_perc, before vLLM 0.9) or both (0.9, 0.10)")
 	fs.IntVar(&o.cfg.TPSize, "tensor-parallel-size", o.cfg.TPSize, "tp_size put in handles")
 	profile := fs.String("profile", "", "cost profile: qwen3-32b or glm-5-fp8 (default: zero cost)")
 	fs.Float64Var(&o.cfg.Speed, "speed", 0, "sleep modelled time / speed in real time (0: never sleep)")
@@ -104,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.cfg.PrefixCaching = !*noCache
+	o.cfg.NoTokenize, o.cfg.NoResponsesKV, o.cfg.NoMessagesKV = *noTokenize, *noResponsesKV, *noMessagesKV
 	if *kvc != "" {
 		var k kvTransferConfig
 		if err := json.Unmarshal([]byte(*kvc), &k); err != nil {
@@ -125,6 +132,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, fmt.Errorf("--profile %q: unknown (known: %v)", *profile, sim.ProfileNames())
 		}
 		o.cfg.Profile = p
+		if n := p.NumGPUBlocks(o.cfg.BlockSize); n > 0 {
+			o.cfg.NumBlocks = n
+		}
+	}
+	switch {
+	case *gpuBlocks == 1 || *gpuBlocks < 0:
+		return nil, fmt.Errorf("--num-gpu-blocks-override %d: must be at least 2 (block 0 is vLLM's null block)", *gpuBlocks)
+	case *gpuBlocks > 1:
+		o.cfg.NumBlocks = *gpuBlocks - 1
 	}
 	return o, nil
 }

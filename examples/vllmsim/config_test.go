@@ -109,3 +109,31 @@ func TestParseFlagsTemplate(t *testing.T) {
 	assert.Equal(t, sim.TemplateChatML, d.cfg.Template)
 	assert.Equal(t, sim.ContentFormatString, d.cfg.ContentFormat)
 }
+
+func TestParseFlagsCapacity(t *testing.T) {
+	o, err := parseFlags([]string{"--profile", "qwen3-32b"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, o.cfg.Profile.NumGPUBlocks(16), o.cfg.NumBlocks, "a node's capacity")
+	assert.Equal(t, 232907, o.cfg.NumBlocks)
+
+	o, err = parseFlags([]string{"--profile", "qwen3-32b", "--num-gpu-blocks-override", "1000", "--max-num-seqs", "8",
+		"--sim-version", "0.9.2", "--no-tokenize", "--no-responses-kv-transfer", "--no-messages-kv-transfer",
+		"--kv-usage-metric", "both"}, io.Discard)
+	require.NoError(t, err)
+	c := o.cfg
+	assert.Equal(t, 999, c.NumBlocks, "num_gpu_blocks counts vLLM's null block")
+	assert.Equal(t, 8, c.MaxNumSeqs)
+	assert.Equal(t, "0.9.2", c.Version)
+	assert.True(t, c.NoTokenize)
+	assert.True(t, c.NoResponsesKV)
+	assert.True(t, c.NoMessagesKV)
+	assert.Equal(t, sim.UsageMetricBoth, c.UsageMetric)
+
+	o, err = parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, sim.DefaultConfig().NumBlocks, o.cfg.NumBlocks)
+	assert.Equal(t, 1024, o.cfg.MaxNumSeqs)
+	assert.Equal(t, sim.DefaultVersion, o.cfg.Version)
+	_, err = parseFlags([]string{"--num-gpu-blocks-override", "1"}, io.Discard)
+	assert.Error(t, err)
+}

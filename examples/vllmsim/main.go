@@ -9,18 +9,32 @@
 //	  [MODEL]
 //
 // Other flags: --host (default 127.0.0.1), --model, --no-enable-prefix-caching,
-// --block-size, --num-gpu-blocks-override, --tensor-parallel-size, --profile
+// --block-size, --num-gpu-blocks-override (num_gpu_blocks, vLLM's null block
+// included; default the profile's capacity on an 8xH200 node, else 8193),
+// --max-num-seqs (default 1024), --tensor-parallel-size, --profile
 // (qwen3-32b, glm-5-fp8), --speed, --stream-handles, --reasoning,
 // --inline-reasoning, --reasoning-field (reasoning, reasoning_content, both),
 // --drift-rate, --kv-groups, --prefill-handle-on-length-only,
 // --decode-recompute, --template (chatml, llama3), --chat-template-content-format (string,
 // openai), --render-api (enabled, disabled, absent), --data-parallel-size
 // (default 1), --strict-rank, --fingerprint-mode (full, hash, custom, none;
-// default absent), --fingerprint-value, --side-channel-host, --verbose. The settings in --kv-transfer-config may
+// default absent), --fingerprint-value, --side-channel-host, --verbose, and
+// knobs for what an engine offers: --sim-version (GET /version; empty: 404),
+// --no-tokenize (no POST /tokenize), --no-responses-kv-transfer and
+// --no-messages-kv-transfer (engines before PRs #37424, #37535: the APIs
+// ignore kv_transfer_params), --kv-usage-metric (current, legacy, both).
+// The settings in --kv-transfer-config may
 // also sit at its top level (kv_load_failure_policy, kv_lease_duration);
 // its engine_id fixes the NIXL engine id (else a random one per start, as
-// vLLM draws). GET /metrics serves process_start_time_seconds, and GET
-// /sim/stats returns the engine's counters as JSON.
+// vLLM draws). GET /metrics serves process_start_time_seconds and vLLM's
+// vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc, vllm:num_preemptions_total and
+// vllm:cache_config_info (num_gpu_blocks, block_size,
+// enable_prefix_caching, kv_cache_size_tokens, ...), and GET /sim/stats
+// returns the engine's counters as JSON. KV capacity is enforced as vLLM's
+// scheduler does: requests wait for blocks first come first served, holds
+// are pinned, and a running request that finds no free block preempts the
+// one scheduled last.
 //
 // Besides POST /v1/chat/completions and /v1/completions it serves vLLM's
 // POST /v1/responses (OpenAI's Responses API) and POST /v1/messages and

@@ -31,6 +31,12 @@ type Profile struct {
 	// Prefill does.
 	LocalPrefillOverhead time.Duration
 	LocalPrefillFactor   float64
+	// KVBytesPerToken is the memory one token of KV occupies across the
+	// engine's GPUs, and KVCapacityTokens how many tokens the engine's KV
+	// cache holds (one 8×H200 node, tensor parallel 8, gpu_memory_utilization
+	// 0.9; capacity.go has the arithmetic). 0: unknown (the zero profile).
+	KVBytesPerToken  int64
+	KVCapacityTokens int
 }
 
 // Render models rendering and tokenizing a prompt of n tokens.
@@ -201,6 +207,9 @@ var profiles = []Profile{
 
 		LocalPrefillOverhead: 20 * time.Millisecond,
 		LocalPrefillFactor:   2,
+
+		KVBytesPerToken:  qwen3KVBytes,
+		KVCapacityTokens: qwen3Capacity,
 	},
 	{
 		Name:              "glm-5-fp8",
@@ -215,6 +224,9 @@ var profiles = []Profile{
 
 		LocalPrefillOverhead: 60 * time.Millisecond,
 		LocalPrefillFactor:   2,
+
+		KVBytesPerToken:  glm5KVBytes,
+		KVCapacityTokens: glm5Capacity,
 	},
 }
 

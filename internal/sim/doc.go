@@ -10,7 +10,12 @@
 // generator's optional BPE drift and trailing whitespace (kv.go), a paged
 // block pool with prefix caching (pool.go), kv_transfer_params handles
 // (handle.go), the side channel between engines (peer.go, sidechannel.go),
-// the cost model (cost.go), the render and tokenize endpoints (render.go),
+// the scheduler that enforces KV capacity as vLLM's v1 scheduler does
+// (sched.go: a first-come-first-served waiting queue, blocks allocated as
+// requests grow, the last scheduled request preempted and recomputed,
+// holds pinned), the clocks it passes modelled time on (clock.go), the
+// cost model (cost.go) and the profiles' KV capacity (capacity.go),
+// vLLM's /metrics (metrics.go), the render and tokenize endpoints (render.go),
 // chat messages and reasoning fields (message.go), OpenAI's Responses API
 // and Anthropic's Messages API (apis.go converts their bodies to chat
 // messages as vLLM does, respond_apis.go writes their bodies and streams

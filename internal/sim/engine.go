@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -10,22 +11,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
-
-// Clock tells the engine the time.
-type Clock interface{ Now() time.Time }
-
-// Sleeper is an optional Clock capability: a clock that implements it (such
-// as a virtual clock) receives the modelled durations instead of real sleeps.
-type Sleeper interface {
-	Sleep(ctx context.Context, d time.Duration) error
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Failure policies of kv_load_failure_policy.
 const (
@@ -42,9 +31,19 @@ const (
 
 // Config configures an engine. DefaultConfig gives vLLM's defaults.
 type Config struct {
-	Model               string
-	BlockSize           int
-	NumBlocks           int
+	Model     string
+	BlockSize int
+	// NumBlocks is the KV pool's capacity in usable blocks of each
+	// data-parallel rank (default 8192; at least 1). vLLM's num_gpu_blocks
+	// (--num-gpu-blocks-override, vllm:cache_config_info) counts one more:
+	// its null block, block 0, which holds nothing. Blocks held for a
+	// remote reader count as used and are never evicted; a request waits
+	// until its prompt fits and preempts others to grow (sched.go).
+	NumBlocks int
+	// MaxNumSeqs is --max-num-seqs: at most this many requests of a rank
+	// run (or load from a remote) at once, the others wait (default 1024,
+	// vLLM's on GPUs of 70 GiB or more such as H200; 0 means no limit).
+	MaxNumSeqs          int
 	PrefixCaching       bool
 	StreamHandles       bool
 	RecomputeThreshold  int
@@ -121,20 +120,45 @@ type Config struct {
 	// rank k's is EngineID + "_dp<k>"). Empty (vLLM's default) draws a
 	// random one at every start.
 	EngineID string
-	Clock    Clock     // nil: real time
-	Registry *Registry // nil: a private registry
-	Logger   *slog.Logger
+	// Version is what GET /version answers ({"version": Version}, as
+	// vLLM's api_server does). Default DefaultVersion; empty: the route
+	// answers 404, as a server without it.
+	Version string
+	// NoTokenize makes POST /tokenize answer 404 {"detail": "Not Found"}, a
+	// server without the route (default false: served).
+	NoTokenize bool
+	// NoResponsesKV and NoMessagesKV are an engine older than vLLM PR
+	// #37424 (Responses) or #37535 (Messages): the API's request model has
+	// no kv_transfer_params, so the field is ignored (the request is
+	// served as a plain one) and the response carries no such key. Default
+	// false: accepted and returned.
+	NoResponsesKV, NoMessagesKV bool
+	// UsageMetric names the KV usage gauge of GET /metrics:
+	// UsageMetricCurrent (default; "" means the same:
+	// vllm:kv_cache_usage_perc), UsageMetricLegacy (engines before 0.9:
+	// vllm:gpu_cache_usage_perc) or UsageMetricBoth (0.9 and 0.10 wrote
+	// both).
+	UsageMetric string
+	Clock       Clock     // nil: real time
+	Registry    *Registry // nil: a private registry
+	Logger      *slog.Logger
 }
 
+// DefaultVersion is the vLLM version an engine reports by default.
+const DefaultVersion = "0.30.0"
+
 // DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
-// blocks, prefix caching on, bidirectional, stock streams, threshold 64, TTL 480 s, lease
-// 30 s, policy fail, zero-cost profile, speed 0, TP 1, DP 1, no
-// system_fingerprint.
+// blocks, 1024 running requests, prefix caching on, bidirectional, stock
+// streams, threshold 64, TTL 480 s, lease 30 s, policy fail, zero-cost
+// profile, speed 0, TP 1, DP 1, no system_fingerprint, version
+// DefaultVersion, /tokenize and kv_transfer_params on every API.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",
 		BlockSize:           16,
 		NumBlocks:           8192,
+		MaxNumSeqs:          1024,
+		Version:             DefaultVersion,
 		PrefixCaching:       true,
 		RecomputeThreshold:  64,
 		DecoderBlocksTTL:    480 * time.Second,
@@ -164,6 +188,10 @@ func (c *Config) validate() error {
 		return bad("block size %d must be at least 1", c.BlockSize)
 	case c.NumBlocks < 1:
 		return bad("number of blocks %d must be at least 1", c.NumBlocks)
+	case c.MaxNumSeqs < 0:
+		return bad("max num seqs %d must be >= 0", c.MaxNumSeqs)
+	case !oneOf(c.UsageMetric, UsageMetricCurrent, UsageMetricLegacy, UsageMetricBoth):
+		return bad("usage metric %q must be %q, %q or %q", c.UsageMetric, UsageMetricCurrent, UsageMetricLegacy, UsageMetricBoth)
 	case c.RecomputeThreshold < 0:
 		return bad("recompute threshold %d must be >= 0", c.RecomputeThreshold)
 	case c.DecoderBlocksTTL <= 0:
@@ -235,6 +263,25 @@ type Stats struct {
 	// calls to /tokenize and /v1/messages/count_tokens (neither counts in
 	// Requests).
 	RenderRequests, TokenizeRequests int
+	// TotalBlocks is the pool's usable capacity (NumBlocks per rank);
+	// UsedBlocks are allocated now (running requests and holds), the rest
+	// free or evictable. Running and Waiting are vllm:num_requests_running
+	// and vllm:num_requests_waiting (a request loading from a remote is
+	// waiting).
+	TotalBlocks, UsedBlocks, Running, Waiting int
+	// Queued counts requests that had to wait for blocks (or for a running
+	// slot) before they were first scheduled; Preemptions the preemptions
+	// (vllm:num_preemptions_total); TokensRecomputed the tokens recomputed
+	// after them.
+	Queued, Preemptions, TokensRecomputed int
+	// Holds counts handles emitted whose blocks were held (P for the
+	// lease, D for decoder_kv_blocks_ttl). NotifiedHolds counts holds freed
+	// by a reader's notification and NotifiedBlocks their blocks;
+	// TTLBlocks and LeaseBlocks count blocks freed by expiry (TTLExpiries
+	// and LeaseExpiries count those holds); StaleNotifies counts
+	// notifications for a hold unknown or already freed, which change
+	// nothing.
+	Holds, NotifiedHolds, NotifiedBlocks, TTLBlocks, LeaseBlocks, StaleNotifies int
 }
 
 // Record describes one request. See kvroutetest.RequestRecord.
@@ -265,6 +312,16 @@ type Record struct {
 	// engine has one rank or the request was rejected before a rank was
 	// chosen).
 	Rank int
+	// Queued is the time the request waited for blocks (or a running
+	// slot) before it was first scheduled; Preemptions counts its
+	// preemptions, Requeued the time it waited after them and Recompute
+	// the modelled recomputation of its prompt and generated tokens after
+	// them. FirstToken is the modelled time from arrival to the end of its
+	// prefill: Queued + Transfer + Prefill, and whatever preemptions cost
+	// before it. Times are on the engine's clock (real time times Speed
+	// when modelled work passes in scaled real time).
+	Queued, Requeued, Recompute, FirstToken time.Duration
+	Preemptions                             int
 
 	finished bool // finish ran: the record no longer changes (e.mu)
 }
@@ -279,10 +336,12 @@ const (
 
 // held is a handle's blocks kept for a remote reader.
 type held struct {
+	id       string // the request id the reader names
 	seq      *seq
 	deadline time.Time
 	decode   bool // TTL (decode) rather than lease (prefill)
 	state    heldState
+	order    uint64 // creation order, for a fixed expiry order
 }
 
 // Engine is one simulated vLLM server. It is an http.Handler and the Peer
@@ -290,6 +349,7 @@ type held struct {
 type Engine struct {
 	cfg   Config
 	clock Clock
+	mode  clockMode
 	reg   *Registry
 	log   *slog.Logger
 
@@ -319,6 +379,7 @@ func New(cfg Config) (*Engine, error) {
 	if e.clock == nil {
 		e.clock = realClock{}
 	}
+	e.mode = e.clockMode()
 	if e.reg == nil {
 		e.reg = NewRegistry()
 	}
@@ -357,6 +418,18 @@ func (e *Engine) reset() {
 	}
 	e.start = e.clock.Now()
 	e.monoOffset = float64(1000 + randUint()%90000)
+	for _, r := range e.ranks {
+		// the old process's waiting requests die with it
+		for _, t := range r.waiting {
+			t.state = stateDead
+			e.wakeTurn(t)
+		}
+		r.waiting = nil
+		if r.expiryStop != nil {
+			r.expiryStop()
+			r.expiryStop = nil
+		}
+	}
 	e.ranks = make([]*rank, e.cfg.dp())
 	for k := range e.ranks {
 		id := base
@@ -364,7 +437,8 @@ func (e *Engine) reset() {
 			// vLLM suffixes each data-parallel engine core's id
 			id = fmt.Sprintf("%s_dp%d", base, k)
 		}
-		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching), held: map[string]*held{}}
+		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching),
+			held: map[string]*held{}, active: map[string]*held{}}
 	}
 }
 
@@ -448,10 +522,12 @@ func (e *Engine) Stats() Stats {
 	s.FreeBlocks, s.BlocksPinned = 0, 0
 	for _, r := range e.ranks {
 		s.FreeBlocks += r.pool.freeCount()
-		for _, h := range r.held {
-			if h.state == heldActive {
-				s.BlocksPinned += len(h.seq.blocks)
-			}
+		s.TotalBlocks += r.pool.size()
+		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
+		s.Running += len(r.running)
+		s.Waiting += len(r.waiting) + r.loading
+		for _, h := range r.active {
+			s.BlocksPinned += len(h.seq.blocks)
 		}
 	}
 	return s
@@ -525,19 +601,32 @@ func (e *Engine) Restart() {
 
 func (e *Engine) groups() int { return max(e.cfg.KVGroups, 1) }
 
-// sweep frees held blocks whose lease or TTL ran out, on every rank; e.mu
-// held.
+// sweep frees held blocks whose lease or TTL ran out, on every rank, in
+// the order they expired (the free queue's order decides which cached
+// blocks are evicted first); e.mu held.
 func (e *Engine) sweep(now time.Time) {
 	for _, r := range e.ranks {
-		for _, h := range r.held {
-			if h.state == heldActive && !now.Before(h.deadline) {
-				h.seq.release()
-				h.state = heldExpired
-				if h.decode {
-					e.stats.TTLExpiries++
-				} else {
-					e.stats.LeaseExpiries++
-				}
+		var due []*held
+		for _, h := range r.active {
+			if !now.Before(h.deadline) {
+				due = append(due, h)
+			}
+		}
+		slices.SortFunc(due, func(a, b *held) int {
+			if c := a.deadline.Compare(b.deadline); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.order, b.order)
+		})
+		for _, h := range due {
+			n := len(h.seq.blocks)
+			r.end(h, heldExpired)
+			if h.decode {
+				e.stats.TTLExpiries++
+				e.stats.TTLBlocks += n
+			} else {
+				e.stats.LeaseExpiries++
+				e.stats.LeaseBlocks += n
 			}
 		}
 	}
@@ -605,9 +694,42 @@ func (e *Engine) notify(_ context.Context, k int, engineID, requestID string) er
 		return ErrEngineID
 	}
 	e.sweep(e.clock.Now())
-	if h, ok := r.held[requestID]; ok && h.state == heldActive {
-		h.seq.release()
-		h.state = heldFreed
+	h, ok := r.held[requestID]
+	if !ok || h.state != heldActive {
+		// unknown, expired or freed already: nothing happens
+		e.stats.StaleNotifies++
+		return nil
+	}
+	e.stats.NotifiedHolds++
+	e.stats.NotifiedBlocks += len(h.seq.blocks)
+	r.end(h, heldFreed)
+	e.schedule(r)
+	return nil
+}
+
+// Heartbeat implements Peer: rank 0's lease renewal.
+func (e *Engine) Heartbeat(ctx context.Context, engineID, requestID string) error {
+	return e.heartbeat(ctx, 0, engineID, requestID)
+}
+
+// heartbeat renews the lease of the blocks rank k holds for a decoder that
+// is still waiting to read them: kv_lease_duration from now. Holds for a
+// prefill reader (D's, on the TTL) are not renewed.
+func (e *Engine) heartbeat(_ context.Context, k int, engineID, requestID string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrUnreachable
+	}
+	r := e.ranks[k]
+	if engineID != r.id {
+		return ErrEngineID
+	}
+	e.sweep(e.clock.Now())
+	if h, ok := r.held[requestID]; ok && h.state == heldActive && !h.decode {
+		if d := e.clock.Now().Add(e.cfg.LeaseDuration); d.After(h.deadline) {
+			h.deadline = d
+		}
 	}
 	return nil
 }

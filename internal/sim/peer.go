@@ -27,8 +27,13 @@ type Peer interface {
 	// takes; both are only counted.
 	Read(ctx context.Context, engineID, requestID string, blocks []int, tokens int) ([][]uint64, error)
 	// Notify tells the emitter that the handle was consumed; it frees the
-	// blocks held for requestID.
+	// blocks held for requestID (a notification for blocks unknown or
+	// already freed changes nothing).
 	Notify(ctx context.Context, engineID, requestID string) error
+	// Heartbeat renews the lease of the blocks a prefiller holds for
+	// requestID while its decoder waits for room to read them, as the
+	// connector's heartbeats do.
+	Heartbeat(ctx context.Context, engineID, requestID string) error
 }
 
 // Registry resolves side-channel addresses to peers: engines in this process

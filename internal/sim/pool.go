@@ -34,11 +34,15 @@ type pool struct {
 	cache   map[uint64]*block
 }
 
+// newPool makes numBlocks usable blocks (ids 1 to numBlocks) besides the
+// null block. A block's slots are made when it is first allocated, so a
+// pool sized like a real node's (hundreds of thousands of blocks) costs
+// little until it fills.
 func newPool(numBlocks, bs int, caching bool) *pool {
 	p := &pool{bs: bs, caching: caching, free: list.New(), cache: map[uint64]*block{}}
 	p.blocks = make([]*block, numBlocks+1)
 	for i := 1; i <= numBlocks; i++ {
-		b := &block{id: i, slots: make([]slot, bs)}
+		b := &block{id: i}
 		b.elem = p.free.PushBack(b)
 		p.blocks[i] = b
 	}
@@ -46,6 +50,9 @@ func newPool(numBlocks, bs int, caching bool) *pool {
 }
 
 func (p *pool) freeCount() int { return p.free.Len() }
+
+// size is the number of usable blocks.
+func (p *pool) size() int { return len(p.blocks) - 1 }
 
 // allocate takes n blocks from the head of the free queue.
 func (p *pool) allocate(n int) ([]*block, error) {
@@ -63,6 +70,9 @@ func (p *pool) allocate(n int) ([]*block, error) {
 			b.cached = false
 		}
 		b.ref = 1
+		if b.slots == nil {
+			b.slots = make([]slot, p.bs)
+		}
 		out[i] = b
 	}
 	return out, nil
@@ -108,6 +118,15 @@ func blockHashes(toks []uint32, bs int) []uint64 {
 // of toks, at most len(toks)-1 tokens (the last prompt token is always
 // computed), and takes a reference on each.
 func (p *pool) match(toks []uint32) []*block {
+	out := p.lookup(toks)
+	for _, b := range out {
+		p.touch(b)
+	}
+	return out
+}
+
+// lookup is match without taking references.
+func (p *pool) lookup(toks []uint32) []*block {
 	if !p.caching || len(toks) < 2 {
 		return nil
 	}
@@ -119,9 +138,6 @@ func (p *pool) match(toks []uint32) []*block {
 			break
 		}
 		out = append(out, b)
-	}
-	for _, b := range out {
-		p.touch(b)
 	}
 	return out
 }
@@ -200,7 +216,7 @@ func (p *pool) readBlocks(idsIn []int, groups int) ([][]uint64, error) {
 			return nil, errBlockID
 		}
 		b := p.blocks[(id-1)%n+1]
-		kv := make([]uint64, len(b.slots))
+		kv := make([]uint64, p.bs)
 		for j, s := range b.slots {
 			kv[j] = s.kv
 		}

@@ -6,18 +6,29 @@ import (
 	"math/big"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // RankHeader is the request header by which vLLM's OpenAI server pins a
 // request to a data-parallel rank (read case-insensitively, as any header).
 const RankHeader = "X-data-parallel-rank"
 
-// rank is one data-parallel engine core: its NIXL engine id, its block pool
-// and the handles it holds for remote readers.
+// rank is one data-parallel engine core: its NIXL engine id, its block pool,
+// the handles it holds for remote readers and its scheduler's queues
+// (sched.go).
 type rank struct {
-	id   string
-	pool *pool
-	held map[string]*held
+	id     string
+	pool   *pool
+	held   map[string]*held // by request id, ended ones too (a late read names them)
+	active map[string]*held // the holds that keep blocks
+	holds  uint64           // holds made
+
+	waiting     []*turn // first come, first served; preempted requests go first
+	running     []*turn // in the order they were scheduled
+	loading     int     // admitted requests reading from a remote
+	preemptions int
+	expiryStop  func() bool // the armed hold-expiry timer
+	expiryAt    time.Time
 }
 
 func (c *Config) dp() int { return max(c.DPSize, 1) }
@@ -36,6 +47,10 @@ func (p *rankPeer) Read(ctx context.Context, engineID, requestID string, blocks 
 
 func (p *rankPeer) Notify(ctx context.Context, engineID, requestID string) error {
 	return p.e.notify(ctx, p.k, engineID, requestID)
+}
+
+func (p *rankPeer) Heartbeat(ctx context.Context, engineID, requestID string) error {
+	return p.e.heartbeat(ctx, p.k, engineID, requestID)
 }
 
 // pickRank chooses the rank of a request: the one its X-data-parallel-rank
@@ -79,4 +94,11 @@ func pyInt(s string) (*big.Int, bool) {
 	}
 	v, ok := new(big.Int).SetString(s[:len(s)-len(digits)]+strings.ReplaceAll(digits, "_", ""), 10)
 	return v, ok
+}
+
+// end releases hold h's blocks; state says why.
+func (r *rank) end(h *held, state heldState) {
+	h.seq.release()
+	h.state = state
+	delete(r.active, h.id)
 }

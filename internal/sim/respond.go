@@ -3,9 +3,9 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
-	"time"
 )
 
 // reply writes a finished turn as vLLM's OpenAI server does.
@@ -327,9 +327,11 @@ func (o *reply) chatEvents() []event {
 	return out
 }
 
-// stream writes the events, one decode step before each token chunk. A cut
-// (CutStreamAfter) or a client that goes away aborts the request: its blocks
-// are freed and no handle survives.
+// stream writes the events, one decode step before each token chunk. The
+// request completes (its hold starts and its handle is known) with its last
+// decode step, before the event that carries the handle is written. A cut
+// (CutStreamAfter) or a client that goes away aborts the request: its
+// blocks are freed and no handle survives.
 func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
 	e, rec := o.e, o.t.rec
 	e.mu.Lock()
@@ -342,17 +344,44 @@ func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
-	itl := e.cfg.Profile.InterTokenLatency
-	for k, ev := range o.events() {
+	evs := o.events()
+	total := 0
+	for _, ev := range evs {
+		total += ev.steps
+	}
+	stepped, completed := 0, false
+	for k := 0; k < len(evs); k++ {
 		if k == cut {
 			e.abort(o.t)
 			e.finish(rec, http.StatusOK, "stream cut")
 			panic(errCut)
 		}
-		if ev.steps > 0 && e.sleep(ctx, itl*time.Duration(ev.steps)) != nil {
-			e.abort(o.t)
-			e.finish(rec, 499, "client disconnected")
-			return
+		ev := evs[k]
+		if ev.steps > 0 || (k == len(evs)-1 && !completed) {
+			e.mu.Lock()
+			err := e.decode(ctx, o.t, ev.steps)
+			stepped += ev.steps
+			if err == nil && stepped >= total && !completed {
+				o.kv, completed = e.complete(o.t), true
+			}
+			e.mu.Unlock()
+			if errors.Is(err, errEngineRestarted) {
+				e.mu.Lock()
+				e.finishTurn(o.t, false)
+				e.mu.Unlock()
+				e.finish(rec, http.StatusOK, engineDead)
+				panic(errCut)
+			}
+			if err != nil {
+				e.abort(o.t)
+				e.finish(rec, 499, "client disconnected")
+				return
+			}
+			if completed && o.kv != nil {
+				// the same events, now with the handle where it goes
+				evs = o.events()
+				ev = evs[k]
+			}
 		}
 		var line []byte
 		if ev.name != "" {

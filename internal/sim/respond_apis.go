@@ -90,7 +90,9 @@ type responsesBody struct {
 	User               json.RawMessage `json:"user"`
 	InputMessages      json.RawMessage `json:"input_messages"`
 	OutputMessages     json.RawMessage `json:"output_messages"`
-	KVTransferParams   json.RawMessage `json:"kv_transfer_params"`
+	// KVTransferParams is null without a handle, and not there at all on
+	// an engine older than PR #37424 (Config.NoResponsesKV).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // uuidHex is a random_uuid(): 32 hex digits.
@@ -201,6 +203,9 @@ func (o *reply) responsesObjectAt(final, withKV bool) responsesBody {
 		TopLogprobs: json.RawMessage("null"), Truncation: def("truncation", `"disabled"`),
 		User: def("user", "null"), InputMessages: json.RawMessage("null"), OutputMessages: json.RawMessage("null"),
 		KVTransferParams: json.RawMessage("null"),
+	}
+	if o.e.cfg.NoResponsesKV {
+		b.KVTransferParams = nil
 	}
 	if !final {
 		return b

@@ -307,7 +307,10 @@ func TestAbortFreesDecodeBlocks(t *testing.T) {
 	first, err := bufio.NewReader(resp.Body).ReadString('\n')
 	require.NoError(t, err)
 	require.Contains(t, first, `"role":"assistant"`)
-	require.Equal(t, 1, d.Stats().HandlesEmitted, "D holds blocks while decoding")
+	// vLLM's connector makes the handle when the request finishes
+	// (request_finished); while it decodes D's blocks are the request's own.
+	require.Positive(t, d.Stats().UsedBlocks, "D holds blocks while decoding")
+	require.Zero(t, d.Stats().HandlesEmitted, "no handle before the request finishes")
 	cancel()
 	resp.Body.Close()
 	require.Eventually(t, func() bool { return d.Stats().Aborted == 1 }, 10*time.Second, 5*time.Millisecond)

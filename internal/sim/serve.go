@@ -20,9 +20,10 @@ const maxBody = 64 << 20
 // such as ?beta=true is ignored), their render endpoints
 // (POST /v1/chat/completions/render, /v1/completions/render,
 // /v1/responses/render, /v1/messages/render; see Config.Render),
-// POST /tokenize, GET /health, GET /v1/models and GET /metrics
-// (Prometheus text: the process collector's process_start_time_seconds),
-// and the simulator's own
+// POST /tokenize (Config.NoTokenize), GET /health, GET /v1/models,
+// GET /version ({"version": Config.Version}) and GET /metrics (Prometheus
+// text, metrics.go: process_start_time_seconds and vLLM's scheduler and KV
+// cache gauges), and the simulator's own
 // GET /sim/stats (the Stats counters as JSON, for clients in other
 // processes). Responses and Messages requests are rendered as chat and take
 // the chat path through the engine (see apis.go); Messages errors are in
@@ -44,6 +45,18 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.serveMetrics(w)
+	case "/version":
+		if e.cfg.Version == "" {
+			writeDetail(w, http.StatusNotFound, "Not Found")
+			return
+		}
+		if !allow(w, r, http.MethodGet) {
+			return
+		}
+		// starlette's JSONResponse: compact separators
+		b, _ := json.Marshal(map[string]string{"version": e.cfg.Version})
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
 	case "/sim/stats":
 		if !allow(w, r, http.MethodGet) {
 			return
@@ -69,6 +82,10 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		e.serveRender(w, r)
 	case PathTokenize:
+		if e.cfg.NoTokenize {
+			writeDetail(w, http.StatusNotFound, "Not Found")
+			return
+		}
 		if !allow(w, r, http.MethodPost) {
 			return
 		}
@@ -205,6 +222,14 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		e.fail(w, rec, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
+	if msg := e.contextLengthError(req); msg != "" {
+		e.fail(w, rec, http.StatusBadRequest, msg)
+		return
+	}
+	if (req.Path == PathResponses && e.cfg.NoResponsesKV) || (req.Path == PathMessages && e.cfg.NoMessagesKV) {
+		// an engine whose request model has no such field ignores it
+		req.KVParams = nil
+	}
 	t := &turn{rec: rec, req: req, toks: ids(req.Prompt)}
 	if req.KVParams != nil {
 		if t.params, err = ParseParams(req.KVParams); err != nil {
@@ -258,29 +283,77 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 
 	ctx := r.Context()
+	if err := e.admit(ctx, t); err != nil {
+		e.gaveUp(w, t, err)
+		return
+	}
 	if apiErr := e.execute(ctx, t); apiErr != nil {
 		e.fail(w, rec, apiErr.status, apiErr.msg)
 		return
 	}
-	// Time to first token: transfer and prefill, then any stall.
-	if e.sleep(ctx, rec.Transfer+rec.Prefill) != nil || realSleep(ctx, stall) != nil {
-		e.abort(t)
-		e.finish(rec, 499, "client disconnected")
+	// Time to first token: the read from the remote (loading), the
+	// prefill and whatever preemptions cost, then any stall.
+	e.mu.Lock()
+	err = e.work(ctx, t, rec.Transfer)
+	if err == nil {
+		err = e.prefill(ctx, t)
+	}
+	e.mu.Unlock()
+	if err == nil {
+		err = realSleep(ctx, stall)
+	}
+	if err != nil {
+		e.gaveUp(w, t, err)
 		return
 	}
-	kv := e.hold(t)
-	out := &reply{e: e, t: t, id: respID, created: e.clock.Now().Unix(), kv: kv}
+	out := &reply{e: e, t: t, id: respID, created: e.clock.Now().Unix()}
 	if req.Stream {
 		out.stream(ctx, w)
 		return
 	}
-	if e.sleep(ctx, rec.Decode) != nil {
-		e.abort(t)
-		e.finish(rec, 499, "client disconnected")
+	e.mu.Lock()
+	err = e.decode(ctx, t, len(t.gens[0].Tokens))
+	if err == nil {
+		out.kv = e.complete(t)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		e.gaveUp(w, t, err)
 		return
 	}
 	out.json(w)
 	e.finish(rec, http.StatusOK, "")
+}
+
+// gaveUp ends a request the engine could not finish: a client that went
+// away (499, counted aborted) or an engine restarted under it (vLLM's
+// EngineDeadError, 500).
+func (e *Engine) gaveUp(w http.ResponseWriter, t *turn, err error) {
+	if errors.Is(err, errEngineRestarted) {
+		e.mu.Lock()
+		if t.state != stateDone {
+			e.finishTurn(t, false)
+		}
+		e.mu.Unlock()
+		e.fail(w, t.rec, http.StatusInternalServerError, engineDead)
+		return
+	}
+	e.abort(t)
+	e.finish(t.rec, 499, "client disconnected")
+}
+
+// contextLengthError is vLLM's check of a request against max_model_len
+// (NumBlocks × BlockSize, what the KV pool holds): the prompt must leave
+// room for a token, and prompt plus max_tokens must fit. "" when it fits.
+func (e *Engine) contextLengthError(req *Request) string {
+	n, limit := len(req.Prompt), e.maxModelLen()
+	switch {
+	case req.MaxTokens == 0 && n >= limit:
+		return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.", limit, n)
+	case req.MaxTokens > 0 && n+req.MaxTokens > limit:
+		return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", limit, n+req.MaxTokens, n, req.MaxTokens)
+	}
+	return ""
 }
 
 // streamError answers a streaming request whose error vLLM raises inside

@@ -16,6 +16,7 @@ import (
 //	GET  /meta    → {"engine_id": "...", "mono": 1234.5}
 //	POST /read    {"engine_id","request_id","blocks":[...],"tokens":n} → {"data": [[kv...]...]}
 //	POST /notify  {"engine_id","request_id"} → 204
+//	POST /heartbeat {"engine_id","request_id"} → 204
 //
 // A wrong engine id answers 409, bad block ids 400.
 
@@ -65,6 +66,18 @@ func peerHandler(e Peer) http.Handler {
 			return
 		}
 		if err := e.Notify(r.Context(), req.EngineID, req.RequestID); err != nil {
+			http.Error(w, err.Error(), sideStatus(err))
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		var req readReq
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := e.Heartbeat(r.Context(), req.EngineID, req.RequestID); err != nil {
 			http.Error(w, err.Error(), sideStatus(err))
 			return
 		}
@@ -153,4 +166,8 @@ func (p *httpPeer) Read(ctx context.Context, engineID, requestID string, blocks 
 
 func (p *httpPeer) Notify(ctx context.Context, engineID, requestID string) error {
 	return p.do(ctx, http.MethodPost, "/notify", readReq{EngineID: engineID, RequestID: requestID}, nil)
+}
+
+func (p *httpPeer) Heartbeat(ctx context.Context, engineID, requestID string) error {
+	return p.do(ctx, http.MethodPost, "/heartbeat", readReq{EngineID: engineID, RequestID: requestID}, nil)
 }

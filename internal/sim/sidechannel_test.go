@@ -1,11 +1,13 @@
 package sim_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,4 +72,27 @@ func TestUnidirectional(t *testing.T) {
 	require.Equal(t, http.StatusOK, rd.Status)
 	assert.Nil(t, rd.KV, "no D handle")
 	assert.Zero(t, d.Stats().BlocksPinned)
+}
+
+// A heartbeat over the HTTP side channel renews P's lease from then on;
+// a heartbeat for D's hold (on the TTL) or an unknown request changes
+// nothing.
+func TestHTTPHeartbeat(t *testing.T) {
+	clk := newClock()
+	p := remote(t, func(c *sim.Config) { c.Clock = clk })
+	rp := post(t, p.url, sim.PathChat, with(chat(msg{"user", words("beat", 60)}), "max_tokens", 1, "kv_transfer_params", missHandle()))
+	require.NotNil(t, rp.KV)
+	h, err := sim.ParseParams(rp.KV)
+	require.NoError(t, err)
+	peer := sim.HTTPDialer(&http.Client{})(h.Host, h.Port)
+	ctx := context.Background()
+	clk.Advance(25 * time.Second)
+	require.NoError(t, peer.Heartbeat(ctx, h.EngineID, h.RequestID))
+	require.NoError(t, peer.Heartbeat(ctx, h.EngineID, "no-such-request"))
+	assert.ErrorIs(t, peer.Heartbeat(ctx, "other-engine", h.RequestID), sim.ErrEngineID)
+	clk.Advance(25 * time.Second)
+	assert.Positive(t, p.Stats().BlocksPinned, "50 s after: renewed at 25 s")
+	clk.Advance(6 * time.Second)
+	assert.Zero(t, p.Stats().BlocksPinned, "the renewed lease ran out")
+	assert.Equal(t, 1, p.Stats().LeaseExpiries)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Pull decisions recorded in Record.Pull.
@@ -29,6 +30,26 @@ type turn struct {
 	hit    int
 	count  int // tokens transferred
 	gens   []Generated
+
+	// The scheduler's view (sched.go; e.mu).
+	rk        *rank // the rank it was queued on (a restart replaces e.ranks)
+	n         int   // prompt tokens
+	state     turnState
+	wake      chan struct{}
+	parked    bool   // counted by a Parker clock
+	resume    func() // the Parker's resume, once woken
+	gen       int    // invalidates the timer of an earlier wait
+	stopWork  func() bool
+	heartbeat func() bool // stops the heartbeat to P while it waits
+	arrived   time.Time
+	waitFrom  time.Time // when it was last preempted
+	started   bool      // admitted once: allToks and allKV are known
+	done      int       // decode steps passed (generated tokens of choice 0)
+	allToks   []uint32  // prompt and choice 0's generated tokens
+	allKV     []uint64  // the KV of allToks but its last token
+	phase     int
+	phaseAt   time.Time
+	chunk     int // decode steps of the current wait
 }
 
 // apiError is an error answered in vLLM's shape.
@@ -61,35 +82,34 @@ func roleOf(p *Params) string {
 
 // GenParams returns the generation parameters an engine with configuration
 // c uses for choice sample of req.
+// Generation stops at max_model_len (NumBlocks × BlockSize) with finish
+// "length", as vLLM's check_stop does.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
-	return GenParams{MaxTokens: r.MaxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
+	maxTokens := r.MaxTokens
+	if room := c.NumBlocks*c.BlockSize - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
+		maxTokens = max(room, 1)
+	}
+	return GenParams{MaxTokens: maxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
 		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3,
 		DriftRate: c.DriftRate}
 }
 
 func (e *Engine) genParams(r *Request, sample int) GenParams { return e.cfg.GenParams(r, sample) }
 
-// execute prefills (reading from a remote when the handle says so) and
-// generates. On success t.seq holds the request's blocks.
+// execute prefills an admitted request (reading from a remote when the
+// handle says so) and generates, deciding its whole output from the KV it
+// holds; the scheduler then passes its modelled time. On an error its
+// blocks are released.
 func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	n := len(t.toks)
 	bs := e.cfg.BlockSize
 
 	e.mu.Lock()
-	e.sweep(e.clock.Now())
-	t.pool = e.ranks[t.rank].pool
-	t.seq = &seq{pool: t.pool, blocks: t.pool.match(t.toks)}
-	t.hit = len(t.seq.blocks) * bs
 	if t.hit > 0 && e.poisoned(t) {
 		t.rec.Poisoned = true
 		e.stats.PoisonedHits++
 	}
-	err := t.seq.grow(n)
 	e.mu.Unlock()
-	if err != nil {
-		e.releaseSeq(t)
-		return &apiError{status: http.StatusServiceUnavailable, msg: err.Error()}
-	}
 
 	data, first, failed := e.pull(ctx, t)
 	if errors.Is(failed, errAssert) {
@@ -98,11 +118,11 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 		e.log.Error("worker assert", "err", failed)
 		e.mu.Lock()
 		e.stats.AssertFailures++
+		t.rec.Pull = PullFailed
+		e.finishTurn(t, false)
 		e.reset()
 		e.stats.Restarts++
 		e.mu.Unlock()
-		t.rec.Pull = PullFailed
-		e.releaseSeq(t)
 		return &apiError{status: http.StatusInternalServerError, msg: engineDead}
 	}
 	if failed != nil {
@@ -111,12 +131,13 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 		if errors.Is(failed, errDeclined) {
 			e.stats.DeclinedReads++
 		}
-		e.mu.Unlock()
 		t.rec.Pull = PullFailed
 		if e.cfg.KVLoadFailurePolicy == PolicyFail {
-			e.releaseSeq(t)
+			e.finishTurn(t, false)
+			e.mu.Unlock()
 			return internalError()
 		}
+		e.mu.Unlock()
 		data, t.count = nil, 0
 	}
 
@@ -153,17 +174,16 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 		t.gens[i] = Generate(prev, n, e.genParams(t.req, i))
 	}
 	g := t.gens[0]
-	if k := len(g.Tokens) - 1; k > 0 {
-		if err := t.seq.grow(n + k); err != nil {
-			t.seq.release()
-			return &apiError{status: http.StatusServiceUnavailable, msg: err.Error()}
-		}
-		full := append(append([]uint32(nil), t.toks...), ids(g.Tokens[:k])...)
-		for j := 0; j < k; j++ {
-			s := t.seq.at(n + j)
-			s.kv, s.tok = g.KV[j], full[n+j]
-		}
-		t.pool.commit(t.seq.blocks, full)
+	// What the request's blocks will hold as it decodes, and hold again
+	// when it is recomputed after a preemption.
+	t.n, t.started = n, true
+	t.allToks = append(append(make([]uint32, 0, n+len(g.Tokens)), t.toks...), ids(g.Tokens)...)
+	t.allKV = make([]uint64, n, n+len(g.Tokens))
+	for pos := range n {
+		t.allKV[pos] = t.seq.at(pos).kv
+	}
+	if len(g.KV) > 1 {
+		t.allKV = append(t.allKV, g.KV[:len(g.KV)-1]...)
 	}
 
 	completion := 0
@@ -263,12 +283,16 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 			}
 		}
 	}
-	// Whether it reads or not, the reader notifies: the handle is consumed.
-	defer func() { _ = peer.Notify(ctx, p.EngineID, p.RequestID) }()
 	if t.rec.Pull != PullRead {
+		// The notify-only path (update_state_after_alloc with no external
+		// tokens; the worker's _read_blocks sends the notification alone,
+		// without looking at the expiry): the emitter frees the whole hold.
+		_ = peer.Notify(ctx, p.EngineID, p.RequestID)
 		return nil, 0, nil
 	}
 	if t.role == RolePrefill && p.Expiry != nil && mono >= *p.Expiry-5 {
+		// _is_turn2_read_expired: declined, _handle_failed_transfer, no
+		// notification; the emitter holds to its TTL.
 		return nil, 0, errDeclined
 	}
 	for g, ids := range p.Groups {
@@ -291,6 +315,9 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 			}
 		}
 	}
+	// The notification rides on the READ transfer: sent when the read
+	// completed, never for a failed one.
+	_ = peer.Notify(ctx, p.EngineID, p.RequestID)
 	t.count = count
 	return data, first, nil
 }
@@ -308,29 +335,23 @@ var errAssert = errors.New("sim: worker assert failed")
 // engineDead is vLLM's EngineDeadError message.
 const engineDead = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
-func (e *Engine) releaseSeq(t *turn) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if t.seq != nil {
-		t.seq.release()
-	}
-}
-
-// hold keeps the request's blocks for a remote reader and returns the handle,
-// or releases them and returns nil when no handle is due: P and D emit one
-// on a normal finish (length or stop); with PrefillHandleOnLengthOnly P
-// only when it stopped on max_tokens (older engines' FINISHED_LENGTH_CAPPED).
-func (e *Engine) hold(t *turn) json.RawMessage {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+// complete ends a request that generated its last token: it keeps the
+// request's blocks for a remote reader and returns the handle, or releases
+// them and returns nil when no handle is due: P and D emit one on a normal
+// finish (length or stop); with PrefillHandleOnLengthOnly P only when it
+// stopped on max_tokens (older engines' FINISHED_LENGTH_CAPPED). The hold's
+// lease or TTL starts now. e.mu held.
+func (e *Engine) complete(t *turn) json.RawMessage {
+	e.commitDone(t)
 	g := t.gens[0]
 	prefillDue := g.Finish == "length" || (g.Finish == "stop" && !e.cfg.PrefillHandleOnLengthOnly)
 	due := (t.role == RolePrefill && prefillDue) || (t.role == RoleDecode && e.cfg.Bidirectional)
 	r := e.ranks[t.rank]
 	if !due || t.pool != r.pool {
-		t.seq.release()
+		e.finishTurn(t, false)
 		return nil
 	}
+	e.finishTurn(t, true)
 	now := e.clock.Now()
 	groups := make([][]int, e.groups())
 	for g := range groups {
@@ -351,7 +372,8 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 		PPSize:          1,
 		TransferMode:    "pull",
 	}
-	hd := &held{seq: t.seq, decode: t.role == RoleDecode}
+	r.holds++
+	hd := &held{id: t.rec.EngineRequestID, seq: t.seq, decode: t.role == RoleDecode, order: r.holds}
 	if hd.decode {
 		h.DoRemoteDecode = true
 		hd.deadline = now.Add(e.cfg.DecoderBlocksTTL)
@@ -361,8 +383,9 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 		h.DoRemotePrefill = true
 		hd.deadline = now.Add(e.cfg.LeaseDuration)
 	}
-	r.held[t.rec.EngineRequestID] = hd
+	r.held[hd.id], r.active[hd.id] = hd, hd
 	e.stats.HandlesEmitted++
+	e.stats.Holds++
 	raw, _ := json.Marshal(h)
 	t.rec.Handle = raw
 	return raw
@@ -373,12 +396,21 @@ func (e *Engine) hold(t *turn) json.RawMessage {
 func (e *Engine) abort(t *turn) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	held := e.ranks[t.rank].held
-	if h, ok := held[t.rec.EngineRequestID]; ok && h.state == heldActive {
-		delete(held, t.rec.EngineRequestID)
+	r := e.ranks[t.rank]
+	if h, ok := r.held[t.rec.EngineRequestID]; ok && h.state == heldActive {
+		delete(r.held, h.id)
+		delete(r.active, h.id)
 		e.stats.HandlesEmitted--
+		e.stats.Holds--
 	}
-	t.seq.release()
+	if t.state == stateDone {
+		if t.seq != nil {
+			t.seq.release()
+		}
+		e.schedule(t.rk)
+	} else {
+		e.finishTurn(t, false)
+	}
 	t.rec.Aborted = true
 	t.rec.Handle = nil
 	e.stats.Aborted++

@@ -89,6 +89,52 @@
 // kv_load_failure_policy; P frees blocks not read within the lease; D frees
 // at once when its request is aborted.
 //
+// # KV capacity
+//
+// Each data-parallel rank has a pool of WithNumBlocks blocks, managed as
+// vLLM's v1 scheduler and KV cache manager do (internal/sim/sched.go):
+// blocks held for a remote reader (P's for kv_lease_duration, D's for
+// decoder_kv_blocks_ttl) count as used and are never evicted; freed blocks
+// stay in the prefix cache and are evicted least recently used first; a
+// request waits, first come first served, until its whole prompt fits
+// (less its prefix-cache hit) and fewer than WithMaxNumSeqs run; a running
+// request takes a block at each block boundary as it generates and, with
+// none free, preempts the running request scheduled last (perhaps itself),
+// which is freed, put at the front of the queue, and recomputes its prompt
+// and generated tokens when let in again. Waiting and recomputation cost
+// modelled time: RequestRecord.Queued, Requeued, Recompute, Preemptions
+// and FirstToken; Stats.Running, Waiting, UsedBlocks, Queued, Preemptions.
+// Compute is not shared between requests: only KV memory is contended.
+// While a D request waits with a P handle, it renews P's lease with
+// heartbeats, as vLLM's connector does.
+//
+// A hold ends early only when a P request carrying its handle is scheduled:
+// it reads, or takes the notify-only path (remote_num_tokens 0, a count
+// below kv_recompute_threshold, or a local prefix hit that covers it) and
+// D frees the whole hold (Stats.NotifiedHolds, NotifiedBlocks). A read P
+// declines near the expiry, a failed read, a P request given up while it
+// waits or rejected with 4xx notify nobody: D holds to the TTL
+// (Stats.TTLBlocks). A notification for a hold gone changes nothing
+// (Stats.StaleNotifies). Profile.KVBytesPerToken and KVCapacityTokens give
+// a real node's figures (WithNumBlocks(p.NumGPUBlocks(16))).
+//
+// GET /metrics has vLLM's names: vllm:num_requests_running,
+// vllm:num_requests_waiting, vllm:kv_cache_usage_perc (or the older
+// vllm:gpu_cache_usage_perc, WithUsageMetric), vllm:num_preemptions_total
+// (labels model_name, engine) and vllm:cache_config_info (labels
+// num_gpu_blocks, block_size, enable_prefix_caching, kv_cache_size_tokens
+// and the rest of vLLM's CacheConfig), and process_start_time_seconds.
+//
+// # Capabilities
+//
+// An engine plays what the vLLM a user runs offers: GET /version
+// (WithVersion; none: 404), the render routes (WithRenderer: 501,
+// WithRenderRoutes: 404, as without --enable-scale-out), POST /tokenize
+// (WithTokenize), stream handles (WithStreamHandles, PR #40186),
+// kv_transfer_params on Responses and Messages (WithResponsesKV,
+// WithMessagesKV; older engines ignore it), prefix caching
+// (WithPrefixCaching) and the block size (WithBlockSize).
+//
 // # Responses and Messages
 //
 // POST /v1/responses (OpenAI's Responses API, PathResponses) and
@@ -140,7 +186,11 @@
 // ids). A
 // Profile models prefill, transfer and decode time (LookupProfile has
 // profiles calibrated on published results); modelled durations are in
-// RequestRecord, and WithSpeed or a VirtualClock make them pass.
+// RequestRecord, and WithSpeed or a VirtualClock make them pass. A
+// VirtualClock passes them one request at a time (time is serial); an
+// EventClock runs any number of concurrent requests in modelled time, each
+// taking its own, contending for KV blocks at the modelled moments, and
+// repeatably: the clock for a fleet of agent sessions (see EventClock).
 //
 // An Engine, a Cluster and a Registry are safe for concurrent use.
 package kvroutetest

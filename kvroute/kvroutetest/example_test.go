@@ -2,9 +2,11 @@ package kvroutetest_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
@@ -48,4 +50,40 @@ func Example() {
 	// true
 	// true
 	// 0 0
+}
+
+// Two requests on an engine whose KV cache holds only one of them, on an
+// event clock: the second waits for the first to finish, in modelled time.
+func ExampleEventClock() {
+	clk := kvroutetest.NewEventClock(time.Unix(0, 0))
+	prof := kvroutetest.Profile{PrefillPerToken: time.Millisecond, InterTokenLatency: 10 * time.Millisecond}
+	e, _ := kvroutetest.StartEngine(kvroutetest.WithClock(clk), kvroutetest.WithProfile(prof),
+		kvroutetest.WithNumBlocks(8)) // 128 tokens
+	defer e.Close()
+
+	ctx := context.Background()
+	for i, id := range []string{"first", "second"} {
+		clk.Join()
+		go func() {
+			defer clk.Leave()
+			_ = clk.Sleep(ctx, time.Duration(i+1)*time.Millisecond) // arrives at 1 ms, 2 ms
+			prompt := make([]int, 100)                              // 7 blocks
+			for j := range prompt {
+				prompt[j] = 1000 + 100*i + j
+			}
+			body, _ := json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt, "max_tokens": 8, "ignore_eos": true})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/v1/completions", bytes.NewReader(body))
+			req.Header.Set("X-Request-Id", id)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	_ = clk.Run(ctx)
+	for _, r := range e.Requests() {
+		fmt.Println(r.RequestID, "queued", r.Queued, "first token after", r.FirstToken)
+	}
+	// Output:
+	// first queued 0s first token after 100ms
+	// second queued 179ms first token after 279ms
 }

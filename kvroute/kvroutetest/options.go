@@ -45,7 +45,9 @@ func WithRegistry(r *Registry) Option { return optionFunc(func(c *config) { c.re
 
 // WithClock sets the clock behind leases, TTLs and handle expiry times.
 // Default: real time. A clock with a Sleep(ctx, d) error method (such as
-// *VirtualClock) also receives the modelled durations instead of sleeps.
+// *VirtualClock) also receives the modelled durations instead of sleeps;
+// an *EventClock times them on its timers, so that concurrent requests
+// take their modelled time and contend for KV blocks in it.
 func WithClock(clk Clock) Option { return optionFunc(func(c *config) { c.sim.Clock = clk }) }
 
 // WithModel sets the served model name (default "sim-model"). Requests naming
@@ -55,9 +57,64 @@ func WithModel(name string) Option { return optionFunc(func(c *config) { c.sim.M
 // WithBlockSize sets the KV block size in tokens (default 16; must be >= 1).
 func WithBlockSize(n int) Option { return optionFunc(func(c *config) { c.sim.BlockSize = n }) }
 
-// WithNumBlocks sets the pool capacity in blocks (default 8192; must be >=
-// 1). A request that finds no free block gets 503.
+// WithNumBlocks sets the KV pool's capacity in usable blocks of each
+// data-parallel rank (default 8192; must be >= 1; vllm:cache_config_info
+// reports num_gpu_blocks n+1, counting vLLM's null block). As vLLM's
+// scheduler: blocks held for a remote reader count as used and are never
+// evicted; a request waits, first come first served, until its prompt
+// fits; a running request takes a block each time it crosses a block
+// boundary and, with none free, preempts the running request scheduled
+// last (perhaps itself), which is recomputed when it is let in again.
+// Waiting and recomputation cost modelled time (RequestRecord.Queued,
+// Requeued, Recompute, FirstToken; Stats.Preemptions). A prompt that
+// cannot fit in n×block size tokens (max_model_len) gets vLLM's 400.
+// Profile.NumGPUBlocks gives a node's realistic capacity.
 func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.NumBlocks = n }) }
+
+// WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run (or
+// load from a remote) at once, the others wait (default 1024, vLLM's on
+// H200-class GPUs; 0 means no limit; negative is invalid).
+func WithMaxNumSeqs(n int) Option { return optionFunc(func(c *config) { c.sim.MaxNumSeqs = n }) }
+
+// WithVersion sets what GET /version answers: {"version": v} (default
+// DefaultVersion). An empty v makes the route answer 404, as a server
+// without it.
+func WithVersion(v string) Option { return optionFunc(func(c *config) { c.sim.Version = v }) }
+
+// DefaultVersion is the vLLM version an engine reports on GET /version by
+// default.
+const DefaultVersion = sim.DefaultVersion
+
+// WithTokenize(false) removes POST /tokenize (404 {"detail": "Not
+// Found"}); default true.
+func WithTokenize(on bool) Option { return optionFunc(func(c *config) { c.sim.NoTokenize = !on }) }
+
+// WithResponsesKV(false) is an engine older than vLLM PR #37424: POST
+// /v1/responses ignores kv_transfer_params (the request is served as a
+// plain one: no read, no hold) and its response has no such key. Default
+// true: accepted, and the handle returned in the body (and, with
+// WithStreamHandles, on response.completed).
+func WithResponsesKV(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.NoResponsesKV = !on })
+}
+
+// WithMessagesKV(false) is an engine older than vLLM PR #37535: POST
+// /v1/messages ignores kv_transfer_params and returns none. Default true:
+// accepted, and the handle returned in the non-streaming body.
+func WithMessagesKV(on bool) Option { return optionFunc(func(c *config) { c.sim.NoMessagesKV = !on }) }
+
+// Names of the KV usage gauge, for WithUsageMetric.
+const (
+	UsageMetricCurrent = sim.UsageMetricCurrent // vllm:kv_cache_usage_perc
+	UsageMetricLegacy  = sim.UsageMetricLegacy  // vllm:gpu_cache_usage_perc (before vLLM 0.9)
+	UsageMetricBoth    = sim.UsageMetricBoth    // both, as vLLM 0.9 and 0.10
+)
+
+// WithUsageMetric names the KV usage gauge on GET /metrics (default
+// UsageMetricCurrent).
+func WithUsageMetric(name string) Option {
+	return optionFunc(func(c *config) { c.sim.UsageMetric = name })
+}
 
 // WithPrefixCaching turns prefix caching on (default) or off (vLLM's
 // --no-enable-prefix-caching).

@@ -29,7 +29,20 @@ type Profile struct {
 	// PrefillOverhead); a factor of 0 prices it as any prefill.
 	LocalPrefillOverhead time.Duration
 	LocalPrefillFactor   float64
+	// KVBytesPerToken is the memory one token of KV occupies across the
+	// engine's GPUs and KVCapacityTokens how many tokens its KV cache holds:
+	// for the named profiles, one 8×H200 node at tensor parallel 8 and
+	// gpu_memory_utilization 0.9 (qwen3-32b: 256 KiB, 3.7M tokens;
+	// glm-5-fp8: 480 KiB, 595k tokens; the arithmetic is in
+	// internal/sim/capacity.go). 0: unknown. Engines do not take their
+	// capacity from the profile: WithNumBlocks(p.NumGPUBlocks(16)) does.
+	KVBytesPerToken  int64
+	KVCapacityTokens int
 }
+
+// NumGPUBlocks is the profile's capacity in blocks of bs tokens, for
+// WithNumBlocks (0 when unknown).
+func (p Profile) NumGPUBlocks(bs int) int { return sim.Profile(p).NumGPUBlocks(bs) }
 
 // Prefill models computing n tokens after ctx positions already held.
 func (p Profile) Prefill(n, ctx int) time.Duration { return sim.Profile(p).Prefill(n, ctx) }

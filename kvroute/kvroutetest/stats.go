@@ -62,6 +62,24 @@ type Stats struct {
 	// appear in Requests() with Role "render", "tokenize" or
 	// "count_tokens".
 	RenderRequests, TokenizeRequests int
+	// TotalBlocks is the KV pool's usable capacity (WithNumBlocks per
+	// rank) and UsedBlocks what is allocated now: running requests and
+	// holds (vllm:kv_cache_usage_perc is UsedBlocks/TotalBlocks). Running
+	// and Waiting are vllm:num_requests_running and
+	// vllm:num_requests_waiting now.
+	TotalBlocks, UsedBlocks, Running, Waiting int
+	// Queued counts requests that waited for blocks (or a running slot)
+	// before they were first scheduled. Preemptions counts preemptions
+	// (vllm:num_preemptions_total) and TokensRecomputed the tokens
+	// recomputed after them.
+	Queued, Preemptions, TokensRecomputed int
+	// Holds counts handles whose blocks were held for a remote reader.
+	// NotifiedHolds counts holds freed by a reader's notification (a pull,
+	// or the notify-only path) and NotifiedBlocks their blocks;
+	// TTLBlocks and LeaseBlocks count the blocks freed by expiry.
+	// StaleNotifies counts notifications for holds unknown, expired or
+	// already freed: harmless, they change nothing.
+	Holds, NotifiedHolds, NotifiedBlocks, TTLBlocks, LeaseBlocks, StaleNotifies int
 }
 
 // RequestRecord is what an engine saw and did for one request.
@@ -102,6 +120,16 @@ type RequestRecord struct {
 	// 0 with one rank or when the request was rejected before a rank was
 	// chosen.
 	Rank int
+	// Queued is how long the request waited for KV blocks (or a running
+	// slot) before it was first scheduled. Preemptions counts its
+	// preemptions, Requeued the time it waited to be let in again after
+	// them and Recompute the modelled recomputation of its prompt and
+	// generated tokens. FirstToken is the modelled time from its arrival
+	// to the end of its prefill: Queued + Transfer + Prefill and whatever
+	// preemptions cost before it (Transfer + Prefill without pressure).
+	// Times are on the engine's clock.
+	Queued, Requeued, Recompute, FirstToken time.Duration
+	Preemptions                             int
 }
 
 func fromSimStats(s sim.Stats) Stats {
@@ -114,7 +142,10 @@ func fromSimStats(s sim.Stats) Stats {
 		LoadFailures: s.LoadFailures, DeclinedReads: s.DeclinedReads, Recomputed: s.Recomputed,
 		LeaseExpiries: s.LeaseExpiries, TTLExpiries: s.TTLExpiries, Errors: s.Errors, Restarts: s.Restarts,
 		RenderRequests: s.RenderRequests, TokenizeRequests: s.TokenizeRequests, PoisonedHits: s.PoisonedHits,
-		AssertFailures: s.AssertFailures,
+		AssertFailures: s.AssertFailures, TotalBlocks: s.TotalBlocks, UsedBlocks: s.UsedBlocks, Running: s.Running,
+		Waiting: s.Waiting, Queued: s.Queued, Preemptions: s.Preemptions, TokensRecomputed: s.TokensRecomputed,
+		Holds: s.Holds, NotifiedHolds: s.NotifiedHolds, NotifiedBlocks: s.NotifiedBlocks, TTLBlocks: s.TTLBlocks,
+		LeaseBlocks: s.LeaseBlocks, StaleNotifies: s.StaleNotifies,
 	}
 }
 
@@ -125,5 +156,7 @@ func fromSimRecord(r sim.Record) RequestRecord {
 		PulledTokens: r.PulledTokens, CompletionTokens: r.CompletionTokens, Pull: r.Pull, Prefill: r.Prefill,
 		Transfer: r.Transfer, Decode: r.Decode, Status: r.Status, Finish: r.Finish, Aborted: r.Aborted,
 		Wrong: r.Wrong, Poisoned: r.Poisoned, Handle: r.Handle, Error: r.Error, Rank: r.Rank,
+		Queued: r.Queued, Requeued: r.Requeued, Recompute: r.Recompute, FirstToken: r.FirstToken,
+		Preemptions: r.Preemptions,
 	}
 }

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// synopsis opens `bidikv-proxy --help`.
+const synopsis = `Usage: bidikv-proxy [flags]
+       bidikv-proxy doctor [flags] [--probe]
+
+bidikv-proxy routes multi-turn conversations over vLLM prefill (P) and decode
+(D) engines with bidirectional KV transfer: a turn's prefill pulls the KV the
+decode engine kept from the turn before instead of recomputing the history,
+after proving by tokens that it is the prompt's own prefix. It takes the
+command line of vLLM's disagg_proxy_multiturn.py, serves POST
+/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages, and
+/health, /ready and /metrics. "bidikv-proxy doctor" checks these flags against
+the engines and names the fix for every gap.
+`
+
+// helpGroups lists the flags of --help by group, in order; a flag's
+// aliases follow it after a comma. Every flag is in exactly one group
+// (TestHelpListsEveryFlagOnce).
+var helpGroups = []struct {
+	title string
+	flags []string
+}{
+	{"Engines", []string{"prefill", "decode", "prefiller-hosts,prefiller-host", "prefiller-ports,prefiller-port",
+		"decoder-hosts,decoder-host", "decoder-ports,decoder-port", "prefill-dns", "decode-dns", "dns-refresh",
+		"prefill-dp-size", "decode-dp-size", "health-interval", "health-timeout"}},
+	{"Reuse and verification", []string{"reuse", "verification", "key-mode", "block-size", "recompute-threshold",
+		"retention-ttl", "decoder-kv-blocks-ttl", "decode-local", "local-prefill-fallback", "restart-check",
+		"render-timeout", "kv-bytes-per-token"}},
+	{"Limits", []string{"max-body-bytes", "max-buffered-bytes", "max-object-members", "max-header-bytes",
+		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit"}},
+	{"Timeouts", []string{"prefill-timeout", "first-byte-timeout", "idle-timeout", "read-header-timeout",
+		"read-body-timeout", "client-write-timeout", "idle-conn-timeout", "shutdown-grace"}},
+	{"Observability", []string{"log-level", "log-format", "metrics-require-key", "debug-addr", "debug-allow-remote"}},
+	{"Deployment", []string{"host", "port", "api-key", "api-key-file", "allow-anonymous-conversation-id",
+		"redis-url", "redis-wait-replicas"}},
+	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens"}},
+}
+
+// writeHelp writes the synopsis and fs's flags by group, each flag once
+// with its aliases.
+func writeHelp(w io.Writer, fs *flag.FlagSet, head string) {
+	fmt.Fprint(w, head)
+	listed := map[string]bool{}
+	for _, g := range helpGroups {
+		var names [][]string
+		for _, spec := range g.flags {
+			n := strings.Split(spec, ",")
+			if fs.Lookup(n[0]) != nil {
+				names = append(names, n)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s:\n", g.title)
+		for _, n := range names {
+			for _, name := range n {
+				listed[name] = true
+			}
+			writeFlag(w, fs.Lookup(n[0]), n[1:])
+		}
+	}
+	var other []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		if !listed[f.Name] {
+			other = append(other, f)
+		}
+	})
+	if len(other) > 0 {
+		fmt.Fprintf(w, "\nOther:\n")
+		for _, f := range other {
+			writeFlag(w, f, nil)
+		}
+	}
+}
+
+// listValues names the values of the flags that take several.
+var listValues = map[string]string{
+	"prefill": "URL...", "decode": "URL...", "prefiller-hosts": "HOST...", "prefiller-host": "HOST...",
+	"decoder-hosts": "HOST...", "decoder-host": "HOST...", "prefiller-ports": "PORT...", "prefiller-port": "PORT...",
+	"decoder-ports": "PORT...", "decoder-port": "PORT...", "api-key": "KEY...",
+}
+
+// writeFlag writes one flag: its names and value, then its usage wrapped
+// and its default.
+func writeFlag(w io.Writer, f *flag.Flag, aliases []string) {
+	value, usage := flag.UnquoteUsage(f)
+	switch f.Value.(type) {
+	case byteSize, intBytes:
+		value = "SIZE"
+	case *listFlag:
+		value = listValues[f.Name]
+	}
+	line := "  --" + f.Name
+	if value != "" {
+		line += " " + value
+	}
+	for _, a := range aliases {
+		line += ", --" + a
+	}
+	fmt.Fprintln(w, line)
+	if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "[]" {
+		usage += " (default " + def + ")"
+	}
+	const width = 80
+	var cur strings.Builder
+	for _, word := range strings.Fields(usage) {
+		if cur.Len() > 0 && cur.Len()+1+len(word) > width-6 {
+			fmt.Fprintln(w, "      "+cur.String())
+			cur.Reset()
+		}
+		if cur.Len() > 0 {
+			cur.WriteByte(' ')
+		}
+		cur.WriteString(word)
+	}
+	if cur.Len() > 0 {
+		fmt.Fprintln(w, "      "+cur.String())
+	}
+}
+
+// byteSize is a flag of a size in bytes: a number of bytes, or a number
+// with a unit (KiB, MiB, GiB, TiB: powers of 1024; kB, MB, GB, TB: powers
+// of 1000; B), as 32MiB. It prints in the largest binary unit that
+// divides it.
+type byteSize struct{ v *int64 }
+
+func (b byteSize) String() string {
+	if b.v == nil {
+		return ""
+	}
+	return formatBytes(*b.v)
+}
+
+// Set parses s.
+func (b byteSize) Set(s string) error {
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b.v = n
+	return nil
+}
+
+var byteUnits = map[string]float64{
+	"": 1, "b": 1,
+	"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+	"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+}
+
+var byteRE = regexp.MustCompile(`^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$`)
+
+// parseBytes reads a size as byteSize.Set does.
+func parseBytes(s string) (int64, error) {
+	m := byteRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, errors.New("not a size: use bytes, or a number with KiB, MiB, GiB (or kB, MB, GB), as 32MiB")
+	}
+	unit, ok := byteUnits[strings.ToLower(m[2])]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q: use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB", m[2])
+	}
+	f, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, err
+	}
+	v := f * unit
+	if v > math.MaxInt64/2 || v != math.Trunc(v) {
+		return 0, errors.New("not a whole number of bytes below 4 EiB")
+	}
+	return int64(v), nil
+}
+
+// formatBytes writes n in the largest binary unit that divides it.
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// intBytes adapts an int field to byteSize.
+type intBytes struct{ v *int }
+
+func (b intBytes) String() string {
+	if b.v == nil {
+		return ""
+	}
+	return formatBytes(int64(*b.v))
+}
+
+func (b intBytes) Set(s string) error {
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	if n > math.MaxInt32 {
+		return errors.New("too large")
+	}
+	*b.v = int(n)
+	return nil
+}
+
+// parseError turns the flag package's message into one line that names
+// the flag as it is written (--name) and, for an unknown flag, the
+// closest known one.
+func parseError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
+		name = strings.TrimLeft(name, "-")
+		hint := ""
+		if s := closest(fs, name); s != "" {
+			hint = " (did you mean --" + s + "?)"
+		}
+		return fmt.Errorf("%w: unknown flag --%s%s; %s --help lists the flags", errUsage, name, hint, fs.Name())
+	}
+	// invalid value "x" for flag -port: parse error
+	msg = regexp.MustCompile(`flag -([a-z])`).ReplaceAllString(msg, "flag --$1")
+	msg = strings.Replace(msg, "flag needs an argument: -", "flag needs an argument: --", 1)
+	return fmt.Errorf("%w: %s", errUsage, msg)
+}
+
+// closest returns the known flag nearest to name (edit distance at most a
+// third of its length, at least 2), or a known flag that name is a
+// prefix or part of; "" when none is close.
+func closest(fs *flag.FlagSet, name string) string {
+	best, bestD := "", math.MaxInt
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(strings.ToLower(name), f.Name)
+		if d < bestD || (d == bestD && f.Name < best) {
+			best, bestD = f.Name, d
+		}
+	})
+	if bestD <= max(2, len(name)/3) {
+		return best
+	}
+	var part []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if len(name) >= 4 && strings.Contains(f.Name, strings.ToLower(name)) {
+			part = append(part, f.Name)
+		}
+	})
+	if len(part) > 0 {
+		slices.Sort(part)
+		return part[0]
+	}
+	return ""
+}
+
+// editDistance is Levenshtein's distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// optionFlags names the flag behind each kvroute option the proxy sets, so
+// that a configuration error names the flag, not the library option.
+var optionFlags = map[string]string{
+	"WithRetentionTTL": "--retention-ttl", "WithDecoderBlocksTTL": "--decoder-kv-blocks-ttl",
+	"WithThreshold": "--recompute-threshold", "WithReuse": "--reuse",
+	"WithLocalPrefillFallback": "--local-prefill-fallback", "WithMaxBodyBytes": "--max-body-bytes",
+	"WithMaxObjectMembers": "--max-object-members", "WithPrefillTimeout": "--prefill-timeout",
+	"WithFirstByteTimeout": "--first-byte-timeout", "WithIdleTimeout": "--idle-timeout",
+	"WithVerification": "--verification", "WithBlockSize": "--block-size",
+	"WithRestartCheck": "--restart-check", "WithRenderTimeout": "--render-timeout",
+	"WithDecodeLocal": "--decode-local", "WithKVBytesPerToken": "--kv-bytes-per-token",
+	"WithPrefill": "--prefill", "WithDecode": "--decode", "WithPrefillEndpoints": "--prefill",
+	"WithDecodeEndpoints": "--decode", "WithUpstreamAPIKey": "OPENAI_API_KEY", "WithIdentifier": "--key-mode",
+}
+
+var optionRE = regexp.MustCompile(`\bWith[A-Z][A-Za-z]*\b`)
+
+// flagError rewrites a kvroute configuration error in the proxy's terms:
+// each option named becomes its flag ("kvroute: invalid config:
+// WithRetentionTTL: 10m0s leaves ..." becomes "--retention-ttl: 10m0s
+// leaves ..."). It wraps errUsage.
+func flagError(err error) error {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "kvroute: invalid configuration: ")
+	msg = strings.TrimPrefix(msg, "kvroute: invalid config: ")
+	msg = strings.ReplaceAll(msg, "kvroute: invalid configuration: ", "")
+	msg = strings.ReplaceAll(msg, "kvroute: invalid config: ", "")
+	msg = optionRE.ReplaceAllStringFunc(msg, func(opt string) string {
+		if f, ok := optionFlags[opt]; ok {
+			return f
+		}
+		return opt
+	})
+	return fmt.Errorf("%w: %s", errUsage, msg)
+}

@@ -1,0 +1,125 @@
+package capability
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// metricsFacts is what GET /metrics tells.
+type metricsFacts struct {
+	start     time.Time
+	cacheInfo bool // a vllm:cache_config_info sample was found
+	// From the first vllm:cache_config_info sample.
+	prefixCaching string // "True", "False" or ""
+	blockSize     int
+	numGPUBlocks  int
+	kvTokens      int64
+	ranks         int // vllm:cache_config_info samples (one per data-parallel rank)
+}
+
+// maxMetricsLine bounds one line of /metrics (an info gauge with every
+// CacheConfig field is about 1.5 KiB).
+const maxMetricsLine = 64 << 10
+
+// parseMetrics reads Prometheus' text format for process_start_time_seconds
+// and vllm:cache_config_info. Lines it cannot read are skipped.
+func parseMetrics(r io.Reader) metricsFacts {
+	var m metricsFacts
+	br := bufio.NewReaderSize(r, maxMetricsLine)
+	for {
+		raw, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A line longer than any this reads: skip to its end.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err != nil {
+				return m
+			}
+			continue
+		}
+		m.line(strings.TrimRight(string(raw), "\r\n"))
+		if err != nil {
+			return m
+		}
+	}
+}
+
+// line reads one line of the text format.
+func (m *metricsFacts) line(line string) {
+	switch {
+	case strings.HasPrefix(line, "process_start_time_seconds "):
+		if v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, "process_start_time_seconds ")), 64); err == nil &&
+			v > 0 && v < 1e11 {
+			sec, frac := math.Modf(v)
+			m.start = time.Unix(int64(sec), int64(frac*1e9)).UTC()
+		}
+	case strings.HasPrefix(line, "vllm:cache_config_info{"):
+		labels, ok := parseLabels(line[len("vllm:cache_config_info"):])
+		if !ok {
+			return
+		}
+		m.ranks++
+		if m.cacheInfo {
+			return
+		}
+		m.cacheInfo = true
+		m.prefixCaching = labels["enable_prefix_caching"]
+		m.blockSize, _ = strconv.Atoi(labels["block_size"])
+		m.numGPUBlocks, _ = strconv.Atoi(labels["num_gpu_blocks"])
+		m.kvTokens, _ = strconv.ParseInt(labels["kv_cache_size_tokens"], 10, 64)
+		m.blockSize, m.numGPUBlocks, m.kvTokens = max(m.blockSize, 0), max(m.numGPUBlocks, 0), max(m.kvTokens, 0)
+	}
+}
+
+// parseLabels reads `{a="x",b="y\"z"} value` into a map; ok is false for a
+// malformed label set.
+func parseLabels(s string) (map[string]string, bool) {
+	if !strings.HasPrefix(s, "{") {
+		return nil, false
+	}
+	s = s[1:]
+	out := map[string]string{}
+	for {
+		s = strings.TrimLeft(s, " ,")
+		if strings.HasPrefix(s, "}") {
+			return out, true
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq <= 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return nil, false
+		}
+		name := strings.TrimSpace(s[:eq])
+		s = s[eq+2:]
+		var v strings.Builder
+		closed := false
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			if c == '\\' && i+1 < len(s) {
+				i++
+				switch s[i] {
+				case 'n':
+					v.WriteByte('\n')
+				default:
+					v.WriteByte(s[i])
+				}
+				continue
+			}
+			if c == '"' {
+				s = s[i+1:]
+				closed = true
+				break
+			}
+			v.WriteByte(c)
+		}
+		if !closed {
+			return nil, false
+		}
+		out[name] = v.String()
+	}
+}
