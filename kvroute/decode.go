@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -49,10 +51,10 @@ var errLeaseExpired = errors.New("kvroute: the prefill engine's lease ran out be
 // no engine can have read P's handle) is sent again, with the same handle,
 // to another decode engine, as long as P's lease still has ExpiryGuard
 // left. Any other failure is returned; Do decides whether to redo the turn.
-func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *entry) (*Response, error) {
+func (t *turn) runDecode(ctx context.Context, pHandle []byte, _ string, ent *entry.Entry) (*Response, error) {
 	affinity := ""
 	if ent != nil && t.hit {
-		affinity = ent.endpoint
+		affinity = ent.Endpoint
 	}
 	body := t.decodeBody(pHandle)
 	var last error
@@ -198,18 +200,18 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 		// chunk carries the prompt's ids in token mode); Next returns it
 		// at the stream's end.
 		out.reader = sse.NewReader(resp.Body, t.r.maxEvent,
-			sse.WithBuffer(t.r.bufs.get(max(int(t.r.streamBuf.Load()), minPooled))))
+			sse.WithBuffer(t.r.bufs.Get(max(int(t.r.streamBuf.Load()), bufpool.MinPooled))))
 		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
 		if ib, ok := out.capture.(interface{ useIDBuffer([]uint32) }); ok && (t.idsAdded || t.idsAsked) {
 			// The prompt's ids go into a pooled slice as large as the last
 			// prompt's, returned when the turn ends.
-			t.streamIDs = t.r.ids.get(int(t.r.promptIDs.Load()))
+			t.streamIDs = t.r.ids.Get(int(t.r.promptIDs.Load()))
 			ib.useIDBuffer(t.streamIDs)
 		}
 		if hc, ok := out.capture.(interface{ useHandleBuffer([]byte) }); ok {
 			// D's handle goes into a pooled buffer as large as the last
 			// one, returned once the handle is retained.
-			hc.useHandleBuffer(t.r.bufs.get(max(int(t.r.handleBuf.Load()), minPooled)))
+			hc.useHandleBuffer(t.r.bufs.Get(max(int(t.r.handleBuf.Load()), bufpool.MinPooled)))
 		}
 		if ec, ok := out.capture.(interface{ expectPromptIDs([]byte, []uint32) }); ok && (t.idsAdded || t.idsAsked) && t.renderText != nil && t.rendered != nil {
 			// D's prompt ids, when spelled as the render answer's, are

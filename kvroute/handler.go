@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -153,13 +155,13 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		return b, nil, err
 	}
 	n := int(length)
-	b := rt.bufs.get(min(n, firstBodyBuffer))
+	b := rt.bufs.Get(min(n, firstBodyBuffer))
 	got := 0
 	for {
 		m, err := io.ReadFull(r, b[got:])
 		got += m
 		if err != nil {
-			rt.bufs.put(b)
+			rt.bufs.Put(b)
 			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 				return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", io.ErrUnexpectedEOF)
 			}
@@ -168,9 +170,9 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		if got == n {
 			break
 		}
-		nb := rt.bufs.get(nextBodyBuffer(len(b), n))
+		nb := rt.bufs.Get(nextBodyBuffer(len(b), n))
 		copy(nb, b[:got])
-		rt.bufs.put(b)
+		rt.bufs.Put(b)
 		b = nb
 	}
 	// net/http enforces Content-Length; anything after it is an error, and
@@ -178,7 +180,7 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 	// the body).
 	var one [1]byte
 	if m, err := r.Read(one[:]); m > 0 || (err != nil && err != io.EOF) {
-		rt.bufs.put(b)
+		rt.bufs.Put(b)
 		if m > 0 {
 			err = errors.New("the body is longer than its Content-Length")
 		}
@@ -188,4 +190,27 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 	ref.rel = ref.release
 	ref.n.Store(1)
 	return b, ref, nil
+}
+
+// bodyRef counts the users of a pooled request body: ServeHTTP, for the
+// turn, and each upstream request body that aliases it, until net/http
+// closes it. The last release returns the buffer to the pool. A nil
+// *bodyRef (a body the router does not own) counts nothing.
+type bodyRef struct {
+	n    atomic.Int32
+	buf  []byte
+	pool *bufpool.Bytes
+	rel  func() // release, made once for every upstream body's onClose
+}
+
+func (b *bodyRef) acquire() {
+	if b != nil {
+		b.n.Add(1)
+	}
+}
+
+func (b *bodyRef) release() {
+	if b != nil && b.n.Add(-1) == 0 {
+		b.pool.Put(b.buf)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/threshold"
 )
 
@@ -48,12 +49,12 @@ func (r *Router) decodeEndpoint(url string) *endpoint {
 // to attach it (PathPull), answer on its decode engine (PathLocal) or
 // recompute (PathRecompute). It reports whether the handle is not to be
 // attached; it has then been put back under key.
-func (t *turn) choosePath(ctx context.Context, key string, e *entry, age time.Duration) bool {
+func (t *turn) choosePath(ctx context.Context, key string, e *entry.Entry, age time.Duration) bool {
 	r := t.r
 	if r.chooser == nil || t.tokPrompt <= 0 || t.tokVerified <= 0 {
 		return false
 	}
-	ep := r.decodeEndpoint(e.endpoint)
+	ep := r.decodeEndpoint(e.Endpoint)
 	if ep == nil {
 		return false // the engine holding the blocks is gone or ejected: pull elsewhere
 	}

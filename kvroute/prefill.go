@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -64,13 +66,13 @@ func (b legBody) reader(ref *bodyRef) *transport.Buffers {
 // engines, and returns P's handle (nil when P gave none and the local
 // fallback is on) and P's URL. A retained handle goes to the first attempt
 // only: every retry is a plain miss, so a consumed handle is never resent.
-func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, error) {
-	handle, attached := missHandle, false
+func (t *turn) runPrefill(ctx context.Context, ent *entry.Entry) ([]byte, string, error) {
+	handle, attached := kvhandle.Miss, false
 	if ent != nil {
-		h, err := hitHandle(ent.handle, t.r.cfg.blockSize)
+		h, err := kvhandle.ForHit(ent.Handle, t.r.cfg.blockSize)
 		if err != nil {
-			if errors.Is(err, errInvalidHandle) {
-				t.r.invalidHandle(PhaseLookup, ent.endpoint, err)
+			if errors.Is(err, kvhandle.ErrInvalid) {
+				t.r.invalidHandle(PhaseLookup, ent.Endpoint, err)
 			}
 			t.miss(MissBadEntry)
 		} else {
@@ -114,7 +116,7 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 		t.rec.PrefillEndpoint = ep.url
 		attachedTokens := 0
 		if attached {
-			attachedTokens = ent.tokens
+			attachedTokens = ent.Tokens
 		}
 		// A prompt to fingerprint for the next turn renders beside the leg.
 		t.startBackgroundRender(ep)
@@ -135,7 +137,7 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 			// P's prefix cache may hold D's blocks under its own tokens.
 			// Redo as a plain miss on any other engine.
 			t.miss(MissRenderMismatch)
-			handle, attached = missHandle, false
+			handle, attached = kvhandle.Miss, false
 			t.badP = append(t.badP, ep.url)
 			t.r.poison.add(t.cands.Keys, ep.url, t.r.cfg.clock())
 			tried = append(tried, ep.url)
@@ -151,7 +153,7 @@ func (t *turn) runPrefill(ctx context.Context, ent *entry) ([]byte, string, erro
 			// The handle was sent: whether or not P read it, it is spent.
 			t.r.stats.hitRetries.Add(1)
 			t.miss(MissRetry)
-			handle, attached = missHandle, false
+			handle, attached = kvhandle.Miss, false
 		}
 		tried = append(tried, ep.url)
 		t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
@@ -265,14 +267,14 @@ func (t *turn) prefillOnce(ctx context.Context, ep *endpoint, body legBody, atta
 	if !ok || jsonraw.IsNull(h) {
 		return nil, t.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := checkHandle(h, t.r.cfg.blockSize)
+	hi, err := kvhandle.Check(h, t.r.cfg.blockSize)
 	if err != nil {
-		if errors.Is(err, errInvalidHandle) {
+		if errors.Is(err, kvhandle.ErrInvalid) {
 			t.r.invalidHandle(PhasePrefill, ep.url, err)
 		}
 		return nil, t.noHandle(ep, resp.StatusCode, err)
 	}
-	if hi.pushMode {
+	if hi.PushMode {
 		t.r.stats.pushHandles.Add(1)
 		return nil, t.noHandle(ep, resp.StatusCode, errPushHandle)
 	}

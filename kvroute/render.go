@@ -182,9 +182,9 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	// Read into a pooled buffer (the ids are copied out of it).
 	var b []byte
 	if l := resp.ContentLength; l > 0 && l <= t.r.cfg.maxBodyBytes {
-		b, err = readExact(resp.Body, l, t.r.bufs.get)
+		b, err = readExact(resp.Body, l, t.r.bufs.Get)
 	} else {
-		b, err = t.r.bufs.read(resp.Body, t.r.cfg.maxBodyBytes, int(t.r.renderBuf.Load()))
+		b, err = t.r.bufs.Read(resp.Body, t.r.cfg.maxBodyBytes, int(t.r.renderBuf.Load()))
 		if err == nil {
 			t.r.renderBuf.Store(int64(min(cap(b), maxStreamHint)))
 		}
@@ -195,7 +195,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	keep := false // the buffer is kept with the ids' text (holdRenderText)
 	defer func() {
 		if !keep {
-			t.r.bufs.put(b)
+			t.r.bufs.Put(b)
 		}
 	}()
 	obj := b
@@ -212,9 +212,9 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	// One pass validates the answer and converts its ids, into a pooled
 	// slice with room for one id per comma.
 	var o jsonraw.Object
-	ids, m, err := o.ResetIDs(obj, key, t.r.ids.get(bytes.Count(obj, []byte{','})+1))
+	ids, m, err := o.ResetIDs(obj, key, t.r.ids.Get(bytes.Count(obj, []byte{','})+1))
 	if err != nil {
-		t.r.ids.put(ids)
+		t.r.ids.Put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	ok := m >= 0
@@ -229,7 +229,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 		ids, ok = sse.AppendTokenIDs(ids[:0], v)
 	}
 	if !ok {
-		t.r.ids.put(ids)
+		t.r.ids.Put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	return ids, resp.StatusCode, nil
@@ -249,7 +249,7 @@ func (t *turn) holdRenderText(buf, text []byte) {
 // releaseRenderText returns the render answer's buffer to the pool.
 func (t *turn) releaseRenderText() {
 	if t.renderBuf != nil {
-		t.r.bufs.put(t.renderBuf)
+		t.r.bufs.Put(t.renderBuf)
 	}
 	t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
 }

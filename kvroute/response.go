@@ -12,12 +12,16 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
+
+	// storeTimeout bounds the Put that retains a handle after the turn; it runs
+	// even if the client's context ended right after the last event.
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
 
-// storeTimeout bounds the Put that retains a handle after the turn; it runs
-// even if the client's context ended right after the last event.
 const storeTimeout = 2 * time.Second
 
 // Response is the decode engine's answer to one turn as it may reach a
@@ -224,7 +228,7 @@ func (r *Response) recycle() {
 		return
 	}
 	r.t.r.streamBuf.Store(int64(min(cap(b), maxStreamHint)))
-	r.t.r.bufs.put(b)
+	r.t.r.bufs.Put(b)
 }
 
 // retainOnce retains D's handle from the stream's capture, the first time
@@ -250,7 +254,7 @@ func (r *Response) releaseHandle() {
 	}
 	if b := hc.releaseHandleBuffer(); b != nil {
 		r.t.r.handleBuf.Store(int64(min(len(b), maxStreamHint)))
-		r.t.r.bufs.put(b)
+		r.t.r.bufs.Put(b)
 	}
 }
 
@@ -389,29 +393,29 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
 		return
 	}
-	hi, err := checkHandle(handle, r.cfg.blockSize)
+	hi, err := kvhandle.Check(handle, r.cfg.blockSize)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
-		if errors.Is(err, errInvalidHandle) {
+		if errors.Is(err, kvhandle.ErrInvalid) {
 			t.rec.StoreRefusal = RefuseInvalidHandle
 			r.invalidHandle(PhaseDecode, t.decodeURL, err)
 		}
 		return
 	}
 	r.sawEngineID(t.decodeURL, handle)
-	if hi.pushMode {
+	if hi.PushMode {
 		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
 		return
 	}
 	if t.bg != nil && t.rendered == nil && !t.req.api.tokenIDs() {
-		t.retainRendered(handle, hi.tokens, reply)
+		t.retainRendered(handle, hi.Tokens, reply)
 		return
 	}
-	fp, hard := t.fingerprint(hi.tokens)
+	fp, hard := t.fingerprint(hi.Tokens)
 	// The fingerprint and the entry are built in pooled buffers: both are
 	// copied into the entry and the store respectively.
-	defer r.bufs.put(fp)
+	defer r.bufs.Put(fp)
 	if hard != "" {
 		t.rec.StoreRefusal = hard
 		r.stats.refusals.Add(1)
@@ -430,8 +434,8 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		r.stats.refusals.Add(1)
 		return
 	}
-	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
-		contentOK: ret.Refusal == "", fp: fp, handle: handle}
+	e := entry.Entry{Created: r.cfg.clock(), Endpoint: t.decodeURL, Tokens: hi.Tokens, Check: ret.Check,
+		ContentOK: ret.Refusal == "", FP: fp, Handle: handle}
 	t.rec.StoreRefusal, t.rec.Stored = r.storeEntry(ret.Key, e, t.id)
 }
 
@@ -459,8 +463,8 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 		r.stats.refusals.Add(1)
 		return
 	}
-	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: tokens, check: bytes.Clone(ret.Check),
-		contentOK: ret.Refusal == "", handle: bytes.Clone(handle)}
+	e := entry.Entry{Created: r.cfg.clock(), Endpoint: t.decodeURL, Tokens: tokens, Check: bytes.Clone(ret.Check),
+		ContentOK: ret.Refusal == "", Handle: bytes.Clone(handle)}
 	key, id, path := ret.Key, t.id, t.req.Path
 	store := func(ids []uint32, err error) (Refusal, bool) {
 		if err != nil || len(ids) == 0 {
@@ -474,9 +478,9 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 			bs = DefaultBlockSize
 		}
 		n := min(len(ids), tokens)
-		fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), chainPrefix{}, ids, nil, n, bs)
-		defer r.bufs.put(fp)
-		e.fp = fp
+		fp := fingerprint.AppendFrom(r.bufs.Get(fingerprint.Size(n, bs)), fingerprint.Prefix{}, ids, nil, n, bs)
+		defer r.bufs.Put(fp)
+		e.FP = fp
 		return r.storeEntry(key, e, id)
 	}
 	ids, err, done := t.bg.result(func(ids []uint32, err error) { store(ids, err) })
@@ -489,9 +493,9 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 
 // storeEntry retains e under key for the retention TTL and reports why
 // not, or that it did.
-func (r *Router) storeEntry(key string, e entry, requestID string) (Refusal, bool) {
-	val := e.encode(r.bufs.get(e.encodedSize()), &r.bufs)
-	defer r.bufs.put(val)
+func (r *Router) storeEntry(key string, e entry.Entry, requestID string) (Refusal, bool) {
+	val := e.Encode(r.bufs.Get(e.EncodedSize()), &r.bufs)
+	defer r.bufs.Put(val)
 	if _, copies := r.store.(*retention.Memory); !copies {
 		// Another Store may keep the slice it is given.
 		val = bytes.Clone(val)
@@ -510,7 +514,7 @@ func (r *Router) storeEntry(key string, e entry, requestID string) (Refusal, boo
 	}
 	r.storeOK(ctx)
 	r.stats.stored.Add(1)
-	r.kv.put(key, e.endpoint, e.tokens, e.created.Add(r.cfg.retentionTTL), e.created)
+	r.kv.put(key, e.Endpoint, e.Tokens, e.Created.Add(r.cfg.retentionTTL), e.Created)
 	return "", true
 }
 
@@ -527,7 +531,7 @@ func (r *Router) tooLarge(n int) Refusal {
 // (nil in content mode or when the engine sent no token ids), or a refusal
 // that holds in every mode. The fingerprint is built in a buffer from the
 // Router's pool, which the caller puts back.
-func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
+func (t *turn) fingerprint(tokens int) (fingerprint.Fingerprint, Refusal) {
 	r := t.r
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
 		if n, ok := lenientInt(v); !ok || n != 1 {
@@ -556,7 +560,7 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 			return nil, ""
 		}
 		n := min(len(ids), tokens)
-		return appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), t.fpPrefix, ids, nil, n, bs), ""
+		return fingerprint.AppendFrom(r.bufs.Get(fingerprint.Size(n, bs)), t.fpPrefix, ids, nil, n, bs), ""
 	}
 	if !t.hasIDs || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
@@ -565,7 +569,7 @@ func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
 	}
 	// The verified prefix is hashed again only when D's prompt ids differ
 	// from the rendered ones there (fingerprintFrom compares them).
-	fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(tokens, bs)), t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
+	fp := fingerprint.AppendFrom(r.bufs.Get(fingerprint.Size(tokens, bs)), t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
 	if fp == nil {
 		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
 	}

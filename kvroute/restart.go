@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -125,7 +127,7 @@ func handleEngineID(h []byte) string {
 // before.
 func (r *Router) sawEngineID(url string, handle []byte) {
 	ep := r.decode.find(url)
-	id := baseEngineID(handleEngineID(handle))
+	id := baseEngineID(kvhandle.EngineID(handle))
 	if ep == nil || id == "" {
 		return
 	}
@@ -155,14 +157,14 @@ var errUnconfirmed = errors.New("kvroute: the decode engine's process start coul
 // MissRestarted when something does (e must not be attached, nor kept),
 // MissEngineUnconfirmed when the engine could not be reached to tell (e is
 // not attached now but may be later).
-func (t *turn) checkRestart(ctx context.Context, e *entry) MissReason {
+func (t *turn) checkRestart(ctx context.Context, e *entry.Entry) MissReason {
 	r := t.r
-	ep := r.decode.find(e.endpoint)
+	ep := r.decode.find(e.Endpoint)
 	if ep == nil {
 		return "" // MissEndpointGone's business
 	}
 	l := &ep.life
-	id := baseEngineID(handleEngineID(e.handle))
+	id := baseEngineID(kvhandle.EngineID(e.Handle))
 	l.mu.Lock()
 	known := l.engineID
 	l.mu.Unlock()
@@ -178,10 +180,10 @@ func (t *turn) checkRestart(ctx context.Context, e *entry) MissReason {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.start.IsZero() && e.created.Before(l.start) {
+	if !l.start.IsZero() && e.Created.Before(l.start) {
 		return MissRestarted
 	}
-	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.created.Before(l.gap) {
+	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.Created.Before(l.gap) {
 		// No start time to tell a restart from a network failure: a
 		// handle from before the engine was unreachable may be dead.
 		return MissRestarted

@@ -14,15 +14,20 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
+
+	// Router runs turns of multi-turn conversations over prefill and decode
+	// engines, carrying decode handles from one turn to the next. A Router is
+	// safe for concurrent use.
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
 
-// Router runs turns of multi-turn conversations over prefill and decode
-// engines, carrying decode handles from one turn to the next. A Router is
-// safe for concurrent use.
 type Router struct {
 	cfg      config
 	client   *transport.Client
@@ -55,11 +60,11 @@ type Router struct {
 	bgCtx     context.Context
 	bgCancel  context.CancelFunc
 	bgWG      sync.WaitGroup
-	bufs      bufPool          // request bodies (ServeHTTP), render answers, stream buffers
+	bufs      bufpool.Bytes    // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf atomic.Int64     // the size of the last stream's buffer, for the next one's
 	renderBuf atomic.Int64     // the same for render answers of unknown length
 	handleBuf atomic.Int64     // the length of the last stream's decode handle, for the next one's buffer
-	ids       idPool           // rendered prompts' and streams' prompt token ids, returned when their turn ends
+	ids       bufpool.IDs      // rendered prompts' and streams' prompt token ids, returned when their turn ends
 	promptIDs atomic.Int64     // the length of the last stream's prompt ids, for the next one's slice
 	maxEvent  sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
@@ -287,7 +292,7 @@ type turn struct {
 	// fpPrefix is the fingerprint chain over the prefix of the prompt's
 	// tokens that verification matched; its ids alias them (rendered),
 	// so it is dropped when the turn ends.
-	fpPrefix chainPrefix
+	fpPrefix fingerprint.Prefix
 
 	// The turn's own state, which the TurnRecord only reports: whether
 	// a retained handle is attached, whether D prefills locally (P gave no
@@ -398,7 +403,7 @@ func (t *turn) finish() {
 		t.r.cfg.observer.ObserveTurn(&t.rec)
 	}
 	t.endTurn()
-	t.fpPrefix = chainPrefix{}
+	t.fpPrefix = fingerprint.Prefix{}
 	if t.renderInStream {
 		// A stream closed before its first data event: its capture may
 		// still hold the text, so the buffer is left to the collector.
@@ -406,17 +411,17 @@ func (t *turn) finish() {
 	}
 	t.releaseRenderText()
 	if t.expanded != nil {
-		t.r.bufs.put(t.expanded)
+		t.r.bufs.Put(t.expanded)
 		t.expanded = nil
 	}
 	// The capture took the rendered ids as the stream's prompt ids when
 	// their text was the render answer's: one slice, returned once.
-	promptIsRendered := sameIDs(t.promptIDs, t.rendered)
+	promptIsRendered := fingerprint.SameIDs(t.promptIDs, t.rendered)
 	if promptIsRendered {
 		t.r.stats.renderedPromptIDs.Add(1)
 	}
 	if t.renderedPooled {
-		t.r.ids.put(t.rendered)
+		t.r.ids.Put(t.rendered)
 		t.rendered, t.renderedPooled = nil, false
 	}
 	if t.streamIDs != nil {
@@ -424,9 +429,9 @@ func (t *turn) finish() {
 		// (returned too, and kept if of a class's size), or took the
 		// rendered ids (returned above).
 		t.r.promptIDs.Store(int64(min(len(t.promptIDs), maxStreamHint)))
-		t.r.ids.put(t.streamIDs)
-		if !promptIsRendered && !sameArray(t.promptIDs, t.streamIDs) {
-			t.r.ids.put(t.promptIDs)
+		t.r.ids.Put(t.streamIDs)
+		if !promptIsRendered && !bufpool.SameArray(t.promptIDs, t.streamIDs) {
+			t.r.ids.Put(t.promptIDs)
 		}
 		t.streamIDs, t.promptIDs, t.genIDs = nil, nil, nil
 	}
@@ -438,7 +443,7 @@ func (t *turn) finish() {
 // endpoint is gone, or cannot be
 // cut to the verified prefix) is put back for its remaining retention
 // time: a request never destroys a handle it does not use.
-func (t *turn) lookup(ctx context.Context) *entry {
+func (t *turn) lookup(ctx context.Context) *entry.Entry {
 	r := t.r
 	if !r.cfg.reuse {
 		t.rec.Reuse = ReuseOff
@@ -471,22 +476,22 @@ func (t *turn) lookup(ctx context.Context) *entry {
 			continue
 		}
 		r.kv.take(k)
-		e, err := decodeEntry(v, &r.bufs)
+		e, err := entry.Decode(v, &r.bufs)
 		if err != nil {
 			return t.miss(MissBadEntry)
 		}
-		if e.expanded {
+		if e.Expanded {
 			// Put back when the turn ends: every use of the expanded
 			// handle (the prefill body's kv_transfer_params, a cut) is a
 			// copy made before Do returns.
-			t.expanded = e.handle
+			t.expanded = e.Handle
 		}
-		age := r.cfg.clock().Sub(e.created)
+		age := r.cfg.clock().Sub(e.Created)
 		if age >= r.cfg.retentionTTL {
 			return t.miss(MissExpired)
 		}
-		t.rec.HandleTokens = e.tokens
-		if e.endpoint != "" && r.decode.find(e.endpoint) == nil {
+		t.rec.HandleTokens = e.Tokens
+		if e.Endpoint != "" && r.decode.find(e.Endpoint) == nil {
 			// The decode engine that holds the blocks is gone: P's pull
 			// would fail. Not attached; kept for another router that may
 			// still list the engine, or for its return.
@@ -520,14 +525,14 @@ func (t *turn) lookup(ctx context.Context) *entry {
 }
 
 // verify decides whether e may be attached to this request and, for a
-// verified prefix shorter than the handle, cuts e.handle to it. It returns
+// verified prefix shorter than the handle, cuts e.Handle to it. It returns
 // a Miss* reason, or "" to attach.
-func (t *turn) verify(ctx context.Context, e *entry) MissReason {
+func (t *turn) verify(ctx context.Context, e *entry.Entry) MissReason {
 	r := t.r
-	if r.cfg.verification == VerifyTokens && e.fp != nil {
+	if r.cfg.verification == VerifyTokens && e.FP != nil {
 		t.rec.Verification = VerifyTokens
 		// Skip the render call when no verified prefix could pay.
-		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
+		if !r.policy.Reuse(threshold.Input{RemoteTokens: e.Tokens}) {
 			return MissThreshold
 		}
 		toks, err := t.promptTokens(ctx)
@@ -554,11 +559,11 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 		}
 		t.verified = toks
 		t.rec.PromptTokens = len(toks)
-		cp, err := e.fp.verifyPrefix(toks)
+		cp, err := e.FP.VerifyPrefix(toks)
 		if err != nil {
 			return MissBadEntry
 		}
-		n := cp.n
+		n := cp.Tokens()
 		// The chain over the verified tokens, for this turn's own
 		// fingerprint (D's blocks begin with the same prompt).
 		t.fpPrefix = cp
@@ -571,13 +576,13 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 		if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
 			return MissThreshold
 		}
-		if n < e.tokens {
+		if n < e.Tokens {
 			if r.cfg.blockSize == 0 {
 				r.stats.partialRefused.Add(1)
 				return MissPartialRefused
 			}
 			n -= n % r.cfg.blockSize // a block-aligned R' (fingerprint blocks may be smaller)
-			h, err := cutHandle(e.handle, n, r.cfg.blockSize)
+			h, err := kvhandle.Cut(e.Handle, n, r.cfg.blockSize)
 			if err != nil || n == 0 {
 				r.stats.partialRefused.Add(1)
 				if err != nil {
@@ -590,7 +595,7 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 			if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
 				return MissThreshold
 			}
-			e.handle, e.tokens = h, n
+			e.Handle, e.Tokens = h, n
 			t.rec.Partial = true
 			r.stats.partialHits.Add(1)
 		}
@@ -601,16 +606,16 @@ func (t *turn) verify(ctx context.Context, e *entry) MissReason {
 }
 
 // verifyContent checks e by the Identifier's content rules.
-func (t *turn) verifyContent(e *entry) MissReason {
+func (t *turn) verifyContent(e *entry.Entry) MissReason {
 	t.rec.Verification = VerifyContent
-	if !e.contentOK {
+	if !e.ContentOK {
 		return MissUnverified
 	}
-	if !t.r.ident.Verify(t.req, t.cands, e.check) {
+	if !t.r.ident.Verify(t.req, t.cands, e.Check) {
 		return MissMismatch
 	}
-	t.rec.ReusableTokens = e.tokens
-	if !t.r.policy.Reuse(threshold.Input{RemoteTokens: e.tokens}) {
+	t.rec.ReusableTokens = e.Tokens
+	if !t.r.policy.Reuse(threshold.Input{RemoteTokens: e.Tokens}) {
 		return MissThreshold
 	}
 	return ""
@@ -618,25 +623,25 @@ func (t *turn) verifyContent(e *entry) MissReason {
 
 // putBack returns a taken, unused entry to the store for the rest of its
 // retention time.
-func (t *turn) putBack(ctx context.Context, key string, e *entry, age time.Duration) {
+func (t *turn) putBack(ctx context.Context, key string, e *entry.Entry, age time.Duration) {
 	left := t.r.cfg.retentionTTL - age
 	if left <= 0 {
 		return
 	}
-	if err := t.r.store.Put(ctx, key, e.raw, left); err != nil {
+	if err := t.r.store.Put(ctx, key, e.Raw, left); err != nil {
 		t.r.storeFailed(ctx, "put-back", t.id, err)
 		return
 	}
 	t.r.storeOK(ctx)
 	t.r.stats.putBacks.Add(1)
-	tokens := e.tokens
+	tokens := e.Tokens
 	if t.rec.HandleTokens > 0 {
 		tokens = t.rec.HandleTokens // before any cut to the verified prefix
 	}
-	t.r.kv.put(key, e.endpoint, tokens, e.created.Add(t.r.cfg.retentionTTL), t.r.cfg.clock())
+	t.r.kv.put(key, e.Endpoint, tokens, e.Created.Add(t.r.cfg.retentionTTL), t.r.cfg.clock())
 }
 
-func (t *turn) miss(reason MissReason) *entry {
+func (t *turn) miss(reason MissReason) *entry.Entry {
 	t.hit = false
 	t.rec.Reuse = ReuseMiss
 	t.rec.MissReason = reason

@@ -1,4 +1,4 @@
-package kvroute
+package entry
 
 import (
 	"bytes"
@@ -9,6 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
 
 // TestEntryCompactHandle stores handles through encode and decodeEntry:
@@ -24,7 +27,7 @@ func TestEntryCompactHandle(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		handle  string
+		Handle  string
 		compact bool
 	}{
 		{"nested", `{"do_remote_prefill":false,"remote_block_ids":[[11,12,13,14],[7,3]],"remote_engine_id":"d","remote_num_tokens":60}`, true},
@@ -44,46 +47,46 @@ func TestEntryCompactHandle(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := entry{created: time.Unix(100, 5), endpoint: "http://d", tokens: 60, check: []byte("c"), contentOK: true,
-				fp: fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, handle: []byte(tt.handle)}
-			raw := e.encode(nil, nil)
+			e := Entry{Created: time.Unix(100, 5), Endpoint: "http://d", Tokens: 60, Check: []byte("c"), ContentOK: true,
+				FP: fingerprint.Fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, Handle: []byte(tt.Handle)}
+			Raw := e.Encode(nil, nil)
 			// Built in pooled buffers (the router's path), used twice so
 			// that the second reuses the first's: the same bytes.
-			var pool bufPool
+			var bufs bufpool.Bytes
 			for range 2 {
-				pooled := e.encode(pool.get(e.encodedSize()), &pool)
-				require.Equal(t, raw, pooled)
-				pool.put(pooled)
+				pooled := e.Encode(bufs.Get(e.EncodedSize()), &bufs)
+				require.Equal(t, Raw, pooled)
+				bufs.Put(pooled)
 			}
-			verbatim := len(raw) >= len(tt.handle) && strings.HasSuffix(string(raw), tt.handle)
+			verbatim := len(Raw) >= len(tt.Handle) && strings.HasSuffix(string(Raw), tt.Handle)
 			assert.Equal(t, !tt.compact, verbatim, "stored verbatim")
 			if tt.name == "large" {
-				assert.Less(t, len(raw), len(tt.handle)/4, "a fifth of the JSON at most, about")
+				assert.Less(t, len(Raw), len(tt.Handle)/4, "a fifth of the JSON at most, about")
 			}
-			got, err := decodeEntry(raw, nil)
+			got, err := Decode(Raw, nil)
 			require.NoError(t, err)
-			assert.Equal(t, tt.handle, string(got.handle))
+			assert.Equal(t, tt.Handle, string(got.Handle))
 			for range 2 { // expanded into a pooled buffer, then into the same one again
-				pooled, err := decodeEntry(raw, &pool)
+				pooled, err := Decode(Raw, &bufs)
 				require.NoError(t, err)
-				assert.Equal(t, tt.handle, string(pooled.handle))
-				assert.Equal(t, tt.compact, pooled.expanded)
-				if pooled.expanded {
-					pool.put(pooled.handle)
+				assert.Equal(t, tt.Handle, string(pooled.Handle))
+				assert.Equal(t, tt.compact, pooled.Expanded)
+				if pooled.Expanded {
+					bufs.Put(pooled.Handle)
 				}
 			}
-			assert.Equal(t, e.tokens, got.tokens)
-			assert.Equal(t, e.endpoint, got.endpoint)
-			assert.Equal(t, e.fp, got.fp)
-			assert.True(t, got.contentOK)
-			assert.True(t, e.created.Equal(got.created))
+			assert.Equal(t, e.Tokens, got.Tokens)
+			assert.Equal(t, e.Endpoint, got.Endpoint)
+			assert.Equal(t, e.FP, got.FP)
+			assert.True(t, got.ContentOK)
+			assert.True(t, e.Created.Equal(got.Created))
 		})
 	}
 	// A corrupt compact entry is a bad entry, not a wrong handle.
-	e := entry{created: time.Unix(1, 0), endpoint: "d", handle: []byte(`{"remote_block_ids":[[1,2,3]]}`)}
-	raw := e.encode(nil, nil)
-	for cut := len(raw) - 1; cut > len(raw)-8; cut-- {
-		_, err := decodeEntry(raw[:cut], nil)
+	e := Entry{Created: time.Unix(1, 0), Endpoint: "d", Handle: []byte(`{"remote_block_ids":[[1,2,3]]}`)}
+	Raw := e.Encode(nil, nil)
+	for cut := len(Raw) - 1; cut > len(Raw)-8; cut-- {
+		_, err := Decode(Raw[:cut], nil)
 		assert.Error(t, err, "cut at %d", cut)
 	}
 }
@@ -122,8 +125,8 @@ func FuzzCompactHandle(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, h []byte) {
-		var pool bufPool
-		got, ok := compactHandleCheck([]byte{7}, h, &pool, false)
+		var bufs bufpool.Bytes
+		got, ok := compactHandleCheck([]byte{7}, h, &bufs, false)
 		want, wantOK := compactHandleCheck([]byte{7}, h, nil, true)
 		if ok != wantOK || !bytes.Equal(got, want) {
 			t.Fatalf("%q: compacted %v (%q), by expansion %v (%q)", h, ok, got, wantOK, want)

@@ -1,4 +1,7 @@
-package kvroute
+// Package fingerprint keeps, with a retained KV handle, a compact record
+// of the token sequence the decode engine's blocks hold, and verifies a new
+// prompt against it block by block (kvroute's token verification).
+package fingerprint
 
 import (
 	"encoding/binary"
@@ -6,7 +9,7 @@ import (
 	"slices"
 )
 
-// A fingerprint is the compact record, kept with a retained handle, of the
+// A Fingerprint is the compact record, kept with a retained handle, of the
 // token sequence the decode engine's blocks hold: its first tokens positions,
 // R = remote_num_tokens. It holds, for each full block of blockSize tokens, a
 // 64-bit hash chained over every token up to the end of that block, and one
@@ -21,7 +24,7 @@ import (
 //
 // Encoded form: uvarint blockSize, uvarint R, then 8 bytes (little endian)
 // per full block, then 8 bytes for the whole sequence.
-type fingerprint []byte
+type Fingerprint []byte
 
 const fpSeed = 0x6b76726f75746531 // "kvroute1"
 
@@ -34,22 +37,22 @@ func fpMix(h uint64, id uint32) uint64 {
 	return h
 }
 
-// newFingerprint fingerprints the first n tokens of the concatenation of
+// New fingerprints the first n tokens of the concatenation of
 // prompt and generated, with blocks of blockSize tokens. It returns nil when
 // fewer than n tokens are given.
-func newFingerprint(prompt, generated []uint32, n, blockSize int) fingerprint {
-	return appendFingerprint(nil, prompt, generated, n, blockSize)
+func New(prompt, generated []uint32, n, blockSize int) Fingerprint {
+	return Append(nil, prompt, generated, n, blockSize)
 }
 
-// fingerprintSize is the most bytes a fingerprint of n tokens with blocks
+// Size is the most bytes a fingerprint of n tokens with blocks
 // of blockSize takes.
-func fingerprintSize(n, blockSize int) int {
+func Size(n, blockSize int) int {
 	return 2*binary.MaxVarintLen64 + 8*(n/max(blockSize, 1)+1)
 }
 
-// appendFingerprint is newFingerprint built in dst[:0] (a new slice when
+// Append is New built in dst[:0] (a new slice when
 // dst is nil or too small).
-func appendFingerprint(dst []byte, prompt, generated []uint32, n, blockSize int) fingerprint {
+func Append(dst []byte, prompt, generated []uint32, n, blockSize int) Fingerprint {
 	if n <= 0 || blockSize <= 0 || len(prompt)+len(generated) < n {
 		return nil
 	}
@@ -59,40 +62,40 @@ func appendFingerprint(dst []byte, prompt, generated []uint32, n, blockSize int)
 	return appendChain(b, fpSeed, 0, prompt, generated, n, blockSize)
 }
 
-var errBadFingerprint = errors.New("kvroute: malformed token fingerprint")
+var ErrMalformed = errors.New("kvroute: malformed token fingerprint")
 
 // parse returns the block size, the token count and the hash bytes.
-func (f fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
+func (f Fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
 	bs, k := binary.Uvarint(f)
 	if k <= 0 || bs == 0 || bs > 1<<20 {
-		return 0, 0, nil, errBadFingerprint
+		return 0, 0, nil, ErrMalformed
 	}
 	n, k2 := binary.Uvarint(f[k:])
 	if k2 <= 0 || n == 0 || n > 1<<40 {
-		return 0, 0, nil, errBadFingerprint
+		return 0, 0, nil, ErrMalformed
 	}
 	hashes = f[k+k2:]
 	if uint64(len(hashes)) != 8*(n/bs+1) {
-		return 0, 0, nil, errBadFingerprint
+		return 0, 0, nil, ErrMalformed
 	}
 	return int(bs), int(n), hashes, nil
 }
 
-// commonPrefix returns how many leading tokens of prompt are verified equal
+// CommonPrefix returns how many leading tokens of prompt are verified equal
 // to the fingerprinted sequence: all R when prompt begins with the whole
 // sequence, else the tokens of the full blocks that match (a multiple of the
 // block size), else 0.
-func (f fingerprint) commonPrefix(prompt []uint32) (int, error) {
-	c, err := f.verifyPrefix(prompt)
+func (f Fingerprint) CommonPrefix(prompt []uint32) (int, error) {
+	c, err := f.VerifyPrefix(prompt)
 	return c.n, err
 }
 
-// A chainPrefix is the hash chain of newFingerprint over the first n
+// A Prefix is the hash chain of New over the first n
 // tokens of ids (n > 0): its state h after them and, for the full blocks
 // of blockSize among them, the 8-byte block hashes. Fingerprinting a
 // sequence that begins with those same tokens, with the same block size,
 // can start from it instead of hashing them again.
-type chainPrefix struct {
+type Prefix struct {
 	ids       []uint32
 	n         int
 	h         uint64
@@ -100,7 +103,10 @@ type chainPrefix struct {
 	blocks    []byte
 }
 
-// verifyPrefix is commonPrefix, also returning the chain over the verified
+// Tokens returns how many leading tokens the prefix covers (0: none).
+func (c Prefix) Tokens() int { return c.n }
+
+// VerifyPrefix is CommonPrefix, also returning the chain over the verified
 // prefix (zero when none is verified). Its hashes are the fingerprint's own:
 // each equals the chain computed over prompt up to that point, or the
 // prefix would not have been verified.
@@ -108,22 +114,22 @@ type chainPrefix struct {
 // The chain is serial (each token's step waits for the one before), but
 // the fingerprint holds its state at each block's end: once blocks 1..k-1
 // are verified, the chain after them is the stored hash of block k-1, so
-// block k can be checked from there. verifyPrefix checks four blocks at
+// block k can be checked from there. VerifyPrefix checks four blocks at
 // once, each from the stored hash before it, which keeps the multiplier
 // busy instead of waiting on one chain; the first block that differs ends
 // the prefix, as in the token-by-token walk (verifySerial, its test
 // oracle).
-func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
+func (f Fingerprint) VerifyPrefix(prompt []uint32) (Prefix, error) {
 	bs, n, hashes, err := f.parse()
 	if err != nil {
-		return chainPrefix{}, err
+		return Prefix{}, err
 	}
 	full := n / bs
-	prefix := func(m int, h uint64) chainPrefix {
+	prefix := func(m int, h uint64) Prefix {
 		if m == 0 {
-			return chainPrefix{}
+			return Prefix{}
 		}
-		return chainPrefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
+		return Prefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
 	}
 	stored := func(blk int) uint64 { // the chain after blk full blocks
 		if blk == 0 {
@@ -180,20 +186,20 @@ func (f fingerprint) verifyPrefix(prompt []uint32) (chainPrefix, error) {
 	return prefix(blocks*bs, stored(blocks)), nil
 }
 
-// fingerprintFrom is newFingerprint(prompt, generated, n, blockSize),
+// From is New(prompt, generated, n, blockSize),
 // starting from c when the sequence begins with c's tokens (they are
 // compared, not trusted) and c has the same block size and fits in n;
 // otherwise it hashes every token.
-func fingerprintFrom(c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
-	return appendFingerprintFrom(nil, c, prompt, generated, n, blockSize)
+func From(c Prefix, prompt, generated []uint32, n, blockSize int) Fingerprint {
+	return AppendFrom(nil, c, prompt, generated, n, blockSize)
 }
 
-// appendFingerprintFrom is fingerprintFrom built in dst[:0] (a new slice
+// AppendFrom is From built in dst[:0] (a new slice
 // when dst is nil or too small).
-func appendFingerprintFrom(dst []byte, c chainPrefix, prompt, generated []uint32, n, blockSize int) fingerprint {
+func AppendFrom(dst []byte, c Prefix, prompt, generated []uint32, n, blockSize int) Fingerprint {
 	if c.n == 0 || c.blockSize != blockSize || c.n > n || c.n > len(prompt) || c.n > len(c.ids) ||
-		!(sameIDs(prompt, c.ids) || slices.Equal(prompt[:c.n], c.ids[:c.n])) || len(prompt)+len(generated) < n || blockSize <= 0 {
-		return appendFingerprint(dst, prompt, generated, n, blockSize)
+		!(SameIDs(prompt, c.ids) || slices.Equal(prompt[:c.n], c.ids[:c.n])) || len(prompt)+len(generated) < n || blockSize <= 0 {
+		return Append(dst, prompt, generated, n, blockSize)
 	}
 	b := fingerprintBuf(dst, n, blockSize)
 	b = binary.AppendUvarint(b, uint64(blockSize))
@@ -205,7 +211,7 @@ func appendFingerprintFrom(dst []byte, c chainPrefix, prompt, generated []uint32
 // fingerprintBuf returns dst[:0] when it has room for a fingerprint of n
 // tokens, else a new slice with just that room.
 func fingerprintBuf(dst []byte, n, blockSize int) []byte {
-	if size := fingerprintSize(n, blockSize); cap(dst) < size {
+	if size := Size(n, blockSize); cap(dst) < size {
 		return make([]byte, 0, size)
 	}
 	return dst[:0]
@@ -232,9 +238,9 @@ func appendChain(b []byte, h uint64, pos int, rest, generated []uint32, n, block
 	return binary.LittleEndian.AppendUint64(b, h)
 }
 
-// sameIDs reports whether a and b are non-empty and start at the same
+// SameIDs reports whether a and b are non-empty and start at the same
 // element of one array (D's prompt ids taken as the rendered ones), so
 // that their common length is equal without being compared.
-func sameIDs(a, b []uint32) bool {
+func SameIDs(a, b []uint32) bool {
 	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
 }

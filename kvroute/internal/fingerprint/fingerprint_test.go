@@ -1,4 +1,4 @@
-package kvroute
+package fingerprint
 
 import (
 	"encoding/binary"
@@ -6,15 +6,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
 )
+
+const defaultBlockSize = 16
 
 func seqOf(rng *rand.Rand, n int) []uint32 {
 	s := make([]uint32, n)
@@ -29,7 +27,7 @@ func TestFingerprintCommonPrefix(t *testing.T) {
 	base := seqOf(rng, 1000) // D's prompt + generated tokens
 	const bs = 16
 	const r = 999 // remote_num_tokens: all but the last sampled token
-	fp := newFingerprint(base[:700], base[700:], r, bs)
+	fp := New(base[:700], base[700:], r, bs)
 	require.NotNil(t, fp)
 	with := func(prefix []uint32, rest ...uint32) []uint32 {
 		return append(append([]uint32(nil), prefix...), rest...)
@@ -52,7 +50,7 @@ func TestFingerprintCommonPrefix(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			n, err := fp.commonPrefix(c.prompt)
+			n, err := fp.CommonPrefix(c.prompt)
 			require.NoError(t, err)
 			assert.Equal(t, c.want, n)
 		})
@@ -60,12 +58,12 @@ func TestFingerprintCommonPrefix(t *testing.T) {
 }
 
 func TestFingerprintSize(t *testing.T) {
-	fp := newFingerprint(make([]uint32, 24000), nil, 24000, 16)
+	fp := New(make([]uint32, 24000), nil, 24000, 16)
 	// 1,500 blocks of 8 bytes plus the whole-sequence hash and two varints.
 	assert.Less(t, len(fp), 8*1501+8)
-	assert.Nil(t, newFingerprint(make([]uint32, 10), nil, 11, 16), "fewer ids than remote_num_tokens")
-	_, err := fingerprint([]byte{1, 2, 3}).commonPrefix(nil)
-	assert.ErrorIs(t, err, errBadFingerprint)
+	assert.Nil(t, New(make([]uint32, 10), nil, 11, 16), "fewer ids than remote_num_tokens")
+	_, err := Fingerprint([]byte{1, 2, 3}).CommonPrefix(nil)
+	assert.ErrorIs(t, err, ErrMalformed)
 }
 
 func TestFingerprintOneDifferenceNeverCollides(t *testing.T) {
@@ -78,52 +76,10 @@ func TestFingerprintOneDifferenceNeverCollides(t *testing.T) {
 		if b[i] == a[i] {
 			continue
 		}
-		fa := newFingerprint(a, nil, len(a), 16)
-		n, err := fa.commonPrefix(b)
+		fa := New(a, nil, len(a), 16)
+		n, err := fa.CommonPrefix(b)
 		require.NoError(t, err)
 		require.LessOrEqual(t, n, i, "the verified prefix never covers the differing token")
-	}
-}
-
-func TestCutHandle(t *testing.T) {
-	handle := func(r int, groups ...string) []byte {
-		return []byte(`{"do_remote_decode":true,"remote_block_ids":[` + strings.Join(groups, ",") +
-			`],"remote_engine_id":"e","remote_request_id":"q","remote_host":"h","remote_port":1,"remote_num_tokens":` +
-			itoa(r) + `,"dcp_size":1,"x":{"k":[1.50]}}`)
-	}
-	t.Run("two groups cut from the front", func(t *testing.T) {
-		out, err := cutHandle(handle(40, "[10,11,12]", "[20,21,22]"), 32, 16)
-		require.NoError(t, err)
-		obj, err := jsonraw.Parse(out)
-		require.NoError(t, err)
-		v, _ := obj.Get("remote_block_ids")
-		assert.Equal(t, "[[10,11],[20,21]]", string(v))
-		v, _ = obj.Get("remote_num_tokens")
-		assert.Equal(t, "32", string(v))
-		v, _ = obj.Get("x")
-		assert.Equal(t, `{"k":[1.50]}`, string(v), "other members verbatim")
-	})
-	t.Run("flat list of old engines", func(t *testing.T) {
-		out, err := cutHandle(handle(40, "10,11,12"), 16, 16)
-		require.NoError(t, err)
-		obj, _ := jsonraw.Parse(out)
-		v, _ := obj.Get("remote_block_ids")
-		assert.Equal(t, "[10]", string(v))
-	})
-	refusals := []struct {
-		name string
-		raw  []byte
-		want error
-	}{
-		{"groups of unequal length (sliding window)", handle(40, "[10,11,12]", "[20]"), errPartialGroups},
-		{"block count does not fit the block size", handle(40, "[10,11]"), errPartialBlocks},
-		{"dcp", []byte(`{"remote_block_ids":[[1,2,3]],"remote_num_tokens":40,"dcp_size":2}`), errPartialDCP},
-	}
-	for _, c := range refusals {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := cutHandle(c.raw, 32, 16)
-			assert.ErrorIs(t, err, c.want)
-		})
 	}
 }
 
@@ -143,9 +99,9 @@ func BenchmarkFingerprint(b *testing.B) {
 	prompt, gen := seqOf(rng, benchPromptLen), seqOf(rng, benchGenLen)
 	r := benchPromptLen + benchGenLen - 1
 	b.ReportAllocs()
-	var fp fingerprint
+	var fp Fingerprint
 	for b.Loop() {
-		fp = newFingerprint(prompt, gen, r, DefaultBlockSize)
+		fp = New(prompt, gen, r, defaultBlockSize)
 	}
 	b.ReportMetric(float64(len(fp)), "fingerprint-B")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(r), "ns/token")
@@ -160,7 +116,7 @@ func BenchmarkCommonPrefix(b *testing.B) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	prompt := seqOf(rng, 24000)
 	const r = 23900
-	fp := newFingerprint(prompt[:r], nil, r, DefaultBlockSize)
+	fp := New(prompt[:r], nil, r, defaultBlockSize)
 	edited := append([]uint32(nil), prompt...)
 	edited[r/2] ^= 1
 	for _, c := range []struct {
@@ -169,73 +125,17 @@ func BenchmarkCommonPrefix(b *testing.B) {
 		want   int
 	}{
 		{"full", prompt, r},
-		{"mismatch-middle", edited, r / 2 / DefaultBlockSize * DefaultBlockSize},
+		{"mismatch-middle", edited, r / 2 / defaultBlockSize * defaultBlockSize},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				n, err := fp.commonPrefix(c.prompt)
+				n, err := fp.CommonPrefix(c.prompt)
 				if err != nil || n != c.want {
 					b.Fatalf("commonPrefix = %d, %v; want %d", n, err, c.want)
 				}
 			}
 		})
-	}
-}
-
-// BenchmarkCutHandle cuts a D handle of 1,500 block ids (24,000 tokens)
-// to its first 1,000 blocks (16,000 tokens), as a partial hit does.
-func BenchmarkCutHandle(b *testing.B) {
-	const blocks, keep = 1500, 1000
-	ids := make([]string, blocks)
-	for i := range ids {
-		ids[i] = strconv.Itoa(20000 + 7*i) // 5-digit block ids
-	}
-	raw := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[` + strings.Join(ids, ",") +
-		`]],"remote_engine_id":"d-engine","remote_request_id":"chatcmpl-0a1b2c3d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":` +
-		itoa(blocks*DefaultBlockSize) + `,"remote_blocks_expiry_time":12345.5}`)
-	want := keep * DefaultBlockSize
-	out, err := cutHandle(raw, want, DefaultBlockSize)
-	require.NoError(b, err)
-	hi, err := checkHandle(out, 16)
-	require.NoError(b, err)
-	require.Equal(b, want, hi.tokens)
-	b.SetBytes(int64(len(raw)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := cutHandle(raw, want, DefaultBlockSize); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(len(raw)), "handle-B")
-}
-
-// BenchmarkReadRenderAnswer reads the token ids of a render answer for a
-// 24,000-token prompt as renderCall does once its body is read: validate
-// the object, take token_ids, parse them into a new slice.
-func BenchmarkReadRenderAnswer(b *testing.B) {
-	rng := rand.New(rand.NewPCG(9, 10))
-	ids := seqOf(rng, 24000)
-	body := []byte(`{"token_ids":[`)
-	for i, id := range ids {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		body = strconv.AppendUint(body, uint64(id), 10)
-	}
-	body = append(body, "]}"...)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		o, err := jsonraw.Parse(body)
-		if err != nil {
-			b.Fatal(err)
-		}
-		v, _ := o.Get("token_ids")
-		got, ok := sse.AppendTokenIDs(nil, v)
-		if !ok || len(got) != len(ids) {
-			b.Fatalf("ok %v, %d ids", ok, len(got))
-		}
 	}
 }
 
@@ -255,10 +155,10 @@ func TestFingerprintFrom(t *testing.T) {
 	for _, bs := range []int{1, 3, 16} {
 		for _, r := range []int{1, 15, 16, 17, 160, 161} {
 			old := ids(r + 40)
-			fp := newFingerprint(old[:r-min(r, 5)], old[r-min(r, 5):], r, bs)
+			fp := New(old[:r-min(r, 5)], old[r-min(r, 5):], r, bs)
 			// The next rendered prompt: the old sequence, then more.
 			rendered := append(slices.Clone(old[:r]), ids(50)...)
-			cp, err := fp.verifyPrefix(rendered)
+			cp, err := fp.VerifyPrefix(rendered)
 			require.NoError(t, err)
 			require.Equal(t, r, cp.n, "bs %d r %d: whole sequence verified", bs, r)
 			gen := ids(30)
@@ -274,18 +174,18 @@ func TestFingerprintFrom(t *testing.T) {
 				{"other block size", rendered, bs + 1},
 			} {
 				n := len(c.prompt) + len(gen) - 3
-				want := newFingerprint(c.prompt, gen, n, c.bs)
-				got := fingerprintFrom(cp, c.prompt, gen, n, c.bs)
+				want := New(c.prompt, gen, n, c.bs)
+				got := From(cp, c.prompt, gen, n, c.bs)
 				require.Equal(t, want, got, "bs %d r %d: %s", bs, r, c.name)
 			}
 			// A partial match: the chain up to the last matching block.
 			bad := with(rendered, r-1, rendered[r-1]+1)
-			cp, err = fp.verifyPrefix(bad)
+			cp, err = fp.VerifyPrefix(bad)
 			require.NoError(t, err)
-			wantN, _ := fp.commonPrefix(bad)
+			wantN, _ := fp.CommonPrefix(bad)
 			require.Equal(t, wantN, cp.n)
 			n := len(bad) + len(gen)
-			require.Equal(t, newFingerprint(bad, gen, n, bs), fingerprintFrom(cp, bad, gen, n, bs), "bs %d r %d: partial", bs, r)
+			require.Equal(t, New(bad, gen, n, bs), From(cp, bad, gen, n, bs), "bs %d r %d: partial", bs, r)
 		}
 	}
 }
@@ -306,20 +206,20 @@ func FuzzFingerprintFrom(f *testing.F) {
 			return
 		}
 		old, next := fuzzIDs(a), fuzzIDs(b)
-		fp := newFingerprint(old, nil, len(old), int(bs))
-		cp, err := fp.verifyPrefix(next)
+		fp := New(old, nil, len(old), int(bs))
+		cp, err := fp.VerifyPrefix(next)
 		require.NoError(t, err)
-		n, _ := fp.commonPrefix(next)
+		n, _ := fp.CommonPrefix(next)
 		require.Equal(t, n, cp.n)
 		gen := fuzzIDs(a[:min(len(a), int(extra))])
 		for _, bsz := range []int{int(bs), int(bs) + 1} {
 			for m := 1; m <= len(next)+len(gen); m += 1 + len(next)/7 {
-				want := newFingerprint(next, gen, m, bsz)
-				require.Equal(t, want, fingerprintFrom(cp, next, gen, m, bsz))
+				want := New(next, gen, m, bsz)
+				require.Equal(t, want, From(cp, next, gen, m, bsz))
 				// Into a used buffer, with room or without.
-				for _, dst := range [][]byte{make([]byte, 5, fingerprintSize(m, bsz)), {9}} {
-					require.Equal(t, want, appendFingerprintFrom(dst, cp, next, gen, m, bsz))
-					require.Equal(t, want, appendFingerprint(dst, next, gen, m, bsz))
+				for _, dst := range [][]byte{make([]byte, 5, Size(m, bsz)), {9}} {
+					require.Equal(t, want, AppendFrom(dst, cp, next, gen, m, bsz))
+					require.Equal(t, want, Append(dst, next, gen, m, bsz))
 				}
 			}
 		}
@@ -328,19 +228,19 @@ func FuzzFingerprintFrom(f *testing.F) {
 
 // verifySerial is verifyPrefix as a walk over the tokens in order, one
 // chain (the definition verifyPrefix's block-parallel check must match).
-func verifySerial(f fingerprint, prompt []uint32) (chainPrefix, error) {
+func verifySerial(f Fingerprint, prompt []uint32) (Prefix, error) {
 	bs, n, hashes, err := f.parse()
 	if err != nil {
-		return chainPrefix{}, err
+		return Prefix{}, err
 	}
 	full := n / bs
 	h := uint64(fpSeed)
 	matched := 0
-	prefix := func(m int, h uint64) chainPrefix {
+	prefix := func(m int, h uint64) Prefix {
 		if m == 0 {
-			return chainPrefix{}
+			return Prefix{}
 		}
-		return chainPrefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
+		return Prefix{ids: prompt, n: m, h: h, blockSize: bs, blocks: hashes[:8*(m/bs)]}
 	}
 	blockH := uint64(0)
 	for i, id := range prompt {
@@ -362,7 +262,7 @@ func verifySerial(f fingerprint, prompt []uint32) (chainPrefix, error) {
 	return prefix(matched, blockH), nil
 }
 
-func requireSamePrefix(t *testing.T, want, got chainPrefix, msg string) {
+func requireSamePrefix(t *testing.T, want, got Prefix, msg string) {
 	t.Helper()
 	require.Equal(t, want.n, got.n, msg)
 	require.Equal(t, want.h, got.h, msg)
@@ -381,7 +281,7 @@ func TestVerifyPrefixBlocks(t *testing.T) {
 	for _, bs := range []int{1, 3, 16, 64} {
 		for _, r := range []int{1, 15, 16, 17, 63, 64, 65, 200, 1000, 1001} {
 			seq := seqOf(rng, r+20)
-			fp := newFingerprint(seq[:r], nil, r, bs)
+			fp := New(seq[:r], nil, r, bs)
 			require.NotNil(t, fp)
 			prompts := [][]uint32{seq, seq[:r], seq[:r/2], nil}
 			for _, at := range []int{0, bs - 1, bs, 2*bs + 1, 3 * bs, 4*bs + 2, 5*bs - 1, r / 2, r - 1, r} {
@@ -394,7 +294,7 @@ func TestVerifyPrefixBlocks(t *testing.T) {
 			for i, p := range prompts {
 				want, err := verifySerial(fp, p)
 				require.NoError(t, err)
-				got, err := fp.verifyPrefix(p)
+				got, err := fp.VerifyPrefix(p)
 				require.NoError(t, err)
 				requireSamePrefix(t, want, got, fmt.Sprintf("bs %d, R %d, prompt %d", bs, r, i))
 			}
@@ -413,7 +313,7 @@ func FuzzVerifyPrefix(f *testing.F) {
 			return
 		}
 		old, next := fuzzIDs(a), fuzzIDs(b)
-		fp := newFingerprint(old, nil, len(old), int(bs))
+		fp := New(old, nil, len(old), int(bs))
 		_, _, hashes, err := fp.parse()
 		require.NoError(t, err)
 		// corrupt: a hash index, then 8 bytes to write there, repeated.
@@ -424,7 +324,7 @@ func FuzzVerifyPrefix(f *testing.F) {
 		}
 		want, err := verifySerial(fp, next)
 		require.NoError(t, err)
-		got, err := fp.verifyPrefix(next)
+		got, err := fp.VerifyPrefix(next)
 		require.NoError(t, err)
 		requireSamePrefix(t, want, got, "")
 	})

@@ -1,4 +1,4 @@
-package kvroute
+package kvhandle
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ func FuzzCheckHandle(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, raw []byte, bs uint8) {
 		blockSize := int(bs % 65)
-		hi, err := checkHandle(raw, blockSize)
+		hi, err := Check(raw, blockSize)
 		verdict, tokens, skip := oracleHandle(raw, blockSize)
 		if skip {
 			return
@@ -50,9 +50,9 @@ func FuzzCheckHandle(f *testing.F) {
 			t.Fatalf("checkHandle accepted %s; oracle: %v", raw, verdict)
 		case err != nil && verdict == nil:
 			t.Fatalf("checkHandle refused %s (%v); oracle accepts", raw, err)
-		case err == nil && hi.tokens != tokens:
-			t.Fatalf("checkHandle read remote_num_tokens %d, oracle %d: %s", hi.tokens, tokens, raw)
-		case err != nil && !errors.Is(err, errInvalidHandle) && !errors.Is(err, errUnusableHandle):
+		case err == nil && hi.Tokens != tokens:
+			t.Fatalf("checkHandle read remote_num_tokens %d, oracle %d: %s", hi.Tokens, tokens, raw)
+		case err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnusable):
 			t.Fatalf("checkHandle error %v wraps neither sentinel", err)
 		}
 	})
