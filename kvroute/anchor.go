@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/convkey"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -23,13 +24,13 @@ import (
 
 // anchorBase hashes what every anchor of the request shares.
 // The caller gives h back with req.sumPut.
-func anchorBase(req *Request, kind string) *hasher {
-	h := req.getHasher()
-	h.fieldString("anchor.v1", kind)
-	h.fieldString("tenant", req.Tenant())
+func anchorBase(req *Request, kind string) *convkey.Hasher {
+	h := req.keys.Hasher()
+	h.FieldString("anchor.v1", kind)
+	h.FieldString("tenant", req.Tenant())
 	for _, f := range [...]string{"model", "cache_salt"} {
 		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
-			writeField(h, f, v)
+			h.Field(f, v)
 		}
 	}
 	return h
@@ -40,11 +41,11 @@ func anchorBase(req *Request, kind string) *hasher {
 func chatAnchorFrom(req *Request, start [32]byte) string {
 	h := anchorBase(req, "chat")
 	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
-	writeField(h, "start", start[:])
-	return digestKey("a", req.sumPut(h))
+	h.Field("start", start[:])
+	return convkey.DigestKey("a", req.keys.SumPut(h))
 }
 
 // completionAnchors returns the anchor keys under which a completions
@@ -57,10 +58,10 @@ func chatAnchorFrom(req *Request, start [32]byte) string {
 func completionAnchors(req *Request, prompt string) []string {
 	h := anchorBase(req, "completion")
 	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return []string{digestKey("a", req.sumPut(h))}
+		h.Field("hint", []byte(hint))
+		return []string{convkey.DigestKey("a", req.keys.SumPut(h))}
 	}
-	base := req.sumPut(h)
+	base := req.keys.SumPut(h)
 	var keys []string
 	for a := anchorLen(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a = anchorLen(a - 1) {
 		keys = append(keys, prefixAnchor(base, prompt[:a]))
@@ -73,23 +74,23 @@ func completionAnchors(req *Request, prompt string) []string {
 func completionAnchor(req *Request, text string) string {
 	h := anchorBase(req, "completion")
 	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
 	a := anchorLen(len(text))
 	if a < minAnchor {
 		return ""
 	}
-	return prefixAnchor(req.sumPut(h), text[:a])
+	return prefixAnchor(req.keys.SumPut(h), text[:a])
 }
 
 const maxAnchorTries = 8
 
 func prefixAnchor(base [32]byte, s string) string {
-	h := newHasher()
-	h.writeDigest(base)
-	writeField(h, "prefix", []byte(s))
-	return digestKey("a", sum256(h))
+	h := convkey.New()
+	h.WriteDigest(base)
+	h.Field("prefix", []byte(s))
+	return convkey.DigestKey("a", h.Sum())
 }
 
 // anchorLen returns the longest anchor length <= n: the numbers m*2^e
@@ -105,9 +106,6 @@ func anchorLen(n int) int {
 	}
 	return (n >> e) << e
 }
-
-// sum256 returns h's SHA-256 sum.
-func sum256(h *hasher) [32]byte { return h.sum() }
 
 // anchorText returns what a completions prompt is anchored on: the prompt
 // string, or for a prompt of token ids their little-endian bytes (four per
@@ -139,8 +137,8 @@ func anchorText(req *Request) (string, bool) {
 func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
 	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
 	a, ok := apiFor(req.Path)
 	if !ok {
@@ -150,12 +148,12 @@ func agentAnchor(req *Request) string {
 	var buf []byte
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
 		buf = anchorContent(buf[:0], v, a, "", true)
-		writeField(h, head, buf)
+		h.Field(head, buf)
 	}
 	v, _ := req.Field(turns)
 	if s, ok := jsonraw.String(v); ok {
-		writeField(h, "start", []byte(s[:min(len(s), 256)]))
-		return digestKey("a", sum256(h))
+		h.Field("start", []byte(s[:min(len(s), 256)]))
+		return convkey.DigestKey("a", h.Sum())
 	}
 	_ = jsonraw.Elements(v, func(item []byte) error {
 		role, _ := jsonraw.Lookup(item, "role")
@@ -164,13 +162,13 @@ func agentAnchor(req *Request) string {
 			rs, _ := jsonraw.String(role)
 			buf = anchorContent(append(buf, 0), c, a, rs, false)
 		}
-		writeField(h, "turn", buf)
+		h.Field("turn", buf)
 		if s, _ := jsonraw.String(role); s == "user" {
 			return errStop
 		}
 		return nil
 	})
-	return digestKey("a", sum256(h))
+	return convkey.DigestKey("a", h.Sum())
 }
 
 // anchorContent appends what an anchor keeps of a content value of the

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/convkey"
 )
 
 // The routes a Router serves.
@@ -43,51 +44,11 @@ type Request struct {
 	principal    string
 	principalSet bool
 
-	// Free digest state for the request's keys and anchors (getHasher,
-	// getChainer): a turn hashes the request several times, one digest
-	// after another. A Request is not safe for concurrent use (Field
+	// keys is the digest state the request's keys and anchors reuse
+	// (ContinuationKeys): a Request is not safe for concurrent use (Field
 	// parses lazily), and so neither is this.
-	hashers  [3]*hasher
-	nHashers int
-	chainer  *chainer
+	keys convkey.Scratch
 }
-
-// getHasher returns an empty hasher, a free one if the request has one.
-func (r *Request) getHasher() *hasher {
-	if r.nHashers == 0 {
-		return newHasher()
-	}
-	r.nHashers--
-	h := r.hashers[r.nHashers]
-	r.hashers[r.nHashers] = nil
-	h.h.Reset()
-	h.both = false
-	return h
-}
-
-// sumPut returns h's digest and gives h back to the request: the caller
-// must not use h after.
-func (r *Request) sumPut(h *hasher) [32]byte {
-	s := h.sum()
-	if r.nHashers < len(r.hashers) {
-		r.hashers[r.nHashers] = h
-		r.nHashers++
-	}
-	return s
-}
-
-// getChainer returns the request's free chainer, or a new one; putChainer
-// gives it back when the caller is done with it.
-func (r *Request) getChainer() *chainer {
-	c := r.chainer
-	r.chainer = nil
-	if c == nil {
-		c = newChainer()
-	}
-	return c
-}
-
-func (r *Request) putChainer(c *chainer) { r.chainer = c }
 
 // Field returns the raw JSON of a top-level member of the request body, as
 // the client sent it; ok is false when the member is absent or the body is
