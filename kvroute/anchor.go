@@ -5,7 +5,8 @@ import (
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/convkey"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
 // Conversation anchors. ContinuationKeys retains a conversation's live
@@ -118,7 +119,7 @@ func anchorText(req *Request) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	ids, ok := sse.AppendTokenIDs(nil, p)
+	ids, ok := capture.AppendTokenIDs(nil, p)
 	if !ok || len(ids) == 0 {
 		return "", false
 	}

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
 // api is everything the turn flow must know about one HTTP API: how a
@@ -42,7 +43,7 @@ type api interface {
 	tokenIDs() bool
 	// newStream returns the capture of one decode stream; tokens asks it
 	// to collect token ids, strip to remove them.
-	newStream(tokens, strip bool) streamCapture
+	newStream(tokens, strip bool) capture.Stream
 	// streamHandles reports whether the API's streams can carry the
 	// decode handle at all (with vLLM PR #40186).
 	streamHandles() bool
@@ -122,8 +123,11 @@ func (openAI) tokenIDs() bool                          { return true }
 func (openAI) streamHandles() bool                     { return true }
 func (openAI) conversation() (string, string)          { return "", "" }
 func (openAI) renders(string, string, bool, bool) bool { return true }
-func (openAI) newStream(tokens, strip bool) streamCapture {
-	return newOpenAIStream(tokens, strip)
+func (openAI) newStream(tokens, strip bool) capture.Stream {
+	if tokens {
+		return capture.NewChunks(capture.WithReply(), capture.WithTokenIDs(strip))
+	}
+	return capture.NewChunks(capture.WithReply())
 }
 
 // Members removed from the client's body on every prefill leg, besides

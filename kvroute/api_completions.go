@@ -2,7 +2,8 @@ package kvroute
 
 import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
 // completionsAPI is POST /v1/completions.
@@ -53,7 +54,7 @@ func (completionsAPI) promptIDs(req *Request) ([]uint32, bool) {
 	if !ok {
 		return nil, false
 	}
-	if ids, ok := sse.AppendTokenIDs(nil, p); ok {
+	if ids, ok := capture.AppendTokenIDs(nil, p); ok {
 		return ids, true
 	}
 	var inner []byte
@@ -61,5 +62,5 @@ func (completionsAPI) promptIDs(req *Request) ([]uint32, bool) {
 	if jsonraw.Elements(p, func(v []byte) error { inner = v; n++; return nil }) != nil || n != 1 {
 		return nil, false
 	}
-	return sse.AppendTokenIDs(nil, inner)
+	return capture.AppendTokenIDs(nil, inner)
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
 // PathMessages is Anthropic's Messages API, as vLLM serves it (clients may
@@ -127,9 +128,12 @@ func (messagesAPI) streamHandles() bool { return false }
 
 // newStream: named events; a handle would sit at the top level or in
 // message_start's message; the stream ends with message_stop.
-func (messagesAPI) newStream(bool, bool) streamCapture {
-	return &typedStream{nested: "message", final: map[string]bool{"message_stop": true}}
+func (messagesAPI) newStream(bool, bool) capture.Stream {
+	return capture.NewTyped("message", messagesFinal, nil)
 }
+
+// The event type that ends a Messages stream.
+var messagesFinal = map[string]bool{"message_stop": true}
 
 type anthropicError struct {
 	Type  string               `json:"type"`

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -130,18 +131,21 @@ func (responsesAPI) conversation() (string, string)      { return "instructions"
 // newStream: events are named by their type; the handle sits in the
 // response object of the final event; the stream ends with
 // response.completed (or incomplete or failed), without data: [DONE].
-func (responsesAPI) newStream(bool, bool) streamCapture {
-	return &typedStream{
-		nested: "response",
-		final:  map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true},
-		reply: func(data []byte) *Reply {
-			resp, ok := jsonraw.Lookup(data, "response")
-			if !ok {
-				return &Reply{Incomplete: true}
-			}
-			return responseReply(resp)
-		},
+func (responsesAPI) newStream(bool, bool) capture.Stream {
+	return capture.NewTyped("response", responsesFinal, responsesStreamReply)
+}
+
+// The event types that end a Responses stream.
+var responsesFinal = map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true}
+
+// responsesStreamReply reads the reply from a final event's data: the
+// response object it wraps.
+func responsesStreamReply(data []byte) *Reply {
+	resp, ok := jsonraw.Lookup(data, "response")
+	if !ok {
+		return &Reply{Incomplete: true}
 	}
+	return responseReply(resp)
 }
 
 // responsesErrorEvent is the Responses API's stream error event

@@ -8,7 +8,8 @@ import (
 	"sync"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -156,7 +157,7 @@ func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, 
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	v, _ := obj.Get("token_ids")
-	ids, ok := sse.AppendTokenIDs(nil, v)
+	ids, ok := capture.AppendTokenIDs(nil, v)
 	if !ok {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}

@@ -202,21 +202,21 @@ func (t *turn) decodeOnce(ctx context.Context, ep *endpoint, body legBody) (*Res
 		out.reader = sse.NewReader(resp.Body, t.r.maxEvent,
 			sse.WithBuffer(t.r.bufs.Get(max(int(t.r.streamBuf.Load()), bufpool.MinPooled))))
 		out.capture = t.req.api.newStream(t.idsAdded || t.idsAsked, t.idsAdded)
-		if ib, ok := out.capture.(interface{ useIDBuffer([]uint32) }); ok && (t.idsAdded || t.idsAsked) {
+		if ib, ok := out.capture.(interface{ UseIDBuffer([]uint32) }); ok && (t.idsAdded || t.idsAsked) {
 			// The prompt's ids go into a pooled slice as large as the last
 			// prompt's, returned when the turn ends.
 			t.streamIDs = t.r.ids.Get(int(t.r.promptIDs.Load()))
-			ib.useIDBuffer(t.streamIDs)
+			ib.UseIDBuffer(t.streamIDs)
 		}
-		if hc, ok := out.capture.(interface{ useHandleBuffer([]byte) }); ok {
+		if hc, ok := out.capture.(interface{ UseHandleBuffer([]byte) }); ok {
 			// D's handle goes into a pooled buffer as large as the last
 			// one, returned once the handle is retained.
-			hc.useHandleBuffer(t.r.bufs.Get(max(int(t.r.handleBuf.Load()), bufpool.MinPooled)))
+			hc.UseHandleBuffer(t.r.bufs.Get(max(int(t.r.handleBuf.Load()), bufpool.MinPooled)))
 		}
-		if ec, ok := out.capture.(interface{ expectPromptIDs([]byte, []uint32) }); ok && (t.idsAdded || t.idsAsked) && t.renderText != nil && t.rendered != nil {
+		if ec, ok := out.capture.(interface{ ExpectPromptIDs([]byte, []uint32) }); ok && (t.idsAdded || t.idsAsked) && t.renderText != nil && t.rendered != nil {
 			// D's prompt ids, when spelled as the render answer's, are
 			// the rendered ones: not parsed again.
-			ec.expectPromptIDs(t.renderText, t.rendered)
+			ec.ExpectPromptIDs(t.renderText, t.rendered)
 			out.renderText = true
 		}
 		ev, err := out.reader.Next()

@@ -5,15 +5,18 @@ import (
 	"encoding/hex"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
-// Reply is the engine's answer to a turn as the Identifier sees it:
-// choice 0's content (chat) or text (completions), tool calls, reasoning,
-// finish and stop reasons, reassembled from the body or the stream. It is
-// the same type as sse.Reply, so a reply has one shape from the stream
-// parser to the Identifier.
-type Reply = sse.Reply
+// Reply is the engine's answer to a turn as the Identifier sees it, one
+// shape from the stream's capture to the Identifier: choice 0's content
+// (chat) or text (completions) as Content, Reasoning, ToolCalls (a JSON
+// array of OpenAI tool calls, nil when none), FinishReason, StopReason
+// (vLLM's stop_reason as raw JSON, nil when none) and Incomplete (the
+// reply could not be reassembled), read from the body or the stream.
+// Migration: it was an alias of sse.Reply, which moved into kvroute.
+type Reply = capture.Reply
 
 // Identifier maps turns to retention keys.
 //

@@ -12,7 +12,8 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -300,18 +301,18 @@ var errRenderMismatch = errors.New("kvroute: the prefill engine computed other p
 // Stats.UncheckedPrefills, logged once).
 func (t *turn) checkPrefillIDs(obj jsonraw.Object, ep *endpoint, attached int) error {
 	r := t.r
-	v, ok := obj.Get(sse.PromptTokenIDsKey)
+	v, ok := obj.Get(capture.PromptTokenIDsKey)
 	if !ok || jsonraw.IsNull(v) {
 		choices, _ := obj.Get("choices")
 		_ = jsonraw.Elements(choices, func(c []byte) error {
-			v, ok = jsonraw.Lookup(c, sse.PromptTokenIDsKey)
+			v, ok = jsonraw.Lookup(c, capture.PromptTokenIDsKey)
 			return errStop
 		})
 	}
 	var ids []uint32
 	parsed := false
 	if ok && !jsonraw.IsNull(v) {
-		ids, parsed = sse.AppendTokenIDs(nil, v)
+		ids, parsed = capture.AppendTokenIDs(nil, v)
 	}
 	if !parsed {
 		r.stats.uncheckedPrefills.Add(1)

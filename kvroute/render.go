@@ -9,7 +9,8 @@ import (
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -226,7 +227,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 		// A duplicate or escaped key, or no id array: read the member
 		// the way Get finds it.
 		v, _ := o.Get(key)
-		ids, ok = sse.AppendTokenIDs(ids[:0], v)
+		ids, ok = capture.AppendTokenIDs(ids[:0], v)
 	}
 	if !ok {
 		t.r.ids.Put(ids)
@@ -237,7 +238,7 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 
 // holdRenderText keeps the render answer's buffer buf and, in it, the text
 // of its id array, until D's first stream event has been compared with it
-// (sse.Capture.ExpectPromptIDs: D's prompt_token_ids are the rendered ids
+// (capture.Chunks.ExpectPromptIDs: D's prompt_token_ids are the rendered ids
 // when their text is the same) or the turn ends. One pooled buffer per turn
 // in flight, about 6.5 bytes per prompt token, is held from the render
 // call until D's first event (the prefill leg and D's queueing).

@@ -6,7 +6,8 @@ import (
 	"testing"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
 func seqOf(rng *rand.Rand, n int) []uint32 {
@@ -39,7 +40,7 @@ func BenchmarkReadRenderAnswer(b *testing.B) {
 			b.Fatal(err)
 		}
 		v, _ := o.Get("token_ids")
-		got, ok := sse.AppendTokenIDs(nil, v)
+		got, ok := capture.AppendTokenIDs(nil, v)
 		if !ok || len(got) != len(ids) {
 			b.Fatalf("ok %v, %d ids", ok, len(got))
 		}

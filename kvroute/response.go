@@ -18,6 +18,7 @@ import (
 
 	// storeTimeout bounds the Put that retains a handle after the turn; it runs
 	// even if the client's context ended right after the last event.
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
@@ -49,7 +50,7 @@ type Response struct {
 	body       io.ReadCloser
 	stream     bool
 	reader     *sse.Reader
-	capture    streamCapture
+	capture    capture.Stream
 	retained   bool
 	pending    sse.Event // the first event, read by Do
 	hasPending bool
@@ -146,8 +147,8 @@ func (r *Response) Next() ([]byte, error) {
 // is complete, so it starts on a fresh line.
 func (r *Response) ErrorEvent(err error) []byte {
 	var seq int64
-	if s, ok := r.capture.(interface{ sequence() (int64, bool) }); ok {
-		if n, ok := s.sequence(); ok {
+	if s, ok := r.capture.(interface{ Sequence() (int64, bool) }); ok {
+		if n, ok := s.Sequence(); ok {
 			seq = n + 1
 		}
 	}
@@ -248,11 +249,11 @@ func (r *Response) retainOnce() {
 // on the goroutine that calls Next, the only one the capture writes the
 // buffer from; a stream that breaks or is closed keeps it.
 func (r *Response) releaseHandle() {
-	hc, ok := r.capture.(interface{ releaseHandleBuffer() []byte })
+	hc, ok := r.capture.(interface{ ReleaseHandleBuffer() []byte })
 	if !ok {
 		return
 	}
-	if b := hc.releaseHandleBuffer(); b != nil {
+	if b := hc.ReleaseHandleBuffer(); b != nil {
 		r.t.r.handleBuf.Store(int64(min(len(b), maxStreamHint)))
 		r.t.r.bufs.Put(b)
 	}
@@ -319,7 +320,7 @@ func (r *Response) readBody() error {
 		}
 		if r.t.idsAdded {
 			// The client did not ask for token ids: they never reach it.
-			b, _ = sse.StripTokenIDs(b)
+			b, _ = capture.StripTokenIDs(b)
 		}
 	}
 	out, _, err := sse.Scrub(nil, b)
@@ -577,11 +578,11 @@ func (t *turn) fingerprint(tokens int) (fingerprint.Fingerprint, Refusal) {
 }
 
 // tokenIDs takes the token ids a stream's capture collected.
-func (t *turn) tokenIDs(c streamCapture) {
+func (t *turn) tokenIDs(c capture.Stream) {
 	if !t.idsAdded && !t.idsAsked {
 		return
 	}
-	t.promptIDs, t.genIDs, t.hasIDs = c.TokenIDs()
+	t.promptIDs, t.genIDs, t.hasIDs = c.IDs()
 }
 
 // bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's
@@ -589,15 +590,15 @@ func (t *turn) tokenIDs(c streamCapture) {
 // in choice 0.
 func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
 	var prompt, gen []byte
-	if v, ok := obj.Get(sse.PromptTokenIDsKey); ok {
+	if v, ok := obj.Get(capture.PromptTokenIDsKey); ok {
 		prompt = v
 	}
 	choices, _ := obj.Get("choices")
 	_ = jsonraw.Elements(choices, func(c []byte) error {
-		if v, ok := jsonraw.Lookup(c, sse.PromptTokenIDsKey); ok && prompt == nil {
+		if v, ok := jsonraw.Lookup(c, capture.PromptTokenIDsKey); ok && prompt == nil {
 			prompt = v
 		}
-		gen, _ = jsonraw.Lookup(c, sse.TokenIDsKey)
+		gen, _ = jsonraw.Lookup(c, capture.TokenIDsKey)
 		return errStop
 	})
 	var p []uint32
@@ -607,8 +608,8 @@ func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
 		// until the turn ends, after the answer is retained).
 		p, okP = t.rendered, true
 	} else {
-		p, okP = sse.AppendTokenIDs(nil, prompt)
+		p, okP = capture.AppendTokenIDs(nil, prompt)
 	}
-	g, okG := sse.AppendTokenIDs(nil, gen)
+	g, okG := capture.AppendTokenIDs(nil, gen)
 	t.promptIDs, t.genIDs, t.hasIDs = p, g, okP && okG
 }

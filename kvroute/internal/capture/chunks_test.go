@@ -1,4 +1,4 @@
-package sse_test
+package capture_test
 
 import (
 	"encoding/json"
@@ -9,12 +9,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 )
 
 // forwardAll runs a stream through a Reader and a Capture and returns what
 // would reach the client.
-func forwardAll(t *testing.T, c *sse.Capture, stream string) string {
+func forwardAll(t *testing.T, c *capture.Chunks, stream string) string {
 	t.Helper()
 	r := sse.NewReader(strings.NewReader(stream))
 	var out strings.Builder
@@ -73,7 +74,7 @@ func TestCaptureStripsHandle(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := sse.NewCapture()
+			c := capture.NewChunks()
 			got := forwardAll(t, c, tt.in)
 			assert.Equal(t, tt.want, got)
 			assert.NotContains(t, got, "remote_block_ids")
@@ -84,7 +85,7 @@ func TestCaptureStripsHandle(t *testing.T) {
 }
 
 func TestCaptureUnchangedEventsAreTheSameSlice(t *testing.T) {
-	c := sse.NewCapture()
+	c := capture.NewChunks()
 	for _, in := range []string{
 		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n",
 		"data: {\"text\":\"\\u00e9 mentions kv_transfer_params in a string\"}\n\n",
@@ -116,7 +117,7 @@ func TestCaptureNestedHandles(t *testing.T) {
 	} {
 		e, err := sse.NewReader(strings.NewReader(in)).Next()
 		require.NoError(t, err)
-		c := sse.NewCapture()
+		c := capture.NewChunks()
 		out, err := c.Forward(e)
 		require.NoError(t, err, in)
 		assert.Equal(t, want, string(out))
@@ -124,7 +125,7 @@ func TestCaptureNestedHandles(t *testing.T) {
 	}
 	e, err := sse.NewReader(strings.NewReader("data: {\"usage\":{\"remote_engine_id\":\"d\"}}\n\n")).Next()
 	require.NoError(t, err)
-	_, err = sse.NewCapture().Forward(e)
+	_, err = capture.NewChunks().Forward(e)
 	assert.ErrorIs(t, err, sse.ErrMalformedData)
 	for _, in := range []string{
 		": {\"remote_block_ids\":[[1,2]],\"remote_engine_id\":\"d\"}\ndata: {\"text\":\"x\"}\n\n",
@@ -132,7 +133,7 @@ func TestCaptureNestedHandles(t *testing.T) {
 	} {
 		e, err := sse.NewReader(strings.NewReader(in)).Next()
 		require.NoError(t, err)
-		out, err := sse.NewCapture().Forward(e)
+		out, err := capture.NewChunks().Forward(e)
 		require.NoError(t, err)
 		assert.NotContains(t, string(out), "remote_")
 		assert.Contains(t, string(out), `data: {"text":"x"}`)
@@ -140,7 +141,7 @@ func TestCaptureNestedHandles(t *testing.T) {
 }
 
 func TestCaptureMalformed(t *testing.T) {
-	c := sse.NewCapture()
+	c := capture.NewChunks()
 	for _, in := range []string{
 		`data: {"kv_transfer_params":{"remote_block_ids":[1]}` + "\n\n",
 		`data: {"kv\u005ftransfer_params":1,}` + "\n\n",
@@ -154,7 +155,7 @@ func TestCaptureMalformed(t *testing.T) {
 }
 
 func TestCaptureLastNonNullHandle(t *testing.T) {
-	c := sse.NewCapture()
+	c := capture.NewChunks()
 	out := forwardAll(t, c, "data: {\"kv_transfer_params\":{\"n\":1}}\n\n"+
 		"data: {\"kv_transfer_params\":{\"n\":2}}\n\n"+
 		"data: {\"kv_transfer_params\":null}\n\n")
@@ -167,12 +168,12 @@ func TestCaptureMetadata(t *testing.T) {
 		`data: {"choices":[{"index":1,"delta":{},"finish_reason":"length"},{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}` + "\n\n" +
 		`data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}` + "\n\n" +
 		"data: [DONE]\n\n"
-	c := sse.NewCapture()
+	c := capture.NewChunks()
 	assert.Equal(t, stream, forwardAll(t, c, stream))
 	assert.Equal(t, "stop", c.FinishReason(), "choice with index 0, not the first element")
 	assert.Equal(t, `{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}`, string(c.Usage()))
 	assert.True(t, c.Done())
-	assert.Equal(t, sse.Reply{FinishReason: "stop"}, c.Reply(), "no reassembly without WithReply")
+	assert.Equal(t, &capture.Reply{FinishReason: "stop"}, c.Reply(), "no reassembly without WithReply")
 }
 
 func TestCaptureReplyChat(t *testing.T) {
@@ -194,7 +195,7 @@ func TestCaptureReplyChat(t *testing.T) {
 	}
 	stream.WriteString("data: [DONE]\n\n")
 
-	c := sse.NewCapture(sse.WithReply())
+	c := capture.NewChunks(capture.WithReply())
 	forwardAll(t, c, stream.String())
 	r := c.Reply()
 	assert.Equal(t, "Hello\n\"w\"", r.Content)
@@ -222,7 +223,7 @@ func TestCaptureReplyIncompleteToolCalls(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := sse.NewCapture(sse.WithReply())
+			c := capture.NewChunks(capture.WithReply())
 			forwardAll(t, c, "data: "+tt.chunk+"\n\n")
 			r := c.Reply()
 			assert.True(t, r.Incomplete)
@@ -235,9 +236,9 @@ func TestCaptureReplyCompletions(t *testing.T) {
 	stream := `data: {"object":"text_completion","choices":[{"index":0,"text":"Once","logprobs":null,"finish_reason":null}]}` + "\n\n" +
 		`data: {"object":"text_completion","choices":[{"index":0,"text":" upon","logprobs":null,"finish_reason":"length"}]}` + "\n\n" +
 		"data: [DONE]\n\n"
-	c := sse.NewCapture(sse.WithReply())
+	c := capture.NewChunks(capture.WithReply())
 	forwardAll(t, c, stream)
-	assert.Equal(t, sse.Reply{Content: "Once upon", FinishReason: "length"}, c.Reply())
+	assert.Equal(t, &capture.Reply{Content: "Once upon", FinishReason: "length"}, c.Reply())
 }
 
 // TestCaptureUseHandleBuffer copies handles into the given buffer, grows
@@ -247,7 +248,7 @@ func TestCaptureUseHandleBuffer(t *testing.T) {
 		d := `{"choices":[{"index":0,"delta":{}}],"kv_transfer_params":` + h + `}`
 		return sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true}
 	}
-	c := sse.NewCapture()
+	c := capture.NewChunks()
 	assert.Nil(t, c.ReleaseHandleBuffer(), "no buffer given")
 	buf := make([]byte, 0, 64)
 	c.UseHandleBuffer(buf)

@@ -1,4 +1,4 @@
-package sse
+package capture
 
 import (
 	"cmp"
@@ -34,10 +34,10 @@ type Reply struct {
 }
 
 // Reply returns the reply reassembled so far. Content, Reasoning and
-// ToolCalls stay empty unless the Capture was made WithReply; FinishReason
+// ToolCalls stay empty unless the Chunks was made WithReply; FinishReason
 // and StopReason are always kept.
-func (c *Capture) Reply() Reply {
-	r := Reply{
+func (c *Chunks) Reply() *Reply {
+	r := &Reply{
 		Content:      string(c.asm.content),
 		Reasoning:    string(c.asm.reasoning),
 		FinishReason: c.finish,

@@ -1,10 +1,11 @@
-package sse
+package capture
 
 import (
 	"bytes"
 	"slices"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
 // The members in which vLLM returns token ids when a request sets
@@ -16,27 +17,27 @@ const (
 	TokenIDsKey       = "token_ids"
 )
 
-// WithTokenIDs makes the Capture collect the token ids of choice 0: the
+// WithTokenIDs makes the Chunks collect the token ids of choice 0: the
 // prompt's (prompt_token_ids, top level or in the choice) and the generated
 // ones (the choice's token_ids, concatenated over the stream's chunks), for
-// Capture.PromptTokenIDs and Capture.TokenIDs. With strip, Forward also
+// Chunks.PromptTokenIDs and Chunks.TokenIDs. With strip, Forward also
 // removes those members from every event, so that a client that did not ask
 // for token ids never sees them.
-func WithTokenIDs(strip bool) CaptureOption {
-	return captureOptionFunc(func(c *Capture) { c.tokens, c.stripTokens = true, strip })
+func WithTokenIDs(strip bool) Option {
+	return optionFunc(func(c *Chunks) { c.tokens, c.stripTokens = true, strip })
 }
 
-// UseIDBuffer makes the Capture parse the prompt's token ids into buf
+// UseIDBuffer makes the Chunks parse the prompt's token ids into buf
 // (from buf[:0]; a larger slice is allocated when they do not fit), so a
 // caller can reuse one slice across streams; PromptTokenIDs then returns
 // buf's array. It has no effect once the prompt's ids were seen.
-func (c *Capture) UseIDBuffer(buf []uint32) {
+func (c *Chunks) UseIDBuffer(buf []uint32) {
 	if !c.sawPromptIDs {
 		c.promptIDs = buf[:0]
 	}
 }
 
-// ExpectPromptIDs gives the Capture the prompt's token ids the caller
+// ExpectPromptIDs gives the Chunks the prompt's token ids the caller
 // already has (ids) with the JSON text they were converted from (raw: an
 // array of ids as a render answer spells it, from '[' to ']', which the
 // caller has validated and converted to ids in full, for example with
@@ -45,12 +46,12 @@ func (c *Capture) UseIDBuffer(buf []uint32) {
 // byte raw, the value is not read again: PromptTokenIDs then returns ids
 // itself, not a copy, and PromptIDsExpected reports it. Any other value
 // (one id or one space different) is parsed as without this call. The
-// Capture keeps raw and ids only until that first data event: the caller
+// Chunks keeps raw and ids only until that first data event: the caller
 // must leave raw unchanged until Forward has returned for an event with
-// data (or the Capture is no longer used), and ids unchanged while it uses
+// data (or the Chunks is no longer used), and ids unchanged while it uses
 // PromptTokenIDs. It has no effect once the prompt's ids were seen,
 // without WithTokenIDs, or for no ids.
-func (c *Capture) ExpectPromptIDs(raw []byte, ids []uint32) {
+func (c *Chunks) ExpectPromptIDs(raw []byte, ids []uint32) {
 	if !c.sawPromptIDs && c.tokens && len(ids) > 0 {
 		c.knownRaw, c.knownIDs = raw, ids
 	}
@@ -58,11 +59,11 @@ func (c *Capture) ExpectPromptIDs(raw []byte, ids []uint32) {
 
 // PromptIDsExpected reports whether the prompt's token ids were those given
 // to ExpectPromptIDs, taken without being parsed.
-func (c *Capture) PromptIDsExpected() bool { return c.knownUsed && c.sawPromptIDs }
+func (c *Chunks) PromptIDsExpected() bool { return c.knownUsed && c.sawPromptIDs }
 
 // PromptTokenIDs returns the prompt's token ids seen so far (nil when the
-// engine sent none). Only a Capture made WithTokenIDs collects them.
-func (c *Capture) PromptTokenIDs() []uint32 {
+// engine sent none). Only a Chunks made WithTokenIDs collects them.
+func (c *Chunks) PromptTokenIDs() []uint32 {
 	if !c.sawPromptIDs {
 		return nil
 	}
@@ -70,11 +71,11 @@ func (c *Capture) PromptTokenIDs() []uint32 {
 }
 
 // TokenIDs returns choice 0's generated token ids seen so far, in order.
-func (c *Capture) TokenIDs() []uint32 { return c.genIDs }
+func (c *Chunks) TokenIDs() []uint32 { return c.genIDs }
 
 // HasTokenIDs reports whether the engine sent both the prompt's and the
 // generated token ids.
-func (c *Capture) HasTokenIDs() bool { return c.sawPromptIDs && c.sawGenIDs && !c.badIDs }
+func (c *Chunks) HasTokenIDs() bool { return c.sawPromptIDs && c.sawGenIDs && !c.badIDs }
 
 // mayHoldTokenIDs is the cheap test for a token-id member (see
 // MayHoldHandle for the escape rule).
@@ -109,12 +110,12 @@ func skipIDSpace(arr []byte, i int) int {
 
 // promptIDsParsed records the prompt_token_ids value that
 // jsonraw.Object.ResetIDs converted while it validated the event.
-func (c *Capture) promptIDsParsed(ids []uint32) {
+func (c *Chunks) promptIDsParsed(ids []uint32) {
 	c.promptIDs, c.sawPromptIDs = ids, true
 }
 
 // addPromptIDs records a prompt_token_ids value.
-func (c *Capture) addPromptIDs(v []byte) {
+func (c *Chunks) addPromptIDs(v []byte) {
 	if jsonraw.IsNull(v) {
 		return
 	}
@@ -135,8 +136,8 @@ func (c *Capture) addPromptIDs(v []byte) {
 }
 
 // takeKnown records the expected prompt ids as the prompt's, keeping the
-// Capture's own slice for a later value.
-func (c *Capture) takeKnown() {
+// Chunks's own slice for a later value.
+func (c *Chunks) takeKnown() {
 	if !c.knownUsed {
 		c.spare = c.promptIDs[:0]
 	}
@@ -144,7 +145,7 @@ func (c *Capture) takeKnown() {
 }
 
 // addGenIDs appends a choice's token_ids value.
-func (c *Capture) addGenIDs(v []byte) {
+func (c *Chunks) addGenIDs(v []byte) {
 	if jsonraw.IsNull(v) {
 		return
 	}
@@ -171,12 +172,12 @@ func StripTokenIDs(data []byte) ([]byte, error) {
 
 var (
 	topTokenKeys    = []string{PromptTokenIDsKey}
-	topAllKeys      = []string{HandleKey, PromptTokenIDsKey}
+	topAllKeys      = []string{sse.HandleKey, PromptTokenIDsKey}
 	choiceTokenKeys = []string{PromptTokenIDsKey, TokenIDsKey}
 )
 
 // stripScratch holds the buffers of stripping token ids from one event
-// after another (a Capture's): what strip returns is valid until its next
+// after another (a Chunks's): what strip returns is valid until its next
 // call.
 type stripScratch struct {
 	out, choices []byte

@@ -1,4 +1,4 @@
-package sse
+package capture
 
 import (
 	"bytes"
@@ -6,44 +6,35 @@ import (
 	"fmt"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
 )
 
-// HandleKey is the top-level member of an engine's response that carries
-// its KV handle.
-const HandleKey = "kv_transfer_params"
-
-// ErrMalformedData is returned by Scrub, ScrubEvent and Capture.Forward for
-// data that may hide a KV handle: it is not valid JSON, or it holds a
-// member only handles have outside kv_transfer_params. Such data must not
-// be forwarded.
-var ErrMalformedData = errors.New("sse: malformed event data may carry a KV handle")
-
-// CaptureOption configures a Capture.
-type CaptureOption interface {
-	applyCapture(*Capture)
+// Option configures a Chunks.
+type Option interface {
+	apply(*Chunks)
 }
 
-type captureOptionFunc func(*Capture)
+type optionFunc func(*Chunks)
 
-func (f captureOptionFunc) applyCapture(c *Capture) { f(c) }
+func (f optionFunc) apply(c *Chunks) { f(c) }
 
-// WithReply makes the Capture reassemble the reply of choice 0 (content,
+// WithReply makes the Chunks reassemble the reply of choice 0 (content,
 // reasoning and tool calls of chat chunks, text of completions chunks) for
-// Capture.Reply. It is off by default, which keeps Forward free of
+// Chunks.Reply. It is off by default, which keeps Forward free of
 // allocations for events that carry no handle.
-func WithReply() CaptureOption {
-	return captureOptionFunc(func(c *Capture) { c.reply = true })
+func WithReply() Option {
+	return optionFunc(func(c *Chunks) { c.reply = true })
 }
 
-// Capture inspects the events of a vLLM /v1/chat/completions or
+// Chunks inspects the events of a vLLM /v1/chat/completions or
 // /v1/completions stream on their way to the client. For each event,
 // Forward returns the bytes to forward, with every kv_transfer_params
-// member removed at any depth (ScrubEvent, see Forward); the Capture keeps
+// member removed at any depth (ScrubEvent, see Forward); the Chunks keeps
 // the last non-null value of the top-level member, and records the finish
 // reason of choice 0, the usage and whether the "[DONE]" event was seen.
 //
-// A Capture serves one stream and is not safe for concurrent use.
-type Capture struct {
+// A Chunks serves one stream and is not safe for concurrent use.
+type Chunks struct {
 	reply bool
 
 	obj    jsonraw.Object
@@ -64,7 +55,7 @@ type Capture struct {
 	// knownRaw and knownIDs (ExpectPromptIDs): the prompt's ids the
 	// caller already has and their JSON text, until the first data event;
 	// knownUsed records that the stream's prompt ids were taken as them,
-	// and spare keeps the Capture's own slice meanwhile.
+	// and spare keeps the Chunks's own slice meanwhile.
 	knownRaw  []byte
 	knownIDs  []uint32
 	knownUsed bool
@@ -75,11 +66,11 @@ type Capture struct {
 	useHandleBuf bool
 }
 
-// NewCapture returns a Capture for one stream.
-func NewCapture(opts ...CaptureOption) *Capture {
-	c := &Capture{}
+// NewChunks returns a Chunks for one stream.
+func NewChunks(opts ...Option) *Chunks {
+	c := &Chunks{}
 	for _, o := range opts {
-		o.applyCapture(c)
+		o.apply(c)
 	}
 	return c
 }
@@ -90,14 +81,14 @@ func NewCapture(opts ...CaptureOption) *Capture {
 // of the lines outside the data only what a client reads and cannot hold
 // a handle. An event that needs no change is returned as it is: the
 // result is e.Raw itself, and no memory is allocated. Otherwise the result
-// is owned by the Capture and valid until the next call to Forward.
+// is owned by the Chunks and valid until the next call to Forward.
 //
 // Forward returns ErrMalformedData, and no bytes, when e's data is neither
 // JSON nor "[DONE]" (or empty), or holds a member only handles have
 // outside kv_transfer_params: such an event must not be forwarded, and
 // the stream must end. An Incomplete event (the stream ended inside it) is
 // neither inspected nor forwarded: Forward returns no bytes and no error.
-func (c *Capture) Forward(e Event) ([]byte, error) {
+func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 	if e.Incomplete {
 		return nil, nil
 	}
@@ -137,7 +128,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 				}
 				c.inspectMember(c.obj.Member(i))
 			}
-			if v, ok := c.obj.Get(HandleKey); ok && !jsonraw.IsNull(v) {
+			if v, ok := c.obj.Get(sse.HandleKey); ok && !jsonraw.IsNull(v) {
 				if c.useHandleBuf {
 					c.handleBuf = append(c.handleBuf[:0], v...)
 					c.handle = c.handleBuf
@@ -150,7 +141,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 				edited = len(data) != len(d)
 			}
 		case !errors.Is(perr, jsonraw.ErrNotObject):
-			return nil, fmt.Errorf("%w: %w", ErrMalformedData, perr)
+			return nil, fmt.Errorf("%w: %w", sse.ErrMalformedData, perr)
 		}
 	}
 	if e.HasData {
@@ -160,7 +151,7 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 	if done {
 		c.done = true
 	}
-	out, rewritten, err := scrubEvent(c.out[:0], e, data, edited, true)
+	out, rewritten, err := sse.ScrubValidEvent(c.out[:0], e, data, edited)
 	if err != nil {
 		return nil, err
 	}
@@ -171,24 +162,24 @@ func (c *Capture) Forward(e Event) ([]byte, error) {
 }
 
 // Handle returns a copy of the last non-null kv_transfer_params value seen,
-// as raw JSON, or nil. With UseHandleBuffer, the copy is in the Capture's
+// as raw JSON, or nil. With UseHandleBuffer, the copy is in the Chunks's
 // buffer: valid until the next Forward that sees a handle, or until
 // ReleaseHandleBuffer.
-func (c *Capture) Handle() []byte { return c.handle }
+func (c *Chunks) Handle() []byte { return c.handle }
 
-// UseHandleBuffer makes the Capture copy each handle it sees into buf
+// UseHandleBuffer makes the Chunks copy each handle it sees into buf
 // (from buf[:0], into a larger slice when it does not fit) rather than into
 // a new slice, so that a caller can reuse one buffer across streams. Take
 // the buffer back with ReleaseHandleBuffer.
-func (c *Capture) UseHandleBuffer(buf []byte) {
+func (c *Chunks) UseHandleBuffer(buf []byte) {
 	c.handleBuf, c.useHandleBuf = buf[:0], true
 }
 
 // ReleaseHandleBuffer returns the buffer given to UseHandleBuffer, or the
-// larger one the Capture moved to, and stops using it: Handle returns nil
+// larger one the Chunks moved to, and stops using it: Handle returns nil
 // until another handle is seen, and later handles are copied into new
 // slices. It returns nil without UseHandleBuffer.
-func (c *Capture) ReleaseHandleBuffer() []byte {
+func (c *Chunks) ReleaseHandleBuffer() []byte {
 	b := c.handleBuf
 	if c.useHandleBuf && c.handle != nil {
 		c.handle = nil // it aliases b
@@ -198,19 +189,19 @@ func (c *Capture) ReleaseHandleBuffer() []byte {
 }
 
 // FinishReason returns the last non-null finish_reason of choice 0, or "".
-func (c *Capture) FinishReason() string { return c.finish }
+func (c *Chunks) FinishReason() string { return c.finish }
 
 // Done reports whether the "data: [DONE]" event was seen.
-func (c *Capture) Done() bool { return c.done }
+func (c *Chunks) Done() bool { return c.done }
 
 // Usage returns the raw JSON of the last non-null top-level usage member
-// seen, or nil. The slice is owned by the Capture and valid until the next
+// seen, or nil. The slice is owned by the Chunks and valid until the next
 // call to Forward.
-func (c *Capture) Usage() []byte { return c.usage }
+func (c *Chunks) Usage() []byte { return c.usage }
 
 // inspectMember records the finish reason, usage, reply fragments and
 // token ids of one top-level member of a chunk.
-func (c *Capture) inspectMember(key string, v []byte) {
+func (c *Chunks) inspectMember(key string, v []byte) {
 	switch key {
 	case "choices":
 		c.choices(v)
@@ -226,7 +217,7 @@ func (c *Capture) inspectMember(key string, v []byte) {
 }
 
 // choices handles the choice with index 0 (or, without an index, the first).
-func (c *Capture) choices(arr []byte) {
+func (c *Chunks) choices(arr []byte) {
 	pos := 0
 	_ = jsonraw.Elements(arr, func(choice []byte) error {
 		var index, delta, text, finish, stop, promptIDs, genIDs []byte
@@ -297,26 +288,4 @@ func finishReason(v []byte) string {
 	}
 	s, _ := jsonraw.String(v)
 	return s
-}
-
-// lineEnd returns the end of the first line of b and the start of the next.
-func lineEnd(b []byte) (end, next int) {
-	// Two byte searches, each vectorised, rather than IndexAny's loop:
-	// a data line of D's first chunk in token mode is ~166 KB long.
-	i := bytes.IndexByte(b, '\n')
-	lim := i
-	if lim < 0 {
-		lim = len(b)
-	}
-	if j := bytes.IndexByte(b[:lim], '\r'); j >= 0 {
-		i = j
-	}
-	switch {
-	case i < 0:
-		return len(b), len(b)
-	case b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n':
-		return i, i + 2
-	default:
-		return i, i + 1
-	}
 }

@@ -1,4 +1,4 @@
-package sse_test
+package capture_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -38,7 +39,7 @@ func TestAppendTokenIDs(t *testing.T) {
 		{``, nil, false},
 	}
 	for _, c := range cases {
-		got, ok := sse.AppendTokenIDs([]uint32{}, []byte(c.in))
+		got, ok := capture.AppendTokenIDs([]uint32{}, []byte(c.in))
 		assert.Equal(t, c.ok, ok, c.in)
 		if c.ok {
 			assert.Equal(t, c.want, got, c.in)
@@ -57,7 +58,7 @@ func FuzzAppendTokenIDs(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, ok := sse.AppendTokenIDs(nil, b)
+		got, ok := capture.AppendTokenIDs(nil, b)
 		var ref []uint32
 		refOK := json.Unmarshal(b, &ref) == nil && ref != nil && !strings.ContainsAny(string(b), ".eE-")
 		// encoding/json accepts numbers like 1.0 and 1e3 for integers
@@ -89,7 +90,7 @@ func TestCaptureTokenIDs(t *testing.T) {
 		`[DONE]`,
 	}
 	for _, strip := range []bool{true, false} {
-		c := sse.NewCapture(sse.WithTokenIDs(strip))
+		c := capture.NewChunks(capture.WithTokenIDs(strip))
 		var out strings.Builder
 		for _, d := range events {
 			b, err := c.Forward(sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true})
@@ -109,7 +110,7 @@ func TestCaptureTokenIDs(t *testing.T) {
 		}
 	}
 	t.Run("malformed ids", func(t *testing.T) {
-		c := sse.NewCapture(sse.WithTokenIDs(true))
+		c := capture.NewChunks(capture.WithTokenIDs(true))
 		d := `{"choices":[{"index":0,"token_ids":[1,"x"]}],"prompt_token_ids":[1]}`
 		_, err := c.Forward(sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true})
 		require.NoError(t, err)
@@ -119,14 +120,14 @@ func TestCaptureTokenIDs(t *testing.T) {
 
 func TestStripTokenIDs(t *testing.T) {
 	in := `{"id":"x","choices":[{"index":0,"message":{"content":"hi"},"token_ids":[1,2],"prompt_token_ids":[3]},{"index":1,"token_ids":null}],"prompt_token_ids":[9,8],"usage":{"prompt_tokens":2}}`
-	out, err := sse.StripTokenIDs([]byte(in))
+	out, err := capture.StripTokenIDs([]byte(in))
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"id":"x","choices":[{"index":0,"message":{"content":"hi"}},{"index":1}],"usage":{"prompt_tokens":2}}`, string(out))
 	same := `{"id":"x","choices":[{"index":0}]}`
-	out, err = sse.StripTokenIDs([]byte(same))
+	out, err = capture.StripTokenIDs([]byte(same))
 	require.NoError(t, err)
 	assert.Equal(t, same, string(out))
-	_, err = sse.StripTokenIDs([]byte(`[1]`))
+	_, err = capture.StripTokenIDs([]byte(`[1]`))
 	assert.Error(t, err)
 }
 
@@ -138,7 +139,7 @@ func TestCaptureUseIDBuffer(t *testing.T) {
 		return sse.Event{Data: []byte(d), Raw: []byte("data: " + d + "\n\n"), HasData: true}
 	}
 	buf := make([]uint32, 0, 8)
-	c := sse.NewCapture(sse.WithTokenIDs(true))
+	c := capture.NewChunks(capture.WithTokenIDs(true))
 	assert.Nil(t, c.PromptTokenIDs(), "none seen")
 	c.UseIDBuffer(buf)
 	assert.Nil(t, c.PromptTokenIDs(), "none seen, buffer or not")
@@ -147,7 +148,7 @@ func TestCaptureUseIDBuffer(t *testing.T) {
 	assert.Equal(t, []uint32{1, 2, 3}, c.PromptTokenIDs())
 	assert.Same(t, &buf[:1][0], &c.PromptTokenIDs()[0], "parsed into the buffer")
 
-	c = sse.NewCapture(sse.WithTokenIDs(true))
+	c = capture.NewChunks(capture.WithTokenIDs(true))
 	c.UseIDBuffer(make([]uint32, 0, 1))
 	_, err = c.Forward(chunk("[4,5,6,7]"))
 	require.NoError(t, err)
@@ -174,7 +175,7 @@ func FuzzCapturePromptIDs(f *testing.F) {
 		if len(data) == 0 || string(data) == "[DONE]" {
 			return // no JSON: nothing to read
 		}
-		c := sse.NewCapture(sse.WithTokenIDs(true))
+		c := capture.NewChunks(capture.WithTokenIDs(true))
 		c.UseIDBuffer(make([]uint32, 0, 4))
 		_, err := c.Forward(sse.Event{Raw: []byte("data: " + string(data) + "\n\n"), Data: data, HasData: true})
 		_, err2 := c.Forward(sse.Event{Raw: []byte("data: {\"choices\":[{\"index\":0,\"token_ids\":[9]}]}\n\n"), Data: []byte(`{"choices":[{"index":0,"token_ids":[9]}]}`), HasData: true})
@@ -186,10 +187,10 @@ func FuzzCapturePromptIDs(f *testing.F) {
 		var ref []uint32
 		saw, bad := false, false
 		read := func(k string, v []byte) error {
-			if k != sse.PromptTokenIDsKey || jsonraw.IsNull(v) {
+			if k != capture.PromptTokenIDsKey || jsonraw.IsNull(v) {
 				return nil
 			}
-			if ids, ok := sse.AppendTokenIDs(nil, v); ok {
+			if ids, ok := capture.AppendTokenIDs(nil, v); ok {
 				ref, saw = ids, true
 			} else {
 				bad = true
@@ -252,8 +253,8 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 	} {
 		for _, strip := range []bool{true, false} {
 			name := fmt.Sprintf("%s/strip=%v", c.name, strip)
-			ref := sse.NewCapture(sse.WithTokenIDs(strip))
-			cp := sse.NewCapture(sse.WithTokenIDs(strip))
+			ref := capture.NewChunks(capture.WithTokenIDs(strip))
+			cp := capture.NewChunks(capture.WithTokenIDs(strip))
 			cp.ExpectPromptIDs(raw, known)
 			wantOut, wantErr := ref.Forward(chunk(c.data))
 			out, err := cp.Forward(chunk(c.data))
@@ -272,8 +273,8 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 	}
 	t.Run("truncated", func(t *testing.T) {
 		for _, d := range []string{`{"prompt_token_ids":[151644,872,198,9707]`, `{"prompt_token_ids":[151644,872,198,9707`, `{"prompt_token_ids":[151644,872,198,9707]]}`} {
-			ref := sse.NewCapture(sse.WithTokenIDs(true))
-			cp := sse.NewCapture(sse.WithTokenIDs(true))
+			ref := capture.NewChunks(capture.WithTokenIDs(true))
+			cp := capture.NewChunks(capture.WithTokenIDs(true))
 			cp.ExpectPromptIDs(raw, known)
 			_, wantErr := ref.Forward(chunk(d))
 			_, err := cp.Forward(chunk(d))
@@ -283,7 +284,7 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 		}
 	})
 	t.Run("first data event only", func(t *testing.T) {
-		cp := sse.NewCapture(sse.WithTokenIDs(true))
+		cp := capture.NewChunks(capture.WithTokenIDs(true))
 		cp.ExpectPromptIDs(raw, known)
 		_, err := cp.Forward(sse.Event{Raw: []byte(": ping\n\n")})
 		require.NoError(t, err)
@@ -298,7 +299,7 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 		assert.NotSame(t, &known[0], &cp.PromptTokenIDs()[0])
 	})
 	t.Run("without WithTokenIDs", func(t *testing.T) {
-		cp := sse.NewCapture()
+		cp := capture.NewChunks()
 		cp.ExpectPromptIDs(raw, known)
 		_, err := cp.Forward(chunk(top(`[151644,872,198,9707]`)))
 		require.NoError(t, err)
@@ -334,7 +335,7 @@ func FuzzCaptureExpectPromptIDs(f *testing.F) {
 		if bytes.ContainsAny(data, "\r\n") {
 			return // one data line
 		}
-		known, ok := sse.AppendTokenIDs(nil, knownIn)
+		known, ok := capture.AppendTokenIDs(nil, knownIn)
 		raw := knownIn
 		if !ok || len(knownIn) == 0 || knownIn[0] != '[' || knownIn[len(knownIn)-1] != ']' {
 			raw = []byte{'['}
@@ -350,9 +351,9 @@ func FuzzCaptureExpectPromptIDs(f *testing.F) {
 			return sse.Event{Raw: []byte("data: " + string(d) + "\n\n"), Data: d, HasData: true}
 		}
 		next := []byte(`{"choices":[{"index":0,"token_ids":[9],"delta":{"content":"x"}}]}`)
-		ref := sse.NewCapture(sse.WithTokenIDs(strip))
+		ref := capture.NewChunks(capture.WithTokenIDs(strip))
 		ref.UseIDBuffer(make([]uint32, 0, 4))
-		cp := sse.NewCapture(sse.WithTokenIDs(strip))
+		cp := capture.NewChunks(capture.WithTokenIDs(strip))
 		cp.UseIDBuffer(make([]uint32, 0, 4))
 		rawCopy, knownCopy := bytes.Clone(raw), slices.Clone(known)
 		cp.ExpectPromptIDs(raw, known)
