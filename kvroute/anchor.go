@@ -4,9 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/kvroute/internal/convkey"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/convkey"
 )
 
 // Conversation anchors. ContinuationKeys retains a conversation's live

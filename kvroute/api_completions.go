@@ -2,7 +2,6 @@ package kvroute
 
 import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 

@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -49,14 +48,14 @@ func (t *turn) startBackgroundRender(ep *endpoint) {
 		return
 	}
 	path, list := t.req.api.renderPath()
-	if path == "" || list || !r.caps.available(ep.url, path, r.cfg.clock()) {
+	if path == "" || list || !r.renders.caps.available(ep.url, path, r.cfg.clock()) {
 		return
 	}
-	if r.caps.skip(ep.url, r.cfg.clock()) {
+	if r.renders.caps.skip(ep.url, r.cfg.clock()) {
 		r.stats.renderSkipped.Add(1)
 		return
 	}
-	ok, trial := r.caps.claim(ep.url, r.cfg.clock())
+	ok, trial := r.renders.caps.claim(ep.url, r.cfg.clock())
 	if !ok {
 		r.stats.renderSkipped.Add(1)
 		return
@@ -69,18 +68,18 @@ func (t *turn) startBackgroundRender(ep *endpoint) {
 	h.Set(headerRequestID, t.id+"-render")
 	ep.ep.ApplyHeader(h)
 	ref := t.req.ref
-	ctx, cancel := context.WithTimeout(r.bgCtx, r.cfg.renderTimeout)
+	ctx, cancel := context.WithTimeout(r.renders.bgCtx, r.cfg.renderTimeout)
 	bg := &bgRender{cancel: cancel, trial: trial, answer: make(chan struct{})}
 	t.bg = bg
-	r.bgWG.Add(1)
+	r.renders.bgWG.Add(1)
 	go func() {
-		defer r.bgWG.Done()
+		defer r.renders.bgWG.Done()
 		defer cancel()
 		r.stats.renders.Add(1)
-		ids, status, err := r.renderDetached(ctx, ep, path, body, ref, h)
-		r.renderResult(ctx, ep.url, status, err)
+		ids, status, err := r.renders.detached(ctx, ep, path, body, ref, h)
+		r.renders.result(ctx, ep.url, status, err)
 		if routeMissing(status) {
-			r.caps.markMissing(ep.url, path, r.cfg.clock())
+			r.renders.caps.markMissing(ep.url, path, r.cfg.clock())
 		}
 		bg.mu.Lock()
 		bg.done, bg.ids, bg.err = true, ids, err
@@ -120,10 +119,10 @@ func (b *bgRender) abandon() {
 	}
 }
 
-// renderDetached posts body to path on ep with headers h, outside any
+// detached posts body to path on ep with headers h, outside any
 // turn's state (no trace span: it runs beside the turn), and returns the
 // token_ids of the answer and the engine's status.
-func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
+func (r *renderers) detached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
 	u, err := ep.pathURL(path)
 	if err != nil {
 		return nil, 0, err
@@ -148,7 +147,7 @@ func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 	}
-	b, err := readSized(resp.Body, resp.ContentLength, r.cfg.maxBodyBytes, nil)
+	b, err := readSized(resp.Body, resp.ContentLength, r.maxBody, nil)
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-
 	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"

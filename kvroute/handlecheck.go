@@ -12,7 +12,7 @@ import (
 // a retained one, not attached), and logs it once per phase and member.
 func (r *Router) invalidHandle(phase Phase, endpoint string, err error) {
 	r.stats.invalidHandles.Add(1)
-	r.logOnce(context.Background(), "invalid_handle:"+string(phase)+":"+kvhandle.InvalidMember(err),
+	r.log.once(context.Background(), "invalid_handle:"+string(phase)+":"+kvhandle.InvalidMember(err),
 		"kvroute: a KV handle holds a value vLLM cannot read correctly; it is refused (see Stats.InvalidHandles)",
 		slog.String("phase", string(phase)), slog.String("endpoint", endpoint), slog.String("err", err.Error()))
 }

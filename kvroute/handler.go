@@ -41,7 +41,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
 		return
 	}
-	body, ref, err := r.readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes)
+	body, ref, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes, &r.bufs)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -149,19 +149,19 @@ func nextBodyBuffer(cur, n int) int {
 // twice what it sent, or firstBodyBuffer. The returned reference (nil for
 // a body of unknown length, read with io.ReadAll) gives the buffer back to
 // the pool.
-func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, error) {
+func readBody(r io.Reader, length, limit int64, bufs *bufpool.Bytes) ([]byte, *bodyRef, error) {
 	if length <= 0 || length > limit {
 		b, err := io.ReadAll(r)
 		return b, nil, err
 	}
 	n := int(length)
-	b := rt.bufs.Get(min(n, firstBodyBuffer))
+	b := bufs.Get(min(n, firstBodyBuffer))
 	got := 0
 	for {
 		m, err := io.ReadFull(r, b[got:])
 		got += m
 		if err != nil {
-			rt.bufs.Put(b)
+			bufs.Put(b)
 			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 				return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", io.ErrUnexpectedEOF)
 			}
@@ -170,9 +170,9 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		if got == n {
 			break
 		}
-		nb := rt.bufs.Get(nextBodyBuffer(len(b), n))
+		nb := bufs.Get(nextBodyBuffer(len(b), n))
 		copy(nb, b[:got])
-		rt.bufs.Put(b)
+		bufs.Put(b)
 		b = nb
 	}
 	// net/http enforces Content-Length; anything after it is an error, and
@@ -180,13 +180,13 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 	// the body).
 	var one [1]byte
 	if m, err := r.Read(one[:]); m > 0 || (err != nil && err != io.EOF) {
-		rt.bufs.Put(b)
+		bufs.Put(b)
 		if m > 0 {
 			err = errors.New("the body is longer than its Content-Length")
 		}
 		return nil, nil, err
 	}
-	ref := &bodyRef{buf: b, pool: &rt.bufs}
+	ref := &bodyRef{buf: b, pool: bufs}
 	ref.rel = ref.release
 	ref.n.Store(1)
 	return b, ref, nil

@@ -14,35 +14,35 @@ import (
 )
 
 func TestReadBody(t *testing.T) {
-	r := &Router{}
+	var bufs bufpool.Bytes
 	body := strings.Repeat("x", 1000)
-	b, ref, err := r.readBody(strings.NewReader(body), 1000, 4096)
+	b, ref, err := readBody(strings.NewReader(body), 1000, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
 	assert.Equal(t, bufpool.MinPooled, cap(b), "one pooled buffer of the announced size's class")
 	require.NotNil(t, ref)
 	ref.acquire() // an upstream body aliasing it
 	ref.release() // the turn ends
-	again := r.bufs.Get(1000)
+	again := bufs.Get(1000)
 	assert.NotSame(t, &b[0], &again[0], "still held by the upstream body")
 	assert.Equal(t, int32(1), ref.n.Load())
 	ref.release() // net/http closed the upstream body: back to the pool
 	assert.Equal(t, int32(0), ref.n.Load())
 
-	_, _, err = r.readBody(strings.NewReader(body[:10]), 1000, 4096)
+	_, _, err = readBody(strings.NewReader(body[:10]), 1000, 4096, &bufs)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 
-	_, _, err = r.readBody(strings.NewReader(body), 10, 4096)
+	_, _, err = readBody(strings.NewReader(body), 10, 4096, &bufs)
 	assert.ErrorContains(t, err, "longer than its Content-Length")
 
 	// Unknown length, or one over the limit: read as it comes (the
 	// caller's MaxBytesReader enforces the limit), not pooled.
-	b, ref, err = r.readBody(bytes.NewReader([]byte(body)), -1, 4096)
+	b, ref, err = readBody(bytes.NewReader([]byte(body)), -1, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
 	assert.Nil(t, ref)
 	ref.release() // a nil reference counts nothing
-	b, _, err = r.readBody(bytes.NewReader([]byte(body)), 1<<20, 4096)
+	b, _, err = readBody(bytes.NewReader([]byte(body)), 1<<20, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Len(t, b, 1000)
 }

@@ -254,12 +254,12 @@ func (h *health) success() bool {
 
 // startProbes starts the active health checks, if configured, and returns
 // the function that stops them and waits for the goroutine to end.
-func (r *Router) startProbes() func() error {
-	iv := r.hp.cfg.probeInterval
+func startProbes(hp *healthPolicy, client *transport.Client, apiKey string, pools ...*pool) func() error {
+	iv := hp.cfg.probeInterval
 	if iv <= 0 {
 		return nil
 	}
-	timeout := r.hp.cfg.probeTimeout
+	timeout := hp.cfg.probeTimeout
 	if timeout <= 0 {
 		timeout = iv
 	}
@@ -276,9 +276,9 @@ func (r *Router) startProbes() func() error {
 			case <-tick.C:
 			}
 			var wg sync.WaitGroup
-			for _, p := range [...]*pool{r.prefill, r.decode} {
+			for _, p := range pools {
 				for _, e := range p.list() {
-					wg.Go(func() { r.probe(ctx, e, timeout) })
+					wg.Go(func() { probe(ctx, hp, client, apiKey, e, timeout) })
 				}
 			}
 			wg.Wait()
@@ -295,17 +295,17 @@ func (r *Router) startProbes() func() error {
 var errProbe = errors.New("kvroute: health probe failed")
 
 // probe sends one GET /health to e and records the outcome.
-func (r *Router) probe(ctx context.Context, e *endpoint, timeout time.Duration) {
+func probe(ctx context.Context, hp *healthPolicy, client *transport.Client, apiKey string, e *endpoint, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/health", nil)
 	if err != nil {
 		return
 	}
-	if r.cfg.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.apiKey)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	resp, err := r.client.Do(req, transport.Deadlines{})
+	resp, err := client.Do(req, transport.Deadlines{})
 	if err == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		_ = resp.Body.Close()
@@ -317,8 +317,8 @@ func (r *Router) probe(ctx context.Context, e *endpoint, timeout time.Duration) 
 		return // the router is closing
 	}
 	if err != nil {
-		r.hp.failed(e, err)
+		hp.failed(e, err)
 		return
 	}
-	r.hp.succeeded(e)
+	hp.succeeded(e)
 }

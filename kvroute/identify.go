@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 

@@ -36,15 +36,6 @@ const MissCostModel MissReason = "cost_model"
 // stays retained.
 const RefuseDecodeLocal Refusal = "decode_local"
 
-// decodeEndpoint returns the eligible decode endpoint whose URL is url, or
-// nil.
-func (r *Router) decodeEndpoint(url string) *endpoint {
-	if e := r.decode.find(url); e != nil && e.health.eligible(r.hp.now()) {
-		return e
-	}
-	return nil
-}
-
 // choosePath asks the Chooser, for a handle verified by tokens, whether
 // to attach it (PathPull), answer on its decode engine (PathLocal) or
 // recompute (PathRecompute). It reports whether the handle is not to be
@@ -54,7 +45,7 @@ func (t *turn) choosePath(ctx context.Context, key string, e *entry.Entry, age t
 	if r.chooser == nil || t.tokPrompt <= 0 || t.tokVerified <= 0 {
 		return false
 	}
-	ep := r.decodeEndpoint(e.Endpoint)
+	ep := r.decode.eligible(e.Endpoint)
 	if ep == nil {
 		return false // the engine holding the blocks is gone or ejected: pull elsewhere
 	}

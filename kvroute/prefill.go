@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-
-	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -316,7 +315,7 @@ func (t *turn) checkPrefillIDs(obj jsonraw.Object, ep *endpoint, attached int) e
 	}
 	if !parsed {
 		r.stats.uncheckedPrefills.Add(1)
-		r.logOnce(context.Background(), "unchecked_prefill", "kvroute: a prefill engine answered without prompt_token_ids (return_token_ids, vLLM PR #22587); the tokens it computed cannot be checked against the verified ones",
+		r.log.once(context.Background(), "unchecked_prefill", "kvroute: a prefill engine answered without prompt_token_ids (return_token_ids, vLLM PR #22587); the tokens it computed cannot be checked against the verified ones",
 			slog.String("endpoint", ep.url))
 		return nil
 	}
@@ -326,8 +325,8 @@ func (t *turn) checkPrefillIDs(obj jsonraw.Object, ep *endpoint, attached int) e
 		return nil
 	}
 	r.stats.renderMismatches.Add(1)
-	r.caps.distrustFor(ep.url, r.cfg.clock(), renderDistrust)
-	r.logOnce(context.Background(), "render_mismatch:"+ep.url, "kvroute: a prefill engine computed other prompt tokens than its render answered (a stale or mixed-version renderer?); it is not asked to render for a while, and a turn whose attached prefix differed is redone as a plain miss on another engine",
+	r.renders.caps.distrustFor(ep.url, r.cfg.clock(), renderDistrust)
+	r.log.once(context.Background(), "render_mismatch:"+ep.url, "kvroute: a prefill engine computed other prompt tokens than its render answered (a stale or mixed-version renderer?); it is not asked to render for a while, and a turn whose attached prefix differed is redone as a plain miss on another engine",
 		slog.String("endpoint", ep.url), slog.Bool("within_attached_prefix", !prefixOK))
 	if prefixOK {
 		return nil
@@ -371,7 +370,7 @@ func (t *turn) confirm(obj jsonraw.Object, attached int) {
 	if cached < want-1 {
 		t.rec.Unconfirmed = true
 		t.r.stats.unconfirmedHits.Add(1)
-		t.r.logOnce(context.Background(), "unconfirmed", "kvroute: a prefill engine reported fewer cached tokens than the retained handle it was given; it did not read the retained KV",
+		t.r.log.once(context.Background(), "unconfirmed", "kvroute: a prefill engine reported fewer cached tokens than the retained handle it was given; it did not read the retained KV",
 			slog.Int("cached_tokens", int(cached)), slog.Int("attached_tokens", attached))
 	}
 }

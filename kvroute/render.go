@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -70,32 +68,32 @@ func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
 func (t *turn) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSource, error) {
 	renderPath, list := t.req.api.renderPath()
 	now := t.r.cfg.clock()
-	if renderPath != "" && t.r.caps.available(ep.url, renderPath, now) {
+	if renderPath != "" && t.r.renders.caps.available(ep.url, renderPath, now) {
 		// The client's bytes with the two members cut out, sent as pieces
 		// (no copy of the body).
 		body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
 		ids, status, err := t.renderCall(ctx, ep, renderPath, body, list)
-		t.r.renderResult(ctx, ep.url, status, err)
+		t.r.renders.result(ctx, ep.url, status, err)
 		if err == nil {
 			return ids, TokensFromRender, nil
 		}
 		if !routeMissing(status) {
 			return nil, "", err
 		}
-		t.r.caps.markMissing(ep.url, renderPath, now)
+		t.r.renders.caps.markMissing(ep.url, renderPath, now)
 	}
 	body, ok := t.tokenizeBody()
-	if !ok || !t.r.caps.available(ep.url, pathTokenize, now) {
-		t.r.caps.release(ep.url)
+	if !ok || !t.r.renders.caps.available(ep.url, pathTokenize, now) {
+		t.r.renders.caps.release(ep.url)
 		return nil, "", errNoRenderer
 	}
 	ids, status, err := t.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
-	t.r.renderResult(ctx, ep.url, status, err)
+	t.r.renders.result(ctx, ep.url, status, err)
 	if err == nil {
 		return ids, TokensFromTokenize, nil
 	}
 	if routeMissing(status) {
-		t.r.caps.markMissing(ep.url, pathTokenize, now)
+		t.r.renders.caps.markMissing(ep.url, pathTokenize, now)
 		return nil, "", errNoRenderer
 	}
 	return nil, "", err
@@ -109,7 +107,7 @@ func (t *turn) pickRenderer(ctx context.Context) (*endpoint, error) {
 	now := r.cfg.clock()
 	// Engines the conversation avoids (poison.go) neither render nor
 	// prefill it.
-	skipped := append(r.renderersSkipped(now), t.badP...)
+	skipped := append(r.renders.skipped(now), t.badP...)
 	for range 3 {
 		ep, err := r.prefill.pick(ctx, r.selector, t.req, "", t.hint, skipped)
 		if errors.Is(err, ErrNoEndpoint) && len(skipped) > 0 {
@@ -118,7 +116,7 @@ func (t *turn) pickRenderer(ctx context.Context) (*endpoint, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ok, _ := r.caps.claim(ep.url, now); ok {
+		if ok, _ := r.renders.caps.claim(ep.url, now); ok {
 			return ep, nil
 		}
 		// Another turn took the breaker's one trial call.
@@ -253,13 +251,4 @@ func (t *turn) releaseRenderText() {
 		t.r.bufs.Put(t.renderBuf)
 	}
 	t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
-}
-
-// logOnce logs msg at warning level the first time key is seen by the
-// Router.
-func (r *Router) logOnce(ctx context.Context, key, msg string, attrs ...slog.Attr) {
-	if _, loaded := r.once.LoadOrStore(key, struct{}{}); loaded {
-		return
-	}
-	r.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 

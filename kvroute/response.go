@@ -9,21 +9,14 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/retention"
-	"github.com/bidikv/bidikv/sse"
-
-	// storeTimeout bounds the Put that retains a handle after the turn; it runs
-	// even if the client's context ended right after the last event.
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/sse"
 )
-
-const storeTimeout = 2 * time.Second
 
 // Response is the decode engine's answer to one turn as it may reach a
 // client: every kv_transfer_params removed at any depth, a stream's lines
@@ -380,7 +373,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 			if expected {
 				r.stats.noDecodeHandle.Add(1)
 				t.rec.NoHandle = PhaseDecode
-				r.logOnce(context.Background(), "no_decode_handle:"+t.decodeURL,
+				r.log.once(context.Background(), "no_decode_handle:"+t.decodeURL,
 					"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
 					slog.String("endpoint", t.decodeURL))
 			}
@@ -403,7 +396,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 		}
 		return
 	}
-	r.sawEngineID(t.decodeURL, handle)
+	r.restarts.sawEngineID(t.decodeURL, handle)
 	if hi.PushMode {
 		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
@@ -437,7 +430,7 @@ func (t *turn) retain(handle []byte, reply *Reply) {
 	}
 	e := entry.Entry{Created: r.cfg.clock(), Endpoint: t.decodeURL, Tokens: hi.Tokens, Check: ret.Check,
 		ContentOK: ret.Refusal == "", FP: fp, Handle: handle}
-	t.rec.StoreRefusal, t.rec.Stored = r.storeEntry(ret.Key, e, t.id)
+	t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(ret.Key, e, t.id)
 }
 
 // retainRendered retains the handle of a turn on an API without token ids
@@ -470,7 +463,7 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 	store := func(ids []uint32, err error) (Refusal, bool) {
 		if err != nil || len(ids) == 0 {
 			r.stats.tokenFallbacks.Add(1)
-			r.logOnce(context.Background(), "no_render:"+path, "kvroute: no engine renders "+path+" prompts; such turns cannot be verified by tokens and are not reused",
+			r.log.once(context.Background(), "no_render:"+path, "kvroute: no engine renders "+path+" prompts; such turns cannot be verified by tokens and are not reused",
 				slog.String("path", path))
 			return RefuseUnrendered, false
 		}
@@ -482,7 +475,7 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 		fp := fingerprint.AppendFrom(r.bufs.Get(fingerprint.Size(n, bs)), fingerprint.Prefix{}, ids, nil, n, bs)
 		defer r.bufs.Put(fp)
 		e.FP = fp
-		return r.storeEntry(key, e, id)
+		return r.handles.retain(key, e, id)
 	}
 	ids, err, done := t.bg.result(func(ids []uint32, err error) { store(ids, err) })
 	if !done {
@@ -490,42 +483,6 @@ func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
 		return
 	}
 	t.rec.StoreRefusal, t.rec.Stored = store(ids, err)
-}
-
-// storeEntry retains e under key for the retention TTL and reports why
-// not, or that it did.
-func (r *Router) storeEntry(key string, e entry.Entry, requestID string) (Refusal, bool) {
-	val := e.Encode(r.bufs.Get(e.EncodedSize()), &r.bufs)
-	defer r.bufs.Put(val)
-	if _, copies := r.store.(*retention.Memory); !copies {
-		// Another Store may keep the slice it is given.
-		val = bytes.Clone(val)
-	}
-	if len(val) > r.cfg.maxEntryBytes {
-		return r.tooLarge(len(val)), false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	if err := r.store.Put(ctx, key, val, r.cfg.retentionTTL); err != nil {
-		if errors.Is(err, retention.ErrTooLarge) {
-			return r.tooLarge(len(val)), false
-		}
-		r.storeFailed(ctx, "put", requestID, err)
-		return RefuseStoreError, false
-	}
-	r.storeOK(ctx)
-	r.stats.stored.Add(1)
-	r.kv.put(key, e.Endpoint, e.Tokens, e.Created.Add(r.cfg.retentionTTL), e.Created)
-	return "", true
-}
-
-// tooLarge counts a handle whose entry is over a size bound and logs it
-// once, not on every turn.
-func (r *Router) tooLarge(n int) Refusal {
-	r.stats.tooLarge.Add(1)
-	r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
-		slog.Int("bytes", n), slog.Int("limit", r.cfg.maxEntryBytes))
-	return RefuseHandleTooLarge
 }
 
 // fingerprint returns the token fingerprint of D's blocks in token mode
@@ -556,7 +513,7 @@ func (t *turn) fingerprint(tokens int) (fingerprint.Fingerprint, Refusal) {
 		ids := t.rendered
 		if len(ids) == 0 {
 			r.stats.tokenFallbacks.Add(1)
-			r.logOnce(context.Background(), "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
+			r.log.once(context.Background(), "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
 				slog.String("path", t.req.Path))
 			return nil, ""
 		}
@@ -565,14 +522,14 @@ func (t *turn) fingerprint(tokens int) (fingerprint.Fingerprint, Refusal) {
 	}
 	if !t.hasIDs || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
-		r.logOnce(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
+		r.log.once(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
 		return nil, ""
 	}
 	// The verified prefix is hashed again only when D's prompt ids differ
 	// from the rendered ones there (fingerprintFrom compares them).
 	fp := fingerprint.AppendFrom(r.bufs.Get(fingerprint.Size(tokens, bs)), t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
 	if fp == nil {
-		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
+		r.log.once(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
 	}
 	return fp, ""
 }

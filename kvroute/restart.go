@@ -13,7 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bidikv/bidikv/internal/jsonraw"
+	"golang.org/x/sync/singleflight"
+
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/transport"
@@ -71,6 +72,19 @@ func WithRestartCheck(maxAge time.Duration) Option {
 	return optionFunc(func(c *config) { c.restartCheck = maxAge })
 }
 
+// restarts is what the Router knows of its decode engines' processes, and
+// how it learns more (restart.go).
+type restarts struct {
+	decode *pool
+	client *transport.Client
+	maxAge time.Duration // WithRestartCheck
+	apiKey string        // WithUpstreamAPIKey
+	clock  func() time.Time
+	stats  *counters
+	log    *logger
+	reads  singleflight.Group // /metrics reads, by URL
+}
+
 // life is what the router knows of one decode engine's process.
 type life struct {
 	mu       sync.Mutex
@@ -111,21 +125,10 @@ func baseEngineID(id string) string {
 	return id
 }
 
-// handleEngineID returns the remote_engine_id of a handle, "" when it has
-// none.
-func handleEngineID(h []byte) string {
-	v, ok := jsonraw.Lookup(h, "remote_engine_id")
-	if !ok {
-		return ""
-	}
-	s, _ := jsonraw.String(v)
-	return s
-}
-
 // sawEngineID records the engine id of a handle the decode engine at url
 // just returned, and reports a restart when it differs from the one
 // before.
-func (r *Router) sawEngineID(url string, handle []byte) {
+func (r *restarts) sawEngineID(url string, handle []byte) {
 	ep := r.decode.find(url)
 	id := baseEngineID(kvhandle.EngineID(handle))
 	if ep == nil || id == "" {
@@ -143,22 +146,21 @@ func (r *Router) sawEngineID(url string, handle []byte) {
 
 // restarted counts and logs (once per endpoint) a restart the router
 // noticed.
-func (r *Router) restarted(url, how string) {
+func (r *restarts) restarted(url, how string) {
 	r.stats.decodeRestarts.Add(1)
-	r.logOnce(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
+	r.log.once(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
 		slog.String("endpoint", url), slog.String("noticed_by", how))
 }
 
 // errUnconfirmed: the engine's process could not be read.
 var errUnconfirmed = errors.New("kvroute: the decode engine's process start could not be read")
 
-// checkRestart decides whether e's decode engine may still hold e's
+// check decides whether e's decode engine may still hold e's
 // blocks: "" when nothing says it restarted since e was created,
 // MissRestarted when something does (e must not be attached, nor kept),
 // MissEngineUnconfirmed when the engine could not be reached to tell (e is
 // not attached now but may be later).
-func (t *turn) checkRestart(ctx context.Context, e *entry.Entry) MissReason {
-	r := t.r
+func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 	ep := r.decode.find(e.Endpoint)
 	if ep == nil {
 		return "" // MissEndpointGone's business
@@ -171,9 +173,9 @@ func (t *turn) checkRestart(ctx context.Context, e *entry.Entry) MissReason {
 	if known != "" && id != "" && id != known {
 		return MissRestarted
 	}
-	if r.cfg.restartCheck > 0 {
+	if r.maxAge > 0 {
 		if err := r.readStart(ctx, ep); err != nil {
-			r.logOnce(ctx, "restart_check:"+ep.url, "kvroute: cannot read a decode engine's /metrics to check it did not restart; its handles are not attached meanwhile",
+			r.log.once(ctx, "restart_check:"+ep.url, "kvroute: cannot read a decode engine's /metrics to check it did not restart; its handles are not attached meanwhile",
 				slog.String("endpoint", ep.url), slog.String("err", err.Error()))
 			return MissEngineUnconfirmed
 		}
@@ -194,11 +196,11 @@ func (t *turn) checkRestart(ctx context.Context, e *entry.Entry) MissReason {
 // readStart reads ep's process_start_time_seconds when the last reading is
 // older than WithRestartCheck or predates a failure to reach it; turns
 // that need it at once share one request.
-func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
-	now := r.cfg.clock()
+func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
+	now := r.clock()
 	l := &ep.life
 	l.mu.Lock()
-	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.cfg.restartCheck
+	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.maxAge
 	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
 	l.mu.Unlock()
 	switch {
@@ -207,11 +209,11 @@ func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
 	case fresh:
 		return nil
 	}
-	_, err, _ := r.metricsReads.Do(ep.url, func() (any, error) {
+	_, err, _ := r.reads.Do(ep.url, func() (any, error) {
 		start, ok, err := r.fetchStart(ctx, ep)
 		if err != nil {
 			l.mu.Lock()
-			l.checked, l.unread = r.cfg.clock(), true
+			l.checked, l.unread = r.clock(), true
 			if l.checked.After(l.gap) {
 				l.gap = l.checked
 			}
@@ -240,15 +242,15 @@ func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
 
 // fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
 // ok is false when the engine answered without it.
-func (r *Router) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
+func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartCheckTimeout)
 	defer cancel()
 	req, err := ep.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if r.cfg.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.apiKey)
+	if r.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.apiKey)
 	}
 	resp, err := r.client.Do(req, transport.Deadlines{})
 	if err != nil {
@@ -280,8 +282,8 @@ func (r *Router) fetchStart(ctx context.Context, ep *endpoint) (start time.Time,
 
 // noStartMetric logs once per endpoint that its /metrics has no
 // process_start_time_seconds.
-func (r *Router) noStartMetric(url string) {
+func (r *restarts) noStartMetric(url string) {
 	r.stats.restartChecksUnavailable.Add(1)
-	r.logOnce(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
+	r.log.once(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
 		slog.String("endpoint", url))
 }

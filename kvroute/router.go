@@ -12,27 +12,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
-
-	// Router runs turns of multi-turn conversations over prefill and decode
-	// engines, carrying decode handles from one turn to the next. A Router is
-	// safe for concurrent use.
-	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
-	"github.com/bidikv/bidikv/kvroute/internal/entry"
-	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
 
+// Router runs turns of multi-turn conversations over prefill and decode
+// engines, carrying decode handles from one turn to the next. A Router is
+// safe for concurrent use.
 type Router struct {
 	cfg      config
 	client   *transport.Client
-	log      *slog.Logger
-	store    Store
+	log      logger
 	policy   threshold.Policy
 	chooser  threshold.Chooser // WithDecodeLocal: chooses each verified turn's path
 	learner  threshold.Learner // the chooser's, when it learns
@@ -42,6 +38,10 @@ type Router struct {
 	prefill  *pool
 	decode   *pool
 	hp       *healthPolicy
+	handles  handles   // the Store's side (store.go)
+	renders  renderers // the prefill engines' renderers (renderer.go)
+	restarts restarts  // the decode engines' processes (restart.go)
+	poison   poisoned  // prefill engines conversations avoid (poison.go)
 	closers  []func() error
 
 	closed atomic.Bool
@@ -49,17 +49,7 @@ type Router struct {
 
 	noStreamHandle sync.Once
 	streamHandles  sync.Map // decode endpoint URL -> struct{}: it has sent a handle in a stream
-	once           sync.Map // logOnce keys
-	storeHealth    storeHealth
-	caps           renderCaps
-	kv             kvLedger
-	metricsReads   singleflight.Group // decode engines' /metrics, by URL (restart.go)
-	poison         poisoned           // prefill engines conversations avoid (poison.go)
-	// bgCtx ends the background renders (bgrender.go) when the Router
-	// closes; bgWG waits for them.
-	bgCtx     context.Context
-	bgCancel  context.CancelFunc
-	bgWG      sync.WaitGroup
+
 	bufs      bufpool.Bytes    // request bodies (ServeHTTP), render answers, stream buffers
 	streamBuf atomic.Int64     // the size of the last stream's buffer, for the next one's
 	renderBuf atomic.Int64     // the same for render answers of unknown length
@@ -93,35 +83,73 @@ func New(opts ...Option) (*Router, error) {
 	if len(cfg.errs) > 0 {
 		return nil, errors.Join(cfg.errs...)
 	}
-	r.log = cfg.logger
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
+	r.log.Logger = cfg.logger
+	if r.log.Logger == nil {
+		r.log.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := r.connect(); err != nil {
+		return nil, err
+	}
+	if err := r.decide(); err != nil {
+		return nil, err
+	}
+	r.ident, r.tenant, r.selector = cfg.identifier, cfg.tenant, cfg.selector
+	if r.ident == nil {
+		r.ident = ContinuationKeys{}
+	}
+	if r.tenant == nil {
+		r.tenant = PrincipalTenant
+	}
+	if r.selector == nil {
+		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
+	}
+	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
+	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
+	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log}
+	r.closers = append([]func() error{r.renders.close}, r.closers...)
+	if stop := startProbes(r.hp, r.client, cfg.apiKey, r.prefill, r.decode); stop != nil {
+		// Stop the probes before the transport's connections are closed.
+		r.closers = append([]func() error{stop}, r.closers...)
+	}
+	return r, nil
+}
+
+// connect makes the Router's upstream client and its Store.
+func (r *Router) connect() error {
+	cfg := &r.cfg
 	rt := cfg.transport
 	if rt == nil {
 		t, err := transport.NewTransport()
 		if err != nil {
-			return nil, fmt.Errorf("%w: WithTransport: %v", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: WithTransport: %v", ErrInvalidConfig, err)
 		}
 		rt = t
 		r.closers = append(r.closers, func() error { t.CloseIdleConnections(); return nil })
 	}
 	r.client = transport.NewClient(rt)
 	r.maxEvent = sse.WithMaxEventSize(cfg.maxEventBytes)
-	r.store = cfg.store
-	if r.store == nil {
+	store := cfg.store
+	if store == nil {
 		m, err := retention.NewMemory(retention.WithMaxValueSize(cfg.maxEntryBytes))
 		if err != nil {
-			return nil, fmt.Errorf("%w: WithMaxEntryBytes: %v", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: WithMaxEntryBytes: %v", ErrInvalidConfig, err)
 		}
-		r.store = m
+		store = m
 		r.closers = append(r.closers, m.Close)
 	}
+	r.handles = handles{store: store, ttl: cfg.retentionTTL, maxEntry: cfg.maxEntryBytes, clock: cfg.clock,
+		bufs: &r.bufs, stats: &r.stats, log: &r.log}
+	return nil
+}
+
+// decide makes the reuse policy and, for decode-local turns, the Chooser.
+func (r *Router) decide() error {
+	cfg := &r.cfg
 	r.policy = cfg.policy
 	if r.policy == nil {
 		p, err := threshold.Engine(cfg.threshold)
 		if err != nil {
-			return nil, fmt.Errorf("%w: WithThreshold: %v", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: WithThreshold: %v", ErrInvalidConfig, err)
 		}
 		r.policy = p
 	}
@@ -129,31 +157,13 @@ func New(opts ...Option) (*Router, error) {
 		if r.chooser, _ = r.policy.(threshold.Chooser); r.chooser == nil {
 			m, err := threshold.NewCostModel(threshold.CostConfig{Threshold: cfg.threshold})
 			if err != nil {
-				return nil, fmt.Errorf("%w: WithDecodeLocal: %v", ErrInvalidConfig, err)
+				return fmt.Errorf("%w: WithDecodeLocal: %v", ErrInvalidConfig, err)
 			}
 			r.chooser = m
 		}
 		r.learner, _ = r.chooser.(threshold.Learner)
 	}
-	r.ident = cfg.identifier
-	if r.ident == nil {
-		r.ident = ContinuationKeys{}
-	}
-	r.tenant = cfg.tenant
-	if r.tenant == nil {
-		r.tenant = PrincipalTenant
-	}
-	r.selector = cfg.selector
-	if r.selector == nil {
-		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
-	}
-	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
-	r.closers = append([]func() error{func() error { r.bgCancel(); r.bgWG.Wait(); return nil }}, r.closers...)
-	if stop := r.startProbes(); stop != nil {
-		// Stop the probes before the transport's connections are closed.
-		r.closers = append([]func() error{stop}, r.closers...)
-	}
-	return r, nil
+	return nil
 }
 
 // Close stops what the Router started. Turns already running finish; Do
@@ -466,16 +476,13 @@ func (t *turn) lookup(ctx context.Context) *entry.Entry {
 		return t.miss(MissNotFound)
 	}
 	for _, k := range cands.Keys {
-		v, ok, err := r.store.Take(ctx, k)
+		v, ok, err := r.handles.take(ctx, k, t.id)
 		if err != nil {
-			r.storeFailed(ctx, "take", t.id, err)
 			return t.miss(MissStoreError)
 		}
-		r.storeOK(ctx)
 		if !ok {
 			continue
 		}
-		r.kv.take(k)
 		e, err := entry.Decode(v, &r.bufs)
 		if err != nil {
 			return t.miss(MissBadEntry)
@@ -499,7 +506,7 @@ func (t *turn) lookup(ctx context.Context) *entry.Entry {
 			t.putBack(ctx, k, &e, age)
 			return t.miss(MissEndpointGone)
 		}
-		if reason := t.checkRestart(ctx, &e); reason != "" {
+		if reason := t.r.restarts.check(ctx, &e); reason != "" {
 			if reason == MissRestarted {
 				// Its blocks are gone: never attached, not kept.
 				r.stats.restartedHandles.Add(1)
@@ -540,7 +547,7 @@ func (t *turn) verify(ctx context.Context, e *entry.Entry) MissReason {
 			switch {
 			case errors.Is(err, errNoRenderer):
 				r.stats.tokenFallbacks.Add(1)
-				r.logOnce(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
+				r.log.once(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
 			case errors.Is(err, errRenderSkipped):
 				// Counted in Stats.RenderSkipped; the breaker or the
 				// distrust logged why.
@@ -552,7 +559,7 @@ func (t *turn) verify(ctx context.Context, e *entry.Entry) MissReason {
 				if ue != nil {
 					ep = ue.Endpoint
 				}
-				r.logOnce(ctx, "render_failed:"+ep, "kvroute: a render call failed; such turns are verified by content instead (Stats.RenderFailures)",
+				r.log.once(ctx, "render_failed:"+ep, "kvroute: a render call failed; such turns are verified by content instead (Stats.RenderFailures)",
 					slog.String("request_id", t.id), slog.String("err", err.Error()))
 			}
 			return t.verifyContent(e)
@@ -586,7 +593,7 @@ func (t *turn) verify(ctx context.Context, e *entry.Entry) MissReason {
 			if err != nil || n == 0 {
 				r.stats.partialRefused.Add(1)
 				if err != nil {
-					r.logOnce(ctx, "partial:"+err.Error(), "kvroute: a handle cannot be read partially; such turns run as plain prefills",
+					r.log.once(ctx, "partial:"+err.Error(), "kvroute: a handle cannot be read partially; such turns run as plain prefills",
 						slog.String("reason", err.Error()))
 				}
 				return MissPartialRefused
@@ -624,21 +631,11 @@ func (t *turn) verifyContent(e *entry.Entry) MissReason {
 // putBack returns a taken, unused entry to the store for the rest of its
 // retention time.
 func (t *turn) putBack(ctx context.Context, key string, e *entry.Entry, age time.Duration) {
-	left := t.r.cfg.retentionTTL - age
-	if left <= 0 {
-		return
-	}
-	if err := t.r.store.Put(ctx, key, e.Raw, left); err != nil {
-		t.r.storeFailed(ctx, "put-back", t.id, err)
-		return
-	}
-	t.r.storeOK(ctx)
-	t.r.stats.putBacks.Add(1)
 	tokens := e.Tokens
 	if t.rec.HandleTokens > 0 {
 		tokens = t.rec.HandleTokens // before any cut to the verified prefix
 	}
-	t.r.kv.put(key, e.Endpoint, tokens, e.Created.Add(t.r.cfg.retentionTTL), t.r.cfg.clock())
+	t.r.handles.putBack(ctx, key, e, tokens, age, t.id)
 }
 
 func (t *turn) miss(reason MissReason) *entry.Entry {
