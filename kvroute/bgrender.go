@@ -37,14 +37,15 @@ type bgRender struct {
 	cancel context.CancelFunc
 }
 
-// startBackgroundRender starts the render of the turn's prompt on ep, the
-// prefill engine of its first prefill attempt, when the turn will need it:
-// an API without token ids, in token verification, not already rendered. It
-// is bounded by WithRenderTimeout and stopped by Close; an open render
-// breaker on ep skips it (the turn is then not retained, Stats.RenderSkipped).
-func (t *turn) startBackgroundRender(ep *endpoint) {
+// beside starts the render of the turn's prompt on ep, the prefill engine
+// of its first prefill attempt, when the turn will need it to seal: an API
+// without token ids, not already rendered. It is bounded by
+// WithRenderTimeout and stopped by Close; an open render breaker on ep
+// skips it (the turn is then not retained, Stats.RenderSkipped).
+func (p *tokenProof) beside(ep *endpoint) {
+	t := p.t
 	r := t.r
-	if t.bg != nil || t.rendered != nil || !r.cfg.reuse || r.cfg.verification != VerifyTokens || t.req.api.tokenIDs() {
+	if p.bg != nil || t.bufs.rendered != nil || !r.cfg.reuse || t.req.api.tokenIDs() {
 		return
 	}
 	path, list := t.req.api.renderPath()
@@ -64,13 +65,13 @@ func (t *turn) startBackgroundRender(ep *endpoint) {
 	// body's pieces (the pooled client body stays referenced by the
 	// request until net/http closes it) and the shared leg headers.
 	body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
-	h := t.legHeader().Clone()
+	h := t.legs.header().Clone()
 	h.Set(headerRequestID, t.id+"-render")
 	ep.ep.ApplyHeader(h)
 	ref := t.req.ref
 	ctx, cancel := context.WithTimeout(r.renders.bgCtx, r.cfg.renderTimeout)
 	bg := &bgRender{cancel: cancel, trial: trial, answer: make(chan struct{})}
-	t.bg = bg
+	p.bg = bg
 	r.renders.bgWG.Add(1)
 	go func() {
 		defer r.renders.bgWG.Done()

@@ -12,6 +12,7 @@ const kvKey = kvhandle.Key
 var (
 	jsonTrue  = []byte("true")
 	jsonFalse = []byte("false")
+	jsonOne   = []byte("1")
 )
 
 var errStop = errors.New("stop")

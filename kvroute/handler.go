@@ -41,7 +41,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
 		return
 	}
-	body, ref, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes, &r.bufs)
+	body, ref, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes, &r.bufs.bytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

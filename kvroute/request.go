@@ -37,6 +37,7 @@ type Request struct {
 	obj    jsonraw.Object
 	parsed bool
 	tenant string
+	hint   string // ConversationHint, for placement only
 	api    api
 
 	// principal is Principal's value once principalSet: from the
