@@ -132,7 +132,7 @@ func anchorText(req *Request) (string, bool) {
 // agentAnchor is the anchor of a Responses or Messages request: the hint,
 // else the head member and the turns up to and including the first user
 // turn (a string input: its first 256 bytes), as far as the engine renders
-// them (api.renders: Claude Code's per-request billing header in the
+// them (renderFilter: Claude Code's per-request billing header in the
 // system prompt is not, so it cannot make every turn a new conversation).
 func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
@@ -142,9 +142,9 @@ func agentAnchor(req *Request) string {
 	}
 	a, ok := apiFor(req.Path)
 	if !ok {
-		a = responsesAPI{} // renders every text
+		a = responsesAPI // renders every text
 	}
-	head, turns := a.conversation()
+	head, turns := a.head, a.turns
 	var buf []byte
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
 		buf = anchorContent(buf[:0], v, a, "", true)
@@ -179,7 +179,7 @@ func agentAnchor(req *Request) string {
 // cache_control breakpoints) and the string-or-blocks spelling do not
 // change an anchor, which is only a candidate lookup: token verification
 // decides.
-func anchorContent(dst, v []byte, a api, role string, head bool) []byte {
+func anchorContent(dst, v []byte, a *api, role string, head bool) []byte {
 	if s, ok := jsonraw.String(v); ok {
 		if !a.renders(s, role, head, false) {
 			return dst

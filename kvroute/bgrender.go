@@ -45,10 +45,10 @@ type bgRender struct {
 func (p *tokenProof) beside(ep *endpoint) {
 	t := p.t
 	r := t.r
-	if p.bg != nil || t.bufs.rendered != nil || !r.cfg.reuse || t.req.api.tokenIDs() {
+	if p.bg != nil || t.bufs.rendered != nil || !r.cfg.reuse || t.req.api.tokenIDs {
 		return
 	}
-	path, list := t.req.api.renderPath()
+	path, list := t.req.api.render, t.req.api.renderList
 	if path == "" || list || !r.renders.caps.available(ep.url, path, r.cfg.clock()) {
 		return
 	}

@@ -36,12 +36,12 @@ func FuzzLegBodies(f *testing.F) {
 			return
 		}
 		leg := decodeJSON(t, "prefill", bytes.Join(prefillBody(req, retained, false), nil))
-		for _, k := range req.api.prefillDrop() {
+		for _, k := range req.api.prefillDrop {
 			if _, ok := leg[k]; ok && k != kvKey {
 				t.Fatalf("prefill leg keeps %q: %s", k, body)
 			}
 		}
-		for _, m := range req.api.prefillSet() {
+		for _, m := range req.api.prefillSet {
 			if !jsonEqual(leg[m.Key], m.Value) {
 				t.Fatalf("prefill leg %q = %s, want %s: %s", m.Key, leg[m.Key], m.Value, body)
 			}
@@ -52,7 +52,7 @@ func FuzzLegBodies(f *testing.F) {
 
 		// The default verification asks D for token ids where the API
 		// returns them.
-		leg = decodeJSON(t, "decode", bytes.Join(newDecodeLeg(req, pHandle, req.api.tokenIDs()).body, nil))
+		leg = decodeJSON(t, "decode", bytes.Join(newDecodeLeg(req, pHandle, req.api.tokenIDs).body, nil))
 		if !jsonEqual(leg[kvKey], pHandle) {
 			t.Fatalf("decode leg handle = %s: %s", leg[kvKey], body)
 		}

@@ -35,7 +35,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		_, _ = w.Write(b)
 		return
 	}
-	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a, status, err) }
+	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a.errors, status, err) }
 	if hr.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
@@ -97,32 +97,13 @@ func isJSONObject(b []byte) bool {
 	return err == nil
 }
 
-func writeError(w http.ResponseWriter, status int, err error) {
-	writeAPIError(w, openAI{}, status, err)
-}
-
-// errorShaper is the part of an api that shapes errors.
-type errorShaper interface {
-	errorBody(status int, err error) []byte
-}
-
 // writeAPIError writes err in the API's error shape.
-func writeAPIError(w http.ResponseWriter, a errorShaper, status int, err error) {
-	b := a.errorBody(status, err)
+func writeAPIError(w http.ResponseWriter, a errorShape, status int, err error) {
+	b := a.body(status, err)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
-}
-
-// sseError frames an error as the SSE event vLLM itself sends when a
-// stream fails.
-func sseError(status int, err error) []byte {
-	b := errorBody(status, err)
-	out := make([]byte, 0, len(b)+8)
-	out = append(out, "data: "...)
-	out = append(out, b...)
-	return append(out, "\n\n"...)
 }
 
 // firstBodyBuffer is the buffer a request body of known length is first

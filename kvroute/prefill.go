@@ -109,7 +109,7 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	}
 	// The prompt ids P computes are checked against the verified ones
 	// when a handle rides on the leg and the API returns them.
-	check := p.attached && p.h.v.ids != nil && t.req.api.tokenIDs()
+	check := p.attached && p.h.v.ids != nil && t.req.api.tokenIDs
 	pctx, end := t.trace.phase(ctx, PhasePrefill, ep.url)
 	got, err := p.once(pctx, ep, prefillBody(t.req, p.handle, check), attachedTokens, check)
 	end(err)
@@ -191,9 +191,9 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 // and return_token_ids when the leg's prompt ids are to be checked.
 func prefillBody(req *Request, handle []byte, askIDs bool) legBody {
 	a := req.api
-	set := append(slices.Clip(a.prefillSet()), jsonraw.Member{Key: kvKey, Value: handle})
+	set := append(slices.Clip(a.prefillSet), jsonraw.Member{Key: kvKey, Value: handle})
 	if askIDs {
 		set = append(set, jsonraw.Member{Key: "return_token_ids", Value: jsonTrue})
 	}
-	return req.obj.EditPieces(make(legBody, 0, 24), a.prefillDrop(), set...)
+	return req.obj.EditPieces(make(legBody, 0, 24), a.prefillDrop, set...)
 }

@@ -31,9 +31,11 @@ func (p *tokenProof) promptTokens(ctx context.Context) ([]uint32, error) {
 	if t.bufs.rendered != nil {
 		return t.bufs.rendered, nil
 	}
-	if ids, ok := t.req.api.promptIDs(t.req); ok {
-		t.rec.TokenSource = TokensFromPrompt
-		return ids, nil
+	if pi, ok := t.req.api.impl.(promptIDer); ok {
+		if ids, ok := pi.promptIDs(t.req); ok {
+			t.rec.TokenSource = TokensFromPrompt
+			return ids, nil
+		}
 	}
 	// From the Router's pool (renderCall), held by the turn's buffers:
 	// returned when the turn ends.
@@ -66,7 +68,7 @@ func (p *tokenProof) renderPrompt(ctx context.Context) ([]uint32, error) {
 // when the request uses nothing /tokenize ignores.
 func (p *tokenProof) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSource, error) {
 	t := p.t
-	renderPath, list := t.req.api.renderPath()
+	renderPath, list := t.req.api.render, t.req.api.renderList
 	now := t.r.cfg.clock()
 	if renderPath != "" && t.r.renders.caps.available(ep.url, renderPath, now) {
 		// The client's bytes with the two members cut out, sent as pieces
@@ -143,11 +145,11 @@ func routeMissing(status int) bool {
 // tokenizeBody builds a /tokenize body from the request, or reports that
 // /tokenize cannot render it as generation would.
 func tokenizeBody(req *Request) ([]byte, bool) {
-	a := req.api
-	fields := a.tokenizeFields()
-	if fields == nil || !a.tokenizable(req) {
+	tz, ok := req.api.impl.(tokenizer)
+	if !ok || !tz.tokenizable(req) {
 		return nil, false
 	}
+	fields := tz.tokenizeFields()
 	for _, f := range tokenizeUnsupported {
 		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
 			return nil, false

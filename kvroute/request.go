@@ -38,7 +38,7 @@ type Request struct {
 	parsed bool
 	tenant string
 	hint   string // ConversationHint, for placement only
-	api    api
+	api    *api
 
 	// principal is Principal's value once principalSet: from the
 	// context of Do (ContextWithPrincipal), else from the headers.
@@ -86,7 +86,7 @@ func (r *Request) parse(maxMembers int) error {
 			return badRequest("model must be a string")
 		}
 	}
-	if err := a.validate(obj); err != nil {
+	if err := a.impl.validate(obj); err != nil {
 		return err
 	}
 	if v, ok := obj.Get("stream"); ok && !jsonraw.IsNull(v) {

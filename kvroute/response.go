@@ -139,7 +139,7 @@ func (r *Response) ErrorEvent(err error) []byte {
 			seq = n + 1
 		}
 	}
-	return r.t.req.api.streamError(HTTPStatus(err), err, seq)
+	return r.t.req.api.errors.event(HTTPStatus(err), err, seq)
 }
 
 func (r *Response) streamError(err error) error {

@@ -52,7 +52,7 @@ func (r *Response) readBody() error {
 		r.finishBody()
 		return nil
 	}
-	retain(r.t, r.in, handle, r.t.req.api.bodyReply(obj), ids)
+	retain(r.t, r.in, handle, r.t.req.api.impl.bodyReply(obj), ids)
 	r.finishBody()
 	return nil
 }

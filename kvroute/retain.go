@@ -133,7 +133,7 @@ func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
 	expected := !in.noPrefill && (reply.FinishReason == "stop" || reply.FinishReason == "length")
 	_, streamsHandles := r.streamHandles.Load(in.decode)
 	switch {
-	case t.stream && !t.req.api.streamHandles():
+	case t.stream && !t.req.api.streamHandles:
 		// The API's streams never carry one (vLLM's Messages): not an
 		// engine's fault, nothing to warn about.
 		t.rec.StoreRefusal = RefuseNoStreamHandle

@@ -105,7 +105,7 @@ func (p *tokenProof) check(f *found) (verified, MissReason) {
 
 // decodeIDs: the decode leg asks for token ids on the APIs that return
 // them.
-func (p *tokenProof) decodeIDs() bool { return p.t.r.cfg.reuse && p.t.req.api.tokenIDs() }
+func (p *tokenProof) decodeIDs() bool { return p.t.r.cfg.reuse && p.t.req.api.tokenIDs }
 
 // end stops a background render nobody waits for and drops the verified
 // chain, whose ids the turn's buffers return.
@@ -128,7 +128,7 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 	if bs == 0 {
 		bs = DefaultBlockSize
 	}
-	if !t.req.api.tokenIDs() {
+	if !t.req.api.tokenIDs {
 		if p.bg != nil && t.bufs.rendered == nil {
 			return nil, p.waitRender(tokens, bs)
 		}
