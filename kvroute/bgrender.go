@@ -20,7 +20,7 @@ import (
 // the answer ends unless the renderer is slower than prefill and decode
 // together. Then the turn's retention, which runs before the last event of
 // a stream (so that a client's next turn finds the handle), waits for it,
-// within WithRenderTimeout: a renderer that fails or hangs opens its
+// within WithTimeouts' Render: a renderer that fails or hangs opens its
 // breaker, after which turns skip the render (and are not retained) and
 // the breaker's one trial call is never waited for: the handle is
 // retained when it answers, after the turn has ended.
@@ -40,7 +40,7 @@ type bgRender struct {
 // beside starts the render of the turn's prompt on ep, the prefill engine
 // of its first prefill attempt, when the turn will need it to seal: an API
 // without token ids, not already rendered. It is bounded by
-// WithRenderTimeout and stopped by Close; an open render breaker on ep
+// WithTimeouts' Render and stopped by Close; an open render breaker on ep
 // skips it (the turn is then not retained, Stats.RenderSkipped).
 func (p *tokenProof) beside(ep *endpoint) {
 	t := p.t
@@ -95,7 +95,7 @@ func (p *tokenProof) beside(ep *endpoint) {
 
 // result returns the render's answer (done true): at once when it has
 // come, after waiting for it when the render is not a breaker trial (it
-// ends within WithRenderTimeout). A trial's pending answer is handed to
+// ends within WithTimeouts' Render). A trial's pending answer is handed to
 // then instead, which runs when it comes.
 func (b *bgRender) result(then func([]uint32, error)) (ids []uint32, err error, done bool) {
 	if !b.trial {

@@ -136,8 +136,8 @@ func (tr *tries) redo(ctx context.Context, t *turn, err error) bool {
 }
 
 // againAfter reports whether another decode leg may follow one that failed
-// with err. A leg that timed out (no headers within WithFirstByteTimeout,
-// or no first event within WithIdleTimeout) cost the whole timeout, and
+// with err. A leg that timed out (no headers within WithTimeouts' FirstByte,
+// or no first event within WithTimeouts' Idle) cost the whole timeout, and
 // the engine may be stalled for every request: another leg, with another
 // prefill, follows only for an engine this turn has not tried that is
 // healthy now, and only after the turn's first timeout. So a turn waits

@@ -54,7 +54,7 @@
 //     older engines only when P stopped on its length cap, hence the
 //     prefill rewrites of step 2 above.
 //  4. To D: the client's body with P's handle, or with none when P gave
-//     none and WithLocalPrefillFallback is on. The miss handle never
+//     none and WithFailover's LocalPrefill is on. The miss handle never
 //     reaches D (D would act as a prefiller).
 //  5. From D: kv_transfer_params at the top level of a body, or on a
 //     stream's final chunk (engines with vLLM PR #40186; stock engines send
@@ -86,7 +86,7 @@
 // removed from what the client receives), so D's answer names the prompt
 // and generated token ids; the first remote_num_tokens of them are what D's
 // blocks hold. A fingerprint of that sequence (a 64-bit chained hash per
-// block of WithBlockSize tokens and one over the whole sequence, 8 bytes a
+// block of WithVerification's BlockSize tokens and one over the whole sequence, 8 bytes a
 // block; never the ids) is stored with the handle. On a later turn, after
 // the Identifier's candidate is taken and if its tokens could pass the
 // threshold at all, the new prompt is rendered by a prefill engine exactly
@@ -111,7 +111,7 @@
 //   - L shorter (an edited or compacted history, reasoning the template
 //     stripped from the last reply, a chat template that rewrites past
 //     turns, a reply whose tokens re-tokenize differently): the handle is
-//     cut to the block-aligned prefix R' = L - L mod B (B = WithBlockSize):
+//     cut to the block-aligned prefix R' = L - L mod B (B = WithVerification's BlockSize):
 //     remote_num_tokens becomes R' and every KV group's remote_block_ids
 //     keeps its first R'/B blocks, so P reads exactly the verified blocks
 //     (TurnRecord.Partial, Stats.PartialHits). A handle that cannot be cut
@@ -127,7 +127,7 @@
 // no render endpoint and no usable /tokenize, or a render call that fails,
 // the candidate is verified by content instead if it was retained under
 // content rules, else not attached (MissUnverified). A render call is
-// bounded by WithRenderTimeout; one that runs out of it, or three failures
+// bounded by WithTimeouts' Render; one that runs out of it, or three failures
 // in a row, open the engine's render circuit breaker (5 s, doubling up to
 // 5 min; Stats.RenderBreaks), during which no render call goes to it and
 // turns go on without one (Stats.RenderSkipped), but for one trial per
@@ -177,7 +177,7 @@
 //
 // # Decode-local turns
 //
-// With WithDecodeLocal(true), a turn whose handle was verified by tokens
+// With WithDecodeMemory's Local, a turn whose handle was verified by tokens
 // may skip the prefill engine. A threshold.Chooser (by default a
 // threshold.CostModel: estimated TTFT of each path from the verified and
 // suffix token counts, rates learned online from the turns, the decode
@@ -216,7 +216,7 @@
 // stateful server); the prefill leg never stores. A turn there that was not
 // rendered for verification renders its prompt beside its prefill leg, on
 // the prefill engine, never after the answer: its retention waits for that
-// render within WithRenderTimeout, and not at all for a render breaker's
+// render within WithTimeouts' Render, and not at all for a render breaker's
 // trial call, whose turn is retained when it answers (RefuseRenderPending). vLLM's Messages streams
 // carry no handle, so streamed Messages turns are not reused. Services that want the stream themselves call Do and
 // read Response.Next, or Response.WriteTo. Options configure endpoints,
@@ -247,8 +247,8 @@
 // A turn's memory follows its body's size. ServeHTTP reads a body of
 // known length into a buffer that grows with what arrived (at most four
 // times it, from 64 KiB), never one of the declared size; a body above
-// WithMaxBodyBytes gets 413. A body with an object of more than
-// WithMaxObjectMembers members, at any depth, gets 400 before anything is
+// WithLimits' Body gets 413. A body with an object of more than
+// WithLimits' ObjectMembers members, at any depth, gets 400 before anything is
 // indexed, so the member index and the members a digest collects stay
 // small; both legs are sent as pieces of the client's bytes, a few per
 // edited member, never a copy or a piece per member.
@@ -262,13 +262,13 @@
 // takes the lighter of two random engines. With LeastLoaded.HashHints a
 // conversation hint pins turns without affinity by rendezvous hashing; a
 // hint never unlocks a handle. Endpoints carry a data-parallel rank
-// (X-Data-Parallel-Rank) and a weight (WithPrefillEndpoints,
-// WithDecodeEndpoints) and can be replaced at run time with SetEndpoints
+// (X-Data-Parallel-Rank) and a weight (WithEndpoints,
+// WithEndpoints) and can be replaced at run time with SetEndpoints
 // (package transport/discovery does so from DNS): a removed endpoint gets no new leg,
 // turns already on it finish, and a retained handle of a removed decode
 // endpoint is not attached (MissEndpointGone) but left to expire.
-// WithEjection ejects an endpoint after consecutive failures for an
-// exponential backoff; WithHealthCheck adds /health probes, which Close
+// WithHealth's ejection ejects an endpoint after consecutive failures for an
+// exponential backoff; WithHealth's probes adds /health probes, which Close
 // stops. An Observer that implements EndpointObserver hears of ejections,
 // re-admissions, additions and removals.
 //
@@ -279,7 +279,7 @@
 //
 //   - Prefill engine down, refusing, or answering 502/503/504: retried on
 //     another engine with backoff, honouring Retry-After, within
-//     WithRetryPolicy. An attempt that carried a retained handle spent it:
+//     WithFailover's PrefillRetry. An attempt that carried a retained handle spent it:
 //     every retry is a plain miss (MissRetry, Stats.HitRetries). A prefill
 //     that fails with 500 while reading a retained handle (expired, engine
 //     restarted) is retried once as a miss. One classifier,
@@ -289,7 +289,7 @@
 //     or 502. Each failure counts against the
 //     endpoint's health, except a 500 on a failed handle read.
 //   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle,
-//     TurnRecord.NoHandle PhasePrefill), or with WithLocalPrefillFallback D
+//     TurnRecord.NoHandle PhasePrefill), or with WithFailover's LocalPrefill D
 //     prefills by itself; the miss handle never reaches D. A client's stop
 //     strings or an EOS as P's one token cannot cause this: the P leg drops
 //     stop and stop_token_ids and sets ignore_eos, because older engines
@@ -338,9 +338,9 @@
 //     is replaced by the router's own error for the status. A Responses
 //     request whose echoed members (metadata, tools, text, ...) hold such a
 //     member is refused with 400 before any engine is asked.
-//   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
+//   - Large handles: a stream event is bounded by WithLimits' Event (16 MiB;
 //     a longer one ends the stream with an error), a retained entry by
-//     WithMaxEntryBytes (8 MiB, also the default store's value bound), room
+//     WithLimits' Entry (8 MiB, also the default store's value bound), room
 //     for 1M-token contexts with two KV groups. An entry over the bound, or
 //     one the Store refuses with retention.ErrTooLarge, is not retained
 //     (StoreRefusal "handle_too_large", Stats.TooLarge), warned once.
@@ -354,15 +354,15 @@
 //   - Decode leg fails before anything reached the client (Do has not
 //     returned; a stream's first event is read inside Do): if the connection
 //     was never made, the same P handle goes to another decode engine while
-//     P's lease (WithPrefillLease) has ExpiryGuard left. Any other failure
+//     P's lease (WithTTLs' PrefillLease) has ExpiryGuard left. Any other failure
 //     (refused after accept, 5xx, timeout, a stream cut before its first
 //     event, a lapsed lease) redoes the whole turn as a plain miss: a new
 //     prefill, preferring another prefill engine, then another decode
 //     engine, because the failed D may have read P's handle. At most
-//     WithDecodeAttempts decode legs per turn; then 502 or 504. A decode
+//     WithFailover's DecodeAttempts decode legs per turn; then 502 or 504. A decode
 //     engine's 4xx is passed to the client as is. A leg that timed out (no
-//     headers within WithFirstByteTimeout, no first event within
-//     WithIdleTimeout) is redone only for a healthy decode engine the turn
+//     headers within WithTimeouts' FirstByte, no first event within
+//     WithTimeouts' Idle) is redone only for a healthy decode engine the turn
 //     has not tried, and only after the turn's first timeout: a turn waits
 //     for silent engines at most twice that timeout and runs at most two
 //     prefills for them, and a silent engine never gets a second leg.
@@ -377,7 +377,7 @@
 //     attached (MissRestarted, dropped; Stats.RestartedHandles). Before
 //     attaching one, the router reads the engine's
 //     process_start_time_seconds (GET /metrics) when its last reading is
-//     older than WithRestartCheck (1 s) or predates a failure to reach the
+//     older than WithHealth's RestartCheck (1 s) or predates a failure to reach the
 //     engine, and a handle issued before the engine started is dropped; a
 //     new engine id in the engine's handles is a restart too, and on
 //     engines without that metric a failure to reach them counts as one. A
@@ -389,7 +389,7 @@
 //     attached (MissBadEntry): block ids that are not integers from 0 to
 //     2^31-1, a port outside 1 to 65535, counts of another type, a member
 //     named twice, or a longest KV group with fewer than
-//     ceil(remote_num_tokens/WithBlockSize) blocks (Stats.InvalidHandles;
+//     ceil(remote_num_tokens/WithVerification's BlockSize) blocks (Stats.InvalidHandles;
 //     logged once per member).
 //
 // # Tracing

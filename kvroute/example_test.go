@@ -73,7 +73,7 @@ func ExampleWithVerification() {
 
 	var last kvroute.TurnRecord
 	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()),
-		kvroute.WithVerification(kvroute.VerifyTokens), // the default
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}), // the default
 		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
 	if err != nil {
 		log.Fatal(err)

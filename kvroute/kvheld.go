@@ -21,7 +21,7 @@ type DecodeKV struct {
 	Handles int
 	// Tokens is their remote_num_tokens, summed.
 	Tokens int64
-	// Bytes is Tokens × WithKVBytesPerToken, 0 when that is unset.
+	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
 }
 

@@ -115,7 +115,7 @@ func TestRequestStream(t *testing.T) {
 				body += `,"stream":` + tc.stream
 			}
 			r := &Request{Path: PathChatCompletions, Body: []byte(body + "}")}
-			err := r.parse(DefaultMaxObjectMembers)
+			err := r.parse(DefaultLimits().ObjectMembers)
 			if !tc.ok {
 				require.ErrorIs(t, err, ErrBadRequest)
 				assert.Contains(t, err.Error(), "stream must be a boolean")

@@ -50,8 +50,8 @@ const (
 	MissUnverified MissReason = "unverified"
 	// MissPartialRefused: only a prefix of the handle's tokens matched and
 	// the handle cannot be read partially (dcp_size > 1, KV groups of
-	// unequal length, a block count that does not fit WithBlockSize, or
-	// WithBlockSize(0)).
+	// unequal length, a block count that does not fit WithVerification's BlockSize, or
+	// a negative BlockSize (WithVerification)).
 	MissPartialRefused MissReason = "partial_refused"
 	// MissEndpointGone: a handle was found whose decode endpoint is no
 	// longer among the Router's decode endpoints (SetEndpoints removed it):
@@ -67,7 +67,7 @@ const (
 	// (Stats.RestartedHandles).
 	MissRestarted MissReason = "engine_restarted"
 	// MissEngineUnconfirmed: the decode engine's /metrics could not be
-	// read to check that it did not restart (WithRestartCheck); the handle
+	// read to check that it did not restart (WithHealth's RestartCheck); the handle
 	// is put back and may be attached once the engine answers.
 	MissEngineUnconfirmed MissReason = "engine_unconfirmed"
 	// MissRenderMismatch: the prefill engine that rendered the prompt

@@ -6,7 +6,7 @@ import (
 	"github.com/bidikv/bidikv/threshold"
 )
 
-// Decode-local turns (WithDecodeLocal).
+// Decode-local turns (WithDecodeMemory's Local).
 //
 // A turn whose retained handle was verified by tokens may skip the prefill
 // engine: sent as a plain request (no kv_transfer_params at all) to the
@@ -41,7 +41,7 @@ type way struct {
 	local *endpoint
 }
 
-// choosePath asks the Chooser (WithDecodeLocal), for a handle verified by
+// choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
 // tokens, whether to attach it (PathPull), answer on its decode engine
 // (PathLocal) or recompute (PathRecompute). A handle not attached is put
 // back under its key.

@@ -31,7 +31,7 @@ const renderDistrust = 5 * time.Minute
 
 // The render circuit breaker: renderBreakerFailures consecutive failures
 // (connection errors, 5xx, 429, answers without token ids), or one call
-// that ran out of WithRenderTimeout, open it for renderBreakerFirst,
+// that ran out of WithTimeouts' Render, open it for renderBreakerFirst,
 // doubling with each failed trial up to renderBreakerMax. When the time is
 // up, one turn tries the renderer again (the others skip it meanwhile); a
 // success closes the breaker.

@@ -66,7 +66,7 @@ func (r *Request) Field(key string) (value []byte, ok bool) {
 func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
 
 // parse validates the request and indexes its body, whose objects may
-// have at most maxMembers members each (WithMaxObjectMembers).
+// have at most maxMembers members each (WithLimits' ObjectMembers).
 func (r *Request) parse(maxMembers int) error {
 	a, ok := apiFor(r.Path)
 	if !ok {

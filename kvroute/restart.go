@@ -31,7 +31,7 @@ import (
 //   - the engine's process_start_time_seconds on GET /metrics (the
 //     Prometheus process collector vLLM's API server registers; a restart
 //     changes it), read again before a handle is attached when the last
-//     read is older than WithRestartCheck (default 1 s, far below the time
+//     read is older than WithHealth's RestartCheck (default 1 s, far below the time
 //     a vLLM restart takes to load its model) or when the engine could
 //     not be reached since: a handle created before the engine's start is
 //     not attached (MissRestarted);
@@ -46,31 +46,11 @@ import (
 // Engine start times are compared with the router's clock, so the two
 // must agree (NTP) to well within the time an engine takes to start.
 
-// DefaultRestartCheck is how old the router's reading of a decode engine's
-// process_start_time_seconds may be when one of its handles is attached
-// (WithRestartCheck).
-const DefaultRestartCheck = time.Second
-
 // restartCheckTimeout bounds one GET /metrics.
 const restartCheckTimeout = 2 * time.Second
 
 // maxMetricsBytes bounds the /metrics page read.
 const maxMetricsBytes = 16 << 20
-
-// WithRestartCheck sets how old the router's reading of a decode engine's
-// process_start_time_seconds (GET /metrics) may be when it attaches one of
-// the engine's handles; an older one is read again first, on the turn's
-// lookup, at most once per interval per engine (concurrent turns share the
-// read). A handle issued before the engine's current process started is
-// never attached (package doc, Failure paths). The default is
-// DefaultRestartCheck (1 s). 0 turns the reads off: restarts are then
-// noticed only by a new engine id in the engine's handles or by a failure
-// to reach it, so an engine with a fixed engine id that restarts between
-// two turns without the router seeing it fail is not noticed. Negative is
-// an error.
-func WithRestartCheck(maxAge time.Duration) Option {
-	return optionFunc(func(c *config) { c.restartCheck = maxAge })
-}
 
 // restarts is what the Router knows of its decode engines' processes, and
 // how it learns more (restart.go).
@@ -95,7 +75,7 @@ type life struct {
 	noMetric bool      // its last /metrics had no process_start_time_seconds
 	// unread: the last read of /metrics failed, at checked; it is not
 	// tried again (and the engine's handles are not attached) until the
-	// reading is as old as WithRestartCheck, so that an engine that does
+	// reading is as old as WithHealth's RestartCheck, so that an engine that does
 	// not answer costs one read per interval, not one per turn.
 	unread bool
 }
@@ -194,7 +174,7 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 }
 
 // readStart reads ep's process_start_time_seconds when the last reading is
-// older than WithRestartCheck or predates a failure to reach it; turns
+// older than WithHealth's RestartCheck or predates a failure to reach it; turns
 // that need it at once share one request.
 func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
 	now := r.clock()

@@ -54,7 +54,7 @@ func New(opts ...Option) (*Router, error) {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	cfg.validate()
+	cfg.finish()
 	r := &Router{cfg: cfg}
 	r.hp = &healthPolicy{cfg: cfg.ends, clock: cfg.clock}
 	if eo, ok := cfg.observer.(EndpointObserver); ok {

@@ -100,7 +100,7 @@ func TestEjection(t *testing.T) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithClock(clk))
 	bad := c.Decode[0]
-	g := newRig(t, c, false, kvroute.WithEjection(2, time.Minute, time.Minute), kvroute.WithReuse(false),
+	g := newRig(t, c, false, kvroute.WithHealth(kvroute.Health{EjectAfter: 2, EjectBackoff: time.Minute, MaxEjectBackoff: time.Minute}), kvroute.WithReuse(false),
 		kvroute.WithSelector(&kvroute.RoundRobin{}))
 	bad.Refuse(true)
 	for i := 1; i <= 4; i++ {
@@ -141,7 +141,7 @@ func (o obsChan) ObserveEndpoint(ev kvroute.EndpointEvent) { o <- ev }
 func TestHealthProbe(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 2)
 	events := make(obsChan, 64)
-	r := newRouter(t, c, kvroute.WithObserver(events), kvroute.WithHealthCheck(5*time.Millisecond, time.Second), kvroute.WithEjection(1, time.Hour, time.Hour))
+	r := newRouter(t, c, kvroute.WithObserver(events), kvroute.WithHealth(kvroute.Health{ProbeInterval: 5 * time.Millisecond, ProbeTimeout: time.Second, EjectAfter: 1, EjectBackoff: time.Hour, MaxEjectBackoff: time.Hour}))
 	c.Decode[1].Close()
 	for ev := range events {
 		if ev.Kind == kvroute.EndpointEjected {

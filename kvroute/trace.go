@@ -39,19 +39,6 @@ type Tracer interface {
 	Inject(ctx context.Context, h http.Header)
 }
 
-// WithTracer sets the Tracer that follows each turn. The default traces
-// nothing and costs nothing: no span, no context, no header; the client's
-// own trace headers (traceparent, tracestate) reach the engines as sent.
-func WithTracer(tr Tracer) Option {
-	return optionFunc(func(c *config) {
-		if tr == nil {
-			c.fail("WithTracer", "tracer is nil")
-			return
-		}
-		c.tracer = tr
-	})
-}
-
 // turnTrace is a turn's tracing state: the turn's span, and the decode
 // leg's phases that stay open while its stream is read.
 type turnTrace struct {

@@ -25,7 +25,7 @@ type turn struct {
 	trace  turnTrace
 	bufs   turnBufs
 	proof  proof // the turn's verification (verify.go)
-	// choice is the Chooser's decision (WithDecodeLocal), released when
+	// choice is the Chooser's decision (WithDecodeMemory's Local), released when
 	// the turn ends; dSent is when the last decode leg was sent, for a
 	// learning Chooser.
 	choice threshold.Choice

@@ -48,7 +48,7 @@ type legHelper interface {
 }
 
 // verifications are the modes, by WithVerification's value.
-var verifications = map[Verification]func(t *turn) proof{
+var verifications = map[VerificationMode]func(t *turn) proof{
 	VerifyTokens:  newTokenProof,
 	VerifyContent: newContentProof,
 }

@@ -164,7 +164,7 @@ func noRender(r *Router, path string) {
 
 // waitRender is seal's wait for the background render: the fingerprint of
 // the rendered prompt once it has answered (at once, or after waiting for
-// it within WithRenderTimeout), or, for a render breaker's trial that has
+// it within WithTimeouts' Render), or, for a render breaker's trial that has
 // not answered, when it answers, after the turn.
 func (p *tokenProof) waitRender(tokens, bs int) wait {
 	// What the render's answer is sealed with, which may be after the

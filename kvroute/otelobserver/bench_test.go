@@ -78,7 +78,7 @@ func benchmarkTurn(b *testing.B, mode string) {
 	}
 	b.Cleanup(rt.CloseIdleConnections)
 	opts := []kvroute.Option{kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt),
-		kvroute.WithVerification(kvroute.VerifyContent)}
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent})}
 	if mode != "off" {
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
