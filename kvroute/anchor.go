@@ -13,7 +13,7 @@ import (
 // after an edit, a compaction or a template that rewrites history, so that
 // token verification can reuse the unedited prefix: the anchor. It digests
 // the tenant, the model, cache_salt and either the client's conversation
-// hint (ConversationHint) or the conversation's start (chat: the messages up
+// hint (conversationHint) or the conversation's start (chat: the messages up
 // to and including the first one that is not a system or developer message;
 // completions: a leading slice of the prompt whose length is a "quarter
 // octave" step, see anchorLen). Nothing in an anchor is trusted: what the
@@ -40,7 +40,7 @@ func anchorBase(req *Request, kind string) *convkey.Hasher {
 // conversation start (chainConversation's second result) is start.
 func chatAnchorFrom(req *Request, start [32]byte) string {
 	h := anchorBase(req, "chat")
-	if hint := ConversationHint(req); hint != "" {
+	if hint := conversationHint(req); hint != "" {
 		h.Field("hint", []byte(hint))
 		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
@@ -57,7 +57,7 @@ func chatAnchorFrom(req *Request, start [32]byte) string {
 // only if they share at least about four fifths of the text retained.
 func completionAnchors(req *Request, prompt string) []string {
 	h := anchorBase(req, "completion")
-	if hint := ConversationHint(req); hint != "" {
+	if hint := conversationHint(req); hint != "" {
 		h.Field("hint", []byte(hint))
 		return []string{convkey.DigestKey("a", req.keys.SumPut(h))}
 	}
@@ -73,7 +73,7 @@ func completionAnchors(req *Request, prompt string) []string {
 // plus reply is text is retained under ("" when text is too short).
 func completionAnchor(req *Request, text string) string {
 	h := anchorBase(req, "completion")
-	if hint := ConversationHint(req); hint != "" {
+	if hint := conversationHint(req); hint != "" {
 		h.Field("hint", []byte(hint))
 		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
@@ -136,7 +136,7 @@ func anchorText(req *Request) (string, bool) {
 // system prompt is not, so it cannot make every turn a new conversation).
 func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
-	if hint := ConversationHint(req); hint != "" {
+	if hint := conversationHint(req); hint != "" {
 		h.Field("hint", []byte(hint))
 		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}

@@ -86,7 +86,7 @@ type renderFilter interface {
 }
 
 // apis is the registry: the APIs a Router serves, which drive its routing
-// (ServeHTTP), its error shapes (ErrorBody, StreamErrorEvent) and a front
+// (ServeHTTP), its error shapes (ErrorBody, Response.ErrorEvent) and a front
 // end's route table (APIs).
 var apis = []*api{chatAPI, completionsAPI, responsesAPI, messagesAPI}
 
@@ -141,7 +141,7 @@ type API struct {
 	// Anthropic's API, on the paths below it.
 	ErrorShape string
 	// StreamErrorShape is the event that ends its broken streams
-	// (StreamErrorEvent): "data" (OpenAI's error body as a data event, as
+	// (Response.ErrorEvent): "data" (OpenAI's error body as a data event, as
 	// vLLM ends a failed chat or completions stream), "responses" (event:
 	// error, a ResponseErrorEvent numbered after the last event sent) or
 	// "anthropic" (event: error with Anthropic's body).
@@ -167,19 +167,6 @@ func APIs() []API {
 // authentication) in the same shapes.
 func ErrorBody(path string, status int, err error) []byte {
 	return shapeFor(path).body(status, err)
-}
-
-// StreamErrorEvent renders err as the SSE event that ends a broken stream
-// of the API served at path, for a failure of the given status: OpenAI's
-// error body as a data event (data: {"error":{...}}, as vLLM ends a failed
-// chat or completions stream), Responses' error event (event: error with
-// {"type":"error","code","message","param","sequence_number"}, seq being
-// the sequence number after the last event sent), or Anthropic's (event:
-// error with {"type":"error","error":{"type","message"}}) for PathMessages
-// and the paths below it. It is what the Router's http.Handler writes,
-// for programs that end streams themselves (a drain) in the same shapes.
-func StreamErrorEvent(path string, status int, err error, seq int64) []byte {
-	return shapeFor(path).event(status, err, seq)
 }
 
 // errorShape writes an API's errors: as a JSON body, and as the stream

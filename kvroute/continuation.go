@@ -22,7 +22,7 @@ import (
 // Chat requests are looked up under every prefix of their messages that
 // ends with an assistant message, longest first; the hashing is a single
 // chained pass over the messages. Completions requests are looked up under
-// the conversation hint (ConversationHint), if any, otherwise under the
+// the conversation hint (conversationHint), if any, otherwise under the
 // prompt's leading bytes, and the handle is used only after the new prompt
 // is verified to begin with the stored prompt plus the generated text, to
 // go on beyond it, and to go on at a clean token boundary (see below).
@@ -96,21 +96,38 @@ import (
 // The zero value is ready to use.
 type ContinuationKeys struct {
 	// MaxReplyBytes bounds the reply that is keyed; a longer one is
-	// refused. 0 means DefaultMaxReplyBytes.
+	// refused. 0 means 1 MiB.
 	MaxReplyBytes int
 	// ReasoningCloseTags are the strings that, found in a chat reply's
 	// content, mark reasoning served inline (RefuseInlineReasoning). nil
-	// means the one tag DefaultReasoningCloseTag; an empty, non-nil slice
-	// turns the check off.
+	// means the one tag "</think>" (Qwen3, DeepSeek-R1 and most open
+	// reasoning models); an empty, non-nil slice turns the check off.
 	ReasoningCloseTags []string
+	// ByConversationID keys conversations by a client-chosen id instead
+	// of their content: the body field conversation_id, else session_id,
+	// else prompt_cache_key, else the X-Session-ID header, scoped by
+	// tenant (the proxy's --key-mode conversation-id). Requests with none
+	// are never reused.
+	//
+	// The id only finds a handle; it never vouches for it. A handle
+	// retained under an id is verified as by content (by tokens, or by the
+	// content rules above when the handle has no token fingerprint), and
+	// a turn those rules refuse is retained for token verification only,
+	// or not at all (RefuseNoConversationID without an id). Trusting the
+	// id alone would let a client send a different prompt under an old id:
+	// the prefill engine would pull the old KV as the prefix of the new
+	// prompt, answer wrongly, and cache those blocks under the new
+	// prompt's token hashes, where every tenant that sends that prompt
+	// reads them.
+	ByConversationID bool
 }
 
-// DefaultMaxReplyBytes is ContinuationKeys' default reply bound.
-const DefaultMaxReplyBytes = 1 << 20
+// defaultMaxReplyBytes is ContinuationKeys' default reply bound.
+const defaultMaxReplyBytes = 1 << 20
 
-// DefaultReasoningCloseTag is ContinuationKeys' default reasoning close
+// defaultReasoningCloseTag is ContinuationKeys' default reasoning close
 // tag, used by Qwen3, DeepSeek-R1 and most open reasoning models.
-const DefaultReasoningCloseTag = "</think>"
+const defaultReasoningCloseTag = "</think>"
 
 // Fields that shape the rendered prompt in vLLM's chat and completion
 // request models, hashed into every content check (chat: the chained
@@ -148,6 +165,9 @@ type chatDigest struct {
 // every prefix that ends with an assistant message (except the last
 // message) for Verify and the whole chain for Key, in Candidates.Memo.
 func (c ContinuationKeys) Lookup(req *Request) (Candidates, error) {
+	if c.ByConversationID {
+		return c.idLookup(req)
+	}
 	switch req.Path {
 	case PathChatCompletions:
 	case PathCompletions:
@@ -193,6 +213,9 @@ func (c ContinuationKeys) digest(req *Request, cands Candidates) (*chatDigest, e
 
 // Key implements Identifier.
 func (c ContinuationKeys) Key(req *Request, cands Candidates, reply *Reply) (Retention, error) {
+	if c.ByConversationID {
+		return c.idKey(req, cands, reply)
+	}
 	reason, soft := c.refusal(req, reply)
 	if reason != "" && !soft {
 		return Retention{Refusal: reason}, nil
@@ -225,7 +248,7 @@ func (c ContinuationKeys) Verify(req *Request, cands Candidates, check []byte) b
 	if req.Path != PathChatCompletions && req.Path != PathCompletions {
 		return false // Responses and Messages: token verification only
 	}
-	if req.Chat() {
+	if req.Path == PathChatCompletions {
 		if len(check) != sha256.Size {
 			return false
 		}
@@ -259,7 +282,7 @@ func (c ContinuationKeys) Verify(req *Request, cands Candidates, check []byte) b
 func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason Refusal, soft bool) {
 	max := c.MaxReplyBytes
 	if max <= 0 {
-		max = DefaultMaxReplyBytes
+		max = defaultMaxReplyBytes
 	}
 	if v, ok := req.Field("n"); ok && !jsonraw.IsNull(v) {
 		if n, ok := lenientInt(v); !ok || n != 1 {
@@ -290,7 +313,7 @@ func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason Refusal, s
 	}
 	// Soft refusals: the turn is keyed as usual, for token verification
 	// only.
-	if req.Chat() {
+	if req.Path == PathChatCompletions {
 		if v, ok := req.Field("add_generation_prompt"); ok && !jsonraw.IsNull(v) {
 			if b, ok := lenientBool(v); !ok || !b {
 				return RefuseNoGenerationPrompt, true
@@ -310,7 +333,7 @@ func (c ContinuationKeys) refusal(req *Request, reply *Reply) (reason Refusal, s
 // close tags.
 func (c ContinuationKeys) inlineReasoning(content string) bool {
 	if c.ReasoningCloseTags == nil {
-		return strings.Contains(content, DefaultReasoningCloseTag)
+		return strings.Contains(content, defaultReasoningCloseTag)
 	}
 	for _, t := range c.ReasoningCloseTags {
 		if t != "" && strings.Contains(content, t) {

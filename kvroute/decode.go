@@ -12,7 +12,7 @@ import (
 // Members removed from the client's body on the decode leg.
 var decodeDrop = []string{kvKey, "conversation_id"}
 
-// errLeaseExpired means P's lease on its blocks had less than ExpiryGuard
+// errLeaseExpired means P's lease on its blocks had less than expiryGuard
 // left when the decode leg was to be sent: D could read freed blocks.
 var errLeaseExpired = errors.New("kvroute: the prefill engine's lease ran out before the decode leg")
 
@@ -56,7 +56,7 @@ func (t *turn) askIDs() bool {
 // nothing has reached the caller, a leg that failed before any connection
 // was made (so no engine can have read P's handle) is sent again, with
 // the same handle, to another decode engine, as long as P's lease still
-// has ExpiryGuard left. Any other failure is returned; Do decides whether
+// has expiryGuard left. Any other failure is returned; Do decides whether
 // to redo the turn.
 func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *tries, in retainIn) (*Response, error) {
 	r := t.r
@@ -78,7 +78,7 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 			return nil, err
 		}
 		tr.decodeLegs++
-		if p.handle != nil && r.cfg.clock().Sub(p.done) > r.cfg.lease-ExpiryGuard {
+		if p.handle != nil && r.cfg.clock().Sub(p.done) > r.cfg.lease-expiryGuard {
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
 		}
 		resp, err := send(ctx, t, ep, leg, in)

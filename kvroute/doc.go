@@ -162,7 +162,7 @@
 // principal an authenticating layer put in the request's context
 // (ContextWithPrincipal, such as KeyPrincipal of the API key it matched),
 // else a digest of the credentials in Authorization (any scheme, in any
-// case) and X-Api-Key (HeaderPrincipal). One key is one principal
+// case) and X-Api-Key (headerPrincipal). One key is one principal
 // whichever header carries it; two keys are two. Requests without any
 // credential share one principal, "": put a router that serves several
 // tenants behind an authenticating layer. Migration: AuthorizationTenant,
@@ -231,7 +231,7 @@
 // 4xx passed through, 502 for a failed upstream leg (*UpstreamError names
 // the phase, the endpoint and the status; what the client reads names the
 // phase and the status, never the endpoint), 503 with Retry-After
-// (RetryAfter: the engine's own, else DefaultRetryAfter) when an engine
+// (RetryAfter: the engine's own, else defaultRetryAfter) when an engine
 // answered 503 or 429 or no endpoint is available, 504 on a timeout. A prefill leg that fails on a connection
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
@@ -257,7 +257,7 @@
 //
 // Each leg's engine is chosen by a Selector over the healthy endpoints
 // (LeastLoaded by default): decode goes to the engine that holds the
-// conversation's KV unless it is ejected or has DefaultAffinityMaxInFlight
+// conversation's KV unless it is ejected or has defaultAffinityMaxInFlight
 // requests open, else to the least loaded one per unit of weight; prefill
 // takes the lighter of two random engines. With LeastLoaded.HashHints a
 // conversation hint pins turns without affinity by rendezvous hashing; a
@@ -344,7 +344,7 @@
 //     for 1M-token contexts with two KV groups. An entry over the bound, or
 //     one the Store refuses with retention.ErrTooLarge, is not retained
 //     (StoreRefusal "handle_too_large", Stats.TooLarge), warned once.
-//   - A client X-Request-Id longer than MaxRequestIDBytes (128) or holding
+//   - A client X-Request-Id longer than maxRequestIDBytes (128) or holding
 //     anything but visible ASCII is ignored: the router generates its own
 //     id for both legs, the response and the TurnRecord.
 //   - A request that fails before the lookup (malformed body, closed
@@ -354,7 +354,7 @@
 //   - Decode leg fails before anything reached the client (Do has not
 //     returned; a stream's first event is read inside Do): if the connection
 //     was never made, the same P handle goes to another decode engine while
-//     P's lease (WithTTLs' PrefillLease) has ExpiryGuard left. Any other failure
+//     P's lease (WithTTLs' PrefillLease) has expiryGuard left. Any other failure
 //     (refused after accept, 5xx, timeout, a stream cut before its first
 //     event, a lapsed lease) redoes the whole turn as a plain miss: a new
 //     prefill, preferring another prefill engine, then another decode

@@ -148,7 +148,7 @@ func faultCases() []faultCase {
 			if !at(i) {
 				return 0, false
 			}
-			g.c.Clock.Advance(kvroute.DefaultTTLs().Retention + time.Second)
+			g.c.Clock.Advance(kvroute.Defaults().TTLs.Retention + time.Second)
 			return 1, false
 		}},
 	}
@@ -247,7 +247,7 @@ func TestRetryAfter(t *testing.T) {
 	policy := transport.RetryPolicy{NewTimer: func() backoff.Timer { return &instantTimer{mu: &mu, waits: &waits} }}
 	obs := &lastTurn{}
 	r, err := kvroute.New(kvroute.WithPrefill(busy, c.Prefill[1].URL()), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy}), kvroute.WithObserver(obs), kvroute.WithSelector(&kvroute.RoundRobin{}))
+		kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy}), kvroute.WithObserver(obs), kvroute.WithSelector(&kvroutetest.RoundRobin{}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	u := serve(t, r)

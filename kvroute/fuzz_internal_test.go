@@ -32,7 +32,7 @@ func FuzzLegBodies(f *testing.F) {
 	retained := []byte(`{"do_remote_decode":true,"do_remote_prefill":false}`)
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		req := &Request{Path: paths[int(which)%len(paths)], Body: body}
-		if err := req.parse(DefaultLimits().ObjectMembers); err != nil {
+		if err := req.parse(Defaults().Limits.ObjectMembers); err != nil {
 			return
 		}
 		leg := decodeJSON(t, "prefill", bytes.Join(prefillBody(req, retained, false), nil))

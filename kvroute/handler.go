@@ -85,7 +85,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	if _, err := resp.WriteTo(w); err != nil && hr.Context().Err() == nil {
 		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
-			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
+			slog.String("request_id", resp.t.id), slog.String("err", err.Error()))
 		if resp.Streaming() {
 			_ = sse.NewWriter(w).WriteRaw(resp.ErrorEvent(err))
 		}

@@ -16,11 +16,11 @@ import (
 // once: every problem is an error wrapping ErrInvalidConfig that names the
 // option and the field, and nothing is clamped silently.
 
-// ExpiryGuard is how close to a handle's expiry a prefill engine declines
+// expiryGuard is how close to a handle's expiry a prefill engine declines
 // to read it (vLLM PR #47021). The retention TTL must leave at least this
 // margin under the decoder TTL, and a decode leg is sent with P's handle
 // only while at least this much of P's lease is left.
-const ExpiryGuard = 5 * time.Second
+const expiryGuard = 5 * time.Second
 
 // Option configures a Router. Options are created by the With* functions.
 type Option interface {
@@ -76,18 +76,44 @@ type config struct {
 	errs []error
 }
 
-// defaultConfig is every default, in one place.
+// Settings are the values of the grouped options.
+type Settings struct {
+	TTLs         TTLs
+	Timeouts     Timeouts
+	Limits       Limits
+	Failover     Failover
+	Health       Health
+	Verification Verification
+	DecodeMemory DecodeMemory
+}
+
+// Defaults returns what New takes for a grouped option's zero field: every
+// default of the grouped options, in one place (a program that exposes
+// them as flags shows these).
+func Defaults() Settings {
+	return Settings{
+		TTLs:         TTLs{Retention: 450 * time.Second, DecoderBlocks: 480 * time.Second, PrefillLease: 30 * time.Second},
+		Timeouts:     Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second},
+		Limits:       Limits{Body: 32 << 20, Event: 16 << 20, Entry: 8 << 20, ObjectMembers: 10_000},
+		Failover:     Failover{DecodeAttempts: 3},
+		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
+		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
+	}
+}
+
+// defaultConfig is the configuration before any option.
 func defaultConfig() config {
+	d := Defaults()
 	return config{
 		threshold: threshold.DefaultThreshold,
 		reuse:     true,
 		clock:     time.Now,
-		ttls:      DefaultTTLs(),
-		timeouts:  DefaultTimeouts(),
-		limits:    DefaultLimits(),
-		health:    DefaultHealth(),
-		verify:    Verification{Mode: VerifyTokens, BlockSize: DefaultBlockSize},
-		failover:  Failover{DecodeAttempts: defaultDecodeAttempts},
+		ttls:      d.TTLs,
+		timeouts:  d.Timeouts,
+		limits:    d.Limits,
+		health:    d.Health,
+		verify:    d.Verification,
+		failover:  d.Failover,
 	}
 }
 

@@ -40,13 +40,8 @@ type Health struct {
 	RestartCheck time.Duration
 }
 
-// DefaultHealth returns the health checking a Router uses by default.
-func DefaultHealth() Health {
-	return Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second}
-}
-
 // WithHealth sets how endpoint health and decode engine restarts are
-// tracked. A zero field keeps its default (DefaultHealth); a negative
+// tracked. A zero field keeps its default (Defaults); a negative
 // EjectAfter disables ejection, a negative ProbeInterval probes nothing, a
 // negative RestartCheck turns the reads of /metrics off; other negative
 // fields are errors.
@@ -65,7 +60,7 @@ type endpointConfig struct {
 }
 
 func resolveHealth(c *config) {
-	d, h, e := DefaultHealth(), c.health, &c.ends
+	d, h, e := Defaults().Health, c.health, &c.ends
 	c.positive("WithHealth", "EjectBackoff", int64(h.EjectBackoff))
 	c.positive("WithHealth", "MaxEjectBackoff", int64(h.MaxEjectBackoff))
 	c.positive("WithHealth", "ProbeTimeout", int64(h.ProbeTimeout))

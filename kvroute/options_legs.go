@@ -12,7 +12,7 @@ type TTLs struct {
 	// Retention is how long a decode handle is kept, counted from the
 	// moment the router saw the decode engine finish: by default 450 s,
 	// 30 s under the engines' default decoder_kv_blocks_ttl, as vLLM's
-	// reference proxy does. It must leave at least ExpiryGuard under
+	// reference proxy does. It must leave at least expiryGuard under
 	// DecoderBlocks.
 	Retention time.Duration
 	// DecoderBlocks is the decode engines' decoder_kv_blocks_ttl (vLLM's
@@ -20,36 +20,31 @@ type TTLs struct {
 	DecoderBlocks time.Duration
 	// PrefillLease is the prefill engines' kv_lease_duration (vLLM's
 	// default, 30 s): a decode leg is sent with P's handle only while at
-	// least ExpiryGuard of the lease is left; later, the turn is redone as
-	// a plain miss. It must be longer than ExpiryGuard.
+	// least expiryGuard of the lease is left; later, the turn is redone as
+	// a plain miss. It must be longer than expiryGuard.
 	PrefillLease time.Duration
 }
 
-// DefaultTTLs returns the TTLs a Router uses by default.
-func DefaultTTLs() TTLs {
-	return TTLs{Retention: 450 * time.Second, DecoderBlocks: 480 * time.Second, PrefillLease: 30 * time.Second}
-}
-
-// WithTTLs sets the TTLs. A zero field keeps its default (DefaultTTLs); a
+// WithTTLs sets the TTLs. A zero field keeps its default (Defaults); a
 // negative one is an error.
 func WithTTLs(t TTLs) Option {
 	return optionFunc(func(c *config) { c.ttls = t })
 }
 
 func resolveTTLs(c *config) {
-	d, t := DefaultTTLs(), c.ttls
+	d, t := Defaults().TTLs, c.ttls
 	c.positive("WithTTLs", "Retention", int64(t.Retention))
 	c.positive("WithTTLs", "DecoderBlocks", int64(t.DecoderBlocks))
 	c.positive("WithTTLs", "PrefillLease", int64(t.PrefillLease))
 	c.retentionTTL = orDefault(t.Retention, d.Retention)
 	c.decoderTTL = orDefault(t.DecoderBlocks, d.DecoderBlocks)
 	c.lease = orDefault(t.PrefillLease, d.PrefillLease)
-	if c.retentionTTL > 0 && c.decoderTTL > 0 && c.retentionTTL > c.decoderTTL-ExpiryGuard {
+	if c.retentionTTL > 0 && c.decoderTTL > 0 && c.retentionTTL > c.decoderTTL-expiryGuard {
 		c.fail("WithTTLs", "Retention %v leaves less than %v under the engines' decoder_kv_blocks_ttl of %v; use at most %v (or raise DecoderBlocks to match the engines)",
-			c.retentionTTL, ExpiryGuard, c.decoderTTL, c.decoderTTL-ExpiryGuard)
+			c.retentionTTL, expiryGuard, c.decoderTTL, c.decoderTTL-expiryGuard)
 	}
-	if c.lease > 0 && c.lease <= ExpiryGuard {
-		c.fail("WithTTLs", "PrefillLease %v must be longer than %v", c.lease, ExpiryGuard)
+	if c.lease > 0 && c.lease <= expiryGuard {
+		c.fail("WithTTLs", "PrefillLease %v must be longer than %v", c.lease, expiryGuard)
 	}
 }
 
@@ -72,20 +67,15 @@ type Timeouts struct {
 	Render time.Duration
 }
 
-// DefaultTimeouts returns the timeouts a Router uses by default.
-func DefaultTimeouts() Timeouts {
-	return Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second}
-}
-
 // WithTimeouts sets the legs' timeouts. A zero field keeps its default
-// (DefaultTimeouts); a negative Prefill, FirstByte or Idle means no limit;
+// (Defaults); a negative Prefill, FirstByte or Idle means no limit;
 // Render must be limited (negative is an error).
 func WithTimeouts(t Timeouts) Option {
 	return optionFunc(func(c *config) { c.timeouts = t })
 }
 
 func resolveTimeouts(c *config) {
-	d, t := DefaultTimeouts(), c.timeouts
+	d, t := Defaults().Timeouts, c.timeouts
 	c.prefillTimeout = orNone(t.Prefill, d.Prefill)
 	c.firstByteTimeout = orNone(t.FirstByte, d.FirstByte)
 	c.idleTimeout = orNone(t.Idle, d.Idle)
@@ -116,11 +106,8 @@ type Failover struct {
 	LocalPrefill bool
 }
 
-// defaultDecodeAttempts is Failover.DecodeAttempts' default.
-const defaultDecodeAttempts = 3
-
 // WithFailover sets what a turn does when a leg fails. A zero field keeps
-// its default; a negative DecodeAttempts is an error.
+// its default (Defaults); a negative DecodeAttempts is an error.
 func WithFailover(f Failover) Option {
 	return optionFunc(func(c *config) { c.failover = f })
 }
@@ -129,7 +116,7 @@ func resolveFailover(c *config) {
 	f := c.failover
 	c.positive("WithFailover", "DecodeAttempts", int64(f.DecodeAttempts))
 	c.retry = f.PrefillRetry
-	c.decodeAttempts = orDefault(f.DecodeAttempts, defaultDecodeAttempts)
+	c.decodeAttempts = orDefault(f.DecodeAttempts, Defaults().Failover.DecodeAttempts)
 	c.localFallback = f.LocalPrefill
 }
 

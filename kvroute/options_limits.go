@@ -31,19 +31,14 @@ type Limits struct {
 	ObjectMembers int
 }
 
-// DefaultLimits returns the limits a Router uses by default.
-func DefaultLimits() Limits {
-	return Limits{Body: 32 << 20, Event: 16 << 20, Entry: 8 << 20, ObjectMembers: 10_000}
-}
-
 // WithLimits sets the limits. A zero field keeps its default
-// (DefaultLimits); a negative one is an error.
+// (Defaults); a negative one is an error.
 func WithLimits(l Limits) Option {
 	return optionFunc(func(c *config) { c.limits = l })
 }
 
 func resolveLimits(c *config) {
-	d, l := DefaultLimits(), c.limits
+	d, l := Defaults().Limits, c.limits
 	c.positive("WithLimits", "Body", l.Body)
 	c.positive("WithLimits", "Event", int64(l.Event))
 	c.positive("WithLimits", "Entry", int64(l.Entry))

@@ -23,9 +23,10 @@ const (
 	VerifyContent VerificationMode = "content"
 )
 
-// DefaultBlockSize is the decode engines' KV block size assumed for
-// partial reads: vLLM's default --block-size on CUDA.
-const DefaultBlockSize = 16
+// defaultBlockSize is Verification.BlockSize's default (vLLM's
+// --block-size on CUDA), and the fingerprint's block size when partial
+// reads are off.
+const defaultBlockSize = 16
 
 // Verification is how reuse is verified.
 type Verification struct {
@@ -37,8 +38,8 @@ type Verification struct {
 	// BlockSize is the decode engines' KV block size (vLLM's --block-size),
 	// which token verification needs to attach only a verified prefix of a
 	// handle: remote_num_tokens is lowered to a multiple of it and every KV
-	// group's remote_block_ids is cut from the front (default
-	// DefaultBlockSize). A handle whose block count does not fit the size
+	// group's remote_block_ids is cut from the front (default 16, vLLM's
+	// --block-size on CUDA). A handle whose block count does not fit the size
 	// is never cut (counted in Stats.PartialRefused).
 	BlockSize int
 }
@@ -64,7 +65,7 @@ func resolveVerification(c *config) {
 	case v.BlockSize < 0:
 		c.blockSize = 0
 	case v.BlockSize == 0:
-		c.blockSize = DefaultBlockSize
+		c.blockSize = defaultBlockSize
 	default:
 		c.blockSize = v.BlockSize
 	}

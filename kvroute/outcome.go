@@ -137,10 +137,10 @@ const (
 	// RefuseUnrendered: an API without token ids whose prompt could not be
 	// rendered; its turn cannot be verified by tokens and is not retained.
 	RefuseUnrendered Refusal = "unrendered"
-	// RefuseFinishPrefix prefixes a finish reason other than stop or
+	// refuseFinishPrefix prefixes a finish reason other than stop or
 	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
 	// finish as stop in vLLM).
-	RefuseFinishPrefix Refusal = "finish_"
+	refuseFinishPrefix Refusal = "finish_"
 )
 
 // Where the tokens of a new prompt came from (TurnRecord.TokenSource).

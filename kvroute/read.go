@@ -10,10 +10,10 @@ func read(ctx context.Context, t *turn) error {
 	if err := req.parse(t.r.cfg.maxMembers); err != nil {
 		return err
 	}
-	t.stream = req.Streaming()
+	t.stream = req.streaming()
 	t.rec.Stream = t.stream
 	req.setPrincipal(ctx)
 	req.tenant = t.r.tenant(req)
-	req.hint = ConversationHint(req)
+	req.hint = conversationHint(req)
 	return nil
 }

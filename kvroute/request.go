@@ -37,7 +37,7 @@ type Request struct {
 	obj    jsonraw.Object
 	parsed bool
 	tenant string
-	hint   string // ConversationHint, for placement only
+	hint   string // conversationHint, for placement only
 	api    *api
 
 	// principal is Principal's value once principalSet: from the
@@ -61,9 +61,6 @@ func (r *Request) Field(key string) (value []byte, ok bool) {
 	}
 	return r.obj.Get(key)
 }
-
-// Chat reports whether the request is a chat completion.
-func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
 
 // parse validates the request and indexes its body, whose objects may
 // have at most maxMembers members each (WithLimits' ObjectMembers).
@@ -97,10 +94,10 @@ func (r *Request) parse(maxMembers int) error {
 	return nil
 }
 
-// Streaming reports whether the client asked for a stream. stream is read
+// streaming reports whether the client asked for a stream. stream is read
 // as vLLM reads it (pydantic's lax bool: 1 and "true" are true); absent,
 // null and a value that is not a boolean (which parse refuses) are false.
-func (r *Request) Streaming() bool {
+func (r *Request) streaming() bool {
 	v, ok := r.Field("stream")
 	if !ok {
 		return false

@@ -52,14 +52,6 @@ type Response struct {
 // Streaming reports whether the response is an SSE stream.
 func (r *Response) Streaming() bool { return r.stream }
 
-// Reuse reports whether the turn reused retained KV (ReuseHit), ran
-// decode-local (ReuseLocal), did not reuse (ReuseMiss), or had reuse
-// disabled (ReuseOff).
-func (r *Response) Reuse() ReuseOutcome { return r.t.rec.Reuse }
-
-// RequestID is the X-Request-Id both legs carried.
-func (r *Response) RequestID() string { return r.t.id }
-
 // Next returns the next event of a stream as raw SSE bytes, ready to write
 // to a client, including the blank line that ends it. The slice is valid
 // until the next call. At the end of a complete stream Next returns io.EOF
@@ -129,7 +121,7 @@ func (r *Response) Next() ([]byte, error) {
 
 // ErrorEvent returns the SSE event that ends the stream after err, an
 // error Next or WriteTo returned, in the shape of the turn's API (see
-// StreamErrorEvent; for Responses, numbered after the last event sent).
+// API.StreamErrorShape; for Responses, numbered after the last event sent).
 // Write it after the last event Next returned: every event Next returns
 // is complete, so it starts on a fresh line.
 func (r *Response) ErrorEvent(err error) []byte {

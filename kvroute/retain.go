@@ -102,7 +102,7 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 		r.streamHandles.LoadOrStore(in.decode, struct{}{})
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
-		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
+		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
 		return 0, false
 	}
 	hi, err := kvhandle.Check(handle, r.cfg.blockSize)

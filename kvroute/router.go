@@ -88,7 +88,7 @@ func New(opts ...Option) (*Router, error) {
 		r.tenant = PrincipalTenant
 	}
 	if r.selector == nil {
-		r.selector = &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}
+		r.selector = &LeastLoaded{MaxInFlight: defaultAffinityMaxInFlight}
 	}
 	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())

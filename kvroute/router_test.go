@@ -240,7 +240,7 @@ func TestRetentionTTL(t *testing.T) {
 	res := post(t, url, kvroute.PathChatCompletions, conv.body(), nil)
 	require.Equal(t, http.StatusOK, res.status)
 	conv.hear(res.text)
-	clock.Advance(kvroute.DefaultTTLs().Retention + time.Second)
+	clock.Advance(kvroute.Defaults().TTLs.Retention + time.Second)
 	conv.say(userText(2))
 	body := conv.body()
 	res = post(t, url, kvroute.PathChatCompletions, body, nil)

@@ -84,7 +84,7 @@ func TestLeastLoadedHints(t *testing.T) {
 }
 
 func TestRoundRobin(t *testing.T) {
-	var rr kvroute.RoundRobin
+	var rr kvroutetest.RoundRobin
 	var got []int
 	for range 3 {
 		p, _ := rr.Select(context.Background(), &kvroute.Selection{Phase: kvroute.PhasePrefill, Candidates: cands(0, 0, 0)})
@@ -101,7 +101,7 @@ func TestEjection(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithClock(clk))
 	bad := c.Decode[0]
 	g := newRig(t, c, false, kvroute.WithHealth(kvroute.Health{EjectAfter: 2, EjectBackoff: time.Minute, MaxEjectBackoff: time.Minute}), kvroute.WithReuse(false),
-		kvroute.WithSelector(&kvroute.RoundRobin{}))
+		kvroute.WithSelector(&kvroutetest.RoundRobin{}))
 	bad.Refuse(true)
 	for i := 1; i <= 4; i++ {
 		g.turn(i, false)

@@ -68,13 +68,13 @@ func (r *Router) begin(req *Request) *turn {
 	return t
 }
 
-// MaxRequestIDBytes bounds a client's X-Request-Id. An id that is longer,
+// maxRequestIDBytes bounds a client's X-Request-Id. An id that is longer,
 // empty, or holds anything but visible ASCII (0x21 to 0x7e) is ignored: the
 // router generates its own for both legs, the response and the TurnRecord.
-const MaxRequestIDBytes = 128
+const maxRequestIDBytes = 128
 
 func validRequestID(id string) bool {
-	if id == "" || len(id) > MaxRequestIDBytes {
+	if id == "" || len(id) > maxRequestIDBytes {
 		return false
 	}
 	for i := 0; i < len(id); i++ {

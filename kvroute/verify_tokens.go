@@ -126,7 +126,7 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 	r := t.r
 	bs := r.cfg.blockSize
 	if bs == 0 {
-		bs = DefaultBlockSize
+		bs = defaultBlockSize
 	}
 	if !t.req.api.tokenIDs {
 		if p.bg != nil && t.bufs.rendered == nil {

@@ -295,7 +295,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 		conv:     cv.id,
 		index:    index,
 		engineID: eid,
-		outcome:  string(resp.Reuse()),
+		outcome:  resp.Header.Get("X-Bidikv-Reuse"),
 		overhead: max(0, first-clock.Take(eid)-clock.Take(rid)),
 	}
 	renderWait := renders.Take(rid)

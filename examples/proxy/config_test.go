@@ -158,7 +158,7 @@ func TestParseConfigLimits(t *testing.T) {
 	assert.Equal(t, 4096, c.maxConns)
 	assert.Equal(t, 512, c.maxTransit)
 	assert.Equal(t, 32, c.maxClientTransit)
-	assert.Equal(t, kvroute.DefaultLimits().ObjectMembers, c.maxObjectMembers)
+	assert.Equal(t, kvroute.Defaults().Limits.ObjectMembers, c.maxObjectMembers)
 
 	for _, tt := range []struct {
 		want string

@@ -447,7 +447,7 @@ func anthropicErrorBody(status int, msg string) []byte {
 }
 
 // responsesErrorJSON is the data of the Responses API's stream error event
-// (event: error), as kvroute.StreamErrorEvent writes it, with the proxy's
+// (event: error), as kvroute.Response.ErrorEvent writes it, with the proxy's
 // prefix and code.
 func responsesErrorJSON(msg, code string, seq int64) []byte {
 	b, _ := json.Marshal(map[string]any{"type": "error", "code": code, "message": "proxy: " + msg, "param": nil, "sequence_number": seq})

@@ -179,7 +179,7 @@ func TestScaleThroughDNS(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, initial[ph], 2)
 	}
-	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: kvroute.DefaultAffinityMaxInFlight}, removed: map[string]bool{}}
+	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: 64}, removed: map[string]bool{}}
 	obs := &records{miss: map[kvroute.MissReason]int{}}
 	r, err := kvroute.New(kvroute.WithEndpoints(kvroute.PhasePrefill, initial[kvroute.PhasePrefill]...),
 		kvroute.WithEndpoints(kvroute.PhaseDecode, initial[kvroute.PhaseDecode]...), kvroute.WithSelector(g), kvroute.WithObserver(obs))
