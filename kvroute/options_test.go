@@ -61,15 +61,14 @@ func TestGroupedOptions(t *testing.T) {
 	assert.Equal(t, kvroute.VerifyTokens, d.Verification.Mode)
 }
 
-// A grouped option's fields reach the turn: a body bound of 256 bytes,
-// given alone, gets 413 above it while the other limits keep their
-// defaults.
+// A grouped option's fields reach the turn: a body bound of 8 KiB, given
+// alone, gets 413 above it while the other limits keep their defaults.
 func TestGroupedOptionsApply(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	url := serve(t, newRouter(t, c, kvroute.WithLimits(kvroute.Limits{Body: 256})))
-	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 300) + `"}]}`
+	url := serve(t, newRouter(t, c, kvroute.WithLimits(kvroute.Limits{Body: 8 << 10})))
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 9<<10) + `"}]}`
 	res := send(t, url, kvroute.PathChatCompletions, []byte(body), nil)
 	assert.Equal(t, http.StatusRequestEntityTooLarge, res.status)
 	res = send(t, url, kvroute.PathChatCompletions, []byte(`{"model":"`+kvroutetest.DefaultModel+`","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`), nil)
-	assert.Equal(t, http.StatusOK, res.status)
+	assert.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 }
