@@ -5,17 +5,28 @@
 //
 // # The turn
 //
-// Router.Do runs one turn in five steps:
+// Router.Do runs one turn as a sequence of phases, each a function in its
+// own file that takes what it needs and hands the next its result
+// (ARCHITECTURE.md at the repository's root draws it and says where each
+// concern lives):
 //
-//  1. Pick: the Identifier gives the retention keys the request may
-//     continue, most specific first; the first handle found is taken from
-//     the Store (atomically: a handle goes to at most one prefill request,
-//     ever), verified (see Verification), and the threshold.Policy decides
-//     whether attaching the verified tokens is worth a pull. A handle taken
-//     but not attached is put back for its remaining retention time. A
-//     Selector picks the prefill engine.
-//  2. Prefill: the client's body goes to P with stream false, max_tokens 1,
-//     ignore_eos true, max_completion_tokens, min_tokens,
+//  1. Read (read.go): the request is validated, its principal, tenant and
+//     conversation hint fixed.
+//  2. Look up (lookup.go): the Identifier gives the retention keys the
+//     request may continue, most specific first; the first handle found is
+//     taken from the Store (atomically: a handle goes to at most one
+//     prefill request, ever). A handle whose decode engine is gone or
+//     restarted, or that expired, is not attached.
+//  3. Verify (verify.go, a mode per file: verify_tokens.go,
+//     verify_content.go): the handle is attached only when the request's
+//     prompt begins with what its blocks hold (see Verification), and the
+//     threshold.Policy finds the verified tokens worth a pull; it is cut to
+//     a verified prefix when only a prefix matches. A handle taken but not
+//     attached is put back for its remaining retention time.
+//  4. Choose the path (path.go, WithDecodeMemory's Local): pull the
+//     handle, recompute, or answer on the decode engine that holds it.
+//  5. Prefill (prefill.go): the client's body goes to P with stream false,
+//     max_tokens 1, ignore_eos true, max_completion_tokens, min_tokens,
 //     min_completion_tokens, stream_options, stop and stop_token_ids
 //     removed (P always finishes on length), and kv_transfer_params set to
 //     the retained decode handle (role flags forced: do_remote_decode true,
@@ -23,19 +34,25 @@
 //     the miss handle. P answers one token and its own handle. A hit goes
 //     to the prefill engine that rendered the prompt and, on chat and
 //     completions, asks for return_token_ids, whose prompt ids must match
-//     the verified tokens (see Verification).
-//  3. Decode: at once, the client's body goes to D with P's handle. The
-//     decode engine that held the retained KV is preferred: its own prefix
-//     cache still covers the conversation. The miss handle never reaches D.
-//  4. Capture: D's answer is handed to the caller with every
+//     the verified tokens (see Verification). A Selector picks the engine.
+//  6. Decode (decode.go): at once, the client's body goes to D with P's
+//     handle. The decode engine that held the retained KV is preferred:
+//     its own prefix cache still covers the conversation. The miss handle
+//     never reaches D. D's answer is handed to the caller with every
 //     kv_transfer_params removed, at any depth (sse.Scrub), and all other
-//     bytes untouched, event by event for a stream. D's handle is read from a non-streaming body or
-//     from a stream's final chunk (engines with vLLM PR #40186; stock
-//     engines send none in streams, which is logged once and counted).
-//  5. Store: when the turn ended normally (finish_reason stop or length, the
-//     stream complete), the handle is retained under the key the Identifier
-//     derives from the request and the reply, for the retention TTL, with
-//     the token fingerprint of what D's blocks hold.
+//     bytes untouched, event by event for a stream. D's handle is read from
+//     a non-streaming body or from a stream's final chunk (engines with
+//     vLLM PR #40186; stock engines send none in streams, which is logged
+//     once and counted).
+//  7. Retain (retain.go): when the turn ended normally (finish_reason stop
+//     or length, the stream complete), the handle is retained under the
+//     key the Identifier derives from the request and the reply, for the
+//     retention TTL, with the fingerprint the verification seals of what
+//     D's blocks hold: for a non-streaming answer before Do returns, for a
+//     stream before the client reads its final event.
+//
+// A failed decode leg that reached nobody is redone in Do as a plain miss
+// (see Failure paths), as is a decode-local leg that fails.
 //
 // # Wire protocol
 //
@@ -162,14 +179,14 @@
 // principal an authenticating layer put in the request's context
 // (ContextWithPrincipal, such as KeyPrincipal of the API key it matched),
 // else a digest of the credentials in Authorization (any scheme, in any
-// case) and X-Api-Key (headerPrincipal). One key is one principal
+// case) and X-Api-Key. One key is one principal
 // whichever header carries it; two keys are two. Requests without any
 // credential share one principal, "": put a router that serves several
-// tenants behind an authenticating layer. Migration: AuthorizationTenant,
-// the old default, digested Authorization alone; it is now PrincipalTenant.
+// tenants behind an authenticating layer.
 //
-// Identifiers only find handles: ExplicitID's conversation id as much as
-// ContinuationKeys' digests. A handle is attached after token verification,
+// Identifiers only find handles: a conversation id
+// (ContinuationKeys.ByConversationID) as much as ContinuationKeys'
+// digests. A handle is attached after token verification,
 // or, for a handle without a fingerprint, after the Identifier's Verify,
 // which must check that the request continues what the handle holds:
 // attaching a handle to another prompt makes P answer wrongly and cache
@@ -204,11 +221,11 @@
 // A Router is an http.Handler for POST /v1/chat/completions,
 // /v1/completions, /v1/responses (OpenAI's Responses API, as coding agents
 // such as Codex send it) and /v1/messages (Anthropic's Messages API, as
-// Claude Code sends it; errors in Anthropic's shape). Each API is one seam
-// (api_*.go): validation, the prefill rewrite (max_output_tokens 1 for
-// Responses, max_tokens 1 and no stop_sequences for Messages), where the
-// handle sits in a body and a stream, the reply, the render route and the
-// error shape. vLLM returns no token ids on Responses and Messages, so token
+// Claude Code sends it; errors in Anthropic's shape). Each API is one
+// descriptor (api_*.go) in one registry, which APIs lists for a front end:
+// validation, the prefill rewrite (max_output_tokens 1 for Responses,
+// max_tokens 1 and no stop_sequences for Messages), where the handle sits
+// in a body and a stream, the reply, the render route and the error shape. vLLM returns no token ids on Responses and Messages, so token
 // verification fingerprints each turn's rendered prompt there (POST
 // /v1/responses/render, /v1/messages/render) and reuses at most that prompt,
 // never the reply's tokens; they have no content rules. Responses'
@@ -219,10 +236,73 @@
 // render within WithTimeouts' Render, and not at all for a render breaker's
 // trial call, whose turn is retained when it answers (RefuseRenderPending). vLLM's Messages streams
 // carry no handle, so streamed Messages turns are not reused. Services that want the stream themselves call Do and
-// read Response.Next, or Response.WriteTo. Options configure endpoints,
+// read Response.Next, or Response.WriteTo.
+//
+// # Options
+//
+// Options configure the endpoints (WithPrefill, WithDecode, WithEndpoints),
 // the Store (retention.Memory by default; retention/redisstore shares
-// handles across replicas), the TTL, the threshold, timeouts, the logger,
-// an Observer for metrics, and the Identifier.
+// handles across replicas), the Identifier, the tenant, the Selector, the
+// reuse policy, an Observer and a Tracer, and groups of knobs that form
+// one concept: WithTTLs, WithTimeouts, WithLimits, WithFailover,
+// WithHealth, WithVerification and WithDecodeMemory. A grouped option's
+// zero field keeps its default (Defaults lists them all); a negative one
+// turns a bound off where it can be off (a timeout, ejection, the restart
+// reads, partial reads) and is an error elsewhere. New applies every
+// option, then validates once: each problem is an error wrapping
+// ErrInvalidConfig that names the option and the field.
+//
+// # Migration
+//
+// Issue 22 grouped the options and trimmed the exported names; each old
+// name and what replaces it:
+//
+//   - WithPrefillEndpoints(eps...), WithDecodeEndpoints(eps...):
+//     WithEndpoints(PhasePrefill, eps...), WithEndpoints(PhaseDecode, eps...).
+//   - WithRetentionTTL, WithDecoderBlocksTTL, WithPrefillLease: WithTTLs'
+//     Retention, DecoderBlocks, PrefillLease.
+//   - WithPrefillTimeout, WithFirstByteTimeout, WithIdleTimeout,
+//     WithRenderTimeout: WithTimeouts' Prefill, FirstByte, Idle, Render (a
+//     negative value, not 0, means no limit).
+//   - WithMaxBodyBytes, WithMaxEventBytes, WithMaxEntryBytes,
+//     WithMaxObjectMembers: WithLimits' Body, Event, Entry, ObjectMembers.
+//   - WithRetryPolicy, WithDecodeAttempts, WithLocalPrefillFallback:
+//     WithFailover's PrefillRetry, DecodeAttempts, LocalPrefill.
+//   - WithEjection(n, first, limit), WithHealthCheck(interval, timeout),
+//     WithRestartCheck(d): WithHealth's EjectAfter, EjectBackoff,
+//     MaxEjectBackoff, ProbeInterval, ProbeTimeout, RestartCheck (a
+//     negative value, not 0, turns ejection and the reads off).
+//   - WithVerification(mode), WithBlockSize(n): WithVerification(
+//     Verification{Mode: mode, BlockSize: n}), the mode's type now
+//     VerificationMode (a negative BlockSize, not 0, disables partial
+//     reads).
+//   - WithDecodeLocal(on), WithKVBytesPerToken(n): WithDecodeMemory's Local
+//     and KVBytesPerToken.
+//   - DefaultRetentionTTL, DefaultDecoderBlocksTTL, DefaultPrefillLease,
+//     DefaultPrefillTimeout, DefaultFirstByteTimeout, DefaultIdleTimeout,
+//     DefaultRenderTimeout, DefaultMaxBodyBytes, DefaultMaxEventBytes,
+//     DefaultMaxEntryBytes, DefaultMaxObjectMembers, DefaultEjectAfter,
+//     DefaultEjectBackoff, DefaultMaxEjectBackoff, DefaultDecodeAttempts,
+//     DefaultRestartCheck, DefaultBlockSize: the fields of Defaults().
+//   - ExplicitID{Content: c}: c with ByConversationID set.
+//   - RoundRobin: kvroutetest.RoundRobin (a measuring baseline).
+//   - StreamErrorEvent(path, ...): Response.ErrorEvent for a turn's stream;
+//     API.StreamErrorShape names each API's event.
+//   - Response.Reuse, Response.RequestID: the response's X-Bidikv-Reuse and
+//     X-Request-Id headers.
+//   - AuthorizationTenant: PrincipalTenant, which it already was.
+//   - Request.Chat, Request.Streaming: Request.Path ==
+//     PathChatCompletions; the body's stream member (Request.Field).
+//   - HeaderPrincipal(h): Request.Principal (the headers' principal when
+//     the context carries none).
+//   - ConversationHint: Selection.Hint, which carries it.
+//   - MaxRequestIDBytes (128), ExpiryGuard (5 s), DefaultRetryAfter (1 s),
+//     MaxRetryAfter (5 min), DefaultMaxReplyBytes (1 MiB),
+//     DefaultReasoningCloseTag ("</think>"), DefaultAffinityMaxInFlight
+//     (64), RefuseFinishPrefix ("finish_"): unexported; the documentation
+//     of what they bound states their values.
+//   - Reply, Capture and the token-id helpers of package sse: moved into
+//     kvroute (Reply is kvroute.Reply).
 //
 // # Errors
 //
@@ -236,7 +316,7 @@
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
 // an error can only end it: ServeHTTP writes the API's error event
-// (Response.ErrorEvent, StreamErrorEvent: data: {"error":{...}} for chat
+// (Response.ErrorEvent; API.StreamErrorShape: data: {"error":{...}} for chat
 // and completions; event: error with {"type":"error","code","message",
 // "param","sequence_number"} for Responses; Anthropic's event: error for
 // Messages) and closes the connection without the stream's final event,

@@ -15,7 +15,9 @@ type ReuseOutcome string
 type MissReason string
 
 // Refusal is why a finished turn's handle was not retained, or was
-// retained for token verification only (a soft refusal, see Retention).
+// retained for token verification only (a soft refusal, see Retention). A
+// finish reason other than stop or length is refused as "finish_" and the
+// reason ("finish_abort").
 type Refusal string
 
 // TokenSource is where the tokens of a new prompt came from.
@@ -84,8 +86,8 @@ const (
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).
 const (
-	// RefuseNoConversationID: ExplicitID found neither a conversation_id
-	// nor an X-Session-ID.
+	// RefuseNoConversationID: ContinuationKeys.ByConversationID found
+	// neither a conversation_id nor an X-Session-ID.
 	RefuseNoConversationID Refusal = "no_conversation_id"
 	RefuseReasoning        Refusal = "reasoning"
 	RefuseN                Refusal = "n"
