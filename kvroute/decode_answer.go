@@ -10,7 +10,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -115,8 +114,6 @@ func (o *Response) openStream(resp *http.Response) error {
 	bufs.renderInStream = o.renderText
 	return nil
 }
-
-var _ capture.Stream // the captures are the API's (api.newStream)
 
 func isEventStream(ct string) bool {
 	switch ct {

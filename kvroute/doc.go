@@ -115,7 +115,7 @@
 // tokens verified are the tokens that engine computes even while engines of
 // another version serve beside it; on chat and completions that leg asks
 // for return_token_ids, and P's prompt ids are compared with the verified
-// ones before the decode leg (checkPrefillIDs): a difference distrusts the
+// ones before the decode leg (prefiller.checkIDs): a difference distrusts the
 // engine's renderer for five minutes (Stats.RenderMismatches), and one
 // within the attached prefix redoes the turn as a plain miss on another
 // prefill engine, or on the decode engine when none is left
