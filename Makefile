@@ -22,7 +22,7 @@ race:
 # fixed in Go 1.27), with no failing input. A real finding always writes
 # one under testdata/fuzz.
 FUZZTIME ?= 20s
-FUZZ_PKGS := ./internal/jsonraw ./internal/streamsynth ./sse ./transport ./transport/discovery ./kvroute ./retention/budget
+FUZZ_PKGS := ./internal/jsonraw ./kvroute/internal/streamsynth ./sse ./transport ./transport/discovery ./kvroute ./kvroute/internal/kvhandle ./kvroute/internal/fingerprint ./kvroute/internal/entry ./kvroute/internal/capture ./retention/budget
 fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=100000x
 fuzz:

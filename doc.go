@@ -30,7 +30,7 @@
 //   - transport/discovery: engine endpoints from DNS (a headless Service's A/AAAA or
 //     SRV records), re-resolved on an interval into Router.SetEndpoints.
 //   - sse: server-sent-event parsing, pass-through with a flush per event,
-//     and capture and removal of kv_transfer_params from stream chunks.
+//     and the scrubber that removes kv_transfer_params from every answer.
 //   - examples/demo: `go run ./examples/demo` shows the win on simulated
 //     engines. examples/vllmsim runs a simulated engine as a process.
 //

@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/convkey"
 )
 
 // Conversation anchors. ContinuationKeys retains a conversation's live
@@ -12,7 +13,7 @@ import (
 // after an edit, a compaction or a template that rewrites history, so that
 // token verification can reuse the unedited prefix: the anchor. It digests
 // the tenant, the model, cache_salt and either the client's conversation
-// hint (ConversationHint) or the conversation's start (chat: the messages up
+// hint (conversationHint) or the conversation's start (chat: the messages up
 // to and including the first one that is not a system or developer message;
 // completions: a leading slice of the prompt whose length is a "quarter
 // octave" step, see anchorLen). Nothing in an anchor is trusted: what the
@@ -23,13 +24,13 @@ import (
 
 // anchorBase hashes what every anchor of the request shares.
 // The caller gives h back with req.sumPut.
-func anchorBase(req *Request, kind string) *hasher {
-	h := req.getHasher()
-	h.fieldString("anchor.v1", kind)
-	h.fieldString("tenant", req.Tenant())
+func anchorBase(req *Request, kind string) *convkey.Hasher {
+	h := req.keys.Hasher()
+	h.FieldString("anchor.v1", kind)
+	h.FieldString("tenant", req.Tenant())
 	for _, f := range [...]string{"model", "cache_salt"} {
 		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
-			writeField(h, f, v)
+			h.Field(f, v)
 		}
 	}
 	return h
@@ -39,12 +40,12 @@ func anchorBase(req *Request, kind string) *hasher {
 // conversation start (chainConversation's second result) is start.
 func chatAnchorFrom(req *Request, start [32]byte) string {
 	h := anchorBase(req, "chat")
-	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+	if hint := conversationHint(req); hint != "" {
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
-	writeField(h, "start", start[:])
-	return digestKey("a", req.sumPut(h))
+	h.Field("start", start[:])
+	return convkey.DigestKey("a", req.keys.SumPut(h))
 }
 
 // completionAnchors returns the anchor keys under which a completions
@@ -56,11 +57,11 @@ func chatAnchorFrom(req *Request, start [32]byte) string {
 // only if they share at least about four fifths of the text retained.
 func completionAnchors(req *Request, prompt string) []string {
 	h := anchorBase(req, "completion")
-	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return []string{digestKey("a", req.sumPut(h))}
+	if hint := conversationHint(req); hint != "" {
+		h.Field("hint", []byte(hint))
+		return []string{convkey.DigestKey("a", req.keys.SumPut(h))}
 	}
-	base := req.sumPut(h)
+	base := req.keys.SumPut(h)
 	var keys []string
 	for a := anchorLen(len(prompt)); a >= minAnchor && len(keys) < maxAnchorTries; a = anchorLen(a - 1) {
 		keys = append(keys, prefixAnchor(base, prompt[:a]))
@@ -72,24 +73,24 @@ func completionAnchors(req *Request, prompt string) []string {
 // plus reply is text is retained under ("" when text is too short).
 func completionAnchor(req *Request, text string) string {
 	h := anchorBase(req, "completion")
-	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+	if hint := conversationHint(req); hint != "" {
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
 	a := anchorLen(len(text))
 	if a < minAnchor {
 		return ""
 	}
-	return prefixAnchor(req.sumPut(h), text[:a])
+	return prefixAnchor(req.keys.SumPut(h), text[:a])
 }
 
 const maxAnchorTries = 8
 
 func prefixAnchor(base [32]byte, s string) string {
-	h := newHasher()
-	h.writeDigest(base)
-	writeField(h, "prefix", []byte(s))
-	return digestKey("a", sum256(h))
+	h := convkey.New()
+	h.WriteDigest(base)
+	h.Field("prefix", []byte(s))
+	return convkey.DigestKey("a", h.Sum())
 }
 
 // anchorLen returns the longest anchor length <= n: the numbers m*2^e
@@ -106,9 +107,6 @@ func anchorLen(n int) int {
 	return (n >> e) << e
 }
 
-// sum256 returns h's SHA-256 sum.
-func sum256(h *hasher) [32]byte { return h.sum() }
-
 // anchorText returns what a completions prompt is anchored on: the prompt
 // string, or for a prompt of token ids their little-endian bytes (four per
 // id), so that the anchor does not depend on the client's JSON spacing.
@@ -120,7 +118,7 @@ func anchorText(req *Request) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	ids, ok := sse.AppendTokenIDs(nil, p)
+	ids, ok := capture.AppendTokenIDs(nil, p)
 	if !ok || len(ids) == 0 {
 		return "", false
 	}
@@ -134,28 +132,28 @@ func anchorText(req *Request) (string, bool) {
 // agentAnchor is the anchor of a Responses or Messages request: the hint,
 // else the head member and the turns up to and including the first user
 // turn (a string input: its first 256 bytes), as far as the engine renders
-// them (api.renders: Claude Code's per-request billing header in the
+// them (renderFilter: Claude Code's per-request billing header in the
 // system prompt is not, so it cannot make every turn a new conversation).
 func agentAnchor(req *Request) string {
 	h := anchorBase(req, req.Path)
-	if hint := ConversationHint(req); hint != "" {
-		writeField(h, "hint", []byte(hint))
-		return digestKey("a", req.sumPut(h))
+	if hint := conversationHint(req); hint != "" {
+		h.Field("hint", []byte(hint))
+		return convkey.DigestKey("a", req.keys.SumPut(h))
 	}
 	a, ok := apiFor(req.Path)
 	if !ok {
-		a = responsesAPI{} // renders every text
+		a = responsesAPI // renders every text
 	}
-	head, turns := a.conversation()
+	head, turns := a.head, a.turns
 	var buf []byte
 	if v, ok := req.Field(head); ok && !jsonraw.IsNull(v) {
 		buf = anchorContent(buf[:0], v, a, "", true)
-		writeField(h, head, buf)
+		h.Field(head, buf)
 	}
 	v, _ := req.Field(turns)
 	if s, ok := jsonraw.String(v); ok {
-		writeField(h, "start", []byte(s[:min(len(s), 256)]))
-		return digestKey("a", sum256(h))
+		h.Field("start", []byte(s[:min(len(s), 256)]))
+		return convkey.DigestKey("a", h.Sum())
 	}
 	_ = jsonraw.Elements(v, func(item []byte) error {
 		role, _ := jsonraw.Lookup(item, "role")
@@ -164,13 +162,13 @@ func agentAnchor(req *Request) string {
 			rs, _ := jsonraw.String(role)
 			buf = anchorContent(append(buf, 0), c, a, rs, false)
 		}
-		writeField(h, "turn", buf)
+		h.Field("turn", buf)
 		if s, _ := jsonraw.String(role); s == "user" {
 			return errStop
 		}
 		return nil
 	})
-	return digestKey("a", sum256(h))
+	return convkey.DigestKey("a", h.Sum())
 }
 
 // anchorContent appends what an anchor keeps of a content value of the
@@ -181,7 +179,7 @@ func agentAnchor(req *Request) string {
 // cache_control breakpoints) and the string-or-blocks spelling do not
 // change an anchor, which is only a candidate lookup: token verification
 // decides.
-func anchorContent(dst, v []byte, a api, role string, head bool) []byte {
+func anchorContent(dst, v []byte, a *api, role string, head bool) []byte {
 	if s, ok := jsonraw.String(v); ok {
 		if !a.renders(s, role, head, false) {
 			return dst

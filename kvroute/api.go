@@ -4,78 +4,159 @@ import (
 	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
-// api is everything the turn flow must know about one HTTP API: how a
-// request is validated, how the prefill leg rewrites it, how a reply is
-// read back from a body, how the prompt's tokens are obtained, and how
-// errors are shaped. The turn flow calls it and never branches on the API;
-// each API is one file (api_chat.go, api_completions.go).
-type api interface {
-	// path is the API's route.
-	path() string
-	// validate checks the parsed body of a request, returning errors that
-	// wrap ErrBadRequest.
-	validate(obj jsonraw.Object) error
+// api describes one HTTP API a Router serves: a file per API (api_*.go)
+// and one entry in apis. The turn reads the descriptor and never branches
+// on the API. What every API does differently is behaviour of its impl
+// (validation, reading a reply from a body); what only some have are small
+// optional interfaces of the impl: tokenizer (vLLM's /tokenize renders
+// it), promptIDer (a prompt given as token ids), renderFilter (texts the
+// engine drops before rendering).
+type api struct {
+	path string
+	// below: the paths below path take its error shape (Anthropic's
+	// count_tokens).
+	below bool
 	// prefillSet are the members the prefill leg sets (besides the
 	// handle), prefillDrop those it removes: the leg must not stream and
 	// must stop after one token whatever the client asked.
-	prefillSet() []jsonraw.Member
-	prefillDrop() []string
-	// bodyReply reads what the decode engine produced from a
-	// non-streaming answer, validated by jsonraw.Parse.
-	bodyReply(obj jsonraw.Object) *Reply
-	// renderPath is the engine's render route for the API ("" when it
-	// has none), and whether its answer is a list of one object.
-	renderPath() (path string, list bool)
-	// tokenizeFields are the body members vLLM's /tokenize takes for the
-	// API, nil when /tokenize cannot render it; tokenizable says whether
-	// this request's prompt can be tokenized there at all.
-	tokenizeFields() []string
-	tokenizable(req *Request) bool
-	// promptIDs returns the prompt's token ids when the request itself
-	// gives them (a completions prompt of ids), ok false otherwise.
-	promptIDs(req *Request) (ids []uint32, ok bool)
-	// tokenIDs reports whether the decode engine returns token ids on this
-	// API when asked (return_token_ids). Without them, token verification
+	prefillSet  []jsonraw.Member
+	prefillDrop []string
+	// render is the engine's render route ("" when it has none);
+	// renderList says its answer is a list of one object.
+	render     string
+	renderList bool
+	// tokenIDs: the decode engine returns token ids on this API when
+	// asked (return_token_ids). Without them, token verification
 	// fingerprints only the rendered prompt of each turn.
-	tokenIDs() bool
-	// newStream returns the capture of one decode stream; tokens asks it
-	// to collect token ids, strip to remove them.
-	newStream(tokens, strip bool) streamCapture
-	// streamHandles reports whether the API's streams can carry the
-	// decode handle at all (with vLLM PR #40186).
-	streamHandles() bool
-	// conversation names the members that open a conversation (the
+	tokenIDs bool
+	// Where the decode handle sits in a stream: a chat or completions
+	// stream (nested "") carries it at the top level of its final chunk
+	// and ends with data: [DONE]; the named events of the other APIs carry
+	// it at the top level or in the object member nested, and the stream
+	// ends with one of the final event types, whose data streamReply reads
+	// the reply from. streamHandles says its streams can carry a handle at
+	// all (with vLLM PR #40186). In a body it sits at the top level.
+	nested        string
+	final         map[string]bool
+	streamReply   func(data []byte) *Reply
+	streamHandles bool
+	// head and turns name the members that open a conversation (the
 	// instructions or system prompt) and hold its turns, for the anchor of
 	// APIs without content rules; "" for chat and completions, which
 	// ContinuationKeys keys by content.
-	conversation() (head, turns string)
-	// renders reports whether the engine renders text, a content string
-	// or (inBlock) a text block's text, of the conversation's head member
-	// (head) or of a turn of the given role. The anchor keeps only what
-	// the engine renders: vLLM drops some texts before rendering.
-	renders(text, role string, head, inBlock bool) bool
-	// errorBody is an error in the API's JSON shape; streamError the same
-	// as the stream event the API's clients expect, after the event whose
-	// sequence number (Responses) is seq-1.
-	errorBody(status int, err error) []byte
-	streamError(status int, err error, seq int64) []byte
+	head, turns string
+	errors      errorShape
+	impl        apiImpl
 }
 
+// apiImpl is what every API does its own way.
+type apiImpl interface {
+	// validate checks the parsed body of a request, returning errors that
+	// wrap ErrBadRequest.
+	validate(obj jsonraw.Object) error
+	// bodyReply reads what the decode engine produced from a
+	// non-streaming answer, validated by jsonraw.Parse.
+	bodyReply(obj jsonraw.Object) *Reply
+}
+
+// tokenizer is an API whose prompts vLLM's /tokenize can render: the body
+// members /tokenize takes for it, and whether this request's prompt can
+// be tokenized there at all.
+type tokenizer interface {
+	tokenizeFields() []string
+	tokenizable(req *Request) bool
+}
+
+// promptIDer is an API whose request may give its prompt's token ids
+// itself (a completions prompt of ids).
+type promptIDer interface {
+	promptIDs(req *Request) (ids []uint32, ok bool)
+}
+
+// renderFilter is an API whose engine leaves texts out of the rendered
+// prompt: renders reports whether it renders text, a content string or
+// (inBlock) a text block's text, of the conversation's head member (head)
+// or of a turn of the given role. The anchor keeps only what the engine
+// renders.
+type renderFilter interface {
+	renders(text, role string, head, inBlock bool) bool
+}
+
+// apis is the registry: the APIs a Router serves, which drive its routing
+// (ServeHTTP), its error shapes (ErrorBody, Response.ErrorEvent) and a front
+// end's route table (APIs).
+var apis = []*api{chatAPI, completionsAPI, responsesAPI, messagesAPI}
+
 // apiFor returns the API a Router serves at path.
-func apiFor(path string) (api, bool) {
-	switch path {
-	case PathChatCompletions:
-		return chatAPI{}, true
-	case PathCompletions:
-		return completionsAPI{}, true
-	case PathResponses:
-		return responsesAPI{}, true
-	case PathMessages:
-		return messagesAPI{}, true
+func apiFor(path string) (*api, bool) {
+	for _, a := range apis {
+		if a.path == path {
+			return a, true
+		}
 	}
 	return nil, false
+}
+
+// shapeFor returns the error shape of path: its API's, or the API's whose
+// paths below its own take its shape; OpenAI's otherwise.
+func shapeFor(path string) errorShape {
+	for _, a := range apis {
+		if a.path == path || (a.below && strings.HasPrefix(path, a.path+"/")) {
+			return a.errors
+		}
+	}
+	return openAIErrors{}
+}
+
+// newStream returns the capture of one decode stream of the API; tokens
+// asks it to collect token ids, strip to remove them.
+func (a *api) newStream(tokens, strip bool) capture.Stream {
+	if a.nested != "" {
+		return capture.NewTyped(a.nested, a.final, a.streamReply)
+	}
+	if tokens {
+		return capture.NewChunks(capture.WithReply(), capture.WithTokenIDs(strip))
+	}
+	return capture.NewChunks(capture.WithReply())
+}
+
+// renders reports whether the API's engine renders a text (renderFilter;
+// without one, every text).
+func (a *api) renders(text, role string, head, inBlock bool) bool {
+	f, ok := a.impl.(renderFilter)
+	return !ok || f.renders(text, role, head, inBlock)
+}
+
+// API is one HTTP API of a Router, as a front end in front of it sees it:
+// where to route it and how to shape the errors it answers itself.
+type API struct {
+	// Path is the API's route: ServeHTTP serves POST there.
+	Path string
+	// ErrorShape is the JSON shape of its errors (ErrorBody): "openai"
+	// ({"error":{"message","type","param","code"}}) or "anthropic"
+	// ({"type":"error","error":{"type","message"}}), on Path and, for
+	// Anthropic's API, on the paths below it.
+	ErrorShape string
+	// StreamErrorShape is the event that ends its broken streams
+	// (Response.ErrorEvent): "data" (OpenAI's error body as a data event, as
+	// vLLM ends a failed chat or completions stream), "responses" (event:
+	// error, a ResponseErrorEvent numbered after the last event sent) or
+	// "anthropic" (event: error with Anthropic's body).
+	StreamErrorShape string
+}
+
+// APIs returns the APIs a Router serves, in the order it lists them: a
+// front end routes their paths to it (examples/proxy builds its route
+// table from them).
+func APIs() []API {
+	out := make([]API, len(apis))
+	for i, a := range apis {
+		out[i] = API{Path: a.path, ErrorShape: a.errors.name(), StreamErrorShape: a.errors.streamName()}
+	}
+	return out
 }
 
 // ErrorBody renders err as the JSON error body of the API served at path,
@@ -85,45 +166,38 @@ func apiFor(path string) (api, bool) {
 // http.Handler answers, for programs that answer in front of it (limits,
 // authentication) in the same shapes.
 func ErrorBody(path string, status int, err error) []byte {
-	if path == PathMessages || strings.HasPrefix(path, PathMessages+"/") {
-		return messagesAPI{}.errorBody(status, err)
-	}
-	return errorBody(status, err)
+	return shapeFor(path).body(status, err)
 }
 
-// StreamErrorEvent renders err as the SSE event that ends a broken stream
-// of the API served at path, for a failure of the given status: OpenAI's
-// error body as a data event (data: {"error":{...}}, as vLLM ends a failed
-// chat or completions stream), Responses' error event (event: error with
-// {"type":"error","code","message","param","sequence_number"}, seq being
-// the sequence number after the last event sent), or Anthropic's (event:
-// error with {"type":"error","error":{"type","message"}}) for PathMessages
-// and the paths below it. It is what the Router's http.Handler writes,
-// for programs that end streams themselves (a drain) in the same shapes.
-func StreamErrorEvent(path string, status int, err error, seq int64) []byte {
-	switch {
-	case path == PathMessages || strings.HasPrefix(path, PathMessages+"/"):
-		return messagesAPI{}.streamError(status, err, seq)
-	case path == PathResponses:
-		return responsesAPI{}.streamError(status, err, seq)
-	}
+// errorShape writes an API's errors: as a JSON body, and as the stream
+// event that ends a broken stream after the event whose sequence number
+// (Responses) is seq-1.
+type errorShape interface {
+	body(status int, err error) []byte
+	event(status int, err error, seq int64) []byte
+	name() string       // API.ErrorShape
+	streamName() string // API.StreamErrorShape
+}
+
+// openAIErrors are the errors of the OpenAI-shaped APIs: a body, and the
+// same body as a data event, as vLLM ends a failed stream.
+type openAIErrors struct{}
+
+func (openAIErrors) body(status int, err error) []byte { return errorBody(status, err) }
+func (openAIErrors) event(status int, err error, _ int64) []byte {
 	return sseError(status, err)
 }
+func (openAIErrors) name() string       { return "openai" }
+func (openAIErrors) streamName() string { return "data" }
 
-// openAI is what the OpenAI-shaped APIs share: errors, token ids and the
-// chunk stream of chat and completions.
-type openAI struct{}
-
-func (openAI) errorBody(status int, err error) []byte { return errorBody(status, err) }
-func (openAI) streamError(status int, err error, _ int64) []byte {
-	return sseError(status, err)
-}
-func (openAI) tokenIDs() bool                          { return true }
-func (openAI) streamHandles() bool                     { return true }
-func (openAI) conversation() (string, string)          { return "", "" }
-func (openAI) renders(string, string, bool, bool) bool { return true }
-func (openAI) newStream(tokens, strip bool) streamCapture {
-	return newOpenAIStream(tokens, strip)
+// sseError frames an error as the SSE event vLLM itself sends when a
+// stream fails.
+func sseError(status int, err error) []byte {
+	b := errorBody(status, err)
+	out := make([]byte, 0, len(b)+8)
+	out = append(out, "data: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
 }
 
 // Members removed from the client's body on every prefill leg, besides
@@ -147,72 +221,3 @@ var oneTokenLeg = []jsonraw.Member{
 
 // openAIPrefillDrop adds the OpenAI length options to commonPrefillDrop.
 var openAIPrefillDrop = append(append([]string(nil), commonPrefillDrop...), "max_completion_tokens", "min_tokens", "min_completion_tokens")
-
-// choiceZero returns choice 0 of an OpenAI answer's choices, or nil.
-func choiceZero(obj jsonraw.Object) []byte {
-	choices, _ := obj.Get("choices")
-	var c []byte
-	_ = jsonraw.Elements(choices, func(v []byte) error { c = v; return errStop })
-	if len(c) == 0 || c[0] != '{' {
-		return nil
-	}
-	return c
-}
-
-// finishOf fills the finish and stop reasons of an OpenAI choice.
-func finishOf(rep *Reply, c []byte) {
-	if v, ok := jsonraw.Lookup(c, "finish_reason"); ok {
-		rep.FinishReason, _ = jsonraw.String(v)
-	}
-	if v, ok := jsonraw.Lookup(c, "stop_reason"); ok {
-		rep.StopReason = append([]byte(nil), v...)
-	}
-}
-
-// pickMembers builds a JSON object of the request's members named in
-// fields, in that order.
-func pickMembers(req *Request, fields []string) []byte {
-	set := make([]jsonraw.Member, 0, len(fields))
-	for _, f := range fields {
-		if v, ok := req.Field(f); ok {
-			set = append(set, jsonraw.Member{Key: f, Value: v})
-		}
-	}
-	return (jsonraw.Object{}).Edit(nil, set...)
-}
-
-// objectArray checks that member key is a non-empty array of objects.
-func objectArray(obj jsonraw.Object, key string) error {
-	v, ok := obj.Get(key)
-	if !ok || len(v) == 0 || v[0] != '[' {
-		return badRequest("%s must be a non-empty array", key)
-	}
-	n := 0
-	if err := jsonraw.Elements(v, func(m []byte) error {
-		if len(m) == 0 || m[0] != '{' {
-			return badRequest("%s[%d] must be an object", key, n)
-		}
-		n++
-		return nil
-	}); err != nil {
-		return err
-	}
-	if n == 0 {
-		return badRequest("%s must be a non-empty array", key)
-	}
-	return nil
-}
-
-// choiceReply starts the reply of an OpenAI answer from its choice 0: the
-// finish and stop reasons, and the choice itself (nil, with the reply
-// marked incomplete, when there is none).
-func choiceReply(obj jsonraw.Object) (*Reply, []byte) {
-	rep := &Reply{}
-	c := choiceZero(obj)
-	if c == nil {
-		rep.Incomplete = true
-		return rep, nil
-	}
-	finishOf(rep, c)
-	return rep, c
-}

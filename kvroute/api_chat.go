@@ -3,18 +3,24 @@ package kvroute
 import "github.com/bidikv/bidikv/internal/jsonraw"
 
 // chatAPI is POST /v1/chat/completions.
-type chatAPI struct{ openAI }
+var chatAPI = &api{
+	path:          PathChatCompletions,
+	prefillSet:    oneTokenLeg,
+	prefillDrop:   openAIPrefillDrop,
+	render:        PathChatCompletions + "/render",
+	tokenIDs:      true,
+	streamHandles: true,
+	errors:        openAIErrors{},
+	impl:          chat{},
+}
 
-func (chatAPI) path() string { return PathChatCompletions }
+type chat struct{}
 
-func (chatAPI) validate(obj jsonraw.Object) error { return objectArray(obj, "messages") }
-
-func (chatAPI) prefillSet() []jsonraw.Member { return oneTokenLeg }
-func (chatAPI) prefillDrop() []string        { return openAIPrefillDrop }
+func (chat) validate(obj jsonraw.Object) error { return objectArray(obj, "messages") }
 
 // bodyReply reads choice 0's message: content, tool calls and reasoning
 // (reasoning in current vLLM, reasoning_content in older engines).
-func (chatAPI) bodyReply(obj jsonraw.Object) *Reply {
+func (chat) bodyReply(obj jsonraw.Object) *Reply {
 	rep, c := choiceReply(obj)
 	if c == nil {
 		return rep
@@ -40,12 +46,8 @@ func (chatAPI) bodyReply(obj jsonraw.Object) *Reply {
 	return rep
 }
 
-func (chatAPI) renderPath() (string, bool) { return PathChatCompletions + "/render", false }
-
 // The members of a chat body that /tokenize takes.
 var tokenizeChat = []string{"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"}
 
-func (chatAPI) tokenizeFields() []string  { return tokenizeChat }
-func (chatAPI) tokenizable(*Request) bool { return true }
-
-func (chatAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
+func (chat) tokenizeFields() []string  { return tokenizeChat }
+func (chat) tokenizable(*Request) bool { return true }

@@ -18,11 +18,25 @@ const PathMessages = "/v1/messages"
 // no_stream_handle; no warning, as no engine can do better). It returns no token ids: token verification
 // fingerprints each turn's rendered prompt (POST /v1/messages/render).
 // Errors use Anthropic's shape.
-type messagesAPI struct{}
+var messagesAPI = &api{
+	path:        PathMessages,
+	below:       true,
+	prefillSet:  messagesPrefillSet,
+	prefillDrop: messagesPrefillDrop,
+	render:      PathMessages + "/render",
+	nested:      "message",
+	final:       messagesFinal,
+	// vLLM's Messages streams carry no handle, with or without PR #40186.
+	streamHandles: false,
+	head:          "system",
+	turns:         "messages",
+	errors:        anthropicErrors{},
+	impl:          messages{},
+}
 
-func (messagesAPI) path() string { return PathMessages }
+type messages struct{}
 
-func (messagesAPI) validate(obj jsonraw.Object) error {
+func (messages) validate(obj jsonraw.Object) error {
 	if err := objectArray(obj, "messages"); err != nil {
 		return err
 	}
@@ -40,13 +54,10 @@ var messagesPrefillSet = []jsonraw.Member{
 // stop_sequences go too: P must finish on its length cap.
 var messagesPrefillDrop = append(append([]string(nil), commonPrefillDrop...), "stop_sequences")
 
-func (messagesAPI) prefillSet() []jsonraw.Member { return messagesPrefillSet }
-func (messagesAPI) prefillDrop() []string        { return messagesPrefillDrop }
-
 // bodyReply reads a message: its text blocks, whether it thought, its
 // tool uses, and its stop reason (max_tokens is a length cap, the others a
 // stop).
-func (messagesAPI) bodyReply(obj jsonraw.Object) *Reply {
+func (messages) bodyReply(obj jsonraw.Object) *Reply {
 	rep := &Reply{}
 	if v, ok := obj.Get("stop_reason"); ok {
 		switch s, _ := jsonraw.String(v); s {
@@ -93,13 +104,6 @@ func (messagesAPI) bodyReply(obj jsonraw.Object) *Reply {
 	return rep
 }
 
-func (messagesAPI) renderPath() (string, bool)          { return PathMessages + "/render", false }
-func (messagesAPI) tokenizeFields() []string            { return nil }
-func (messagesAPI) tokenizable(*Request) bool           { return false }
-func (messagesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
-func (messagesAPI) tokenIDs() bool                      { return false }
-func (messagesAPI) conversation() (string, string)      { return "system", "messages" }
-
 // billingHeader starts the text block Claude Code puts in its system
 // prompt (an attribution line with a hash that changes every request).
 const billingHeader = "x-anthropic-billing-header"
@@ -110,7 +114,7 @@ const billingHeader = "x-anthropic-billing-header"
 // only when not empty and not starting with x-anthropic-billing-header; a
 // system message's content string is dropped when it starts so; a
 // top-level system string is rendered as it is.
-func (messagesAPI) renders(text, role string, head, inBlock bool) bool {
+func (messages) renders(text, role string, head, inBlock bool) bool {
 	switch {
 	case !head && role != "system":
 		return true
@@ -122,14 +126,8 @@ func (messagesAPI) renders(text, role string, head, inBlock bool) bool {
 	return !strings.HasPrefix(text, billingHeader)
 }
 
-// vLLM's Messages streams carry no handle, with or without PR #40186.
-func (messagesAPI) streamHandles() bool { return false }
-
-// newStream: named events; a handle would sit at the top level or in
-// message_start's message; the stream ends with message_stop.
-func (messagesAPI) newStream(bool, bool) streamCapture {
-	return &typedStream{nested: "message", final: map[string]bool{"message_stop": true}}
-}
+// The event type that ends a Messages stream.
+var messagesFinal = map[string]bool{"message_stop": true}
 
 type anthropicError struct {
 	Type  string               `json:"type"`
@@ -141,10 +139,16 @@ type anthropicErrorDetail struct {
 	Message string `json:"message"`
 }
 
-// errorBody is Anthropic's {"type":"error","error":{"type","message"}},
-// with the error type Anthropic's API gives the status; its SDKs read
-// error.type and error.message.
-func (messagesAPI) errorBody(status int, err error) []byte {
+// anthropicErrors are Anthropic's errors: {"type":"error","error":{"type",
+// "message"}}, with the error type Anthropic's API gives the status (its
+// SDKs read error.type and error.message), and the same as an event:
+// error.
+type anthropicErrors struct{}
+
+func (anthropicErrors) name() string       { return "anthropic" }
+func (anthropicErrors) streamName() string { return "anthropic" }
+
+func (anthropicErrors) body(status int, err error) []byte {
 	typ := "api_error"
 	switch {
 	case status == http.StatusUnauthorized:
@@ -168,9 +172,8 @@ func (messagesAPI) errorBody(status int, err error) []byte {
 	return b
 }
 
-// streamError is Anthropic's error event.
-func (a messagesAPI) streamError(status int, err error, _ int64) []byte {
-	b := a.errorBody(status, err)
+func (a anthropicErrors) event(status int, err error, _ int64) []byte {
+	b := a.body(status, err)
 	out := make([]byte, 0, len(b)+24)
 	out = append(out, "event: error\ndata: "...)
 	out = append(out, b...)

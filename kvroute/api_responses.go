@@ -17,11 +17,24 @@ const PathResponses = "/v1/responses"
 // prompt (POST /v1/responses/render). Stateful features cannot span
 // separate prefill and decode servers: previous_response_id and background
 // are refused with 400, and the prefill leg never stores.
-type responsesAPI struct{ openAI }
+var responsesAPI = &api{
+	path:          PathResponses,
+	prefillSet:    responsesPrefillSet,
+	prefillDrop:   commonPrefillDrop,
+	render:        PathResponses + "/render",
+	nested:        "response",
+	final:         responsesFinal,
+	streamReply:   responsesStreamReply,
+	streamHandles: true,
+	head:          "instructions",
+	turns:         "input",
+	errors:        responsesErrors{},
+	impl:          responses{},
+}
 
-func (responsesAPI) path() string { return PathResponses }
+type responses struct{}
 
-func (responsesAPI) validate(obj jsonraw.Object) error {
+func (responses) validate(obj jsonraw.Object) error {
 	v, ok := obj.Get("input")
 	if !ok || jsonraw.IsNull(v) || len(v) == 0 || (v[0] != '"' && v[0] != '[') {
 		return badRequest("input must be a string or an array of input items")
@@ -52,13 +65,10 @@ var responsesPrefillSet = []jsonraw.Member{
 	{Key: "store", Value: jsonFalse},
 }
 
-func (responsesAPI) prefillSet() []jsonraw.Member { return responsesPrefillSet }
-func (responsesAPI) prefillDrop() []string        { return commonPrefillDrop }
-
 // bodyReply reads a response object: the text of its message items,
 // whether it has reasoning items, its function calls, and its status
 // (completed is a stop, incomplete for max_output_tokens a length cap).
-func (responsesAPI) bodyReply(obj jsonraw.Object) *Reply { return responseReply(obj.Bytes()) }
+func (responses) bodyReply(obj jsonraw.Object) *Reply { return responseReply(obj.Bytes()) }
 
 func responseReply(resp []byte) *Reply {
 	rep := &Reply{}
@@ -120,28 +130,17 @@ func responseReply(resp []byte) *Reply {
 	return rep
 }
 
-func (responsesAPI) renderPath() (string, bool)          { return PathResponses + "/render", false }
-func (responsesAPI) tokenizeFields() []string            { return nil }
-func (responsesAPI) tokenizable(*Request) bool           { return false }
-func (responsesAPI) promptIDs(*Request) ([]uint32, bool) { return nil, false }
-func (responsesAPI) tokenIDs() bool                      { return false }
-func (responsesAPI) conversation() (string, string)      { return "instructions", "input" }
+// The event types that end a Responses stream.
+var responsesFinal = map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true}
 
-// newStream: events are named by their type; the handle sits in the
-// response object of the final event; the stream ends with
-// response.completed (or incomplete or failed), without data: [DONE].
-func (responsesAPI) newStream(bool, bool) streamCapture {
-	return &typedStream{
-		nested: "response",
-		final:  map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true},
-		reply: func(data []byte) *Reply {
-			resp, ok := jsonraw.Lookup(data, "response")
-			if !ok {
-				return &Reply{Incomplete: true}
-			}
-			return responseReply(resp)
-		},
+// responsesStreamReply reads the reply from a final event's data: the
+// response object it wraps.
+func responsesStreamReply(data []byte) *Reply {
+	resp, ok := jsonraw.Lookup(data, "response")
+	if !ok {
+		return &Reply{Incomplete: true}
 	}
+	return responseReply(resp)
 }
 
 // responsesErrorEvent is the Responses API's stream error event
@@ -155,11 +154,15 @@ type responsesErrorEvent struct {
 	SequenceNumber int64   `json:"sequence_number"`
 }
 
-// streamError is the Responses API's error event: event: error, whose
-// data OpenAI's SDKs read as a ResponseErrorEvent and Codex as a failed
-// stream ("Error Code {code}: {message}"). seq follows the last event's
-// sequence_number.
-func (responsesAPI) streamError(status int, err error, seq int64) []byte {
+// responsesErrors are the Responses API's errors: OpenAI's body, and its
+// own error event: event: error, whose data OpenAI's SDKs read as a
+// ResponseErrorEvent and Codex as a failed stream ("Error Code {code}:
+// {message}"). seq follows the last event's sequence_number.
+type responsesErrors struct{ openAIErrors }
+
+func (responsesErrors) streamName() string { return "responses" }
+
+func (responsesErrors) event(status int, err error, seq int64) []byte {
 	_, code := errorKind(status, err)
 	b, _ := json.Marshal(responsesErrorEvent{Type: "error", Code: code, Message: clientMessage(err), SequenceNumber: seq})
 	out := make([]byte, 0, len(b)+24)

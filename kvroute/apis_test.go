@@ -312,7 +312,7 @@ func TestResponsesReservedNames(t *testing.T) {
 // Anthropic's paths.
 func TestMessagesHandlerErrorsInAnthropicShape(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	r := newRouter(t, c, kvroute.WithMaxBodyBytes(256))
+	r := newRouter(t, c, kvroute.WithLimits(kvroute.Limits{Body: 256}))
 	url := newServer(t, r)
 	for _, tc := range []struct {
 		method, path, body string

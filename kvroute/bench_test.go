@@ -58,14 +58,14 @@ func benchRouter(b *testing.B, prefill, decode string, opts ...kvroute.Option) *
 //
 //	go test -run '^$' -bench 'BenchmarkTurn' -benchmem -count 3 ./kvroute
 func BenchmarkTurn(b *testing.B) {
-	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		for _, hist := range []int{10 << 10, 100 << 10} {
 			b.Run(fmt.Sprintf("%s/hist=%dKB", mode, hist>>10), func(b *testing.B) { benchmarkTurn(b, mode, hist) })
 		}
 	}
 }
 
-func benchmarkTurn(b *testing.B, mode kvroute.Verification, hist int) {
+func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int) {
 	var p, d string
 	if mode == kvroute.VerifyTokens {
 		te := newTokenEngines(b)
@@ -83,7 +83,7 @@ func benchmarkTurn(b *testing.B, mode kvroute.Verification, hist int) {
 	}
 	var last kvroute.TurnRecord
 	// Do calls the Observer on this goroutine, inside WriteTo.
-	r := benchRouter(b, p, d, kvroute.WithVerification(mode),
+	r := benchRouter(b, p, d, kvroute.WithVerification(kvroute.Verification{Mode: mode}),
 		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
 	var conv *benchConv
 	b.ReportAllocs()
@@ -111,7 +111,7 @@ func benchmarkTurn(b *testing.B, mode kvroute.Verification, hist int) {
 // checkTurn checks a BenchmarkTurn record: every turn is retained, and
 // every turn but a conversation's first is a hit verified in mode (in
 // token mode: from a render, over the handle's whole sequence).
-func checkTurn(rec *kvroute.TurnRecord, mode kvroute.Verification, first bool) error {
+func checkTurn(rec *kvroute.TurnRecord, mode kvroute.VerificationMode, first bool) error {
 	switch {
 	case rec.Err != nil:
 		return rec.Err

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -20,7 +20,7 @@ import (
 // the answer ends unless the renderer is slower than prefill and decode
 // together. Then the turn's retention, which runs before the last event of
 // a stream (so that a client's next turn finds the handle), waits for it,
-// within WithRenderTimeout: a renderer that fails or hangs opens its
+// within WithTimeouts' Render: a renderer that fails or hangs opens its
 // breaker, after which turns skip the render (and are not retained) and
 // the breaker's one trial call is never waited for: the handle is
 // retained when it answers, after the turn has ended.
@@ -37,25 +37,26 @@ type bgRender struct {
 	cancel context.CancelFunc
 }
 
-// startBackgroundRender starts the render of the turn's prompt on ep, the
-// prefill engine of its first prefill attempt, when the turn will need it:
-// an API without token ids, in token verification, not already rendered. It
-// is bounded by WithRenderTimeout and stopped by Close; an open render
-// breaker on ep skips it (the turn is then not retained, Stats.RenderSkipped).
-func (t *turn) startBackgroundRender(ep *endpoint) {
+// beside starts the render of the turn's prompt on ep, the prefill engine
+// of its first prefill attempt, when the turn will need it to seal: an API
+// without token ids, not already rendered. It is bounded by
+// WithTimeouts' Render and stopped by Close; an open render breaker on ep
+// skips it (the turn is then not retained, Stats.RenderSkipped).
+func (p *tokenProof) beside(ep *endpoint) {
+	t := p.t
 	r := t.r
-	if t.bg != nil || t.rendered != nil || !r.cfg.reuse || r.cfg.verification != VerifyTokens || t.req.api.tokenIDs() {
+	if p.bg != nil || t.bufs.rendered != nil || !r.cfg.reuse || t.req.api.tokenIDs {
 		return
 	}
-	path, list := t.req.api.renderPath()
-	if path == "" || list || !r.caps.available(ep.url, path, r.cfg.clock()) {
+	path, list := t.req.api.render, t.req.api.renderList
+	if path == "" || list || !r.renders.caps.available(ep.url, path, r.cfg.clock()) {
 		return
 	}
-	if r.caps.skip(ep.url, r.cfg.clock()) {
+	if r.renders.caps.skip(ep.url, r.cfg.clock()) {
 		r.stats.renderSkipped.Add(1)
 		return
 	}
-	ok, trial := r.caps.claim(ep.url, r.cfg.clock())
+	ok, trial := r.renders.caps.claim(ep.url, r.cfg.clock())
 	if !ok {
 		r.stats.renderSkipped.Add(1)
 		return
@@ -64,22 +65,22 @@ func (t *turn) startBackgroundRender(ep *endpoint) {
 	// body's pieces (the pooled client body stays referenced by the
 	// request until net/http closes it) and the shared leg headers.
 	body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
-	h := t.legHeader().Clone()
+	h := t.legs.header().Clone()
 	h.Set(headerRequestID, t.id+"-render")
 	ep.ep.ApplyHeader(h)
 	ref := t.req.ref
-	ctx, cancel := context.WithTimeout(r.bgCtx, r.cfg.renderTimeout)
+	ctx, cancel := context.WithTimeout(r.renders.bgCtx, r.cfg.renderTimeout)
 	bg := &bgRender{cancel: cancel, trial: trial, answer: make(chan struct{})}
-	t.bg = bg
-	r.bgWG.Add(1)
+	p.bg = bg
+	r.renders.bgWG.Add(1)
 	go func() {
-		defer r.bgWG.Done()
+		defer r.renders.bgWG.Done()
 		defer cancel()
 		r.stats.renders.Add(1)
-		ids, status, err := r.renderDetached(ctx, ep, path, body, ref, h)
-		r.renderResult(ctx, ep.url, status, err)
+		ids, status, err := r.renders.detached(ctx, ep, path, body, ref, h)
+		r.renders.result(ctx, ep.url, status, err)
 		if routeMissing(status) {
-			r.caps.markMissing(ep.url, path, r.cfg.clock())
+			r.renders.caps.markMissing(ep.url, path, r.cfg.clock())
 		}
 		bg.mu.Lock()
 		bg.done, bg.ids, bg.err = true, ids, err
@@ -94,7 +95,7 @@ func (t *turn) startBackgroundRender(ep *endpoint) {
 
 // result returns the render's answer (done true): at once when it has
 // come, after waiting for it when the render is not a breaker trial (it
-// ends within WithRenderTimeout). A trial's pending answer is handed to
+// ends within WithTimeouts' Render). A trial's pending answer is handed to
 // then instead, which runs when it comes.
 func (b *bgRender) result(then func([]uint32, error)) (ids []uint32, err error, done bool) {
 	if !b.trial {
@@ -119,10 +120,10 @@ func (b *bgRender) abandon() {
 	}
 }
 
-// renderDetached posts body to path on ep with headers h, outside any
+// detached posts body to path on ep with headers h, outside any
 // turn's state (no trace span: it runs beside the turn), and returns the
 // token_ids of the answer and the engine's status.
-func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
+func (r *renderers) detached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
 	u, err := ep.pathURL(path)
 	if err != nil {
 		return nil, 0, err
@@ -147,7 +148,7 @@ func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 	}
-	b, err := readSized(resp.Body, resp.ContentLength, r.cfg.maxBodyBytes, nil)
+	b, err := readSized(resp.Body, resp.ContentLength, r.maxBody, nil)
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
@@ -156,7 +157,7 @@ func (r *Router) renderDetached(ctx context.Context, ep *endpoint, path string, 
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	v, _ := obj.Get("token_ids")
-	ids, ok := sse.AppendTokenIDs(nil, v)
+	ids, ok := capture.AppendTokenIDs(nil, v)
 	if !ok {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}

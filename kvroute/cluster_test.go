@@ -80,8 +80,8 @@ func runPlacement(t *testing.T, sel kvroute.Selector, convs, turns int) placemen
 // history, so only the new suffix crosses from P to D.
 func TestDecodeAffinityMeasured(t *testing.T) {
 	const convs, turns = 7, 10 // 7: round-robin must not line up with 4 engines
-	aff := runPlacement(t, &kvroute.LeastLoaded{MaxInFlight: kvroute.DefaultAffinityMaxInFlight}, convs, turns)
-	rr := runPlacement(t, &kvroute.RoundRobin{}, convs, turns)
+	aff := runPlacement(t, &kvroute.LeastLoaded{MaxInFlight: 64}, convs, turns)
+	rr := runPlacement(t, &kvroutetest.RoundRobin{}, convs, turns)
 	t.Logf("4P4D qwen3-32b, %d conversations x %d turns, later turns only:", convs, turns)
 	t.Logf("  affinity:    %.1f tokens P->D per turn, modelled TTFT p50 %v p99 %v", aff.movedPerTurn, aff.ttftP50, aff.ttftP99)
 	t.Logf("  round-robin: %.1f tokens P->D per turn, modelled TTFT p50 %v p99 %v", rr.movedPerTurn, rr.ttftP50, rr.ttftP99)

@@ -193,7 +193,7 @@ func TestContinuationKeys(t *testing.T) {
 		// Tenants are scoped by the router; here by the key function input.
 		a, b := chatReq(t, next(nil)), chatReq(t, next(nil))
 		a.Header, b.Header = map[string][]string{"Authorization": {"Bearer a"}}, map[string][]string{"Authorization": {"Bearer b"}}
-		assert.NotEqual(t, kvroute.AuthorizationTenant(a), kvroute.AuthorizationTenant(b))
+		assert.NotEqual(t, kvroute.PrincipalTenant(a), kvroute.PrincipalTenant(b))
 	})
 }
 
@@ -334,7 +334,7 @@ func TestContinuationRefusals(t *testing.T) {
 		{"stop string kept, as 1", keys{}, with("stop", "END", "include_stop_str_in_output", 1), ok, "", false},
 		{"stop string not kept, as \"off\"", keys{}, with("stop", "END", "include_stop_str_in_output", "off"), ok, kvroute.RefuseStopString, true},
 		{"incomplete", keys{}, base, &kvroute.Reply{Content: "A", FinishReason: "stop", Incomplete: true}, kvroute.RefuseIncomplete, true},
-		{"too large", keys{}, base, content(strings.Repeat("x", kvroute.DefaultMaxReplyBytes+1)), kvroute.RefuseTooLarge, true},
+		{"too large", keys{}, base, content(strings.Repeat("x", 1<<20+1)), kvroute.RefuseTooLarge, true},
 		{"continue_final_message", keys{}, with("continue_final_message", true), ok, kvroute.RefuseContinueFinal, true},
 		{"continue_final_message as \"true\"", keys{}, with("continue_final_message", "true"), ok, kvroute.RefuseContinueFinal, true},
 		{"continue_final_message as 1", keys{}, with("continue_final_message", 1), ok, kvroute.RefuseContinueFinal, true},

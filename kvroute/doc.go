@@ -5,17 +5,28 @@
 //
 // # The turn
 //
-// Router.Do runs one turn in five steps:
+// Router.Do runs one turn as a sequence of phases, each a function in its
+// own file that takes what it needs and hands the next its result
+// (ARCHITECTURE.md at the repository's root draws it and says where each
+// concern lives):
 //
-//  1. Pick: the Identifier gives the retention keys the request may
-//     continue, most specific first; the first handle found is taken from
-//     the Store (atomically: a handle goes to at most one prefill request,
-//     ever), verified (see Verification), and the threshold.Policy decides
-//     whether attaching the verified tokens is worth a pull. A handle taken
-//     but not attached is put back for its remaining retention time. A
-//     Selector picks the prefill engine.
-//  2. Prefill: the client's body goes to P with stream false, max_tokens 1,
-//     ignore_eos true, max_completion_tokens, min_tokens,
+//  1. Read (read.go): the request is validated, its principal, tenant and
+//     conversation hint fixed.
+//  2. Look up (lookup.go): the Identifier gives the retention keys the
+//     request may continue, most specific first; the first handle found is
+//     taken from the Store (atomically: a handle goes to at most one
+//     prefill request, ever). A handle whose decode engine is gone or
+//     restarted, or that expired, is not attached.
+//  3. Verify (verify.go, a mode per file: verify_tokens.go,
+//     verify_content.go): the handle is attached only when the request's
+//     prompt begins with what its blocks hold (see Verification), and the
+//     threshold.Policy finds the verified tokens worth a pull; it is cut to
+//     a verified prefix when only a prefix matches. A handle taken but not
+//     attached is put back for its remaining retention time.
+//  4. Choose the path (path.go, WithDecodeMemory's Local): pull the
+//     handle, recompute, or answer on the decode engine that holds it.
+//  5. Prefill (prefill.go): the client's body goes to P with stream false,
+//     max_tokens 1, ignore_eos true, max_completion_tokens, min_tokens,
 //     min_completion_tokens, stream_options, stop and stop_token_ids
 //     removed (P always finishes on length), and kv_transfer_params set to
 //     the retained decode handle (role flags forced: do_remote_decode true,
@@ -23,19 +34,25 @@
 //     the miss handle. P answers one token and its own handle. A hit goes
 //     to the prefill engine that rendered the prompt and, on chat and
 //     completions, asks for return_token_ids, whose prompt ids must match
-//     the verified tokens (see Verification).
-//  3. Decode: at once, the client's body goes to D with P's handle. The
-//     decode engine that held the retained KV is preferred: its own prefix
-//     cache still covers the conversation. The miss handle never reaches D.
-//  4. Capture: D's answer is handed to the caller with every
+//     the verified tokens (see Verification). A Selector picks the engine.
+//  6. Decode (decode.go): at once, the client's body goes to D with P's
+//     handle. The decode engine that held the retained KV is preferred:
+//     its own prefix cache still covers the conversation. The miss handle
+//     never reaches D. D's answer is handed to the caller with every
 //     kv_transfer_params removed, at any depth (sse.Scrub), and all other
-//     bytes untouched, event by event for a stream. D's handle is read from a non-streaming body or
-//     from a stream's final chunk (engines with vLLM PR #40186; stock
-//     engines send none in streams, which is logged once and counted).
-//  5. Store: when the turn ended normally (finish_reason stop or length, the
-//     stream complete), the handle is retained under the key the Identifier
-//     derives from the request and the reply, for the retention TTL, with
-//     the token fingerprint of what D's blocks hold.
+//     bytes untouched, event by event for a stream. D's handle is read from
+//     a non-streaming body or from a stream's final chunk (engines with
+//     vLLM PR #40186; stock engines send none in streams, which is logged
+//     once and counted).
+//  7. Retain (retain.go): when the turn ended normally (finish_reason stop
+//     or length, the stream complete), the handle is retained under the
+//     key the Identifier derives from the request and the reply, for the
+//     retention TTL, with the fingerprint the verification seals of what
+//     D's blocks hold: for a non-streaming answer before Do returns, for a
+//     stream before the client reads its final event.
+//
+// A failed decode leg that reached nobody is redone in Do as a plain miss
+// (see Failure paths), as is a decode-local leg that fails.
 //
 // # Wire protocol
 //
@@ -54,7 +71,7 @@
 //     older engines only when P stopped on its length cap, hence the
 //     prefill rewrites of step 2 above.
 //  4. To D: the client's body with P's handle, or with none when P gave
-//     none and WithLocalPrefillFallback is on. The miss handle never
+//     none and WithFailover's LocalPrefill is on. The miss handle never
 //     reaches D (D would act as a prefiller).
 //  5. From D: kv_transfer_params at the top level of a body, or on a
 //     stream's final chunk (engines with vLLM PR #40186; stock engines send
@@ -86,7 +103,7 @@
 // removed from what the client receives), so D's answer names the prompt
 // and generated token ids; the first remote_num_tokens of them are what D's
 // blocks hold. A fingerprint of that sequence (a 64-bit chained hash per
-// block of WithBlockSize tokens and one over the whole sequence, 8 bytes a
+// block of WithVerification's BlockSize tokens and one over the whole sequence, 8 bytes a
 // block; never the ids) is stored with the handle. On a later turn, after
 // the Identifier's candidate is taken and if its tokens could pass the
 // threshold at all, the new prompt is rendered by a prefill engine exactly
@@ -98,7 +115,7 @@
 // tokens verified are the tokens that engine computes even while engines of
 // another version serve beside it; on chat and completions that leg asks
 // for return_token_ids, and P's prompt ids are compared with the verified
-// ones before the decode leg (checkPrefillIDs): a difference distrusts the
+// ones before the decode leg (prefiller.checkIDs): a difference distrusts the
 // engine's renderer for five minutes (Stats.RenderMismatches), and one
 // within the attached prefix redoes the turn as a plain miss on another
 // prefill engine, or on the decode engine when none is left
@@ -111,7 +128,7 @@
 //   - L shorter (an edited or compacted history, reasoning the template
 //     stripped from the last reply, a chat template that rewrites past
 //     turns, a reply whose tokens re-tokenize differently): the handle is
-//     cut to the block-aligned prefix R' = L - L mod B (B = WithBlockSize):
+//     cut to the block-aligned prefix R' = L - L mod B (B = WithVerification's BlockSize):
 //     remote_num_tokens becomes R' and every KV group's remote_block_ids
 //     keeps its first R'/B blocks, so P reads exactly the verified blocks
 //     (TurnRecord.Partial, Stats.PartialHits). A handle that cannot be cut
@@ -127,7 +144,7 @@
 // no render endpoint and no usable /tokenize, or a render call that fails,
 // the candidate is verified by content instead if it was retained under
 // content rules, else not attached (MissUnverified). A render call is
-// bounded by WithRenderTimeout; one that runs out of it, or three failures
+// bounded by WithTimeouts' Render; one that runs out of it, or three failures
 // in a row, open the engine's render circuit breaker (5 s, doubling up to
 // 5 min; Stats.RenderBreaks), during which no render call goes to it and
 // turns go on without one (Stats.RenderSkipped), but for one trial per
@@ -162,14 +179,14 @@
 // principal an authenticating layer put in the request's context
 // (ContextWithPrincipal, such as KeyPrincipal of the API key it matched),
 // else a digest of the credentials in Authorization (any scheme, in any
-// case) and X-Api-Key (HeaderPrincipal). One key is one principal
+// case) and X-Api-Key. One key is one principal
 // whichever header carries it; two keys are two. Requests without any
 // credential share one principal, "": put a router that serves several
-// tenants behind an authenticating layer. Migration: AuthorizationTenant,
-// the old default, digested Authorization alone; it is now PrincipalTenant.
+// tenants behind an authenticating layer.
 //
-// Identifiers only find handles: ExplicitID's conversation id as much as
-// ContinuationKeys' digests. A handle is attached after token verification,
+// Identifiers only find handles: a conversation id
+// (ContinuationKeys.ByConversationID) as much as ContinuationKeys'
+// digests. A handle is attached after token verification,
 // or, for a handle without a fingerprint, after the Identifier's Verify,
 // which must check that the request continues what the handle holds:
 // attaching a handle to another prompt makes P answer wrongly and cache
@@ -177,7 +194,7 @@
 //
 // # Decode-local turns
 //
-// With WithDecodeLocal(true), a turn whose handle was verified by tokens
+// With WithDecodeMemory's Local, a turn whose handle was verified by tokens
 // may skip the prefill engine. A threshold.Chooser (by default a
 // threshold.CostModel: estimated TTFT of each path from the verified and
 // suffix token counts, rates learned online from the turns, the decode
@@ -204,11 +221,11 @@
 // A Router is an http.Handler for POST /v1/chat/completions,
 // /v1/completions, /v1/responses (OpenAI's Responses API, as coding agents
 // such as Codex send it) and /v1/messages (Anthropic's Messages API, as
-// Claude Code sends it; errors in Anthropic's shape). Each API is one seam
-// (api_*.go): validation, the prefill rewrite (max_output_tokens 1 for
-// Responses, max_tokens 1 and no stop_sequences for Messages), where the
-// handle sits in a body and a stream, the reply, the render route and the
-// error shape. vLLM returns no token ids on Responses and Messages, so token
+// Claude Code sends it; errors in Anthropic's shape). Each API is one
+// descriptor (api_*.go) in one registry, which APIs lists for a front end:
+// validation, the prefill rewrite (max_output_tokens 1 for Responses,
+// max_tokens 1 and no stop_sequences for Messages), where the handle sits
+// in a body and a stream, the reply, the render route and the error shape. vLLM returns no token ids on Responses and Messages, so token
 // verification fingerprints each turn's rendered prompt there (POST
 // /v1/responses/render, /v1/messages/render) and reuses at most that prompt,
 // never the reply's tokens; they have no content rules. Responses'
@@ -216,13 +233,76 @@
 // stateful server); the prefill leg never stores. A turn there that was not
 // rendered for verification renders its prompt beside its prefill leg, on
 // the prefill engine, never after the answer: its retention waits for that
-// render within WithRenderTimeout, and not at all for a render breaker's
+// render within WithTimeouts' Render, and not at all for a render breaker's
 // trial call, whose turn is retained when it answers (RefuseRenderPending). vLLM's Messages streams
 // carry no handle, so streamed Messages turns are not reused. Services that want the stream themselves call Do and
-// read Response.Next, or Response.WriteTo. Options configure endpoints,
+// read Response.Next, or Response.WriteTo.
+//
+// # Options
+//
+// Options configure the endpoints (WithPrefill, WithDecode, WithEndpoints),
 // the Store (retention.Memory by default; retention/redisstore shares
-// handles across replicas), the TTL, the threshold, timeouts, the logger,
-// an Observer for metrics, and the Identifier.
+// handles across replicas), the Identifier, the tenant, the Selector, the
+// reuse policy, an Observer and a Tracer, and groups of knobs that form
+// one concept: WithTTLs, WithTimeouts, WithLimits, WithFailover,
+// WithHealth, WithVerification and WithDecodeMemory. A grouped option's
+// zero field keeps its default (Defaults lists them all); a negative one
+// turns a bound off where it can be off (a timeout, ejection, the restart
+// reads, partial reads) and is an error elsewhere. New applies every
+// option, then validates once: each problem is an error wrapping
+// ErrInvalidConfig that names the option and the field.
+//
+// # Migration
+//
+// Issue 22 grouped the options and trimmed the exported names; each old
+// name and what replaces it:
+//
+//   - WithPrefillEndpoints(eps...), WithDecodeEndpoints(eps...):
+//     WithEndpoints(PhasePrefill, eps...), WithEndpoints(PhaseDecode, eps...).
+//   - WithRetentionTTL, WithDecoderBlocksTTL, WithPrefillLease: WithTTLs'
+//     Retention, DecoderBlocks, PrefillLease.
+//   - WithPrefillTimeout, WithFirstByteTimeout, WithIdleTimeout,
+//     WithRenderTimeout: WithTimeouts' Prefill, FirstByte, Idle, Render (a
+//     negative value, not 0, means no limit).
+//   - WithMaxBodyBytes, WithMaxEventBytes, WithMaxEntryBytes,
+//     WithMaxObjectMembers: WithLimits' Body, Event, Entry, ObjectMembers.
+//   - WithRetryPolicy, WithDecodeAttempts, WithLocalPrefillFallback:
+//     WithFailover's PrefillRetry, DecodeAttempts, LocalPrefill.
+//   - WithEjection(n, first, limit), WithHealthCheck(interval, timeout),
+//     WithRestartCheck(d): WithHealth's EjectAfter, EjectBackoff,
+//     MaxEjectBackoff, ProbeInterval, ProbeTimeout, RestartCheck (a
+//     negative value, not 0, turns ejection and the reads off).
+//   - WithVerification(mode), WithBlockSize(n): WithVerification(
+//     Verification{Mode: mode, BlockSize: n}), the mode's type now
+//     VerificationMode (a negative BlockSize, not 0, disables partial
+//     reads).
+//   - WithDecodeLocal(on), WithKVBytesPerToken(n): WithDecodeMemory's Local
+//     and KVBytesPerToken.
+//   - DefaultRetentionTTL, DefaultDecoderBlocksTTL, DefaultPrefillLease,
+//     DefaultPrefillTimeout, DefaultFirstByteTimeout, DefaultIdleTimeout,
+//     DefaultRenderTimeout, DefaultMaxBodyBytes, DefaultMaxEventBytes,
+//     DefaultMaxEntryBytes, DefaultMaxObjectMembers, DefaultEjectAfter,
+//     DefaultEjectBackoff, DefaultMaxEjectBackoff, DefaultDecodeAttempts,
+//     DefaultRestartCheck, DefaultBlockSize: the fields of Defaults().
+//   - ExplicitID{Content: c}: c with ByConversationID set.
+//   - RoundRobin: kvroutetest.RoundRobin (a measuring baseline).
+//   - StreamErrorEvent(path, ...): Response.ErrorEvent for a turn's stream;
+//     API.StreamErrorShape names each API's event.
+//   - Response.Reuse, Response.RequestID: the response's X-Bidikv-Reuse and
+//     X-Request-Id headers.
+//   - AuthorizationTenant: PrincipalTenant, which it already was.
+//   - Request.Chat, Request.Streaming: Request.Path ==
+//     PathChatCompletions; the body's stream member (Request.Field).
+//   - HeaderPrincipal(h): Request.Principal (the headers' principal when
+//     the context carries none).
+//   - ConversationHint: Selection.Hint, which carries it.
+//   - MaxRequestIDBytes (128), ExpiryGuard (5 s), DefaultRetryAfter (1 s),
+//     MaxRetryAfter (5 min), DefaultMaxReplyBytes (1 MiB),
+//     DefaultReasoningCloseTag ("</think>"), DefaultAffinityMaxInFlight
+//     (64), RefuseFinishPrefix ("finish_"): unexported; the documentation
+//     of what they bound states their values.
+//   - Reply, Capture and the token-id helpers of package sse: moved into
+//     kvroute (Reply is kvroute.Reply).
 //
 // # Errors
 //
@@ -231,12 +311,12 @@
 // 4xx passed through, 502 for a failed upstream leg (*UpstreamError names
 // the phase, the endpoint and the status; what the client reads names the
 // phase and the status, never the endpoint), 503 with Retry-After
-// (RetryAfter: the engine's own, else DefaultRetryAfter) when an engine
+// (RetryAfter: the engine's own, else defaultRetryAfter) when an engine
 // answered 503 or 429 or no endpoint is available, 504 on a timeout. A prefill leg that fails on a connection
 // error or with 502/503/504 is retried on another engine with backoff (see
 // Failure paths). Once a stream has started,
 // an error can only end it: ServeHTTP writes the API's error event
-// (Response.ErrorEvent, StreamErrorEvent: data: {"error":{...}} for chat
+// (Response.ErrorEvent; API.StreamErrorShape: data: {"error":{...}} for chat
 // and completions; event: error with {"type":"error","code","message",
 // "param","sequence_number"} for Responses; Anthropic's event: error for
 // Messages) and closes the connection without the stream's final event,
@@ -247,8 +327,8 @@
 // A turn's memory follows its body's size. ServeHTTP reads a body of
 // known length into a buffer that grows with what arrived (at most four
 // times it, from 64 KiB), never one of the declared size; a body above
-// WithMaxBodyBytes gets 413. A body with an object of more than
-// WithMaxObjectMembers members, at any depth, gets 400 before anything is
+// WithLimits' Body gets 413. A body with an object of more than
+// WithLimits' ObjectMembers members, at any depth, gets 400 before anything is
 // indexed, so the member index and the members a digest collects stay
 // small; both legs are sent as pieces of the client's bytes, a few per
 // edited member, never a copy or a piece per member.
@@ -257,18 +337,18 @@
 //
 // Each leg's engine is chosen by a Selector over the healthy endpoints
 // (LeastLoaded by default): decode goes to the engine that holds the
-// conversation's KV unless it is ejected or has DefaultAffinityMaxInFlight
+// conversation's KV unless it is ejected or has defaultAffinityMaxInFlight
 // requests open, else to the least loaded one per unit of weight; prefill
 // takes the lighter of two random engines. With LeastLoaded.HashHints a
 // conversation hint pins turns without affinity by rendezvous hashing; a
 // hint never unlocks a handle. Endpoints carry a data-parallel rank
-// (X-Data-Parallel-Rank) and a weight (WithPrefillEndpoints,
-// WithDecodeEndpoints) and can be replaced at run time with SetEndpoints
+// (X-Data-Parallel-Rank) and a weight (WithEndpoints,
+// WithEndpoints) and can be replaced at run time with SetEndpoints
 // (package transport/discovery does so from DNS): a removed endpoint gets no new leg,
 // turns already on it finish, and a retained handle of a removed decode
 // endpoint is not attached (MissEndpointGone) but left to expire.
-// WithEjection ejects an endpoint after consecutive failures for an
-// exponential backoff; WithHealthCheck adds /health probes, which Close
+// WithHealth's ejection ejects an endpoint after consecutive failures for an
+// exponential backoff; WithHealth's probes adds /health probes, which Close
 // stops. An Observer that implements EndpointObserver hears of ejections,
 // re-admissions, additions and removals.
 //
@@ -279,7 +359,7 @@
 //
 //   - Prefill engine down, refusing, or answering 502/503/504: retried on
 //     another engine with backoff, honouring Retry-After, within
-//     WithRetryPolicy. An attempt that carried a retained handle spent it:
+//     WithFailover's PrefillRetry. An attempt that carried a retained handle spent it:
 //     every retry is a plain miss (MissRetry, Stats.HitRetries). A prefill
 //     that fails with 500 while reading a retained handle (expired, engine
 //     restarted) is retried once as a miss. One classifier,
@@ -289,7 +369,7 @@
 //     or 502. Each failure counts against the
 //     endpoint's health, except a 500 on a failed handle read.
 //   - P answers without a handle: 502 (ErrNoHandle, Stats.NoPrefillHandle,
-//     TurnRecord.NoHandle PhasePrefill), or with WithLocalPrefillFallback D
+//     TurnRecord.NoHandle PhasePrefill), or with WithFailover's LocalPrefill D
 //     prefills by itself; the miss handle never reaches D. A client's stop
 //     strings or an EOS as P's one token cannot cause this: the P leg drops
 //     stop and stop_token_ids and sets ignore_eos, because older engines
@@ -338,13 +418,13 @@
 //     is replaced by the router's own error for the status. A Responses
 //     request whose echoed members (metadata, tools, text, ...) hold such a
 //     member is refused with 400 before any engine is asked.
-//   - Large handles: a stream event is bounded by WithMaxEventBytes (16 MiB;
+//   - Large handles: a stream event is bounded by WithLimits' Event (16 MiB;
 //     a longer one ends the stream with an error), a retained entry by
-//     WithMaxEntryBytes (8 MiB, also the default store's value bound), room
+//     WithLimits' Entry (8 MiB, also the default store's value bound), room
 //     for 1M-token contexts with two KV groups. An entry over the bound, or
 //     one the Store refuses with retention.ErrTooLarge, is not retained
 //     (StoreRefusal "handle_too_large", Stats.TooLarge), warned once.
-//   - A client X-Request-Id longer than MaxRequestIDBytes (128) or holding
+//   - A client X-Request-Id longer than maxRequestIDBytes (128) or holding
 //     anything but visible ASCII is ignored: the router generates its own
 //     id for both legs, the response and the TurnRecord.
 //   - A request that fails before the lookup (malformed body, closed
@@ -354,15 +434,15 @@
 //   - Decode leg fails before anything reached the client (Do has not
 //     returned; a stream's first event is read inside Do): if the connection
 //     was never made, the same P handle goes to another decode engine while
-//     P's lease (WithPrefillLease) has ExpiryGuard left. Any other failure
+//     P's lease (WithTTLs' PrefillLease) has expiryGuard left. Any other failure
 //     (refused after accept, 5xx, timeout, a stream cut before its first
 //     event, a lapsed lease) redoes the whole turn as a plain miss: a new
 //     prefill, preferring another prefill engine, then another decode
 //     engine, because the failed D may have read P's handle. At most
-//     WithDecodeAttempts decode legs per turn; then 502 or 504. A decode
+//     WithFailover's DecodeAttempts decode legs per turn; then 502 or 504. A decode
 //     engine's 4xx is passed to the client as is. A leg that timed out (no
-//     headers within WithFirstByteTimeout, no first event within
-//     WithIdleTimeout) is redone only for a healthy decode engine the turn
+//     headers within WithTimeouts' FirstByte, no first event within
+//     WithTimeouts' Idle) is redone only for a healthy decode engine the turn
 //     has not tried, and only after the turn's first timeout: a turn waits
 //     for silent engines at most twice that timeout and runs at most two
 //     prefills for them, and a silent engine never gets a second leg.
@@ -377,7 +457,7 @@
 //     attached (MissRestarted, dropped; Stats.RestartedHandles). Before
 //     attaching one, the router reads the engine's
 //     process_start_time_seconds (GET /metrics) when its last reading is
-//     older than WithRestartCheck (1 s) or predates a failure to reach the
+//     older than WithHealth's RestartCheck (1 s) or predates a failure to reach the
 //     engine, and a handle issued before the engine started is dropped; a
 //     new engine id in the engine's handles is a restart too, and on
 //     engines without that metric a failure to reach them counts as one. A
@@ -389,7 +469,7 @@
 //     attached (MissBadEntry): block ids that are not integers from 0 to
 //     2^31-1, a port outside 1 to 65535, counts of another type, a member
 //     named twice, or a longest KV group with fewer than
-//     ceil(remote_num_tokens/WithBlockSize) blocks (Stats.InvalidHandles;
+//     ceil(remote_num_tokens/WithVerification's BlockSize) blocks (Stats.InvalidHandles;
 //     logged once per member).
 //
 // # Tracing

@@ -180,7 +180,6 @@ type pickSelection struct {
 	cands [8]Candidate
 }
 
-// find returns the current endpoint whose URL is url, or nil.
 // hasOther reports whether an endpoint outside exclude is eligible now
 // (not ejected): one that a leg may be sent to with reason to expect an
 // answer.
@@ -194,6 +193,16 @@ func (p *pool) hasOther(exclude []string) bool {
 	return false
 }
 
+// eligible returns the current endpoint whose URL is url when it is not
+// ejected, else nil.
+func (p *pool) eligible(url string) *endpoint {
+	if e := p.find(url); e != nil && e.health.eligible(p.hp.now()) {
+		return e
+	}
+	return nil
+}
+
+// find returns the current endpoint whose URL is url, or nil.
 func (p *pool) find(url string) *endpoint {
 	eps := p.list()
 	if i := slices.IndexFunc(eps, func(e *endpoint) bool { return e.url == url }); i >= 0 {

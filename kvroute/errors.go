@@ -97,17 +97,17 @@ func HTTPStatus(err error) int {
 	}
 }
 
-// DefaultRetryAfter is the Retry-After of a 503 when the engine that
-// caused it sent none; MaxRetryAfter bounds the engine's.
+// defaultRetryAfter is the Retry-After of a 503 when the engine that
+// caused it sent none; maxRetryAfter bounds the engine's.
 const (
-	DefaultRetryAfter = time.Second
-	MaxRetryAfter     = 5 * time.Minute
+	defaultRetryAfter = time.Second
+	maxRetryAfter     = 5 * time.Minute
 )
 
 // RetryAfter returns how long a client should wait before it retries
 // after err, for an error HTTPStatus maps to 503: the Retry-After of the
-// engine's 503 or 429 answer when it sent one (at most MaxRetryAfter,
-// rounded up to whole seconds), else DefaultRetryAfter. It is 0 for every
+// engine's 503 or 429 answer when it sent one (at most maxRetryAfter,
+// rounded up to whole seconds), else defaultRetryAfter. It is 0 for every
 // other error. ServeHTTP sends it as the Retry-After header.
 func RetryAfter(err error) time.Duration {
 	if HTTPStatus(err) != http.StatusServiceUnavailable {
@@ -115,10 +115,10 @@ func RetryAfter(err error) time.Duration {
 	}
 	var ue *UpstreamError
 	if errors.As(err, &ue) && ue.retryAfter > 0 {
-		d := min(ue.retryAfter, MaxRetryAfter)
+		d := min(ue.retryAfter, maxRetryAfter)
 		return (d + time.Second - 1).Truncate(time.Second)
 	}
-	return DefaultRetryAfter
+	return defaultRetryAfter
 }
 
 // clientMessage is err as a client may read it. An UpstreamError names its

@@ -73,7 +73,7 @@ func ExampleWithVerification() {
 
 	var last kvroute.TurnRecord
 	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()),
-		kvroute.WithVerification(kvroute.VerifyTokens), // the default
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}), // the default
 		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
 	if err != nil {
 		log.Fatal(err)
@@ -121,7 +121,7 @@ func ask(router *kvroute.Router, messages []map[string]string, maxTokens int, re
 	}
 	want, _ := kvroutetest.Reference(kvroute.PathChatCompletions, body, ref...)
 	reply = out.Choices[0].Message.Content
-	return reply, string(resp.Reuse()), reply == want.Text
+	return reply, resp.Header.Get("X-Bidikv-Reuse"), reply == want.Text
 }
 
 // ErrorBody answers in the error shape of each API: what a program in

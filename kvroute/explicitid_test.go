@@ -24,7 +24,7 @@ type explicitCase struct {
 	name   string
 	path   string
 	stream bool
-	mode   kvroute.Verification
+	mode   kvroute.VerificationMode
 	engine []kvroutetest.Option
 	// first and attack are the bodies of the conversation's first turn
 	// (reply appended by hear) and of the attack.
@@ -124,7 +124,7 @@ func TestConversationIDCannotPoison(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, tc.engine...)...)
 			obs := &lastTurn{}
-			r := newRouter(t, c, kvroute.WithIdentifier(kvroute.ExplicitID{}), kvroute.WithVerification(tc.mode), kvroute.WithObserver(obs))
+			r := newRouter(t, c, kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}), kvroute.WithVerification(kvroute.Verification{Mode: tc.mode}), kvroute.WithObserver(obs))
 			url := serve(t, r)
 			tenantA := http.Header{"Authorization": {"Bearer key-a"}, "X-Session-Id": {"c1"}}
 			tenantB := http.Header{"Authorization": {"Bearer key-b"}}
@@ -156,7 +156,7 @@ func TestConversationIDCannotPoison(t *testing.T) {
 func TestConversationIDStillReuses(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
-		g := newRig(t, c, stream, kvroute.WithIdentifier(kvroute.ExplicitID{}), kvroute.WithVerification(kvroute.VerifyContent))
+		g := newRig(t, c, stream, kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}), kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent}))
 		g.conv.extra = map[string]any{"conversation_id": "c1"}
 		for i := range 4 {
 			g.turn(i, false)

@@ -27,7 +27,8 @@ type faultCase struct {
 	stream  bool
 	engine  []kvroutetest.Option
 	router  []kvroute.Option
-	virtual bool // engines and router on a virtual clock
+	ttls    kvroute.TTLs // the router's, besides a prefill lease of an hour
+	virtual bool         // engines and router on a virtual clock
 	inject  func(g *rig, i int) (faults int, mayFail bool)
 }
 
@@ -84,14 +85,14 @@ func faultCases() []faultCase {
 			g.lastDecode().FailNext(1, http.StatusServiceUnavailable)
 			return 2, false
 		}},
-		{name: "decode stall", router: []kvroute.Option{kvroute.WithFirstByteTimeout(300 * time.Millisecond)}, inject: func(g *rig, i int) (int, bool) {
+		{name: "decode stall", router: []kvroute.Option{kvroute.WithTimeouts(kvroute.Timeouts{FirstByte: 300 * time.Millisecond})}, inject: func(g *rig, i int) (int, bool) {
 			if !at(i) {
 				return 0, false
 			}
 			g.lastDecode().Stall(time.Minute)
 			return 1, false
 		}},
-		{name: "prefill stall", router: []kvroute.Option{kvroute.WithPrefillTimeout(300 * time.Millisecond)}, inject: func(g *rig, i int) (int, bool) {
+		{name: "prefill stall", router: []kvroute.Option{kvroute.WithTimeouts(kvroute.Timeouts{Prefill: 300 * time.Millisecond})}, inject: func(g *rig, i int) (int, bool) {
 			if !at(i) {
 				// The stall stays armed until P0 is picked.
 				return 0, i > 3
@@ -135,7 +136,7 @@ func faultCases() []faultCase {
 		{name: "retained handle expired", virtual: true,
 			// The router is told a longer decoder TTL than the engines
 			// have, so it attaches handles the engines let expire.
-			router: []kvroute.Option{kvroute.WithDecoderBlocksTTL(10 * time.Minute), kvroute.WithRetentionTTL(9 * time.Minute)},
+			ttls: kvroute.TTLs{DecoderBlocks: 10 * time.Minute, Retention: 9 * time.Minute},
 			inject: func(g *rig, i int) (int, bool) {
 				if !at(i) {
 					return 0, false
@@ -147,7 +148,7 @@ func faultCases() []faultCase {
 			if !at(i) {
 				return 0, false
 			}
-			g.c.Clock.Advance(kvroute.DefaultRetentionTTL + time.Second)
+			g.c.Clock.Advance(kvroute.Defaults().TTLs.Retention + time.Second)
 			return 1, false
 		}},
 	}
@@ -167,7 +168,9 @@ func TestFaults(t *testing.T) {
 					opts = append(opts, kvroutetest.WithClock(kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))))
 				}
 				c := kvroutetest.NewCluster(t, size, size, opts...)
-				ropts := append([]kvroute.Option{kvroute.WithPrefillLease(time.Hour)}, fc.router...)
+				ttls := fc.ttls
+				ttls.PrefillLease = time.Hour
+				ropts := append([]kvroute.Option{kvroute.WithTTLs(ttls)}, fc.router...)
 				g := newRig(t, c, fc.stream, ropts...)
 				for i := 1; i <= faultTurns; i++ {
 					n, mayFail := fc.inject(g, i)
@@ -244,7 +247,7 @@ func TestRetryAfter(t *testing.T) {
 	policy := transport.RetryPolicy{NewTimer: func() backoff.Timer { return &instantTimer{mu: &mu, waits: &waits} }}
 	obs := &lastTurn{}
 	r, err := kvroute.New(kvroute.WithPrefill(busy, c.Prefill[1].URL()), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithRetryPolicy(policy), kvroute.WithObserver(obs), kvroute.WithSelector(&kvroute.RoundRobin{}))
+		kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy}), kvroute.WithObserver(obs), kvroute.WithSelector(&kvroutetest.RoundRobin{}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	u := serve(t, r)
@@ -266,7 +269,7 @@ func TestNoEngineLeft(t *testing.T) {
 		t.Run(string(phase), func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 2, 2)
 			policy := transport.RetryPolicy{NewTimer: func() backoff.Timer { return &instantTimer{mu: &sync.Mutex{}, waits: new([]time.Duration)} }}
-			g := newRig(t, c, false, kvroute.WithRetryPolicy(policy))
+			g := newRig(t, c, false, kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy}))
 			g.turn(1, false)
 			down := c.Decode
 			if phase == kvroute.PhasePrefill {

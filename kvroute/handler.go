@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -33,13 +35,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		_, _ = w.Write(b)
 		return
 	}
-	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a, status, err) }
+	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a.errors, status, err) }
 	if hr.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, errors.New("kvroute: use POST"))
 		return
 	}
-	body, ref, err := r.readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes)
+	body, ref, err := readBody(http.MaxBytesReader(w, hr.Body, r.cfg.maxBodyBytes), hr.ContentLength, r.cfg.maxBodyBytes, &r.bufs.bytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -83,7 +85,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	if _, err := resp.WriteTo(w); err != nil && hr.Context().Err() == nil {
 		r.log.LogAttrs(hr.Context(), slog.LevelWarn, "kvroute: response ended with an error",
-			slog.String("request_id", resp.RequestID()), slog.String("err", err.Error()))
+			slog.String("request_id", resp.t.id), slog.String("err", err.Error()))
 		if resp.Streaming() {
 			_ = sse.NewWriter(w).WriteRaw(resp.ErrorEvent(err))
 		}
@@ -95,32 +97,13 @@ func isJSONObject(b []byte) bool {
 	return err == nil
 }
 
-func writeError(w http.ResponseWriter, status int, err error) {
-	writeAPIError(w, openAI{}, status, err)
-}
-
-// errorShaper is the part of an api that shapes errors.
-type errorShaper interface {
-	errorBody(status int, err error) []byte
-}
-
 // writeAPIError writes err in the API's error shape.
-func writeAPIError(w http.ResponseWriter, a errorShaper, status int, err error) {
-	b := a.errorBody(status, err)
+func writeAPIError(w http.ResponseWriter, a errorShape, status int, err error) {
+	b := a.body(status, err)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
-}
-
-// sseError frames an error as the SSE event vLLM itself sends when a
-// stream fails.
-func sseError(status int, err error) []byte {
-	b := errorBody(status, err)
-	out := make([]byte, 0, len(b)+8)
-	out = append(out, "data: "...)
-	out = append(out, b...)
-	return append(out, "\n\n"...)
 }
 
 // firstBodyBuffer is the buffer a request body of known length is first
@@ -147,19 +130,19 @@ func nextBodyBuffer(cur, n int) int {
 // twice what it sent, or firstBodyBuffer. The returned reference (nil for
 // a body of unknown length, read with io.ReadAll) gives the buffer back to
 // the pool.
-func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, error) {
+func readBody(r io.Reader, length, limit int64, bufs *bufpool.Bytes) ([]byte, *bodyRef, error) {
 	if length <= 0 || length > limit {
 		b, err := io.ReadAll(r)
 		return b, nil, err
 	}
 	n := int(length)
-	b := rt.bufs.get(min(n, firstBodyBuffer))
+	b := bufs.Get(min(n, firstBodyBuffer))
 	got := 0
 	for {
 		m, err := io.ReadFull(r, b[got:])
 		got += m
 		if err != nil {
-			rt.bufs.put(b)
+			bufs.Put(b)
 			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 				return nil, nil, fmt.Errorf("the body is shorter than its Content-Length: %w", io.ErrUnexpectedEOF)
 			}
@@ -168,9 +151,9 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 		if got == n {
 			break
 		}
-		nb := rt.bufs.get(nextBodyBuffer(len(b), n))
+		nb := bufs.Get(nextBodyBuffer(len(b), n))
 		copy(nb, b[:got])
-		rt.bufs.put(b)
+		bufs.Put(b)
 		b = nb
 	}
 	// net/http enforces Content-Length; anything after it is an error, and
@@ -178,14 +161,37 @@ func (rt *Router) readBody(r io.Reader, length, limit int64) ([]byte, *bodyRef, 
 	// the body).
 	var one [1]byte
 	if m, err := r.Read(one[:]); m > 0 || (err != nil && err != io.EOF) {
-		rt.bufs.put(b)
+		bufs.Put(b)
 		if m > 0 {
 			err = errors.New("the body is longer than its Content-Length")
 		}
 		return nil, nil, err
 	}
-	ref := &bodyRef{buf: b, pool: &rt.bufs}
+	ref := &bodyRef{buf: b, pool: bufs}
 	ref.rel = ref.release
 	ref.n.Store(1)
 	return b, ref, nil
+}
+
+// bodyRef counts the users of a pooled request body: ServeHTTP, for the
+// turn, and each upstream request body that aliases it, until net/http
+// closes it. The last release returns the buffer to the pool. A nil
+// *bodyRef (a body the router does not own) counts nothing.
+type bodyRef struct {
+	n    atomic.Int32
+	buf  []byte
+	pool *bufpool.Bytes
+	rel  func() // release, made once for every upstream body's onClose
+}
+
+func (b *bodyRef) acquire() {
+	if b != nil {
+		b.n.Add(1)
+	}
+}
+
+func (b *bodyRef) release() {
+	if b != nil && b.n.Add(-1) == 0 {
+		b.pool.Put(b.buf)
+	}
 }

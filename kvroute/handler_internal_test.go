@@ -9,71 +9,42 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 )
 
 func TestReadBody(t *testing.T) {
-	r := &Router{}
+	var bufs bufpool.Bytes
 	body := strings.Repeat("x", 1000)
-	b, ref, err := r.readBody(strings.NewReader(body), 1000, 4096)
+	b, ref, err := readBody(strings.NewReader(body), 1000, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
-	assert.Equal(t, minPooled, cap(b), "one pooled buffer of the announced size's class")
+	assert.Equal(t, bufpool.MinPooled, cap(b), "one pooled buffer of the announced size's class")
 	require.NotNil(t, ref)
 	ref.acquire() // an upstream body aliasing it
 	ref.release() // the turn ends
-	again := r.bufs.get(1000)
+	again := bufs.Get(1000)
 	assert.NotSame(t, &b[0], &again[0], "still held by the upstream body")
 	assert.Equal(t, int32(1), ref.n.Load())
 	ref.release() // net/http closed the upstream body: back to the pool
 	assert.Equal(t, int32(0), ref.n.Load())
 
-	_, _, err = r.readBody(strings.NewReader(body[:10]), 1000, 4096)
+	_, _, err = readBody(strings.NewReader(body[:10]), 1000, 4096, &bufs)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
 
-	_, _, err = r.readBody(strings.NewReader(body), 10, 4096)
+	_, _, err = readBody(strings.NewReader(body), 10, 4096, &bufs)
 	assert.ErrorContains(t, err, "longer than its Content-Length")
 
 	// Unknown length, or one over the limit: read as it comes (the
 	// caller's MaxBytesReader enforces the limit), not pooled.
-	b, ref, err = r.readBody(bytes.NewReader([]byte(body)), -1, 4096)
+	b, ref, err = readBody(bytes.NewReader([]byte(body)), -1, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(b))
 	assert.Nil(t, ref)
 	ref.release() // a nil reference counts nothing
-	b, _, err = r.readBody(bytes.NewReader([]byte(body)), 1<<20, 4096)
+	b, _, err = readBody(bytes.NewReader([]byte(body)), 1<<20, 4096, &bufs)
 	require.NoError(t, err)
 	assert.Len(t, b, 1000)
-}
-
-func TestBufPoolClasses(t *testing.T) {
-	for _, tt := range []struct{ n, class int }{{0, 0}, {1, 0}, {4096, 0}, {4097, 1}, {8192, 1}, {8193, 2}, {100 << 10, 5}, {8 << 20, 11}, {8<<20 + 1, -1}} {
-		assert.Equal(t, tt.class, class(tt.n), "class(%d)", tt.n)
-	}
-	var p bufPool
-	b := p.get(5000)
-	assert.Len(t, b, 5000)
-	assert.Equal(t, 8192, cap(b))
-	p.put(make([]byte, 5000)) // not a class's capacity: dropped
-	big := p.get(9 << 20)
-	assert.Len(t, big, 9<<20)
-}
-
-func TestBufPoolRead(t *testing.T) {
-	var p bufPool
-	for _, n := range []int{0, 10, minPooled, minPooled + 1, 100 << 10} {
-		body := strings.Repeat("y", n)
-		b, err := p.read(iotestHalf(strings.NewReader(body)), 1<<20, n/2)
-		require.NoError(t, err)
-		assert.Equal(t, body, string(b))
-		p.put(b)
-	}
-	_, err := p.read(strings.NewReader(strings.Repeat("z", 5000)), 4999, 0)
-	assert.ErrorIs(t, err, errBodyTooLarge)
-	_, err = p.read(strings.NewReader(strings.Repeat("z", 4096)), 4095, 0)
-	assert.ErrorIs(t, err, errBodyTooLarge)
-	b, err := p.read(strings.NewReader(strings.Repeat("z", 4096)), 4096, 0)
-	require.NoError(t, err)
-	assert.Len(t, b, 4096)
 }
 
 // iotestHalf reads half of what is asked each time.

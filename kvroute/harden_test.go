@@ -139,7 +139,7 @@ func streamAnswer(w http.ResponseWriter, content, handle string) {
 func fakeRouter(t testing.TB, f *fakeEngine, obs *lastTurn, opts ...kvroute.Option) *kvroute.Router {
 	t.Helper()
 	base := []kvroute.Option{kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), kvroute.WithObserver(obs),
-		kvroute.WithVerification(kvroute.VerifyContent), kvroute.WithThreshold(0)}
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent}), kvroute.WithThreshold(0)}
 	r, err := kvroute.New(append(base, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
@@ -321,7 +321,7 @@ func TestNoDecodeHandleCounted(t *testing.T) {
 		f := newFake(t)
 		f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, prefillAnswer("", "")) }
 		obs := &lastTurn{}
-		r := fakeRouter(t, f, obs, kvroute.WithLocalPrefillFallback(true))
+		r := fakeRouter(t, f, obs, kvroute.WithFailover(kvroute.Failover{LocalPrefill: true}))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
 		st := r.Stats()
@@ -570,7 +570,7 @@ func TestLargeHandleEndToEnd(t *testing.T) {
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", big)) }
 		obs := &lastTurn{}
 		logs := &countHandler{}
-		r := fakeRouter(t, f, obs, kvroute.WithMaxEntryBytes(64<<10), kvroute.WithLogger(slog.New(logs)))
+		r := fakeRouter(t, f, obs, kvroute.WithLimits(kvroute.Limits{Entry: 64 << 10}), kvroute.WithLogger(slog.New(logs)))
 		for i := range 3 {
 			_, err := doTurn(t, r, chatBody(false, fmt.Sprintf("hi %d", i)), nil)
 			require.NoError(t, err)
@@ -580,12 +580,12 @@ func TestLargeHandleEndToEnd(t *testing.T) {
 		assert.Equal(t, int32(1), logs.n.Load(), "warned once, not every turn")
 
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { streamAnswer(w, "hello", big) }
-		r = fakeRouter(t, f, obs, kvroute.WithMaxEventBytes(1<<20))
+		r = fakeRouter(t, f, obs, kvroute.WithLimits(kvroute.Limits{Event: 1 << 20}))
 		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
 		require.Error(t, err)
 		assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
 
-		for _, o := range []kvroute.Option{kvroute.WithMaxEventBytes(0), kvroute.WithMaxEntryBytes(-1)} {
+		for _, o := range []kvroute.Option{kvroute.WithLimits(kvroute.Limits{Event: -1}), kvroute.WithLimits(kvroute.Limits{Entry: -1})} {
 			_, err := kvroute.New(kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), o)
 			assert.ErrorIs(t, err, kvroute.ErrInvalidConfig)
 		}
@@ -600,8 +600,8 @@ func TestRequestIDBounded(t *testing.T) {
 		kept     bool
 	}{
 		{"ordinary", "req-123_abc.DEF", true},
-		{"128 bytes", strings.Repeat("a", kvroute.MaxRequestIDBytes), true},
-		{"129 bytes", strings.Repeat("a", kvroute.MaxRequestIDBytes+1), false},
+		{"128 bytes", strings.Repeat("a", 128), true},
+		{"129 bytes", strings.Repeat("a", 128+1), false},
 		{"200 KB", strings.Repeat("x", 200<<10), false},
 		{"space", "a b", false},
 		{"non-ASCII", "id-\u00e9", false},
@@ -615,7 +615,7 @@ func TestRequestIDBounded(t *testing.T) {
 				Header: http.Header{"X-Request-Id": {tc.id}}, Body: chatBody(false, "hi")})
 			require.NoError(t, err)
 			require.NoError(t, resp.Close())
-			got := resp.RequestID()
+			got := resp.Header.Get("X-Request-Id")
 			if tc.kept {
 				assert.Equal(t, tc.id, got)
 			} else {
@@ -681,8 +681,8 @@ func TestTurnRecordReuseSemantics(t *testing.T) {
 		{"continuation chat", kvroute.ContinuationKeys{}, kvroute.PathChatCompletions, string(chatBody(false, "hi"))},
 		{"continuation completions, short prompt", kvroute.ContinuationKeys{}, kvroute.PathCompletions, `{"model":"m","prompt":"hi","max_tokens":4}`},
 		{"continuation completions", kvroute.ContinuationKeys{}, kvroute.PathCompletions, `{"model":"m","prompt":"` + systemPrompt + `","max_tokens":4}`},
-		{"explicit id", kvroute.ExplicitID{}, kvroute.PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}],"conversation_id":"c1"}`},
-		{"explicit id absent", kvroute.ExplicitID{}, kvroute.PathChatCompletions, string(chatBody(false, "hi"))},
+		{"explicit id", kvroute.ContinuationKeys{ByConversationID: true}, kvroute.PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}],"conversation_id":"c1"}`},
+		{"explicit id absent", kvroute.ContinuationKeys{ByConversationID: true}, kvroute.PathChatCompletions, string(chatBody(false, "hi"))},
 	}
 	for _, tc := range first {
 		t.Run("first turn "+tc.name, func(t *testing.T) {
@@ -706,7 +706,7 @@ func TestTurnRecordReuseSemantics(t *testing.T) {
 	})
 }
 
-type failingIdentifier struct{ kvroute.ExplicitID }
+type failingIdentifier struct{ kvroute.ContinuationKeys }
 
 func (failingIdentifier) Lookup(*kvroute.Request) (kvroute.Candidates, error) {
 	return kvroute.Candidates{}, errors.New("boom")

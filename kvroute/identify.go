@@ -5,15 +5,17 @@ import (
 	"encoding/hex"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 )
 
-// Reply is the engine's answer to a turn as the Identifier sees it:
-// choice 0's content (chat) or text (completions), tool calls, reasoning,
-// finish and stop reasons, reassembled from the body or the stream. It is
-// the same type as sse.Reply, so a reply has one shape from the stream
-// parser to the Identifier.
-type Reply = sse.Reply
+// Reply is the engine's answer to a turn as the Identifier sees it, one
+// shape from the stream's capture to the Identifier: choice 0's content
+// (chat) or text (completions) as Content, Reasoning, ToolCalls (a JSON
+// array of OpenAI tool calls, nil when none), FinishReason, StopReason
+// (vLLM's stop_reason as raw JSON, nil when none) and Incomplete (the
+// reply could not be reassembled), read from the body or the stream.
+// Migration: it was an alias of sse.Reply, which moved into kvroute.
+type Reply = capture.Reply
 
 // Identifier maps turns to retention keys.
 //
@@ -69,7 +71,7 @@ type Retention struct {
 // TenantFunc returns the scope of a request's retained handles. Requests
 // with different scopes never share a handle. It must not return secrets
 // in clear: return a digest. Scope by req.Principal(), the authenticated
-// principal (ContextWithPrincipal, else HeaderPrincipal), never by a raw
+// principal (ContextWithPrincipal, else headerPrincipal), never by a raw
 // header: a header the TenantFunc does not read would let every client
 // that authenticates with it share one scope.
 type TenantFunc func(req *Request) string
@@ -87,62 +89,35 @@ func PrincipalTenant(req *Request) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// AuthorizationTenant is PrincipalTenant.
-//
-// Deprecated: it once digested the Authorization header alone, so every
-// client that sent its key as X-Api-Key shared one scope; it now scopes by
-// Request.Principal, as PrincipalTenant, which new code should name.
-func AuthorizationTenant(req *Request) string { return PrincipalTenant(req) }
-
 // Tenant returns the request's tenant scope, as computed by the router's
 // TenantFunc.
 func (r *Request) Tenant() string { return r.tenant }
 
-// ExplicitID identifies a conversation by a client-chosen id: the body
-// field conversation_id, else session_id, else prompt_cache_key, else the
-// X-Session-ID header (ConversationHint), scoped by tenant. Requests with
-// none are never reused.
-//
-// The id only finds a handle; it never vouches for it. A handle retained
-// under an id is verified like ContinuationKeys' (by tokens, or by
-// Content's rules when the handle has no token fingerprint), and a turn
-// that those rules refuse is retained for token verification only, or not
-// at all. Trusting the id alone would let a client send a different prompt
-// under an old id: the prefill engine would pull the old KV as the prefix
-// of the new prompt, answer wrongly, and cache those blocks under the new
-// prompt's token hashes, where every tenant that sends that prompt reads
-// them.
-type ExplicitID struct {
-	// Content holds the content rules that verify a handle without a
-	// token fingerprint and refuse turns the next render may not
-	// reproduce. The zero value is ContinuationKeys' defaults.
-	Content ContinuationKeys
-}
-
-// Lookup returns the key for the request's conversation id, if any, and
-// keeps Content's digest of a chat conversation for Verify.
-func (x ExplicitID) Lookup(req *Request) (Candidates, error) {
+// idLookup is Lookup by conversation id: the key for the request's id, if
+// any, with the content rules' digest of a chat conversation for Verify.
+func (c ContinuationKeys) idLookup(req *Request) (Candidates, error) {
 	k := explicitKey(req)
 	if k == "" {
 		return Candidates{}, nil
 	}
-	c := Candidates{Keys: []string{k}}
+	cands := Candidates{Keys: []string{k}}
 	if req.Path == PathChatCompletions {
-		if d, err := x.Content.Lookup(req); err == nil {
-			c.Memo = d.Memo
+		if d, err := c.content().Lookup(req); err == nil {
+			cands.Memo = d.Memo
 		}
 	}
-	return c, nil
+	return cands, nil
 }
 
-// Key returns the same key as Lookup, with Content's check and refusal
-// for the finished turn: a turn Content refuses outright is not retained.
-func (x ExplicitID) Key(req *Request, c Candidates, reply *Reply) (Retention, error) {
+// idKey is Key by conversation id: the same key as idLookup, with the
+// content rules' check and refusal for the finished turn: a turn they
+// refuse outright is not retained.
+func (c ContinuationKeys) idKey(req *Request, cands Candidates, reply *Reply) (Retention, error) {
 	k := explicitKey(req)
 	if k == "" {
 		return Retention{Refusal: RefuseNoConversationID}, nil
 	}
-	ret, err := x.Content.Key(req, c, reply)
+	ret, err := c.content().Key(req, cands, reply)
 	if err != nil || ret.Key == "" {
 		return ret, err
 	}
@@ -150,14 +125,14 @@ func (x ExplicitID) Key(req *Request, c Candidates, reply *Reply) (Retention, er
 	return ret, nil
 }
 
-// Verify reports whether the request continues what the handle holds, by
-// Content's rules (ContinuationKeys.Verify).
-func (x ExplicitID) Verify(req *Request, c Candidates, check []byte) bool {
-	return x.Content.Verify(req, c, check)
+// content is c keying by content.
+func (c ContinuationKeys) content() ContinuationKeys {
+	c.ByConversationID = false
+	return c
 }
 
 func explicitKey(req *Request) string {
-	id := ConversationHint(req)
+	id := conversationHint(req)
 	if id == "" {
 		return ""
 	}
@@ -165,10 +140,12 @@ func explicitKey(req *Request) string {
 	return "id:" + hex.EncodeToString(sum[:])
 }
 
-// ConversationHint returns a client-supplied conversation id: the body
+// conversationHint returns a client-supplied conversation id: the body
 // field conversation_id, else session_id, else prompt_cache_key, else the
-// X-Session-ID header; "" when none.
-func ConversationHint(req *Request) string {
+// X-Session-ID header; "" when none. It places turns (Selection.Hint) and,
+// with ContinuationKeys.ByConversationID, keys them; it never unlocks a
+// handle.
+func conversationHint(req *Request) string {
 	for _, k := range [...]string{"conversation_id", "session_id", "prompt_cache_key"} {
 		if v, ok := req.Field(k); ok {
 			if s, ok := jsonraw.String(v); ok && s != "" {

@@ -21,7 +21,7 @@ type DecodeKV struct {
 	Handles int
 	// Tokens is their remote_num_tokens, summed.
 	Tokens int64
-	// Bytes is Tokens × WithKVBytesPerToken, 0 when that is unset.
+	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
 }
 
@@ -157,11 +157,11 @@ func (r *Router) DecodeKV() []DecodeKV {
 	for _, e := range r.decode.list() {
 		out = append(out, DecodeKV{Endpoint: e.url})
 	}
-	r.kv.mu.Lock()
-	r.kv.sweep(now.UnixNano(), -1)
+	r.handles.kv.mu.Lock()
+	r.handles.kv.sweep(now.UnixNano(), -1)
 	var gone []string
-	for _, h := range r.kv.m {
-		ep := r.kv.eps[h.ep]
+	for _, h := range r.handles.kv.m {
+		ep := r.handles.kv.eps[h.ep]
 		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == ep })
 		if i < 0 {
 			d, ok := byEP[ep]
@@ -177,7 +177,7 @@ func (r *Router) DecodeKV() []DecodeKV {
 		out[i].Handles++
 		out[i].Tokens += int64(h.tokens)
 	}
-	r.kv.mu.Unlock()
+	r.handles.kv.mu.Unlock()
 	slices.Sort(gone)
 	for _, ep := range gone {
 		out = append(out, *byEP[ep])

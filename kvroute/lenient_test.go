@@ -115,14 +115,14 @@ func TestRequestStream(t *testing.T) {
 				body += `,"stream":` + tc.stream
 			}
 			r := &Request{Path: PathChatCompletions, Body: []byte(body + "}")}
-			err := r.parse(DefaultMaxObjectMembers)
+			err := r.parse(Defaults().Limits.ObjectMembers)
 			if !tc.ok {
 				require.ErrorIs(t, err, ErrBadRequest)
 				assert.Contains(t, err.Error(), "stream must be a boolean")
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, r.Streaming())
+			assert.Equal(t, tc.want, r.streaming())
 		})
 	}
 }

@@ -41,7 +41,7 @@ func TestDecodeLocalTurns(t *testing.T) {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithStreamHandles(true))
 			rec := &recorder{}
-			r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeLocal(true), kvroute.WithKVBytesPerToken(1000),
+			r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true, KVBytesPerToken: 1000}),
 				kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{MaxLocalSuffix: 400})))
 			url := serve(t, r)
 			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 24,
@@ -146,7 +146,7 @@ func TestDecodeLocalBurstBounded(t *testing.T) {
 	t.Cleanup(rt.CloseIdleConnections)
 	g := &gate{rt: rt, open: make(chan struct{})}
 	rec := &recorder{}
-	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeLocal(true), kvroute.WithTransport(g),
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithTransport(g),
 		kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{MaxLocalInFlight: 2})))
 	url := serve(t, r)
 	const n = 5
@@ -207,7 +207,7 @@ func TestDecodeLocalObserved(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 	rec := &recorder{}
 	l := &learner{CostModel: localModel(t, threshold.CostConfig{})}
-	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(l))
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithThresholdPolicy(l))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, stream: true, maxTok: 24,
 		messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -233,7 +233,7 @@ func TestDecodeLocalObserved(t *testing.T) {
 func TestDecodeLocalTraced(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 	ft := &fakeTracer{}
-	url := serve(t, newRouter(t, c, kvroute.WithTracer(ft), kvroute.WithDecodeLocal(true),
+	url := serve(t, newRouter(t, c, kvroute.WithTracer(ft), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}),
 		kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{}))))
 	conv := &conversation{path: kvroute.PathChatCompletions, stream: true, maxTok: 8, messages: []message{{Role: "system", Content: systemPrompt}}}
 	hdr := http.Header{"Traceparent": {"client-trace"}}

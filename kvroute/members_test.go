@@ -19,7 +19,7 @@ import (
 func TestMaxObjectMembers(t *testing.T) {
 	const limit = 40
 	c := kvroutetest.NewCluster(t, 1, 1)
-	url := serve(t, newRouter(t, c, kvroute.WithMaxObjectMembers(limit)))
+	url := serve(t, newRouter(t, c, kvroute.WithLimits(kvroute.Limits{ObjectMembers: limit})))
 	members := func(n int) string {
 		var b strings.Builder
 		for i := range n {

@@ -51,7 +51,7 @@ type TurnRecord struct {
 	Unconfirmed bool
 	// Verification is how the attached (or rejected) handle was checked:
 	// VerifyTokens, VerifyContent, or "" when no handle was found.
-	Verification Verification
+	Verification VerificationMode
 	// HandleTokens is remote_num_tokens of the handle found, before any
 	// cut to the verified prefix (0 when none was found).
 	HandleTokens int
@@ -85,7 +85,7 @@ type TurnRecord struct {
 	Total     time.Duration // Do's start to the end of the turn
 	Bytes     int64         // response bytes handed to the caller
 
-	// Choice is the path the Chooser took for this turn (WithDecodeLocal):
+	// Choice is the path the Chooser took for this turn (WithDecodeMemory's Local):
 	// threshold.PathPull, PathLocal or PathRecompute; "" when it was not
 	// asked (decode-local off, no handle verified by tokens, or the
 	// handle's decode engine unavailable). A decode-local leg that failed

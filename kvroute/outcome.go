@@ -15,7 +15,9 @@ type ReuseOutcome string
 type MissReason string
 
 // Refusal is why a finished turn's handle was not retained, or was
-// retained for token verification only (a soft refusal, see Retention).
+// retained for token verification only (a soft refusal, see Retention). A
+// finish reason other than stop or length is refused as "finish_" and the
+// reason ("finish_abort").
 type Refusal string
 
 // TokenSource is where the tokens of a new prompt came from.
@@ -50,8 +52,8 @@ const (
 	MissUnverified MissReason = "unverified"
 	// MissPartialRefused: only a prefix of the handle's tokens matched and
 	// the handle cannot be read partially (dcp_size > 1, KV groups of
-	// unequal length, a block count that does not fit WithBlockSize, or
-	// WithBlockSize(0)).
+	// unequal length, a block count that does not fit WithVerification's BlockSize, or
+	// a negative BlockSize (WithVerification)).
 	MissPartialRefused MissReason = "partial_refused"
 	// MissEndpointGone: a handle was found whose decode endpoint is no
 	// longer among the Router's decode endpoints (SetEndpoints removed it):
@@ -67,7 +69,7 @@ const (
 	// (Stats.RestartedHandles).
 	MissRestarted MissReason = "engine_restarted"
 	// MissEngineUnconfirmed: the decode engine's /metrics could not be
-	// read to check that it did not restart (WithRestartCheck); the handle
+	// read to check that it did not restart (WithHealth's RestartCheck); the handle
 	// is put back and may be attached once the engine answers.
 	MissEngineUnconfirmed MissReason = "engine_unconfirmed"
 	// MissRenderMismatch: the prefill engine that rendered the prompt
@@ -84,8 +86,8 @@ const (
 
 // Refusal reasons reported by ContinuationKeys (TurnRecord.StoreRefusal).
 const (
-	// RefuseNoConversationID: ExplicitID found neither a conversation_id
-	// nor an X-Session-ID.
+	// RefuseNoConversationID: ContinuationKeys.ByConversationID found
+	// neither a conversation_id nor an X-Session-ID.
 	RefuseNoConversationID Refusal = "no_conversation_id"
 	RefuseReasoning        Refusal = "reasoning"
 	RefuseN                Refusal = "n"
@@ -137,10 +139,10 @@ const (
 	// RefuseUnrendered: an API without token ids whose prompt could not be
 	// rendered; its turn cannot be verified by tokens and is not retained.
 	RefuseUnrendered Refusal = "unrendered"
-	// RefuseFinishPrefix prefixes a finish reason other than stop or
+	// refuseFinishPrefix prefixes a finish reason other than stop or
 	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
 	// finish as stop in vLLM).
-	RefuseFinishPrefix Refusal = "finish_"
+	refuseFinishPrefix Refusal = "finish_"
 )
 
 // Where the tokens of a new prompt came from (TurnRecord.TokenSource).

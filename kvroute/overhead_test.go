@@ -173,7 +173,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		prompt := toytok.Chat(req.Messages)
 		gen := toyReplyIDs
 		tokens := len(prompt) + len(gen) - 1
-		handle := toytok.Handle(n, tokens, kvroute.DefaultBlockSize)
+		handle := toytok.Handle(n, tokens, kvroute.Defaults().Verification.BlockSize)
 		te.handles.Add(1)
 		te.handleBytes.Add(int64(len(handle)))
 		te.handleTokens.Add(int64(tokens))
@@ -455,7 +455,7 @@ func BenchmarkRetainedBytes(b *testing.B) {
 		p, d := cannedEngines(b)
 		benchmarkRetained(b, p, d, kvroute.VerifyContent, 1<<10, func() (float64, float64) { return float64(len(cannedDHandle)), 128 })
 	})
-	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		for _, hist := range []int{1 << 10, 100 << 10} {
 			if mode == kvroute.VerifyContent && hist == 1<<10 {
 				continue
@@ -483,7 +483,7 @@ func (s *sizeStore) Put(ctx context.Context, key string, value []byte, ttl time.
 // benchmarkRetained retains b.N one-turn conversations of a hist-byte
 // history and reports the heap kept per conversation; handle returns the
 // mean handle JSON size and remote_num_tokens of what D sent meanwhile.
-func benchmarkRetained(b *testing.B, p, d string, mode kvroute.Verification, hist int, handle func() (bytes, tokens float64)) {
+func benchmarkRetained(b *testing.B, p, d string, mode kvroute.VerificationMode, hist int, handle func() (bytes, tokens float64)) {
 	rt, err := transport.NewTransport()
 	if err != nil {
 		b.Fatal(err)
@@ -495,7 +495,7 @@ func benchmarkRetained(b *testing.B, p, d string, mode kvroute.Verification, his
 	}
 	store := &sizeStore{Store: mem}
 	r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt),
-		kvroute.WithVerification(mode), kvroute.WithStore(store))
+		kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithStore(store))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 // Prefill engines a conversation must avoid. When a prefill engine
 // computed other prompt tokens than its render answered within the
-// attached prefix (checkPrefillIDs), it had already pulled D's blocks as
+// attached prefix (prefiller.checkIDs), it had already pulled D's blocks as
 // the prefix of its own prompt, and with prefix caching it keeps them under
 // the hashes of the tokens it computed: any later request whose prompt
 // begins with those tokens, on that engine, reads them. The router cannot

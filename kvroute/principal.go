@@ -18,7 +18,7 @@ import (
 // an embedder's middleware) knows best: it puts the principal it
 // authenticated in the request's context with ContextWithPrincipal, for
 // example KeyPrincipal of the key it matched. Without one, the principal
-// is derived from the credentials the request carries (HeaderPrincipal):
+// is derived from the credentials the request carries (headerPrincipal):
 // the same result for the same key whichever header carried it, different
 // keys give different principals, and no credential at all gives "".
 
@@ -42,12 +42,12 @@ func principalFrom(ctx context.Context) (string, bool) {
 }
 
 // Principal returns the request's principal: the one its context carried
-// into Router.Do (ContextWithPrincipal), else HeaderPrincipal of its
+// into Router.Do (ContextWithPrincipal), else headerPrincipal of its
 // headers. A TenantFunc and an Identifier see the same value; it is a
 // digest, never a credential.
 func (r *Request) Principal() string {
 	if !r.principalSet {
-		r.principal, r.principalSet = HeaderPrincipal(r.Header), true
+		r.principal, r.principalSet = headerPrincipal(r.Header), true
 	}
 	return r.principal
 }
@@ -58,10 +58,10 @@ func (r *Request) setPrincipal(ctx context.Context) {
 		r.principal, r.principalSet = p, true
 		return
 	}
-	r.principal, r.principalSet = HeaderPrincipal(r.Header), true
+	r.principal, r.principalSet = headerPrincipal(r.Header), true
 }
 
-// HeaderPrincipal returns the principal named by the credentials in h: a
+// headerPrincipal returns the principal named by the credentials in h: a
 // digest of every value of Authorization and X-Api-Key, "" when there is
 // none. A Bearer token (the scheme in any case, RFC 7235) and an X-Api-Key
 // value are the same credential, an API key, so a key gives the same
@@ -71,7 +71,7 @@ func (r *Request) setPrincipal(ctx context.Context) {
 // twice counts once; two different credentials give a principal of their
 // own, which is neither's. Cookies are not read: a layer that
 // authenticates by cookie sets the principal itself (ContextWithPrincipal).
-func HeaderPrincipal(h http.Header) string {
+func headerPrincipal(h http.Header) string {
 	var buf [4]string
 	creds := buf[:0]
 	for k, vs := range h {
@@ -97,7 +97,7 @@ func HeaderPrincipal(h http.Header) string {
 	return principalDigest(slices.Compact(creds))
 }
 
-// KeyPrincipal returns the principal of an API key: what HeaderPrincipal
+// KeyPrincipal returns the principal of an API key: what headerPrincipal
 // gives for a request whose only credential is that key, sent as
 // Authorization: Bearer KEY or X-Api-Key: KEY. An authenticating layer
 // that matched key passes it to ContextWithPrincipal.
@@ -105,7 +105,7 @@ func KeyPrincipal(key string) string {
 	return principalDigest([]string{apiKeyTag + trimOWS(key)})
 }
 
-// Tags of the credentials HeaderPrincipal digests: an API key (Bearer
+// Tags of the credentials headerPrincipal digests: an API key (Bearer
 // token or X-Api-Key), an Authorization value of another scheme, one
 // without a scheme.
 const (

@@ -45,7 +45,7 @@ func TestHeaderPrincipal(t *testing.T) {
 		{"bearer without token beside it", hdr("Authorization", "Bearer", "X-Api-Key", "sk-a")},
 	}
 	for _, tc := range same {
-		assert.Equal(t, keyA, kvroute.HeaderPrincipal(tc.h), tc.name)
+		assert.Equal(t, keyA, kvroute.HeaderPrincipalForTest(tc.h), tc.name)
 	}
 	distinct := map[string]http.Header{
 		"none":               {},
@@ -61,7 +61,7 @@ func TestHeaderPrincipal(t *testing.T) {
 	}
 	seen := map[string]string{keyA: "key a"}
 	for name, h := range distinct {
-		p := kvroute.HeaderPrincipal(h)
+		p := kvroute.HeaderPrincipalForTest(h)
 		if name == "none" || name == "cookie is not read" {
 			assert.Empty(t, p, name)
 			continue
@@ -73,10 +73,10 @@ func TestHeaderPrincipal(t *testing.T) {
 		assert.False(t, dup, "%s has the principal of %s", name, prev)
 		seen[p] = name
 	}
-	assert.Equal(t, kvroute.HeaderPrincipal(hdr("Authorization", "Bearer sk-a", "X-Api-Key", "sk-b")),
-		kvroute.HeaderPrincipal(hdr("X-Api-Key", "sk-b", "Authorization", "bearer sk-a")), "order does not matter")
-	assert.Equal(t, kvroute.HeaderPrincipal(hdr("Authorization", "Basic x")),
-		kvroute.HeaderPrincipal(hdr("Authorization", "basic x")), "the scheme is case-insensitive")
+	assert.Equal(t, kvroute.HeaderPrincipalForTest(hdr("Authorization", "Bearer sk-a", "X-Api-Key", "sk-b")),
+		kvroute.HeaderPrincipalForTest(hdr("X-Api-Key", "sk-b", "Authorization", "bearer sk-a")), "order does not matter")
+	assert.Equal(t, kvroute.HeaderPrincipalForTest(hdr("Authorization", "Basic x")),
+		kvroute.HeaderPrincipalForTest(hdr("Authorization", "basic x")), "the scheme is case-insensitive")
 }
 
 // Tenant B resending tenant A's exact history never reuses A's KV, whichever
@@ -172,8 +172,8 @@ func FuzzHeaderPrincipal(f *testing.F) {
 		}
 		trim := func(s string) string { return strings.Trim(s, " \t") }
 		t1, t2 := trim(k1), trim(k2)
-		p1 := kvroute.HeaderPrincipal(hdr("X-Api-Key", k1))
-		p1b := kvroute.HeaderPrincipal(hdr("Authorization", string(scheme)+" "+k1))
+		p1 := kvroute.HeaderPrincipalForTest(hdr("X-Api-Key", k1))
+		p1b := kvroute.HeaderPrincipalForTest(hdr("Authorization", string(scheme)+" "+k1))
 		if t1 == "" {
 			assert.Empty(t, p1)
 			assert.Empty(t, p1b)
@@ -182,11 +182,11 @@ func FuzzHeaderPrincipal(f *testing.F) {
 		assert.Equal(t, kvroute.KeyPrincipal(k1), p1)
 		assert.Equal(t, p1, p1b, "the same key by either header")
 		if t2 == "" {
-			assert.Equal(t, p1, kvroute.HeaderPrincipal(hdr("X-Api-Key", k1, "X-Api-Key", k2)), "an empty value does not count")
+			assert.Equal(t, p1, kvroute.HeaderPrincipalForTest(hdr("X-Api-Key", k1, "X-Api-Key", k2)), "an empty value does not count")
 			return
 		}
-		p2 := kvroute.HeaderPrincipal(hdr("Authorization", string(scheme)+" "+k2))
-		both := kvroute.HeaderPrincipal(hdr("X-Api-Key", k1, "Authorization", "Bearer "+k2))
+		p2 := kvroute.HeaderPrincipalForTest(hdr("Authorization", string(scheme)+" "+k2))
+		both := kvroute.HeaderPrincipalForTest(hdr("X-Api-Key", k1, "Authorization", "Bearer "+k2))
 		if t1 == t2 {
 			assert.Equal(t, p1, p2)
 			assert.Equal(t, p1, both)

@@ -112,7 +112,7 @@ func TestRandomConversations(t *testing.T) {
 	const perClass = 128
 	runs := []struct {
 		name    string
-		mode    kvroute.Verification
+		mode    kvroute.VerificationMode
 		engines []kvroutetest.Option
 	}{
 		// The hardest engines: every verified token is pulled (no local
@@ -133,7 +133,7 @@ func TestRandomConversations(t *testing.T) {
 				c := kvroutetest.NewCluster(t, 1, 1, engine...)
 				rec := &byID{m: map[string]kvroute.TurnRecord{}}
 				// Threshold 0: attach every verified prefix, however short.
-				r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(mode), kvroute.WithObserver(rec))
+				r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithObserver(rec))
 				url := serve(t, r)
 				var (
 					mu sync.Mutex
@@ -198,7 +198,7 @@ func propText(rng *rand.Rand, turn, seed int) string {
 }
 
 // propConversation runs one conversation and returns its figures.
-func propConversation(t *testing.T, url string, rec *byID, cl propClass, engine []kvroutetest.Option, mode kvroute.Verification, seed int, strict bool) propStats {
+func propConversation(t *testing.T, url string, rec *byID, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, seed int, strict bool) propStats {
 	rng := rand.New(rand.NewPCG(uint64(seed), uint64(len(cl.name))))
 	st := propStats{conversations: 1}
 	tenant := fmt.Sprintf("Bearer tenant-%d", rng.IntN(3))
@@ -410,12 +410,12 @@ func TestContentModeBlindSpots(t *testing.T) {
 			}
 		}
 		cl.mutations = []string{"lenient"} // honest clients only
-		wrong := map[kvroute.Verification]int{}
-		for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+		wrong := map[kvroute.VerificationMode]int{}
+		for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 			engine := append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0)}, cl.engine...)
 			c := kvroutetest.NewCluster(t, 1, 1, engine...)
 			rec := &byID{m: map[string]kvroute.TurnRecord{}}
-			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(mode), kvroute.WithObserver(rec))
+			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithObserver(rec))
 			url := serve(t, r)
 			for seed := range 32 {
 				wrong[mode] += propConversation(t, url, rec, cl, engine, mode, seed, false).wrong

@@ -5,11 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/sse"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -27,74 +26,76 @@ var (
 // request's prompt: from the body when a completions prompt is given as
 // token ids, else from a prefill engine's render endpoint, else from its
 // /tokenize when the request uses nothing /tokenize ignores.
-func (t *turn) promptTokens(ctx context.Context) ([]uint32, error) {
-	if t.rendered != nil {
-		return t.rendered, nil
+func (p *tokenProof) promptTokens(ctx context.Context) ([]uint32, error) {
+	t := p.t
+	if t.bufs.rendered != nil {
+		return t.bufs.rendered, nil
 	}
-	if ids, ok := t.req.api.promptIDs(t.req); ok {
-		t.rec.TokenSource = TokensFromPrompt
-		return ids, nil
+	if pi, ok := t.req.api.impl.(promptIDer); ok {
+		if ids, ok := pi.promptIDs(t.req); ok {
+			t.rec.TokenSource = TokensFromPrompt
+			return ids, nil
+		}
 	}
-	ids, err := t.renderPrompt(ctx)
-	if err == nil {
-		// From the Router's pool (renderCall): returned when the turn ends.
-		t.rendered, t.renderedPooled = ids, true
-	}
-	return ids, err
+	// From the Router's pool (renderCall), held by the turn's buffers:
+	// returned when the turn ends.
+	return p.renderPrompt(ctx)
 }
 
 // renderPrompt asks a prefill engine for the prompt's tokens, and keeps
 // that engine for the turn's prefill leg that carries a handle
-// (t.renderEP, which runPrefill uses): the tokens verified are the tokens
+// (verified.renderer, which the prefill phase uses): the tokens verified are the tokens
 // that engine computes, even while engines of another version (a rolling
 // upgrade) serve beside it. Engines whose renderer is distrusted or whose
 // breaker is open are not asked (renderer.go).
-func (t *turn) renderPrompt(ctx context.Context) ([]uint32, error) {
+func (p *tokenProof) renderPrompt(ctx context.Context) ([]uint32, error) {
+	t := p.t
 	start := t.r.cfg.clock()
 	defer func() { t.rec.Render += t.r.cfg.clock().Sub(start) }()
-	ep, err := t.pickRenderer(ctx)
+	ep, err := p.pickRenderer(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ids, src, err := t.renderOn(ctx, ep)
+	ids, src, err := p.renderOn(ctx, ep)
 	if err == nil {
 		t.rec.TokenSource = src
-		t.renderEP = ep
+		p.renderer = ep
 	}
 	return ids, err
 }
 
 // renderOn renders the prompt on ep: its render route, else /tokenize
 // when the request uses nothing /tokenize ignores.
-func (t *turn) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSource, error) {
-	renderPath, list := t.req.api.renderPath()
+func (p *tokenProof) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSource, error) {
+	t := p.t
+	renderPath, list := t.req.api.render, t.req.api.renderList
 	now := t.r.cfg.clock()
-	if renderPath != "" && t.r.caps.available(ep.url, renderPath, now) {
+	if renderPath != "" && t.r.renders.caps.available(ep.url, renderPath, now) {
 		// The client's bytes with the two members cut out, sent as pieces
 		// (no copy of the body).
 		body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
-		ids, status, err := t.renderCall(ctx, ep, renderPath, body, list)
-		t.r.renderResult(ctx, ep.url, status, err)
+		ids, status, err := p.renderCall(ctx, ep, renderPath, body, list)
+		t.r.renders.result(ctx, ep.url, status, err)
 		if err == nil {
 			return ids, TokensFromRender, nil
 		}
 		if !routeMissing(status) {
 			return nil, "", err
 		}
-		t.r.caps.markMissing(ep.url, renderPath, now)
+		t.r.renders.caps.markMissing(ep.url, renderPath, now)
 	}
-	body, ok := t.tokenizeBody()
-	if !ok || !t.r.caps.available(ep.url, pathTokenize, now) {
-		t.r.caps.release(ep.url)
+	body, ok := tokenizeBody(t.req)
+	if !ok || !t.r.renders.caps.available(ep.url, pathTokenize, now) {
+		t.r.renders.caps.release(ep.url)
 		return nil, "", errNoRenderer
 	}
-	ids, status, err := t.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
-	t.r.renderResult(ctx, ep.url, status, err)
+	ids, status, err := p.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
+	t.r.renders.result(ctx, ep.url, status, err)
 	if err == nil {
 		return ids, TokensFromTokenize, nil
 	}
 	if routeMissing(status) {
-		t.r.caps.markMissing(ep.url, pathTokenize, now)
+		t.r.renders.caps.markMissing(ep.url, pathTokenize, now)
 		return nil, "", errNoRenderer
 	}
 	return nil, "", err
@@ -103,21 +104,22 @@ func (t *turn) renderOn(ctx context.Context, ep *endpoint) ([]uint32, TokenSourc
 // pickRenderer picks the prefill engine to render on: one the Selector
 // picks among those whose renderer is neither distrusted nor behind an
 // open breaker (errRenderSkipped when none is left).
-func (t *turn) pickRenderer(ctx context.Context) (*endpoint, error) {
+func (p *tokenProof) pickRenderer(ctx context.Context) (*endpoint, error) {
+	t := p.t
 	r := t.r
 	now := r.cfg.clock()
 	// Engines the conversation avoids (poison.go) neither render nor
 	// prefill it.
-	skipped := append(r.renderersSkipped(now), t.badP...)
+	skipped := append(r.renders.skipped(now), p.avoid...)
 	for range 3 {
-		ep, err := r.prefill.pick(ctx, r.selector, t.req, "", t.hint, skipped)
+		ep, err := r.prefill.pick(ctx, r.selector, t.req, "", t.req.hint, skipped)
 		if errors.Is(err, ErrNoEndpoint) && len(skipped) > 0 {
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
-		if ok, _ := r.caps.claim(ep.url, now); ok {
+		if ok, _ := r.renders.caps.claim(ep.url, now); ok {
 			return ep, nil
 		}
 		// Another turn took the breaker's one trial call.
@@ -142,31 +144,32 @@ func routeMissing(status int) bool {
 
 // tokenizeBody builds a /tokenize body from the request, or reports that
 // /tokenize cannot render it as generation would.
-func (t *turn) tokenizeBody() ([]byte, bool) {
-	a := t.req.api
-	fields := a.tokenizeFields()
-	if fields == nil || !a.tokenizable(t.req) {
+func tokenizeBody(req *Request) ([]byte, bool) {
+	tz, ok := req.api.impl.(tokenizer)
+	if !ok || !tz.tokenizable(req) {
 		return nil, false
 	}
+	fields := tz.tokenizeFields()
 	for _, f := range tokenizeUnsupported {
-		if v, ok := t.req.Field(f); ok && !jsonraw.IsNull(v) {
+		if v, ok := req.Field(f); ok && !jsonraw.IsNull(v) {
 			return nil, false
 		}
 	}
-	return pickMembers(t.req, fields), true
+	return pickMembers(req, fields), true
 }
 
 // renderCall posts body to path on ep and reads the token ids of the
 // answer: token_ids of a render object (or of the single element of a
 // completions render list), or tokens of a /tokenize answer. It returns the
 // engine's status when it answered.
-func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body legBody, list bool) (_ []uint32, _ int, err error) {
-	ctx, end := t.startPhase(ctx, PhaseVerify, ep.url)
+func (p *tokenProof) renderCall(ctx context.Context, ep *endpoint, path string, body legBody, list bool) (_ []uint32, _ int, err error) {
+	t := p.t
+	ctx, end := t.trace.phase(ctx, PhaseVerify, ep.url)
 	defer func() { end(err) }()
 	t.r.stats.renders.Add(1)
 	// Its own request id: engines key requests by X-Request-Id, and the
 	// prefill leg follows with the turn's.
-	hreq, err := t.upstreamRequestTo(ctx, PhaseVerify, ep, path, body, t.legID+"-render")
+	hreq, err := t.legs.requestTo(ctx, PhaseVerify, ep, path, body, t.legs.id+"-render")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -182,20 +185,20 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	// Read into a pooled buffer (the ids are copied out of it).
 	var b []byte
 	if l := resp.ContentLength; l > 0 && l <= t.r.cfg.maxBodyBytes {
-		b, err = readExact(resp.Body, l, t.r.bufs.get)
+		b, err = readExact(resp.Body, l, t.bufs.get)
 	} else {
-		b, err = t.r.bufs.read(resp.Body, t.r.cfg.maxBodyBytes, int(t.r.renderBuf.Load()))
+		b, err = t.r.bufs.bytes.Read(resp.Body, t.r.cfg.maxBodyBytes, int(t.r.bufs.render.Load()))
 		if err == nil {
-			t.r.renderBuf.Store(int64(min(cap(b), maxStreamHint)))
+			hint(&t.r.bufs.render, cap(b))
 		}
 	}
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
-	keep := false // the buffer is kept with the ids' text (holdRenderText)
+	keep := false // the buffer is kept with the ids' text (holdRender)
 	defer func() {
 		if !keep {
-			t.r.bufs.put(b)
+			t.bufs.put(b)
 		}
 	}()
 	obj := b
@@ -212,53 +215,30 @@ func (t *turn) renderCall(ctx context.Context, ep *endpoint, path string, body l
 	// One pass validates the answer and converts its ids, into a pooled
 	// slice with room for one id per comma.
 	var o jsonraw.Object
-	ids, m, err := o.ResetIDs(obj, key, t.r.ids.get(bytes.Count(obj, []byte{','})+1))
+	ids, m, err := o.ResetIDs(obj, key, t.r.bufs.ids.Get(bytes.Count(obj, []byte{','})+1))
 	if err != nil {
-		t.r.ids.put(ids)
+		t.r.bufs.ids.Put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
 	ok := m >= 0
+	var text []byte
 	if ok {
-		_, text := o.Member(m)
-		t.holdRenderText(b, text)
+		_, text = o.Member(m)
 		keep = true
 	} else {
 		// A duplicate or escaped key, or no id array: read the member
 		// the way Get finds it.
 		v, _ := o.Get(key)
-		ids, ok = sse.AppendTokenIDs(ids[:0], v)
+		ids, ok = capture.AppendTokenIDs(ids[:0], v)
 	}
 	if !ok {
-		t.r.ids.put(ids)
+		t.r.bufs.ids.Put(ids)
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errRenderShape}
 	}
+	if keep {
+		t.bufs.holdRender(ids, b, text)
+	} else {
+		t.bufs.holdRender(ids, nil, nil)
+	}
 	return ids, resp.StatusCode, nil
-}
-
-// holdRenderText keeps the render answer's buffer buf and, in it, the text
-// of its id array, until D's first stream event has been compared with it
-// (sse.Capture.ExpectPromptIDs: D's prompt_token_ids are the rendered ids
-// when their text is the same) or the turn ends. One pooled buffer per turn
-// in flight, about 6.5 bytes per prompt token, is held from the render
-// call until D's first event (the prefill leg and D's queueing).
-func (t *turn) holdRenderText(buf, text []byte) {
-	t.releaseRenderText()
-	t.renderBuf, t.renderText = buf, text
-}
-
-// releaseRenderText returns the render answer's buffer to the pool.
-func (t *turn) releaseRenderText() {
-	if t.renderBuf != nil {
-		t.r.bufs.put(t.renderBuf)
-	}
-	t.renderBuf, t.renderText, t.renderInStream = nil, nil, false
-}
-
-// logOnce logs msg at warning level the first time key is seen by the
-// Router.
-func (r *Router) logOnce(ctx context.Context, key, msg string, attrs ...slog.Attr) {
-	if _, loaded := r.once.LoadOrStore(key, struct{}{}); loaded {
-		return
-	}
-	r.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 }

@@ -112,7 +112,7 @@ func TestBrokenRendererBreaker(t *testing.T) {
 				c := kvroutetest.NewCluster(t, 1, 1)
 				bad := newBadRenderer(t, c.Prefill[0].URL(), hang)
 				r, err := kvroute.New(kvroute.WithPrefill(bad.url), kvroute.WithDecode(c.Decode[0].URL()),
-					kvroute.WithRenderTimeout(300*time.Millisecond))
+					kvroute.WithTimeouts(kvroute.Timeouts{Render: 300 * time.Millisecond}))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = r.Close() })
 				url := serve(t, r)
@@ -165,7 +165,7 @@ func TestRenderBreakerTrialNotWaited(t *testing.T) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	obs := &lastTurn{}
 	r, err := kvroute.New(kvroute.WithPrefill(bad.url), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithRenderTimeout(time.Minute), kvroute.WithClock(clk.Now), kvroute.WithObserver(obs))
+		kvroute.WithTimeouts(kvroute.Timeouts{Render: time.Minute}), kvroute.WithClock(clk.Now), kvroute.WithObserver(obs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	url := serve(t, r)

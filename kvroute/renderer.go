@@ -31,7 +31,7 @@ const renderDistrust = 5 * time.Minute
 
 // The render circuit breaker: renderBreakerFailures consecutive failures
 // (connection errors, 5xx, 429, answers without token ids), or one call
-// that ran out of WithRenderTimeout, open it for renderBreakerFirst,
+// that ran out of WithTimeouts' Render, open it for renderBreakerFirst,
 // doubling with each failed trial up to renderBreakerMax. When the time is
 // up, one turn tries the renderer again (the others skip it meanwhile); a
 // success closes the breaker.
@@ -44,6 +44,30 @@ const (
 // errRenderSkipped: every prefill engine's renderer is distrusted or its
 // breaker is open; the turn goes on without a render.
 var errRenderSkipped = errors.New("kvroute: every prefill engine's renderer is failing or distrusted; the turn is not rendered")
+
+// renderers is what the Router knows of the prefill engines' renderers and
+// the render calls it makes beside turns (bgrender.go), which Close ends.
+type renderers struct {
+	caps    renderCaps
+	prefill *pool
+	client  *transport.Client
+	clock   func() time.Time
+	maxBody int64 // WithLimits' Body: a render answer's bound
+	stats   *counters
+	log     *logger
+	// bgCtx ends the background renders when the Router closes; bgWG
+	// waits for them.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
+}
+
+// close stops the background renders and waits for them.
+func (r *renderers) close() error {
+	r.bgCancel()
+	r.bgWG.Wait()
+	return nil
+}
 
 // renderCaps is the renderer state of the prefill engines, by URL.
 type renderCaps struct {
@@ -167,11 +191,11 @@ func (c *renderCaps) release(ep string) {
 	}
 }
 
-// renderResult feeds the outcome of a render call to ep to its breaker: a
+// result feeds the outcome of a render call to ep to its breaker: a
 // success closes it; a failure counts, unless it is the request's (a 4xx
 // other than 429, a missing route) or the caller's (its context ended);
 // an opening is counted and logged (once per engine).
-func (r *Router) renderResult(ctx context.Context, ep string, status int, err error) {
+func (r *renderers) result(ctx context.Context, ep string, status int, err error) {
 	switch {
 	case err == nil:
 		r.caps.succeeded(ep)
@@ -183,16 +207,16 @@ func (r *Router) renderResult(ctx context.Context, ep string, status int, err er
 		return
 	}
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, transport.ErrTotalTimeout)
-	if r.caps.failed(ep, timedOut, r.cfg.clock()) {
+	if r.caps.failed(ep, timedOut, r.clock()) {
 		r.stats.renderBreaks.Add(1)
-		r.logOnce(ctx, "render_breaker:"+ep, "kvroute: a prefill engine's renderer keeps failing; it is not asked to render for a while, and its turns go on without a render (Stats.RenderBreaks, Stats.RenderSkipped)",
+		r.log.once(ctx, "render_breaker:"+ep, "kvroute: a prefill engine's renderer keeps failing; it is not asked to render for a while, and its turns go on without a render (Stats.RenderBreaks, Stats.RenderSkipped)",
 			slog.String("endpoint", ep), slog.String("err", err.Error()))
 	}
 }
 
-// renderersSkipped returns the prefill engines that must not be asked to render
+// skipped returns the prefill engines that must not be asked to render
 // now, for the renderer pick to exclude.
-func (r *Router) renderersSkipped(now time.Time) []string {
+func (r *renderers) skipped(now time.Time) []string {
 	var out []string
 	for _, e := range r.prefill.list() {
 		if r.caps.skip(e.url, now) {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/convkey"
 )
 
 // The routes a Router serves (PathResponses and PathMessages are with
@@ -39,58 +40,19 @@ type Request struct {
 	obj    jsonraw.Object
 	parsed bool
 	tenant string
-	api    api
+	hint   string // conversationHint, for placement only
+	api    *api
 
 	// principal is Principal's value once principalSet: from the
 	// context of Do (ContextWithPrincipal), else from the headers.
 	principal    string
 	principalSet bool
 
-	// Free digest state for the request's keys and anchors (getHasher,
-	// getChainer): a turn hashes the request several times, one digest
-	// after another. A Request is not safe for concurrent use (Field
+	// keys is the digest state the request's keys and anchors reuse
+	// (ContinuationKeys): a Request is not safe for concurrent use (Field
 	// parses lazily), and so neither is this.
-	hashers  [3]*hasher
-	nHashers int
-	chainer  *chainer
+	keys convkey.Scratch
 }
-
-// getHasher returns an empty hasher, a free one if the request has one.
-func (r *Request) getHasher() *hasher {
-	if r.nHashers == 0 {
-		return newHasher()
-	}
-	r.nHashers--
-	h := r.hashers[r.nHashers]
-	r.hashers[r.nHashers] = nil
-	h.h.Reset()
-	h.both = false
-	return h
-}
-
-// sumPut returns h's digest and gives h back to the request: the caller
-// must not use h after.
-func (r *Request) sumPut(h *hasher) [32]byte {
-	s := h.sum()
-	if r.nHashers < len(r.hashers) {
-		r.hashers[r.nHashers] = h
-		r.nHashers++
-	}
-	return s
-}
-
-// getChainer returns the request's free chainer, or a new one; putChainer
-// gives it back when the caller is done with it.
-func (r *Request) getChainer() *chainer {
-	c := r.chainer
-	r.chainer = nil
-	if c == nil {
-		c = newChainer()
-	}
-	return c
-}
-
-func (r *Request) putChainer(c *chainer) { r.chainer = c }
 
 // Field returns the raw JSON of a top-level member of the request body, as
 // the client sent it; ok is false when the member is absent or the body is
@@ -103,11 +65,8 @@ func (r *Request) Field(key string) (value []byte, ok bool) {
 	return r.obj.Get(key)
 }
 
-// Chat reports whether the request is a chat completion.
-func (r *Request) Chat() bool { return r.Path == PathChatCompletions }
-
 // parse validates the request and indexes its body, whose objects may
-// have at most maxMembers members each (WithMaxObjectMembers).
+// have at most maxMembers members each (WithLimits' ObjectMembers).
 func (r *Request) parse(maxMembers int) error {
 	a, ok := apiFor(r.Path)
 	if !ok {
@@ -127,7 +86,7 @@ func (r *Request) parse(maxMembers int) error {
 			return badRequest("model must be a string")
 		}
 	}
-	if err := a.validate(obj); err != nil {
+	if err := a.impl.validate(obj); err != nil {
 		return err
 	}
 	if v, ok := obj.Get("stream"); ok && !jsonraw.IsNull(v) {
@@ -138,10 +97,10 @@ func (r *Request) parse(maxMembers int) error {
 	return nil
 }
 
-// Streaming reports whether the client asked for a stream. stream is read
+// streaming reports whether the client asked for a stream. stream is read
 // as vLLM reads it (pydantic's lax bool: 1 and "true" are true); absent,
 // null and a value that is not a boolean (which parse refuses) are false.
-func (r *Request) Streaming() bool {
+func (r *Request) streaming() bool {
 	v, ok := r.Field("stream")
 	if !ok {
 		return false

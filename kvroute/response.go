@@ -1,24 +1,15 @@
 package kvroute
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
-	"github.com/bidikv/bidikv/internal/jsonraw"
-	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 )
-
-// storeTimeout bounds the Put that retains a handle after the turn; it runs
-// even if the client's context ended right after the last event.
-const storeTimeout = 2 * time.Second
 
 // Response is the decode engine's answer to one turn as it may reach a
 // client: every kv_transfer_params removed at any depth, a stream's lines
@@ -41,11 +32,12 @@ type Response struct {
 	Body []byte
 
 	t          *turn
+	in         retainIn // what the retain phase needs of the turn's legs
 	ep         *endpoint
 	body       io.ReadCloser
 	stream     bool
 	reader     *sse.Reader
-	capture    streamCapture
+	capture    capture.Stream
 	retained   bool
 	pending    sse.Event // the first event, read by Do
 	hasPending bool
@@ -59,14 +51,6 @@ type Response struct {
 
 // Streaming reports whether the response is an SSE stream.
 func (r *Response) Streaming() bool { return r.stream }
-
-// Reuse reports whether the turn reused retained KV (ReuseHit), ran
-// decode-local (ReuseLocal), did not reuse (ReuseMiss), or had reuse
-// disabled (ReuseOff).
-func (r *Response) Reuse() ReuseOutcome { return r.t.rec.Reuse }
-
-// RequestID is the X-Request-Id both legs carried.
-func (r *Response) RequestID() string { return r.t.id }
 
 // Next returns the next event of a stream as raw SSE bytes, ready to write
 // to a client, including the blank line that ends it. The slice is valid
@@ -114,7 +98,7 @@ func (r *Response) Next() ([]byte, error) {
 	if r.renderText && ev.HasData {
 		// The capture no longer holds the render answer's text.
 		r.renderText = false
-		r.t.releaseRenderText()
+		r.t.bufs.releaseRenderText()
 	}
 	if ferr != nil {
 		// Data that may hold a handle but is not JSON: never forward it.
@@ -137,17 +121,17 @@ func (r *Response) Next() ([]byte, error) {
 
 // ErrorEvent returns the SSE event that ends the stream after err, an
 // error Next or WriteTo returned, in the shape of the turn's API (see
-// StreamErrorEvent; for Responses, numbered after the last event sent).
+// API.StreamErrorShape; for Responses, numbered after the last event sent).
 // Write it after the last event Next returned: every event Next returns
 // is complete, so it starts on a fresh line.
 func (r *Response) ErrorEvent(err error) []byte {
 	var seq int64
-	if s, ok := r.capture.(interface{ sequence() (int64, bool) }); ok {
-		if n, ok := s.sequence(); ok {
+	if s, ok := r.capture.(interface{ Sequence() (int64, bool) }); ok {
+		if n, ok := s.Sequence(); ok {
 			seq = n + 1
 		}
 	}
-	return r.t.req.api.streamError(HTTPStatus(err), err, seq)
+	return r.t.req.api.errors.event(HTTPStatus(err), err, seq)
 }
 
 func (r *Response) streamError(err error) error {
@@ -209,10 +193,6 @@ func (r *Response) Close() error {
 	return nil
 }
 
-// maxStreamHint bounds the buffer a stream starts with: a huge stream grows
-// its own rather than making every later stream take one as large.
-const maxStreamHint = 1 << 20
-
 // recycle returns the stream's buffer to the Router's pool at the end of a
 // complete stream, from Next (the reader's own goroutine: a stream that is
 // closed or breaks keeps its buffer, which another goroutine's Close could
@@ -223,8 +203,7 @@ func (r *Response) recycle() {
 	if b == nil {
 		return
 	}
-	r.t.r.streamBuf.Store(int64(min(cap(b), maxStreamHint)))
-	r.t.r.bufs.put(b)
+	r.t.bufs.recycleStream(b)
 }
 
 // retainOnce retains D's handle from the stream's capture, the first time
@@ -234,23 +213,20 @@ func (r *Response) retainOnce() {
 		return
 	}
 	r.retained = true
-	r.t.tokenIDs(r.capture)
-	r.t.retain(r.capture.Handle(), r.capture.Reply())
-	r.releaseHandle()
-}
-
-// releaseHandle returns the capture's handle buffer to the Router's pool
-// once the handle is retained (the store holds its own encoding). It runs
-// on the goroutine that calls Next, the only one the capture writes the
-// buffer from; a stream that breaks or is closed keeps it.
-func (r *Response) releaseHandle() {
-	hc, ok := r.capture.(interface{ releaseHandleBuffer() []byte })
-	if !ok {
-		return
+	var ids tokenIDs
+	if r.in.added || r.in.asked {
+		ids.prompt, ids.generated, ids.ok = r.capture.IDs()
+		r.t.bufs.promptIDs = ids.prompt
 	}
-	if b := hc.releaseHandleBuffer(); b != nil {
-		r.t.r.handleBuf.Store(int64(min(len(b), maxStreamHint)))
-		r.t.r.bufs.put(b)
+	retain(r.t, r.in, r.capture.Handle(), r.capture.Reply(), ids)
+	// The capture's handle buffer goes back to the pool once the handle
+	// is retained (the store holds its own encoding). This runs on the
+	// goroutine that calls Next, the only one the capture writes the
+	// buffer from; a stream that breaks or is closed keeps it.
+	if hc, ok := r.capture.(interface{ ReleaseHandleBuffer() []byte }); ok {
+		if b := hc.ReleaseHandleBuffer(); b != nil {
+			r.t.bufs.releaseHandle(b)
+		}
 	}
 }
 
@@ -281,7 +257,7 @@ func (r *Response) end(err error) {
 		}
 	}
 	r.release()
-	t.endPhases(err)
+	t.trace.endPhases(err)
 	t.finish()
 }
 
@@ -289,322 +265,3 @@ func (r *Response) end(err error) {
 // it may hide a KV handle (see sse.Scrub). Such a failure is not redone:
 // the same request would likely bring the same answer.
 var errUnsafeAnswer = errors.New("kvroute: the decode engine's answer cannot be forwarded safely (it may hide a KV handle)")
-
-// readBody reads a non-streaming answer, takes its handle, and keeps for
-// the caller what sse.Scrub lets through: every kv_transfer_params
-// removed, at any depth; an answer that is not JSON, or holds members
-// only handles have elsewhere, fails closed.
-func (r *Response) readBody() error {
-	defer r.release()
-	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
-	if err != nil {
-		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
-	}
-	obj, perr := jsonraw.Parse(b)
-	isObject := perr == nil
-	if !isObject && !errors.Is(perr, jsonraw.ErrNotObject) {
-		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: not JSON", errUnsafeAnswer)}
-	}
-	var handle []byte
-	if isObject {
-		if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
-			handle = append([]byte(nil), h...)
-		}
-		if r.t.idsAdded || r.t.idsAsked {
-			r.t.bodyTokenIDs(obj)
-		}
-		if r.t.idsAdded {
-			// The client did not ask for token ids: they never reach it.
-			b, _ = sse.StripTokenIDs(b)
-		}
-	}
-	out, _, err := sse.Scrub(nil, b)
-	if err != nil {
-		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: %w", errUnsafeAnswer, err)}
-	}
-	r.Body = out
-	r.Header.Del("Content-Length")
-	if !isObject {
-		// Valid JSON but not an object: nothing to capture.
-		r.t.rec.StoreRefusal = RefuseNotJSON
-		r.finishBody()
-		return nil
-	}
-	r.t.retain(handle, r.t.req.api.bodyReply(obj))
-	r.finishBody()
-	return nil
-}
-
-func (r *Response) finishBody() {
-	r.t.rec.TTFT = r.t.since()
-	r.t.rec.Bytes = int64(len(r.Body))
-	r.t.finish()
-}
-
-// retain stores D's handle for the next turn, or records why not.
-func (t *turn) retain(handle []byte, reply *Reply) {
-	r := t.r
-	if !r.cfg.reuse {
-		t.rec.StoreRefusal = RefuseReuseOff
-		return
-	}
-	if t.rec.Reuse == ReuseLocal {
-		// A plain request: no handle expected, the earlier one stays.
-		t.rec.StoreRefusal = RefuseDecodeLocal
-		return
-	}
-	// D emits a handle when it finished normally and was sent P's (a
-	// plain request, the local fallback, gets none).
-	expected := !t.local && (reply.FinishReason == "stop" || reply.FinishReason == "length")
-	if handle == nil {
-		_, streamsHandles := r.streamHandles.Load(t.decodeURL)
-		switch {
-		case t.stream && !t.req.api.streamHandles():
-			// The API's streams never carry one (vLLM's Messages): not an
-			// engine's fault, nothing to warn about.
-			t.rec.StoreRefusal = RefuseNoStreamHandle
-			return
-		case t.rec.Stream && !streamsHandles:
-			r.stats.noStreamHandle.Add(1)
-			r.noStreamHandle.Do(func() {
-				r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
-			})
-			t.rec.StoreRefusal = RefuseNoStreamHandle
-		default:
-			t.rec.StoreRefusal = RefuseNoHandle
-			if expected {
-				r.stats.noDecodeHandle.Add(1)
-				t.rec.NoHandle = PhaseDecode
-				r.logOnce(context.Background(), "no_decode_handle:"+t.decodeURL,
-					"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
-					slog.String("endpoint", t.decodeURL))
-			}
-		}
-		return
-	}
-	if t.stream {
-		r.streamHandles.LoadOrStore(t.decodeURL, struct{}{})
-	}
-	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
-		t.rec.StoreRefusal = RefuseFinishPrefix + Refusal(reply.FinishReason)
-		return
-	}
-	hi, err := checkHandle(handle, r.cfg.blockSize)
-	if err != nil {
-		t.rec.StoreRefusal = RefuseUnusableHandle
-		if errors.Is(err, errInvalidHandle) {
-			t.rec.StoreRefusal = RefuseInvalidHandle
-			r.invalidHandle(PhaseDecode, t.decodeURL, err)
-		}
-		return
-	}
-	r.sawEngineID(t.decodeURL, handle)
-	if hi.pushMode {
-		t.rec.StoreRefusal = RefusePushHandle
-		r.stats.pushHandles.Add(1)
-		return
-	}
-	if t.bg != nil && t.rendered == nil && !t.req.api.tokenIDs() {
-		t.retainRendered(handle, hi.tokens, reply)
-		return
-	}
-	fp, hard := t.fingerprint(hi.tokens)
-	// The fingerprint and the entry are built in pooled buffers: both are
-	// copied into the entry and the store respectively.
-	defer r.bufs.put(fp)
-	if hard != "" {
-		t.rec.StoreRefusal = hard
-		r.stats.refusals.Add(1)
-		return
-	}
-	ret, err := r.ident.Key(t.req, t.cands, reply)
-	if err != nil {
-		t.rec.StoreRefusal = RefuseIdentifierError
-		r.stats.refusals.Add(1)
-		return
-	}
-	// A refusal with a key: the turn may be retained, but only for token
-	// verification.
-	if ret.Key == "" || (ret.Refusal != "" && fp == nil) {
-		t.rec.StoreRefusal = ret.Refusal
-		r.stats.refusals.Add(1)
-		return
-	}
-	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: hi.tokens, check: ret.Check,
-		contentOK: ret.Refusal == "", fp: fp, handle: handle}
-	t.rec.StoreRefusal, t.rec.Stored = r.storeEntry(ret.Key, e, t.id)
-}
-
-// retainRendered retains the handle of a turn on an API without token ids
-// whose prompt is being rendered in the background (bgrender.go): when the
-// render has answered, or for a breaker's trial render that has not, when
-// it answers, after the turn has ended (TurnRecord.StoreRefusal
-// RefuseRenderPending; Stats.Stored counts it then). The Identifier's key
-// and the handle are taken now.
-func (t *turn) retainRendered(handle []byte, tokens int, reply *Reply) {
-	r := t.r
-	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
-		if n, ok := lenientInt(v); !ok || n != 1 {
-			t.rec.StoreRefusal = RefuseN
-			r.stats.refusals.Add(1)
-			return
-		}
-	}
-	ret, err := r.ident.Key(t.req, t.cands, reply)
-	if err != nil || ret.Key == "" {
-		t.rec.StoreRefusal = ret.Refusal
-		if err != nil {
-			t.rec.StoreRefusal = RefuseIdentifierError
-		}
-		r.stats.refusals.Add(1)
-		return
-	}
-	e := entry{created: r.cfg.clock(), endpoint: t.decodeURL, tokens: tokens, check: bytes.Clone(ret.Check),
-		contentOK: ret.Refusal == "", handle: bytes.Clone(handle)}
-	key, id, path := ret.Key, t.id, t.req.Path
-	store := func(ids []uint32, err error) (Refusal, bool) {
-		if err != nil || len(ids) == 0 {
-			r.stats.tokenFallbacks.Add(1)
-			r.logOnce(context.Background(), "no_render:"+path, "kvroute: no engine renders "+path+" prompts; such turns cannot be verified by tokens and are not reused",
-				slog.String("path", path))
-			return RefuseUnrendered, false
-		}
-		bs := r.cfg.blockSize
-		if bs == 0 {
-			bs = DefaultBlockSize
-		}
-		n := min(len(ids), tokens)
-		fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), chainPrefix{}, ids, nil, n, bs)
-		defer r.bufs.put(fp)
-		e.fp = fp
-		return r.storeEntry(key, e, id)
-	}
-	ids, err, done := t.bg.result(func(ids []uint32, err error) { store(ids, err) })
-	if !done {
-		t.rec.StoreRefusal = RefuseRenderPending
-		return
-	}
-	t.rec.StoreRefusal, t.rec.Stored = store(ids, err)
-}
-
-// storeEntry retains e under key for the retention TTL and reports why
-// not, or that it did.
-func (r *Router) storeEntry(key string, e entry, requestID string) (Refusal, bool) {
-	val := e.encode(r.bufs.get(e.encodedSize()), &r.bufs)
-	defer r.bufs.put(val)
-	if _, copies := r.store.(*retention.Memory); !copies {
-		// Another Store may keep the slice it is given.
-		val = bytes.Clone(val)
-	}
-	if len(val) > r.cfg.maxEntryBytes {
-		return r.tooLarge(len(val)), false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	if err := r.store.Put(ctx, key, val, r.cfg.retentionTTL); err != nil {
-		if errors.Is(err, retention.ErrTooLarge) {
-			return r.tooLarge(len(val)), false
-		}
-		r.storeFailed(ctx, "put", requestID, err)
-		return RefuseStoreError, false
-	}
-	r.storeOK(ctx)
-	r.stats.stored.Add(1)
-	r.kv.put(key, e.endpoint, e.tokens, e.created.Add(r.cfg.retentionTTL), e.created)
-	return "", true
-}
-
-// tooLarge counts a handle whose entry is over a size bound and logs it
-// once, not on every turn.
-func (r *Router) tooLarge(n int) Refusal {
-	r.stats.tooLarge.Add(1)
-	r.logOnce(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
-		slog.Int("bytes", n), slog.Int("limit", r.cfg.maxEntryBytes))
-	return RefuseHandleTooLarge
-}
-
-// fingerprint returns the token fingerprint of D's blocks in token mode
-// (nil in content mode or when the engine sent no token ids), or a refusal
-// that holds in every mode. The fingerprint is built in a buffer from the
-// Router's pool, which the caller puts back.
-func (t *turn) fingerprint(tokens int) (fingerprint, Refusal) {
-	r := t.r
-	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
-		if n, ok := lenientInt(v); !ok || n != 1 {
-			return nil, RefuseN // which choice's tokens D's blocks hold is unknown
-		}
-	}
-	if r.cfg.verification != VerifyTokens {
-		return nil, ""
-	}
-	bs := r.cfg.blockSize
-	if bs == 0 {
-		bs = DefaultBlockSize
-	}
-	if !t.req.api.tokenIDs() && tokens > 0 {
-		// An API without token ids (Responses, Messages): fingerprint the
-		// prompt as the engines render it, which D's blocks hold first;
-		// the reply's tokens stay unverified and are never reused. The
-		// prompt was rendered for verification, or in the background
-		// (retainRendered); it is never rendered here, on the answer's
-		// path.
-		ids := t.rendered
-		if len(ids) == 0 {
-			r.stats.tokenFallbacks.Add(1)
-			r.logOnce(context.Background(), "no_render:"+t.req.Path, "kvroute: no engine renders "+t.req.Path+" prompts; such turns cannot be verified by tokens and are not reused",
-				slog.String("path", t.req.Path))
-			return nil, ""
-		}
-		n := min(len(ids), tokens)
-		return appendFingerprintFrom(r.bufs.get(fingerprintSize(n, bs)), t.fpPrefix, ids, nil, n, bs), ""
-	}
-	if !t.hasIDs || tokens <= 0 {
-		r.stats.tokenFallbacks.Add(1)
-		r.logOnce(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
-		return nil, ""
-	}
-	// The verified prefix is hashed again only when D's prompt ids differ
-	// from the rendered ones there (fingerprintFrom compares them).
-	fp := appendFingerprintFrom(r.bufs.get(fingerprintSize(tokens, bs)), t.fpPrefix, t.promptIDs, t.genIDs, tokens, bs)
-	if fp == nil {
-		r.logOnce(context.Background(), "token_count", "kvroute: the decode engine's token ids are fewer than its handle's remote_num_tokens; such turns are retained under content rules only")
-	}
-	return fp, ""
-}
-
-// tokenIDs takes the token ids a stream's capture collected.
-func (t *turn) tokenIDs(c streamCapture) {
-	if !t.idsAdded && !t.idsAsked {
-		return
-	}
-	t.promptIDs, t.genIDs, t.hasIDs = c.TokenIDs()
-}
-
-// bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's
-// at the top level (chat) or in choice 0 (completions), the generated ones
-// in choice 0.
-func (t *turn) bodyTokenIDs(obj jsonraw.Object) {
-	var prompt, gen []byte
-	if v, ok := obj.Get(sse.PromptTokenIDsKey); ok {
-		prompt = v
-	}
-	choices, _ := obj.Get("choices")
-	_ = jsonraw.Elements(choices, func(c []byte) error {
-		if v, ok := jsonraw.Lookup(c, sse.PromptTokenIDsKey); ok && prompt == nil {
-			prompt = v
-		}
-		gen, _ = jsonraw.Lookup(c, sse.TokenIDsKey)
-		return errStop
-	})
-	var p []uint32
-	okP := false
-	if t.renderText != nil && t.rendered != nil && bytes.Equal(prompt, t.renderText) {
-		// Spelled as the render answer's ids: the rendered ones (kept
-		// until the turn ends, after the answer is retained).
-		p, okP = t.rendered, true
-	} else {
-		p, okP = sse.AppendTokenIDs(nil, prompt)
-	}
-	g, okG := sse.AppendTokenIDs(nil, gen)
-	t.promptIDs, t.genIDs, t.hasIDs = p, g, okP && okG
-}

@@ -13,7 +13,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bidikv/bidikv/internal/jsonraw"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -28,7 +31,7 @@ import (
 //   - the engine's process_start_time_seconds on GET /metrics (the
 //     Prometheus process collector vLLM's API server registers; a restart
 //     changes it), read again before a handle is attached when the last
-//     read is older than WithRestartCheck (default 1 s, far below the time
+//     read is older than WithHealth's RestartCheck (default 1 s, far below the time
 //     a vLLM restart takes to load its model) or when the engine could
 //     not be reached since: a handle created before the engine's start is
 //     not attached (MissRestarted);
@@ -43,30 +46,23 @@ import (
 // Engine start times are compared with the router's clock, so the two
 // must agree (NTP) to well within the time an engine takes to start.
 
-// DefaultRestartCheck is how old the router's reading of a decode engine's
-// process_start_time_seconds may be when one of its handles is attached
-// (WithRestartCheck).
-const DefaultRestartCheck = time.Second
-
 // restartCheckTimeout bounds one GET /metrics.
 const restartCheckTimeout = 2 * time.Second
 
 // maxMetricsBytes bounds the /metrics page read.
 const maxMetricsBytes = 16 << 20
 
-// WithRestartCheck sets how old the router's reading of a decode engine's
-// process_start_time_seconds (GET /metrics) may be when it attaches one of
-// the engine's handles; an older one is read again first, on the turn's
-// lookup, at most once per interval per engine (concurrent turns share the
-// read). A handle issued before the engine's current process started is
-// never attached (package doc, Failure paths). The default is
-// DefaultRestartCheck (1 s). 0 turns the reads off: restarts are then
-// noticed only by a new engine id in the engine's handles or by a failure
-// to reach it, so an engine with a fixed engine id that restarts between
-// two turns without the router seeing it fail is not noticed. Negative is
-// an error.
-func WithRestartCheck(maxAge time.Duration) Option {
-	return optionFunc(func(c *config) { c.restartCheck = maxAge })
+// restarts is what the Router knows of its decode engines' processes, and
+// how it learns more (restart.go).
+type restarts struct {
+	decode *pool
+	client *transport.Client
+	maxAge time.Duration // WithRestartCheck
+	apiKey string        // WithUpstreamAPIKey
+	clock  func() time.Time
+	stats  *counters
+	log    *logger
+	reads  singleflight.Group // /metrics reads, by URL
 }
 
 // life is what the router knows of one decode engine's process.
@@ -79,7 +75,7 @@ type life struct {
 	noMetric bool      // its last /metrics had no process_start_time_seconds
 	// unread: the last read of /metrics failed, at checked; it is not
 	// tried again (and the engine's handles are not attached) until the
-	// reading is as old as WithRestartCheck, so that an engine that does
+	// reading is as old as WithHealth's RestartCheck, so that an engine that does
 	// not answer costs one read per interval, not one per turn.
 	unread bool
 }
@@ -109,23 +105,12 @@ func baseEngineID(id string) string {
 	return id
 }
 
-// handleEngineID returns the remote_engine_id of a handle, "" when it has
-// none.
-func handleEngineID(h []byte) string {
-	v, ok := jsonraw.Lookup(h, "remote_engine_id")
-	if !ok {
-		return ""
-	}
-	s, _ := jsonraw.String(v)
-	return s
-}
-
 // sawEngineID records the engine id of a handle the decode engine at url
 // just returned, and reports a restart when it differs from the one
 // before.
-func (r *Router) sawEngineID(url string, handle []byte) {
+func (r *restarts) sawEngineID(url string, handle []byte) {
 	ep := r.decode.find(url)
-	id := baseEngineID(handleEngineID(handle))
+	id := baseEngineID(kvhandle.EngineID(handle))
 	if ep == nil || id == "" {
 		return
 	}
@@ -141,47 +126,46 @@ func (r *Router) sawEngineID(url string, handle []byte) {
 
 // restarted counts and logs (once per endpoint) a restart the router
 // noticed.
-func (r *Router) restarted(url, how string) {
+func (r *restarts) restarted(url, how string) {
 	r.stats.decodeRestarts.Add(1)
-	r.logOnce(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
+	r.log.once(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
 		slog.String("endpoint", url), slog.String("noticed_by", how))
 }
 
 // errUnconfirmed: the engine's process could not be read.
 var errUnconfirmed = errors.New("kvroute: the decode engine's process start could not be read")
 
-// checkRestart decides whether e's decode engine may still hold e's
+// check decides whether e's decode engine may still hold e's
 // blocks: "" when nothing says it restarted since e was created,
 // MissRestarted when something does (e must not be attached, nor kept),
 // MissEngineUnconfirmed when the engine could not be reached to tell (e is
 // not attached now but may be later).
-func (t *turn) checkRestart(ctx context.Context, e *entry) MissReason {
-	r := t.r
-	ep := r.decode.find(e.endpoint)
+func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
+	ep := r.decode.find(e.Endpoint)
 	if ep == nil {
 		return "" // MissEndpointGone's business
 	}
 	l := &ep.life
-	id := baseEngineID(handleEngineID(e.handle))
+	id := baseEngineID(kvhandle.EngineID(e.Handle))
 	l.mu.Lock()
 	known := l.engineID
 	l.mu.Unlock()
 	if known != "" && id != "" && id != known {
 		return MissRestarted
 	}
-	if r.cfg.restartCheck > 0 {
+	if r.maxAge > 0 {
 		if err := r.readStart(ctx, ep); err != nil {
-			r.logOnce(ctx, "restart_check:"+ep.url, "kvroute: cannot read a decode engine's /metrics to check it did not restart; its handles are not attached meanwhile",
+			r.log.once(ctx, "restart_check:"+ep.url, "kvroute: cannot read a decode engine's /metrics to check it did not restart; its handles are not attached meanwhile",
 				slog.String("endpoint", ep.url), slog.String("err", err.Error()))
 			return MissEngineUnconfirmed
 		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.start.IsZero() && e.created.Before(l.start) {
+	if !l.start.IsZero() && e.Created.Before(l.start) {
 		return MissRestarted
 	}
-	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.created.Before(l.gap) {
+	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.Created.Before(l.gap) {
 		// No start time to tell a restart from a network failure: a
 		// handle from before the engine was unreachable may be dead.
 		return MissRestarted
@@ -190,13 +174,13 @@ func (t *turn) checkRestart(ctx context.Context, e *entry) MissReason {
 }
 
 // readStart reads ep's process_start_time_seconds when the last reading is
-// older than WithRestartCheck or predates a failure to reach it; turns
+// older than WithHealth's RestartCheck or predates a failure to reach it; turns
 // that need it at once share one request.
-func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
-	now := r.cfg.clock()
+func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
+	now := r.clock()
 	l := &ep.life
 	l.mu.Lock()
-	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.cfg.restartCheck
+	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.maxAge
 	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
 	l.mu.Unlock()
 	switch {
@@ -205,11 +189,11 @@ func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
 	case fresh:
 		return nil
 	}
-	_, err, _ := r.metricsReads.Do(ep.url, func() (any, error) {
+	_, err, _ := r.reads.Do(ep.url, func() (any, error) {
 		start, ok, err := r.fetchStart(ctx, ep)
 		if err != nil {
 			l.mu.Lock()
-			l.checked, l.unread = r.cfg.clock(), true
+			l.checked, l.unread = r.clock(), true
 			if l.checked.After(l.gap) {
 				l.gap = l.checked
 			}
@@ -238,15 +222,15 @@ func (r *Router) readStart(ctx context.Context, ep *endpoint) error {
 
 // fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
 // ok is false when the engine answered without it.
-func (r *Router) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
+func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartCheckTimeout)
 	defer cancel()
 	req, err := ep.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if r.cfg.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.apiKey)
+	if r.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.apiKey)
 	}
 	resp, err := r.client.Do(req, transport.Deadlines{})
 	if err != nil {
@@ -278,8 +262,8 @@ func (r *Router) fetchStart(ctx context.Context, ep *endpoint) (start time.Time,
 
 // noStartMetric logs once per endpoint that its /metrics has no
 // process_start_time_seconds.
-func (r *Router) noStartMetric(url string) {
+func (r *restarts) noStartMetric(url string) {
 	r.stats.restartChecksUnavailable.Add(1)
-	r.logOnce(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
+	r.log.once(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
 		slog.String("endpoint", url))
 }

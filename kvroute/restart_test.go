@@ -199,7 +199,7 @@ func TestRestartCheckUnreadable(t *testing.T) {
 	assert.Equal(t, kvroute.MissEngineUnconfirmed, ask(3).MissReason)
 	assert.Equal(t, before, reads.Load(), "an unreadable engine is read once per interval")
 	broken.Store(false)
-	clk.Advance(2 * kvroute.DefaultRestartCheck)
+	clk.Advance(2 * kvroute.Defaults().Health.RestartCheck)
 	assert.Equal(t, kvroute.ReuseHit, ask(4).Reuse)
 	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
 }

@@ -240,7 +240,7 @@ func TestRetentionTTL(t *testing.T) {
 	res := post(t, url, kvroute.PathChatCompletions, conv.body(), nil)
 	require.Equal(t, http.StatusOK, res.status)
 	conv.hear(res.text)
-	clock.Advance(kvroute.DefaultRetentionTTL + time.Second)
+	clock.Advance(kvroute.Defaults().TTLs.Retention + time.Second)
 	conv.say(userText(2))
 	body := conv.body()
 	res = post(t, url, kvroute.PathChatCompletions, body, nil)
@@ -289,7 +289,7 @@ func TestClientCancelAbortsDecode(t *testing.T) {
 // reaches no engine.
 func TestBadRequests(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	r := newRouter(t, c, kvroute.WithMaxBodyBytes(1<<16))
+	r := newRouter(t, c, kvroute.WithLimits(kvroute.Limits{Body: 1 << 16}))
 	url := serve(t, r)
 	cases := []struct {
 		name, method, path, body string
@@ -343,7 +343,7 @@ func TestPrefillWithoutHandle(t *testing.T) {
 		t.Run(map[bool]string{false: "fail", true: "fallback"}[fallback], func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 0, 1)
 			r, err := kvroute.New(kvroute.WithPrefill(noHandleP), kvroute.WithDecode(c.Decode[0].URL()),
-				kvroute.WithLocalPrefillFallback(fallback))
+				kvroute.WithFailover(kvroute.Failover{LocalPrefill: fallback}))
 			require.NoError(t, err)
 			defer r.Close()
 			url := serve(t, r)
@@ -386,10 +386,10 @@ func TestNew(t *testing.T) {
 		{"no prefill", []kvroute.Option{kvroute.WithDecode("127.0.0.1:1")}, "WithPrefill"},
 		{"no decode", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1")}, "WithDecode"},
 		{"bad url", []kvroute.Option{kvroute.WithPrefill("ftp://x"), kvroute.WithDecode("127.0.0.1:1")}, "WithPrefill"},
-		{"ttl over decoder ttl", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithRetentionTTL(478 * time.Second)}, "WithRetentionTTL"},
-		{"ttl zero", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithRetentionTTL(0)}, "WithRetentionTTL"},
+		{"ttl over decoder ttl", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithTTLs(kvroute.TTLs{Retention: 478 * time.Second})}, "WithTTLs"},
+		{"ttl negative", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithTTLs(kvroute.TTLs{Retention: -time.Second})}, "WithTTLs"},
 		{"negative threshold", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithThreshold(-1)}, "WithThreshold"},
-		{"negative timeout", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithIdleTimeout(-time.Second)}, "WithIdleTimeout"},
+		{"negative timeout", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithTimeouts(kvroute.Timeouts{Render: -time.Second})}, "WithTimeouts"},
 		{"nil store", []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithStore(nil)}, "WithStore"},
 	}
 	for _, tc := range cases {
@@ -402,7 +402,7 @@ func TestNew(t *testing.T) {
 		})
 	}
 	r, err := kvroute.New(kvroute.WithPrefill("[::1]:8100"), kvroute.WithDecode("http://127.0.0.1:8200"),
-		kvroute.WithRetentionTTL(600*time.Second), kvroute.WithDecoderBlocksTTL(900*time.Second))
+		kvroute.WithTTLs(kvroute.TTLs{Retention: 600 * time.Second, DecoderBlocks: 900 * time.Second}))
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
 	_, err = r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Body: []byte(`{"messages":[{"role":"user","content":"x"}]}`)})

@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 )
 
-// DefaultAffinityMaxInFlight is the in-flight limit above which the default
+// defaultAffinityMaxInFlight is the in-flight limit above which the default
 // Selector stops sending a conversation's decode leg to the engine that
 // holds its KV and balances it instead.
-const DefaultAffinityMaxInFlight = 64
+const defaultAffinityMaxInFlight = 64
 
 // Candidate is an endpoint a Selector may choose.
 type Candidate struct {
@@ -46,7 +46,7 @@ type Selection struct {
 	// the conversation, so only the new suffix crosses the network. Empty
 	// otherwise, and empty when that endpoint is not among the Candidates.
 	Affinity string
-	// Hint is the client's conversation id (ConversationHint), for
+	// Hint is the client's conversation id (conversationHint), for
 	// placement only: a hint never unlocks a retained handle.
 	Hint string
 	// Exclude lists endpoints that already failed this turn.
@@ -78,7 +78,7 @@ func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { r
 // share), unless that candidate is over MaxInFlight.
 //
 // The zero LeastLoaded has no in-flight limit and ignores hints; the
-// Router's default is &LeastLoaded{MaxInFlight: DefaultAffinityMaxInFlight}.
+// Router's default is &LeastLoaded{MaxInFlight: defaultAffinityMaxInFlight}.
 type LeastLoaded struct {
 	// MaxInFlight is the number of in-flight requests at which an affinity
 	// or hinted endpoint is passed over; 0 means no limit.
@@ -166,20 +166,4 @@ func mix(x uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
-}
-
-// RoundRobin is a Selector that rotates through the candidates of each
-// phase and ignores load and affinity, as vLLM's reference proxy does. It
-// is a baseline for measurements, not a recommendation.
-type RoundRobin struct {
-	prefill, decode atomic.Uint64
-}
-
-// Select implements Selector.
-func (r *RoundRobin) Select(_ context.Context, s *Selection) (int, error) {
-	n := &r.decode
-	if s.Phase == PhasePrefill {
-		n = &r.prefill
-	}
-	return int((n.Add(1) - 1) % uint64(len(s.Candidates))), nil
 }

@@ -84,7 +84,7 @@ func TestLeastLoadedHints(t *testing.T) {
 }
 
 func TestRoundRobin(t *testing.T) {
-	var rr kvroute.RoundRobin
+	var rr kvroutetest.RoundRobin
 	var got []int
 	for range 3 {
 		p, _ := rr.Select(context.Background(), &kvroute.Selection{Phase: kvroute.PhasePrefill, Candidates: cands(0, 0, 0)})
@@ -100,8 +100,8 @@ func TestEjection(t *testing.T) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithClock(clk))
 	bad := c.Decode[0]
-	g := newRig(t, c, false, kvroute.WithEjection(2, time.Minute, time.Minute), kvroute.WithReuse(false),
-		kvroute.WithSelector(&kvroute.RoundRobin{}))
+	g := newRig(t, c, false, kvroute.WithHealth(kvroute.Health{EjectAfter: 2, EjectBackoff: time.Minute, MaxEjectBackoff: time.Minute}), kvroute.WithReuse(false),
+		kvroute.WithSelector(&kvroutetest.RoundRobin{}))
 	bad.Refuse(true)
 	for i := 1; i <= 4; i++ {
 		g.turn(i, false)
@@ -141,7 +141,7 @@ func (o obsChan) ObserveEndpoint(ev kvroute.EndpointEvent) { o <- ev }
 func TestHealthProbe(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 2)
 	events := make(obsChan, 64)
-	r := newRouter(t, c, kvroute.WithObserver(events), kvroute.WithHealthCheck(5*time.Millisecond, time.Second), kvroute.WithEjection(1, time.Hour, time.Hour))
+	r := newRouter(t, c, kvroute.WithObserver(events), kvroute.WithHealth(kvroute.Health{ProbeInterval: 5 * time.Millisecond, ProbeTimeout: time.Second, EjectAfter: 1, EjectBackoff: time.Hour, MaxEjectBackoff: time.Hour}))
 	c.Decode[1].Close()
 	for ev := range events {
 		if ev.Kind == kvroute.EndpointEjected {

@@ -33,7 +33,7 @@ type Stats struct {
 	// counted in NoPrefillHandle too), a decode engine's is not retained.
 	PushHandles int64
 	// TooLarge counts decode handles not retained because their entry
-	// exceeded WithMaxEntryBytes or the Store's own bound.
+	// exceeded WithLimits' Entry or the Store's own bound.
 	TooLarge int64
 	// HitRetries counts prefill attempts with a handle that failed and
 	// were retried as plain misses.
@@ -67,7 +67,7 @@ type Stats struct {
 	// is no longer listed (MissEndpointGone), not attached.
 	GoneHandles int64
 	// ChosePull, ChoseLocal and ChoseRecompute count the Chooser's
-	// decisions by path (WithDecodeLocal): attach the handle, answer on
+	// decisions by path (WithDecodeMemory's Local): attach the handle, answer on
 	// the decode engine that holds the conversation, recompute on P.
 	ChosePull, ChoseLocal, ChoseRecompute int64
 	// LocalBusy counts turns estimated cheapest decode-local that pulled
@@ -93,7 +93,7 @@ type Stats struct {
 	RestartedHandles, DecodeRestarts, RestartChecksUnavailable int64
 	// RenderBreaks counts openings of a prefill engine's render circuit
 	// breaker (consecutive failures, or a call that ran out of
-	// WithRenderTimeout); RenderSkipped counts turns that went on without
+	// WithTimeouts' Render); RenderSkipped counts turns that went on without
 	// a render because every prefill engine's renderer was behind an open
 	// breaker or distrusted.
 	RenderBreaks, RenderSkipped int64

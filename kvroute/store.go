@@ -2,21 +2,38 @@ package kvroute
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/retention"
 )
 
-// Store retains decode handles between turns.
+// Store retains decode handles between turns. Package retention has an
+// in-memory Store (the default), retention/redisstore one shared by router
+// replicas; kvroutetest.TestStore checks any implementation against this
+// contract.
 //
-// Values are opaque bytes produced by the Router (a small header plus the
-// decode engine's kv_transfer_params JSON); a Store must return them exactly
-// as stored. Keys are opaque strings.
+// Values are opaque bytes produced by the Router (a small header, the
+// decode engine's kv_transfer_params, its token fingerprint); a Store must
+// return them exactly as stored. Keys are opaque strings. The value given
+// to Put belongs to the caller once Put returns: a Store that keeps bytes
+// copies them (the Router builds values in buffers it reuses). The value
+// Take returns belongs to the caller.
 //
 // Take must be atomic: among any number of concurrent and later callers, at
 // most one receives a given stored value, because a decode handle may be
 // attached to at most one prefill request, ever. A Store is safe for
 // concurrent use.
+//
+// Errors: a Put refused for the value's size returns an error wrapping
+// retention.ErrTooLarge (the turn reports StoreRefusal "handle_too_large",
+// counted in Stats.TooLarge, not as a Store failure). Any other error is a
+// Store failure: the turn goes on as a miss (Stats.StoreErrors), and the
+// Router logs the outage once, and again when the Store answers.
 type Store interface {
 	// Put stores value under key for ttl, replacing any earlier value.
 	// A ttl <= 0 is an error.
@@ -26,30 +43,108 @@ type Store interface {
 	Take(ctx context.Context, key string) (value []byte, ok bool, err error)
 }
 
-// storeHealth turns Store failures into two log lines per outage: one when
-// the first call fails, one when a call succeeds again, with the number of
-// failed calls in between. Every failure is counted in Stats.StoreErrors.
-type storeHealth struct {
+// storeTimeout bounds the Put that retains a handle after the turn; it runs
+// even if the client's context ended right after the last event.
+const storeTimeout = 2 * time.Second
+
+// handles is the Router's side of the Store: it takes, puts back and
+// retains entries, keeps the ledger of the KV they hold (DecodeKV), and
+// turns Store failures into two log lines per outage.
+type handles struct {
+	store    Store
+	kv       kvLedger
+	ttl      time.Duration // WithRetentionTTL
+	maxEntry int           // WithMaxEntryBytes
+	clock    func() time.Time
+	bufs     *bufpool.Bytes
+	stats    *counters
+	log      *logger
+
 	down   atomic.Bool
 	failed atomic.Int64 // failures in the current outage
 }
 
-// storeFailed records a failed Store call; the turn goes on as a miss.
-func (r *Router) storeFailed(ctx context.Context, op, requestID string, err error) {
-	r.stats.storeErrors.Add(1)
-	r.storeHealth.failed.Add(1)
-	if r.storeHealth.down.Swap(true) {
+// take removes the entry under key from the Store; a failure is counted
+// and the turn goes on as a miss.
+func (h *handles) take(ctx context.Context, key, requestID string) ([]byte, bool, error) {
+	v, ok, err := h.store.Take(ctx, key)
+	if err != nil {
+		h.storeFailed(ctx, "take", requestID, err)
+		return nil, false, err
+	}
+	h.storeOK(ctx)
+	if ok {
+		h.kv.take(key)
+	}
+	return v, ok, nil
+}
+
+// putBack returns a taken, unused entry to the Store for the rest of its
+// retention time (age is its age when taken); tokens is its
+// remote_num_tokens before any cut to a verified prefix.
+func (h *handles) putBack(ctx context.Context, key string, e *entry.Entry, tokens int, age time.Duration, requestID string) {
+	left := h.ttl - age
+	if left <= 0 {
 		return
 	}
-	r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store failing; turns go on as plain prefills (logged once until it answers again)",
+	if err := h.store.Put(ctx, key, e.Raw, left); err != nil {
+		h.storeFailed(ctx, "put-back", requestID, err)
+		return
+	}
+	h.storeOK(ctx)
+	h.stats.putBacks.Add(1)
+	h.kv.put(key, e.Endpoint, tokens, e.Created.Add(h.ttl), h.clock())
+}
+
+// retain stores e under key for the retention TTL and reports why not, or
+// that it did. The value is built in a pooled buffer, which the Store
+// contract lets the Router reuse once Put returns.
+func (h *handles) retain(key string, e entry.Entry, requestID string) (Refusal, bool) {
+	val := e.Encode(h.bufs.Get(e.EncodedSize()), h.bufs)
+	defer h.bufs.Put(val)
+	if len(val) > h.maxEntry {
+		return h.tooLarge(len(val)), false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := h.store.Put(ctx, key, val, h.ttl); err != nil {
+		if errors.Is(err, retention.ErrTooLarge) {
+			return h.tooLarge(len(val)), false
+		}
+		h.storeFailed(ctx, "put", requestID, err)
+		return RefuseStoreError, false
+	}
+	h.storeOK(ctx)
+	h.stats.stored.Add(1)
+	h.kv.put(key, e.Endpoint, e.Tokens, e.Created.Add(h.ttl), e.Created)
+	return "", true
+}
+
+// tooLarge counts a handle whose entry is over a size bound and logs it
+// once, not on every turn.
+func (h *handles) tooLarge(n int) Refusal {
+	h.stats.tooLarge.Add(1)
+	h.log.once(context.Background(), "too_large", "kvroute: a decode handle is too large to retain; raise WithMaxEntryBytes and the Store's value bound",
+		slog.Int("bytes", n), slog.Int("limit", h.maxEntry))
+	return RefuseHandleTooLarge
+}
+
+// storeFailed records a failed Store call; the turn goes on as a miss.
+func (h *handles) storeFailed(ctx context.Context, op, requestID string, err error) {
+	h.stats.storeErrors.Add(1)
+	h.failed.Add(1)
+	if h.down.Swap(true) {
+		return
+	}
+	h.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: store failing; turns go on as plain prefills (logged once until it answers again)",
 		slog.String("op", op), slog.String("request_id", requestID), slog.String("err", err.Error()))
 }
 
 // storeOK records a Store call that succeeded, ending an outage.
-func (r *Router) storeOK(ctx context.Context) {
-	if !r.storeHealth.down.Load() || !r.storeHealth.down.Swap(false) {
+func (h *handles) storeOK(ctx context.Context) {
+	if !h.down.Load() || !h.down.Swap(false) {
 		return
 	}
-	r.log.LogAttrs(ctx, slog.LevelInfo, "kvroute: store answering again",
-		slog.Int64("failed_calls", r.storeHealth.failed.Swap(0)))
+	h.log.LogAttrs(ctx, slog.LevelInfo, "kvroute: store answering again",
+		slog.Int64("failed_calls", h.failed.Swap(0)))
 }

@@ -21,7 +21,7 @@ func nextEvent(t *testing.T, raw string) sse.Event {
 // never forwards it or handle members on other lines, leaves a model's
 // text alone, and fails an event with a handle where Responses puts none.
 func TestResponsesStreamCapture(t *testing.T) {
-	s := responsesAPI{}.newStream(false, false)
+	s := responsesAPI.newStream(false, false)
 
 	delta := nextEvent(t, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"the word kv_transfer_params in prose\"}\n\n")
 	out, err := s.Forward(delta)

@@ -39,21 +39,10 @@ type Tracer interface {
 	Inject(ctx context.Context, h http.Header)
 }
 
-// WithTracer sets the Tracer that follows each turn. The default traces
-// nothing and costs nothing: no span, no context, no header; the client's
-// own trace headers (traceparent, tracestate) reach the engines as sent.
-func WithTracer(tr Tracer) Option {
-	return optionFunc(func(c *config) {
-		if tr == nil {
-			c.fail("WithTracer", "tracer is nil")
-			return
-		}
-		c.tracer = tr
-	})
-}
-
-// turnTrace is a turn's tracing state.
+// turnTrace is a turn's tracing state: the turn's span, and the decode
+// leg's phases that stay open while its stream is read.
 type turnTrace struct {
+	tr                   Tracer            // WithTracer; nil: nothing is traced
 	end                  func(*TurnRecord) // ends the turn's span
 	endDecode, endStream func(error)       // the open decode leg's phases
 }
@@ -61,74 +50,72 @@ type turnTrace struct {
 // noEnd ends a phase when no Tracer is set.
 func noEnd(error) {}
 
-// startTurn starts the turn's trace and returns the context it runs in.
-func (t *turn) startTurn(ctx context.Context) context.Context {
-	tr := t.r.cfg.tracer
-	if tr == nil {
+// start starts the turn's trace and returns the context it runs in.
+func (t *turnTrace) start(ctx context.Context, req *Request) context.Context {
+	if t.tr == nil {
 		return ctx
 	}
-	ctx, t.trace.end = tr.StartTurn(ctx, t.req)
+	ctx, t.end = t.tr.StartTurn(ctx, req)
 	return ctx
 }
 
-// endTurn ends the turn's trace with its record, after any phase still
+// finish ends the turn's trace with its record, after any phase still
 // open (a body is read, and the turn ends, within its decode leg).
-func (t *turn) endTurn() {
+func (t *turnTrace) finish(rec *TurnRecord) {
 	t.endPhases(nil)
-	if end := t.trace.end; end != nil {
-		t.trace.end = nil
-		end(&t.rec)
+	if end := t.end; end != nil {
+		t.end = nil
+		end(rec)
 	}
 }
 
-// startPhase starts a phase within ctx.
-func (t *turn) startPhase(ctx context.Context, phase Phase, endpoint string) (context.Context, func(error)) {
-	tr := t.r.cfg.tracer
-	if tr == nil {
+// phase starts a phase within ctx.
+func (t *turnTrace) phase(ctx context.Context, phase Phase, endpoint string) (context.Context, func(error)) {
+	if t.tr == nil {
 		return ctx, noEnd
 	}
-	return tr.StartPhase(ctx, phase, endpoint)
+	return t.tr.StartPhase(ctx, phase, endpoint)
 }
 
 // startDecode starts a decode leg's phase, which decodeDone, endPhases or
-// endTurn ends.
-func (t *turn) startDecode(ctx context.Context, endpoint string) context.Context {
-	if t.r.cfg.tracer == nil {
+// finish ends.
+func (t *turnTrace) startDecode(ctx context.Context, endpoint string) context.Context {
+	if t.tr == nil {
 		return ctx
 	}
-	ctx, t.trace.endDecode = t.r.cfg.tracer.StartPhase(ctx, PhaseDecode, endpoint)
+	ctx, t.endDecode = t.tr.StartPhase(ctx, PhaseDecode, endpoint)
 	return ctx
 }
 
-// decodeDone ends a decode leg's phase with err, or for a stream keeps it
-// open and starts PhaseStream within it: both end with the stream
-// (endPhases).
-func (t *turn) decodeDone(ctx context.Context, resp *Response, err error) {
-	if t.trace.endDecode == nil {
+// decodeDone ends a decode leg's phase with err, or for a stream (err nil,
+// stream set) keeps it open and starts PhaseStream within it: both end
+// with the stream (endPhases).
+func (t *turnTrace) decodeDone(ctx context.Context, stream bool, endpoint string, err error) {
+	if t.endDecode == nil {
 		return // no Tracer, or the turn has ended
 	}
-	if err == nil && resp.stream {
-		_, t.trace.endStream = t.r.cfg.tracer.StartPhase(ctx, PhaseStream, resp.ep.url)
+	if err == nil && stream {
+		_, t.endStream = t.tr.StartPhase(ctx, PhaseStream, endpoint)
 		return
 	}
 	t.endPhases(err)
 }
 
 // endPhases ends the open stream and decode phases with err.
-func (t *turn) endPhases(err error) {
-	if end := t.trace.endStream; end != nil {
-		t.trace.endStream = nil
+func (t *turnTrace) endPhases(err error) {
+	if end := t.endStream; end != nil {
+		t.endStream = nil
 		end(err)
 	}
-	if end := t.trace.endDecode; end != nil {
-		t.trace.endDecode = nil
+	if end := t.endDecode; end != nil {
+		t.endDecode = nil
 		end(err)
 	}
 }
 
 // inject writes the phase's trace context into an engine request's headers.
-func (t *turn) inject(ctx context.Context, h http.Header) {
-	if tr := t.r.cfg.tracer; tr != nil {
-		tr.Inject(ctx, h)
+func (t *turnTrace) inject(ctx context.Context, h http.Header) {
+	if t.tr != nil {
+		t.tr.Inject(ctx, h)
 	}
 }

@@ -189,7 +189,7 @@ func TestTracerFailedPrefill(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
 	ft := &fakeTracer{}
 	policy := transport.RetryPolicy{MaxAttempts: 2, InitialInterval: 1, MaxInterval: 1}
-	url := serve(t, newRouter(t, c, kvroute.WithTracer(ft), kvroute.WithRetryPolicy(policy)))
+	url := serve(t, newRouter(t, c, kvroute.WithTracer(ft), kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy})))
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8}
 	conv.say(userText(0))
 

@@ -206,7 +206,7 @@ func TestBlockSizeMismatchRefusesPartialReads(t *testing.T) {
 	opts := []kvroutetest.Option{kvroutetest.WithReasoning(true)}
 	c := kvroutetest.NewCluster(t, 1, 1, opts...)
 	rec := &recorder{}
-	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithBlockSize(32))
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithVerification(kvroute.Verification{BlockSize: 32}))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
 	recs := runTurns(t, url, rec, conv, 4, opts, nil)
@@ -308,7 +308,7 @@ func TestTokenHitsTakeRenderedPromptIDs(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(rt.CloseIdleConnections)
 			r, err := kvroute.New(kvroute.WithPrefill(te.prefill), kvroute.WithDecode(te.decode), kvroute.WithTransport(rt),
-				kvroute.WithVerification(kvroute.VerifyTokens),
+				kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}),
 				kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = r.Close() })

@@ -105,9 +105,10 @@ type MemoryStats struct {
 	EvictedForBytes int64
 }
 
-// NewMemory returns an empty Memory configured by opts, or an error that
-// names the option out of range (see [WithMaxEntries], [WithMaxValueSize]
-// and [WithMaxBytes]).
+// NewMemory returns an empty Memory configured by opts. It applies every
+// option, then validates them once: an error wraps [ErrInvalidConfig] and
+// names each option out of range (see [WithMaxEntries],
+// [WithMaxValueSize] and [WithMaxBytes]).
 func NewMemory(opts ...MemoryOption) (*Memory, error) {
 	cfg := defaultMemoryConfig()
 	for _, o := range opts {

@@ -1,6 +1,9 @@
 package retention
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 const (
 	// DefaultMaxEntries is the default bound on the number of entries a
@@ -42,19 +45,32 @@ func defaultMemoryConfig() memoryConfig {
 	}
 }
 
-// validate reports the first out-of-range option, naming it and the fix.
+// validate checks the configuration once every option is applied and
+// returns every problem, each wrapping ErrInvalidConfig and naming the
+// option and the fix (nil when there is none).
 func (c memoryConfig) validate() error {
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, &configError{msg: "retention: " + fmt.Sprintf(format, args...)})
+	}
 	if c.maxEntries <= 0 || c.maxEntries > MaxEntriesLimit {
-		return fmt.Errorf("retention: WithMaxEntries(%d): must be positive and at most %d (default %d)", c.maxEntries, MaxEntriesLimit, DefaultMaxEntries)
+		fail("WithMaxEntries(%d): must be positive and at most %d (default %d)", c.maxEntries, MaxEntriesLimit, DefaultMaxEntries)
 	}
 	if c.maxValueSize <= 0 {
-		return fmt.Errorf("retention: WithMaxValueSize(%d): must be positive (default %d)", c.maxValueSize, DefaultMaxValueSize)
+		fail("WithMaxValueSize(%d): must be positive (default %d)", c.maxValueSize, DefaultMaxValueSize)
 	}
 	if c.maxBytes < EntryOverhead {
-		return fmt.Errorf("retention: WithMaxBytes(%d): must be at least EntryOverhead, %d (default %d)", c.maxBytes, EntryOverhead, DefaultMaxBytes)
+		fail("WithMaxBytes(%d): must be at least EntryOverhead, %d (default %d)", c.maxBytes, EntryOverhead, DefaultMaxBytes)
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// configError is an invalid option: its message names the option and the
+// fix, and it wraps ErrInvalidConfig.
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return e.msg }
+func (e *configError) Unwrap() error { return ErrInvalidConfig }
 
 type memoryOptionFunc func(*memoryConfig)
 

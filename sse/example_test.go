@@ -10,7 +10,7 @@ import (
 )
 
 // Example forwards a decode engine's stream to a client, removing the KV
-// handle from the final chunk and keeping it for the next turn.
+// handle from the final chunk (kvroute keeps it for the next turn).
 func Example() {
 	upstream := strings.NewReader(
 		`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n" +
@@ -21,7 +21,6 @@ func Example() {
 	rec := httptest.NewRecorder()
 	w := sse.NewWriter(rec)
 	r := sse.NewReader(upstream)
-	c := sse.NewCapture(sse.WithReply())
 	for {
 		e, err := r.Next()
 		if err == io.EOF {
@@ -30,7 +29,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		out, err := c.Forward(e)
+		out, _, err := sse.ScrubEvent(nil, e, e.Data, false)
 		if err != nil {
 			panic(err)
 		}
@@ -39,8 +38,6 @@ func Example() {
 		}
 	}
 	fmt.Print(rec.Body.String())
-	fmt.Println("handle:", string(c.Handle()))
-	fmt.Println("finish:", c.FinishReason(), "done:", c.Done(), "reply:", c.Reply().Content)
 	// Output:
 	// data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
 	//
@@ -49,7 +46,4 @@ func Example() {
 	// data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}
 	//
 	// data: [DONE]
-	//
-	// handle: {"remote_block_ids":[[7,8]],"remote_port":5600}
-	// finish: stop done: true reply: Hi
 }

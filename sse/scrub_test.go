@@ -46,12 +46,11 @@ func TestScrub(t *testing.T) {
 	}
 }
 
-// forwardEach runs every event of in through one Capture and returns what
+// forwardEach runs every event of in through ScrubEvent and returns what
 // it forwarded, stopping at the first error.
 func forwardEach(t *testing.T, in string) (string, error) {
 	t.Helper()
 	r := sse.NewReader(strings.NewReader(in))
-	c := sse.NewCapture()
 	var out bytes.Buffer
 	for {
 		e, err := r.Next()
@@ -59,7 +58,7 @@ func forwardEach(t *testing.T, in string) (string, error) {
 			return out.String(), nil
 		}
 		require.NoError(t, err)
-		b, err := c.Forward(e)
+		b, _, err := sse.ScrubEvent(nil, e, e.Data, false)
 		if err != nil {
 			return out.String(), err
 		}

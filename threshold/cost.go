@@ -169,34 +169,43 @@ const (
 	msPerNs   = 1e-6
 )
 
-// NewCostModel returns a CostModel for c. It returns an error wrapping
-// ErrInvalidCost for a negative rate, or a PriorWeight or Forget out of
-// range.
+// NewCostModel returns a CostModel for c: a zero field keeps its default.
+// It validates c once and returns every problem (joined), each an error
+// wrapping ErrInvalidCost that names the field: a negative rate, or a
+// PriorWeight or Forget out of range.
 func NewCostModel(c CostConfig) (*CostModel, error) {
 	if c.Priors == (Rates{}) {
 		c.Priors = DefaultRates()
 	}
 	p := c.Priors
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCost}, args...)...))
+	}
 	for _, d := range []time.Duration{p.PrefillFixed, p.PrefillPerToken, p.PullFixed, p.PullPerToken,
 		p.DecodeFirstFixed, p.DecodeReadPerToken, p.LocalFixed, p.LocalPerToken, p.InFlightCost} {
 		if d < 0 {
-			return nil, fmt.Errorf("%w: negative rate in Priors (%v)", ErrInvalidCost, d)
+			bad("negative rate in Priors (%v)", d)
+			break
 		}
 	}
 	if p.PrefillAttention < 0 || p.LocalAttention < 0 {
-		return nil, fmt.Errorf("%w: negative attention rate in Priors", ErrInvalidCost)
+		bad("negative attention rate in Priors")
 	}
 	switch {
 	case c.PriorWeight == 0:
 		c.PriorWeight = DefaultPriorWeight
 	case c.PriorWeight < 0 || math.IsNaN(c.PriorWeight):
-		return nil, fmt.Errorf("%w: PriorWeight %v is negative", ErrInvalidCost, c.PriorWeight)
+		bad("PriorWeight %v is negative", c.PriorWeight)
 	}
 	switch {
 	case c.Forget == 0:
 		c.Forget = DefaultForget
 	case !(c.Forget > 0 && c.Forget <= 1):
-		return nil, fmt.Errorf("%w: Forget %v is not in (0, 1]", ErrInvalidCost, c.Forget)
+		bad("Forget %v is not in (0, 1]", c.Forget)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	if c.MaxLocalAge == 0 {
 		c.MaxLocalAge = DefaultMaxLocalAge

@@ -253,3 +253,13 @@ func TestCostModelEngineChurn(t *testing.T) {
 	assert.Less(t, float64(newest), 0.9*float64(unseen), "an engine seen after 1,500 others learns its own rates (%v, pooled %v)", newest, unseen)
 	assert.InEpsilon(t, 260*time.Millisecond, estimate("steady"), 0.15, "the engine in use kept its rates")
 }
+
+// NewCostModel reports every bad field at once, each naming the field and
+// wrapping ErrInvalidCost, as kvroute.New reports its options.
+func TestNewCostModelReportsEveryField(t *testing.T) {
+	_, err := threshold.NewCostModel(threshold.CostConfig{PriorWeight: -1, Forget: 2})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, threshold.ErrInvalidCost)
+	assert.Contains(t, err.Error(), "PriorWeight")
+	assert.Contains(t, err.Error(), "Forget")
+}

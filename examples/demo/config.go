@@ -27,7 +27,7 @@ type config struct {
 	progress      bool    // progress bar on stderr
 	kvBytes       float64 // bytes of KV per token (0: unknown), for "KV held"
 	reasoning     bool    // replies carry reasoning the template strips from history
-	verification  kvroute.Verification
+	verification  kvroute.VerificationMode
 	published     []published // the profile's calibration points, if any
 	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
 	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
@@ -137,7 +137,7 @@ func parseFlags(args []string, help io.Writer) (config, error) {
 		progress:      !*quiet,
 		kvBytes:       kvBytes,
 		reasoning:     *reasoning,
-		verification:  kvroute.Verification(*verify),
+		verification:  kvroute.VerificationMode(*verify),
 		published:     pub,
 		suffixTokens:  *suffix,
 		decodeLocal:   *local,

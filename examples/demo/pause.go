@@ -131,7 +131,7 @@ func (s summary) printPauses(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\nThink time between turns (reuse on, virtual clock; D keeps a handle's blocks %s, the router retains it %s):\n",
-		kvroutetest.DefaultDecoderBlocksTTL, kvroute.DefaultRetentionTTL)
+		kvroutetest.DefaultDecoderBlocksTTL, kvroute.Defaults().TTLs.Retention)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pause\thit rate\texpired\tTTFT p50\tp95\tp99\tKV held on D: mean\tpeak\trouter's count, peak\twrong answers\t")
 	for _, r := range s.pauses {

@@ -139,10 +139,10 @@ func startBench(c config, reuse bool, vc *kvroutetest.VirtualClock) (*bench, err
 		opts = append(opts, kvroute.WithClock(vc.Now))
 	}
 	if c.kvBytes > 0 {
-		opts = append(opts, kvroute.WithKVBytesPerToken(int64(c.kvBytes)))
+		opts = append(opts, kvroute.WithDecodeMemory(kvroute.DecodeMemory{KVBytesPerToken: int64(c.kvBytes)}))
 	}
 	if c.verification != "" {
-		opts = append(opts, kvroute.WithVerification(c.verification))
+		opts = append(opts, kvroute.WithVerification(kvroute.Verification{Mode: c.verification}))
 	}
 	if reuse && c.localMode() {
 		// The router's clock is real (or virtual) time, in which the
@@ -151,7 +151,7 @@ func startBench(c config, reuse bool, vc *kvroutetest.VirtualClock) (*bench, err
 		if b.model, err = threshold.NewCostModel(threshold.CostConfig{}); err != nil {
 			return nil, err
 		}
-		opts = append(opts, kvroute.WithDecodeLocal(true), kvroute.WithThresholdPolicy(chooser{b.model}))
+		opts = append(opts, kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithThresholdPolicy(chooser{b.model}))
 	}
 	if b.router, err = kvroute.New(opts...); err != nil {
 		return nil, err
@@ -295,7 +295,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 		conv:     cv.id,
 		index:    index,
 		engineID: eid,
-		outcome:  string(resp.Reuse()),
+		outcome:  resp.Header.Get("X-Bidikv-Reuse"),
 		overhead: max(0, first-clock.Take(eid)-clock.Take(rid)),
 	}
 	renderWait := renders.Take(rid)

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/bidikv/bidikv/kvroute"
 )
 
 // Why a body read was stopped by the proxy rather than by the client.
@@ -256,7 +254,7 @@ func (w *turnWriter) Write(p []byte) (int, error) {
 		return 0, errStalled
 	}
 	w.finished = finalEvent(p)
-	if w.stream && w.req.URL.Path == kvroute.PathResponses {
+	if w.stream && numbered(w.req.URL.Path) {
 		w.seq = lastSequence(p, w.seq)
 	}
 	w.deadline()
@@ -363,10 +361,11 @@ func (w *turnWriter) cut() {
 	switch {
 	case w.stream && !w.finished:
 		var ev []byte
-		switch path := w.req.URL.Path; {
-		case anthropicPath(path): // Anthropic's error event
+		a, _ := apiAt(w.req.URL.Path)
+		switch a.StreamErrorShape {
+		case "anthropic": // Anthropic's error event
 			ev = append([]byte("event: error\ndata: "), anthropicErrorBody(http.StatusServiceUnavailable, msg)...)
-		case path == kvroute.PathResponses: // the Responses API's
+		case "responses": // the Responses API's
 			ev = append([]byte("event: error\ndata: "), responsesErrorJSON(msg, "shutting_down", w.seq+1)...)
 		default: // OpenAI's error body as vLLM ends a failed stream
 			ev = append([]byte("data: "), errorJSON(msg, "server_error", "shutting_down")...)
@@ -381,6 +380,13 @@ func (w *turnWriter) cut() {
 		w.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.ResponseWriter.Write(b)
 	}
+}
+
+// numbered reports whether the stream of the router's API at path numbers
+// its events (the Responses API's sequence_number).
+func numbered(path string) bool {
+	a, _ := apiAt(path)
+	return a.StreamErrorShape == "responses"
 }
 
 // lastSequence returns the last sequence_number of a Responses stream

@@ -233,17 +233,17 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.Var(&listFlag{vals: &c.prefillURLs}, "prefill", "prefill engine URLs (http://host:port), replacing --prefiller-hosts/--prefiller-ports")
 	fs.Var(&listFlag{vals: &c.decodeURLs}, "decode", "decode engine URLs (http://host:port), replacing --decoder-hosts/--decoder-ports")
 
-	fs.DurationVar(&c.retentionTTL, "retention-ttl", kvroute.DefaultRetentionTTL, "how long a decode handle is kept; at least 5s under --decoder-kv-blocks-ttl")
-	fs.DurationVar(&c.decoderBlocksTTL, "decoder-kv-blocks-ttl", kvroute.DefaultDecoderBlocksTTL, "the decode engines' decoder_kv_blocks_ttl")
+	fs.DurationVar(&c.retentionTTL, "retention-ttl", kvroute.Defaults().TTLs.Retention, "how long a decode handle is kept; at least 5s under --decoder-kv-blocks-ttl")
+	fs.DurationVar(&c.decoderBlocksTTL, "decoder-kv-blocks-ttl", kvroute.Defaults().TTLs.DecoderBlocks, "the decode engines' decoder_kv_blocks_ttl")
 	fs.IntVar(&c.recomputeThresh, "recompute-threshold", 64, "attach a handle only if at least this many tokens can be pulled (the engines' kv_recompute_threshold; 0: always)")
 	fs.BoolVar(&c.reuse, "reuse", true, "bidirectional KV reuse; false: plain one-way P→D disaggregation")
 	fs.StringVar(&c.keyMode, "key-mode", keyContent, "how turns are matched: content (the conversation itself) or conversation-id (conversation_id body field / X-Session-ID header, as the reference proxy)")
 	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact; every API) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects; reuses chat turns, completions turns only at clean token seams, never Responses or Messages)")
-	fs.IntVar(&c.blockSize, "block-size", kvroute.DefaultBlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
+	fs.IntVar(&c.blockSize, "block-size", kvroute.Defaults().Verification.BlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
-	fs.DurationVar(&c.renderTimeout, "render-timeout", kvroute.DefaultRenderTimeout, "budget of one render call (token verification, and the prompt fingerprint of Responses and Messages turns): a call that runs out opens that engine's render breaker, and turns go on without a render")
-	fs.DurationVar(&c.restartCheck, "restart-check", kvroute.DefaultRestartCheck, "how old the proxy's reading of a decode engine's process_start_time_seconds (GET /metrics) may be when it attaches one of the engine's handles: a handle issued before the engine restarted is never attached (0: no reads; restarts are then noticed only by a new engine id or a failure to reach the engine)")
+	fs.DurationVar(&c.renderTimeout, "render-timeout", kvroute.Defaults().Timeouts.Render, "budget of one render call (token verification, and the prompt fingerprint of Responses and Messages turns): a call that runs out opens that engine's render breaker, and turns go on without a render")
+	fs.DurationVar(&c.restartCheck, "restart-check", kvroute.Defaults().Health.RestartCheck, "how old the proxy's reading of a decode engine's process_start_time_seconds (GET /metrics) may be when it attaches one of the engine's handles: a handle issued before the engine restarted is never attached (0: no reads; restarts are then noticed only by a new engine id or a failure to reach the engine)")
 	fs.Int64Var(&c.kvBytesPerToken, "kv-bytes-per-token", 0, "bytes of KV per token on the decode engines, for the decode_kv_held_bytes gauge (0: unknown)")
 	fs.StringVar(&c.redisURL, "redis-url", "", "share retained handles between replicas in Redis: redis://[user:password@]host:port/db, redis-sentinel://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379, or redis-cluster://node:6379?addr=node2:6379; default in memory")
 	fs.IntVar(&c.redisWaitReplicas, "redis-wait-replicas", 0, "with Sentinel or Cluster: hand out a handle only once this many replicas acknowledged its delete (WAIT), so that a failover cannot hand it out again; 0: GETDEL alone")
@@ -251,9 +251,9 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.StringVar(&c.apiKeyFile, "api-key-file", "", "file of accepted inbound API keys, one per line (blank lines and lines starting with # ignored)")
 	fs.BoolVar(&c.allowAnonymousIDs, "allow-anonymous-conversation-id", false, "allow --key-mode conversation-id without inbound API keys: every client is then one tenant, and any client that knows or guesses a conversation id continues that conversation's KV")
 	fs.BoolVar(&c.metricsKey, "metrics-require-key", false, "serve /metrics only with an inbound API key, as the API routes (its labels name the engines' URLs); default: open, for scrapers on a trusted network")
-	c.maxBodyBytes = kvroute.DefaultMaxBodyBytes
+	c.maxBodyBytes = kvroute.Defaults().Limits.Body
 	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request body accepted (413 above)")
-	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.DefaultMaxObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
+	fs.IntVar(&c.maxObjectMembers, "max-object-members", kvroute.Defaults().Limits.ObjectMembers, "most members of any object in a request body, at any depth (400 above): bounds the memory a body's index takes")
 	c.maxHeaderBytes = defaultMaxHeaderBytes
 	fs.Var(intBytes{&c.maxHeaderBytes}, "max-header-bytes", "largest request line and headers accepted (431 above)")
 	fs.IntVar(&c.maxTurns, "max-concurrent-turns", defaultMaxTurns, "completion requests served at once; more are shed with 503 and Retry-After")
@@ -265,9 +265,9 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.DurationVar(&c.idleConnTimeout, "idle-conn-timeout", defaultIdleConnTimeout, "how long a client's keep-alive connection may sit idle between requests")
 	fs.DurationVar(&c.readBodyTimeout, "read-body-timeout", defaultReadBodyTimeout, "bound on reading a request body, from the end of its headers (408 after it); streams are not limited by it")
 	fs.DurationVar(&c.writeTimeout, "client-write-timeout", defaultWriteTimeout, "bound on each write of a completion response to the client (one stream event, or a body): a client that stops reading is cut after it, and its turn freed (0: none)")
-	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.DefaultPrefillTimeout, "bound on the prefill leg (0: none)")
-	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.DefaultFirstByteTimeout, "bound on the wait for the decode engine's headers (0: none)")
-	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.DefaultIdleTimeout, "bound on the gap between two decode stream reads (0: none)")
+	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.Defaults().Timeouts.Prefill, "bound on the prefill leg (0: none)")
+	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.Defaults().Timeouts.FirstByte, "bound on the wait for the decode engine's headers (0: none)")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.Defaults().Timeouts.Idle, "bound on the gap between two decode stream reads (0: none)")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 30*time.Second, "bound on reading a client's request headers")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
 	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
@@ -442,38 +442,38 @@ func (c *config) validate() error {
 	return nil
 }
 
+// none maps a flag's 0 (none) onto a grouped kvroute option's -1.
+func none[T int | time.Duration](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
 // routerOptions maps the configuration onto kvroute options. The store is
 // added by the caller.
 func (c *config) routerOptions() []kvroute.Option {
+	// A flag's 0 means none (a timeout, the restart reads, partial
+	// reads), where the grouped options take a negative value.
 	opts := []kvroute.Option{
 		c.poolOption(rolePrefill),
 		c.poolOption(roleDecode),
-		kvroute.WithRetentionTTL(c.retentionTTL),
-		kvroute.WithDecoderBlocksTTL(c.decoderBlocksTTL),
+		kvroute.WithTTLs(kvroute.TTLs{Retention: c.retentionTTL, DecoderBlocks: c.decoderBlocksTTL}),
 		kvroute.WithThreshold(c.recomputeThresh),
 		kvroute.WithReuse(c.reuse),
-		kvroute.WithLocalPrefillFallback(c.localFallback),
-		kvroute.WithMaxBodyBytes(c.maxBodyBytes),
-		kvroute.WithMaxObjectMembers(c.maxObjectMembers),
-		kvroute.WithPrefillTimeout(c.prefillTimeout),
-		kvroute.WithFirstByteTimeout(c.firstByteTimeout),
-		kvroute.WithIdleTimeout(c.idleTimeout),
-		kvroute.WithVerification(kvroute.Verification(c.verification)),
-		kvroute.WithBlockSize(c.blockSize),
-		kvroute.WithRestartCheck(c.restartCheck),
-		kvroute.WithRenderTimeout(c.renderTimeout),
-	}
-	if c.decodeLocal {
-		opts = append(opts, kvroute.WithDecodeLocal(true))
-	}
-	if c.kvBytesPerToken != 0 {
-		opts = append(opts, kvroute.WithKVBytesPerToken(c.kvBytesPerToken))
+		kvroute.WithFailover(kvroute.Failover{LocalPrefill: c.localFallback}),
+		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers}),
+		kvroute.WithTimeouts(kvroute.Timeouts{Prefill: none(c.prefillTimeout), FirstByte: none(c.firstByteTimeout),
+			Idle: none(c.idleTimeout), Render: c.renderTimeout}),
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),
+		kvroute.WithHealth(kvroute.Health{RestartCheck: none(c.restartCheck)}),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: c.decodeLocal, KVBytesPerToken: c.kvBytesPerToken}),
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))
 	}
 	if c.keyMode == keyConversationID {
-		opts = append(opts, kvroute.WithIdentifier(kvroute.ExplicitID{}))
+		opts = append(opts, kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}))
 	}
 	return opts
 }

@@ -101,7 +101,7 @@ func TestParseConfigSettings(t *testing.T) {
 	assert.Equal(t, keyConversationID, c.keyMode)
 	assert.Equal(t, "sk-up", c.upstreamAPIKey)
 	assert.Equal(t, "json", c.logFormat)
-	assert.Len(t, c.routerOptions(), 18, "upstream key and identifier options added")
+	assert.Len(t, c.routerOptions(), 13, "upstream key and identifier options added")
 }
 
 // --key-mode conversation-id needs inbound keys, or an explicit flag that
@@ -162,7 +162,7 @@ func TestParseConfigLimits(t *testing.T) {
 	assert.Equal(t, 4096, c.maxConns)
 	assert.Equal(t, 512, c.maxTransit)
 	assert.Equal(t, 32, c.maxClientTransit)
-	assert.Equal(t, kvroute.DefaultMaxObjectMembers, c.maxObjectMembers)
+	assert.Equal(t, kvroute.Defaults().Limits.ObjectMembers, c.maxObjectMembers)
 
 	for _, tt := range []struct {
 		want string
@@ -201,7 +201,7 @@ func TestParseConfigDecodeLocal(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, c.decodeLocal)
 	assert.Equal(t, int64(262144), c.kvBytesPerToken)
-	assert.Len(t, c.routerOptions(), n+2)
+	assert.Len(t, c.routerOptions(), n, "both ride on WithDecodeMemory, always given")
 }
 
 // A flag that names engines (or the address, the keys, the store), given

@@ -93,9 +93,9 @@ func (d *dnsConfig) pools() []dnsPool {
 func (c *config) poolOption(role string) kvroute.Option {
 	if eps, ok := c.dns.initial[role]; ok {
 		if role == rolePrefill {
-			return kvroute.WithPrefillEndpoints(eps...)
+			return kvroute.WithEndpoints(kvroute.PhasePrefill, eps...)
 		}
-		return kvroute.WithDecodeEndpoints(eps...)
+		return kvroute.WithEndpoints(kvroute.PhaseDecode, eps...)
 	}
 	if role == rolePrefill {
 		return kvroute.WithPrefill(c.prefillURLs...)

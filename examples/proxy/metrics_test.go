@@ -72,7 +72,7 @@ func TestBadRequestMetrics(t *testing.T) {
 // are exported, one series per path and per decode engine.
 func TestDecodeLocalMetrics(t *testing.T) {
 	r, err := kvroute.New(kvroute.WithPrefill("http://127.0.0.1:9"), kvroute.WithDecode("http://127.0.0.1:10"),
-		kvroute.WithDecodeLocal(true), kvroute.WithKVBytesPerToken(262144))
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true, KVBytesPerToken: 262144}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	m := newMetrics()

@@ -58,16 +58,16 @@ func (s *server) routes() http.Handler {
 	get := []string{http.MethodGet, http.MethodHead}
 	turns := s.auth(s.admit(s.router))
 	table := map[string]route{
-		kvroute.PathChatCompletions: {post, turns},
-		kvroute.PathCompletions:     {post, turns},
-		kvroute.PathResponses:       {post, turns},
-		kvroute.PathMessages:        {post, turns},
-		pathCountTokens:             {post, s.auth(s.admit(http.HandlerFunc(s.countTokens)))},
-		"/v1/models":                {get, s.auth(http.HandlerFunc(s.models))},
-		"/health":                   {get, http.HandlerFunc(s.live)},
-		"/healthcheck":              {get, http.HandlerFunc(s.live)}, // the reference proxy's name
-		"/ready":                    {get, http.HandlerFunc(s.ready)},
-		"/metrics":                  {get, s.metricsHandler()},
+		pathCountTokens: {post, s.auth(s.admit(http.HandlerFunc(s.countTokens)))},
+		"/v1/models":    {get, s.auth(http.HandlerFunc(s.models))},
+		"/health":       {get, http.HandlerFunc(s.live)},
+		"/healthcheck":  {get, http.HandlerFunc(s.live)}, // the reference proxy's name
+		"/ready":        {get, http.HandlerFunc(s.ready)},
+		"/metrics":      {get, s.metricsHandler()},
+	}
+	// The router's APIs, from its registry.
+	for _, a := range routerAPIs {
+		table[a.Path] = route{post, turns}
 	}
 	return s.access(s.headerLimit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
@@ -416,10 +416,26 @@ func errorBody(status int, msg string) []byte {
 	return errorJSON(msg, typ, code)
 }
 
-// anthropicPath reports whether path is Anthropic's Messages API or one of
-// its sub-paths (count_tokens).
+// anthropicPath reports whether path is one of the router's APIs whose
+// errors take Anthropic's shape (Messages), or a path below it
+// (count_tokens).
 func anthropicPath(path string) bool {
-	return path == kvroute.PathMessages || strings.HasPrefix(path, kvroute.PathMessages+"/")
+	a, ok := apiAt(path)
+	return ok && a.ErrorShape == "anthropic"
+}
+
+// routerAPIs are the APIs kvroute serves (its registry).
+var routerAPIs = kvroute.APIs()
+
+// apiAt returns the router's API at path, or the one whose Anthropic-shaped
+// errors the paths below it share.
+func apiAt(path string) (kvroute.API, bool) {
+	for _, a := range routerAPIs {
+		if path == a.Path || (a.ErrorShape == "anthropic" && strings.HasPrefix(path, a.Path+"/")) {
+			return a, true
+		}
+	}
+	return kvroute.API{}, false
 }
 
 // errorBodyFor renders msg in the error shape of the API at path.
@@ -445,7 +461,7 @@ func anthropicErrorBody(status int, msg string) []byte {
 }
 
 // responsesErrorJSON is the data of the Responses API's stream error event
-// (event: error), as kvroute.StreamErrorEvent writes it, with the proxy's
+// (event: error), as kvroute.Response.ErrorEvent writes it, with the proxy's
 // prefix and code.
 func responsesErrorJSON(msg, code string, seq int64) []byte {
 	b, _ := json.Marshal(map[string]any{"type": "error", "code": code, "message": "proxy: " + msg, "param": nil, "sequence_number": seq})

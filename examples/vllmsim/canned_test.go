@@ -20,7 +20,7 @@ import (
 // first is a hit, in token mode verified over the handle's whole sequence
 // from a render.
 func TestCannedThroughRouter(t *testing.T) {
-	for _, mode := range []kvroute.Verification{kvroute.VerifyContent, kvroute.VerifyTokens} {
+	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		t.Run(string(mode), func(t *testing.T) {
 			p, err := cannedHandler("prefill", "sim-model")
 			require.NoError(t, err)
@@ -30,7 +30,7 @@ func TestCannedThroughRouter(t *testing.T) {
 			defer ps.Close()
 			defer ds.Close()
 			var rec kvroute.TurnRecord
-			r, err := kvroute.New(kvroute.WithPrefill(ps.URL), kvroute.WithDecode(ds.URL), kvroute.WithVerification(mode),
+			r, err := kvroute.New(kvroute.WithPrefill(ps.URL), kvroute.WithDecode(ds.URL), kvroute.WithVerification(kvroute.Verification{Mode: mode}),
 				kvroute.WithObserver(kvroute.ObserverFunc(func(tr *kvroute.TurnRecord) { rec = *tr })))
 			require.NoError(t, err)
 			defer r.Close()

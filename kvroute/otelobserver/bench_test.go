@@ -78,7 +78,7 @@ func benchmarkTurn(b *testing.B, mode string) {
 	}
 	b.Cleanup(rt.CloseIdleConnections)
 	opts := []kvroute.Option{kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithTransport(rt),
-		kvroute.WithVerification(kvroute.VerifyContent)}
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent})}
 	if mode != "off" {
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
@@ -125,8 +125,9 @@ func benchmarkTurn(b *testing.B, mode string) {
 		if _, err := resp.WriteTo(io.Discard); err != nil {
 			b.Fatal(err)
 		}
-		if want := i%8 != 0; (resp.Reuse() == kvroute.ReuseHit) != want {
-			b.Fatalf("turn %d: reuse %s", i, resp.Reuse())
+		reuse := kvroute.ReuseOutcome(resp.Header.Get("X-Bidikv-Reuse"))
+		if want := i%8 != 0; (reuse == kvroute.ReuseHit) != want {
+			b.Fatalf("turn %d: reuse %s", i, reuse)
 		}
 		_ = resp.Close()
 		messages = append(messages, map[string]string{"role": "assistant", "content": cannedReply})

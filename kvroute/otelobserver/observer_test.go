@@ -212,7 +212,7 @@ func containsSpan(spans tracetest.SpanStubs, id trace.SpanID) bool {
 // the engine's status and the error recorded; the turn span names the
 // failed phase; a retried attempt gets a span of its own.
 func TestFailedPrefill(t *testing.T) {
-	g := newRig(t, kvroute.WithRetryPolicy(transport.RetryPolicy{MaxAttempts: 2, InitialInterval: 1, MaxInterval: 1}))
+	g := newRig(t, kvroute.WithFailover(kvroute.Failover{PrefillRetry: transport.RetryPolicy{MaxAttempts: 2, InitialInterval: 1, MaxInterval: 1}}))
 	conv := newConversation(false)
 
 	g.c.Prefill[0].FailNext(2, http.StatusServiceUnavailable)
@@ -295,7 +295,7 @@ func TestNoopProviderPassesContext(t *testing.T) {
 // TestMetrics checks the instruments after a miss, a hit and a failed
 // turn.
 func TestMetrics(t *testing.T) {
-	g := newRig(t, kvroute.WithRetryPolicy(transport.RetryPolicy{MaxAttempts: 1}))
+	g := newRig(t, kvroute.WithFailover(kvroute.Failover{PrefillRetry: transport.RetryPolicy{MaxAttempts: 1}}))
 	conv := newConversation(true)
 	status, _ := conv.turn(t, g.url, "List the files.", nil)
 	require.Equal(t, http.StatusOK, status)

@@ -179,10 +179,10 @@ func TestScaleThroughDNS(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, initial[ph], 2)
 	}
-	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: kvroute.DefaultAffinityMaxInFlight}, removed: map[string]bool{}}
+	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: 64}, removed: map[string]bool{}}
 	obs := &records{miss: map[kvroute.MissReason]int{}}
-	r, err := kvroute.New(kvroute.WithPrefillEndpoints(initial[kvroute.PhasePrefill]...),
-		kvroute.WithDecodeEndpoints(initial[kvroute.PhaseDecode]...), kvroute.WithSelector(g), kvroute.WithObserver(obs))
+	r, err := kvroute.New(kvroute.WithEndpoints(kvroute.PhasePrefill, initial[kvroute.PhasePrefill]...),
+		kvroute.WithEndpoints(kvroute.PhaseDecode, initial[kvroute.PhaseDecode]...), kvroute.WithSelector(g), kvroute.WithObserver(obs))
 	require.NoError(t, err)
 	defer r.Close()
 	watch := map[kvroute.Phase]*discovery.Watcher{}
@@ -323,7 +323,7 @@ func TestInFlightTurnFinishes(t *testing.T) {
 		watch[ph], err = discovery.NewWatcher(d, func(eps []transport.Endpoint) error { return r.SetEndpoints(ph, eps...) })
 		require.NoError(t, err)
 	}
-	r, err := kvroute.New(kvroute.WithPrefillEndpoints(initial[kvroute.PhasePrefill]...), kvroute.WithDecodeEndpoints(initial[kvroute.PhaseDecode]...))
+	r, err := kvroute.New(kvroute.WithEndpoints(kvroute.PhasePrefill, initial[kvroute.PhasePrefill]...), kvroute.WithEndpoints(kvroute.PhaseDecode, initial[kvroute.PhaseDecode]...))
 	require.NoError(t, err)
 	defer r.Close()
 

@@ -1,0 +1,57 @@
+package kvroute_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// Extension example: a selection policy is one file (this one) and one
+// registration line (WithSelector). firstFit fills the engines in their
+// configuration order: a leg goes to the first candidate with fewer than
+// limit requests in flight (the decode engine that holds the
+// conversation's KV first), else to the least loaded one. It keeps small
+// deployments on few engines.
+func firstFit(limit int) kvroute.Selector {
+	return kvroute.SelectorFunc(func(_ context.Context, s *kvroute.Selection) (int, error) {
+		for i, c := range s.Candidates {
+			if c.URL == s.Affinity && c.InFlight < limit {
+				return i, nil
+			}
+		}
+		best := 0
+		for i, c := range s.Candidates {
+			if c.InFlight < limit {
+				return i, nil
+			}
+			if c.InFlight < s.Candidates[best].InFlight {
+				best = i
+			}
+		}
+		return best, nil
+	})
+}
+
+func TestExtendSelector(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 3, 3)
+	rec := &lastTurn{}
+	url := serve(t, newRouter(t, c, kvroute.WithSelector(firstFit(4)), kvroute.WithObserver(rec))) // the registration line
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8}
+	for i := range 4 {
+		conv.say(userText(i))
+		res := post(t, url, conv.path, conv.body(), nil)
+		require.Equal(t, http.StatusOK, res.status)
+		conv.hear(res.text)
+		// One turn at a time: every leg fits the first engine.
+		assert.Equal(t, c.Prefill[0].URL(), rec.last().PrefillEndpoint, "turn %d", i)
+		assert.Equal(t, c.Decode[0].URL(), rec.last().DecodeEndpoint, "turn %d", i)
+	}
+	assert.Empty(t, c.Prefill[1].Requests(), "the other engines stay idle")
+	assert.Empty(t, c.Decode[2].Requests())
+}

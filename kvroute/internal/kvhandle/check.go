@@ -1,0 +1,268 @@
+package kvhandle
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// Handle validation. An engine's handle is JSON that vLLM reads with
+// Python's json module into a dict and then uses as typed values: the
+// block ids become numpy indices into the KV descriptors, the port a
+// socket address, remote_num_tokens a token count that sizes the read. A
+// value of another type or out of range is not refused there: a negative
+// block id silently indexes another block, 1e999 becomes a float infinity,
+// a group with fewer blocks than remote_num_tokens needs trips the
+// worker's assert len(local) <= len(remote) and kills the engine. So every
+// handle the router captures (a prefill engine's, before it goes to D; a
+// decode engine's, before it is retained) and every handle it attaches
+// goes through Check, and one that vLLM could not read correctly is
+// refused (Stats.InvalidHandles, logged once per reason).
+
+// ErrInvalid is wrapped by every Check error about a member that is
+// present with a type or value vLLM cannot use.
+var ErrInvalid = errors.New("kvroute: invalid KV handle")
+
+// ErrUnusable is Check's error for a handle an engine ignores.
+var ErrUnusable = errors.New("handle lacks remote_engine_id, remote_request_id, remote_host, remote_port or remote_block_ids")
+
+// MaxBlockID bounds a block id: ids index an engine's KV blocks, whose
+// count is far below 2^31 on any device.
+const MaxBlockID = math.MaxInt32
+
+// maxCount bounds remote_num_tokens, tp_size, dcp_size and pp_size.
+const maxCount = math.MaxInt32
+
+// Info is what the router reads from an engine's handle.
+type Info struct {
+	Tokens   int  // remote_num_tokens, 0 when absent
+	PushMode bool // transfer_mode "push": not usable bidirectionally
+}
+
+// handleError is a Check error about one member.
+type handleError struct {
+	key, why string
+}
+
+func (e *handleError) Error() string { return ErrInvalid.Error() + ": " + e.key + " " + e.why }
+func (e *handleError) Unwrap() error { return ErrInvalid }
+
+// invalid returns the error for member key, which vLLM could not read.
+func invalid(key, format string, args ...any) error {
+	return &handleError{key: key, why: fmt.Sprintf(format, args...)}
+}
+
+// InvalidMember returns the member an invalid-handle error is about ("" for
+// any other error), a bounded key for logging once.
+func InvalidMember(err error) string {
+	var he *handleError
+	if errors.As(err, &he) {
+		return he.key
+	}
+	return ""
+}
+
+// Check checks raw, an engine's kv_transfer_params, and reads what the
+// router needs from it. It returns ErrUnusable for a handle an engine
+// ignores (remote_engine_id, remote_request_id, remote_host or
+// remote_port absent or null, remote_block_ids absent or empty), and an
+// error wrapping ErrInvalid for one vLLM would misread:
+//
+//   - a member named twice (parsers disagree on which one counts);
+//   - do_remote_decode or do_remote_prefill other than a boolean or null;
+//   - remote_engine_id, remote_request_id, remote_host or transfer_mode
+//     other than a string (the first three non-empty);
+//   - remote_port other than an integer from 1 to 65535;
+//   - remote_block_ids other than a list of integer lists (one per KV
+//     group), or a flat list of integers (very old engines); every id an
+//     integer literal from 0 to 2^31-1 (no sign, fraction or exponent);
+//   - remote_num_tokens, tp_size, dcp_size or pp_size other than an
+//     integer (remote_num_tokens at least 0, the others at least 1) or
+//     null;
+//   - remote_blocks_expiry_time other than a finite number or null;
+//   - with blockSize > 0 and remote_num_tokens R > 0: fewer than
+//     ceil(R/blockSize) blocks in its longest group (the full-attention
+//     groups hold one block per blockSize tokens; sliding-window groups,
+//     shorter, keep only the window's tail).
+//
+// It does not copy raw.
+func Check(raw []byte, blockSize int) (Info, error) {
+	var hi Info
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return hi, invalid("kv_transfer_params", "is not a JSON object")
+	}
+	if k, dup := obj.Duplicate(); dup {
+		return hi, invalid(k, "is given twice")
+	}
+	if err := checkPeer(obj, &hi); err != nil {
+		return hi, err
+	}
+	if err := checkCounts(obj, &hi); err != nil {
+		return hi, err
+	}
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || jsonraw.IsNull(blocks) {
+		return hi, ErrUnusable
+	}
+	longest, err := blockGroups(blocks)
+	if err != nil {
+		return hi, err
+	}
+	if longest == 0 {
+		return hi, ErrUnusable
+	}
+	if blockSize > 0 && hi.Tokens > 0 {
+		if need := (hi.Tokens + blockSize - 1) / blockSize; longest < need {
+			return hi, invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d; check WithBlockSize)",
+				longest, hi.Tokens, blockSize, need)
+		}
+	}
+	return hi, nil
+}
+
+// checkPeer checks the role flags, the remote engine's identity and
+// address, and the transfer mode.
+func checkPeer(obj jsonraw.Object, hi *Info) error {
+	for _, k := range [...]string{"do_remote_decode", "do_remote_prefill"} {
+		if v, ok := obj.Get(k); ok && !jsonraw.IsNull(v) {
+			if _, isBool := jsonraw.Bool(v); !isBool {
+				return invalid(k, "is not a boolean")
+			}
+		}
+	}
+	for _, k := range [...]string{"remote_engine_id", "remote_request_id", "remote_host"} {
+		v, ok := obj.Get(k)
+		if !ok || jsonraw.IsNull(v) {
+			return ErrUnusable
+		}
+		// A parsed value that opens with a quote is a string; "" is empty.
+		if len(v) < 3 || v[0] != '"' {
+			return invalid(k, "is not a non-empty string")
+		}
+	}
+	port, ok := obj.Get("remote_port")
+	if !ok || jsonraw.IsNull(port) {
+		return ErrUnusable
+	}
+	if p, isInt := jsonraw.Int(port); !isInt || p < 1 || p > 65535 {
+		return invalid("remote_port", "is not a port from 1 to 65535")
+	}
+	if v, ok := obj.Get("transfer_mode"); ok && !jsonraw.IsNull(v) {
+		s, isStr := jsonraw.String(v)
+		if !isStr {
+			return invalid("transfer_mode", "is not a string")
+		}
+		hi.PushMode = s == "push"
+	}
+	return nil
+}
+
+// checkCounts checks the counts and the expiry time.
+func checkCounts(obj jsonraw.Object, hi *Info) error {
+	counts := [...]struct {
+		key string
+		min int64
+	}{{"remote_num_tokens", 0}, {"tp_size", 1}, {"dcp_size", 1}, {"pp_size", 1}}
+	for _, c := range counts {
+		v, ok := obj.Get(c.key)
+		if !ok || jsonraw.IsNull(v) {
+			continue
+		}
+		n, isInt := jsonraw.Int(v)
+		if !isInt || n < c.min || n > maxCount {
+			return invalid(c.key, "is not an integer from %d to %d", c.min, maxCount)
+		}
+		if c.key == "remote_num_tokens" {
+			hi.Tokens = int(n)
+		}
+	}
+	if v, ok := obj.Get("remote_blocks_expiry_time"); ok && !jsonraw.IsNull(v) {
+		if !finiteNumber(v) {
+			return invalid("remote_blocks_expiry_time", "is not a finite number")
+		}
+	}
+	return nil
+}
+
+// blockGroups checks remote_block_ids (a list of integer lists, or a flat
+// list of integers) and returns the length of its longest group.
+func blockGroups(v []byte) (int, error) {
+	if len(v) == 0 || v[0] != '[' {
+		return 0, invalid("remote_block_ids", "is not a list")
+	}
+	nested, flat, longest, n := false, false, 0, 0
+	err := jsonraw.Elements(v, func(e []byte) error {
+		if len(e) > 0 && e[0] == '[' {
+			nested = true
+			k := 0
+			err := jsonraw.Elements(e, func(id []byte) error {
+				if !blockID(id) {
+					return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", id, MaxBlockID)
+				}
+				k++
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			longest = max(longest, k)
+			return nil
+		}
+		flat = true
+		if !blockID(e) {
+			return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", e, MaxBlockID)
+		}
+		n++
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return 0, err
+	case err != nil:
+		return 0, invalid("remote_block_ids", "is not a list")
+	case nested && flat:
+		return 0, invalid("remote_block_ids", "mixes block ids and groups")
+	case flat:
+		return n, nil
+	}
+	return longest, nil
+}
+
+// blockID reports whether e is an integer literal from 0 to MaxBlockID.
+func blockID(e []byte) bool {
+	if len(e) == 0 || len(e) > 10 || (len(e) > 1 && e[0] == '0') {
+		return false
+	}
+	var v uint64
+	for _, c := range e {
+		if c < '0' || c > '9' {
+			return false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v <= MaxBlockID
+}
+
+// finiteNumber reports whether v is a JSON number that is finite as a
+// float64 (1e999 is a valid JSON number that Python reads as infinity).
+func finiteNumber(v []byte) bool {
+	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+		return false
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	return err == nil && !math.IsInf(f, 0) && !math.IsNaN(f)
+}
+
+// EngineID returns the remote_engine_id of a handle, "" when it has none.
+func EngineID(h []byte) string {
+	v, ok := jsonraw.Lookup(h, "remote_engine_id")
+	if !ok {
+		return ""
+	}
+	s, _ := jsonraw.String(v)
+	return s
+}

@@ -1,0 +1,145 @@
+package kvhandle
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// Key is the member of a body that carries a KV handle.
+const Key = "kv_transfer_params"
+
+// Miss is message 1 of kvroute's wire protocol: "prefill here, decode
+// elsewhere", the handle of a prefill leg without a retained handle.
+var Miss = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+var (
+	jsonTrue  = []byte("true")
+	jsonFalse = []byte("false")
+)
+
+var errStop = errors.New("stop")
+
+// ForHit turns a retained decode handle into message 2: the two role
+// flags forced, every other key verbatim. The handle is checked again
+// (Check): an entry may come from another router sharing the store.
+func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
+	if _, err := Check(dHandle, blockSize); err != nil {
+		return nil, err
+	}
+	obj, err := jsonraw.Parse(dHandle)
+	if err != nil {
+		return nil, err
+	}
+	return obj.Edit(nil,
+		jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue},
+		jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse}), nil
+}
+
+// Why a handle cannot be read partially (TurnRecord.MissReason detail and
+// Stats.PartialRefused).
+var (
+	ErrPartialDCP    = errors.New("handle has dcp_size > 1: decode-context-parallel blocks cannot be cut from the front")
+	ErrPartialGroups = errors.New("handle's KV groups differ in length (sliding-window or state groups cannot be cut from the front)")
+	ErrPartialBlocks = errors.New("handle's block count does not match remote_num_tokens at the configured block size (check WithBlockSize)")
+	ErrPartialFlat   = errors.New("handle has no remote_block_ids list")
+)
+
+// Cut returns a copy of a decode handle that lets the prefill engine read
+// only the first tokens positions (kvroute's package doc, Verification):
+// remote_num_tokens lowered to tokens and every KV group's
+// remote_block_ids cut from the front to its first ceil(tokens/blockSize)
+// blocks. The handle must be one whose blocks can be cut: dcp_size 1 (or
+// absent), every group of equal length, and that length
+// ceil(remote_num_tokens/blockSize), which catches a block size that
+// differs from the engine's.
+func Cut(raw []byte, tokens, blockSize int) ([]byte, error) {
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
+		if n, ok := jsonraw.Int(v); !ok || n > 1 {
+			return nil, ErrPartialDCP
+		}
+	}
+	rv, _ := obj.Get("remote_num_tokens")
+	r, ok := jsonraw.Int(rv)
+	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
+		return nil, ErrUnusable
+	}
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || len(blocks) == 0 || blocks[0] != '[' {
+		return nil, ErrPartialFlat
+	}
+	c := cutter{want: int((r + int64(blockSize) - 1) / int64(blockSize)), keep: (tokens + blockSize - 1) / blockSize}
+	out, err := c.blocks(make([]byte, 0, len(blocks)), blocks)
+	if err != nil {
+		return nil, err
+	}
+	return obj.Edit(nil,
+		jsonraw.Member{Key: "remote_num_tokens", Value: strconv.AppendInt(nil, int64(tokens), 10)},
+		jsonraw.Member{Key: "remote_block_ids", Value: out}), nil
+}
+
+// cutter cuts remote_block_ids groups of want blocks to their first keep.
+type cutter struct{ want, keep int }
+
+// blocks appends the cut remote_block_ids: nested [[...], ...] per group,
+// or the flat [...] of very old engines (one group).
+func (c cutter) blocks(out, blocks []byte) ([]byte, error) {
+	nested := false
+	_ = jsonraw.Elements(blocks, func(e []byte) error {
+		nested = len(e) > 0 && e[0] == '['
+		return errStop
+	})
+	if !nested {
+		return c.group(out, blocks)
+	}
+	out = append(out, '[')
+	g := 0
+	err := jsonraw.Elements(blocks, func(group []byte) error {
+		if len(group) == 0 || group[0] != '[' {
+			return ErrPartialGroups
+		}
+		if g > 0 {
+			out = append(out, ',')
+		}
+		g++
+		var err error
+		out, err = c.group(out, group)
+		if errors.Is(err, ErrPartialBlocks) && g > 1 {
+			return ErrPartialGroups
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, ']'), nil
+}
+
+// group appends one group's first keep block ids; the group must hold
+// want.
+func (c cutter) group(dst, group []byte) ([]byte, error) {
+	n := 0
+	dst = append(dst, '[')
+	err := jsonraw.Elements(group, func(e []byte) error {
+		if n < c.keep {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, e...)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n != c.want {
+		return nil, ErrPartialBlocks
+	}
+	return append(dst, ']'), nil
+}

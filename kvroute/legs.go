@@ -1,0 +1,156 @@
+package kvroute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/bidikv/bidikv/transport"
+)
+
+// maxErrorBody bounds how much of an engine's error body is kept.
+const maxErrorBody = 64 << 10
+
+// legBody is an upstream request body as pieces sent in order: the
+// client's bytes with the edited members spliced in (jsonraw.EditPieces),
+// written with vectored I/O and never copied whole.
+type legBody [][]byte
+
+// size returns the body's length.
+func (b legBody) size() int {
+	n := 0
+	for _, p := range b {
+		n += len(p)
+	}
+	return n
+}
+
+// reader returns a new reader of the whole body, holding a reference to
+// the pooled client body it aliases (if any) until net/http closes it.
+func (b legBody) reader(ref *bodyRef) *transport.Buffers {
+	if ref == nil {
+		return transport.NewBuffers(b, nil)
+	}
+	ref.acquire()
+	return transport.NewBuffers(b, ref.rel)
+}
+
+// legs builds the engine requests of one turn: the client's path and
+// end-to-end headers, the turn's engine request id, the upstream
+// credential and the phase's trace context.
+type legs struct {
+	req    *Request
+	id     string // the X-Request-Id of every engine request of the turn (TurnRecord.EngineRequestID)
+	apiKey string // WithUpstreamAPIKey
+	trace  *turnTrace
+	hdr    http.Header // header's, shared by the turn's legs: read-only
+}
+
+// request builds a POST of body to ep for the client's path.
+func (l *legs) request(ctx context.Context, phase Phase, ep *endpoint, body legBody) (*http.Request, error) {
+	return l.requestTo(ctx, phase, ep, l.req.Path, body, l.id)
+}
+
+// requestTo is request for another path of the engine, with request id id.
+//
+// The URL is a copy of the endpoint's cached one for path, and the legs
+// of a turn share one read-only header map (header) unless a leg needs
+// headers of its own: a rank pin, a trace context, another request id.
+// net/http's RoundTrip only reads Request.Header and transport.Client
+// does not copy it, so no one writes the shared map after header.
+func (l *legs) requestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody, id string) (*http.Request, error) {
+	rd := body.reader(l.req.ref)
+	u, err := ep.pathURL(path)
+	if err != nil {
+		_ = rd.Close()
+		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
+	}
+	// An empty URL parses to an empty *url.URL, which is then overwritten
+	// with the cached one: one URL allocation, no parse of the address.
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "", rd)
+	if err != nil {
+		_ = rd.Close()
+		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
+	}
+	*hreq.URL = *u
+	hreq.Host = u.Host
+	h := l.header()
+	if ep.ep.Rank >= 0 || l.trace.tr != nil || id != l.id {
+		h = h.Clone()
+		h.Set(headerRequestID, id)
+		l.trace.inject(ctx, h)
+		ep.ep.ApplyHeader(h)
+	}
+	hreq.Header = h
+	hreq.ContentLength = int64(body.size())
+	// For net/http's retry of a request a reused connection lost before
+	// it was written.
+	ref := l.req.ref
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref), nil }
+	return hreq, nil
+}
+
+// header returns the headers every leg of the turn sends, built on the
+// first call: the client's end-to-end headers (transport.RequestHeader,
+// which drops the rank header), the JSON content type, the turn's engine
+// request id and the upstream credential. The map is shared by the turn's
+// requests: it must not be modified.
+func (l *legs) header() http.Header {
+	if l.hdr != nil {
+		return l.hdr
+	}
+	h := transport.RequestHeader(l.req.Header)
+	// One backing array for the values set here.
+	vals := []string{"application/json", l.id, ""}
+	h["Content-Type"] = vals[0:1:1]
+	h[headerRequestID] = vals[1:2:2]
+	if l.apiKey != "" {
+		vals[2] = "Bearer " + l.apiKey
+		h["Authorization"] = vals[2:3:3]
+	}
+	l.hdr = h
+	return h
+}
+
+var errBodyTooLarge = errors.New("body exceeds the size limit")
+
+// readSized reads a body of the given Content-Length (-1: unknown) into
+// one buffer of that size from get (make when nil), or as readLimited when
+// the length is unknown or over the limit.
+func readSized(r io.Reader, length, limit int64, get func(int) []byte) ([]byte, error) {
+	if length <= 0 || length > limit {
+		return readLimited(r, limit)
+	}
+	return readExact(r, length, get)
+}
+
+// readExact reads a body of length bytes into a buffer from get (make when
+// nil); a longer body is an error.
+func readExact(r io.Reader, length int64, get func(int) []byte) ([]byte, error) {
+	var b []byte
+	if get != nil {
+		b = get(int(length))
+	} else {
+		b = make([]byte, length)
+	}
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		return nil, errors.New("the body is longer than its Content-Length")
+	}
+	return b, nil
+}
+
+func readLimited(r io.Reader, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errBodyTooLarge
+	}
+	return b, nil
+}

@@ -1,0 +1,81 @@
+package kvroute
+
+import (
+	"context"
+
+	"github.com/bidikv/bidikv/threshold"
+)
+
+// Decode-local turns (WithDecodeMemory's Local).
+//
+// A turn whose retained handle was verified by tokens may skip the prefill
+// engine: sent as a plain request (no kv_transfer_params at all) to the
+// decode engine that holds the conversation, it computes only the new
+// suffix from that engine's prefix cache, which the retained blocks keep
+// warm. Such a turn retains no new handle and does not consume the old
+// one: the handle is put back, so it stays the candidate for the next long
+// turn and is verified as usual. No other shape is sent to a decode engine
+// without P's handle: do_remote_prefill true with no blocks kills current
+// engines' cores, and do_remote_prefill false leaks the blocks of the
+// handle it returns. The threshold.Chooser decides per turn.
+
+// ReuseLocal is TurnRecord.Reuse (and X-Bidikv-Reuse) of a decode-local
+// turn: the decode engine holding the conversation answered it from its own
+// prefix cache; the retained handle was put back, not used.
+const ReuseLocal ReuseOutcome = "local"
+
+// MissCostModel: the Chooser estimated recomputing the prompt faster than
+// pulling the retained KV; the handle was put back.
+const MissCostModel MissReason = "cost_model"
+
+// RefuseDecodeLocal is TurnRecord.StoreRefusal of a decode-local turn: a
+// plain request returns no handle, and the conversation's earlier handle
+// stays retained.
+const RefuseDecodeLocal Refusal = "decode_local"
+
+// way is the path phase's result: the handle the prefill leg carries
+// (none for decode-local and recompute turns), or the decode engine a
+// decode-local turn goes to.
+type way struct {
+	h     hit
+	local *endpoint
+}
+
+// choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
+// tokens, whether to attach it (PathPull), answer on its decode engine
+// (PathLocal) or recompute (PathRecompute). A handle not attached is put
+// back under its key.
+func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
+	r := t.r
+	if r.chooser == nil || h.handle == nil || h.v.prompt <= 0 || h.v.matched <= 0 {
+		return way{h: h}
+	}
+	ep := r.decode.eligible(f.e.Endpoint)
+	if ep == nil {
+		return way{h: h} // the engine holding the blocks is gone or ejected: pull elsewhere
+	}
+	in := threshold.Turn{PromptTokens: h.v.prompt, ReusableTokens: h.v.matched,
+		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load()), HandleAge: f.age, RetentionTTL: r.cfg.retentionTTL}
+	c := r.chooser.Choose(in)
+	t.choice, t.chose = c, true
+	t.rec.Choice = c.Path
+	t.rec.EstimatedTTFT = c.Estimate
+	t.rec.LocalRefusal = c.Refusal
+	if c.Refusal == threshold.RefuseLocalBusy {
+		r.stats.localBusy.Add(1)
+	}
+	switch c.Path {
+	case threshold.PathLocal:
+		r.stats.choseLocal.Add(1)
+		f.putBack(ctx, t)
+		t.rec.Reuse = ReuseLocal
+		return way{local: ep}
+	case threshold.PathRecompute:
+		r.stats.choseRecompute.Add(1)
+		f.putBack(ctx, t)
+		t.miss(MissCostModel)
+		return way{}
+	}
+	r.stats.chosePull.Add(1)
+	return way{h: h}
+}

@@ -1,0 +1,234 @@
+package kvroute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// The prefill engine's answer: its handle, checked before it goes to D;
+// the cached tokens that confirm a hit; the prompt ids it computed, checked
+// against the verified ones.
+
+// once sends one prefill request and returns P's handle (nil when P gave
+// none and D prefills locally). attached is remote_num_tokens of the
+// retained handle the request carries, 0 for a miss; check says the leg
+// asked for P's prompt ids, to be compared with the verified ones
+// (checkIDs).
+func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attached int, check bool) ([]byte, error) {
+	t := p.t
+	ep.inflight.Add(1)
+	defer ep.inflight.Add(-1)
+	hreq, err := t.legs.request(ctx, PhasePrefill, ep, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.prefillTimeout})
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		ue := &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
+		if d, ok := transport.RetryAfter(resp.Header, t.r.cfg.clock()); ok {
+			ue.retryAfter = d
+		}
+		return nil, ue
+	}
+	b, err := readSized(resp.Body, resp.ContentLength, t.r.cfg.maxBodyBytes, nil)
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
+	}
+	obj, err := jsonraw.Parse(b)
+	if err != nil {
+		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
+	}
+	p.confirm(obj, attached)
+	if check {
+		if err := p.checkIDs(obj, ep, attached); err != nil {
+			return nil, err
+		}
+	}
+	h, ok := obj.Get(kvKey)
+	if !ok || jsonraw.IsNull(h) {
+		return nil, p.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
+	}
+	hi, err := kvhandle.Check(h, t.r.cfg.blockSize)
+	if err != nil {
+		if errors.Is(err, kvhandle.ErrInvalid) {
+			t.r.invalidHandle(PhasePrefill, ep.url, err)
+		}
+		return nil, p.noHandle(ep, resp.StatusCode, err)
+	}
+	if hi.PushMode {
+		t.r.stats.pushHandles.Add(1)
+		return nil, p.noHandle(ep, resp.StatusCode, errPushHandle)
+	}
+	return slices.Clip(h), nil
+}
+
+var errPushHandle = errors.New(`handle has transfer_mode "push", which cannot be used bidirectionally`)
+
+// errRenderMismatch: the prefill engine computed other prompt tokens than
+// its render answered, within the handle's attached prefix.
+var errRenderMismatch = errors.New("kvroute: the prefill engine computed other prompt tokens than its render answered")
+
+// checkIDs compares the prompt ids a prefill answer carries (its
+// top-level prompt_token_ids, or choice 0's on completions) with the
+// tokens verification compared with the handle. Any difference means the
+// engine's renderer does not say what the engine computes (a stale or
+// mixed-version renderer behind the engine's URL): it is counted
+// (Stats.RenderMismatches), logged once per engine, and the engine is not
+// asked to render for renderDistrust. A difference within the attached
+// prefix means P pulled D's blocks as the prefix of another prompt: the
+// error redoes the turn as a plain miss, so the client never gets that
+// answer. An answer without prompt ids cannot be checked (counted in
+// Stats.UncheckedPrefills, logged once).
+func (p *prefiller) checkIDs(obj jsonraw.Object, ep *endpoint, attached int) error {
+	r := p.t.r
+	verified := p.h.v.ids
+	v, ok := obj.Get(capture.PromptTokenIDsKey)
+	if !ok || jsonraw.IsNull(v) {
+		choices, _ := obj.Get("choices")
+		_ = jsonraw.Elements(choices, func(c []byte) error {
+			v, ok = jsonraw.Lookup(c, capture.PromptTokenIDsKey)
+			return errStop
+		})
+	}
+	var ids []uint32
+	parsed := false
+	if ok && !jsonraw.IsNull(v) {
+		ids, parsed = capture.AppendTokenIDs(nil, v)
+	}
+	if !parsed {
+		r.stats.uncheckedPrefills.Add(1)
+		r.log.once(context.Background(), "unchecked_prefill", "kvroute: a prefill engine answered without prompt_token_ids (return_token_ids, vLLM PR #22587); the tokens it computed cannot be checked against the verified ones",
+			slog.String("endpoint", ep.url))
+		return nil
+	}
+	n := min(attached, len(verified))
+	prefixOK := len(ids) >= n && slices.Equal(ids[:n], verified[:n])
+	if prefixOK && slices.Equal(ids, verified) {
+		return nil
+	}
+	r.stats.renderMismatches.Add(1)
+	r.renders.caps.distrustFor(ep.url, r.cfg.clock(), renderDistrust)
+	r.log.once(context.Background(), "render_mismatch:"+ep.url, "kvroute: a prefill engine computed other prompt tokens than its render answered (a stale or mixed-version renderer?); it is not asked to render for a while, and a turn whose attached prefix differed is redone as a plain miss on another engine",
+		slog.String("endpoint", ep.url), slog.Bool("within_attached_prefix", !prefixOK))
+	if prefixOK {
+		return nil
+	}
+	return &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: http.StatusOK, Err: errRenderMismatch}
+}
+
+// confirm reads usage.prompt_tokens_details.cached_tokens of a prefill
+// answer and, on a hit, checks that the engine loaded what the router
+// attached: at least min(attached, prompt_tokens) less one, the last prompt
+// token, which the engine always recomputes. Without prompt_tokens_details
+// there is nothing to check.
+func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
+	t := p.t
+	t.rec.CachedTokens = -1
+	usage, ok := obj.Get("usage")
+	if !ok {
+		return
+	}
+	details, ok := jsonraw.Lookup(usage, "prompt_tokens_details")
+	if !ok {
+		return
+	}
+	v, ok := jsonraw.Lookup(details, "cached_tokens")
+	if !ok {
+		return
+	}
+	cached, ok := jsonraw.Int(v)
+	if !ok {
+		return
+	}
+	t.rec.CachedTokens = int(cached)
+	if attached <= 0 {
+		return
+	}
+	want := int64(attached)
+	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
+		if p, ok := jsonraw.Int(v); ok && p > 0 && p < want {
+			want = p
+		}
+	}
+	if cached < want-1 {
+		t.rec.Unconfirmed = true
+		t.r.stats.unconfirmedHits.Add(1)
+		t.r.log.once(context.Background(), "unconfirmed", "kvroute: a prefill engine reported fewer cached tokens than the retained handle it was given; it did not read the retained KV",
+			slog.Int("cached_tokens", int(cached)), slog.Int("attached_tokens", attached))
+	}
+}
+
+// noHandle handles a prefill answer without a usable handle: an error, or
+// with the local fallback a nil handle (D will prefill by itself).
+func (p *prefiller) noHandle(ep *endpoint, status int, cause error) error {
+	t := p.t
+	t.r.stats.noPrefillHandle.Add(1)
+	t.rec.NoHandle = PhasePrefill
+	if t.r.cfg.localFallback {
+		p.tries.local, t.rec.LocalFallback = true, true
+		t.r.log.LogAttrs(context.Background(), slog.LevelWarn, "kvroute: prefill engine returned no handle; decode will prefill locally",
+			slog.String("request_id", t.id), slog.String("engine_request_id", t.legs.id), slog.String("endpoint", ep.url))
+		return nil
+	}
+	return &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: status, Err: errors.Join(ErrNoHandle, cause)}
+}
+
+// unhealthy reports whether a failed leg counts against the endpoint's
+// health: connection failures, timeouts and 5xx answers, except the 500
+// of a prefill whose read of a retained handle failed (the handle's fault,
+// not the engine's). A prefill answer without a handle does not count.
+func unhealthy(err error, hit bool) bool {
+	var ue *UpstreamError
+	if !errors.As(err, &ue) || errors.Is(err, ErrNoHandle) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	switch {
+	case ue.Status == 0:
+		return true
+	case ue.Status == http.StatusInternalServerError && hit && ue.Phase == PhasePrefill:
+		return false
+	}
+	return ue.Status >= 500 || ue.Status/100 == 2 // 2xx: the body or stream broke
+}
+
+// retryablePrefill reports whether a failed prefill attempt may be retried:
+// connection failures and 502/503/504 always; any 5xx when a handle was
+// attached, since the engine's KV load may have failed and a plain
+// prefill can still serve the turn.
+func retryablePrefill(err error, hit bool) bool {
+	var ue *UpstreamError
+	if !errors.As(err, &ue) {
+		return false
+	}
+	if errors.Is(err, ErrNoHandle) {
+		return false
+	}
+	// One classifier for the exchange (transport.Retryable): connection
+	// failures, a pooled connection the engine had closed, a stalled
+	// engine, 502/503/504. Not the caller's cancellation nor our own
+	// prefill deadline, which would only double the load on a slow engine.
+	// A retry is always a plain miss, so it is safe.
+	if ue.Status == 0 {
+		return transport.Retryable(nil, ue.Err)
+	}
+	if transport.Retryable(&http.Response{StatusCode: ue.Status}, nil) {
+		return true
+	}
+	// Any 5xx when a handle was attached: the engine's KV load may have
+	// failed, and a plain prefill can still serve the turn.
+	return hit && ue.Status >= 500
+}

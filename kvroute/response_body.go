@@ -1,0 +1,93 @@
+package kvroute
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/sse"
+)
+
+// readBody reads a non-streaming answer, takes its handle, and keeps for
+// the caller what sse.Scrub lets through: every kv_transfer_params
+// removed, at any depth; an answer that is not JSON, or holds members
+// only handles have elsewhere, fails closed.
+func (r *Response) readBody() error {
+	defer r.release()
+	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
+	if err != nil {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
+	}
+	obj, perr := jsonraw.Parse(b)
+	isObject := perr == nil
+	if !isObject && !errors.Is(perr, jsonraw.ErrNotObject) {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: not JSON", errUnsafeAnswer)}
+	}
+	var handle []byte
+	var ids tokenIDs
+	if isObject {
+		if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
+			handle = append([]byte(nil), h...)
+		}
+		if r.in.added || r.in.asked {
+			ids = bodyTokenIDs(obj, &r.t.bufs)
+			r.t.bufs.promptIDs = ids.prompt
+		}
+		if r.in.added {
+			// The client did not ask for token ids: they never reach it.
+			b, _ = capture.StripTokenIDs(b)
+		}
+	}
+	out, _, err := sse.Scrub(nil, b)
+	if err != nil {
+		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: %w", errUnsafeAnswer, err)}
+	}
+	r.Body = out
+	r.Header.Del("Content-Length")
+	if !isObject {
+		// Valid JSON but not an object: nothing to capture.
+		r.t.rec.StoreRefusal = RefuseNotJSON
+		r.finishBody()
+		return nil
+	}
+	retain(r.t, r.in, handle, r.t.req.api.impl.bodyReply(obj), ids)
+	r.finishBody()
+	return nil
+}
+
+func (r *Response) finishBody() {
+	r.t.rec.TTFT = r.t.since()
+	r.t.rec.Bytes = int64(len(r.Body))
+	r.t.finish()
+}
+
+// bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's
+// at the top level (chat) or in choice 0 (completions), the generated ones
+// in choice 0.
+func bodyTokenIDs(obj jsonraw.Object, bufs *turnBufs) tokenIDs {
+	var prompt, gen []byte
+	if v, ok := obj.Get(capture.PromptTokenIDsKey); ok {
+		prompt = v
+	}
+	choices, _ := obj.Get("choices")
+	_ = jsonraw.Elements(choices, func(c []byte) error {
+		if v, ok := jsonraw.Lookup(c, capture.PromptTokenIDsKey); ok && prompt == nil {
+			prompt = v
+		}
+		gen, _ = jsonraw.Lookup(c, capture.TokenIDsKey)
+		return errStop
+	})
+	var p []uint32
+	okP := false
+	if bufs.renderText != nil && bufs.rendered != nil && bytes.Equal(prompt, bufs.renderText) {
+		// Spelled as the render answer's ids: the rendered ones (kept
+		// until the turn ends, after the answer is retained).
+		p, okP = bufs.rendered, true
+	} else {
+		p, okP = capture.AppendTokenIDs(nil, prompt)
+	}
+	g, okG := capture.AppendTokenIDs(nil, gen)
+	return tokenIDs{prompt: p, generated: g, ok: okP && okG}
+}

@@ -1,0 +1,156 @@
+package kvroute
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+)
+
+// retainIn is what the retain phase needs of the phases before it: the
+// Identifier's candidates (for Key), how the turn ran (decode-local, or D
+// prefilling by itself: no handle is expected), the decode engine that
+// answered, and whether its leg asked for token ids.
+type retainIn struct {
+	cands        Candidates
+	decodeLocal  bool
+	noPrefill    bool
+	decode       string
+	added, asked bool
+}
+
+// retain stores D's handle for the next turn, or records why not: when the
+// turn ended normally, under the key the Identifier derives from the
+// request and the reply, with the fingerprint the turn's verification
+// seals. It runs when a non-streaming answer is read, and for a stream
+// before the client sees its final event, so that a client that sends its
+// next turn at once finds the handle.
+func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
+	r := t.r
+	tokens, ok := retainable(t, in, handle, reply)
+	if !ok {
+		return
+	}
+	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
+		if n, ok := lenientInt(v); !ok || n != 1 {
+			// Which choice's tokens D's blocks hold is unknown.
+			t.rec.StoreRefusal = RefuseN
+			r.stats.refusals.Add(1)
+			return
+		}
+	}
+	fp, later := t.proof.seal(tokens, ids)
+	// The fingerprint is built in a pooled buffer, copied into the entry.
+	defer t.bufs.put(fp)
+	ret, err := r.ident.Key(t.req, in.cands, reply)
+	switch {
+	case err != nil:
+		t.rec.StoreRefusal = RefuseIdentifierError
+		r.stats.refusals.Add(1)
+		return
+	case ret.Key == "" || (ret.Refusal != "" && fp == nil && later == nil):
+		// A refusal with a key: the turn may be retained, but only for
+		// token verification.
+		t.rec.StoreRefusal = ret.Refusal
+		r.stats.refusals.Add(1)
+		return
+	}
+	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: tokens, Check: ret.Check,
+		ContentOK: ret.Refusal == "", FP: fp, Handle: handle}
+	if later == nil {
+		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(ret.Key, e, t.id)
+		return
+	}
+	// The fingerprint comes later, perhaps after the turn: the entry
+	// keeps copies of the turn's buffers.
+	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(handle)
+	key, id := ret.Key, t.id
+	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
+		e.FP = fp
+		return r.handles.retain(key, e, id)
+	})
+	if pending {
+		t.rec.StoreRefusal = RefuseRenderPending
+		return
+	}
+	t.rec.StoreRefusal, t.rec.Stored = refusal, stored
+}
+
+// retainable checks D's handle before anything is keyed: it returns the
+// handle's remote_num_tokens and true, or records why the turn retains
+// nothing.
+func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
+	r := t.r
+	switch {
+	case !r.cfg.reuse:
+		t.rec.StoreRefusal = RefuseReuseOff
+		return 0, false
+	case in.decodeLocal:
+		// A plain request: no handle expected, the earlier one stays.
+		t.rec.StoreRefusal = RefuseDecodeLocal
+		return 0, false
+	case handle == nil:
+		noDecodeHandle(t, in, reply)
+		return 0, false
+	}
+	if t.stream {
+		r.streamHandles.LoadOrStore(in.decode, struct{}{})
+	}
+	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
+		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
+		return 0, false
+	}
+	hi, err := kvhandle.Check(handle, r.cfg.blockSize)
+	if err != nil {
+		t.rec.StoreRefusal = RefuseUnusableHandle
+		if errors.Is(err, kvhandle.ErrInvalid) {
+			t.rec.StoreRefusal = RefuseInvalidHandle
+			r.invalidHandle(PhaseDecode, in.decode, err)
+		}
+		return 0, false
+	}
+	r.restarts.sawEngineID(in.decode, handle)
+	if hi.PushMode {
+		t.rec.StoreRefusal = RefusePushHandle
+		r.stats.pushHandles.Add(1)
+		return 0, false
+	}
+	return hi.Tokens, true
+}
+
+// noDecodeHandle records a decode answer without a handle: none expected
+// (the API's streams carry none, D prefilled by itself), a stock engine's
+// stream, or an engine that should have sent one.
+func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
+	r := t.r
+	// D emits a handle when it finished normally and was sent P's (a
+	// plain request, the local fallback, gets none).
+	expected := !in.noPrefill && (reply.FinishReason == "stop" || reply.FinishReason == "length")
+	_, streamsHandles := r.streamHandles.Load(in.decode)
+	switch {
+	case t.stream && !t.req.api.streamHandles:
+		// The API's streams never carry one (vLLM's Messages): not an
+		// engine's fault, nothing to warn about.
+		t.rec.StoreRefusal = RefuseNoStreamHandle
+	case t.stream && !streamsHandles:
+		r.stats.noStreamHandle.Add(1)
+		r.noStreamHandle.Do(func() {
+			r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
+		})
+		t.rec.StoreRefusal = RefuseNoStreamHandle
+	default:
+		t.rec.StoreRefusal = RefuseNoHandle
+		if expected {
+			r.stats.noDecodeHandle.Add(1)
+			t.rec.NoHandle = PhaseDecode
+			r.log.once(context.Background(), "no_decode_handle:"+in.decode,
+				"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
+				slog.String("endpoint", in.decode))
+		}
+	}
+}

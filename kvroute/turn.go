@@ -1,0 +1,160 @@
+package kvroute
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"time"
+
+	"github.com/bidikv/bidikv/threshold"
+)
+
+// turn is what the phases of one Do call share: the request, the ids the
+// client and the engines see, the record they report into, the trace, how
+// engine requests are built, the pooled buffers the turn owns and its
+// verification. Phases hand each other results (found, hit, way, ...),
+// never fields of the turn; finish ends it once.
+type turn struct {
+	r      *Router
+	req    *Request
+	id     string // the request id the client sees: its own, or a generated one
+	start  time.Time
+	stream bool // the client streams
+	rec    TurnRecord
+	legs   legs
+	trace  turnTrace
+	bufs   turnBufs
+	proof  proof // the turn's verification (verify.go)
+	// choice is the Chooser's decision (WithDecodeMemory's Local), released when
+	// the turn ends; dSent is when the last decode leg was sent, for a
+	// learning Chooser.
+	choice threshold.Choice
+	chose  bool
+	dSent  time.Time
+	done   bool
+}
+
+// begin starts a turn for req: its ids, its record, its buffers and its
+// verification. A client's X-Request-Id is echoed and, made unique, sent to
+// the engines; absent or invalid, the router generates one.
+func (r *Router) begin(req *Request) *turn {
+	t := &turn{r: r, req: req, start: r.cfg.clock()}
+	if req.Header == nil {
+		req.Header = http.Header{}
+	}
+	t.id = req.Header.Get(headerRequestID)
+	legID := t.id
+	switch {
+	case !validRequestID(t.id):
+		// Absent, too long or not visible ASCII: never echoed, forwarded
+		// or logged.
+		t.id = newRequestID()
+		legID = t.id
+	default:
+		// The client's id, made unique for the engines: two clients that
+		// chose the same id never share one on an engine.
+		legID = engineRequestID(t.id)
+	}
+	t.rec.RequestID = t.id
+	t.rec.EngineRequestID = legID
+	t.rec.Path = req.Path
+	t.rec.CachedTokens = -1
+	// Reuse stays "" until the lookup: a turn that fails before it is no
+	// reuse miss.
+	t.trace.tr = r.cfg.tracer
+	t.legs = legs{req: req, id: legID, apiKey: r.cfg.apiKey, trace: &t.trace}
+	t.bufs.b = &r.bufs
+	t.proof = r.verification(t)
+	return t
+}
+
+// maxRequestIDBytes bounds a client's X-Request-Id. An id that is longer,
+// empty, or holds anything but visible ASCII (0x21 to 0x7e) is ignored: the
+// router generates its own for both legs, the response and the TurnRecord.
+const maxRequestIDBytes = 128
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestIDBytes {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "bidikv-" + hex.EncodeToString(b[:])
+}
+
+// engineRequestID is the id a turn's legs carry for a client's id: the
+// client's, for correlation, and 64 random bits.
+func engineRequestID(client string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return client + "-" + hex.EncodeToString(b[:])
+}
+
+func (t *turn) since() time.Duration { return t.r.cfg.clock().Sub(t.start) }
+
+// miss records that the turn reuses no handle, and why.
+func (t *turn) miss(reason MissReason) {
+	t.rec.Reuse = ReuseMiss
+	t.rec.MissReason = reason
+}
+
+// fail ends the turn with err and reports it.
+func (t *turn) fail(phase Phase, err error) error {
+	t.rec.Err = err
+	t.rec.ErrPhase = phase
+	t.r.stats.failures.Add(1)
+	t.finish()
+	return err
+}
+
+// finish ends the turn once: the Chooser's reservation, the learning
+// Chooser's observation, the Observer, the trace, and every pooled buffer
+// the turn still holds.
+func (t *turn) finish() {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.rec.Total = t.since()
+	t.choice.Release()
+	if e, ok := t.proof.(interface{ end() }); ok {
+		e.end()
+	}
+	t.observe()
+	if o := t.r.cfg.observer; o != nil {
+		o.ObserveTurn(&t.rec)
+	}
+	t.trace.finish(&t.rec)
+	if t.bufs.release() {
+		t.r.stats.renderedPromptIDs.Add(1)
+	}
+}
+
+// observe reports the finished turn's engine times to a learning Chooser:
+// streaming turns only, whose first event is the first token (a
+// non-streaming answer arrives whole, after the last one).
+func (t *turn) observe() {
+	l := t.r.learner
+	if l == nil || !t.chose || !t.stream || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
+		return
+	}
+	first := t.rec.TTFT - t.dSent.Sub(t.start)
+	if first <= 0 {
+		return
+	}
+	o := threshold.Observation{Path: t.rec.Choice, Decode: t.rec.DecodeEndpoint,
+		PromptTokens: t.rec.PromptTokens, ReusableTokens: t.rec.VerifiedTokens, DecodeFirst: first}
+	if o.Path != threshold.PathLocal {
+		o.Prefill = t.rec.Prefill
+	}
+	l.Observe(o)
+}

@@ -1,0 +1,149 @@
+package kvroute
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/threshold"
+)
+
+// Verification is the seam between the turn and how it proves that a
+// retained handle's KV is the KV the next prompt needs (package doc,
+// Verification). A mode is one file that implements proof and one entry
+// in verifications; the flow never asks which mode runs.
+
+// proof is one turn's verification in a mode: it prepares the check of the
+// candidate the lookup found, checks the prompt against the handle, and
+// seals the fingerprint D's new handle is retained with. It reports what it
+// did in the turn's record.
+type proof interface {
+	// prepare readies the check of f's handle (the tokens mode renders
+	// the prompt) and returns "", or why the handle cannot be attached.
+	prepare(ctx context.Context, f *found) MissReason
+	// check compares the request's prompt with what f's handle holds and
+	// returns the verified prefix in tokens (f.e.Tokens: all of it), or
+	// why none is: a result in a verified.
+	check(f *found) (verified, MissReason)
+	// seal returns the fingerprint of the first tokens positions of D's
+	// blocks after the turn (ids: the token ids D's answer carried), built
+	// in a buffer from the turn's pool (nil: none, the handle is retained
+	// under content rules only). When it is known only later (a render
+	// still running), seal returns a wait instead, which the retain phase
+	// calls with what to do with it.
+	seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wait)
+}
+
+// legHelper is implemented by a proof whose seal needs the legs' help: the
+// decode leg to ask for token ids, a render beside the prefill leg; end
+// releases what it holds when the turn ends.
+type legHelper interface {
+	// decodeIDs reports whether the decode leg asks D for token ids
+	// (return_token_ids) for seal.
+	decodeIDs() bool
+	// beside is called with the prefill engine of each prefill attempt.
+	beside(ep *endpoint)
+	end()
+}
+
+// verifications are the modes, by WithVerification's value.
+var verifications = map[VerificationMode]func(t *turn) proof{
+	VerifyTokens:  newTokenProof,
+	VerifyContent: newContentProof,
+}
+
+// verification makes the turn's proof in the Router's mode.
+func (r *Router) verification(t *turn) proof { return verifications[r.cfg.verification](t) }
+
+// verified is a check's result: the prefix of the new prompt, in tokens,
+// that the handle's blocks hold, and, when tokens proved it, those tokens
+// and the prefill engine that rendered them (the leg that carries the
+// handle goes there, and its prompt ids are compared with them).
+type verified struct {
+	tokens   int // the prefix attached: block-aligned when cut
+	matched  int // the prefix the tokens matched (TurnRecord.VerifiedTokens), 0 without tokens
+	prompt   int // the new prompt's length in tokens, 0 when unknown
+	ids      []uint32
+	renderer *endpoint
+}
+
+// tokenIDs are the token ids a decode answer carried: the prompt's and the
+// generated ones, ok when it carried both.
+type tokenIDs struct {
+	prompt, generated []uint32
+	ok                bool
+}
+
+// wait delivers a fingerprint that comes after seal returned: it calls
+// store with it and returns store's result, or a refusal when it could not
+// be made, or pending when it will call store after the turn.
+type wait func(store func(fingerprint.Fingerprint) (Refusal, bool)) (refusal Refusal, stored, pending bool)
+
+// hit is the verify phase's result: the handle to attach, cut to the
+// verified prefix, and how it was verified; handle nil when none is.
+type hit struct {
+	handle []byte
+	v      verified
+}
+
+// verify decides whether the handle f holds may be attached to this
+// request and, for a verified prefix shorter than the handle, cuts it to
+// that prefix. A handle not attached is put back for its remaining
+// retention time.
+func verify(ctx context.Context, t *turn, f *found) hit {
+	if f.key == "" {
+		return hit{}
+	}
+	h, reason := verifyHandle(ctx, t, f)
+	if reason != "" {
+		f.putBack(ctx, t)
+		t.miss(reason)
+		return hit{}
+	}
+	t.rec.Reuse = ReuseHit
+	t.rec.HandleAge = f.age
+	return h
+}
+
+// verifyHandle is verify's decision.
+func verifyHandle(ctx context.Context, t *turn, f *found) (hit, MissReason) {
+	r := t.r
+	if reason := t.proof.prepare(ctx, f); reason != "" {
+		return hit{}, reason
+	}
+	v, reason := t.proof.check(f)
+	if reason != "" {
+		return hit{}, reason
+	}
+	t.rec.ReusableTokens = v.tokens
+	if !r.policy.Reuse(threshold.Input{RemoteTokens: v.tokens}) {
+		return hit{}, MissThreshold
+	}
+	if v.tokens >= f.e.Tokens {
+		return hit{handle: f.e.Handle, v: v}, ""
+	}
+	bs := r.cfg.blockSize
+	if bs == 0 {
+		r.stats.partialRefused.Add(1)
+		return hit{}, MissPartialRefused
+	}
+	n := v.tokens - v.tokens%bs // a block-aligned R' (fingerprint blocks may be smaller)
+	cut, err := kvhandle.Cut(f.e.Handle, n, bs)
+	if err != nil || n == 0 {
+		r.stats.partialRefused.Add(1)
+		if err != nil {
+			r.log.once(ctx, "partial:"+err.Error(), "kvroute: a handle cannot be read partially; such turns run as plain prefills",
+				slog.String("reason", err.Error()))
+		}
+		return hit{}, MissPartialRefused
+	}
+	t.rec.ReusableTokens = n
+	if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
+		return hit{}, MissThreshold
+	}
+	v.tokens = n
+	t.rec.Partial = true
+	r.stats.partialHits.Add(1)
+	return hit{handle: cut, v: v}, ""
+}
