@@ -318,8 +318,10 @@ type Record struct {
 	// the modelled recomputation of its prompt and generated tokens after
 	// them. FirstToken is the modelled time from arrival to the end of its
 	// prefill: Queued + Transfer + Prefill, and whatever preemptions cost
-	// before it. Times are on the engine's clock (real time times Speed
-	// when modelled work passes in scaled real time).
+	// before it (on an event clock or in scaled real time, what passed on
+	// the clock: a preemption may cut a prefill short). Times are on the
+	// engine's clock (real time times Speed when modelled work passes in
+	// scaled real time).
 	Queued, Requeued, Recompute, FirstToken time.Duration
 	Preemptions                             int
 

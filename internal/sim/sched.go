@@ -308,7 +308,14 @@ func (e *Engine) prefill(ctx context.Context, t *turn) error {
 	if err := e.resume(ctx, t); err != nil {
 		return err
 	}
-	t.rec.FirstToken = t.rec.Queued + t.rec.Transfer + t.rec.Prefill + t.rec.Requeued + t.rec.Recompute
+	switch e.mode {
+	case modeEvent, modeReal:
+		// what passed: a preemption may have cut a prefill short
+		t.rec.FirstToken = e.elapsed(t.arrived)
+	default:
+		// time passed serially, or not at all
+		t.rec.FirstToken = t.rec.Queued + t.rec.Transfer + t.rec.Prefill + t.rec.Requeued + t.rec.Recompute
+	}
 	return nil
 }
 
