@@ -351,7 +351,6 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 		e.finishTurn(t, false)
 		return nil
 	}
-	e.finishTurn(t, true)
 	now := e.clock.Now()
 	groups := make([][]int, e.groups())
 	for g := range groups {
@@ -388,6 +387,9 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 	e.stats.Holds++
 	raw, _ := json.Marshal(h)
 	t.rec.Handle = raw
+	// the hold is known before the scheduler looks: a request that waits
+	// is let in at its expiry
+	e.finishTurn(t, true)
 	return raw
 }
 

@@ -260,6 +260,9 @@ func (c *EventClock) Leave() {
 	defer c.mu.Unlock()
 	c.participants--
 	c.pass()
+	if c.participants <= 0 {
+		c.passAll()
+	}
 	c.cond.Broadcast()
 }
 
@@ -338,13 +341,29 @@ func (c *EventClock) Run(ctx context.Context) error {
 	defer stop()
 	for {
 		c.mu.Lock()
-		for c.participants > 0 && (c.blocked < c.participants || c.running) && ctx.Err() == nil {
+		for c.participants > 0 && c.blocked < c.participants && ctx.Err() == nil {
 			c.cond.Wait()
 		}
+		if c.participants > 0 && len(c.queue) > 0 {
+			// Every participant is blocked, yet goroutines woken earlier
+			// wait for their turn: the turn is held by a goroutine that
+			// belongs to no running session (a request whose client left,
+			// a second request of a session). Let them go on first.
+			c.pass()
+			c.mu.Unlock()
+			continue
+		}
+		c.running = false
 		participants, blocked, timers := c.participants, c.blocked, len(c.timers)
+		if participants <= 0 {
+			c.passAll()
+		}
 		c.mu.Unlock()
 		switch {
 		case ctx.Err() != nil:
+			c.mu.Lock()
+			c.passAll()
+			c.mu.Unlock()
 			return ctx.Err()
 		case participants <= 0:
 			return nil
@@ -353,6 +372,15 @@ func (c *EventClock) Run(ctx context.Context) error {
 		}
 		c.Fire()
 	}
+}
+
+// passAll lets every woken goroutine go on; c.mu held.
+func (c *EventClock) passAll() {
+	for _, turn := range c.queue {
+		close(turn)
+	}
+	c.queue = nil
+	c.running = false
 }
 
 func later(a, b time.Time) time.Time {
