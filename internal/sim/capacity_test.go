@@ -50,10 +50,18 @@ func ids(prompt []int, maxTokens int, kv any) map[string]any {
 
 // fetch is post without a *testing.T, for any goroutine.
 func fetch(ctx context.Context, url, path string, body any) result {
+	return fetchID(ctx, url, path, "", body)
+}
+
+// fetchID is fetch with an X-Request-Id.
+func fetchID(ctx context.Context, url, path, id string, body any) result {
 	raw, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, bytes.NewReader(raw))
 	if err != nil {
 		return result{Status: -1}
+	}
+	if id != "" {
+		req.Header.Set("X-Request-Id", id)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

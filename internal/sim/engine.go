@@ -528,9 +528,13 @@ func (e *Engine) Stats() Stats {
 		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
 		s.Running += len(r.running)
 		s.Waiting += len(r.waiting) + r.loading
+		pinned := map[*block]bool{} // holds may share prefix-cached blocks
 		for _, h := range r.active {
-			s.BlocksPinned += len(h.seq.blocks)
+			for _, b := range h.seq.blocks {
+				pinned[b] = true
+			}
 		}
+		s.BlocksPinned += len(pinned)
 	}
 	return s
 }

@@ -53,6 +53,20 @@ func (e *Engine) CheckPools() error {
 				}
 			}
 		}
+		if len(r.running) == 0 && r.loading == 0 {
+			// idle: every reference is a hold's
+			want := map[*block]int{}
+			for _, h := range r.active {
+				for _, b := range h.seq.blocks {
+					want[b]++
+				}
+			}
+			for _, b := range p.blocks[1:] {
+				if b.ref != want[b] {
+					return fmt.Errorf("rank %d: idle block %d has %d references, %d holds", k, b.id, b.ref, want[b])
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -63,14 +77,19 @@ func (e *Engine) DebugQueues() string {
 	defer e.mu.Unlock()
 	var b strings.Builder
 	for k, r := range e.ranks {
+		fmt.Fprintf(&b, "engine %p ", e)
 		fmt.Fprintf(&b, "rank %d: free %d running %d loading %d expiry armed %t at %v holds %d\n", k, r.pool.freeCount(), len(r.running), r.loading, r.expiryStop != nil, r.expiryAt, len(r.active))
+		for _, t := range r.running {
+			fmt.Fprintf(&b, "  running %p: state %d n %d done %d blocks %d parked %t timer %t phase %d recompute %t preemptions %d aborted %t finished %t status %d\n",
+				t, t.state, t.n, t.done, len(t.seq.blocks), t.parked, t.stopWork != nil, t.phase, t.recompute, t.rec.Preemptions, t.rec.Aborted, t.rec.finished, t.rec.Status)
+		}
 		for _, t := range r.waiting {
 			toks := t.toks
 			if t.started {
 				toks = t.allToks[:t.sofar()]
 			}
 			hits := r.pool.lookup(toks)
-			fmt.Fprintf(&b, "  state %d n %d started %t sofar %d hits %d need %d parked %t\n", t.state, len(t.toks), t.started, len(toks), len(hits), (len(toks)+r.pool.bs-1)/r.pool.bs-len(hits), t.parked)
+			fmt.Fprintf(&b, "  waiting %p: state %d n %d started %t sofar %d hits %d need %d parked %t\n", t, t.state, len(t.toks), t.started, len(toks), len(hits), (len(toks)+r.pool.bs-1)/r.pool.bs-len(hits), t.parked)
 		}
 	}
 	return b.String()

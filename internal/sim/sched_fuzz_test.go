@@ -82,23 +82,36 @@ func FuzzScheduler(f *testing.F) {
 						wait := time.Duration(rng.IntN(5000)) * time.Millisecond
 						clk.AfterFunc(wait, cancel)
 					}
-					rp := fetch(rctx, p.url, sim.PathCompletions, ids(prompt, 1, kv))
+					// A client that gives up waits until the engine has let
+					// its request go (noticed in real time: until then the
+					// request still counts as this session's, blocked on the
+					// clock), then leaves for good.
+					id := fmt.Sprintf("s%d-t%d", s, turn)
+					gone := func(e *node) {
+						for range 400 {
+							if len(e.FinishedRecords(id)) > 0 {
+								return
+							}
+							time.Sleep(5 * time.Millisecond)
+						}
+					}
+					rp := fetchID(rctx, p.url, sim.PathCompletions, id, ids(prompt, 1, kv))
 					if rp.Status != http.StatusOK || rp.KV == nil {
 						cancel()
-						if !giveUp {
+						if !giveUp || rctx.Err() == nil {
 							fail("session %d turn %d: P %d %s", s, turn, rp.Status, rp.Body)
 						}
-						prompt, dkv = nil, nil
-						continue
+						gone(p)
+						return
 					}
-					rd := fetch(rctx, d.url, sim.PathCompletions, with(ids(prompt, gen, json.RawMessage(rp.KV)), "return_token_ids", true))
+					rd := fetchID(rctx, d.url, sim.PathCompletions, id, with(ids(prompt, gen, json.RawMessage(rp.KV)), "return_token_ids", true))
 					cancel()
 					if rd.Status != http.StatusOK {
-						if !giveUp {
+						if !giveUp || rctx.Err() == nil {
 							fail("session %d turn %d: D %d %s", s, turn, rd.Status, rd.Body)
 						}
-						prompt, dkv = nil, nil
-						continue
+						gone(d)
+						return
 					}
 					// the next prompt continues this one and its reply, as
 					// D's blocks hold them
@@ -122,6 +135,13 @@ func FuzzScheduler(f *testing.F) {
 			t.Error(b)
 		}
 		for name, e := range map[string]*node{"P": p, "D": d} {
+			// a request whose client gave up notices it in its own time
+			for i := 0; i < 2000; i++ {
+				if st := e.Stats(); st.Running == 0 && st.Waiting == 0 {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 			if err := e.CheckPools(); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}

@@ -43,6 +43,7 @@ type turn struct {
 	heartbeat func() bool // stops the heartbeat to P while it waits
 	arrived   time.Time
 	waitFrom  time.Time // when it was last preempted
+	recompute bool      // preempted: recompute what it had once let in again
 	started   bool      // admitted once: allToks and allKV are known
 	done      int       // decode steps passed (generated tokens of choice 0)
 	allToks   []uint32  // prompt and choice 0's generated tokens

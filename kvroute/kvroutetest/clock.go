@@ -195,11 +195,16 @@ func (c *EventClock) Unpark() (resume func()) {
 	defer c.mu.Unlock()
 	c.blocked--
 	turn := make(chan struct{})
-	if !c.running {
+	switch {
+	case c.participants <= 0:
+		// no run: nothing to take turns with
+		close(turn)
+	case !c.running:
 		c.running = true
 		close(turn)
-	} else {
+	default:
 		c.queue = append(c.queue, turn)
+		c.cond.Broadcast()
 	}
 	return func() { <-turn }
 }
@@ -324,6 +329,11 @@ func (c *EventClock) AwaitBlocked(ctx context.Context, n int) error {
 	return ctx.Err()
 }
 
+// strayGrace is how long Run lets a goroutine hold the turn to run while
+// every participant is blocked before it takes it: only a goroutine that
+// belongs to no session (a request whose client gave up) holds it longer.
+const strayGrace = 100 * time.Millisecond
+
 // ErrStalled is returned by Run when every participant is blocked and no
 // timer is left to wake any.
 var ErrStalled = errors.New("kvroutetest: event clock stalled: all participants blocked, no timer")
@@ -341,17 +351,34 @@ func (c *EventClock) Run(ctx context.Context) error {
 	defer stop()
 	for {
 		c.mu.Lock()
-		for c.participants > 0 && c.blocked < c.participants && ctx.Err() == nil {
+		var held time.Time // since when a goroutine holds the turn while all else waits
+		for c.participants > 0 && ctx.Err() == nil {
+			if c.blocked+len(c.queue) < c.participants {
+				held = time.Time{}
+				c.cond.Wait()
+				continue
+			}
+			if !c.running {
+				break
+			}
+			// Every participant is blocked or waits for its turn, yet a
+			// goroutine holds the turn: it is about to block, or it
+			// belongs to no session (a request whose client left, a
+			// second request of a session) and never will. After a grace
+			// period in real time, take the turn from it.
+			if held.IsZero() {
+				held = time.Now()
+				time.AfterFunc(strayGrace, func() {
+					c.mu.Lock()
+					defer c.mu.Unlock()
+					c.cond.Broadcast()
+				})
+			} else if time.Since(held) >= strayGrace {
+				c.pass()
+				held = time.Time{}
+				continue
+			}
 			c.cond.Wait()
-		}
-		if c.participants > 0 && len(c.queue) > 0 {
-			// Every participant is blocked, yet goroutines woken earlier
-			// wait for their turn: the turn is held by a goroutine that
-			// belongs to no running session (a request whose client left,
-			// a second request of a session). Let them go on first.
-			c.pass()
-			c.mu.Unlock()
-			continue
 		}
 		c.running = false
 		participants, blocked, timers := c.participants, c.blocked, len(c.timers)
