@@ -124,7 +124,11 @@ func (c *VirtualClock) stop(tm *timer) bool {
 // (a session runs until it blocks on the clock again, and only then does
 // the next one go on), so a run does not depend on the Go scheduler and
 // repeats exactly. Sessions must start blocked (Sleep until their first
-// arrival) or be started before Run. Times a client reads off the clock
+// arrival) or be started before Run. A client that gives up on a request
+// breaks the count for a moment (the engine notices in real time): let the
+// session wait until the engine has let the request go
+// (Engine.FinishedRequests) before it goes on or leaves; such a run is
+// still correct, but no longer repeats exactly. Times a client reads off the clock
 // while an answer streams may be later than the engine's: take modelled
 // figures from the engines' records (RequestRecord.FirstToken, Queued,
 // Preemptions). Safe for concurrent use.
