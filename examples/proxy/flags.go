@@ -287,37 +287,60 @@ func editDistance(a, b string) int {
 }
 
 // optionFlags names the flag behind each kvroute option the proxy sets, so
-// that a configuration error names the flag, not the library option.
+// that a configuration error names the flag, not the library option. A
+// grouped option's fields are keyed "WithGroup.Field"; kvroute's errors
+// name them "WithGroup: Field ..." and may name a sibling field bare.
 var optionFlags = map[string]string{
-	"WithRetentionTTL": "--retention-ttl", "WithDecoderBlocksTTL": "--decoder-kv-blocks-ttl",
+	"WithTTLs.Retention": "--retention-ttl", "WithTTLs.DecoderBlocks": "--decoder-kv-blocks-ttl",
 	"WithThreshold": "--recompute-threshold", "WithReuse": "--reuse",
-	"WithLocalPrefillFallback": "--local-prefill-fallback", "WithMaxBodyBytes": "--max-body-bytes",
-	"WithMaxObjectMembers": "--max-object-members", "WithPrefillTimeout": "--prefill-timeout",
-	"WithFirstByteTimeout": "--first-byte-timeout", "WithIdleTimeout": "--idle-timeout",
-	"WithVerification": "--verification", "WithBlockSize": "--block-size",
-	"WithRestartCheck": "--restart-check", "WithRenderTimeout": "--render-timeout",
-	"WithDecodeLocal": "--decode-local", "WithKVBytesPerToken": "--kv-bytes-per-token",
-	"WithPrefill": "--prefill", "WithDecode": "--decode", "WithPrefillEndpoints": "--prefill",
-	"WithDecodeEndpoints": "--decode", "WithUpstreamAPIKey": "OPENAI_API_KEY", "WithIdentifier": "--key-mode",
+	"WithFailover.LocalPrefill": "--local-prefill-fallback",
+	"WithLimits.Body":           "--max-body-bytes", "WithLimits.ObjectMembers": "--max-object-members",
+	"WithTimeouts.Prefill": "--prefill-timeout", "WithTimeouts.FirstByte": "--first-byte-timeout",
+	"WithTimeouts.Idle": "--idle-timeout", "WithTimeouts.Render": "--render-timeout",
+	"WithVerification": "--verification", "WithVerification.Mode": "--verification",
+	"WithVerification.BlockSize": "--block-size", "WithHealth.RestartCheck": "--restart-check",
+	"WithDecodeMemory.Local": "--decode-local", "WithDecodeMemory.KVBytesPerToken": "--kv-bytes-per-token",
+	"WithPrefill": "--prefill", "WithDecode": "--decode", "WithEndpoints": "--prefill/--decode",
+	"WithUpstreamAPIKey": "OPENAI_API_KEY", "WithIdentifier": "--key-mode",
 }
 
-var optionRE = regexp.MustCompile(`\bWith[A-Z][A-Za-z]*\b`)
+var (
+	groupFieldRE = regexp.MustCompile(`\b(With[A-Z][A-Za-z]*): ([A-Z][A-Za-z]*)\b ?`)
+	optionRE     = regexp.MustCompile(`\bWith[A-Z][A-Za-z]*\b`)
+	fieldRE      = regexp.MustCompile(`\b[A-Z][A-Za-z]*\b`)
+)
 
 // flagError rewrites a kvroute configuration error in the proxy's terms:
-// each option named becomes its flag ("kvroute: invalid config:
-// WithRetentionTTL: 10m0s leaves ..." becomes "--retention-ttl: 10m0s
-// leaves ..."). It wraps errUsage.
+// each option or option field named becomes its flag ("kvroute: invalid
+// configuration: WithTTLs: Retention 10m0s leaves ... (or raise
+// DecoderBlocks ...)" becomes "--retention-ttl: 10m0s leaves ... (or raise
+// --decoder-kv-blocks-ttl ...)"). It wraps errUsage.
 func flagError(err error) error {
 	msg := err.Error()
-	msg = strings.TrimPrefix(msg, "kvroute: invalid configuration: ")
-	msg = strings.TrimPrefix(msg, "kvroute: invalid config: ")
 	msg = strings.ReplaceAll(msg, "kvroute: invalid configuration: ", "")
 	msg = strings.ReplaceAll(msg, "kvroute: invalid config: ", "")
+	group := ""
+	msg = groupFieldRE.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := groupFieldRE.FindStringSubmatch(m)
+		if f, ok := optionFlags[sub[1]+"."+sub[2]]; ok {
+			group = sub[1]
+			return f + ": "
+		}
+		return m
+	})
 	msg = optionRE.ReplaceAllStringFunc(msg, func(opt string) string {
 		if f, ok := optionFlags[opt]; ok {
 			return f
 		}
 		return opt
 	})
+	if group != "" { // a sibling field named bare, as in "(or raise DecoderBlocks ...)"
+		msg = fieldRE.ReplaceAllStringFunc(msg, func(field string) string {
+			if f, ok := optionFlags[group+"."+field]; ok {
+				return f
+			}
+			return field
+		})
+	}
 	return fmt.Errorf("%w: %s", errUsage, msg)
 }
