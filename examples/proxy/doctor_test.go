@@ -93,10 +93,11 @@ func TestDoctorConfigurations(t *testing.T) {
 			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 2, 2}, "completions body": {3, 2, 2}, "completions stream": {3, 2, 2},
 				"responses body": {3, 2, 2}, "responses stream": {3, 2, 2}, "messages body": {3, 2, 2}, "messages stream": {3, 0, 0}}},
 		{name: "probe: stock streams (no PR #40186)", args: []string{"--probe"},
-			reuse: map[string]string{"chat": ok + "/" + no, "completions": ok + "/" + no, "responses": ok + "/" + no, "messages": ok + "/" + no},
+			// response.completed carries the handle on stock engines (PR #37424)
+			reuse: map[string]string{"chat": ok + "/" + no, "completions": ok + "/" + no, "responses": ok + "/" + ok, "messages": ok + "/" + no},
 			gaps:  []string{"decode engine", "streamed chat turns are never reused: learned: a chat stream ended normally without a handle"},
 			fixes: []string{"apply vLLM PR #40186 on the decode engines", "--decode-stream buffered"},
-			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 0, 0}, "messages body": {3, 2, 2}, "messages stream": {3, 0, 0}}},
+			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 0, 0}, "responses stream": {3, 2, 2}, "messages body": {3, 2, 2}, "messages stream": {3, 0, 0}}},
 		{name: "render 404 (no --enable-scale-out)", both: []kvroutetest.Option{kvroutetest.WithRenderRoutes(false)},
 			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": no + "/" + no, "messages": no + "/" + no},
 			gaps:  []string{"has no render routes (POST /v1/chat/completions/render: 404: route not registered (vllm serve without --enable-scale-out)): Responses and Messages turns are never reused"},

@@ -3,6 +3,7 @@ package sim_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -422,24 +423,49 @@ func TestResponsesShapes(t *testing.T) {
 	}
 }
 
+// TestResponsesStreamHandle: response.completed wraps the final object, so
+// it carries D's handle on stock engines too (PR #37424), without
+// StreamHandles (#40186, chat and completions streams only); an engine
+// older than #37424 has none anywhere. The stream's item ids are the ones
+// the client saw announced, though the engine rebuilds its events when the
+// handle arrives (the OpenAI SDK's stream helper checks each event's
+// item_id against the item at its output_index).
 func TestResponsesStreamHandle(t *testing.T) {
-	for _, handles := range []bool{false, true} {
-		reg := sim.NewRegistry()
-		p := start(t, reg, nil, nil)
-		d := start(t, reg, nil, func(c *sim.Config) { c.StreamHandles = handles })
-		body := map[string]any{"input": words("x", 80)}
-		rp := postAPI(t, p.url, sim.PathResponses, with(body, "max_output_tokens", 1, "kv_transfer_params", missHandle()))
-		rd := postAPI(t, d.url, sim.PathResponses, with(body, "stream", true, "kv_transfer_params", rp.kv))
-		if handles {
-			assert.NotNil(t, rd.kv, "response.completed carries D's handle")
-		} else {
-			assert.Nil(t, rd.kv, "stock stream: kv_transfer_params null everywhere")
-		}
-		for _, ev := range rd.events[:2] {
-			r := ev.data["response"].(map[string]any)
-			assert.Contains(t, r, "kv_transfer_params")
-			assert.Nil(t, r["kv_transfer_params"])
-		}
+	for _, c := range []struct {
+		name                 string
+		streamHandles, noAPI bool
+	}{{"stock", false, false}, {"pr40186", true, false}, {"before37424", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := sim.NewRegistry()
+			p := start(t, reg, nil, nil)
+			d := start(t, reg, nil, func(cfg *sim.Config) { cfg.StreamHandles, cfg.NoResponsesKV = c.streamHandles, c.noAPI })
+			body := map[string]any{"input": words("x", 80)}
+			rp := postAPI(t, p.url, sim.PathResponses, with(body, "max_output_tokens", 1, "kv_transfer_params", missHandle()))
+			rd := postAPI(t, d.url, sim.PathResponses, with(body, "stream", true, "kv_transfer_params", rp.kv))
+			if c.noAPI {
+				assert.Nil(t, rd.kv, "an engine before #37424 returns no handle")
+			} else {
+				assert.NotNil(t, rd.kv, "response.completed carries D's handle")
+			}
+			for _, ev := range rd.events[:2] {
+				r := ev.data["response"].(map[string]any)
+				assert.Nil(t, r["kv_transfer_params"], "created and in_progress carry none")
+			}
+			items := map[float64]string{} // output_index -> announced id
+			for _, ev := range rd.events {
+				idx, _ := ev.data["output_index"].(float64)
+				if item, ok := ev.data["item"].(map[string]any); ok {
+					if ev.name == "response.output_item.added" {
+						items[idx] = item["id"].(string)
+					}
+					assert.Equal(t, items[idx], item["id"], ev.name)
+				}
+				if id, ok := ev.data["item_id"]; ok {
+					assert.Equal(t, items[idx], id, ev.name)
+				}
+			}
+			assert.NotEmpty(t, items)
+		})
 	}
 }
 
@@ -633,5 +659,29 @@ func TestAPIsStreamTiming(t *testing.T) {
 			continue
 		}
 		assert.Equal(t, want, total, path)
+	}
+}
+
+// TestStreamHandleCoversItsTokens: a reasoning reply's <think> and </think>
+// tokens render no chunk but are still decoded, so D's handle (streamed or
+// not) names enough blocks for its remote_num_tokens at every prompt length
+// (a block boundary falling on a skipped token once gave 16 blocks for 258
+// tokens, a handle vLLM cannot read).
+func TestStreamHandleCoversItsTokens(t *testing.T) {
+	reg := sim.NewRegistry()
+	p := start(t, reg, nil, func(c *sim.Config) { c.Reasoning = true })
+	d := start(t, reg, nil, func(c *sim.Config) { c.Reasoning = true })
+	bs := d.Engine.Config().BlockSize
+	for n := 40; n < 40+2*bs; n++ {
+		for _, stream := range []bool{false, true} {
+			body := map[string]any{"input": words(fmt.Sprintf("w%d", n), n), "max_output_tokens": 20}
+			rp := postAPI(t, p.url, sim.PathResponses, with(body, "max_output_tokens", 1, "kv_transfer_params", missHandle()))
+			rd := postAPI(t, d.url, sim.PathResponses, with(body, "stream", stream, "kv_transfer_params", rp.kv))
+			require.NotNil(t, rd.kv, "n=%d stream=%v", n, stream)
+			h := decodeHandle(t, rd.kv)
+			blocks := h["remote_block_ids"].([]any)[0].([]any)
+			num := int(h["remote_num_tokens"].(float64))
+			assert.GreaterOrEqual(t, len(blocks)*bs, num, "n=%d stream=%v: %d blocks for %d tokens", n, stream, len(blocks), num)
+		}
 	}
 }

@@ -31,7 +31,8 @@
 // stream is response.created, response.in_progress, per output item
 // output_item.added, content_part.added, the deltas, the .done events and
 // output_item.done, then response.completed wrapping the final object (the
-// only event that can carry the handle, with StreamHandles); a Messages
+// only event that carries the handle, as PR #37424 does: every engine but
+// one with NoResponsesKV, with or without StreamHandles); a Messages
 // stream is message_start, content blocks (thinking, then text),
 // message_delta and message_stop, never with a handle.
 //

@@ -15,6 +15,8 @@ type reply struct {
 	id      string
 	created int64
 	kv      json.RawMessage // the handle, nil when none
+	ids     []string        // item ids drawn so far (newID)
+	nextID  int             // the next of ids a build takes
 }
 
 type usage struct {
@@ -212,6 +214,7 @@ type event struct {
 // without return_token_ids); completions chunks carry both per choice, the
 // prompt ids on each choice's first chunk only.
 func (o *reply) events() []event {
+	o.nextID = 0 // a rebuild draws the same ids
 	switch o.t.req.Path {
 	case PathResponses:
 		return o.responsesEvents(o.chatEvents())
@@ -231,9 +234,11 @@ func (o *reply) chatEvents() []event {
 		return chunk{ID: o.id, Object: obj, Created: o.created, Model: o.model(), Choices: []streamChoice{c}}
 	}
 	var out []event
+	skipped := 0 // tokens that rendered nothing since the last chunk: still decode steps
 	add := func(c chunk, token bool) {
 		b, _ := json.Marshal(c)
-		out = append(out, event{data: b, steps: b2i(token)})
+		out = append(out, event{data: b, steps: b2i(token) + skipped})
+		skipped = 0
 	}
 	promptIDs, _ := json.Marshal(o.promptIDs())
 	every := o.t.req.ReturnTokenIDs
@@ -281,6 +286,7 @@ func (o *reply) chatEvents() []event {
 				sent += text
 			}
 			if text == "" && !last && !every {
+				skipped++ // <think> and the like: a step, no chunk
 				continue
 			}
 			c := streamChoice{Index: i, TokenIDs: o.rawIDs(g.Tokens[j : j+1])}
@@ -327,7 +333,8 @@ func (o *reply) chatEvents() []event {
 	return out
 }
 
-// stream writes the events, one decode step before each token chunk. The
+// stream writes the events, the decode steps of a chunk's tokens (those that
+// rendered nothing since the previous chunk too) before each token chunk. The
 // request completes (its hold starts and its handle is known) with its last
 // decode step, before the event that carries the handle is written. A cut
 // (CutStreamAfter) or a client that goes away aborts the request: its

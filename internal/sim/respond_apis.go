@@ -98,6 +98,18 @@ type responsesBody struct {
 // uuidHex is a random_uuid(): 32 hex digits.
 func uuidHex() string { return randHex(16) }
 
+// newID returns the reply's next item id (a bare uuid, as vLLM's stream
+// item ids are). The ids are drawn once per reply: events rebuilds a stream
+// when the handle arrives, and the rebuilt events keep the ids the client
+// already saw.
+func (o *reply) newID() string {
+	if o.nextID == len(o.ids) {
+		o.ids = append(o.ids, uuidHex())
+	}
+	o.nextID++
+	return o.ids[o.nextID-1]
+}
+
 // reasoningObject echoes the request's reasoning as the Reasoning model
 // dumps it, null when absent.
 func reasoningObject(raw json.RawMessage) json.RawMessage {
@@ -133,7 +145,7 @@ func (o *reply) responsesOutput() []any {
 	g := o.t.gens[0]
 	content, reasoning := o.e.cfg.ChatContent(g)
 	msg := func() outputMessage {
-		m := outputMessage{ID: "msg_" + uuidHex(), Content: []outputText{}, Role: "assistant", Status: "completed", Type: "message"}
+		m := outputMessage{ID: "msg_" + o.newID(), Content: []outputText{}, Role: "assistant", Status: "completed", Type: "message"}
 		if content != "" {
 			m.Content = append(m.Content, outputText{Annotations: []any{}, Text: content, Type: "output_text", Logprobs: json.RawMessage("null")})
 		}
@@ -144,7 +156,7 @@ func (o *reply) responsesOutput() []any {
 	}
 	out := []any{}
 	if reasoning != nil && *reasoning != "" {
-		out = append(out, reasoningItem{ID: "rs_" + uuidHex(), Summary: []any{}, Type: "reasoning",
+		out = append(out, reasoningItem{ID: "rs_" + o.newID(), Summary: []any{}, Type: "reasoning",
 			Content: []reasoningText{{Text: *reasoning, Type: "reasoning_text"}}})
 	}
 	if content != "" {
@@ -293,7 +305,9 @@ func (s *sse) add(name string, v any) {
 // response.output_item.done, and for text the same with a message item,
 // output_text parts and response.output_text.delta / .done; then
 // response.completed wrapping the final response object, which carries the
-// handle only with StreamHandles (#40186 semantics). Every event has
+// handle as the non-streaming body does (PR #37424; protocol.md, "Other
+// APIs"): stock engines too, StreamHandles (#40186) is about chat and
+// completions streams only. Every event has
 // sequence_number, counting from 0. The stream's item ids are bare uuids;
 // the final object's items have fresh "rs_"/"msg_" ids, as in vLLM.
 func (o *reply) responsesEvents(chat []event) []event {
@@ -359,7 +373,7 @@ func (o *reply) responsesEvents(chat []event) []event {
 			continue
 		}
 		if !started {
-			itemID = uuidHex()
+			itemID = o.newID()
 			if d.reasoning != nil {
 				addReasoning()
 			} else {
@@ -379,7 +393,7 @@ func (o *reply) responsesEvents(chat []event) []event {
 			reasoningDone(text)
 			outIdx++
 			prev = nil
-			itemID = uuidHex()
+			itemID = o.newID()
 			addMessage()
 			textDelta(*d.content)
 		case d.reasoning != nil:
@@ -405,7 +419,7 @@ func (o *reply) responsesEvents(chat []event) []event {
 				Annotations: json.RawMessage("[]"), Logprobs: json.RawMessage("[]")}})
 		}
 	}
-	emit("response.completed", map[string]any{"response": o.responsesObjectAt(true, o.e.cfg.StreamHandles)})
+	emit("response.completed", map[string]any{"response": o.responsesObjectAt(true, !o.e.cfg.NoResponsesKV)})
 	return s.out
 }
 
@@ -456,7 +470,7 @@ func (o *reply) messagesObject() messagesBody {
 	b := messagesBody{ID: o.id, Type: "message", Role: "assistant", Content: []anthropicContent{}, Model: o.model(),
 		StopReason: anthropicStopReason(g.Finish), Usage: anthropicUsage{o.t.rec.PromptTokens, o.t.rec.CompletionTokens}, KVTransferParams: o.kv}
 	if reasoning != nil && *reasoning != "" {
-		b.Content = append(b.Content, anthropicContent{Type: "thinking", Thinking: reasoning, Signature: ptr(uuidHex())})
+		b.Content = append(b.Content, anthropicContent{Type: "thinking", Thinking: reasoning, Signature: ptr(o.newID())})
 	}
 	if content != "" {
 		b.Content = append(b.Content, anthropicContent{Type: "text", Text: &content})
@@ -514,7 +528,7 @@ func (o *reply) messagesEvents(chat []event) []event {
 		}
 		i := index
 		if block == "thinking" && !signed {
-			emit(anthropicEvent{Type: "content_block_delta", Delta: &anthropicDelta{Type: "signature_delta", Signature: ptr(uuidHex())}, Index: &i})
+			emit(anthropicEvent{Type: "content_block_delta", Delta: &anthropicDelta{Type: "signature_delta", Signature: ptr(o.newID())}, Index: &i})
 		}
 		emit(anthropicEvent{Type: "content_block_stop", Index: &i})
 		block, signed = "", false
