@@ -22,13 +22,17 @@ race:
 # fixed in Go 1.27), with no failing input. A real finding always writes
 # one under testdata/fuzz.
 FUZZTIME ?= 20s
+# FUZZMINTIME bounds the minimization of each new interesting input (Go's
+# default, 60s each, once made the smoke run of one target take 10 minutes
+# on a loaded machine); a failing input is still minimized and written.
+FUZZMINTIME ?= 60s
 FUZZ_PKGS := ./internal/jsonraw ./kvroute/internal/streamsynth ./sse ./transport ./transport/discovery ./kvroute ./kvroute/internal/kvhandle ./kvroute/internal/fingerprint ./kvroute/internal/entry ./kvroute/internal/capture ./retention/budget
 fuzz-smoke:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=100000x
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=100000x FUZZMINTIME=100x
 fuzz:
 	@set -e; for pkg in $(FUZZ_PKGS); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; done; done
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINTIME) $$pkg; done; done
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
