@@ -213,7 +213,8 @@
 // decode-local work per decode engine (suffix tokens, concurrent prefills)
 // so decode batches are not starved. Turn it on only when the decode
 // engines run with prefix caching (vLLM's default); the router cannot see
-// it. A decode-local leg that fails before any byte reached the client
+// it. It needs VerifyTokens: New refuses Local with another
+// verification mode, where it would never send a turn decode-local. A decode-local leg that fails before any byte reached the client
 // runs again as a plain miss (Stats.LocalFailures).
 //
 // # Embedding

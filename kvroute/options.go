@@ -133,6 +133,11 @@ func (c *config) finish() {
 	resolveHealth(c)
 	resolveVerification(c)
 	resolveDecodeMemory(c)
+	if c.decodeLocal && c.verification != VerifyTokens {
+		// A turn goes decode-local only with a handle verified by tokens:
+		// in any other mode the option would silently do nothing.
+		c.fail("WithDecodeMemory", "Local needs WithVerification's Mode VerifyTokens (the default), not %q: a turn goes decode-local only with a handle verified by tokens", c.verification)
+	}
 	if len(c.prefill)+len(c.ends.prefill) == 0 {
 		c.fail("WithPrefill", "no prefill endpoint; pass at least one URL")
 	}

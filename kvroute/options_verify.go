@@ -89,8 +89,9 @@ type DecodeMemory struct {
 	// decode-local leg goes to the engine that holds the handle, whatever
 	// the Selector would pick; when that engine is ejected the turn pulls
 	// as usual. A learning Chooser (threshold.Learner) is told each
-	// streaming turn's observed times on the router's clock. Default
-	// false.
+	// streaming turn's observed times on the router's clock. It needs
+	// WithVerification's Mode VerifyTokens (the default): with another
+	// mode New returns an error. Default false.
 	Local bool
 	// KVBytesPerToken is the bytes of KV one token takes on the decode
 	// engines (layers × KV heads × head dim × 2 × dtype bytes), for
