@@ -69,6 +69,7 @@ func (o *Response) openStream(resp *http.Response) error {
 	t, bufs := o.t, &o.t.bufs
 	ids := o.in.added || o.in.asked
 	o.stream = true
+	o.in.streamed = true
 	o.Header.Del("Content-Length")
 	// A pooled buffer as large as the last stream needed (D's first chunk
 	// carries the prompt's ids in token mode); Next returns it at the

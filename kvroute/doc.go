@@ -387,8 +387,9 @@
 //     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode; warned once
 //     per engine) for
 //     non-streaming answers and for streams of an engine that has sent a
-//     handle in a stream before; streams of engines never seen to send one
-//     (stock vLLM) count in Stats.NoStreamHandle instead, warned once. D's
+//     handle in a stream of that API before; streams of engines never seen
+//     to send one (stock vLLM; vLLM's Messages streams always) count in
+//     Stats.NoStreamHandle instead, warned once per API. D's
 //     push-mode handle is never retained (StoreRefusal "push_handle",
 //     Stats.PushHandles).
 //   - Handles never reach a client, even from malformed engine output

@@ -10,8 +10,11 @@ import "sync/atomic"
 type Stats struct {
 	// Stored counts handles retained for a next turn.
 	Stored int64
-	// NoStreamHandle counts streaming turns whose engine sent no handle
-	// (stock vLLM without PR #40186).
+	// NoStreamHandle counts streaming turns whose decode stream ended
+	// normally without a handle where the engine was given P's, on every
+	// API: stock vLLM without PR #40186 on chat and completions, vLLM's
+	// Messages streams always (TurnRecord.Missing "no_stream_handle";
+	// Router.Endpoints reports it per engine and API).
 	NoStreamHandle int64
 	// NoPrefillHandle counts prefill answers without a usable handle (none,
 	// one lacking the keys an engine needs, or a push-mode handle).
