@@ -74,7 +74,7 @@ func (r *renderers) close() error {
 type renderCaps struct {
 	mu       sync.Mutex
 	missing  map[string]missingRoute // URL + " " + path
-	distrust map[string]time.Time // URL -> until
+	distrust map[string]time.Time    // URL -> until
 	breakers map[string]*renderBreaker
 }
 
