@@ -30,7 +30,12 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 	ep.inflight.Add(1)
 	sent := r.cfg.clock()
 	t.dSent = sent
-	resp, err := r.client.Do(hreq, transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout})
+	dl := transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout}
+	if leg.buf != nil {
+		// The engine answers when it has decoded the whole turn.
+		dl.FirstByte = r.cfg.bufferedTimeout
+	}
+	resp, err := r.client.Do(hreq, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
@@ -57,7 +62,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		if err := out.openStream(resp); err != nil {
 			return nil, err
 		}
-	} else if err := out.readBody(); err != nil {
+	} else if err := out.readBody(leg.buf); err != nil {
 		return nil, err
 	}
 	r.hp.succeeded(ep)

@@ -67,6 +67,7 @@ type engineFacts struct {
 	streams       map[string]capability.Fact // by API path: a decode handle in its streams
 	handles       map[string]capability.Fact // by API path: kv_transfer_params in bodies
 	bidirectional capability.Fact
+	sampling      map[string]bool // by API path: a stream is under way to learn streams (buffered.go)
 }
 
 // engine returns url's facts, made on first use; the caller holds mu.
@@ -76,7 +77,7 @@ func (l *learned) engine(url string) *engineFacts {
 	}
 	e := l.engines[url]
 	if e == nil {
-		e = &engineFacts{streams: map[string]capability.Fact{}, handles: map[string]capability.Fact{}}
+		e = &engineFacts{streams: map[string]capability.Fact{}, handles: map[string]capability.Fact{}, sampling: map[string]bool{}}
 		l.engines[url] = e
 	}
 	return e
@@ -105,6 +106,7 @@ func (l *learned) sawStream(url, path string, handle bool) (firstAbsent bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.engine(url)
+	delete(e.sampling, path)
 	prev := e.streams[path]
 	name := apiName(path)
 	switch {
@@ -129,6 +131,31 @@ func streamFix(path string) string {
 		return "vLLM 0.19.0 or later (PR #37424: response.completed carries the handle)"
 	}
 	return capability.FixStreamHandles
+}
+
+// sample claims the stream that shows whether the decode engine at url
+// puts a handle in its streams of the API at path: true when nothing is
+// known of them yet and no other turn's stream is showing it now. The
+// turn that got it calls unsample when it ends.
+func (l *learned) sample(url, path string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.engine(url)
+	if f := e.streams[path]; f.State != "" || e.sampling[path] {
+		return false
+	}
+	e.sampling[path] = true
+	return true
+}
+
+// unsample releases a claim sample granted whose stream showed nothing
+// (it failed, or was cut): another turn's stream may show it.
+func (l *learned) unsample(url, path string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e := l.engines[url]; e != nil {
+		delete(e.sampling, path)
+	}
 }
 
 // sawHandle records a decode answer with a handle: the engine transfers

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -61,6 +62,7 @@ type config struct {
 
 	retentionTTL, decoderTTL, lease                              time.Duration
 	prefillTimeout, firstByteTimeout, idleTimeout, renderTimeout time.Duration
+	bufferedTimeout                                              time.Duration
 	maxBodyBytes                                                 int64
 	maxEventBytes, maxEntryBytes, maxMembers                     int
 	retry                                                        transport.RetryPolicy
@@ -72,6 +74,7 @@ type config struct {
 	blockSize                                                    int
 	decodeLocal                                                  bool
 	kvBytesPerToken                                              int64
+	bufferStreams                                                map[string]streamsynth.API // by path
 
 	errs []error
 }
@@ -93,7 +96,7 @@ type Settings struct {
 func Defaults() Settings {
 	return Settings{
 		TTLs:         TTLs{Retention: 450 * time.Second, DecoderBlocks: 480 * time.Second, PrefillLease: 30 * time.Second},
-		Timeouts:     Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second},
+		Timeouts:     Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second, Buffered: 10 * time.Minute},
 		Limits:       Limits{Body: 32 << 20, Event: 16 << 20, Entry: 8 << 20, ObjectMembers: 10_000},
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},

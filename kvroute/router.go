@@ -72,6 +72,7 @@ func New(opts ...Option) (*Router, error) {
 	if r.log.Logger == nil {
 		r.log.Logger = slog.New(slog.DiscardHandler)
 	}
+	logBuffering(&r.log, cfg.bufferStreams)
 	if err := r.connect(); err != nil {
 		return nil, err
 	}
