@@ -229,6 +229,12 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
 		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
+	if rec.Buffered {
+		attrs = append(attrs, slog.Bool("buffered", true)) // --decode-stream buffered
+	}
+	if rec.Missing != "" {
+		attrs = append(attrs, slog.String("missing", rec.Missing))
+	}
 	if rec.Err != nil {
 		if kvroute.HTTPStatus(rec.Err) >= 500 {
 			level = slog.LevelWarn
