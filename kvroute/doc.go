@@ -75,7 +75,11 @@
 //     reaches D (D would act as a prefiller).
 //  5. From D: kv_transfer_params at the top level of a body, or on a
 //     stream's final chunk (engines with vLLM PR #40186; stock engines send
-//     none in streams). D keeps its blocks for decoder_kv_blocks_ttl.
+//     none in streams). D keeps its blocks for decoder_kv_blocks_ttl. With
+//     WithDecodeMemory's BufferStreams, a streamed turn whose D streams
+//     carry none runs its leg non-streaming, and its answer is written to
+//     the client as the API's stream once complete: the first token
+//     arrives with the last (buffered streams).
 //
 // A handle is opaque JSON: numbers are kept as written and unknown members
 // forwarded, but a client never supplies one. remote_engine_id,

@@ -103,15 +103,18 @@ type DecodeMemory struct {
 	// BufferStreams lists the APIs, by path (PathChatCompletions,
 	// PathCompletions, PathMessages), whose streamed turns run their decode
 	// leg non-streaming when the decode engine's streams of that API carry
-	// no handle (package doc, Buffered streams): the answer's body carries
+	// no handle (package doc, Wire protocol, step 5): the answer's body carries
 	// D's handle, which is retained, and the router writes the answer to
 	// the client as the API's own stream once it has arrived. The trade:
 	// the first token arrives with the last (the turn's TTFT is its whole
 	// decode), and every later turn reuses KV; it suits headless agents,
 	// whose whole turn's time is what counts. A Messages stream is always
-	// buffered (vLLM's never carry a handle); a chat or completions stream
-	// is buffered unless its decode engine has been seen to put a handle in
-	// a stream of that API (vLLM PR #40186). PathResponses is an error:
+	// buffered (vLLM's never carry a handle). A chat or completions stream
+	// is buffered once a stream of that API from its decode engine ended
+	// without a handle, and never once one carried a handle (vLLM PR
+	// #40186); until then one stream per engine and API at a time goes as
+	// the client asked, to show it (on stock engines that turn is not
+	// retained), and the others are buffered. PathResponses is an error:
 	// its streams carry the handle on response.completed. Default nil:
 	// none, every stream is passed through as the engine sends it.
 	BufferStreams []string
