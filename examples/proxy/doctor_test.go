@@ -81,6 +81,7 @@ func TestDoctorConfigurations(t *testing.T) {
 		fail     bool              // exit status 1
 		reuse    map[string]string // API: reuse/streamed
 		gaps     []string          // substrings of gaps, each with a fix
+		notGaps  []string          // substrings no gap has
 		fixes    []string
 		probe    map[string][3]int // "api mode": turns answered, reused turns, equal answers
 		verdicts string
@@ -97,6 +98,19 @@ func TestDoctorConfigurations(t *testing.T) {
 			gaps:  []string{"decode engine", "streamed chat turns are never reused: learned: a chat stream ended normally without a handle"},
 			fixes: []string{"apply vLLM PR #40186 on the decode engines", "--decode-stream buffered"},
 			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 0, 0}, "messages body": {3, 2, 2}, "messages stream": {3, 0, 0}}},
+		{name: "stock streams, --decode-stream buffered", args: []string{"--decode-stream", "buffered"},
+			reuse:   all(ok + "/" + ok),
+			gaps:    []string{"--decode-stream buffered: streamed Messages turns", "--decode-stream buffered: streamed chat turns"},
+			notGaps: []string{"never reused", "PR #40186"}},
+		{name: "stock streams, --decode-stream buffered:messages", args: []string{"--decode-stream", "buffered:messages"},
+			reuse:   map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + ok},
+			gaps:    []string{"--decode-stream buffered: streamed Messages turns", "PR #40186"},
+			notGaps: []string{"streamed Messages turns (Claude Code) are never reused", "buffered: streamed chat"}},
+		{name: "probe: stock streams, --decode-stream buffered", args: []string{"--probe", "--decode-stream", "buffered"},
+			reuse:   map[string]string{"chat": ok + "/" + ok, "completions": ok + "/" + ok, "responses": ok + "/" + no, "messages": ok + "/" + ok},
+			notGaps: []string{"streamed Messages turns (Claude Code) are never reused", "streamed chat turns are never reused", "streamed completions turns are never reused"},
+			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 1, 1}, "completions stream": {3, 1, 1},
+				"messages body": {3, 2, 2}, "messages stream": {3, 2, 2}}},
 		{name: "render 404 (no --enable-scale-out)", both: []kvroutetest.Option{kvroutetest.WithRenderRoutes(false)},
 			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": no + "/" + no, "messages": no + "/" + no},
 			gaps:  []string{"has no render routes (POST /v1/chat/completions/render: 404: route not registered (vllm serve without --enable-scale-out)): Responses and Messages turns are never reused"},
@@ -174,6 +188,9 @@ func TestDoctorConfigurations(t *testing.T) {
 			}
 			for _, s := range tc.fixes {
 				assert.Contains(t, gapText, s)
+			}
+			for _, s := range tc.notGaps {
+				assert.NotContains(t, gapText, s)
 			}
 			for key, want := range tc.probe {
 				found := false
