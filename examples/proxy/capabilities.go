@@ -155,7 +155,7 @@ func (c *config) gaps(engines []engineFacts) []gap {
 			f := e.rep.StreamHandles.Get(a)
 			switch {
 			case c.buffers(a) && !f.Is(capability.Present):
-				add(gapNote, "--decode-stream engine (or buffered:API for fewer APIs) where a person watches the text appear", "--decode-stream buffered: streamed %s turns decoded where the streams carry no handle are decoded non-streaming and sent as the API's stream once complete: they reuse KV, and the first token arrives with the last", apiTitle(a))
+				add(gapNote, "--decode-stream engine (or buffered:API for fewer APIs) where a person watches the text appear", "--decode-stream buffered: streamed %s turns whose decode engine's streams carry no handle run their decode leg non-streaming and reach the client as the API's stream once complete: they reuse KV, and the first token arrives with the last", apiTitle(a))
 			case a == capability.Messages && f.Is(capability.Absent):
 				add(gapWarn, f.Fix, "streamed %s turns (Claude Code) are never reused: %s", apiTitle(a), f.Why)
 			case f.Is(capability.Absent) && e.rep.Handles.Get(a).Is(capability.Present):
