@@ -23,10 +23,11 @@
 // reuse A's KV (X-Bidikv-Reuse: miss) and A's own next turn, by the other
 // header, must hit.
 //
-// --no-stream-handles says the decode engines' streams carry no handle on
-// any API (vLLM without PR #40186, whose Responses streams predate PR
-// #37424; the simulator without --stream-handles): streamed turns then
-// miss, unless --buffered says the proxy runs with --decode-stream
+// --no-stream-handles says the decode engines' chat and completions streams
+// carry no handle (stock vLLM: PR #40186 is unmerged; the simulator without
+// --stream-handles); Responses streams still do (response.completed, PR
+// #37424): streamed chat and completions turns then miss, unless --buffered
+// says the proxy runs with --decode-stream
 // buffered, which writes chat, completions and Messages answers as the
 // API's stream once complete (the SDKs' stream helpers must parse them
 // unchanged) and makes their later turns hit. On such engines the proxy
@@ -131,7 +132,9 @@ function expectReuse(sc, i, run) {
   if (i === 0) return 'miss';
   if (!sc.stream) return 'hit';
   const buffered = opt.buffered && sc.api !== 'responses';
-  const handles = sc.api !== 'messages' && !opt.noStreamHandles; // vLLM's Messages streams never carry one
+  // vLLM's Messages streams never carry a handle, its Responses streams
+  // always do (response.completed), chat and completions ones with PR #40186.
+  const handles = sc.api === 'responses' || (sc.api !== 'messages' && !opt.noStreamHandles);
   if (!buffered && !handles) return 'miss';
   if (buffered && !handles && sc.api !== 'messages' && run === 0 && i === 1 && firstStream(sc.api) === sc) return '';
   return 'hit';

@@ -220,7 +220,7 @@ func TestRealClients(t *testing.T) {
 		// conversations reuse KV: from turn 2, except the first chat and
 		// the first completions stream, which showed the proxy the
 		// engine's streams (from turn 3). Responses streams, never
-		// buffered, miss on these engines.
+		// buffered, carry their handle on response.completed (PR #37424).
 		t.Parallel()
 		stock := func(extra ...string) *proc {
 			return start(t, "vllmsim", simReady, append([]string{"--port", "0", "--side-channel-port", "0", "--kv-transfer-config", kvConfig}, extra...)...)
@@ -236,7 +236,7 @@ func TestRealClients(t *testing.T) {
 		for sc, want := range map[string]int{
 			"anthropic messages.stream": 3, "anthropic beta.messages.stream": 3,
 			"openai chat stream usage": 2, "openai chat stream no usage": 3, "openai chat.completions.stream helper": 3,
-			"openai completions stream": 2, "openai responses stream": 0, "anthropic messages": 3,
+			"openai completions stream": 2, "openai responses stream": 3, "anthropic messages": 3,
 		} {
 			assert.Equal(t, want, hits[sc], "%s: %s", sc, out)
 		}
