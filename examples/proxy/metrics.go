@@ -128,7 +128,7 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func() float64 { return float64(get(r.Stats())) })
 	}
 	m.reg.MustRegister(
-		stat("stream_without_handle_total", "Streaming turns whose decode engine sent no handle (stock vLLM without PR #40186): nothing to reuse.",
+		stat("stream_without_handle_total", "Streaming turns whose decode engine's stream ended without a handle (chat and completions without vLLM PR #40186, Messages always): nothing to reuse; per API in bidikv_missing_capability_turns_total{reason=\"no_stream_handle\"}; --decode-stream buffered avoids them.",
 			func(s kvroute.Stats) int64 { return s.NoStreamHandle }),
 		stat("prefill_without_handle_total", "Prefill answers without a usable handle.",
 			func(s kvroute.Stats) int64 { return s.NoPrefillHandle }),
