@@ -79,8 +79,11 @@ func (p *tokenProof) beside(ep *endpoint) {
 		r.stats.renders.Add(1)
 		ids, status, err := r.renders.detached(ctx, ep, path, body, ref, h)
 		r.renders.result(ctx, ep.url, status, err)
-		if routeMissing(status) {
-			r.renders.caps.markMissing(ep.url, path, r.cfg.clock())
+		switch {
+		case err == nil:
+			r.renders.caps.served(ep.url, path)
+		case routeMissing(status):
+			r.renders.caps.markMissing(ep.url, path, status, r.cfg.clock())
 		}
 		bg.mu.Lock()
 		bg.done, bg.ids, bg.err = true, ids, err

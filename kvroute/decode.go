@@ -24,13 +24,19 @@ var errLeaseExpired = errors.New("kvroute: the prefill engine's lease ran out be
 type decodeLeg struct {
 	body         legBody
 	added, asked bool
+	buf          *buffered // a buffered stream's leg (buffered.go): non-streaming
 }
 
 // newDecodeLeg builds the decode leg for P's handle; askIDs says the
-// turn's verification needs D's token ids (return_token_ids).
-func newDecodeLeg(req *Request, pHandle []byte, askIDs bool) decodeLeg {
-	var l decodeLeg
-	set := make([]jsonraw.Member, 0, 2)
+// turn's verification needs D's token ids (return_token_ids); buf, a
+// buffered stream's leg, that it runs non-streaming.
+func newDecodeLeg(req *Request, pHandle []byte, askIDs bool, buf *buffered) decodeLeg {
+	l := decodeLeg{buf: buf}
+	set := make([]jsonraw.Member, 0, 3)
+	drop := decodeDrop
+	if buf != nil {
+		set, drop = append(set, bufferedSet), bufferedDrop
+	}
 	if pHandle != nil {
 		set = append(set, jsonraw.Member{Key: kvKey, Value: pHandle})
 	}
@@ -41,7 +47,7 @@ func newDecodeLeg(req *Request, pHandle []byte, askIDs bool) decodeLeg {
 		l.added = true
 		set = append(set, jsonraw.Member{Key: "return_token_ids", Value: jsonTrue})
 	}
-	l.body = req.obj.EditPieces(make(legBody, 0, 24), decodeDrop, set...)
+	l.body = req.obj.EditPieces(make(legBody, 0, 24), drop, set...)
 	return l
 }
 
@@ -60,7 +66,7 @@ func (t *turn) askIDs() bool {
 // to redo the turn.
 func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *tries, in retainIn) (*Response, error) {
 	r := t.r
-	leg := newDecodeLeg(t.req, p.handle, t.askIDs())
+	streamed := newDecodeLeg(t.req, p.handle, t.askIDs(), nil)
 	var last error
 	for {
 		if tr.decodeLegs >= r.cfg.decodeAttempts {
@@ -80,6 +86,10 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 		tr.decodeLegs++
 		if p.handle != nil && r.cfg.clock().Sub(p.done) > r.cfg.lease-expiryGuard {
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
+		}
+		leg := streamed
+		if b := bufferFor(t, ep, p.handle); b != nil {
+			leg = newDecodeLeg(t.req, p.handle, t.askIDs(), b)
 		}
 		resp, err := send(ctx, t, ep, leg, in)
 		if err == nil {
@@ -107,7 +117,7 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 func decodeLocal(ctx context.Context, t *turn, ep *endpoint, tr *tries, in retainIn) (*Response, error) {
 	defer t.choice.Release()
 	tr.decodeLegs++
-	resp, err := send(ctx, t, ep, newDecodeLeg(t.req, nil, t.askIDs()), in)
+	resp, err := send(ctx, t, ep, newDecodeLeg(t.req, nil, t.askIDs(), nil), in)
 	if err == nil {
 		return resp, nil
 	}
@@ -166,7 +176,7 @@ func redoable(err error) bool {
 	switch {
 	case errors.Is(err, errLeaseExpired):
 		return true
-	case errors.Is(err, errUnsafeAnswer):
+	case errors.Is(err, errUnsafeAnswer), errors.Is(err, errNotAnswer):
 		return false // deterministic: not worth another prefill and decode
 	}
 	var ue *UpstreamError

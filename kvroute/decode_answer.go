@@ -30,7 +30,12 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 	ep.inflight.Add(1)
 	sent := r.cfg.clock()
 	t.dSent = sent
-	resp, err := r.client.Do(hreq, transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout})
+	dl := transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout}
+	if leg.buf != nil {
+		// The engine answers when it has decoded the whole turn.
+		dl.FirstByte = r.cfg.bufferedTimeout
+	}
+	resp, err := r.client.Do(hreq, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
@@ -57,7 +62,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		if err := out.openStream(resp); err != nil {
 			return nil, err
 		}
-	} else if err := out.readBody(); err != nil {
+	} else if err := out.readBody(leg.buf); err != nil {
 		return nil, err
 	}
 	r.hp.succeeded(ep)
@@ -69,6 +74,7 @@ func (o *Response) openStream(resp *http.Response) error {
 	t, bufs := o.t, &o.t.bufs
 	ids := o.in.added || o.in.asked
 	o.stream = true
+	o.in.streamed = true
 	o.Header.Del("Content-Length")
 	// A pooled buffer as large as the last stream needed (D's first chunk
 	// carries the prompt's ids in token mode); Next returns it at the

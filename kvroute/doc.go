@@ -75,7 +75,11 @@
 //     reaches D (D would act as a prefiller).
 //  5. From D: kv_transfer_params at the top level of a body, or on a
 //     stream's final chunk (engines with vLLM PR #40186; stock engines send
-//     none in streams). D keeps its blocks for decoder_kv_blocks_ttl.
+//     none in streams). D keeps its blocks for decoder_kv_blocks_ttl. With
+//     WithDecodeMemory's BufferStreams, a streamed turn whose D streams
+//     carry none runs its leg non-streaming, and its answer is written to
+//     the client as the API's stream once complete: the first token
+//     arrives with the last (buffered streams).
 //
 // A handle is opaque JSON: numbers are kept as written and unknown members
 // forwarded, but a client never supplies one. remote_engine_id,
@@ -213,7 +217,8 @@
 // decode-local work per decode engine (suffix tokens, concurrent prefills)
 // so decode batches are not starved. Turn it on only when the decode
 // engines run with prefix caching (vLLM's default); the router cannot see
-// it. A decode-local leg that fails before any byte reached the client
+// it. It needs VerifyTokens: New refuses Local with another
+// verification mode, where it would never send a turn decode-local. A decode-local leg that fails before any byte reached the client
 // runs again as a plain miss (Stats.LocalFailures).
 //
 // # Embedding
@@ -386,8 +391,9 @@
 //     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode; warned once
 //     per engine) for
 //     non-streaming answers and for streams of an engine that has sent a
-//     handle in a stream before; streams of engines never seen to send one
-//     (stock vLLM) count in Stats.NoStreamHandle instead, warned once. D's
+//     handle in a stream of that API before; streams of engines never seen
+//     to send one (stock vLLM; vLLM's Messages streams always) count in
+//     Stats.NoStreamHandle instead, warned once per API. D's
 //     push-mode handle is never retained (StoreRefusal "push_handle",
 //     Stats.PushHandles).
 //   - Handles never reach a client, even from malformed engine output

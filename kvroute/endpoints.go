@@ -264,6 +264,7 @@ func (r *Router) Endpoints(phase Phase) []EndpointStatus {
 		out = append(out, EndpointStatus{
 			Endpoint: e.ep, URL: e.url, InFlight: int(e.inflight.Load()),
 			Healthy: e.health.eligible(now), Failures: fails, EjectedUntil: until,
+			Learned: r.learned.facts(e.url, r.renders.caps.missingOn(e.url)),
 		})
 	}
 	return out

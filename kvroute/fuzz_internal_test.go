@@ -52,13 +52,33 @@ func FuzzLegBodies(f *testing.F) {
 
 		// The default verification asks D for token ids where the API
 		// returns them.
-		leg = decodeJSON(t, "decode", bytes.Join(newDecodeLeg(req, pHandle, req.api.tokenIDs).body, nil))
+		leg = decodeJSON(t, "decode", bytes.Join(newDecodeLeg(req, pHandle, req.api.tokenIDs, nil).body, nil))
 		if !jsonEqual(leg[kvKey], pHandle) {
 			t.Fatalf("decode leg handle = %s: %s", leg[kvKey], body)
 		}
 		for _, k := range decodeDrop {
 			if _, ok := leg[k]; ok && k != kvKey {
 				t.Fatalf("decode leg keeps %q: %s", k, body)
+			}
+		}
+		// A buffered stream's decode leg (buffered.go) is the same leg,
+		// non-streaming and without stream_options.
+		buffered := decodeJSON(t, "buffered decode", bytes.Join(newDecodeLeg(req, pHandle, req.api.tokenIDs, &buffered{}).body, nil))
+		if !jsonEqual(buffered["stream"], jsonFalse) {
+			t.Fatalf("buffered decode leg stream = %s: %s", buffered["stream"], body)
+		}
+		if _, ok := buffered["stream_options"]; ok {
+			t.Fatalf("buffered decode leg keeps stream_options: %s", body)
+		}
+		delete(leg, "stream")
+		delete(leg, "stream_options")
+		delete(buffered, "stream")
+		if len(leg) != len(buffered) {
+			t.Fatalf("buffered decode leg differs: %d members, want %d: %s", len(buffered), len(leg), body)
+		}
+		for k, v := range leg {
+			if !jsonEqual(buffered[k], v) {
+				t.Fatalf("buffered decode leg %q = %s, want %s: %s", k, buffered[k], v, body)
 			}
 		}
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -47,6 +48,13 @@ type EndpointStatus struct {
 	Failures int
 	// EjectedUntil is the end of the current or last ejection.
 	EjectedUntil time.Time
+	// Learned is what real turns showed of the engine's capabilities,
+	// under kvroute/capability's names (capability.Report.Learn takes
+	// them): stream handles per API and bidirectional transfer of a decode
+	// engine, render routes, /tokenize and per-API handles of a prefill
+	// engine; what turns have not shown is left out. A restart the router
+	// notices drops what was learned of a decode engine.
+	Learned []capability.Named
 }
 
 // healthPolicy is the router-wide part of health tracking.

@@ -28,3 +28,19 @@ func TestHostileDecodeEngine(t *testing.T) {
 	t.Cleanup(client.CloseIdleConnections)
 	kvroutetest.TestHostile(t, e, srv.URL, client)
 }
+
+// Issue 24, item 3: buffered streams pass the same suite: a non-streaming
+// decode answer is scrubbed before it is written as the API's stream.
+func TestHostileBufferedStreams(t *testing.T) {
+	e := kvroutetest.NewHostileEngine(t, kvroutetest.HostileAnswer{})
+	r, err := kvroute.New(kvroute.WithPrefill(e.URL()), kvroute.WithDecode(e.URL()),
+		kvroute.WithLogger(slog.New(slog.DiscardHandler)),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{BufferStreams: []string{kvroute.PathChatCompletions, kvroute.PathCompletions, kvroute.PathMessages}}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	t.Cleanup(client.CloseIdleConnections)
+	kvroutetest.TestHostileBuffered(t, e, srv.URL, client)
+}

@@ -103,6 +103,24 @@ type TurnRecord struct {
 	Stored       bool    // D's handle was retained for the next turn
 	StoreRefusal Refusal // why nothing was retained, when Stored is false
 
+	// Buffered reports a streamed turn whose decode leg ran non-streaming
+	// (WithDecodeMemory's BufferStreams): the router wrote D's answer to
+	// the client as the API's own stream once it had arrived, so TTFT is
+	// the whole decode.
+	Buffered bool
+	// Missing names the engine capability whose absence made the turn
+	// reuse or retain less than it could, "" when none did:
+	// "no_render_route" (the prefill engine serves no render route for the
+	// API and /tokenize could not stand in), "no_stream_handle" (the
+	// decode engine's stream ended normally without a handle: stock vLLM
+	// on chat and completions, vLLM's Messages always), "no_api_handle" (an
+	// engine answered a Responses or Messages request without
+	// kv_transfer_params), "no_token_ids" (the decode engine sent no
+	// token ids: retained under content rules only) or "no_bidirectional"
+	// (an engine answered without a handle where one was due). Router.Endpoints
+	// reports what the turns showed of each engine (EndpointStatus.Learned).
+	Missing string
+
 	Err      error // the turn's error, nil on success
 	ErrPhase Phase // where it failed
 }

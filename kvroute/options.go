@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -61,6 +62,7 @@ type config struct {
 
 	retentionTTL, decoderTTL, lease                              time.Duration
 	prefillTimeout, firstByteTimeout, idleTimeout, renderTimeout time.Duration
+	bufferedTimeout                                              time.Duration
 	maxBodyBytes                                                 int64
 	maxEventBytes, maxEntryBytes, maxMembers                     int
 	retry                                                        transport.RetryPolicy
@@ -72,6 +74,7 @@ type config struct {
 	blockSize                                                    int
 	decodeLocal                                                  bool
 	kvBytesPerToken                                              int64
+	bufferStreams                                                map[string]streamsynth.API // by path
 
 	errs []error
 }
@@ -93,7 +96,7 @@ type Settings struct {
 func Defaults() Settings {
 	return Settings{
 		TTLs:         TTLs{Retention: 450 * time.Second, DecoderBlocks: 480 * time.Second, PrefillLease: 30 * time.Second},
-		Timeouts:     Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second},
+		Timeouts:     Timeouts{Prefill: 60 * time.Second, FirstByte: 60 * time.Second, Idle: 120 * time.Second, Render: 10 * time.Second, Buffered: 10 * time.Minute},
 		Limits:       Limits{Body: 32 << 20, Event: 16 << 20, Entry: 8 << 20, ObjectMembers: 10_000},
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
@@ -133,6 +136,11 @@ func (c *config) finish() {
 	resolveHealth(c)
 	resolveVerification(c)
 	resolveDecodeMemory(c)
+	if c.decodeLocal && c.verification != VerifyTokens {
+		// A turn goes decode-local only with a handle verified by tokens:
+		// in any other mode the option would silently do nothing.
+		c.fail("WithDecodeMemory", "Local needs WithVerification's Mode VerifyTokens (the default), not %q: a turn goes decode-local only with a handle verified by tokens", c.verification)
+	}
 	if len(c.prefill)+len(c.ends.prefill) == 0 {
 		c.fail("WithPrefill", "no prefill endpoint; pass at least one URL")
 	}

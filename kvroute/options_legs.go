@@ -65,11 +65,17 @@ type Timeouts struct {
 	// that runs out opens that engine's render breaker, and turns go on
 	// without a render.
 	Render time.Duration
+	// Buffered bounds the wait for the answer of a buffered stream's
+	// decode leg (WithDecodeMemory's BufferStreams), which runs
+	// non-streaming: the engine sends its headers with the whole answer,
+	// so this bounds the whole decode, in place of FirstByte (default 10
+	// min, the Anthropic SDKs' own request timeout).
+	Buffered time.Duration
 }
 
 // WithTimeouts sets the legs' timeouts. A zero field keeps its default
-// (Defaults); a negative Prefill, FirstByte or Idle means no limit;
-// Render must be limited (negative is an error).
+// (Defaults); a negative Prefill, FirstByte, Idle or Buffered means no
+// limit; Render must be limited (negative is an error).
 func WithTimeouts(t Timeouts) Option {
 	return optionFunc(func(c *config) { c.timeouts = t })
 }
@@ -79,6 +85,7 @@ func resolveTimeouts(c *config) {
 	c.prefillTimeout = orNone(t.Prefill, d.Prefill)
 	c.firstByteTimeout = orNone(t.FirstByte, d.FirstByte)
 	c.idleTimeout = orNone(t.Idle, d.Idle)
+	c.bufferedTimeout = orNone(t.Buffered, d.Buffered)
 	c.positive("WithTimeouts", "Render", int64(t.Render))
 	c.renderTimeout = orDefault(t.Render, d.Render)
 }

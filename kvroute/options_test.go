@@ -72,3 +72,24 @@ func TestGroupedOptionsApply(t *testing.T) {
 	res = send(t, url, kvroute.PathChatCompletions, []byte(`{"model":"`+kvroutetest.DefaultModel+`","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`), nil)
 	assert.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 }
+
+// Decode-local turns need a handle verified by tokens: with content
+// verification WithDecodeMemory's Local would never do anything, so New
+// refuses the pair, naming both options, in either order (issue 24, item
+// 4).
+func TestDecodeLocalNeedsTokens(t *testing.T) {
+	base := []kvroute.Option{kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2")}
+	local := kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true})
+	content := kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent})
+	for _, opts := range [][]kvroute.Option{{local, content}, {content, local}} {
+		_, err := kvroute.New(append(base, opts...)...)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, kvroute.ErrInvalidConfig)
+		for _, s := range []string{"WithDecodeMemory", "Local", "WithVerification", "VerifyTokens"} {
+			assert.Contains(t, err.Error(), s)
+		}
+	}
+	r, err := kvroute.New(append(base, local, kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}))...)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+}

@@ -1,5 +1,7 @@
 package kvroute
 
+import "github.com/bidikv/bidikv/kvroute/internal/streamsynth"
+
 // VerificationMode selects how the router proves that a retained handle's
 // KV is the KV the next prompt needs (package doc, Verification).
 type VerificationMode string
@@ -72,8 +74,9 @@ func resolveVerification(c *config) {
 }
 
 // DecodeMemory is what the router does with the decode engines' KV memory
-// beyond the pulls: answer turns from it (decode-local turns), and how it
-// reports it (DecodeKV).
+// beyond the pulls: answer turns from it (decode-local turns), keep it for
+// streaming clients whose streams carry no handle (buffered streams), and
+// how it reports it (DecodeKV).
 type DecodeMemory struct {
 	// Local lets a turn whose retained handle was verified by tokens run
 	// decode-local (package doc, Decode-local turns): as a plain request
@@ -89,18 +92,38 @@ type DecodeMemory struct {
 	// decode-local leg goes to the engine that holds the handle, whatever
 	// the Selector would pick; when that engine is ejected the turn pulls
 	// as usual. A learning Chooser (threshold.Learner) is told each
-	// streaming turn's observed times on the router's clock. Default
-	// false.
+	// streaming turn's observed times on the router's clock. It needs
+	// WithVerification's Mode VerifyTokens (the default): with another
+	// mode New returns an error. Default false.
 	Local bool
 	// KVBytesPerToken is the bytes of KV one token takes on the decode
 	// engines (layers × KV heads × head dim × 2 × dtype bytes), for
 	// DecodeKV.Bytes. Default 0: unknown, Bytes stays 0.
 	KVBytesPerToken int64
+	// BufferStreams lists the APIs, by path (PathChatCompletions,
+	// PathCompletions, PathMessages), whose streamed turns run their decode
+	// leg non-streaming when the decode engine's streams of that API carry
+	// no handle (package doc, Wire protocol, step 5): the answer's body carries
+	// D's handle, which is retained, and the router writes the answer to
+	// the client as the API's own stream once it has arrived. The trade:
+	// the first token arrives with the last (the turn's TTFT is its whole
+	// decode), and every later turn reuses KV; it suits headless agents,
+	// whose whole turn's time is what counts. A Messages stream is always
+	// buffered (vLLM's never carry a handle). A chat or completions stream
+	// is buffered once a stream of that API from its decode engine ended
+	// without a handle, and never once one carried a handle (vLLM PR
+	// #40186); until then one stream per engine and API at a time goes as
+	// the client asked, to show it (on stock engines that turn is not
+	// retained), and the others are buffered. PathResponses is an error:
+	// its streams carry the handle on response.completed. Default nil:
+	// none, every stream is passed through as the engine sends it.
+	BufferStreams []string
 }
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
 // memory. The zero DecodeMemory is the default; a negative
-// KVBytesPerToken is an error.
+// KVBytesPerToken, and a BufferStreams path without a synthesized stream,
+// are errors.
 func WithDecodeMemory(m DecodeMemory) Option {
 	return optionFunc(func(c *config) { c.decodeMemory = m })
 }
@@ -109,4 +132,19 @@ func resolveDecodeMemory(c *config) {
 	m := c.decodeMemory
 	c.positive("WithDecodeMemory", "KVBytesPerToken", m.KVBytesPerToken)
 	c.decodeLocal, c.kvBytesPerToken = m.Local, m.KVBytesPerToken
+	c.bufferStreams = nil
+	for _, p := range m.BufferStreams {
+		a, ok := streamsynth.ForPath(p)
+		switch {
+		case p == PathResponses:
+			c.fail("WithDecodeMemory", "BufferStreams: %s streams carry the handle on response.completed (vLLM PR #37424) and are never buffered", p)
+		case !ok:
+			c.fail("WithDecodeMemory", "BufferStreams: %q is not an API with a buffered stream; use %s, %s or %s", p, PathChatCompletions, PathCompletions, PathMessages)
+		default:
+			if c.bufferStreams == nil {
+				c.bufferStreams = map[string]streamsynth.API{}
+			}
+			c.bufferStreams[p] = a
+		}
+	}
 }

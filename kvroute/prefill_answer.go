@@ -60,6 +60,7 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 	}
 	h, ok := obj.Get(kvKey)
 	if !ok || jsonraw.IsNull(h) {
+		p.t.lacks(p.t.r.learned.noHandle(ep.url, p.t.req.Path, PhasePrefill))
 		return nil, p.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
 	hi, err := kvhandle.Check(h, t.r.cfg.blockSize)

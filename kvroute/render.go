@@ -77,12 +77,13 @@ func (p *tokenProof) renderOn(ctx context.Context, ep *endpoint) ([]uint32, Toke
 		ids, status, err := p.renderCall(ctx, ep, renderPath, body, list)
 		t.r.renders.result(ctx, ep.url, status, err)
 		if err == nil {
+			t.r.renders.caps.served(ep.url, renderPath)
 			return ids, TokensFromRender, nil
 		}
 		if !routeMissing(status) {
 			return nil, "", err
 		}
-		t.r.renders.caps.markMissing(ep.url, renderPath, now)
+		t.r.renders.caps.markMissing(ep.url, renderPath, status, now)
 	}
 	body, ok := tokenizeBody(t.req)
 	if !ok || !t.r.renders.caps.available(ep.url, pathTokenize, now) {
@@ -92,10 +93,11 @@ func (p *tokenProof) renderOn(ctx context.Context, ep *endpoint) ([]uint32, Toke
 	ids, status, err := p.renderCall(ctx, ep, pathTokenize, legBody{body}, false)
 	t.r.renders.result(ctx, ep.url, status, err)
 	if err == nil {
+		t.r.renders.caps.served(ep.url, pathTokenize)
 		return ids, TokensFromTokenize, nil
 	}
 	if routeMissing(status) {
-		t.r.renders.caps.markMissing(ep.url, pathTokenize, now)
+		t.r.renders.caps.markMissing(ep.url, pathTokenize, status, now)
 		return nil, "", errNoRenderer
 	}
 	return nil, "", err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,9 +73,17 @@ func (r *renderers) close() error {
 // renderCaps is the renderer state of the prefill engines, by URL.
 type renderCaps struct {
 	mu       sync.Mutex
-	missing  map[string]time.Time // URL + " " + path -> retry after
-	distrust map[string]time.Time // URL -> until
+	missing  map[string]missingRoute // URL + " " + path
+	distrust map[string]time.Time    // URL -> until
 	breakers map[string]*renderBreaker
+}
+
+// missingRoute is a path an engine answered 404 or 501 (status): it is
+// not asked there again until retry, and is reported missing
+// (Router.Endpoints) until it answers.
+type missingRoute struct {
+	retry  time.Time
+	status int
 }
 
 // renderBreaker is one engine's render circuit breaker.
@@ -89,17 +98,50 @@ type renderBreaker struct {
 func (c *renderCaps) available(ep, path string, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	until, ok := c.missing[ep+" "+path]
-	return !ok || now.After(until)
+	m, ok := c.missing[ep+" "+path]
+	return !ok || now.After(m.retry)
 }
 
-func (c *renderCaps) markMissing(ep, path string, now time.Time) {
+// markMissing records that ep answered path with status (404 or 501).
+func (c *renderCaps) markMissing(ep, path string, status int, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.missing == nil {
-		c.missing = map[string]time.Time{}
+		c.missing = map[string]missingRoute{}
 	}
-	c.missing[ep+" "+path] = now.Add(renderRetry)
+	c.missing[ep+" "+path] = missingRoute{retry: now.Add(renderRetry), status: status}
+}
+
+// served records that ep answered path: it is no longer missing.
+func (c *renderCaps) served(ep, path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.missing, ep+" "+path)
+}
+
+// missingOn returns the paths ep was last found not to serve, with the
+// status it answered.
+func (c *renderCaps) missingOn(ep string) map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out map[string]int
+	for k, m := range c.missing {
+		if p, ok := strings.CutPrefix(k, ep+" "); ok {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[p] = m.status
+		}
+	}
+	return out
+}
+
+// missingAny reports whether ep was last found not to serve path.
+func (c *renderCaps) missingAny(ep, path string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.missing[ep+" "+path]
+	return ok
 }
 
 // skip reports whether a render call to ep must not be made now: its

@@ -47,10 +47,15 @@ type Response struct {
 	// renderText: the capture compares D's first data event with the
 	// render answer's id text, which Next releases after that event.
 	renderText bool
+	// buf is a buffered stream (buffered.go): D's whole answer, written
+	// as the API's stream.
+	buf *buffered
 }
 
-// Streaming reports whether the response is an SSE stream.
-func (r *Response) Streaming() bool { return r.stream }
+// Streaming reports whether the response is an SSE stream: the decode
+// engine's, or a buffered stream's (WithDecodeMemory's BufferStreams),
+// written from the engine's whole answer.
+func (r *Response) Streaming() bool { return r.stream || r.buf != nil }
 
 // Next returns the next event of a stream as raw SSE bytes, ready to write
 // to a client, including the blank line that ends it. The slice is valid
@@ -61,6 +66,9 @@ func (r *Response) Streaming() bool { return r.stream }
 func (r *Response) Next() ([]byte, error) {
 	if r.err != nil {
 		return nil, r.err
+	}
+	if r.buf != nil {
+		return r.buf.next(r)
 	}
 	if !r.stream {
 		r.err = errors.New("kvroute: Next on a non-streaming response")
@@ -151,6 +159,9 @@ func (r *Response) streamError(err error) error {
 // once. It
 // returns the bytes written and the first error; io.EOF is not an error.
 func (r *Response) WriteTo(w io.Writer) (int64, error) {
+	if r.buf != nil {
+		return r.buf.writeTo(r, w)
+	}
 	if !r.stream {
 		n, err := w.Write(r.Body)
 		return int64(n), err
@@ -184,6 +195,9 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 // decode request is aborted, so the engine frees its blocks, and nothing
 // is retained.
 func (r *Response) Close() error {
+	if r.buf != nil {
+		r.buf.end(r)
+	}
 	if r.stream && r.err == nil {
 		r.err = ErrStreamCut
 		r.t.rec.StoreRefusal = RefuseClosedEarly

@@ -14,7 +14,11 @@ import (
 // the caller what sse.Scrub lets through: every kv_transfer_params
 // removed, at any depth; an answer that is not JSON, or holds members
 // only handles have elsewhere, fails closed.
-func (r *Response) readBody() error {
+//
+// For a buffered stream (buf), the answer must be one the API's stream can
+// be written from before anything of it is retained, and the turn ends
+// when the stream has been written.
+func (r *Response) readBody(buf *buffered) error {
 	defer r.release()
 	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
 	if err != nil {
@@ -44,6 +48,11 @@ func (r *Response) readBody() error {
 	if err != nil {
 		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: %w", errUnsafeAnswer, err)}
 	}
+	if buf != nil {
+		if err := buf.check(r, out, isObject); err != nil {
+			return err
+		}
+	}
 	r.Body = out
 	r.Header.Del("Content-Length")
 	if !isObject {
@@ -53,6 +62,11 @@ func (r *Response) readBody() error {
 		return nil
 	}
 	retain(r.t, r.in, handle, r.t.req.api.impl.bodyReply(obj), ids)
+	if buf != nil {
+		r.buf = buf
+		buf.start(r)
+		return nil
+	}
 	r.finishBody()
 	return nil
 }

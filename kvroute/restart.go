@@ -63,6 +63,7 @@ type restarts struct {
 	stats  *counters
 	log    *logger
 	reads  singleflight.Group // /metrics reads, by URL
+	forget func(url string)   // drops what turns showed of a restarted engine (learned.go)
 }
 
 // life is what the router knows of one decode engine's process.
@@ -128,6 +129,9 @@ func (r *restarts) sawEngineID(url string, handle []byte) {
 // noticed.
 func (r *restarts) restarted(url, how string) {
 	r.stats.decodeRestarts.Add(1)
+	if r.forget != nil {
+		r.forget(url) // it may run another build now
+	}
 	r.log.once(context.Background(), "restart:"+url, "kvroute: a decode engine restarted; the handles it issued before are never attached",
 		slog.String("endpoint", url), slog.String("noticed_by", how))
 }

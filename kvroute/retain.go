@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
@@ -22,6 +23,7 @@ type retainIn struct {
 	noPrefill    bool
 	decode       string
 	added, asked bool
+	streamed     bool // D's answer is a stream (not a buffered turn's body)
 }
 
 // retain stores D's handle for the next turn, or records why not: when the
@@ -78,6 +80,9 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		t.rec.StoreRefusal = RefuseRenderPending
 		return
 	}
+	if refusal == RefuseUnrendered && r.renders.caps.missingAny(t.rec.PrefillEndpoint, t.req.api.render) {
+		t.lacks(missingRenderRoute)
+	}
 	t.rec.StoreRefusal, t.rec.Stored = refusal, stored
 }
 
@@ -98,8 +103,10 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 		noDecodeHandle(t, in, reply)
 		return 0, false
 	}
-	if t.stream {
-		r.streamHandles.LoadOrStore(in.decode, struct{}{})
+	if in.streamed {
+		r.learned.sawStream(in.decode, t.req.Path, true)
+	} else {
+		r.learned.sawHandle(in.decode)
 	}
 	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
 		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
@@ -124,30 +131,32 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 }
 
 // noDecodeHandle records a decode answer without a handle: none expected
-// (the API's streams carry none, D prefilled by itself), a stock engine's
-// stream, or an engine that should have sent one.
+// (D prefilled by itself, or did not finish normally), a stream of an API
+// or engine that carries none (learned.go), or an engine that should have
+// sent one.
 func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
 	r := t.r
 	// D emits a handle when it finished normally and was sent P's (a
-	// plain request, the local fallback, gets none).
-	expected := !in.noPrefill && (reply.FinishReason == "stop" || reply.FinishReason == "length")
-	_, streamsHandles := r.streamHandles.Load(in.decode)
+	// plain request, the local fallback, gets none). A complete stream
+	// whose reply names no finish reason (Messages streams end with
+	// message_stop) finished normally.
+	normal := reply.FinishReason == "stop" || reply.FinishReason == "length"
+	expected := !in.noPrefill && normal
 	switch {
-	case t.stream && !t.req.api.streamHandles:
-		// The API's streams never carry one (vLLM's Messages): not an
-		// engine's fault, nothing to warn about.
+	case in.streamed && (in.noPrefill || !(normal || reply.FinishReason == "")):
 		t.rec.StoreRefusal = RefuseNoStreamHandle
-	case t.stream && !streamsHandles:
-		r.stats.noStreamHandle.Add(1)
-		r.noStreamHandle.Do(func() {
-			r.log.Warn("kvroute: the decode engine sends no kv_transfer_params in streams (stock vLLM); streaming turns cannot reuse KV. Use engines with PR #40186 or non-streaming requests.")
-		})
-		t.rec.StoreRefusal = RefuseNoStreamHandle
+	case in.streamed && (!t.req.api.streamHandles || r.learned.streams(in.decode, t.req.Path) != capability.Present):
+		// The API's streams never carry one (vLLM's Messages), or the
+		// engine's never did (stock vLLM without PR #40186).
+		noStreamHandle(t, in)
 	default:
 		t.rec.StoreRefusal = RefuseNoHandle
 		if expected {
 			r.stats.noDecodeHandle.Add(1)
 			t.rec.NoHandle = PhaseDecode
+			if !in.streamed {
+				t.lacks(r.learned.noHandle(in.decode, t.req.Path, PhaseDecode))
+			}
 			r.log.once(context.Background(), "no_decode_handle:"+in.decode,
 				"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
 				slog.String("endpoint", in.decode))

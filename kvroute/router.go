@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 
 	"github.com/bidikv/bidikv/retention"
@@ -39,8 +38,7 @@ type Router struct {
 	closed atomic.Bool
 	stats  counters
 
-	noStreamHandle sync.Once
-	streamHandles  sync.Map // decode endpoint URL -> struct{}: it has sent a handle in a stream
+	learned learned // what turns showed of the engines (learned.go)
 
 	bufs     buffers          // the pools every turn's buffers come from (buffers.go)
 	maxEvent sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
@@ -74,6 +72,7 @@ func New(opts ...Option) (*Router, error) {
 	if r.log.Logger == nil {
 		r.log.Logger = slog.New(slog.DiscardHandler)
 	}
+	logBuffering(&r.log, cfg.bufferStreams)
 	if err := r.connect(); err != nil {
 		return nil, err
 	}
@@ -92,7 +91,8 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
-	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log}
+	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log,
+		forget: r.learned.forget}
 	r.closers = append([]func() error{r.renders.close}, r.closers...)
 	if stop := startProbes(r.hp, r.client, cfg.apiKey, r.prefill, r.decode); stop != nil {
 		// Stop the probes before the transport's connections are closed.

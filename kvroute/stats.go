@@ -10,8 +10,11 @@ import "sync/atomic"
 type Stats struct {
 	// Stored counts handles retained for a next turn.
 	Stored int64
-	// NoStreamHandle counts streaming turns whose engine sent no handle
-	// (stock vLLM without PR #40186).
+	// NoStreamHandle counts streaming turns whose decode stream ended
+	// normally without a handle where the engine was given P's, on every
+	// API: stock vLLM without PR #40186 on chat and completions, vLLM's
+	// Messages streams always (TurnRecord.Missing "no_stream_handle";
+	// Router.Endpoints reports it per engine and API).
 	NoStreamHandle int64
 	// NoPrefillHandle counts prefill answers without a usable handle (none,
 	// one lacking the keys an engine needs, or a push-mode handle).
@@ -105,6 +108,11 @@ type Stats struct {
 	// minutes. UncheckedPrefills counts such legs whose answer carried no
 	// prompt ids to compare (engines before vLLM PR #22587).
 	RenderMismatches, UncheckedPrefills int64
+	// BufferedStreams counts streamed turns whose decode leg ran
+	// non-streaming and whose answer was written as the API's stream
+	// (WithDecodeMemory's BufferStreams; TurnRecord.Buffered, per API by
+	// its Path).
+	BufferedStreams int64
 	// AvoidedEngineTurns counts turns that kept off a prefill engine
 	// because an earlier turn of their conversation found it computing
 	// other prompt tokens than its render answered, after it had pulled
@@ -119,6 +127,7 @@ type counters struct {
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
+	buffered                                                                             atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -160,5 +169,6 @@ func (c *counters) snapshot() Stats {
 		RenderMismatches:         c.renderMismatches.Load(),
 		UncheckedPrefills:        c.uncheckedPrefills.Load(),
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
+		BufferedStreams:          c.buffered.Load(),
 	}
 }

@@ -32,6 +32,9 @@ type turn struct {
 	chose  bool
 	dSent  time.Time
 	done   bool
+	// sampling is the decode engine whose streams of the API this turn's
+	// stream shows (buffered.go), released when the turn ends.
+	sampling string
 }
 
 // begin starts a turn for req: its ids, its record, its buffers and its
@@ -126,6 +129,9 @@ func (t *turn) finish() {
 	t.done = true
 	t.rec.Total = t.since()
 	t.choice.Release()
+	if t.sampling != "" {
+		t.r.learned.unsample(t.sampling, t.req.Path)
+	}
 	if e, ok := t.proof.(interface{ end() }); ok {
 		e.end()
 	}
@@ -144,7 +150,7 @@ func (t *turn) finish() {
 // non-streaming answer arrives whole, after the last one).
 func (t *turn) observe() {
 	l := t.r.learner
-	if l == nil || !t.chose || !t.stream || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
+	if l == nil || !t.chose || !t.stream || t.rec.Buffered || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
 		return
 	}
 	first := t.rec.TTFT - t.dSent.Sub(t.start)

@@ -65,6 +65,9 @@ func (p *tokenProof) fallBack(ctx context.Context, err error) {
 	switch {
 	case errors.Is(err, errNoRenderer):
 		r.stats.tokenFallbacks.Add(1)
+		if t.req.api.render != "" {
+			t.lacks(missingRenderRoute)
+		}
 		r.log.once(ctx, "no_renderer", "kvroute: no engine serves /v1/chat/completions/render, /v1/completions/render or /tokenize for this request; reuse falls back to content verification (see WithVerification)")
 	case errors.Is(err, errRenderSkipped):
 		// Counted in Stats.RenderSkipped; the breaker or the distrust
@@ -136,6 +139,9 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 			rendered := t.bufs.rendered
 			if len(rendered) == 0 {
 				noRender(r, t.req.Path)
+				if r.renders.caps.missingAny(t.rec.PrefillEndpoint, t.req.api.render) {
+					t.lacks(missingRenderRoute)
+				}
 				return nil, nil
 			}
 			n := min(len(rendered), tokens)
@@ -144,6 +150,9 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 	}
 	if !ids.ok || tokens <= 0 {
 		r.stats.tokenFallbacks.Add(1)
+		if !ids.ok {
+			t.lacks(missingTokenIDs)
+		}
 		r.log.once(context.Background(), "no_token_ids", "kvroute: the decode engine sent no token ids (return_token_ids); such turns are retained under content rules only (see WithVerification)")
 		return nil, nil
 	}

@@ -11,7 +11,8 @@
 //
 //   node check.mjs <proxy-base-url> [--reference <engine-base-url>]
 //                  [--model NAME] [--turns N] [--api-key KEY]
-//                  [--second-key KEY] [--json]
+//                  [--second-key KEY] [--buffered] [--no-stream-handles]
+//                  [--json]
 //
 // --api-key is a key the proxy accepts (its --api-key): both SDKs send it,
 // and a wrong key must raise each SDK's AuthenticationError.
@@ -22,6 +23,21 @@
 // reuse A's KV (X-Bidikv-Reuse: miss) and A's own next turn, by the other
 // header, must hit.
 //
+// --no-stream-handles says the decode engines' chat and completions streams
+// carry no handle (stock vLLM: PR #40186 is unmerged; the simulator without
+// --stream-handles); Responses streams still do (response.completed, PR
+// #37424): streamed chat and completions turns then miss, unless --buffered
+// says the proxy runs with --decode-stream
+// buffered, which writes chat, completions and Messages answers as the
+// API's stream once complete (the SDKs' stream helpers must parse them
+// unchanged) and makes their later turns hit. On such engines the proxy
+// learns from the first chat and the first completions stream that the
+// engine's streams carry no handle: that one turn is not retained, so on a
+// proxy that has not seen such a stream yet the first streamed conversation
+// of each of these APIs hits from turn 3 (its turn 2 may hit or miss).
+// Messages streams (vLLM's never carry a handle) hit from turn 2 with
+// --buffered whatever the engines.
+//
 // --reference is one engine serving the same model without disaggregation
 // (a plain vllmsim, or one vLLM server with greedy sampling): every turn is
 // sent to it too and the texts must be equal. Without it the suite runs
@@ -29,9 +45,9 @@
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
-const usage = 'usage: node check.mjs <proxy-base-url> [--reference URL] [--model NAME] [--turns N] [--api-key KEY] [--second-key KEY] [--json]';
+const usage = 'usage: node check.mjs <proxy-base-url> [--reference URL] [--model NAME] [--turns N] [--api-key KEY] [--second-key KEY] [--buffered] [--no-stream-handles] [--json]';
 const args = process.argv.slice(2);
-const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: '', secondKey: '', json: false };
+const opt = { base: '', reference: '', model: 'sim-model', turns: 4, apiKey: '', secondKey: '', buffered: false, noStreamHandles: false, json: false };
 for (let i = 0; i < args.length; i++) {
   const a = args[i];
   const val = () => {
@@ -44,6 +60,8 @@ for (let i = 0; i < args.length; i++) {
   else if (a === '--api-key') opt.apiKey = val();
   else if (a === '--second-key') opt.secondKey = val();
   else if (a === '--json') opt.json = true;
+  else if (a === '--buffered') opt.buffered = true;
+  else if (a === '--no-stream-handles') opt.noStreamHandles = true;
   else if (a.startsWith('--')) fatal(`unknown flag ${a}\n${usage}`);
   else if (!opt.base) opt.base = a;
   else fatal(usage);
@@ -102,11 +120,28 @@ function clients(base, rec, key = opt.apiKey || 'sk-no-key-needed') {
 // --- scenarios -------------------------------------------------------------
 // Each scenario is a conversation: start() makes the state, turn(sdk, state,
 // i) sends turn i and returns { text, stream }, after appending what the
-// agent appends to its history. reuse(i) is the X-Bidikv-Reuse expected on
-// turn i ("hit" or "miss").
+// agent appends to its history. stream says the conversation streams;
+// expectReuse gives the X-Bidikv-Reuse expected on each turn.
 
-const hitsFrom2 = (i) => (i === 0 ? 'miss' : 'hit');
-const neverHits = () => 'miss';
+// expectReuse is the X-Bidikv-Reuse ("hit" or "miss") of turn i of the
+// scenario sc in run: turn 1 misses; a later one hits, unless it streams
+// and the engines' streams of its API carry no handle without the proxy
+// buffering them (see --buffered); '' (either) for the turn after the one
+// stream that may have shown the proxy the engine's streams carry none.
+function expectReuse(sc, i, run) {
+  if (i === 0) return 'miss';
+  if (!sc.stream) return 'hit';
+  const buffered = opt.buffered && sc.api !== 'responses';
+  // vLLM's Messages streams never carry a handle, its Responses streams
+  // always do (response.completed), chat and completions ones with PR #40186.
+  const handles = sc.api === 'responses' || (sc.api !== 'messages' && !opt.noStreamHandles);
+  if (!buffered && !handles) return 'miss';
+  if (buffered && !handles && sc.api !== 'messages' && run === 0 && i === 1 && firstStream(sc.api) === sc) return '';
+  return 'hit';
+}
+
+// firstStream is the first streaming scenario of api, in the order run.
+const firstStream = (api) => scenarios.find((s) => s.api === api && s.stream);
 
 const shellTool = { type: 'function', function: { name: 'shell', description: 'Runs a shell command.', parameters: { type: 'object', properties: { command: { type: 'array', items: { type: 'string' } } }, required: ['command'] } } };
 
@@ -119,7 +154,7 @@ function chatToolRound(msgs, i) {
 
 function chatStream(conv, includeUsage) {
   return {
-    name: conv, api: 'chat', reuse: hitsFrom2,
+    name: conv, api: 'chat', stream: true,
     start: () => ({ msgs: [{ role: 'system', content: SYSTEM }] }),
     async turn(sdk, st, i) {
       st.msgs.push({ role: 'user', content: ask(conv, i) });
@@ -154,7 +189,7 @@ const scenarios = [
   {
     // The assistant message is appended exactly as the SDK returned it
     // (with its null refusal, annotations, audio, function_call fields).
-    name: 'openai chat', api: 'chat', reuse: hitsFrom2,
+    name: 'openai chat', api: 'chat',
     start: () => ({ msgs: [{ role: 'system', content: SYSTEM }] }),
     async turn(sdk, st, i) {
       st.msgs.push({ role: 'user', content: ask('openai chat', i) });
@@ -174,7 +209,7 @@ const scenarios = [
   {
     // The SDK's chat stream helper, which rebuilds the completion from the
     // chunks and checks them.
-    name: 'openai chat.completions.stream helper', api: 'chat', reuse: hitsFrom2,
+    name: 'openai chat.completions.stream helper', api: 'chat', stream: true,
     start: () => ({ msgs: [{ role: 'system', content: SYSTEM }] }),
     async turn(sdk, st, i) {
       st.msgs.push({ role: 'user', content: ask('openai chat.completions.stream helper', i) });
@@ -193,7 +228,7 @@ const scenarios = [
   {
     // Tools declared, and a tool call with its result in the history of
     // every turn after the first (the simulator never calls a tool itself).
-    name: 'openai chat tools', api: 'chat', reuse: hitsFrom2,
+    name: 'openai chat tools', api: 'chat',
     start: () => ({ msgs: [{ role: 'system', content: SYSTEM }] }),
     async turn(sdk, st, i) {
       if (i > 0) chatToolRound(st.msgs, i);
@@ -206,7 +241,7 @@ const scenarios = [
     },
   },
   {
-    name: 'openai completions', api: 'completions', reuse: hitsFrom2,
+    name: 'openai completions', api: 'completions',
     start: () => ({ prompt: SYSTEM + '\n' }),
     async turn(sdk, st, i) {
       st.prompt += `Q: ${ask('openai completions', i)}\nA:`;
@@ -218,7 +253,7 @@ const scenarios = [
     },
   },
   {
-    name: 'openai completions stream', api: 'completions', reuse: hitsFrom2,
+    name: 'openai completions stream', api: 'completions', stream: true,
     start: () => ({ prompt: SYSTEM + '\n' }),
     async turn(sdk, st, i) {
       st.prompt += `Q: ${ask('openai completions stream', i)}\nA:`;
@@ -240,7 +275,7 @@ const scenarios = [
   {
     // The SDK's stream helper (which rebuilds the response from the events
     // and checks their order), the final response's output resent.
-    name: 'openai responses.stream helper', api: 'responses', reuse: hitsFrom2,
+    name: 'openai responses.stream helper', api: 'responses', stream: true,
     start: () => ({ input: [] }),
     async turn(sdk, st, i) {
       st.input.push(userItem(ask('openai responses.stream helper', i)));
@@ -257,6 +292,7 @@ const scenarios = [
   messagesScenario('anthropic messages', { stream: false }),
   messagesScenario('anthropic messages.stream', { stream: true }),
   messagesScenario('anthropic beta.messages', { stream: false, beta: true }),
+  messagesScenario('anthropic beta.messages.stream', { stream: true, beta: true }),
 ];
 
 function userItem(text) {
@@ -277,7 +313,7 @@ function responsesBody(session, input) {
 // items verbatim, then a function call and its output, then the user.
 function responsesScenario(name, stream) {
   return {
-    name, api: 'responses', reuse: hitsFrom2,
+    name, api: 'responses', stream,
     start: () => ({ input: [] }),
     async turn(sdk, st, i) {
       if (i > 0) {
@@ -318,7 +354,7 @@ function responsesScenario(name, stream) {
 function messagesScenario(name, { stream, beta }) {
   const tools = [{ name: 'Bash', description: 'Run a command.', input_schema: { type: 'object', properties: { command: { type: 'string' } }, required: ['command'] } }];
   return {
-    name, api: 'messages', reuse: stream ? neverHits : hitsFrom2, beta,
+    name, api: 'messages', stream, beta,
     start: () => ({ msgs: [] }),
     async turn(sdk, st, i) {
       const user = [{ type: 'text', text: ask(name, i) }];
@@ -336,7 +372,15 @@ function messagesScenario(name, { stream, beta }) {
       };
       let m;
       // Claude Code's path: POST /v1/messages?beta=true with anthropic-beta.
-      if (beta) m = await sdk.anthropic.beta.messages.create({ ...body, betas: ['interleaved-thinking-2025-05-14', 'fine-grained-tool-streaming-2025-05-14'] }, { query: { beta: 'true' } });
+      const betas = ['interleaved-thinking-2025-05-14', 'fine-grained-tool-streaming-2025-05-14'];
+      if (beta && stream) {
+        // Claude Code's own call: the beta stream helper.
+        const s = sdk.anthropic.beta.messages.stream({ ...body, betas }, { query: { beta: 'true' } });
+        let deltas = '';
+        s.on('text', (t) => { deltas += t; });
+        m = await s.finalMessage();
+        must(textOf(m) === deltas, 'finalMessage text equals the text deltas');
+      } else if (beta) m = await sdk.anthropic.beta.messages.create({ ...body, betas }, { query: { beta: 'true' } });
       else if (stream) {
         const s = sdk.anthropic.messages.stream(body);
         let deltas = '';
@@ -425,7 +469,7 @@ async function checkExchange(ex, sc, stream, wantReuse, run) {
   const header = ex.headers.get('x-bidikv-reuse');
   must(['hit', 'miss', 'local'].includes(header), `X-Bidikv-Reuse ${header}`);
   const reuse = header === 'local' ? 'hit' : header;
-  if (run === 0 || wantReuse === 'hit') must(reuse === wantReuse, `X-Bidikv-Reuse ${header}, want ${wantReuse}`);
+  if (wantReuse && (run === 0 || wantReuse === 'hit')) must(reuse === wantReuse, `X-Bidikv-Reuse ${header}, want ${wantReuse}`);
   return reuse;
 }
 
@@ -575,7 +619,7 @@ async function runSuite(run, ref) {
         const n = rec.log.length;
         const got = await sc.turn(sdk, st, i);
         must(rec.log.length === n + 1, `one request per turn, got ${rec.log.length - n}`);
-        const reuse = await checkExchange(rec.log.at(-1), sc, got.stream, sc.reuse(i), run);
+        const reuse = await checkExchange(rec.log.at(-1), sc, got.stream, expectReuse(sc, i, run), run);
         must(got.text.length > 0, 'non-empty text');
         if (ref) {
           const want = await sc.turn(refSdk, refSt, i);

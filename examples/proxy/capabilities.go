@@ -154,6 +154,8 @@ func (c *config) gaps(engines []engineFacts) []gap {
 		for _, a := range capability.APIs {
 			f := e.rep.StreamHandles.Get(a)
 			switch {
+			case c.buffers(a) && !f.Is(capability.Present):
+				add(gapNote, "--decode-stream engine (or buffered:API for fewer APIs) where a person watches the text appear", "--decode-stream buffered: streamed %s turns whose decode engine's streams carry no handle run their decode leg non-streaming and reach the client as the API's stream once complete: they reuse KV, and the first token arrives with the last", apiTitle(a))
 			case a == capability.Messages && f.Is(capability.Absent):
 				add(gapWarn, f.Fix, "streamed %s turns (Claude Code) are never reused: %s", apiTitle(a), f.Why)
 			case f.Is(capability.Absent) && e.rep.Handles.Get(a).Is(capability.Present):
@@ -237,6 +239,8 @@ type apiView struct {
 	// reuse and streamed: whether a non-streaming and a streaming turn can
 	// reuse KV.
 	reuse, streamed capability.State
+	// buffered: --decode-stream buffered covers the API's streams.
+	buffered bool
 	// why and fix explain the first gap of reuse, then of streamed.
 	why, fix string
 }
@@ -319,7 +323,11 @@ func (c *config) views(engines []engineFacts) []apiView {
 			gap(capability.Absent, biFact)
 		}
 		v.streamed = worst(v.reuse, v.streams)
-		if v.why == "" {
+		if v.buffered = c.buffers(a); v.buffered {
+			// Buffered streams carry the handle in the answer's body.
+			v.streamed = v.reuse
+		}
+		if v.why == "" && !c.buffers(a) {
 			for _, r := range decode {
 				if f := r.StreamHandles.Get(a); !f.Is(capability.Present) {
 					v.why, v.fix = "streams: "+f.Why, f.Fix

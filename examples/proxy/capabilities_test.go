@@ -102,3 +102,37 @@ func TestStartupCapabilities(t *testing.T) {
 		assert.Equal(t, want, p.metric(t, sample), sample)
 	}
 }
+
+// Issue 24, item 1: what turns show of the engines reaches the proxy's
+// report: after a streamed chat turn on a stock decode engine (no handle
+// in its streams), the next health round's capability line, gap warning,
+// /ready and gauge say so, with the fix.
+func TestLearnedCapabilitiesReported(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	d := cl.Decode[0].URL()
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", d, "--health-interval", "10ms")
+	waitLog(t, p, capLine, 2)
+	status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions",
+		`{"model":"sim-model","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, http.StatusOK, status, body)
+
+	waitLog(t, p, regexp.MustCompile(`msg="engine capabilities" role=decode endpoint=\S+ summary="[^"]*missing: [^"]*stream_handles_chat \(learned: a chat stream ended normally without a handle\)`), 1)
+	waitLog(t, p, regexp.MustCompile(`level=WARN msg="engines: decode engine \S+: streamed chat turns are never reused: learned: a chat stream ended normally without a handle" fix="apply vLLM PR #40186`), 1)
+	status, _, body = p.do(t, http.MethodGet, "/ready", "")
+	require.Equal(t, http.StatusOK, status)
+	var ready struct {
+		Engines []struct {
+			Role         string
+			Capabilities *capability.Report
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &ready), body)
+	require.Len(t, ready.Engines, 2)
+	for _, e := range ready.Engines {
+		if e.Role == "decode" {
+			assert.True(t, e.Capabilities.StreamHandles.Chat.Is(capability.Absent), body)
+			assert.True(t, e.Capabilities.Bidirectional.Is(capability.Unknown), "a stream without a handle does not show the transfer: %s", body)
+		}
+	}
+	assert.Equal(t, "0", p.metric(t, `bidikv_engine_capability{capability="stream_handles_chat",endpoint="`+d+`",role="decode"}`))
+}

@@ -145,12 +145,12 @@ func TestRealClients(t *testing.T) {
 		hits[api] += r.Hits
 		assert.Equal(t, 4, r.Turns, r.Scenario)
 		want := 3 // from turn 2
-		if r.Scenario == "anthropic messages.stream" {
+		if r.Scenario == "anthropic messages.stream" || r.Scenario == "anthropic beta.messages.stream" {
 			want = 0 // vLLM's Messages streams carry no handle
 		}
 		assert.Equal(t, want, r.Hits, r.Scenario)
 	}
-	assert.Equal(t, 13, conversations, out)
+	assert.Equal(t, 14, conversations, out)
 	assert.Equal(t, 8, tenants, "four APIs, each with a's key by either header and b's by the other: %s", out)
 
 	// The proxy counted the same turns and hits.
@@ -159,7 +159,7 @@ func TestRealClients(t *testing.T) {
 		"/v1/chat/completions": {"openai chat", "openai chat.completions.stream"},
 		"/v1/completions":      {"openai completions"},
 		"/v1/responses":        {"openai responses", "openai responses.stream"},
-		"/v1/messages":         {"anthropic messages", "anthropic messages.stream", "anthropic beta.messages"},
+		"/v1/messages":         {"anthropic messages", "anthropic messages.stream", "anthropic beta.messages", "anthropic beta.messages.stream"},
 	} {
 		n, h := 0, 0
 		for _, api := range sc {
@@ -192,7 +192,7 @@ func TestRealClients(t *testing.T) {
 				reasoned++
 			}
 		}
-		assert.Equal(t, 11, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
+		assert.Equal(t, 12, reasoned, "every conversation but the completions ones reasoned on every turn: %s", out)
 	})
 
 	t.Run("decode-local", func(t *testing.T) {
@@ -208,6 +208,42 @@ func TestRealClients(t *testing.T) {
 		require.Zero(t, rep.Failed, out)
 		_, page := get(t, px.url+"/metrics")
 		assert.NotEqual(t, "absent", metricValue(page, `bidikv_turns_total{path="/v1/chat/completions",result="ok",reuse="local"}`), "some turns were local")
+	})
+
+	t.Run("buffered", func(t *testing.T) {
+		// Issue 24, item 3: engines as stock vLLM serves them (no handle
+		// in any stream) and the proxy with --decode-stream buffered. The
+		// SDKs' stream helpers (OpenAI chat.completions.stream, Anthropic
+		// messages.stream and beta.messages.stream, as Claude Code calls
+		// it) parse the buffered streams unchanged, every answer is the
+		// reference engine's, and streamed chat, completions and Messages
+		// conversations reuse KV: from turn 2, except the first chat and
+		// the first completions stream, which showed the proxy the
+		// engine's streams (from turn 3). Responses streams, never
+		// buffered, carry their handle on response.completed (PR #37424).
+		t.Parallel()
+		stock := func(extra ...string) *proc {
+			return start(t, "vllmsim", simReady, append([]string{"--port", "0", "--side-channel-port", "0", "--kv-transfer-config", kvConfig}, extra...)...)
+		}
+		p, d, ref := stock("--no-enable-prefix-caching"), stock(), stock()
+		px := startProxy(t, p, d, "--decode-stream", "buffered")
+		rep, out := runClients(t, node, px.url, "--reference", ref.url, "--buffered", "--no-stream-handles")
+		require.Zero(t, rep.Failed, out)
+		hits := map[string]int{}
+		for _, r := range rep.Rows {
+			hits[r.Scenario] = r.Hits
+		}
+		for sc, want := range map[string]int{
+			"anthropic messages.stream": 3, "anthropic beta.messages.stream": 3,
+			"openai chat stream usage": 2, "openai chat stream no usage": 3, "openai chat.completions.stream helper": 3,
+			"openai completions stream": 2, "openai responses stream": 3, "anthropic messages": 3,
+		} {
+			assert.Equal(t, want, hits[sc], "%s: %s", sc, out)
+		}
+		_, page := get(t, px.url+"/metrics")
+		assert.Equal(t, "8", metricValue(page, `bidikv_buffered_streams_total{path="/v1/messages"}`), "two streamed Messages conversations of four turns")
+		assert.Equal(t, "11", metricValue(page, `bidikv_buffered_streams_total{path="/v1/chat/completions"}`), "three of four turns, and four turns twice")
+		assert.Equal(t, "3", metricValue(page, `bidikv_buffered_streams_total{path="/v1/completions"}`))
 	})
 
 	t.Run("two identical runs", func(t *testing.T) {

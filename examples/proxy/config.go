@@ -40,6 +40,8 @@ type config struct {
 	blockSize         int
 	localFallback     bool
 	decodeLocal       bool
+	bufferStreams     []string // --decode-stream buffered: the paths (decodestream.go)
+	bufferedTimeout   time.Duration
 	kvBytesPerToken   int64
 	restartCheck      time.Duration
 	renderTimeout     time.Duration
@@ -242,6 +244,7 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.IntVar(&c.blockSize, "block-size", kvroute.Defaults().Verification.BlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
+	fs.Var(decodeStream{&c.bufferStreams}, "decode-stream", "engine: streams pass through as the decode engine sends them; buffered: a streamed chat, completions or Messages turn whose decode engine's streams carry no handle (stock vLLM) decodes non-streaming and is sent as the API's stream once the answer is complete, so that later turns reuse KV: the first token arrives with the last (for headless agents); buffered:API[,API] for some APIs only (chat, completions, messages)")
 	fs.DurationVar(&c.renderTimeout, "render-timeout", kvroute.Defaults().Timeouts.Render, "budget of one render call (token verification, and the prompt fingerprint of Responses and Messages turns): a call that runs out opens that engine's render breaker, and turns go on without a render")
 	fs.DurationVar(&c.restartCheck, "restart-check", kvroute.Defaults().Health.RestartCheck, "how old the proxy's reading of a decode engine's process_start_time_seconds (GET /metrics) may be when it attaches one of the engine's handles: a handle issued before the engine restarted is never attached (0: no reads; restarts are then noticed only by a new engine id or a failure to reach the engine)")
 	fs.Int64Var(&c.kvBytesPerToken, "kv-bytes-per-token", 0, "bytes of KV per token on the decode engines, for the decode_kv_held_bytes gauge (0: unknown)")
@@ -268,6 +271,7 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.DurationVar(&c.prefillTimeout, "prefill-timeout", kvroute.Defaults().Timeouts.Prefill, "bound on the prefill leg (0: none)")
 	fs.DurationVar(&c.firstByteTimeout, "first-byte-timeout", kvroute.Defaults().Timeouts.FirstByte, "bound on the wait for the decode engine's headers (0: none)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", kvroute.Defaults().Timeouts.Idle, "bound on the gap between two decode stream reads (0: none)")
+	fs.DurationVar(&c.bufferedTimeout, "buffered-timeout", kvroute.Defaults().Timeouts.Buffered, "with --decode-stream buffered: bound on a buffered turn's wait for the decode engine's whole answer, in place of --first-byte-timeout (0: none)")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 30*time.Second, "bound on reading a client's request headers")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
 	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
@@ -464,10 +468,10 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithFailover(kvroute.Failover{LocalPrefill: c.localFallback}),
 		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers}),
 		kvroute.WithTimeouts(kvroute.Timeouts{Prefill: none(c.prefillTimeout), FirstByte: none(c.firstByteTimeout),
-			Idle: none(c.idleTimeout), Render: c.renderTimeout}),
+			Idle: none(c.idleTimeout), Render: c.renderTimeout, Buffered: none(c.bufferedTimeout)}),
 		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),
 		kvroute.WithHealth(kvroute.Health{RestartCheck: none(c.restartCheck)}),
-		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: c.decodeLocal, KVBytesPerToken: c.kvBytesPerToken}),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: c.decodeLocal, KVBytesPerToken: c.kvBytesPerToken, BufferStreams: c.bufferStreams}),
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))

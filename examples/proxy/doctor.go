@@ -264,7 +264,11 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 		if v.verifyState != capability.Present {
 			verify += " (" + mark(v.verifyState) + ")"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.api, verify, mark(v.handles), mark(v.streams), mark(v.reuse), mark(v.streamed), v.why)
+		streams := mark(v.streams)
+		if v.buffered && v.streams != capability.Present {
+			streams += " (buffered)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.api, verify, mark(v.handles), streams, mark(v.reuse), mark(v.streamed), v.why)
 	}
 	_ = tw.Flush()
 

@@ -81,6 +81,7 @@ func TestDoctorConfigurations(t *testing.T) {
 		fail     bool              // exit status 1
 		reuse    map[string]string // API: reuse/streamed
 		gaps     []string          // substrings of gaps, each with a fix
+		notGaps  []string          // substrings no gap has
 		fixes    []string
 		probe    map[string][3]int // "api mode": turns answered, reused turns, equal answers
 		verdicts string
@@ -148,6 +149,18 @@ func TestDoctorConfigurations(t *testing.T) {
 		{name: "probe: bidirectional off", both: []kvroutetest.Option{kvroutetest.WithBidirectional(false)}, args: []string{"--probe"}, fail: true,
 			gaps:  []string{"learned: the decode engine answered a request carrying P's handle without one"},
 			fixes: []string{`"kv_connector_extra_config":{"bidirectional_kv_xfer":true}`}},
+		{name: "stock streams, --decode-stream buffered", args: []string{"--decode-stream", "buffered"},
+			reuse:   all(ok + "/" + ok),
+			gaps:    []string{"--decode-stream buffered: streamed Messages turns", "--decode-stream buffered: streamed chat turns"},
+			notGaps: []string{"never reused", "PR #40186"}},
+		{name: "stock streams, --decode-stream buffered:messages", args: []string{"--decode-stream", "buffered:messages"},
+			reuse:   map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + ok},
+			gaps:    []string{"--decode-stream buffered: streamed Messages turns", "PR #40186"},
+			notGaps: []string{"streamed Messages turns (Claude Code) are never reused", "buffered: streamed chat"}},
+		{name: "probe: stock streams, --decode-stream buffered", args: []string{"--probe", "--decode-stream", "buffered"},
+			notGaps: []string{"streamed Messages turns (Claude Code) are never reused", "streamed chat turns are never reused", "streamed completions turns are never reused"},
+			probe: map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 1, 1}, "completions stream": {3, 1, 1},
+				"messages body": {3, 2, 2}, "messages stream": {3, 2, 2}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -175,6 +188,9 @@ func TestDoctorConfigurations(t *testing.T) {
 			}
 			for _, s := range tc.fixes {
 				assert.Contains(t, gapText, s)
+			}
+			for _, s := range tc.notGaps {
+				assert.NotContains(t, gapText, s)
 			}
 			for key, want := range tc.probe {
 				found := false

@@ -207,12 +207,16 @@ func learn(engines []engineFacts, a capability.API, stream bool, rec kvroute.Tur
 		return
 	}
 	switch {
-	case stream && rec.Stored:
+	case stream && rec.Buffered && rec.Stored:
+		// A buffered stream's decode leg ran non-streaming: it shows the
+		// transfer, not the engine's streams.
+		rep.Learn(capability.NameBidirectional, capability.Fact{State: capability.Present, Why: "learned: the decode engine returned a handle after a normal finish"})
+	case stream && rec.Stored && !rec.Buffered:
 		rep.Learn(capability.StreamHandlesName(a), capability.Fact{State: capability.Present, Why: "learned: a " + string(a) + " stream ended with a handle"})
 	case stream && rec.StoreRefusal == kvroute.RefuseNoStreamHandle:
 		fix := rep.StreamHandles.Get(a).Fix
 		if a == capability.Responses {
-			fix = "vLLM 0.19.0 or later (PR #37424: response.completed carries the handle), or --decode-stream buffered"
+			fix = "vLLM 0.19.0 or later (PR #37424: response.completed carries the handle; Responses streams are never buffered)"
 		}
 		rep.Learn(capability.StreamHandlesName(a), capability.Fact{State: capability.Absent,
 			Why: "learned: a " + string(a) + " stream ended normally without a handle", Fix: orFix(fix, capability.FixStreamHandles)})

@@ -370,14 +370,16 @@ func TestE2EAgents(t *testing.T) {
 		`bidikv_turns_total{path="/v1/responses",result="ok",reuse="miss"}`: "2",
 		`bidikv_turns_total{path="/v1/messages",result="ok",reuse="hit"}`:   fmt.Sprint(turns - 1),
 		`bidikv_turns_total{path="/v1/messages",result="ok",reuse="miss"}`:  fmt.Sprint(turns + 1),
-		// Messages streams: nothing to retain, and no false alarm of a
-		// decode engine that lost its handles.
-		`bidikv_store_refusals_total{reason="no_stream_handle"}`: fmt.Sprint(turns),
-		`bidikv_stream_without_handle_total`:                     "0",
-		`bidikv_decode_without_handle_total`:                     "0",
-		`bidikv_handles_stored_total`:                            fmt.Sprint(3 * turns),
-		`bidikv_token_fallbacks_total`:                           "0",
-		`bidikv_inflight_turns`:                                  "0",
+		// Messages streams: nothing to retain, counted as streams without
+		// a handle (per API under the missing capability), and no false
+		// alarm of a decode engine that lost its handles.
+		`bidikv_store_refusals_total{reason="no_stream_handle"}`:                               fmt.Sprint(turns),
+		`bidikv_stream_without_handle_total`:                                                   fmt.Sprint(turns),
+		`bidikv_missing_capability_turns_total{path="/v1/messages",reason="no_stream_handle"}`: fmt.Sprint(turns),
+		`bidikv_decode_without_handle_total`:                                                   "0",
+		`bidikv_handles_stored_total`:                                                          fmt.Sprint(3 * turns),
+		`bidikv_token_fallbacks_total`:                                                         "0",
+		`bidikv_inflight_turns`:                                                                "0",
 	} {
 		assert.Equal(t, want, metricValue(page, sample), sample)
 	}

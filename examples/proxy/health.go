@@ -46,6 +46,9 @@ type health struct {
 	// every engine's facts.
 	capOpts []capability.Option
 	onCaps  func([]engineFacts)
+	// learned returns what the router's turns showed of an engine
+	// (kvroute.EndpointStatus.Learned), laid over each probe's report.
+	learned func(role, url string) []capability.Named
 }
 
 func newHealth(client *http.Client, prefill, decode []string, timeout time.Duration, log *slog.Logger) *health {
@@ -156,6 +159,18 @@ func (h *health) refreshEngine(ctx context.Context, e *engine) bool {
 	rep, _ := capability.Refresh(ctx, h.client.Transport, ep, e.caps.Load(), h.capOpts...)
 	if ctx.Err() != nil {
 		return false
+	}
+	if h.learned != nil && rep.Reachable {
+		if fs := h.learned(e.role, e.url); len(fs) > 0 {
+			// What turns showed stays in the report until a restart
+			// (Refresh probes a restarted engine afresh, and the router
+			// forgets what it learned of it).
+			next := *rep
+			for _, n := range fs {
+				next.Learn(n.Name, n.Fact)
+			}
+			rep = &next
+		}
 	}
 	e.caps.Store(rep)
 	sum := rep.Summary()

@@ -30,6 +30,8 @@ type metrics struct {
 	refusals  *prometheus.CounterVec // reason
 	fallbacks prometheus.Counter
 	bytes     prometheus.Counter
+	missing   *prometheus.CounterVec // reason, path: turns a missing engine capability cost
+	buffered  *prometheus.CounterVec // path: buffered streams (--decode-stream buffered)
 
 	ttft      *prometheus.HistogramVec // reuse
 	prefill   *prometheus.HistogramVec // reuse
@@ -72,6 +74,12 @@ func newMetrics() *metrics {
 			[]string{"reason"}),
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "local_prefill_fallbacks_total",
 			Help: "Turns the decode engine prefilled locally because the prefill engine returned no handle."}),
+		missing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "missing_capability_turns_total",
+			Help: "Turns that reused or retained less than they could because an engine lacks a capability, by reason (no_render_route, no_stream_handle, no_api_handle, no_token_ids, no_bidirectional) and API path; /ready and bidikv-proxy doctor name the fix."},
+			[]string{"reason", "path"}),
+		buffered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "buffered_streams_total",
+			Help: "Streamed turns whose decode leg ran non-streaming and whose answer was sent as the API's stream once complete (--decode-stream buffered), by API path."},
+			[]string{"path"}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "response_bytes_total",
 			Help: "Response bytes handed to clients."}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "ttft_seconds",
@@ -104,7 +112,7 @@ func newMetrics() *metrics {
 			Help: "1 when the engine's last /health probe answered 200, else 0."},
 			[]string{"role", "endpoint"}),
 	}
-	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes,
+	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes, m.missing, m.buffered,
 		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.estimate, m.inflight, m.stalled, m.endpointUp, m.rejected,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "reuse_hit_ratio",
 			Help: "Hits (decode-local turns included) over hits and misses since start, over turns that reached lookup (rejected requests and reuse off excluded); NaN before the first."},
@@ -120,7 +128,7 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func() float64 { return float64(get(r.Stats())) })
 	}
 	m.reg.MustRegister(
-		stat("stream_without_handle_total", "Streaming turns whose decode engine sent no handle (stock vLLM without PR #40186): nothing to reuse.",
+		stat("stream_without_handle_total", "Streaming turns whose decode engine's stream ended without a handle (chat and completions without vLLM PR #40186, Messages always): nothing to reuse; per API in bidikv_missing_capability_turns_total{reason=\"no_stream_handle\"}; --decode-stream buffered avoids them.",
 			func(s kvroute.Stats) int64 { return s.NoStreamHandle }),
 		stat("prefill_without_handle_total", "Prefill answers without a usable handle.",
 			func(s kvroute.Stats) int64 { return s.NoPrefillHandle }),
@@ -323,6 +331,12 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	}
 	if rec.LocalFallback {
 		m.fallbacks.Inc()
+	}
+	if rec.Missing != "" {
+		m.missing.WithLabelValues(rec.Missing, rec.Path).Inc()
+	}
+	if rec.Buffered {
+		m.buffered.WithLabelValues(rec.Path).Inc()
 	}
 	m.bytes.Add(float64(rec.Bytes))
 	if rec.Prefill > 0 {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -78,6 +79,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		h.capOpts = append(h.capOpts, capability.WithAPIKey(cfg.upstreamAPIKey))
 	}
 	h.onCaps = cfg.warnGaps(ctx, log)
+	h.learned = routerLearned(router)
 	m.watchEngines(h)
 	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
 	if err != nil {
@@ -229,6 +231,12 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
 		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
+	if rec.Buffered {
+		attrs = append(attrs, slog.Bool("buffered", true)) // --decode-stream buffered
+	}
+	if rec.Missing != "" {
+		attrs = append(attrs, slog.String("missing", rec.Missing))
+	}
 	if rec.Err != nil {
 		if kvroute.HTTPStatus(rec.Err) >= 500 {
 			level = slog.LevelWarn
@@ -236,4 +244,21 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		attrs = append(attrs, slog.String("phase", string(rec.ErrPhase)), slog.String("err", rec.Err.Error()))
 	}
 	log.LogAttrs(ctx, level, "turn", attrs...)
+}
+
+// routerLearned returns the health loop's learned: the facts the router's
+// turns showed of the engine at url in role.
+func routerLearned(r *kvroute.Router) func(role, url string) []capability.Named {
+	return func(role, url string) []capability.Named {
+		phase := kvroute.PhaseDecode
+		if role == rolePrefill {
+			phase = kvroute.PhasePrefill
+		}
+		for _, st := range r.Endpoints(phase) {
+			if strings.TrimRight(st.URL, "/") == url {
+				return st.Learned
+			}
+		}
+		return nil
+	}
 }

@@ -399,9 +399,11 @@ func (r *Report) readMetrics(a answer) {
 
 // Fixes of the render routes' gaps.
 const (
-	fixScaleOut = "start the engine with `vllm serve ... --enable-scale-out` (vLLM 0.30 and later; " +
+	// FixScaleOut gives an engine its render routes (404 without it).
+	FixScaleOut = "start the engine with `vllm serve ... --enable-scale-out` (vLLM 0.30 and later; " +
 		"nightlies between PRs #54579 and #55176: VLLM_ENABLE_SCALE_OUT_ENDPOINTS=1)"
-	fixRenderer = "a vLLM build whose renderer serves this API (the route answers 501: NotImplementedError)"
+	// FixRenderer gives a render route that answers 501 a renderer.
+	FixRenderer = "a vLLM build whose renderer serves this API (the route answers 501: NotImplementedError)"
 )
 
 // readRender interprets a render route's answer.
@@ -420,13 +422,13 @@ func readRender(a API, ans answer, v Version, hasVersion bool) Fact {
 		default:
 			why += " (gated by VLLM_ENABLE_SCALE_OUT_ENDPOINTS on nightlies after PR #54579, or an engine older than the render API)"
 		}
-		return absent(why, fixScaleOut)
+		return absent(why, FixScaleOut)
 	case ans.status == http.StatusNotImplemented:
 		why := ans.String() + ": no renderer for this API"
 		if msg := errorMessage(ans.body); msg != "" {
 			why += " " + quote(msg)
 		}
-		return absent(why, fixRenderer)
+		return absent(why, FixRenderer)
 	}
 	return otherStatus(ans)
 }
