@@ -1,8 +1,8 @@
 #!/bin/sh
-# claudecode.sh runs Claude Code, unmodified and headless, for five turns
-# (claude -p, then claude -p --continue four times) through a bidikv proxy,
-# then the same five turns against one plain engine, and compares the
-# answers turn by turn. Both sessions use the same throw-away HOME and
+# claudecode.sh runs Claude Code, unmodified and headless, for TURNS turns
+# (default 6: claude -p, then claude -p --continue five times) through a
+# bidikv proxy, then the same turns against one plain engine, and compares
+# the answers turn by turn. Both sessions use the same throw-away HOME and
 # working directory: Claude Code's system prompt names them, so any other
 # HOME would be another prompt.
 #
@@ -16,6 +16,7 @@
 set -eu
 proxy=$1 plain=$2 model=${3:-sim-model}
 claude=${CLAUDE:-claude}
+turns=${TURNS:-6}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/project"
@@ -27,7 +28,7 @@ session() { # session BASE OUT
 			CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
 			ANTHROPIC_DEFAULT_HAIKU_MODEL="$model" ANTHROPIC_SMALL_FAST_MODEL="$model"
 		"$claude" -p "Turn 1: say hello in one sentence." --output-format json --model "$model" >"$2/1.json"
-		for i in 2 3 4 5; do
+		for i in $(seq 2 "$turns"); do
 			"$claude" -p "Turn $i: continue with one more sentence." --continue --output-format json --model "$model" >"$2/$i.json"
 		done
 	)
@@ -35,7 +36,7 @@ session() { # session BASE OUT
 session "$proxy" "$tmp/proxy"
 session "$plain" "$tmp/plain"
 equal=0
-for i in 1 2 3 4 5; do
+for i in $(seq 1 "$turns"); do
 	a=$(node -e "console.log(JSON.parse(require('fs').readFileSync('$tmp/proxy/$i.json')).result)")
 	b=$(node -e "console.log(JSON.parse(require('fs').readFileSync('$tmp/plain/$i.json')).result)")
 	if [ "$a" = "$b" ]; then
@@ -45,5 +46,5 @@ for i in 1 2 3 4 5; do
 		echo "turn $i: DIFFERS: proxy $a; plain $b"
 	fi
 done
-echo "$equal of 5 answers equal the plain run's"
-[ "$equal" = 5 ]
+echo "$equal of $turns answers equal the plain run's"
+[ "$equal" = "$turns" ]
