@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// smallFleet is a fleet of a few seconds of CPU: short prompts, a small
+// decode capacity.
+func smallFleet(t *testing.T, capacity string) fleetConfig {
+	t.Helper()
+	c, err := parseFleetFlags([]string{"--fleet", "--sessions", "12", "--window", "2m", "--max-turns", "6",
+		"--max-prompt", "20000", "--capacity", capacity, "--prefill", "1", "--decode", "2", "--timeout", "2m"}, io.Discard)
+	require.NoError(t, err)
+	return c
+}
+
+// The fleet's structural invariants: both arms run the same sessions,
+// every answer equals a single engine's, the decode engines never hold
+// more than their capacity, and every figure is printed.
+func TestFleetSmall(t *testing.T) {
+	c := smallFleet(t, "half")
+	rep, err := fleetRun(context.Background(), c, io.Discard)
+	require.NoError(t, err)
+	require.NotNil(t, rep.first)
+	assert.Positive(t, rep.demand)
+	for _, a := range []armResult{*rep.first, rep.hold, rep.managed} {
+		f := figures(a)
+		assert.Equal(t, len(a.turns), f.turns)
+		assert.Zero(t, f.wrong, a.spec.name)
+		assert.Zero(t, f.failed, a.spec.name)
+		assert.Positive(t, f.hits, a.spec.name)
+		require.NotEmpty(t, a.samples, a.spec.name)
+		for _, s := range a.samples {
+			for i := range s.used {
+				assert.LessOrEqual(t, s.held[i], s.used[i])
+				assert.LessOrEqual(t, s.used[i], a.spec.capacity, "the simulator holds no more than its capacity")
+			}
+		}
+	}
+	assert.Equal(t, len(rep.hold.turns), len(rep.managed.turns), "the same sessions")
+	var out bytes.Buffer
+	printFleet(&out, rep)
+	for _, want := range []string{"turns per second", "TTFT p50 / p95 / p99", "prompt <8k", "hit rate", "reused prompt tokens",
+		"prompt tokens recomputed", "D0 KV held: peak / mean", "D1 KV held", "held within budget", "D: requests queued / preemptions",
+		"P: requests queued / preemptions", "releases by reason", "PASS  every answer equals a single engine's"} {
+		assert.Contains(t, out.String(), want)
+	}
+	t.Log(out.String())
+	_ = kvroutetest.DefaultBlockSize
+	_ = time.Second
+}

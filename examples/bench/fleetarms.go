@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"slices"
+
+	"github.com/bidikv/bidikv/kvroute"
+)
+
+// The two arms' router options. Hold everything is the router as it was
+// before issue 23: every retained handle held on D for the TTL. Managed
+// is the router's decode memory management (kvroute.DecodeMemory).
+//
+// Until the managed mode exists, both arms run the same options.
+
+// defaultBudget is the managed arm's budget as a share of each decode
+// engine's capacity (kvroute.DecodeMemory.Budget's default).
+const defaultBudget = 0.5
+
+func decodeMemoryOptions(c fleetConfig, a armSpec) []kvroute.Option {
+	return []kvroute.Option{kvroute.WithDecodeMemory(kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken})}
+}
+
+// budgetTokens is the managed arm's budget per decode engine, in tokens;
+// 0 for hold everything.
+func budgetTokens(c fleetConfig, a armSpec) int {
+	if !a.managed {
+		return 0
+	}
+	return int(c.budget * float64(a.capacity))
+}
+
+func sortTurns(ts []fleetTurn) {
+	slices.SortFunc(ts, func(a, b fleetTurn) int {
+		if a.session != b.session {
+			return a.session - b.session
+		}
+		return a.turn - b.turn
+	})
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// release is a count of the router's releases for one reason.
+type release struct {
+	reason string
+	n      int64
+}
+
+// routerReleases are the router's releases by reason (none before the
+// managed mode).
+func routerReleases(s kvroute.Stats) []release { return nil }
