@@ -29,14 +29,14 @@ type config struct {
 	// capacity is the KV capacity of the profile's decode node, in tokens
 	// (kvroutetest.Profile.KVCapacityTokens; 0: unknown), which the peak
 	// KV held on decode is reported against
-	capacity int
-	reasoning     bool    // replies carry reasoning the template strips from history
-	verification  kvroute.VerificationMode
-	published     []published // the profile's calibration points, if any
-	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
-	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
-	pauses        []time.Duration
-	pauseJitter   float64 // think time is uniform in pause × [1-j, 1+j]
+	capacity     int
+	reasoning    bool // replies carry reasoning the template strips from history
+	verification kvroute.VerificationMode
+	published    []published // the profile's calibration points, if any
+	suffixTokens int         // > 0: each later turn adds this many new tokens (a tool result)
+	decodeLocal  bool        // with suffixTokens: the router may answer a turn on D alone
+	pauses       []time.Duration
+	pauseJitter  float64 // think time is uniform in pause × [1-j, 1+j]
 }
 
 // replyGrowth is what a turn's reply adds to the next prompt, in tokens,
