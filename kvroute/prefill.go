@@ -3,6 +3,7 @@ package kvroute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -42,12 +43,17 @@ type prefilled struct {
 }
 
 // prefill sends the prefill leg, retrying safe failures on other engines.
-// The retained handle h goes to the first attempt only: every retry is a
-// plain miss, so a consumed handle is never resent. A leg whose engine
+// The retained handle w.h, or the release handle w.rel (release.go), goes
+// to the first attempt only: every retry is a plain miss, so a consumed
+// handle is never resent. A leg whose engine
 // computed other prompt tokens than it rendered is redone once as a plain
 // miss, whatever the retry policy.
-func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefilled, error) {
+func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefilled, error) {
+	h := w.h
 	p := prefiller{t: t, f: f, h: h, tries: tr, handle: kvhandle.Miss}
+	if h.handle == nil && w.rel != nil {
+		p.handle, p.releasing, p.why = w.rel, true, w.relWhy
+	}
 	if h.handle != nil {
 		ph, err := kvhandle.ForHit(h.handle, t.r.cfg.blockSize)
 		if err != nil {
@@ -63,7 +69,7 @@ func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefille
 	p.tried = append(slices.Clone(tr.avoidP), tr.badP...) // a redone turn prefers a fresh engine
 	attempt := func(int) (time.Duration, error) { return p.attempt(ctx) }
 	err := transport.Retry(ctx, t.r.cfg.retry, attempt)
-	if errors.Is(err, errRenderMismatch) {
+	if errors.Is(err, errRenderMismatch) || errors.Is(err, errReleaseFailed) {
 		err = transport.Retry(ctx, t.r.cfg.retry, attempt)
 	}
 	if err != nil {
@@ -77,6 +83,10 @@ func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefille
 	return prefilled{handle: p.got, url: p.url, done: done, hit: p.attached}, nil
 }
 
+// errReleaseFailed: the prefill attempt that carried a release handle
+// failed; the leg is redone as a plain miss.
+var errReleaseFailed = errors.New("kvroute: the prefill leg that released a hold failed")
+
 // prefiller is one prefill phase: the handle its next attempt carries and
 // the engines tried.
 type prefiller struct {
@@ -84,8 +94,11 @@ type prefiller struct {
 	f        *found
 	h        hit
 	tries    *tries
-	handle   []byte // the retained handle, or the miss handle
+	handle   []byte // the retained handle, the release handle, or the miss handle
 	attached bool   // handle is the retained one
+	// releasing: handle releases a hold the turn does not attach (why).
+	releasing bool
+	why       releaseReason
 	tried    []string
 	got      []byte // P's handle
 	url      string // the engine that gave it
@@ -116,6 +129,10 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	if err == nil {
 		t.r.hp.succeeded(ep)
 		p.got, p.url = got, ep.url
+		if p.releasing {
+			t.r.stats.released(p.why)
+			t.rec.Released = true
+		}
 		return 0, nil
 	}
 	return p.failed(ctx, ep, err)
@@ -166,6 +183,24 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		p.tried = append(p.tried, ep.url)
 		return 0, transport.Permanent(err)
 	}
+	if p.releasing {
+		// The release handle was sent: spent whether or not P acted on it
+		// (a hold not released lapses at its TTL). The leg is redone at
+		// once as a plain miss, whatever the retry policy, so that a
+		// release never fails a turn: not counted against the engine for
+		// a 500 (a failed notification), as for a hit.
+		r.stats.releaseFailures.Add(1)
+		p.handle, p.releasing = kvhandle.Miss, false
+		if ctx.Err() == nil && unhealthy(err, true) {
+			r.hp.failed(ep, err)
+		}
+		var ue *UpstreamError
+		if ctx.Err() != nil || !(retryablePrefill(err, true) || errors.As(err, &ue) && ue.Status/100 == 4) {
+			return 0, transport.Permanent(err)
+		}
+		p.tried = append(p.tried, ep.url)
+		return 0, transport.Permanent(fmt.Errorf("%w: %w", errReleaseFailed, err))
+	}
 	if ctx.Err() == nil && unhealthy(err, p.attached) {
 		r.hp.failed(ep, err)
 	}
@@ -178,8 +213,15 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		t.miss(MissRetry)
 		p.handle, p.attached = kvhandle.Miss, false
 	}
+	return p.retry(ctx, ep, err)
+}
+
+// retry has the next attempt avoid ep, and returns what transport.Retry
+// waits for before it.
+func (p *prefiller) retry(ctx context.Context, ep *endpoint, err error) (time.Duration, error) {
+	t := p.t
 	p.tried = append(p.tried, ep.url)
-	r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
+	t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
 		slog.String("request_id", t.id), slog.String("engine_request_id", t.legs.id), slog.String("endpoint", ep.url), slog.String("err", err.Error()))
 	var ue *UpstreamError
 	errors.As(err, &ue)
