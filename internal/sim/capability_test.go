@@ -1,7 +1,6 @@
 package sim_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -43,7 +42,7 @@ func TestMetricsValues(t *testing.T) {
 
 	hold(t, p, d, idPrompt(1, 64), 17) // 5 of 8 blocks
 	assert.Equal(t, "0.625", metricLabels(t, d.url, "vllm:kv_cache_usage_perc")[""])
-	r := async(context.Background(), clk, d.url, ids(idPrompt(2, 64), 1, nil))
+	r := async(t.Context(), clk, d.url, ids(idPrompt(2, 64), 1, nil))
 	settle(t, clk, 1)
 	assert.Equal(t, 1, metric(t, d.url, "vllm:num_requests_waiting"))
 	assert.Equal(t, 0, metric(t, d.url, "vllm:num_requests_running"))
@@ -190,7 +189,7 @@ func TestContextLength(t *testing.T) {
 func TestMaxNumSeqs(t *testing.T) {
 	clk := newEventClock()
 	e := start(t, nil, clk, func(c *sim.Config) { c.MaxNumSeqs = 1; c.Profile = ms })
-	ctx := context.Background()
+	ctx := t.Context()
 	a, b := idPrompt(1, 32), idPrompt(2, 32)
 	ra := async(ctx, clk, e.url, ids(a, 4, nil))
 	settle(t, clk, 1)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,10 +50,18 @@ func ids(prompt []int, maxTokens int, kv any) map[string]any {
 
 // fetch is post without a *testing.T, for any goroutine.
 func fetch(ctx context.Context, url, path string, body any) result {
+	return fetchID(ctx, url, path, "", body)
+}
+
+// fetchID is fetch with an X-Request-Id.
+func fetchID(ctx context.Context, url, path, id string, body any) result {
 	raw, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, bytes.NewReader(raw))
 	if err != nil {
 		return result{Status: -1}
+	}
+	if id != "" {
+		req.Header.Set("X-Request-Id", id)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -63,12 +72,13 @@ func fetch(ctx context.Context, url, path string, body any) result {
 	res := result{Status: resp.StatusCode, Body: b}
 	var parsed struct {
 		Choices []struct {
-			Text string `json:"text"`
+			Text     string `json:"text"`
+			TokenIDs []int  `json:"token_ids"`
 		} `json:"choices"`
 		KV json.RawMessage `json:"kv_transfer_params"`
 	}
 	if resp.StatusCode == http.StatusOK && json.Unmarshal(b, &parsed) == nil && len(parsed.Choices) > 0 {
-		res.Text = parsed.Choices[0].Text
+		res.Text, res.TokenIDs = parsed.Choices[0].Text, parsed.Choices[0].TokenIDs
 		if string(parsed.KV) != "null" {
 			res.KV = parsed.KV
 		}
@@ -93,15 +103,23 @@ func settle(t *testing.T, clk *kvroutetest.EventClock, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	require.NoError(t, clk.AwaitBlocked(ctx, n))
+	if err := clk.AwaitBlocked(ctx, n); err != nil {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("settle: %v\n%s", err, buf[:runtime.Stack(buf, true)])
+	}
 }
 
 // run drives clk until every participant is done.
-func run(t *testing.T, clk *kvroutetest.EventClock) {
+func run(t *testing.T, clk *kvroutetest.EventClock, engines ...*node) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	require.NoError(t, clk.Run(ctx))
+	if err := clk.Run(ctx); err != nil {
+		for _, e := range engines {
+			t.Logf("%+v\n%s", e.Stats(), e.DebugQueues())
+		}
+		t.Fatalf("run: %v", err)
+	}
 }
 
 func newEventClock() *kvroutetest.EventClock {
@@ -149,7 +167,7 @@ func TestHoldPinnedRequestsWaitFCFS(t *testing.T) {
 	require.Equal(t, 5, st.UsedBlocks)
 	require.Equal(t, 8, st.TotalBlocks)
 
-	ctx := context.Background()
+	ctx := t.Context()
 	a, b := idPrompt(2, 64), idPrompt(3, 16) // 4 blocks (3 free), then 1 block
 	ra := async(ctx, clk, d.url, ids(a, 1, nil))
 	settle(t, clk, 1)
@@ -185,7 +203,7 @@ func TestPrefillWaitsForLease(t *testing.T) {
 	require.Equal(t, 4, p.Stats().BlocksPinned)
 
 	next := idPrompt(2, 64)
-	r := async(context.Background(), clk, p.url, ids(next, 1, missHandle()))
+	r := async(t.Context(), clk, p.url, ids(next, 1, missHandle()))
 	settle(t, clk, 1)
 	assert.Equal(t, 1, p.Stats().Waiting)
 	run(t, clk)
@@ -212,7 +230,7 @@ func TestPreemptsLastScheduled(t *testing.T) {
 	clk := newEventClock()
 	d := start(t, nil, clk, func(c *sim.Config) { c.NumBlocks = 8; c.Profile = ms })
 	a, b := idPrompt(1, 48), idPrompt(2, 48)
-	ctx := context.Background()
+	ctx := t.Context()
 	ra := async(ctx, clk, d.url, ids(a, 40, nil))
 	settle(t, clk, 1)
 	rb := async(ctx, clk, d.url, ids(b, 40, nil))
@@ -254,7 +272,7 @@ func TestPreemptsItselfWhenLast(t *testing.T) {
 	clk := newEventClock()
 	d := start(t, nil, clk, func(c *sim.Config) { c.NumBlocks = 6; c.Profile = ms })
 	a, b := idPrompt(1, 40), idPrompt(2, 48)
-	ctx := context.Background()
+	ctx := t.Context()
 	ra := async(ctx, clk, d.url, ids(a, 20, nil))
 	settle(t, clk, 1)
 	rb := async(ctx, clk, d.url, ids(b, 20, nil))
@@ -308,4 +326,35 @@ func metricLabels(t *testing.T, url, name string) map[string]string {
 		return out
 	}
 	return nil
+}
+
+// A hold made while a request already waits still lets it in at its TTL:
+// the waiting request is admitted when the blocks are freed, whoever held
+// them (found by FuzzScheduler: the expiry timer was armed before the new
+// hold was known).
+func TestWaitingLetInAtLaterHoldsTTL(t *testing.T) {
+	reg, clk := sim.NewRegistry(), newEventClock()
+	p := start(t, reg, clk, nil)
+	d := start(t, reg, clk, func(c *sim.Config) { c.NumBlocks = 8; c.Profile = ms })
+	x, y := idPrompt(1, 64), idPrompt(2, 100)
+	rp := post(t, p.url, sim.PathCompletions, ids(x, 1, missHandle()))
+	require.NotNil(t, rp.KV)
+	ctx := t.Context()
+	rx := async(ctx, clk, d.url, ids(x, 64, json.RawMessage(rp.KV))) // 127 positions: holds all 8 blocks when done
+	settle(t, clk, 1)
+	clk.Join()
+	ry := make(chan result, 1)
+	go func() {
+		defer clk.Leave()
+		if clk.Sleep(ctx, 10*time.Millisecond) == nil {
+			ry <- fetch(ctx, d.url, sim.PathCompletions, ids(y, 1, nil)) // 7 blocks: waits
+		}
+	}()
+	run(t, clk, p, d)
+	require.Equal(t, http.StatusOK, (<-rx).Status)
+	require.Equal(t, http.StatusOK, (<-ry).Status)
+	recX, recY := recordOf(t, d, x), recordOf(t, d, y)
+	done := recX.FirstToken + recX.Decode // X's hold starts when X finishes
+	assert.Equal(t, done+sim.DefaultConfig().DecoderBlocksTTL-10*time.Millisecond, recY.Queued)
+	assert.Equal(t, 1, d.Stats().TTLExpiries)
 }

@@ -318,8 +318,10 @@ type Record struct {
 	// the modelled recomputation of its prompt and generated tokens after
 	// them. FirstToken is the modelled time from arrival to the end of its
 	// prefill: Queued + Transfer + Prefill, and whatever preemptions cost
-	// before it. Times are on the engine's clock (real time times Speed
-	// when modelled work passes in scaled real time).
+	// before it (on an event clock or in scaled real time, what passed on
+	// the clock: a preemption may cut a prefill short). Times are on the
+	// engine's clock (real time times Speed when modelled work passes in
+	// scaled real time).
 	Queued, Requeued, Recompute, FirstToken time.Duration
 	Preemptions                             int
 
@@ -526,9 +528,13 @@ func (e *Engine) Stats() Stats {
 		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
 		s.Running += len(r.running)
 		s.Waiting += len(r.waiting) + r.loading
+		pinned := map[*block]bool{} // holds may share prefix-cached blocks
 		for _, h := range r.active {
-			s.BlocksPinned += len(h.seq.blocks)
+			for _, b := range h.seq.blocks {
+				pinned[b] = true
+			}
 		}
+		s.BlocksPinned += len(pinned)
 	}
 	return s
 }

@@ -68,6 +68,7 @@ type result struct {
 	Prompt   int
 	Complete int
 	KV       json.RawMessage
+	TokenIDs []int // choice 0's, with return_token_ids (fetch only)
 }
 
 func post(t *testing.T, url, path string, body any) result {

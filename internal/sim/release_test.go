@@ -144,7 +144,7 @@ func TestQueuedPrefillAbortedDoesNotNotify(t *testing.T) {
 	filler := post(t, p.url, sim.PathCompletions, ids(idPrompt(2, 160), 1, missHandle()))
 	require.NotNil(t, filler.KV)
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	next := append(append([]int(nil), prompt...), idPrompt(9, 40)...)
 	r := async(ctx, clk, p.url, ids(next, 1, pHandle(t, h, nil)))
 	settle(t, clk, 1)
@@ -174,7 +174,7 @@ func TestQueuedDecodeAbortedNotifiesPrefill(t *testing.T) {
 	leased, notified, out := p.Stats().BlocksPinned, p.Stats().NotifiedHolds, p.Stats().TokensPulledOut
 	require.Positive(t, leased)
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	r := async(ctx, clk, d.url, ids(next, 8, json.RawMessage(rp.KV)))
 	settle(t, clk, 1)
 	require.Equal(t, 1, d.Stats().Waiting)
@@ -204,7 +204,7 @@ func TestStaleNotifyIsHarmless(t *testing.T) {
 		require.NoError(t, err)
 		*x.out = *parsed
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	pinned := d.Stats().BlocksPinned
 	require.NoError(t, d.Notify(ctx, p1.EngineID, p1.RequestID))
 	once := d.Stats()
@@ -250,7 +250,7 @@ func TestHeartbeatKeepsPrefillLease(t *testing.T) {
 			rp := post(t, p.url, sim.PathCompletions, ids(next, 1, missHandle()))
 			require.NotNil(t, rp.KV)
 
-			ctx := context.Background()
+			ctx := t.Context()
 			r := async(ctx, clk, d.url, ids(next, 8, json.RawMessage(rp.KV)))
 			settle(t, clk, 1)
 			// At 60 s a request needs all of P's blocks: with the lease

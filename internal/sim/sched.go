@@ -80,7 +80,7 @@ func (e *Engine) admit(ctx context.Context, t *turn) error {
 	}
 	err := e.waitAdmitted(ctx, t)
 	var notify func()
-	if err != nil && t.role == RoleDecode && t.params != nil && t.params.Usable() {
+	if err != nil && t.state == stateDone && t.role == RoleDecode && t.params != nil && t.params.Usable() {
 		p := t.params
 		notify = func() {
 			if peer := e.reg.Lookup(p.Host, p.Port); peer != nil {
@@ -100,10 +100,18 @@ func (e *Engine) admit(ctx context.Context, t *turn) error {
 
 // waitAdmitted blocks t while it waits in its rank's queue (e.mu held). On
 // ctx's end it leaves the queue.
+//
+// A request let in while its client went away stays admitted (its caller
+// ends it with the blocks it was given); one still waiting leaves the
+// queue (stateDone).
 func (e *Engine) waitAdmitted(ctx context.Context, t *turn) error {
 	_, timers := e.clock.(Timer)
-	for t.state == stateQueued || t.state == statePreempted {
+	waiting := func() bool { return t.state == stateQueued || t.state == statePreempted }
+	for waiting() {
 		e.block(ctx, t, !timers)
+		if !waiting() {
+			break
+		}
 		if err := ctx.Err(); err != nil {
 			e.leaveQueue(t)
 			return err
@@ -116,7 +124,7 @@ func (e *Engine) waitAdmitted(ctx context.Context, t *turn) error {
 	if t.state == stateDead {
 		return errEngineRestarted
 	}
-	return nil
+	return ctx.Err()
 }
 
 // leaveQueue takes t out of its rank's waiting queue; e.mu held.
@@ -255,6 +263,7 @@ func (e *Engine) preempt(v *turn) {
 		}
 	}
 	v.state = statePreempted
+	v.recompute = true
 	v.rec.Preemptions++
 	v.waitFrom = e.clock.Now()
 	r.preemptions++
@@ -269,11 +278,15 @@ func (e *Engine) preempt(v *turn) {
 // resume waits until a preempted t is admitted again and recomputes what
 // it had (its prompt and the tokens generated so far, less its prefix-cache
 // hit), as often as it is preempted meanwhile. e.mu held.
+//
+// A preempted request may be let in again before its goroutine looks (the
+// blocks its preemption freed fit it again): it recomputes all the same.
 func (e *Engine) resume(ctx context.Context, t *turn) error {
-	for t.state == statePreempted {
+	for t.recompute {
 		if err := e.waitAdmitted(ctx, t); err != nil {
 			return err
 		}
+		t.recompute = false
 		t.rec.Requeued += e.elapsed(t.waitFrom)
 		n := t.sofar()
 		d := e.cfg.Profile.Prefill(n-t.hit, t.hit)
@@ -308,7 +321,14 @@ func (e *Engine) prefill(ctx context.Context, t *turn) error {
 	if err := e.resume(ctx, t); err != nil {
 		return err
 	}
-	t.rec.FirstToken = t.rec.Queued + t.rec.Transfer + t.rec.Prefill + t.rec.Requeued + t.rec.Recompute
+	switch e.mode {
+	case modeEvent, modeReal:
+		// what passed: a preemption may have cut a prefill short
+		t.rec.FirstToken = e.elapsed(t.arrived)
+	default:
+		// time passed serially, or not at all
+		t.rec.FirstToken = t.rec.Queued + t.rec.Transfer + t.rec.Prefill + t.rec.Requeued + t.rec.Recompute
+	}
 	return nil
 }
 
@@ -333,11 +353,12 @@ func (e *Engine) decode(ctx context.Context, t *turn, steps int) error {
 			k = max(min(steps, covered-t.n-j+1), 1)
 		}
 		t.phase, t.phaseAt, t.chunk = phaseDecode, e.clock.Now(), k
-		before := t.done
+		before, epoch := t.done, t.rec.Preemptions
 		if err := e.work(ctx, t, itl*time.Duration(k)); err != nil {
 			return err
 		}
-		if t.state == statePreempted {
+		if t.rec.Preemptions != epoch {
+			// the preemption counted what it generated
 			steps -= t.done - before
 			continue
 		}
@@ -381,6 +402,7 @@ func (e *Engine) work(ctx context.Context, t *turn, d time.Duration) error {
 	t.gen++
 	gen := t.gen
 	fired := false
+	epoch := t.rec.Preemptions // a preemption ends the wait, even if t is let in again at once
 	stop := e.afterWork(d, func() {
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -390,7 +412,7 @@ func (e *Engine) work(ctx context.Context, t *turn, d time.Duration) error {
 		}
 	})
 	t.stopWork = stop
-	for !fired && (t.state == stateRunning || t.state == stateLoading) && ctx.Err() == nil {
+	for !fired && t.rec.Preemptions == epoch && (t.state == stateRunning || t.state == stateLoading) && ctx.Err() == nil {
 		e.block(ctx, t, false)
 	}
 	t.stopWork = nil

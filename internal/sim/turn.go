@@ -43,6 +43,7 @@ type turn struct {
 	heartbeat func() bool // stops the heartbeat to P while it waits
 	arrived   time.Time
 	waitFrom  time.Time // when it was last preempted
+	recompute bool      // preempted: recompute what it had once let in again
 	started   bool      // admitted once: allToks and allKV are known
 	done      int       // decode steps passed (generated tokens of choice 0)
 	allToks   []uint32  // prompt and choice 0's generated tokens
@@ -351,7 +352,6 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 		e.finishTurn(t, false)
 		return nil
 	}
-	e.finishTurn(t, true)
 	now := e.clock.Now()
 	groups := make([][]int, e.groups())
 	for g := range groups {
@@ -388,6 +388,9 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 	e.stats.Holds++
 	raw, _ := json.Marshal(h)
 	t.rec.Handle = raw
+	// the hold is known before the scheduler looks: a request that waits
+	// is let in at its expiry
+	e.finishTurn(t, true)
 	return raw
 }
 

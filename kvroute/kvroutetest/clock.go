@@ -124,7 +124,11 @@ func (c *VirtualClock) stop(tm *timer) bool {
 // (a session runs until it blocks on the clock again, and only then does
 // the next one go on), so a run does not depend on the Go scheduler and
 // repeats exactly. Sessions must start blocked (Sleep until their first
-// arrival) or be started before Run. Times a client reads off the clock
+// arrival) or be started before Run. A client that gives up on a request
+// breaks the count for a moment (the engine notices in real time): let the
+// session wait until the engine has let the request go
+// (Engine.FinishedRequests) before it goes on or leaves; such a run is
+// still correct, but no longer repeats exactly. Times a client reads off the clock
 // while an answer streams may be later than the engine's: take modelled
 // figures from the engines' records (RequestRecord.FirstToken, Queued,
 // Preemptions). Safe for concurrent use.
@@ -195,11 +199,16 @@ func (c *EventClock) Unpark() (resume func()) {
 	defer c.mu.Unlock()
 	c.blocked--
 	turn := make(chan struct{})
-	if !c.running {
+	switch {
+	case c.participants <= 0:
+		// no run: nothing to take turns with
+		close(turn)
+	case !c.running:
 		c.running = true
 		close(turn)
-	} else {
+	default:
 		c.queue = append(c.queue, turn)
+		c.cond.Broadcast()
 	}
 	return func() { <-turn }
 }
@@ -260,6 +269,9 @@ func (c *EventClock) Leave() {
 	defer c.mu.Unlock()
 	c.participants--
 	c.pass()
+	if c.participants <= 0 {
+		c.passAll()
+	}
 	c.cond.Broadcast()
 }
 
@@ -321,6 +333,11 @@ func (c *EventClock) AwaitBlocked(ctx context.Context, n int) error {
 	return ctx.Err()
 }
 
+// strayGrace is how long Run lets a goroutine hold the turn to run while
+// every participant is blocked before it takes it: only a goroutine that
+// belongs to no session (a request whose client gave up) holds it longer.
+const strayGrace = 100 * time.Millisecond
+
 // ErrStalled is returned by Run when every participant is blocked and no
 // timer is left to wake any.
 var ErrStalled = errors.New("kvroutetest: event clock stalled: all participants blocked, no timer")
@@ -338,13 +355,46 @@ func (c *EventClock) Run(ctx context.Context) error {
 	defer stop()
 	for {
 		c.mu.Lock()
-		for c.participants > 0 && (c.blocked < c.participants || c.running) && ctx.Err() == nil {
+		var held time.Time // since when a goroutine holds the turn while all else waits
+		for c.participants > 0 && ctx.Err() == nil {
+			if c.blocked+len(c.queue) < c.participants {
+				held = time.Time{}
+				c.cond.Wait()
+				continue
+			}
+			if !c.running {
+				break
+			}
+			// Every participant is blocked or waits for its turn, yet a
+			// goroutine holds the turn: it is about to block, or it
+			// belongs to no session (a request whose client left, a
+			// second request of a session) and never will. After a grace
+			// period in real time, take the turn from it.
+			if held.IsZero() {
+				held = time.Now()
+				time.AfterFunc(strayGrace, func() {
+					c.mu.Lock()
+					defer c.mu.Unlock()
+					c.cond.Broadcast()
+				})
+			} else if time.Since(held) >= strayGrace {
+				c.pass()
+				held = time.Time{}
+				continue
+			}
 			c.cond.Wait()
 		}
+		c.running = false
 		participants, blocked, timers := c.participants, c.blocked, len(c.timers)
+		if participants <= 0 {
+			c.passAll()
+		}
 		c.mu.Unlock()
 		switch {
 		case ctx.Err() != nil:
+			c.mu.Lock()
+			c.passAll()
+			c.mu.Unlock()
 			return ctx.Err()
 		case participants <= 0:
 			return nil
@@ -353,6 +403,15 @@ func (c *EventClock) Run(ctx context.Context) error {
 		}
 		c.Fire()
 	}
+}
+
+// passAll lets every woken goroutine go on; c.mu held.
+func (c *EventClock) passAll() {
+	for _, turn := range c.queue {
+		close(turn)
+	}
+	c.queue = nil
+	c.running = false
 }
 
 func later(a, b time.Time) time.Time {
