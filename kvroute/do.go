@@ -30,9 +30,9 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 		return nil, t.fail(PhaseLookup, err)
 	}
 	lctx, endLookup := t.trace.phase(ctx, PhaseLookup, "")
-	f := lookup(lctx, t)            // lookup.go: the handle the request continues, taken from the Store
-	h := verify(lctx, t, &f)        // verify.go: attached (cut to its verified prefix), or put back
-	w := choosePath(lctx, t, &f, h) // path.go: pull, decode-local or recompute
+	f := lookup(lctx, t)                      // lookup.go: the handle the request continues, taken from the Store
+	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back
+	w := choosePath(lctx, t, &f, h)           // path.go: pull, decode-local or recompute
 	w.rel, w.relWhy = release(lctx, t, &f, w) // release.go: a handle not attached, released or put back
 	endLookup(nil)
 	tr := tries{badP: f.avoid}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"time"
 
@@ -99,9 +100,9 @@ type prefiller struct {
 	// releasing: handle releases a hold the turn does not attach (why).
 	releasing bool
 	why       releaseReason
-	tried    []string
-	got      []byte // P's handle
-	url      string // the engine that gave it
+	tried     []string
+	got       []byte // P's handle
+	url       string // the engine that gave it
 }
 
 // attempt is one attempt of transport.Retry.
@@ -183,25 +184,30 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		p.tried = append(p.tried, ep.url)
 		return 0, transport.Permanent(err)
 	}
-	if p.releasing {
+	released := p.releasing
+	if released {
 		// The release handle was sent: spent whether or not P acted on it
-		// (a hold not released lapses at its TTL). The leg is redone at
-		// once as a plain miss, whatever the retry policy, so that a
-		// release never fails a turn: not counted against the engine for
-		// a 500 (a failed notification), as for a hit.
+		// (a hold not released lapses at its TTL). The leg goes on as a
+		// plain miss. A failure a plain miss would also have met (a
+		// connection failure, 502/503/504) is retried by the retry policy
+		// as any; one only the handle can explain (another 5xx: P's
+		// notification to D failed; a 4xx about it) is redone at once on
+		// another engine, whatever the policy, so that a release never
+		// fails a turn. A 500 is not counted against the engine, as for a
+		// hit.
 		r.stats.releaseFailures.Add(1)
 		p.handle, p.releasing = kvhandle.Miss, false
-		if ctx.Err() == nil && unhealthy(err, true) {
-			r.hp.failed(ep, err)
-		}
 		var ue *UpstreamError
-		if ctx.Err() != nil || !(retryablePrefill(err, true) || errors.As(err, &ue) && ue.Status/100 == 4) {
-			return 0, transport.Permanent(err)
+		if ctx.Err() == nil && !retryablePrefill(err, false) && errors.As(err, &ue) && ue.Status != 0 &&
+			(ue.Status >= 500 || ue.Status/100 == 4 && ue.Status != http.StatusTooManyRequests) && !errors.Is(err, ErrNoHandle) {
+			if unhealthy(err, true) {
+				r.hp.failed(ep, err)
+			}
+			p.tried = append(p.tried, ep.url)
+			return 0, transport.Permanent(fmt.Errorf("%w: %w", errReleaseFailed, err))
 		}
-		p.tried = append(p.tried, ep.url)
-		return 0, transport.Permanent(fmt.Errorf("%w: %w", errReleaseFailed, err))
 	}
-	if ctx.Err() == nil && unhealthy(err, p.attached) {
+	if ctx.Err() == nil && unhealthy(err, p.attached || released) {
 		r.hp.failed(ep, err)
 	}
 	if ctx.Err() != nil || !retryablePrefill(err, p.attached) {

@@ -35,6 +35,7 @@ import (
 type pressure struct {
 	mu          sync.Mutex
 	at          time.Time // when it was read (router clock); zero: never
+	tried       time.Time // when a read last began: a failed one waits the interval too
 	capacity    int64     // KV tokens; 0 unknown
 	blockSize   int
 	usage       float64 // 0 to 1; -1 unknown
@@ -67,9 +68,13 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 	p := &e.mem
 	p.mu.Lock()
 	at, usage, waiting, preempted, capacity, heldThen := p.at, p.usage, p.waiting, p.preempted, p.capacity, p.held
+	last := at
+	if p.tried.After(last) {
+		last = p.tried
+	}
 	p.mu.Unlock()
-	if m.cfg.interval > 0 && (at.IsZero() || now.Sub(at) >= m.cfg.interval || now.Before(at)) {
-		m.refresh(e)
+	if m.cfg.interval > 0 && (last.IsZero() || now.Sub(last) >= m.cfg.interval || now.Before(last)) {
+		m.refresh(e, now)
 	}
 	if at.IsZero() {
 		return
@@ -84,10 +89,13 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 }
 
 // refresh reads e's /metrics in the background, unless a read is running.
-func (m *decodeMemory) refresh(e *endpoint) {
+func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
 	if m.cfg.interval < 0 || !e.mem.reading.CompareAndSwap(false, true) {
 		return
 	}
+	e.mem.mu.Lock()
+	e.mem.tried = now
+	e.mem.mu.Unlock()
 	if !m.bg.run(func(ctx context.Context) {
 		defer e.mem.reading.Store(false)
 		m.read(ctx, e)

@@ -206,13 +206,26 @@ func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
 	return err
 }
 
-// saw records a reading of ep's process_start_time_seconds made at now
-// for its pressure (pressure.go): one read serves both. Nothing is
-// recorded when the restart check is off.
+// saw records the process_start_time_seconds a pressure reading of ep's
+// /metrics (pressure.go) found at now. It can only tell a restart sooner:
+// a start other than the one known is recorded as the restart check's
+// own reading would record it; it does not count as the check's reading
+// (the check still reads before it attaches a handle when its own reading
+// is older than WithHealth's RestartCheck), so that a background reading
+// never makes a handle attachable that the check alone would not.
 func (r *restarts) saw(ep *endpoint, now, start time.Time) {
-	if r.maxAge > 0 {
-		r.record(ep, now, start, true)
+	if r.maxAge <= 0 {
+		return
 	}
+	l := &ep.life
+	l.mu.Lock()
+	if now.Before(l.checked) || start.Equal(l.start) || l.start.IsZero() {
+		l.mu.Unlock()
+		return // older than the check's reading, nothing new, or nothing to compare with
+	}
+	l.start = start
+	l.mu.Unlock()
+	r.restarted(ep.url, "process_start_time_seconds")
 }
 
 // record records a successful read of ep's /metrics made at now, which
