@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -72,6 +73,7 @@ type config struct {
 	blockSize                                                    int
 	decodeLocal                                                  bool
 	kvBytesPerToken                                              int64
+	memory                                                       memoryConfig
 
 	errs []error
 }
@@ -98,6 +100,8 @@ func Defaults() Settings {
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
 		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
+		DecodeMemory: DecodeMemory{Budget: budget.DefaultFraction, HighWatermark: defaultHighWatermark,
+			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases},
 	}
 }
 
