@@ -11,15 +11,18 @@ import (
 // The two arms' router options. Hold everything is the router as it was
 // before issue 23: every retained handle held on D for the TTL. Managed
 // is the router's decode memory management (kvroute.DecodeMemory).
-//
-// Until the managed mode exists, both arms run the same options.
 
 // defaultBudget is the managed arm's budget as a share of each decode
 // engine's capacity (kvroute.DecodeMemory.Budget's default).
 const defaultBudget = 0.5
 
 func decodeMemoryOptions(c fleetConfig, a armSpec) []kvroute.Option {
-	return []kvroute.Option{kvroute.WithDecodeMemory(kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken})}
+	m := kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken, Budget: -1}
+	if a.managed {
+		// the engines report their capacity on /metrics
+		m.Budget = c.budget
+	}
+	return []kvroute.Option{kvroute.WithDecodeMemory(m)}
 }
 
 // budgetTokens is the managed arm's budget per decode engine, in tokens;
@@ -48,6 +51,15 @@ type release struct {
 	n      int64
 }
 
-// routerReleases are the router's releases by reason (none before the
-// managed mode).
-func routerReleases(s kvroute.Stats) []release { return nil }
+// routerReleases are the router's releases by reason, and their
+// failures.
+func routerReleases(s kvroute.Stats) []release {
+	var out []release
+	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
+		{"budget", s.ReleasedBudget}, {"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
+		if r.n > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}

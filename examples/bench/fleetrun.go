@@ -13,6 +13,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // fleetEpoch is where every arm's event clock starts.
@@ -126,8 +127,13 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		r.byURL[e.URL()] = e
 	}
 	r.obs = &turnObserver{recs: map[string]kvroute.TurnRecord{}}
+	rt, err := transport.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, rt.CloseIdleConnections)
 	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
-		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs)}
+		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk})}
 	opts = append(opts, decodeMemoryOptions(c, a)...)
 	router, err := kvroute.New(opts...)
 	if err != nil {
