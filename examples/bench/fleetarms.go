@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/retention/budget"
 )
 
 // The two arms' router options. Hold everything is the router as it was
@@ -16,13 +17,31 @@ import (
 // engine's capacity (kvroute.DecodeMemory.Budget's default).
 const defaultBudget = 0.5
 
-func decodeMemoryOptions(c fleetConfig, a armSpec) []kvroute.Option {
+// decodeMemory is an arm's decode memory options, and the managed arm's
+// ledger (nil for hold everything).
+func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budget, error) {
 	m := kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken, Budget: -1}
-	if a.managed {
-		// the engines report their capacity on /metrics
-		m.Budget = c.budget
+	if !a.managed {
+		return m, nil, nil
 	}
-	return []kvroute.Option{kvroute.WithDecodeMemory(m)}
+	// The budget and the capacity as an operator gives them, in a ledger
+	// of the bench's own (to settle on, and to report the gap model it
+	// learned).
+	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
+	if err != nil {
+		return m, nil, err
+	}
+	m.Budget, m.Ledger = 0, ledger
+	// No /metrics reads: the router makes them in the background in real
+	// time, beside the event clock, which would make the run unrepeatable
+	// (--metrics turns them on).
+	if !c.metrics {
+		m.MetricsInterval = -1
+	}
+	// Every release request at once: a release waiting for a slot would
+	// take its handle while no session waits for it.
+	m.Releases = 1 << 20
+	return m, ledger, nil
 }
 
 // budgetTokens is the managed arm's budget per decode engine, in tokens;

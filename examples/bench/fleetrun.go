@@ -13,6 +13,8 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -65,17 +67,24 @@ type armResult struct {
 	router       kvroute.Stats
 	elapsed      time.Duration // first arrival to the last answer, virtual
 	budgetTokens int           // the managed arm's budget per engine, 0 when none
+	unsettled    int           // turns whose releases did not settle (settle)
+	gaps         budget.Snapshot
 	real         time.Duration
 }
 
 // fleetRig is one arm's engines, router and clock.
 type fleetRig struct {
-	clk     *kvroutetest.EventClock
-	p, d    []*kvroutetest.Engine
-	byURL   map[string]*kvroutetest.Engine
-	router  *kvroute.Router
-	obs     *turnObserver
-	closers []func()
+	clk    *kvroutetest.EventClock
+	p, d   []*kvroutetest.Engine
+	byURL  map[string]*kvroutetest.Engine
+	router *kvroute.Router
+	obs    *turnObserver
+	// ledger is the managed arm's ledger (nil for hold everything) and
+	// takes the releases' Takes (settle)
+	ledger    *budget.Budget
+	takes     atomic.Int64
+	unsettled atomic.Int64 // turns whose releases did not settle in time
+	closers   []func()
 }
 
 func (r *fleetRig) close() {
@@ -132,9 +141,20 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, rt.CloseIdleConnections)
+	store, err := retention.NewMemory()
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { _ = store.Close() })
 	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
-		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk})}
-	opts = append(opts, decodeMemoryOptions(c, a)...)
+		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk}),
+		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
+	mem, ledger, err := decodeMemory(c, a)
+	if err != nil {
+		return nil, err
+	}
+	r.ledger = ledger
+	opts = append(opts, kvroute.WithDecodeMemory(mem))
 	router, err := kvroute.New(opts...)
 	if err != nil {
 		return nil, err
@@ -196,6 +216,10 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	res.elapsed = rig.clk.Now().Sub(fleetEpoch)
 	res.prefill, res.decode = counters(rig.p), counters(rig.d)
 	res.router = rig.router.Stats()
+	res.unsettled = int(rig.unsettled.Load())
+	if rig.ledger != nil {
+		res.gaps = rig.ledger.Snapshot(rig.clk.Now(), kvroutetest.DefaultDecoderBlocksTTL)
+	}
 	res.real = time.Since(start)
 	sortTurns(res.turns)
 	return res, nil
@@ -238,6 +262,9 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
 		}
 		s.hear(reply)
+		if !rig.settle() {
+			rig.unsettled.Add(1)
+		}
 		if err := rig.clk.Sleep(ctx, tp.pause); err != nil {
 			return out, err
 		}
@@ -258,7 +285,7 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 		return ft, "", err
 	}
 	id := fmt.Sprintf("s%04d-t%02d", s.plan.id, t)
-	req := httptest.NewRequestWithContext(ctx, http.MethodPost, kvroute.PathChatCompletions, bytesReader(body))
+	req := httptest.NewRequestWithContext(markSession(ctx), http.MethodPost, kvroute.PathChatCompletions, bytesReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", id)
 	w := httptest.NewRecorder()
