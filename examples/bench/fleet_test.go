@@ -5,19 +5,16 @@ import (
 	"context"
 	"io"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
 // smallFleet is a fleet of a few seconds of CPU: short prompts, a small
 // decode capacity.
-func smallFleet(t *testing.T, capacity string) fleetConfig {
+func smallFleet(t *testing.T, capacity, sessions string) fleetConfig {
 	t.Helper()
-	c, err := parseFleetFlags([]string{"--fleet", "--sessions", "12", "--window", "2m", "--max-turns", "6",
+	c, err := parseFleetFlags([]string{"--fleet", "--sessions", sessions, "--window", "1m", "--max-turns", "5",
 		"--max-prompt", "20000", "--capacity", capacity, "--prefill", "1", "--decode", "2", "--timeout", "2m"}, io.Discard)
 	require.NoError(t, err)
 	return c
@@ -27,7 +24,7 @@ func smallFleet(t *testing.T, capacity string) fleetConfig {
 // every answer equals a single engine's, the decode engines never hold
 // more than their capacity, and every figure is printed.
 func TestFleetSmall(t *testing.T) {
-	c := smallFleet(t, "half")
+	c := smallFleet(t, "half", "8")
 	rep, err := fleetRun(context.Background(), c, io.Discard)
 	require.NoError(t, err)
 	require.NotNil(t, rep.first)
@@ -55,6 +52,22 @@ func TestFleetSmall(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	t.Log(out.String())
-	_ = kvroutetest.DefaultBlockSize
-	_ = time.Second
+}
+
+// A fleet run repeats exactly for a seed: both arms print the same figures
+// twice (the event clock, the releases joining it, no background metrics
+// reads).
+func TestFleetRepeats(t *testing.T) {
+	c := smallFleet(t, "20672", "5")
+	var outs [2]string
+	for i := range outs {
+		rep, err := fleetRun(context.Background(), c, io.Discard)
+		require.NoError(t, err)
+		assert.Zero(t, rep.managed.unsettled)
+		var out bytes.Buffer
+		printFleet(&out, rep)
+		outs[i] = out.String()
+	}
+	assert.Equal(t, outs[0], outs[1])
+	assert.Contains(t, outs[0], "releases by reason (router)")
 }

@@ -137,6 +137,7 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	row("P: requests queued / preemptions", fmt.Sprintf("%d / %d", h.pQueued, h.pPreempt), fmt.Sprintf("%d / %d", m.pQueued, m.pPreempt))
 	row("releases by reason (router)", releasesString(rep.hold), releasesString(rep.managed))
 	tw.Flush()
+	printGapModel(w, rep.managed)
 	fmt.Fprintln(w, "TTFT is modelled: the router's render call and prefill leg (P's queue, pull and prefill) and D's time to its first token (its queue, read of P's blocks, preemptions, first step).")
 	fmt.Fprintln(w, "KV held: D's blocks pinned for holds (vLLM's decoder_kv_blocks_ttl), sampled every", c.sample, "of modelled time; recomputed: prompt tokens P computed rather than pulled.")
 	return printTargets(w, rep, h, m)
@@ -231,4 +232,17 @@ func releasesString(a armResult) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// printGapModel prints the pauses between turns the managed arm's ledger
+// learned, and the turns whose releases did not settle in time.
+func printGapModel(w io.Writer, a armResult) {
+	if len(a.gaps.Classes) > 0 {
+		g := a.gaps.Classes[0]
+		fmt.Fprintf(w, "managed: gap model learned online: next turn within %v %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f observations)\n",
+			a.gaps.Horizon, g.Return, g.P50.Seconds(), g.P90.Seconds(), g.P99.Seconds(), g.Observations)
+	}
+	if a.unsettled > 0 {
+		fmt.Fprintf(w, "managed: %d turns' releases did not join the clock within %v of real time: the run may not repeat exactly\n", a.unsettled, settleWait)
+	}
 }

@@ -215,6 +215,9 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	res.samples = append(res.samples, sample(rig))
 	res.elapsed = rig.clk.Now().Sub(fleetEpoch)
 	res.prefill, res.decode = counters(rig.p), counters(rig.d)
+	// Close waits for the router's background work: a release whose
+	// request has answered counts its outcome after it left the clock.
+	_ = rig.router.Close()
 	res.router = rig.router.Stats()
 	res.unsettled = int(rig.unsettled.Load())
 	if rig.ledger != nil {
