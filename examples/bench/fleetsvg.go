@@ -11,7 +11,7 @@ import (
 // arms, with the capacity and the managed arm's budget) and the TTFT
 // distribution (right, both arms, on a log scale).
 const (
-	fsvgW, fsvgH = 1100, 480
+	fsvgW, fsvgH = 1100, 530
 	fpanelW      = 430
 	fpanelH      = 300
 	fleftX       = 80
