@@ -443,7 +443,7 @@ func TestHeldAgainstCapacity(t *testing.T) {
 			var out bytes.Buffer
 			s.print(&out)
 			s.printPauses(&out)
-			assert.Contains(t, out.String(), "of one decode node's capacity ("+s.heldString(p.KVCapacityTokens)+")", name)
+			assert.Contains(t, out.String(), "of one "+name+" decode node's KV capacity, "+s.capacityString(), name)
 			assert.Equal(t, tt.over, strings.Contains(out.String(), "OVER CAPACITY: the holds alone exceed"), "%s peak %d", name, tt.peak)
 			assert.Equal(t, tt.over, strings.Contains(out.String(), s.heldString(tt.peak)+" OVER CAPACITY"), "%s pause table", name)
 		}

@@ -387,8 +387,20 @@ func (s summary) heldOfCapacity(tokens int) string {
 	if s.capacity <= 0 {
 		return s.heldString(tokens)
 	}
-	return fmt.Sprintf("%s, %.0f%% of one decode node's capacity (%s)", s.heldString(tokens),
-		100*float64(tokens)/float64(s.capacity), s.heldString(s.capacity))
+	return fmt.Sprintf("%s: %.0f%% of one %s decode node's KV capacity, %s", s.heldString(tokens),
+		100*float64(tokens)/float64(s.capacity), s.profile, s.capacityString())
+}
+
+// capacityString is the decode node's KV capacity in tokens and bytes.
+func (s summary) capacityString() string {
+	if s.capacity < 1_000_000 {
+		return s.heldString(s.capacity)
+	}
+	str := fmt.Sprintf("%.2fM tok", float64(s.capacity)/1e6)
+	if s.kvBytes > 0 {
+		str += fmt.Sprintf(" (%.1f GiB)", float64(s.capacity)*s.kvBytes/(1<<30))
+	}
+	return str
 }
 
 // overCapacity reports tokens above the decode node's KV capacity.
