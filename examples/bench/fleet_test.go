@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/xml"
+	"errors"
 	"io"
 	"testing"
 
@@ -52,6 +54,20 @@ func TestFleetSmall(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	t.Log(out.String())
+
+	var svg bytes.Buffer
+	require.NoError(t, writeFleetSVG(&svg, rep))
+	dec := xml.NewDecoder(bytes.NewReader(svg.Bytes()))
+	for {
+		_, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "the chart is well-formed XML")
+	}
+	for _, want := range []string{"KV held on the decode engines", "TTFT distribution", "hold everything: held", "managed budget"} {
+		assert.Contains(t, svg.String(), want)
+	}
 }
 
 // A fleet run repeats exactly for a seed: both arms print the same figures

@@ -29,9 +29,17 @@ func writeFleetSVG(w io.Writer, rep fleetReport) error {
 	doc.text(fleftX, 42, `fill="#555"`, fmt.Sprintf("Decode capacity %s tokens per engine (%.0f GiB); managed budget %.0f%% of it. Seed %d; modelled time on an event clock.",
 		ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken), 100*c.budget, c.seed))
 	arms := []armResult{rep.hold, rep.managed}
-	names := []string{"hold everything", "managed"}
+	heldPanel(doc, rep, arms)
+	ttftPanel(doc, arms)
+	return doc.close()
+}
 
-	// KV held over time, summed over the decode engines.
+var armNames = [2]string{"hold everything", "managed"}
+
+// heldPanel draws the KV held over time, summed over the decode engines.
+func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult) {
+	c := rep.cfg
+	names := armNames
 	maxT, maxV := 1.0, float64(rep.capacity*c.decode)
 	for _, a := range arms {
 		for _, s := range a.samples {
@@ -70,8 +78,12 @@ func writeFleetSVG(w io.Writer, rep fleetReport) error {
 		doc.text(float64(left.x+left.w), left.Y(by)-4, `text-anchor="end" font-size="10"`, "managed budget")
 	}
 	doc.legend(fleftX, ftopY+fpanelH+50, ss)
+}
 
-	// TTFT distribution: the share of turns whose TTFT is at most x.
+// ttftPanel draws the TTFT distribution: the share of turns whose TTFT is
+// at most x, on a log scale.
+func ttftPanel(doc *svgDoc, arms []armResult) {
+	names := armNames
 	lo, hi := 100.0, 1000.0 // ms
 	for _, a := range arms {
 		for _, t := range a.turns {
@@ -103,5 +115,4 @@ func writeFleetSVG(w io.Writer, rep fleetReport) error {
 		doc.line(right, s)
 	}
 	doc.legend(frightX, ftopY+fpanelH+50, cdfs)
-	return doc.close()
 }
