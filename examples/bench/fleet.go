@@ -119,6 +119,13 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	return reportFleet(stdout, rep)
+}
+
+// reportFleet prints the run and writes its chart; with --check, a FAIL
+// is an error (the command exits non-zero).
+func reportFleet(stdout io.Writer, rep fleetReport) error {
+	c := rep.cfg
 	fails := printFleet(stdout, rep)
 	if c.svg != "" {
 		f, err := os.Create(c.svg)

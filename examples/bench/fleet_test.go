@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,6 +56,23 @@ func TestFleetSmall(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	t.Log(out.String())
+
+	// a FAIL is an error only with --check
+	fails := printFleet(io.Discard, rep)
+	rep.cfg.svg = filepath.Join(t.TempDir(), "fleet.svg")
+	require.NoError(t, reportFleet(io.Discard, rep))
+	assert.FileExists(t, rep.cfg.svg)
+	rep.cfg.check = true
+	if err := reportFleet(io.Discard, rep); fails > 0 {
+		assert.ErrorContains(t, err, "targets FAILed")
+	} else {
+		assert.NoError(t, err)
+	}
+	rep.managed.turns[0].wrong = true // a wrong answer is a FAIL
+	assert.Equal(t, fails+1, printFleet(io.Discard, rep))
+	assert.ErrorContains(t, reportFleet(io.Discard, rep), fmt.Sprintf("%d targets FAILed", fails+1))
+	rep.managed.turns[0].wrong = false
+	rep.cfg.svg = ""
 
 	var svg bytes.Buffer
 	require.NoError(t, writeFleetSVG(&svg, rep))
