@@ -121,6 +121,7 @@ func TestReleaseThroughPrefillLeg(t *testing.T) {
 			conv := tc.first()
 			reply := releaseTurn(t, url, conv.path, conv.body(), tc.header)
 			require.True(t, rec.last().Stored, "turn 1 retained nothing: %s", rec.last().StoreRefusal)
+			knowCapacity(t, r)
 			held := d.Stats()
 			require.Positive(t, held.UsedBlocks, "D holds turn 1's blocks")
 			pBefore := len(roleRecords(p, "prefill"))
@@ -143,6 +144,24 @@ func TestReleaseThroughPrefillLeg(t *testing.T) {
 			assert.Zero(t, after.WrongOutputs)
 		})
 	}
+}
+
+// knowCapacity waits, boundedly, until r has read every decode engine's KV
+// capacity from its /metrics (in the background, after the first turn
+// that considered it): the management applies from then on.
+func knowCapacity(t *testing.T, r *kvroute.Router) {
+	t.Helper()
+	for range 5000 {
+		known := true
+		for _, d := range r.DecodeKV() {
+			known = known && d.Capacity > 0
+		}
+		if known {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the decode engines' capacity was never read")
 }
 
 // releaseTurn sends one turn, checks its answer against a single engine's
@@ -174,6 +193,7 @@ func TestReleaseFailureLapsesAtTTL(t *testing.T) {
 			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 			conv.say(userText(1))
 			reply := releaseTurn(t, url, conv.path, conv.body(), nil)
+			knowCapacity(t, r)
 			held := d.Stats()
 			for _, p := range c.Prefill {
 				p.FailNext(1, status)
@@ -208,6 +228,7 @@ func TestReleaseSkipsRestartedEngine(t *testing.T) {
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	conv.say(userText(1))
 	conv.hear(releaseTurn(t, url, conv.path, conv.body(), nil))
+	knowCapacity(t, r)
 	c.Decode[0].Restart()
 	conv.say(userText(2))
 	releaseTurn(t, url, conv.path, conv.body(), nil)
