@@ -64,8 +64,11 @@ func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReas
 		// Dropped as before unless it may still be held and releasing it
 		// cannot fail the leg for what the router knows of the engine.
 		why = releaseUnusable
-		if f.age >= r.cfg.decoderTTL || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil ||
-			!r.restarts.fresh(&f.e, r.mem.cfg.interval) {
+		if f.age >= r.cfg.decoderTTL || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			return nil, 0
+		}
+		if r.restarts.restartedSince(&f.e) {
+			r.stats.releaseSkipped.Add(1)
 			return nil, 0
 		}
 	default:

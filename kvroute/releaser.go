@@ -124,7 +124,7 @@ func (rl *releaser) take(ctx context.Context, key string) (entry.Entry, bool) {
 // outcome.
 func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) {
 	st := rl.mem.stats
-	if rl.restarted(&e) {
+	if rl.mem.restarts.restartedSince(&e) {
 		st.releaseSkipped.Add(1)
 		return
 	}
@@ -204,21 +204,6 @@ func (rl *releaser) pick() *endpoint {
 		}
 	}
 	return best
-}
-
-// restarted reports whether what the router already knows, without
-// asking, says e's decode engine restarted since e was made: its blocks
-// are gone, a release is pointless.
-func (rl *releaser) restarted(e *entry.Entry) bool {
-	ep := rl.decode.find(e.Endpoint)
-	if ep == nil {
-		return false
-	}
-	l := &ep.life
-	id := baseEngineID(kvhandle.EngineID(e.Handle))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))
 }
 
 // apiCode is the code an entry keeps of the API its turn was served on:

@@ -301,27 +301,18 @@ func (r *restarts) noStartMetric(url string) {
 		slog.String("endpoint", url))
 }
 
-// fresh reports whether the router knows, without asking, that e's decode
-// engine has not restarted since e was made: a successful reading of its
-// process_start_time_seconds no older than the restart check's interval
-// (or interval, when longer), no failure to reach it since, a start
-// before e, and no other engine id in its handles.
-func (r *restarts) fresh(e *entry.Entry, interval time.Duration) bool {
+// restartedSince reports whether what the router already knows, without
+// asking, says e's decode engine restarted since e was made (another
+// engine id in its handles, or a process start after e): its blocks are
+// gone, a release is pointless (Stats.ReleaseSkipped).
+func (r *restarts) restartedSince(e *entry.Entry) bool {
 	ep := r.decode.find(e.Endpoint)
-	if ep == nil || r.maxAge <= 0 {
+	if ep == nil {
 		return false
 	}
-	now := r.clock()
-	id := baseEngineID(kvhandle.EngineID(e.Handle))
 	l := &ep.life
+	id := baseEngineID(kvhandle.EngineID(e.Handle))
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.engineID != "" && id != "" && id != l.engineID,
-		l.checked.IsZero() || l.unread || l.start.IsZero() || l.gap.After(l.checked),
-		now.Sub(l.checked) >= max(r.maxAge, interval),
-		e.Created.Before(l.start):
-		return false
-	}
-	return true
+	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))
 }
