@@ -117,6 +117,7 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	row("", "hold everything", "managed")
 	row("turns answered (failed)", fmt.Sprintf("%d (%d)", h.turns-h.failed, h.failed), fmt.Sprintf("%d (%d)", m.turns-m.failed, m.failed))
 	row("wrong answers", fmt.Sprint(h.wrong), fmt.Sprint(m.wrong))
+	row("modelled time to the last answer", rep.hold.elapsed.Round(time.Second).String(), rep.managed.elapsed.Round(time.Second).String())
 	row("turns per second (modelled)", fmt.Sprintf("%.3f", h.turnsPerSec), fmt.Sprintf("%.3f", m.turnsPerSec))
 	row("TTFT p50 / p95 / p99", ttftString(h.ttft), ttftString(m.ttft))
 	for i, b := range ctxBuckets {
@@ -164,9 +165,8 @@ func printFleetPlan(w io.Writer, rep fleetReport) {
 			over50++
 		}
 	}
-	fmt.Fprintf(w, "Fleet: %d agent sessions (seed %d) arriving over %s, %d turns (%.1f a session), %dP%dD %s engines, %s of modelled time per arm\n",
-		len(rep.plan), c.seed, c.window, turns, float64(turns)/float64(len(rep.plan)), c.prefill, c.decode, c.profileName,
-		rep.hold.elapsed.Round(time.Second))
+	fmt.Fprintf(w, "Fleet: %d agent sessions (seed %d) arriving over %s, %d turns (%.1f a session), %dP%dD %s engines\n",
+		len(rep.plan), c.seed, c.window, turns, float64(turns)/float64(len(rep.plan)), c.prefill, c.decode, c.profileName)
 	fmt.Fprintf(w, "pauses between turns: p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f%% after a tool call); %d sessions reach 50k+ tokens (longest %s)\n",
 		percentile(pauses, 50), percentile(pauses, 90), percentile(pauses, 99), 100*float64(tools)/float64(max(turns, 1)), over50, ktok(maxP))
 }
