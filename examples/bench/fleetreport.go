@@ -74,12 +74,14 @@ func figures(a armResult) armFigures {
 	for i := range n {
 		f.heldMean[i] = sums[i] / max(len(a.samples), 1)
 	}
+	engineWrong := 0 // the engines' own count of outputs that differ from Reference
 	for _, e := range a.decode {
 		f.dQueued += e.queued
 		f.dPreempt += e.preemptions
 		f.dRecomp += e.recomputed
-		f.wrong = max(f.wrong, e.wrong) // the engines' own count of outputs that differ from Reference
+		engineWrong += e.wrong
 	}
+	f.wrong = max(f.wrong, engineWrong)
 	for _, e := range a.prefill {
 		f.pQueued += e.queued
 		f.pPreempt += e.preemptions
