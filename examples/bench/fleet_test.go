@@ -9,6 +9,7 @@ import (
 	"io"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,7 +20,7 @@ import (
 func smallFleet(t *testing.T, capacity, sessions string) fleetConfig {
 	t.Helper()
 	c, err := parseFleetFlags([]string{"--fleet", "--sessions", sessions, "--window", "1m", "--max-turns", "5",
-		"--max-prompt", "20000", "--capacity", capacity, "--prefill", "1", "--decode", "2", "--timeout", "2m"}, io.Discard)
+		"--max-prompt", "20000", "--capacity", capacity, "--prefill", "1", "--decode", "2", "--timeout", "8m"}, io.Discard)
 	require.NoError(t, err)
 	return c
 }
@@ -105,4 +106,13 @@ func TestFleetRepeats(t *testing.T) {
 	}
 	assert.Equal(t, outs[0], outs[1])
 	assert.Contains(t, outs[0], "releases by reason (router)")
+}
+
+// A run that outlives its time limit ends with an error, its sessions
+// stopped (no goroutine left behind, no race on the results).
+func TestFleetTimeout(t *testing.T) {
+	c := smallFleet(t, "20672", "4")
+	c.timeout = 50 * time.Millisecond
+	_, err := fleetRun(context.Background(), c, io.Discard)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }

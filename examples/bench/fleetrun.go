@@ -180,10 +180,13 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	var mu sync.Mutex
 	var failed error
 	var left atomic.Int64
+	var wg sync.WaitGroup
 	left.Store(int64(len(plan)))
 	for _, sp := range plan {
 		rig.clk.Join()
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			defer rig.clk.Leave()
 			defer left.Add(-1)
 			turns, err := runSession(ctx, c, rig, sp)
@@ -197,7 +200,9 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	}
 	// the sampler: a participant that reads every decode engine's KV
 	rig.clk.Join()
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		defer rig.clk.Leave()
 		for left.Load() > 0 {
 			res.samples = append(res.samples, sample(rig))
@@ -206,11 +211,17 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 			}
 		}
 	}()
-	if err := rig.clk.Run(ctx); err != nil {
-		return res, fmt.Errorf("%s: %w", a.name, err)
+	err = rig.clk.Run(ctx)
+	if err != nil {
+		// the sessions end as their requests and sleeps see ctx done
+		cancel()
+	}
+	wg.Wait()
+	if err != nil {
+		return armResult{}, fmt.Errorf("%s: %w", a.name, err)
 	}
 	if failed != nil {
-		return res, fmt.Errorf("%s: %w", a.name, failed)
+		return armResult{}, fmt.Errorf("%s: %w", a.name, failed)
 	}
 	res.samples = append(res.samples, sample(rig))
 	res.elapsed = rig.clk.Now().Sub(fleetEpoch)
