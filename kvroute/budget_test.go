@@ -3,6 +3,7 @@ package kvroute_test
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
 )
 
 // budgetBlocks is the decode engine's KV capacity in the budget tests: 64
@@ -265,4 +267,34 @@ func countHits(rec *recorder) int {
 		}
 	}
 	return n
+}
+
+// DecodeMemory's management fields are validated by New, each error
+// naming the option and the field.
+func TestDecodeMemoryOptions(t *testing.T) {
+	l, err := budget.New()
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		m     kvroute.DecodeMemory
+		field string
+	}{
+		{kvroute.DecodeMemory{Budget: 1.5}, "Budget"},
+		{kvroute.DecodeMemory{Budget: math.NaN()}, "Budget"},
+		{kvroute.DecodeMemory{HighWatermark: 2}, "HighWatermark"},
+		{kvroute.DecodeMemory{Capacity: -1}, "Capacity"},
+		{kvroute.DecodeMemory{Releases: -1}, "Releases"},
+		{kvroute.DecodeMemory{Ledger: l, Budget: 0.3}, "Ledger"},
+	} {
+		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(tc.m))
+		require.Error(t, err, "%+v", tc.m)
+		assert.Nil(t, r)
+		assert.ErrorIs(t, err, kvroute.ErrInvalidConfig)
+		assert.Contains(t, err.Error(), "WithDecodeMemory")
+		assert.Contains(t, err.Error(), tc.field)
+	}
+	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1}, {Ledger: l}} {
+		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(m))
+		require.NoError(t, err, "%+v", m)
+		require.NoError(t, r.Close())
+	}
 }
