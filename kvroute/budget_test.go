@@ -298,3 +298,52 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		require.NoError(t, r.Close())
 	}
 }
+
+// Issue 23.3: the router feeds the ledger's gap model from what it sees:
+// every turn that continues a retained handle (attached or not) is an
+// observation of the pause since that handle's turn ended, with the
+// conversation's turn number and whether the reply ended in tool calls,
+// per tenant and model. The model reports it (Ledger.Snapshot).
+func TestGapModelLearnsFromTurns(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk))
+	l, err := budget.New()
+	require.NoError(t, err)
+	r := newRouter(t, c, kvroute.WithDecodeMemory(kvroute.DecodeMemory{Ledger: l}))
+	srv := serve(t, r)
+	const gap = 40 * time.Second
+	for i := range 4 {
+		h := http.Header{"Authorization": {fmt.Sprintf("Bearer key-%d", i%2)}}
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+		for turn := range 3 {
+			conv.say(fmt.Sprintf("Conversation %d. %s", i, userText(turn)))
+			conv.hear(releaseTurn(t, srv, conv.path, conv.body(), h))
+			clk.Advance(gap)
+		}
+	}
+	s := l.Stats()
+	assert.EqualValues(t, 8, s.Returned, "two returns in each of four conversations")
+	snap := l.Snapshot(clk.Now(), 2*time.Minute)
+	require.GreaterOrEqual(t, len(snap.Classes), 3, "overall, then one class per tenant")
+	all := snap.Classes[0]
+	assert.Empty(t, all.Class)
+	assert.InDelta(t, 8, all.Returns, 0.5)
+	assert.InDelta(t, gap.Seconds(), all.P50.Seconds(), gap.Seconds()/2, "the learned median pause")
+	for _, cl := range snap.Classes[1:] {
+		assert.Contains(t, cl.Class, kvroutetest.DefaultModel, "classes are tenant and model")
+		assert.NotContains(t, cl.Class, "key-", "no credential in a class")
+	}
+	// The second turns were learned as such: the first turn group saw 4
+	// returns, the second 4.
+	var first, second float64
+	for _, f := range all.Within {
+		switch f.FirstTurn {
+		case 1:
+			first += f.Observations
+		case 2:
+			second += f.Observations
+		}
+	}
+	assert.Positive(t, first)
+	assert.Positive(t, second, "turn numbers are kept from turn to turn")
+}
