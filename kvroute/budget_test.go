@@ -347,3 +347,20 @@ func TestGapModelLearnsFromTurns(t *testing.T) {
 	assert.Positive(t, first)
 	assert.Positive(t, second, "turn numbers are kept from turn to turn")
 }
+
+// BenchmarkTurnMemory is BenchmarkTurn with decode memory management off
+// (Budget -1: hold everything) and on with a known capacity the holds
+// never fill (the ledger, the pressure and the release phase on every
+// turn, nothing released).
+func BenchmarkTurnMemory(b *testing.B) {
+	for _, m := range []struct {
+		name string
+		dm   kvroute.DecodeMemory
+	}{{"off", kvroute.DecodeMemory{Budget: -1}}, {"on", kvroute.DecodeMemory{Capacity: 1 << 40}}} {
+		for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
+			b.Run(fmt.Sprintf("%s/%s/hist=10KB", m.name, mode), func(b *testing.B) {
+				benchmarkTurn(b, mode, 10<<10, kvroute.WithDecodeMemory(m.dm))
+			})
+		}
+	}
+}
