@@ -216,6 +216,14 @@
 // it. A decode-local leg that fails before any byte reached the client
 // runs again as a plain miss (Stats.LocalFailures).
 //
+// # Decode memory
+//
+// vLLM's decode engines pin every finished request's blocks for 480 s;
+// WithDecodeMemory manages that memory as a budget (README, "Decode
+// memory"): a handle a turn replaces is released by its own prefill leg
+// (TurnRecord.Released); over Budget × an engine's capacity, the holds
+// least likely to be used are released in the background.
+//
 // # Embedding
 //
 // A Router is an http.Handler for POST /v1/chat/completions,

@@ -65,7 +65,7 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	m.bg.ctx, m.bg.cancel = context.WithCancel(context.Background())
 	m.rel = releaser{mem: m, store: r.handles.store, prefill: r.prefill, decode: r.decode, bufs: &r.bufs.bytes,
 		blockSize: c.blockSize, timeout: c.prefillTimeout, sem: make(chan struct{}, max(c.memory.releases, 1)),
-		queued: map[string]bool{}}
+		running: map[string]bool{}, again: map[string]bool{}}
 	return m, nil
 }
 

@@ -107,11 +107,14 @@ func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
 // read reads e's /metrics once and records what it tells.
 func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 	now := m.clock()
+	// The ledger's holds before the engine is asked: those retained
+	// while it answers are counted on top of its usage (press), perhaps
+	// twice, never missed.
+	held, _ := m.ledger.Held(e.url, now)
 	em, err := m.fetch(ctx, e)
 	if err != nil {
 		return // the reading stays as it was; the next turn tries again
 	}
-	held, _ := m.ledger.Held(e.url, now)
 	p := &e.mem
 	p.mu.Lock()
 	p.at, p.held = now, held

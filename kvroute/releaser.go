@@ -16,6 +16,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -59,34 +60,58 @@ type releaser struct {
 	timeout   time.Duration // WithTimeouts' Prefill
 	sem       chan struct{} // release requests in flight
 	mu        sync.Mutex
-	queued    map[string]bool // engines nudged whose victims are not yet chosen
+	// running: engines whose holds a goroutine is releasing; again: the
+	// engine went over its budget again meanwhile. One goroutine per
+	// engine at most, however slow the release requests.
+	running, again map[string]bool
 }
 
 // nudge has the holds over engine's budget released, in the background.
 func (rl *releaser) nudge(engine string) {
 	rl.mu.Lock()
 	defer rl.mu.Unlock()
-	if rl.queued[engine] {
+	if rl.running[engine] {
+		rl.again[engine] = true
 		return
 	}
 	if rl.mem.bg.run(func(ctx context.Context) { rl.run(ctx, engine) }) {
-		rl.queued[engine] = true
+		rl.running[engine] = true
 	}
 }
 
 // run releases the holds the ledger chooses on engine, least value first,
-// until it fits its budget.
+// until it fits its budget, and again while nudges came meanwhile.
 func (rl *releaser) run(ctx context.Context, engine string) {
-	rl.mu.Lock()
-	delete(rl.queued, engine)
-	rl.mu.Unlock()
+	defer func() {
+		rl.mu.Lock()
+		delete(rl.running, engine)
+		delete(rl.again, engine)
+		rl.mu.Unlock()
+	}()
+	for {
+		if !rl.release(ctx, engine) {
+			return
+		}
+		rl.mu.Lock()
+		again := rl.again[engine]
+		delete(rl.again, engine)
+		rl.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+// release sends the release requests of the holds over engine's budget
+// now, bounded by DecodeMemory's Releases; false once the work stops.
+func (rl *releaser) release(ctx context.Context, engine string) bool {
 	for _, v := range rl.mem.ledger.Victims(engine, 0, rl.mem.clock()) {
 		select {
 		case rl.sem <- struct{}{}:
 		case <-ctx.Done():
-			return
+			return false
 		}
-		e, ok := rl.take(ctx, v.Key)
+		e, ok := rl.take(ctx, v)
 		if !ok {
 			<-rl.sem
 			continue
@@ -96,25 +121,36 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 			rl.send(ctx, e, releaseBudget)
 		}) {
 			<-rl.sem
-			return
+			return false
 		}
 	}
+	return true
 }
 
 // take takes key's entry from the Store for its release: ok is false
 // when it is gone (another router's turn or release took it, it expired,
 // the Store failed), and then nothing is released.
-func (rl *releaser) take(ctx context.Context, key string) (entry.Entry, bool) {
+func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, bool) {
 	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	v, ok, err := rl.store.Take(sctx, key)
+	val, ok, err := rl.store.Take(sctx, v.Key)
 	if err != nil || !ok {
 		rl.mem.stats.releaseGone.Add(1)
 		return entry.Entry{}, false
 	}
-	e, err := entry.Decode(v, nil)
+	e, err := entry.Decode(val, nil)
 	if err != nil {
 		rl.mem.stats.releaseFailures.Add(1)
+		return entry.Entry{}, false
+	}
+	if e.Endpoint != v.Engine || e.Created.After(v.Created) {
+		// A later hold under the key, stored by another router sharing
+		// the store (this one's would have replaced the victim in its
+		// ledger): not this router's to release. It goes back as taken.
+		if left := rl.mem.ttl - rl.mem.clock().Sub(e.Created); left > 0 {
+			_ = rl.store.Put(sctx, v.Key, e.Raw, left)
+		}
+		rl.mem.stats.releaseGone.Add(1)
 		return entry.Entry{}, false
 	}
 	return e, true

@@ -85,10 +85,11 @@ func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { r
 //
 // Decode: the affinity endpoint when there is one, it has fewer than
 // MaxInFlight requests open and it is not crowded (Candidate.Crowded: its
-// KV memory above WithDecodeMemory's HighWatermark, or preempting);
-// otherwise the candidate with the fewest in-flight requests per unit of
-// weight among those not crowded (all of them when every one is), ties
-// broken by fewer waiting requests, then by rotating the starting point. Prefill: the less loaded of two candidates drawn at random
+// KV memory at or above WithDecodeMemory's HighWatermark, or preempting)
+// unless every candidate is; otherwise the candidate with the fewest
+// in-flight requests per unit of weight among those not crowded (all of
+// them when every one is), ties broken by fewer waiting requests, then
+// lower KV usage, then by rotating the starting point. Prefill: the less loaded of two candidates drawn at random
 // (power of two choices), which spreads load without herding onto the one
 // engine that looked idle. With HashHints, a leg without affinity whose
 // request carries a conversation hint goes to the candidate the hint hashes
@@ -110,7 +111,8 @@ type LeastLoaded struct {
 // Select implements Selector.
 func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 	if s.Affinity != "" {
-		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 && l.under(s.Candidates[i]) && !s.Candidates[i].Crowded {
+		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 && l.under(s.Candidates[i]) &&
+			(!s.Candidates[i].Crowded || !roomy(s.Candidates)) {
 			return i, nil
 		}
 	}
@@ -142,6 +144,11 @@ func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 	return best, nil
 }
 
+// roomy reports whether some candidate is not crowded.
+func roomy(cs []Candidate) bool {
+	return slices.ContainsFunc(cs, func(c Candidate) bool { return !c.Crowded })
+}
+
 func (l *LeastLoaded) under(c Candidate) bool {
 	return l.MaxInFlight <= 0 || c.InFlight < l.MaxInFlight
 }
@@ -153,7 +160,13 @@ func lighter(a, b Candidate) bool {
 		return !a.Crowded
 	}
 	x, y := int64(a.InFlight)*int64(weight(b)), int64(b.InFlight)*int64(weight(a))
-	return x < y || (x == y && a.Waiting < b.Waiting)
+	if x != y {
+		return x < y
+	}
+	if a.Waiting != b.Waiting {
+		return a.Waiting < b.Waiting
+	}
+	return a.KVUsage < b.KVUsage
 }
 
 func weight(c Candidate) int {
