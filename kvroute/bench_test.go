@@ -65,7 +65,7 @@ func BenchmarkTurn(b *testing.B) {
 	}
 }
 
-func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int) {
+func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int, opts ...kvroute.Option) {
 	var p, d string
 	if mode == kvroute.VerifyTokens {
 		te := newTokenEngines(b)
@@ -83,8 +83,8 @@ func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int) {
 	}
 	var last kvroute.TurnRecord
 	// Do calls the Observer on this goroutine, inside WriteTo.
-	r := benchRouter(b, p, d, kvroute.WithVerification(kvroute.Verification{Mode: mode}),
-		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
+	r := benchRouter(b, p, d, append([]kvroute.Option{kvroute.WithVerification(kvroute.Verification{Mode: mode}),
+		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec }))}, opts...)...)
 	var conv *benchConv
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

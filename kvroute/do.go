@@ -19,7 +19,7 @@ import (
 // The turn is a sequence of phases, each in its own file, each handing the
 // next its result (ARCHITECTURE.md draws it):
 //
-//	read → lookup → verify → choose the path → prefill → decode (→ retain)
+//	read → lookup → verify → choose the path → release → prefill → decode (→ retain)
 func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	t := r.begin(req)
 	ctx = t.trace.start(ctx, req)
@@ -30,12 +30,13 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 		return nil, t.fail(PhaseLookup, err)
 	}
 	lctx, endLookup := t.trace.phase(ctx, PhaseLookup, "")
-	f := lookup(lctx, t)            // lookup.go: the handle the request continues, taken from the Store
-	h := verify(lctx, t, &f)        // verify.go: attached (cut to its verified prefix), or put back
-	w := choosePath(lctx, t, &f, h) // path.go: pull, decode-local or recompute
+	f := lookup(lctx, t)                      // lookup.go: the handle the request continues, taken from the Store
+	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back
+	w := choosePath(lctx, t, &f, h)           // path.go: pull, decode-local or recompute
+	w.rel, w.relWhy = release(lctx, t, &f, w) // release.go: a handle not attached, released or put back
 	endLookup(nil)
 	tr := tries{badP: f.avoid}
-	in := retainIn{cands: f.cands}
+	in := retainIn{cands: f.cands, turn: f.turn}
 	if w.local != nil {
 		in.decodeLocal = true
 		resp, err := decodeLocal(ctx, t, w.local, &tr, in) // decode.go
@@ -51,7 +52,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 		in.decodeLocal = false
 	}
 	for {
-		p, err := prefill(ctx, t, &f, w.h, &tr) // prefill.go
+		p, err := prefill(ctx, t, &f, w, &tr) // prefill.go
 		if err != nil {
 			return nil, t.fail(PhasePrefill, err)
 		}
@@ -74,7 +75,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 			r.stats.hitRetries.Add(1)
 			t.miss(MissRetry)
 		}
-		w.h = hit{}
+		w.h, w.rel = hit{}, nil
 		tr.avoidP = append(tr.avoidP, p.url)
 	}
 }

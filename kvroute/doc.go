@@ -221,6 +221,11 @@
 // verification mode, where it would never send a turn decode-local. A decode-local leg that fails before any byte reached the client
 // runs again as a plain miss (Stats.LocalFailures).
 //
+// # Decode memory
+//
+// vLLM pins every finished decode request's blocks for 480 s; DecodeMemory
+// manages them as a budget (README, "Decode memory"; TurnRecord.Released).
+//
 // # Embedding
 //
 // A Router is an http.Handler for POST /v1/chat/completions,
@@ -302,10 +307,8 @@
 //     the context carries none).
 //   - ConversationHint: Selection.Hint, which carries it.
 //   - MaxRequestIDBytes (128), ExpiryGuard (5 s), DefaultRetryAfter (1 s),
-//     MaxRetryAfter (5 min), DefaultMaxReplyBytes (1 MiB),
-//     DefaultReasoningCloseTag ("</think>"), DefaultAffinityMaxInFlight
-//     (64), RefuseFinishPrefix ("finish_"): unexported; the documentation
-//     of what they bound states their values.
+//     MaxRetryAfter (5 min), DefaultMaxReplyBytes (1 MiB), RefuseFinishPrefix,
+//     DefaultReasoningCloseTag, DefaultAffinityMaxInFlight (64): unexported.
 //   - Reply, Capture and the token-id helpers of package sse: moved into
 //     kvroute (Reply is kvroute.Reply).
 //
@@ -317,10 +320,10 @@
 // the phase, the endpoint and the status; what the client reads names the
 // phase and the status, never the endpoint), 503 with Retry-After
 // (RetryAfter: the engine's own, else defaultRetryAfter) when an engine
-// answered 503 or 429 or no endpoint is available, 504 on a timeout. A prefill leg that fails on a connection
-// error or with 502/503/504 is retried on another engine with backoff (see
-// Failure paths). Once a stream has started,
-// an error can only end it: ServeHTTP writes the API's error event
+// answered 503 or 429 or no endpoint is available, 504 on a timeout. A
+// prefill leg that fails on a connection error or with 502/503/504 is
+// retried on another engine with backoff (see Failure paths). Once a stream
+// has started, an error can only end it: ServeHTTP writes the API's error event
 // (Response.ErrorEvent; API.StreamErrorShape: data: {"error":{...}} for chat
 // and completions; event: error with {"type":"error","code","message",
 // "param","sequence_number"} for Responses; Anthropic's event: error for
@@ -347,9 +350,9 @@
 // takes the lighter of two random engines. With LeastLoaded.HashHints a
 // conversation hint pins turns without affinity by rendezvous hashing; a
 // hint never unlocks a handle. Endpoints carry a data-parallel rank
-// (X-Data-Parallel-Rank) and a weight (WithEndpoints,
-// WithEndpoints) and can be replaced at run time with SetEndpoints
-// (package transport/discovery does so from DNS): a removed endpoint gets no new leg,
+// (X-Data-Parallel-Rank) and a weight (WithEndpoints) and can be replaced
+// at run time with SetEndpoints (package transport/discovery does so from
+// DNS): a removed endpoint gets no new leg,
 // turns already on it finish, and a retained handle of a removed decode
 // endpoint is not attached (MissEndpointGone) but left to expire.
 // WithHealth's ejection ejects an endpoint after consecutive failures for an
@@ -493,6 +496,5 @@
 //
 // # Concurrency
 //
-// A Router is safe for concurrent use. Close stops its background work;
-// turns in flight finish.
+// A Router is safe for concurrent use. Close stops its background work.
 package kvroute

@@ -21,7 +21,8 @@ type endpoint struct {
 	phase    Phase
 	inflight atomic.Int64
 	health   health
-	life     life // a decode engine's process (restart.go)
+	life     life     // a decode engine's process (restart.go)
+	mem      pressure // a decode engine's memory pressure (pressure.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]
@@ -59,6 +60,9 @@ func (e *endpoint) pathURL(path string) (*url.URL, error) {
 type pool struct {
 	phase Phase
 	hp    *healthPolicy
+	// press fills a decode candidate's pressure (decodeMemory.press); nil
+	// for prefill, and when decode memory management is off.
+	press func(e *endpoint, c *Candidate)
 	mu    sync.Mutex // serialises set
 	eps   atomic.Pointer[[]*endpoint]
 }
@@ -150,6 +154,9 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 				continue
 			}
 			cands = append(cands, Candidate{URL: e.url, InFlight: int(e.inflight.Load()), Weight: e.ep.Weight, Rank: e.ep.Rank, Healthy: healthy})
+			if p.press != nil {
+				p.press(e, &cands[len(cands)-1])
+			}
 			eps = append(eps, e)
 		}
 		if len(cands) > 0 {

@@ -1,19 +1,18 @@
 package kvroute
 
 import (
-	"hash/maphash"
-	"math"
 	"slices"
-	"sync"
 	"time"
 )
 
 // DecodeKV is the KV one decode engine holds for the live handles this
-// Router retained: stored, not yet attached to a prefill request, and not
-// past the retention TTL. It is the memory the retention TTL trades against
-// the hit rate. A handle the Store dropped early (evicted, or replaced by a
-// later turn of the same conversation) is counted until its TTL; other
-// Router replicas' handles are not counted.
+// Router retained (stored, not yet attached to a prefill request nor
+// released, and not past the retention TTL), with its budget and the
+// pressure the router last read (WithDecodeMemory). It is the memory the
+// retention TTL trades against the hit rate. A handle the Store dropped
+// early (evicted, or replaced by a later turn of the same conversation)
+// is counted until its TTL; other Router replicas' handles are not
+// counted.
 type DecodeKV struct {
 	// Endpoint is the decode endpoint (its URL).
 	Endpoint string
@@ -23,128 +22,26 @@ type DecodeKV struct {
 	Tokens int64
 	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
-}
-
-// kvLedger mirrors the Store's live handles: for each store key, where its
-// blocks are, how many tokens, until when. It holds 16 bytes per handle in
-// a map keyed by a 64-bit hash of the store key (the key itself, about 70
-// bytes, is not kept): two keys with the same hash, about one chance in
-// 10^9 among 100,000 live handles, share one record, which makes DecodeKV
-// count one handle too few until it expires.
-//
-// Each put looks at a few records (a random run of the map, as Go's map
-// iteration starts anywhere) and drops those expired, so that no turn pays
-// for a walk of every record; DecodeKV walks them all and drops every
-// expired one.
-type kvLedger struct {
-	mu    sync.Mutex
-	seed  maphash.Seed
-	m     map[uint64]heldKV
-	eps   []string          // interned decode endpoints, by heldKV.ep
-	refs  []int             // records per interned endpoint
-	epIdx map[string]uint32 // endpoint -> index in eps
-	puts  int               // since the endpoints were last re-interned
-}
-
-type heldKV struct {
-	expires int64 // UnixNano
-	tokens  uint32
-	ep      uint32
-}
-
-func (l *kvLedger) hash(key string) uint64 { return maphash.String(l.seed, key) }
-
-func (l *kvLedger) put(key, ep string, tokens int, expires, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.m == nil {
-		l.seed = maphash.MakeSeed()
-		l.m = map[uint64]heldKV{}
-		l.epIdx = map[string]uint32{}
-	}
-	i, ok := l.epIdx[ep]
-	if !ok {
-		i = uint32(len(l.eps))
-		l.eps = append(l.eps, ep)
-		l.refs = append(l.refs, 0)
-		l.epIdx[ep] = i
-	}
-	h, exp := l.hash(key), expires.UnixNano()
-	if old, ok := l.m[h]; ok {
-		l.refs[old.ep]--
-	}
-	l.m[h] = heldKV{expires: exp, tokens: uint32(min(tokens, math.MaxUint32)), ep: i}
-	l.refs[i]++
-	l.sweep(now.UnixNano(), sweepPerPut)
-	if l.puts++; l.puts >= 4096 && len(l.eps) > 64 {
-		l.puts = 0
-		l.reintern()
-	}
-}
-
-func (l *kvLedger) take(key string) {
-	l.mu.Lock()
-	if l.m != nil {
-		l.drop(l.hash(key))
-	}
-	l.mu.Unlock()
-}
-
-// sweepPerPut is how many records a put looks at for expired ones: at
-// 100,000 live handles and 1,000 puts a second an expired record is found
-// within about 3 s.
-const sweepPerPut = 32
-
-// sweep drops the expired records among the first n the map's iteration
-// gives (all of them for n < 0); l.mu held.
-func (l *kvLedger) sweep(now int64, n int) {
-	for k, h := range l.m {
-		if now >= h.expires {
-			l.drop(k)
-		}
-		if n--; n == 0 {
-			return
-		}
-	}
-}
-
-// drop deletes the record under h, if any; l.mu held.
-func (l *kvLedger) drop(h uint64) {
-	if old, ok := l.m[h]; ok {
-		l.refs[old.ep]--
-		delete(l.m, h)
-	}
-}
-
-// reintern interns the endpoints afresh when most of those interned hold
-// no record any more (engines replaced one after another); l.mu held.
-func (l *kvLedger) reintern() {
-	n := 0
-	for _, r := range l.refs {
-		if r > 0 {
-			n++
-		}
-	}
-	if n*2 > len(l.eps) {
-		return
-	}
-	remap := make([]uint32, len(l.eps))
-	eps := make([]string, 0, n)
-	refs := make([]int, 0, n)
-	clear(l.epIdx)
-	for i, ep := range l.eps {
-		if l.refs[i] > 0 {
-			remap[i] = uint32(len(eps))
-			l.epIdx[ep] = uint32(len(eps))
-			eps = append(eps, ep)
-			refs = append(refs, l.refs[i])
-		}
-	}
-	l.eps, l.refs = eps, refs
-	for k, h := range l.m {
-		h.ep = remap[h.ep]
-		l.m[k] = h
-	}
+	// HeldTokens is the memory they pin, in whole blocks × the engine's
+	// block size: what counts against the budget.
+	HeldTokens int64
+	// Capacity is the engine's KV capacity in tokens (its /metrics, or
+	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it
+	// this Router's holds may take (WithDecodeMemory's Budget), 0 when
+	// there is none.
+	Capacity, Budget int64
+	// Ages counts the handles by age, in the buckets of budget.AgeBounds
+	// (up to 15 s, 30 s, 1, 2, 4 and 8 min) and one for older ones.
+	Ages [7]int
+	// KVUsage, Waiting and Preemptions are the engine's
+	// vllm:kv_cache_usage_perc (0 to 1; -1 when it reports none),
+	// vllm:num_requests_waiting and vllm:num_preemptions_total at the
+	// router's last reading of its /metrics, at MetricsRead (zero: never
+	// read).
+	KVUsage     float64
+	Waiting     int
+	Preemptions int64
+	MetricsRead time.Time
 }
 
 // DecodeKV returns, for every decode endpoint, the KV it holds for this
@@ -152,36 +49,45 @@ func (l *kvLedger) reintern() {
 // were removed but still hold handles follow.
 func (r *Router) DecodeKV() []DecodeKV {
 	now := r.cfg.clock()
-	byEP := map[string]*DecodeKV{}
 	var out []DecodeKV
 	for _, e := range r.decode.list() {
-		out = append(out, DecodeKV{Endpoint: e.url})
+		d := DecodeKV{Endpoint: e.url}
+		p := &e.mem
+		p.mu.Lock()
+		if !p.at.IsZero() {
+			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.usage, p.waiting, int64(p.preemptions), p.at
+		}
+		p.mu.Unlock()
+		out = append(out, d)
 	}
-	r.handles.kv.mu.Lock()
-	r.handles.kv.sweep(now.UnixNano(), -1)
-	var gone []string
-	for _, h := range r.handles.kv.m {
-		ep := r.handles.kv.eps[h.ep]
-		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == ep })
-		if i < 0 {
-			d, ok := byEP[ep]
-			if !ok {
-				d = &DecodeKV{Endpoint: ep}
-				byEP[ep] = d
-				gone = append(gone, ep)
-			}
-			d.Handles++
-			d.Tokens += int64(h.tokens)
+	var gone []DecodeKV
+	for _, u := range r.mem.ledger.Usage(now) {
+		d := DecodeKV{Endpoint: u.Engine}
+		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == u.Engine })
+		if i >= 0 {
+			d = out[i]
+		} else if u.Holds == 0 {
 			continue
 		}
-		out[i].Handles++
-		out[i].Tokens += int64(h.tokens)
+		d.Handles, d.Tokens, d.HeldTokens = u.Holds, u.Tokens, u.HeldTokens
+		d.Capacity, d.Budget = u.Capacity, u.Budget
+		copy(d.Ages[:], u.Ages[:])
+		if i >= 0 {
+			out[i] = d
+		} else {
+			gone = append(gone, d)
+		}
 	}
-	r.handles.kv.mu.Unlock()
-	slices.Sort(gone)
-	for _, ep := range gone {
-		out = append(out, *byEP[ep])
-	}
+	slices.SortFunc(gone, func(a, b DecodeKV) int {
+		if a.Endpoint < b.Endpoint {
+			return -1
+		}
+		if a.Endpoint > b.Endpoint {
+			return 1
+		}
+		return 0
+	})
+	out = append(out, gone...)
 	for i := range out {
 		out[i].Bytes = out[i].Tokens * r.cfg.kvBytesPerToken
 	}

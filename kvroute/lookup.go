@@ -18,6 +18,13 @@ type found struct {
 	key   string
 	e     entry.Entry
 	age   time.Duration
+	// turn is the conversation's turn number this request is: one more
+	// than the handle's found (attached or not), 1 when none was.
+	turn int
+	// expired: the handle taken (f.e; key "") was past the retention
+	// TTL: never attached, perhaps still held by its decode engine
+	// (release.go).
+	expired bool
 }
 
 // lookup takes the retained handle the request continues, if any: the
@@ -28,7 +35,7 @@ type found struct {
 // recorded in the turn's record.
 func lookup(ctx context.Context, t *turn) found {
 	r := t.r
-	var f found
+	f := found{turn: 1}
 	if !r.cfg.reuse {
 		t.rec.Reuse = ReuseOff
 		return f
@@ -54,7 +61,7 @@ func lookup(ctx context.Context, t *turn) found {
 		}
 		if reason := take(ctx, t, &f, k, v); reason != "" {
 			t.miss(reason)
-			f.key = ""
+			f.key, f.expired = "", reason == MissExpired
 		}
 		return f
 	}
@@ -79,6 +86,7 @@ func take(ctx context.Context, t *turn, f *found, key string, v []byte) MissReas
 		t.bufs.expanded = e.Handle
 	}
 	f.key, f.e, f.age = key, e, r.cfg.clock().Sub(e.Created)
+	f.turn = max(e.Turn, 1) + 1 // an entry before version 4: at least the second turn
 	if f.age >= r.cfg.retentionTTL {
 		return MissExpired
 	}
@@ -93,8 +101,12 @@ func take(ctx context.Context, t *turn, f *found, key string, v []byte) MissReas
 	}
 	if reason := r.restarts.check(ctx, &f.e); reason != "" {
 		if reason == MissRestarted {
-			// Its blocks are gone: never attached, not kept.
+			// Its blocks are gone: never attached, not kept, and not
+			// released either (pointless).
 			r.stats.restartedHandles.Add(1)
+			if r.mem.managed(f.e.Endpoint) {
+				r.stats.releaseSkipped.Add(1)
+			}
 		} else {
 			f.putBack(ctx, t)
 		}
@@ -106,5 +118,5 @@ func take(ctx context.Context, t *turn, f *found, key string, v []byte) MissReas
 // putBack returns the taken, unused handle to the Store for the rest of
 // its retention time: a request never destroys a handle it does not use.
 func (f *found) putBack(ctx context.Context, t *turn) {
-	t.r.handles.putBack(ctx, f.key, &f.e, f.e.Tokens, f.age, t.id)
+	t.r.handles.putBack(ctx, f.key, t.req.tenant, &f.e, f.age, t.id)
 }

@@ -120,6 +120,13 @@ type TurnRecord struct {
 	// (an engine answered without a handle where one was due). Router.Endpoints
 	// reports what the turns showed of each engine (EndpointStatus.Learned).
 	Missing string
+	// Released reports that the turn's prefill leg released the decode
+	// engine's hold of the handle it found and did not attach (the handle
+	// with remote_num_tokens 0: package doc, Decode memory): why is
+	// MissReason (MissThreshold, MissMismatch, MissPartialRefused,
+	// MissCostModel: superseded by this turn's handle; MissExpired:
+	// unusable). The leg's answer is a miss's.
+	Released bool
 
 	Err      error // the turn's error, nil on success
 	ErrPhase Phase // where it failed

@@ -1,6 +1,11 @@
 package kvroute
 
-import "github.com/bidikv/bidikv/kvroute/internal/streamsynth"
+import (
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
+	"github.com/bidikv/bidikv/retention/budget"
+)
 
 // VerificationMode selects how the router proves that a retained handle's
 // KV is the KV the next prompt needs (package doc, Verification).
@@ -75,8 +80,11 @@ func resolveVerification(c *config) {
 
 // DecodeMemory is what the router does with the decode engines' KV memory
 // beyond the pulls: answer turns from it (decode-local turns), keep it for
-// streaming clients whose streams carry no handle (buffered streams), and
-// how it reports it (DecodeKV).
+// streaming clients whose streams carry no handle (buffered streams),
+// report it (DecodeKV), and manage what its retained handles hold there as
+// a budget (package doc, Decode memory): release what will not be used,
+// cap what is held, place by pressure. The management is one switch,
+// Budget's sign, so that a benchmark can run it beside holding everything.
 type DecodeMemory struct {
 	// Local lets a turn whose retained handle was verified by tokens run
 	// decode-local (package doc, Decode-local turns): as a plain request
@@ -118,12 +126,71 @@ type DecodeMemory struct {
 	// its streams carry the handle on response.completed. Default nil:
 	// none, every stream is passed through as the engine sends it.
 	BufferStreams []string
+
+	// Budget is the share of each decode engine's KV capacity that this
+	// Router's retained handles may hold: when a retained handle takes an
+	// engine's holds over it, the holds worth least are released in the
+	// background (value: the prefill time a hit would save × the chance,
+	// learned from the pauses between turns, that the conversation comes
+	// back before the hold expires, per block). Under it nothing is
+	// released: with free memory, holding costs nothing. The default is
+	// 0.5 (budget.DefaultFraction); it must be at most 1. It applies to
+	// an engine whose capacity is known (its /metrics, or Capacity); an
+	// engine of unknown capacity is treated as before: every handle held
+	// for the retention TTL.
+	//
+	// A negative Budget turns the management off: no handle is released,
+	// no engine's /metrics is read for it, placement ignores pressure: the
+	// router holds every handle for the retention TTL, as routers did
+	// before (the fleet benchmark's "hold everything").
+	Budget float64
+	// Capacity is the KV capacity, in tokens, of a decode engine whose
+	// /metrics do not report one (vllm:cache_config_info: num_gpu_blocks
+	// × block_size). Default 0: unknown. Negative is an error.
+	Capacity int64
+	// HighWatermark is the share of a decode engine's KV memory in use
+	// (vllm:kv_cache_usage_perc, holds included, corrected by the holds
+	// this router retained or released since the reading) at or above
+	// which the engine is crowded (Candidate.Crowded): a conversation's
+	// affinity to the engine that holds its KV yields, and LeastLoaded
+	// places new turns elsewhere while another engine has room. An
+	// engine that preempted requests since the reading before is crowded
+	// too. Default 0.9; it must be at most 1; negative: no engine is ever
+	// crowded.
+	HighWatermark float64
+	// MetricsInterval is how old a decode engine's /metrics reading may
+	// get before a turn that considers the engine has it read again, in
+	// the background (never on the turn's path): its KV capacity, usage,
+	// waiting requests and preemptions. The same read serves the restart
+	// check (WithHealth's RestartCheck). Default 5 s; negative: never
+	// read (capacity then comes from Capacity alone, and placement sees
+	// no pressure).
+	MetricsInterval time.Duration
+	// Releases bounds the release requests in flight at once: the
+	// one-token prefill requests that release holds over the budget.
+	// Default 4; negative is an error.
+	Releases int
+	// Ledger is the ledger the Router keeps its holds and its learned
+	// model of the pauses between turns in. Give one to read its Usage
+	// and Snapshot (the proxy's /metrics do); its own options then rule
+	// (budget.WithFraction, budget.WithCapacity), so Budget and Capacity
+	// must be 0, or Budget negative (off: the ledger only counts). A
+	// Ledger serves one Router. Default nil: a ledger of
+	// budget.WithFraction(Budget) and budget.WithCapacity(Capacity).
+	Ledger *budget.Budget
 }
 
+// Defaults of DecodeMemory's management (Defaults().DecodeMemory).
+const (
+	defaultHighWatermark   = 0.9
+	defaultMetricsInterval = 5 * time.Second
+	defaultReleases        = 4
+)
+
 // WithDecodeMemory sets what the router does with the decode engines' KV
-// memory. The zero DecodeMemory is the default; a negative
-// KVBytesPerToken, and a BufferStreams path without a synthesized stream,
-// are errors.
+// memory. A zero field keeps its default; see DecodeMemory for what a
+// negative value turns off and what is an error (a BufferStreams path
+// without a synthesized stream is one).
 func WithDecodeMemory(m DecodeMemory) Option {
 	return optionFunc(func(c *config) { c.decodeMemory = m })
 }
@@ -131,6 +198,8 @@ func WithDecodeMemory(m DecodeMemory) Option {
 func resolveDecodeMemory(c *config) {
 	m := c.decodeMemory
 	c.positive("WithDecodeMemory", "KVBytesPerToken", m.KVBytesPerToken)
+	c.positive("WithDecodeMemory", "Capacity", m.Capacity)
+	c.positive("WithDecodeMemory", "Releases", int64(m.Releases))
 	c.decodeLocal, c.kvBytesPerToken = m.Local, m.KVBytesPerToken
 	c.bufferStreams = nil
 	for _, p := range m.BufferStreams {
@@ -147,4 +216,38 @@ func resolveDecodeMemory(c *config) {
 			c.bufferStreams[p] = a
 		}
 	}
+	switch {
+	case m.Budget != m.Budget || m.Budget > 1: // NaN too
+		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, budget.DefaultFraction)
+	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
+		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
+	case m.Ledger != nil && (m.Budget > 0 || m.Capacity != 0):
+		c.fail("WithDecodeMemory", "Budget and Capacity are the Ledger's options (budget.WithFraction, budget.WithCapacity) when a Ledger is given; leave them 0")
+	}
+	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
+		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases}
+	if mem.fraction <= 0 {
+		mem.fraction = budget.DefaultFraction
+	}
+	if mem.watermark == 0 {
+		mem.watermark = defaultHighWatermark
+	}
+	if mem.interval == 0 {
+		mem.interval = defaultMetricsInterval
+	}
+	if mem.releases == 0 {
+		mem.releases = defaultReleases
+	}
+	c.memory = mem
+}
+
+// memoryConfig is DecodeMemory's management, resolved.
+type memoryConfig struct {
+	on        bool    // Budget not negative
+	fraction  float64 // Budget, resolved
+	capacity  int64
+	ledger    *budget.Budget
+	watermark float64       // negative: never crowded
+	interval  time.Duration // negative: no reads
+	releases  int
 }

@@ -35,16 +35,21 @@ const RefuseDecodeLocal Refusal = "decode_local"
 
 // way is the path phase's result: the handle the prefill leg carries
 // (none for decode-local and recompute turns), or the decode engine a
-// decode-local turn goes to.
+// decode-local turn goes to; and, from the release phase (release.go),
+// the handle the first prefill attempt carries to release a hold the
+// turn does not attach.
 type way struct {
-	h     hit
-	local *endpoint
+	h      hit
+	local  *endpoint
+	rel    []byte
+	relWhy releaseReason
 }
 
 // choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
 // tokens, whether to attach it (PathPull), answer on its decode engine
-// (PathLocal) or recompute (PathRecompute). A handle not attached is put
-// back under its key.
+// (PathLocal) or recompute (PathRecompute). A decode-local turn puts the
+// handle back under its key (it stays the candidate); a recomputed one is
+// the release phase's.
 func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
 	r := t.r
 	if r.chooser == nil || h.handle == nil || h.v.prompt <= 0 || h.v.matched <= 0 {
@@ -72,8 +77,7 @@ func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
 		return way{local: ep}
 	case threshold.PathRecompute:
 		r.stats.choseRecompute.Add(1)
-		f.putBack(ctx, t)
-		t.miss(MissCostModel)
+		t.miss(MissCostModel) // the release phase releases the handle or puts it back
 		return way{}
 	}
 	r.stats.chosePull.Add(1)

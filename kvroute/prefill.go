@@ -3,7 +3,9 @@ package kvroute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"time"
 
@@ -42,12 +44,17 @@ type prefilled struct {
 }
 
 // prefill sends the prefill leg, retrying safe failures on other engines.
-// The retained handle h goes to the first attempt only: every retry is a
-// plain miss, so a consumed handle is never resent. A leg whose engine
+// The retained handle w.h, or the release handle w.rel (release.go), goes
+// to the first attempt only: every retry is a plain miss, so a consumed
+// handle is never resent. A leg whose engine
 // computed other prompt tokens than it rendered is redone once as a plain
 // miss, whatever the retry policy.
-func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefilled, error) {
+func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefilled, error) {
+	h := w.h
 	p := prefiller{t: t, f: f, h: h, tries: tr, handle: kvhandle.Miss}
+	if h.handle == nil && w.rel != nil {
+		p.handle, p.releasing, p.why = w.rel, true, w.relWhy
+	}
 	if h.handle != nil {
 		ph, err := kvhandle.ForHit(h.handle, t.r.cfg.blockSize)
 		if err != nil {
@@ -63,7 +70,7 @@ func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefille
 	p.tried = append(slices.Clone(tr.avoidP), tr.badP...) // a redone turn prefers a fresh engine
 	attempt := func(int) (time.Duration, error) { return p.attempt(ctx) }
 	err := transport.Retry(ctx, t.r.cfg.retry, attempt)
-	if errors.Is(err, errRenderMismatch) {
+	if errors.Is(err, errRenderMismatch) || errors.Is(err, errReleaseFailed) {
 		err = transport.Retry(ctx, t.r.cfg.retry, attempt)
 	}
 	if err != nil {
@@ -77,6 +84,10 @@ func prefill(ctx context.Context, t *turn, f *found, h hit, tr *tries) (prefille
 	return prefilled{handle: p.got, url: p.url, done: done, hit: p.attached}, nil
 }
 
+// errReleaseFailed: the prefill attempt that carried a release handle
+// failed; the leg is redone as a plain miss.
+var errReleaseFailed = errors.New("kvroute: the prefill leg that released a hold failed")
+
 // prefiller is one prefill phase: the handle its next attempt carries and
 // the engines tried.
 type prefiller struct {
@@ -84,11 +95,14 @@ type prefiller struct {
 	f        *found
 	h        hit
 	tries    *tries
-	handle   []byte // the retained handle, or the miss handle
+	handle   []byte // the retained handle, the release handle, or the miss handle
 	attached bool   // handle is the retained one
-	tried    []string
-	got      []byte // P's handle
-	url      string // the engine that gave it
+	// releasing: handle releases a hold the turn does not attach (why).
+	releasing bool
+	why       releaseReason
+	tried     []string
+	got       []byte // P's handle
+	url       string // the engine that gave it
 }
 
 // attempt is one attempt of transport.Retry.
@@ -116,6 +130,10 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	if err == nil {
 		t.r.hp.succeeded(ep)
 		p.got, p.url = got, ep.url
+		if p.releasing {
+			t.r.stats.released(p.why)
+			t.rec.Released = true
+		}
 		return 0, nil
 	}
 	return p.failed(ctx, ep, err)
@@ -166,7 +184,30 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		p.tried = append(p.tried, ep.url)
 		return 0, transport.Permanent(err)
 	}
-	if ctx.Err() == nil && unhealthy(err, p.attached) {
+	released := p.releasing
+	if released {
+		// The release handle was sent: spent whether or not P acted on it
+		// (a hold not released lapses at its TTL). The leg goes on as a
+		// plain miss. A failure a plain miss would also have met (a
+		// connection failure, 502/503/504) is retried by the retry policy
+		// as any; one only the handle can explain (another 5xx: P's
+		// notification to D failed; a 4xx about it) is redone at once on
+		// another engine, whatever the policy, so that a release never
+		// fails a turn. A 500 is not counted against the engine, as for a
+		// hit.
+		r.stats.releaseFailures.Add(1)
+		p.handle, p.releasing = kvhandle.Miss, false
+		var ue *UpstreamError
+		if ctx.Err() == nil && !retryablePrefill(err, false) && errors.As(err, &ue) && ue.Status != 0 &&
+			(ue.Status >= 500 || ue.Status/100 == 4 && ue.Status != http.StatusTooManyRequests) && !errors.Is(err, ErrNoHandle) {
+			if unhealthy(err, true) {
+				r.hp.failed(ep, err)
+			}
+			p.tried = append(p.tried, ep.url)
+			return 0, transport.Permanent(fmt.Errorf("%w: %w", errReleaseFailed, err))
+		}
+	}
+	if ctx.Err() == nil && unhealthy(err, p.attached || released) {
 		r.hp.failed(ep, err)
 	}
 	if ctx.Err() != nil || !retryablePrefill(err, p.attached) {
@@ -178,8 +219,15 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		t.miss(MissRetry)
 		p.handle, p.attached = kvhandle.Miss, false
 	}
+	return p.retry(ctx, ep, err)
+}
+
+// retry has the next attempt avoid ep, and returns what transport.Retry
+// waits for before it.
+func (p *prefiller) retry(ctx context.Context, ep *endpoint, err error) (time.Duration, error) {
+	t := p.t
 	p.tried = append(p.tried, ep.url)
-	r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
+	t.r.log.LogAttrs(ctx, slog.LevelWarn, "kvroute: prefill failed; retrying",
 		slog.String("request_id", t.id), slog.String("engine_request_id", t.legs.id), slog.String("endpoint", ep.url), slog.String("err", err.Error()))
 	var ue *UpstreamError
 	errors.As(err, &ue)

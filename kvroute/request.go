@@ -108,3 +108,10 @@ func (r *Request) streaming() bool {
 	b, _ := lenientBool(v)
 	return b
 }
+
+// model returns the body's model, "" when it names none.
+func (r *Request) model() string {
+	v, _ := r.Field("model")
+	s, _ := jsonraw.String(v)
+	return s
+}

@@ -204,24 +204,57 @@ func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
 			l.mu.Unlock()
 			return nil, err
 		}
-		l.mu.Lock()
-		l.checked, l.unread = now, false
-		l.noMetric = !ok
-		changed := false
-		if ok {
-			changed = !l.start.IsZero() && !start.Equal(l.start)
-			l.start = start
-			if !l.gap.After(now) {
-				l.gap = time.Time{} // the reading explains the gap
-			}
-		}
-		l.mu.Unlock()
-		if changed {
-			r.restarted(ep.url, "process_start_time_seconds")
-		}
+		r.record(ep, now, start, ok)
 		return nil, nil
 	})
 	return err
+}
+
+// saw records the process_start_time_seconds a pressure reading of ep's
+// /metrics (pressure.go) found at now. It can only tell a restart sooner:
+// a start other than the one known is recorded as the restart check's
+// own reading would record it; it does not count as the check's reading
+// (the check still reads before it attaches a handle when its own reading
+// is older than WithHealth's RestartCheck), so that a background reading
+// never makes a handle attachable that the check alone would not.
+func (r *restarts) saw(ep *endpoint, now, start time.Time) {
+	if r.maxAge <= 0 {
+		return
+	}
+	l := &ep.life
+	l.mu.Lock()
+	if now.Before(l.checked) || start.Equal(l.start) || l.start.IsZero() {
+		l.mu.Unlock()
+		return // older than the check's reading, nothing new, or nothing to compare with
+	}
+	l.start = start
+	l.mu.Unlock()
+	r.restarted(ep.url, "process_start_time_seconds")
+}
+
+// record records a successful read of ep's /metrics made at now, which
+// had process_start_time_seconds start (ok) or none.
+func (r *restarts) record(ep *endpoint, now, start time.Time, ok bool) {
+	l := &ep.life
+	l.mu.Lock()
+	if now.Before(l.checked) {
+		l.mu.Unlock()
+		return // a later reading is already recorded
+	}
+	l.checked, l.unread = now, false
+	l.noMetric = !ok
+	changed := false
+	if ok {
+		changed = !l.start.IsZero() && !start.Equal(l.start)
+		l.start = start
+		if !l.gap.After(now) {
+			l.gap = time.Time{} // the reading explains the gap
+		}
+	}
+	l.mu.Unlock()
+	if changed {
+		r.restarted(ep.url, "process_start_time_seconds")
+	}
 }
 
 // fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
@@ -270,4 +303,20 @@ func (r *restarts) noStartMetric(url string) {
 	r.stats.restartChecksUnavailable.Add(1)
 	r.log.once(context.Background(), "no_start_metric:"+url, "kvroute: a decode engine's /metrics has no process_start_time_seconds (vLLM with several API server processes?); its restarts are noticed only by a new engine id or a failure to reach it",
 		slog.String("endpoint", url))
+}
+
+// restartedSince reports whether what the router already knows, without
+// asking, says e's decode engine restarted since e was made (another
+// engine id in its handles, or a process start after e): its blocks are
+// gone, a release is pointless (Stats.ReleaseSkipped).
+func (r *restarts) restartedSince(e *entry.Entry) bool {
+	ep := r.decode.find(e.Endpoint)
+	if ep == nil {
+		return false
+	}
+	l := &ep.life
+	id := baseEngineID(kvhandle.EngineID(e.Handle))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))
 }

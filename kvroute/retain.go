@@ -24,6 +24,7 @@ type retainIn struct {
 	decode       string
 	added, asked bool
 	streamed     bool // D's answer is a stream (not a buffered turn's body)
+	turn         int  // the conversation's turn number (found.turn)
 }
 
 // retain stores D's handle for the next turn, or records why not: when the
@@ -63,9 +64,11 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		return
 	}
 	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: tokens, Check: ret.Check,
-		ContentOK: ret.Refusal == "", FP: fp, Handle: handle}
+		ContentOK: ret.Refusal == "", FP: fp, Handle: handle,
+		Turn: max(in.turn, 1), ToolCalls: toolCalls(reply), Model: t.req.model(), API: apiCode(t.req.Path)}
+	tenant := t.req.tenant
 	if later == nil {
-		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(ret.Key, e, t.id)
+		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(ret.Key, tenant, e, t.id)
 		return
 	}
 	// The fingerprint comes later, perhaps after the turn: the entry
@@ -74,7 +77,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	key, id := ret.Key, t.id
 	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
 		e.FP = fp
-		return r.handles.retain(key, e, id)
+		return r.handles.retain(key, tenant, e, id)
 	})
 	if pending {
 		t.rec.StoreRefusal = RefuseRenderPending
@@ -162,4 +165,12 @@ func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
 				slog.String("endpoint", in.decode))
 		}
 	}
+}
+
+// toolCalls reports whether the reply ended in tool calls (a chat reply's
+// tool_calls or finish_reason tool_calls, a Responses function call, a
+// Messages tool_use block): the client's next request, the tools'
+// results, usually follows within seconds.
+func toolCalls(reply *Reply) bool {
+	return len(reply.ToolCalls) > 2 || reply.FinishReason == "tool_calls"
 }

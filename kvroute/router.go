@@ -29,10 +29,11 @@ type Router struct {
 	prefill  *pool
 	decode   *pool
 	hp       *healthPolicy
-	handles  handles   // the Store's side (store.go)
-	renders  renderers // the prefill engines' renderers (renderer.go)
-	restarts restarts  // the decode engines' processes (restart.go)
-	poison   poisoned  // prefill engines conversations avoid (poison.go)
+	handles  handles       // the Store's side (store.go)
+	renders  renderers     // the prefill engines' renderers (renderer.go)
+	restarts restarts      // the decode engines' processes (restart.go)
+	poison   poisoned      // prefill engines conversations avoid (poison.go)
+	mem      *decodeMemory // decode memory management (memory.go)
 	closers  []func() error
 
 	closed atomic.Bool
@@ -93,7 +94,14 @@ func New(opts ...Option) (*Router, error) {
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
 	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log,
 		forget: r.learned.forget}
-	r.closers = append([]func() error{r.renders.close}, r.closers...)
+	if r.mem, err = newDecodeMemory(r); err != nil {
+		return nil, fmt.Errorf("%w: WithDecodeMemory: %v", ErrInvalidConfig, err)
+	}
+	r.handles.mem = r.mem
+	if r.mem.cfg.on {
+		r.decode.press = r.mem.press
+	}
+	r.closers = append([]func() error{r.renders.close, r.mem.close}, r.closers...)
 	if stop := startProbes(r.hp, r.client, cfg.apiKey, r.prefill, r.decode); stop != nil {
 		// Stop the probes before the transport's connections are closed.
 		r.closers = append([]func() error{stop}, r.closers...)

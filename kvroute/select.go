@@ -29,6 +29,22 @@ type Candidate struct {
 	// Healthy is false only when every endpoint of the phase is ejected:
 	// the candidates are then all of them, as a last resort.
 	Healthy bool
+
+	// A decode engine's memory pressure, as the router last read its
+	// /metrics (WithDecodeMemory; zero for prefill engines, for an engine
+	// not yet read, and with the management off). KVUsage is the share
+	// of its KV memory in use, 0 to 1 (vllm:kv_cache_usage_perc: running
+	// requests and holds), corrected by the holds this router retained
+	// or released since the reading. Waiting is its
+	// vllm:num_requests_waiting. Preempting reports that its
+	// vllm:num_preemptions_total grew between the last two readings.
+	KVUsage    float64
+	Waiting    int
+	Preempting bool
+	// Crowded is KVUsage at or above WithDecodeMemory's HighWatermark, or
+	// Preempting: LeastLoaded sends no conversation there while another
+	// candidate is not crowded, its affinity included.
+	Crowded bool
 }
 
 // Selection is one choice of endpoint for one leg of a turn.
@@ -67,10 +83,13 @@ func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { r
 
 // LeastLoaded is the default Selector.
 //
-// Decode: the affinity endpoint when there is one and it has fewer than
-// MaxInFlight requests open; otherwise the candidate with the fewest
-// in-flight requests per unit of weight, ties broken by rotating the
-// starting point. Prefill: the less loaded of two candidates drawn at random
+// Decode: the affinity endpoint when there is one, it has fewer than
+// MaxInFlight requests open and it is not crowded (Candidate.Crowded: its
+// KV memory at or above WithDecodeMemory's HighWatermark, or preempting)
+// unless every candidate is; otherwise the candidate with the fewest
+// in-flight requests per unit of weight among those not crowded (all of
+// them when every one is), ties broken by fewer waiting requests, then
+// lower KV usage, then by rotating the starting point. Prefill: the less loaded of two candidates drawn at random
 // (power of two choices), which spreads load without herding onto the one
 // engine that looked idle. With HashHints, a leg without affinity whose
 // request carries a conversation hint goes to the candidate the hint hashes
@@ -92,12 +111,13 @@ type LeastLoaded struct {
 // Select implements Selector.
 func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 	if s.Affinity != "" {
-		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 && l.under(s.Candidates[i]) {
+		if i := slices.IndexFunc(s.Candidates, func(c Candidate) bool { return c.URL == s.Affinity }); i >= 0 && l.under(s.Candidates[i]) &&
+			(!s.Candidates[i].Crowded || !roomy(s.Candidates)) {
 			return i, nil
 		}
 	}
 	if l.HashHints && s.Hint != "" && s.Affinity == "" {
-		if i := rendezvous(s.Candidates, s.Hint); l.under(s.Candidates[i]) {
+		if i := rendezvous(s.Candidates, s.Hint); l.under(s.Candidates[i]) && !s.Candidates[i].Crowded {
 			return i, nil
 		}
 	}
@@ -124,13 +144,29 @@ func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 	return best, nil
 }
 
+// roomy reports whether some candidate is not crowded.
+func roomy(cs []Candidate) bool {
+	return slices.ContainsFunc(cs, func(c Candidate) bool { return !c.Crowded })
+}
+
 func (l *LeastLoaded) under(c Candidate) bool {
 	return l.MaxInFlight <= 0 || c.InFlight < l.MaxInFlight
 }
 
-// lighter reports whether a carries less load per unit of weight than b.
+// lighter reports whether a is the better place than b: not crowded when
+// b is, else less load per unit of weight, else fewer requests waiting.
 func lighter(a, b Candidate) bool {
-	return int64(a.InFlight)*int64(weight(b)) < int64(b.InFlight)*int64(weight(a))
+	if a.Crowded != b.Crowded {
+		return !a.Crowded
+	}
+	x, y := int64(a.InFlight)*int64(weight(b)), int64(b.InFlight)*int64(weight(a))
+	if x != y {
+		return x < y
+	}
+	if a.Waiting != b.Waiting {
+		return a.Waiting < b.Waiting
+	}
+	return a.KVUsage < b.KVUsage
 }
 
 func weight(c Candidate) int {

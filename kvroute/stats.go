@@ -118,6 +118,23 @@ type Stats struct {
 	// other prompt tokens than its render answered, after it had pulled
 	// (its prefix cache may hold those blocks; see MissRenderMismatch).
 	AvoidedEngineTurns int64
+
+	// Decode memory (WithDecodeMemory; package doc, Decode memory).
+	// ReleasedSuperseded counts retained handles a turn took and did not
+	// attach, released through its own prefill leg (TurnRecord.Released):
+	// the turn's new handle replaces them. ReleasedUnusable counts handles
+	// found past the retention TTL and released the same way, while their
+	// decode engine still held them. ReleasedBudget counts holds over
+	// their engine's budget, worth least, released by release requests.
+	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget int64
+	// ReleaseFailures counts releases that failed (the prefill leg or the
+	// release request did not succeed, or the entry could not be sent):
+	// the hold lapses at its TTL. ReleaseSkipped counts holds not
+	// released because their decode engine restarted since (their blocks
+	// are gone). ReleaseGone counts holds over the budget whose handle was
+	// no longer in the store when their release came (another router's
+	// turn or release took it, or it expired): nothing to release.
+	ReleaseFailures, ReleaseSkipped, ReleaseGone int64
 }
 
 type counters struct {
@@ -128,6 +145,8 @@ type counters struct {
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	buffered                                                                             atomic.Int64
+	releasedSuperseded, releasedUnusable, releasedBudget                                 atomic.Int64
+	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -170,5 +189,24 @@ func (c *counters) snapshot() Stats {
 		UncheckedPrefills:        c.uncheckedPrefills.Load(),
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 		BufferedStreams:          c.buffered.Load(),
+
+		ReleasedSuperseded: c.releasedSuperseded.Load(),
+		ReleasedUnusable:   c.releasedUnusable.Load(),
+		ReleasedBudget:     c.releasedBudget.Load(),
+		ReleaseFailures:    c.releaseFailures.Load(),
+		ReleaseSkipped:     c.releaseSkipped.Load(),
+		ReleaseGone:        c.releaseGone.Load(),
+	}
+}
+
+// released counts a release by its reason.
+func (c *counters) released(why releaseReason) {
+	switch why {
+	case releaseSuperseded:
+		c.releasedSuperseded.Add(1)
+	case releaseUnusable:
+		c.releasedUnusable.Add(1)
+	case releaseBudget:
+		c.releasedBudget.Add(1)
 	}
 }

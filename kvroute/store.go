@@ -48,11 +48,12 @@ type Store interface {
 const storeTimeout = 2 * time.Second
 
 // handles is the Router's side of the Store: it takes, puts back and
-// retains entries, keeps the ledger of the KV they hold (DecodeKV), and
+// retains entries, keeps the ledger of the KV they hold in step (the
+// decode memory's, memory.go: DecodeKV, the budget, the gap model), and
 // turns Store failures into two log lines per outage.
 type handles struct {
 	store    Store
-	kv       kvLedger
+	mem      *decodeMemory
 	ttl      time.Duration // WithRetentionTTL
 	maxEntry int           // WithMaxEntryBytes
 	clock    func() time.Time
@@ -74,15 +75,15 @@ func (h *handles) take(ctx context.Context, key, requestID string) ([]byte, bool
 	}
 	h.storeOK(ctx)
 	if ok {
-		h.kv.take(key)
+		h.mem.returned(key)
 	}
 	return v, ok, nil
 }
 
 // putBack returns a taken, unused entry to the Store for the rest of its
-// retention time (age is its age when taken); tokens is its
-// remote_num_tokens before any cut to a verified prefix.
-func (h *handles) putBack(ctx context.Context, key string, e *entry.Entry, tokens int, age time.Duration, requestID string) {
+// retention time (age is its age when taken); the ledger holds it again
+// from now, for the conversation's next attempt. tenant is the turn's.
+func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entry, age time.Duration, requestID string) {
 	left := h.ttl - age
 	if left <= 0 {
 		return
@@ -93,13 +94,14 @@ func (h *handles) putBack(ctx context.Context, key string, e *entry.Entry, token
 	}
 	h.storeOK(ctx)
 	h.stats.putBacks.Add(1)
-	h.kv.put(key, e.Endpoint, tokens, e.Created.Add(h.ttl), h.clock())
+	h.mem.added(h.mem.hold(key, tenant, e, h.clock()), false)
 }
 
 // retain stores e under key for the retention TTL and reports why not, or
-// that it did. The value is built in a pooled buffer, which the Store
-// contract lets the Router reuse once Put returns.
-func (h *handles) retain(key string, e entry.Entry, requestID string) (Refusal, bool) {
+// that it did; the ledger records the hold (of the turn's tenant). The
+// value is built in a pooled buffer, which the Store contract lets the
+// Router reuse once Put returns.
+func (h *handles) retain(key, tenant string, e entry.Entry, requestID string) (Refusal, bool) {
 	val := e.Encode(h.bufs.Get(e.EncodedSize()), h.bufs)
 	defer h.bufs.Put(val)
 	if len(val) > h.maxEntry {
@@ -116,7 +118,7 @@ func (h *handles) retain(key string, e entry.Entry, requestID string) (Refusal, 
 	}
 	h.storeOK(ctx)
 	h.stats.stored.Add(1)
-	h.kv.put(key, e.Endpoint, e.Tokens, e.Created.Add(h.ttl), e.Created)
+	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
 	return "", true
 }
 

@@ -89,15 +89,14 @@ type hit struct {
 
 // verify decides whether the handle f holds may be attached to this
 // request and, for a verified prefix shorter than the handle, cuts it to
-// that prefix. A handle not attached is put back for its remaining
-// retention time.
+// that prefix. A handle not attached stays taken: the release phase
+// (release.go) releases it or puts it back.
 func verify(ctx context.Context, t *turn, f *found) hit {
 	if f.key == "" {
 		return hit{}
 	}
 	h, reason := verifyHandle(ctx, t, f)
 	if reason != "" {
-		f.putBack(ctx, t)
 		t.miss(reason)
 		return hit{}
 	}

@@ -32,6 +32,15 @@
 // victims, at caps from 20% to 100% of holding everything's mean:
 //
 //	go run ./examples/bench --replay-trace [FILE] [--budgets 0.2,0.5,1] [--svg bidikv-replay.svg]
+//
+// With --fleet it runs hundreds of agent sessions through a kvroute router
+// on simulated engines with KV capacity, in modelled time on an event
+// clock (fleet.go): hold everything (every retained handle held on D for
+// the TTL) and managed (kvroute.DecodeMemory's budget and releases) side
+// by side with the same sessions, and prints issue 23's targets as
+// PASS/FAIL lines (--check: exit non-zero on a FAIL):
+//
+//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--check]
 package main
 
 import (

@@ -46,6 +46,9 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if a == "--attack" || a == "-attack" {
 			return runAttack(ctx, args, stdout, stderr)
 		}
+		if a == "--fleet" || a == "-fleet" {
+			return runFleet(ctx, args, stdout, stderr)
+		}
 		if a == "--replay-trace" || a == "-replay-trace" || strings.HasPrefix(a, "--replay-trace=") {
 			return runReplay(ctx, args, stdout, stderr)
 		}

@@ -26,13 +26,17 @@ type config struct {
 	svg           string  // chart path, "" for none
 	progress      bool    // progress bar on stderr
 	kvBytes       float64 // bytes of KV per token (0: unknown), for "KV held"
-	reasoning     bool    // replies carry reasoning the template strips from history
-	verification  kvroute.VerificationMode
-	published     []published // the profile's calibration points, if any
-	suffixTokens  int         // > 0: each later turn adds this many new tokens (a tool result)
-	decodeLocal   bool        // with suffixTokens: the router may answer a turn on D alone
-	pauses        []time.Duration
-	pauseJitter   float64 // think time is uniform in pause × [1-j, 1+j]
+	// capacity is the KV capacity of the profile's decode node, in tokens
+	// (kvroutetest.Profile.KVCapacityTokens; 0: unknown), which the peak
+	// KV held on decode is reported against
+	capacity     int
+	reasoning    bool // replies carry reasoning the template strips from history
+	verification kvroute.VerificationMode
+	published    []published // the profile's calibration points, if any
+	suffixTokens int         // > 0: each later turn adds this many new tokens (a tool result)
+	decodeLocal  bool        // with suffixTokens: the router may answer a turn on D alone
+	pauses       []time.Duration
+	pauseJitter  float64 // think time is uniform in pause × [1-j, 1+j]
 }
 
 // replyGrowth is what a turn's reply adds to the next prompt, in tokens,
@@ -124,6 +128,9 @@ func parseFlags(args []string, help io.Writer) (config, error) {
 		return config{}, fmt.Errorf("unknown profile %q (want qwen3-32b or glm-5-fp8)", *name)
 	}
 	defEnd, defTurns, kvBytes, pub := profileDefaults(p.Name)
+	if p.KVBytesPerToken > 0 {
+		kvBytes = float64(p.KVBytesPerToken)
+	}
 	c := config{
 		profile:       p,
 		conversations: *convs,
@@ -136,6 +143,7 @@ func parseFlags(args []string, help io.Writer) (config, error) {
 		svg:           *svg,
 		progress:      !*quiet,
 		kvBytes:       kvBytes,
+		capacity:      p.KVCapacityTokens,
 		reasoning:     *reasoning,
 		verification:  kvroute.VerificationMode(*verify),
 		published:     pub,

@@ -423,3 +423,29 @@ func TestPauseCrossesTTL(t *testing.T) {
 	s.printPauses(&out)
 	assert.Contains(t, out.String(), "Think time between turns")
 }
+
+// The peak KV held on decode is reported against the profile's decode node
+// capacity (kvroutetest.Profile.KVCapacityTokens) and flagged above it.
+func TestHeldAgainstCapacity(t *testing.T) {
+	for _, name := range []string{"qwen3-32b", "glm-5-fp8"} {
+		c, err := parseFlags([]string{"--profile", name}, io.Discard)
+		require.NoError(t, err)
+		p, _ := kvroutetest.LookupProfile(name)
+		require.Positive(t, p.KVCapacityTokens)
+		assert.Equal(t, p.KVCapacityTokens, c.capacity, name)
+		assert.Equal(t, float64(p.KVBytesPerToken), c.kvBytes, name)
+		for _, tt := range []struct {
+			peak int
+			over bool
+		}{{p.KVCapacityTokens / 10, false}, {p.KVCapacityTokens, false}, {p.KVCapacityTokens + 1, true}} {
+			s := summarize(c, modeResult{}, modeResult{reuse: true, peakHeldToks: tt.peak})
+			s.pauses = []pauseRow{{pause: time.Minute, heldPeak: tt.peak}}
+			var out bytes.Buffer
+			s.print(&out)
+			s.printPauses(&out)
+			assert.Contains(t, out.String(), "of one "+name+" decode node's KV capacity, "+s.capacityString(), name)
+			assert.Equal(t, tt.over, strings.Contains(out.String(), "OVER CAPACITY: the holds alone exceed"), "%s peak %d", name, tt.peak)
+			assert.Equal(t, tt.over, strings.Contains(out.String(), s.heldString(tt.peak)+" OVER CAPACITY"), "%s pause table", name)
+		}
+	}
+}

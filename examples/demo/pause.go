@@ -135,8 +135,12 @@ func (s summary) printPauses(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pause\thit rate\texpired\tTTFT p50\tp95\tp99\tKV held on D: mean\tpeak\trouter's count, peak\twrong answers\t")
 	for _, r := range s.pauses {
+		peak := s.heldString(r.heldPeak)
+		if s.overCapacity(r.heldPeak) {
+			peak += " OVER CAPACITY"
+		}
 		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d of %d\t\n", r.pause, 100*float64(r.reused)/float64(max(r.later, 1)), r.expired,
-			ms(r.ttft[0]), ms(r.ttft[1]), ms(r.ttft[2]), s.heldString(r.heldMean), s.heldString(r.heldPeak), s.heldString(r.ledger), r.wrong, r.answered)
+			ms(r.ttft[0]), ms(r.ttft[1]), ms(r.ttft[2]), s.heldString(r.heldMean), peak, s.heldString(r.ledger), r.wrong, r.answered)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w, "hit rate and TTFT over the turns after the first; expired: turns whose handle had outlived the retention TTL and ran as plain prefills")

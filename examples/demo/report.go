@@ -52,6 +52,7 @@ type summary struct {
 	turnsPerMode int
 	profile      string
 	kvBytes      float64
+	capacity     int // the decode node's KV capacity in tokens, 0: unknown
 	reasoning    bool
 	verification verification
 	published    []published // shown when the run reaches their prompt lengths
@@ -69,7 +70,7 @@ type summary struct {
 }
 
 func summarize(c config, off, on modeResult) summary {
-	s := summary{profile: c.profile.Name, kvBytes: c.kvBytes, peakHeldToks: on.peakHeldToks,
+	s := summary{profile: c.profile.Name, kvBytes: c.kvBytes, capacity: c.capacity, peakHeldToks: on.peakHeldToks,
 		wrong: off.wrong + on.wrong, turnsPerMode: len(on.turns), reasoning: c.reasoning,
 		growth: c.growth(), turns: c.turns, renderFixed: c.profile.RenderOverhead, renderPerToken: c.profile.RenderPerToken,
 		suffixTokens: c.suffixTokens, decodeLocal: c.localMode(), paths: map[threshold.Path]int{}}
@@ -310,7 +311,10 @@ func (s summary) print(w io.Writer) {
 	s.printPublished(w)
 
 	fmt.Fprintf(w, "\nhit rate %.0f%% (the first turn of each conversation cannot hit); ", 100*s.hitRate)
-	fmt.Fprintf(w, "peak KV held on decode for next turns: %s\n", s.heldString(s.peakHeldToks))
+	fmt.Fprintf(w, "peak KV held on decode for next turns: %s\n", s.heldOfCapacity(s.peakHeldToks))
+	if s.overCapacity(s.peakHeldToks) {
+		fmt.Fprintf(w, "OVER CAPACITY: the holds alone exceed the KV capacity of one %s decode node; real engines would queue and preempt requests (go run ./examples/bench --fleet measures it)\n", s.profile)
+	}
 	if v := s.verification; v.calls > 0 {
 		if v.partial > 0 {
 			fmt.Fprintf(w, "token verification: %d render calls; %d hits attached only the verified prefix (%.0f tokens of a handle unverified on average)\n",
@@ -376,6 +380,31 @@ func (s summary) label(tokens int) string {
 	}
 	return kTokens(tokens)
 }
+
+// heldOfCapacity is heldString with the share of the decode node's KV
+// capacity it takes, when the profile knows it.
+func (s summary) heldOfCapacity(tokens int) string {
+	if s.capacity <= 0 {
+		return s.heldString(tokens)
+	}
+	return fmt.Sprintf("%s: %.0f%% of one %s decode node's KV capacity, %s", s.heldString(tokens),
+		100*float64(tokens)/float64(s.capacity), s.profile, s.capacityString())
+}
+
+// capacityString is the decode node's KV capacity in tokens and bytes.
+func (s summary) capacityString() string {
+	if s.capacity < 1_000_000 {
+		return s.heldString(s.capacity)
+	}
+	str := fmt.Sprintf("%.2fM tok", float64(s.capacity)/1e6)
+	if s.kvBytes > 0 {
+		str += fmt.Sprintf(" (%.1f GiB)", float64(s.capacity)*s.kvBytes/(1<<30))
+	}
+	return str
+}
+
+// overCapacity reports tokens above the decode node's KV capacity.
+func (s summary) overCapacity(tokens int) bool { return s.capacity > 0 && tokens > s.capacity }
 
 func (s summary) heldString(tokens int) string {
 	if s.kvBytes > 0 {

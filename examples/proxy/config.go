@@ -20,6 +20,8 @@ var errUsage = errors.New("bidikv-proxy: invalid command line")
 
 // config is the parsed command line.
 type config struct {
+	memory memoryConfig // decode memory as a managed budget (memory.go)
+
 	host string
 	port int
 	// debugAddr serves net/http/pprof when set (host:port), on a
@@ -281,6 +283,7 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	c.dns.flags(fs)
+	c.memory.flags(fs)
 	if extra != nil {
 		extra(fs)
 	}
@@ -306,6 +309,9 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 		return nil, err
 	}
 	if err := c.dns.check(ph.set || pp.set || len(c.prefillURLs) > 0, dh.set || dp.set || len(c.decodeURLs) > 0); err != nil {
+		return nil, err
+	}
+	if err := c.memory.check(); err != nil {
 		return nil, err
 	}
 	if err := c.endpoints(ph.set || pp.set, dh.set || dp.set); err != nil {
@@ -456,6 +462,14 @@ func none[T int | time.Duration](v T) T {
 
 // routerOptions maps the configuration onto kvroute options. The store is
 // added by the caller.
+// decodeMemory is the router's DecodeMemory: decode-local turns, buffered
+// streams and the memory management's flags.
+func (c *config) decodeMemory() kvroute.DecodeMemory {
+	m := c.memory.decodeMemory(c.decodeLocal, c.kvBytesPerToken, c.blockSize)
+	m.BufferStreams = c.bufferStreams
+	return m
+}
+
 func (c *config) routerOptions() []kvroute.Option {
 	// A flag's 0 means none (a timeout, the restart reads, partial
 	// reads), where the grouped options take a negative value.
@@ -471,7 +485,7 @@ func (c *config) routerOptions() []kvroute.Option {
 			Idle: none(c.idleTimeout), Render: c.renderTimeout, Buffered: none(c.bufferedTimeout)}),
 		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),
 		kvroute.WithHealth(kvroute.Health{RestartCheck: none(c.restartCheck)}),
-		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: c.decodeLocal, KVBytesPerToken: c.kvBytesPerToken, BufferStreams: c.bufferStreams}),
+		kvroute.WithDecodeMemory(c.decodeMemory()),
 	}
 	if c.upstreamAPIKey != "" {
 		opts = append(opts, kvroute.WithUpstreamAPIKey(c.upstreamAPIKey))

@@ -72,6 +72,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	defer router.Close()
 	m.watchRouter(router)
+	m.watchMemory(router, cfg.memory.ledger, cfg.retentionTTL)
 
 	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp

@@ -41,6 +41,7 @@ const (
 	AttrBytes          = attribute.Key("bidikv.response_bytes")   // Bytes
 	AttrStored         = attribute.Key("bidikv.stored")           // Stored
 	AttrStoreRefusal   = attribute.Key("bidikv.store_refusal")    // StoreRefusal, when set
+	AttrReleased       = attribute.Key("bidikv.released")         // Released, when true: why is AttrMissReason
 	AttrErrorPhase     = attribute.Key("bidikv.error.phase")      // ErrPhase, when the turn failed
 
 	// AttrPhase is the phase of a phase span and of an endpoint event.

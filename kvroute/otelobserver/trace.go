@@ -163,6 +163,9 @@ func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 	if rec.MissReason != "" {
 		attrs = append(attrs, AttrMissReason.String(string(rec.MissReason)))
 	}
+	if rec.Released {
+		attrs = append(attrs, AttrReleased.Bool(true))
+	}
 	if rec.Verification != "" {
 		attrs = append(attrs, AttrVerification.String(string(rec.Verification)))
 	}

@@ -125,6 +125,10 @@ func ledgerRun(t *testing.T, next func(n int) int, steps int) {
 			require.Equal(t, tok, u.Tokens, "step %d %s: %s tokens", step, what, u.Engine)
 			require.Equal(t, blocks, u.Blocks, "step %d %s: %s blocks", step, what, u.Engine)
 			require.Equal(t, blocks*bs, u.HeldTokens)
+			h, bud := b.Held(u.Engine, now)
+			require.Equal(t, u.HeldTokens, h, "step %d %s: Held(%s)", step, what, u.Engine)
+			require.Equal(t, u.Budget, bud)
+			require.Equal(t, int64(float64(caps[u.Engine])*0.5), bud)
 			ages := 0
 			for _, a := range u.Ages {
 				ages += a

@@ -59,3 +59,21 @@ func (b *Budget) Usage(now time.Time) []Usage {
 	}
 	return out
 }
+
+// Held returns what engine's live holds pin, in tokens (whole blocks ×
+// its block size: the memory counted against the budget), and its budget
+// in tokens (0: no budget, its capacity unknown), as of now. It costs a
+// map lookup (and the expiry of holds past their Expires), for a caller
+// that asks on every turn; an engine never seen has neither.
+func (b *Budget) Held(engine string, now time.Time) (held, budget int64) {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(n)
+	i, ok := b.byName[engine]
+	if !ok {
+		return 0, 0
+	}
+	e := b.engines[i]
+	return e.blocks * int64(b.blockSize(e)), b.budgetTokens(e)
+}

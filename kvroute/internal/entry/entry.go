@@ -28,6 +28,15 @@ type Entry struct {
 	FP        fingerprint.Fingerprint // the token fingerprint of D's blocks, nil when unknown
 	Handle    []byte                  // D's kv_transfer_params, verbatim
 
+	// What the decode memory budget needs of a hold (version 4): the
+	// conversation's turn number (1 for a first request; 0 when unknown,
+	// an older entry), whether the reply ended in tool calls, the model
+	// and the API the turn was served on (a release request names them).
+	Turn      int
+	ToolCalls bool
+	Model     string
+	API       byte // an API code of the router's (0: unknown)
+
 	Raw []byte // the stored value, for putting it back
 	// Expanded: Handle was expanded into a buffer from Decode's
 	// pool, which the caller puts back when done with it.
@@ -37,25 +46,30 @@ type Entry struct {
 // Entry encodings: version 1 had no flags and no fingerprint; version 2
 // added them; version 3 adds flagCompactBlocks, a handle stored compacted
 // (compactHandle), which a router that reads only version 2 refuses as a
-// bad entry rather than misreading.
+// bad entry rather than misreading; version 4 adds, after the
+// fingerprint, the turn number, the model and the API (and
+// flagToolCalls), which a router that reads only version 3 refuses.
 const (
 	entryVersion1 = 1
 	entryVersion2 = 2
-	entryVersion  = 3
+	entryVersion3 = 3
+	entryVersion  = 4
 )
 
 const (
 	flagContentOK     = 1
 	flagCompactBlocks = 2
+	flagToolCalls     = 4
 )
 
 // EncodedSize bounds the length of e's encoding.
 func (e Entry) EncodedSize() int {
-	return 2 + 6*binary.MaxVarintLen64 + len(e.Endpoint) + len(e.Check) + len(e.FP) + len(e.Handle)
+	return 3 + 8*binary.MaxVarintLen64 + len(e.Endpoint) + len(e.Check) + len(e.FP) + len(e.Model) + len(e.Handle)
 }
 
 // Encode serialises e compactly into dst[:0]: a version byte, varints, the
-// endpoint, the check, a flag byte and the fingerprint, then the handle
+// endpoint, the check, a flag byte and the fingerprint, the turn number,
+// the model and the API code, then the handle
 // JSON as is, or compacted (compactHandle, whose check expands it into a
 // buffer from pool; nil: a new one).
 func (e Entry) Encode(dst []byte, bufs *bufpool.Bytes) []byte {
@@ -68,9 +82,15 @@ func (e Entry) Encode(dst []byte, bufs *bufpool.Bytes) []byte {
 	if e.ContentOK {
 		flags |= flagContentOK
 	}
+	if e.ToolCalls {
+		flags |= flagToolCalls
+	}
 	at := len(b)
 	b = append(b, flags)
 	b = appendBytes(b, e.FP)
+	b = binary.AppendUvarint(b, uint64(max(e.Turn, 0)))
+	b = appendBytes(b, []byte(e.Model))
+	b = append(b, e.API)
 	if c, ok := compactHandle(b, e.Handle, bufs); ok {
 		c[at] |= flagCompactBlocks
 		return c
@@ -352,9 +372,15 @@ func Decode(b []byte, bufs *bufpool.Bytes) (Entry, error) {
 	} else {
 		flags := r.byte()
 		e.ContentOK = flags&flagContentOK != 0
-		compact = b[0] >= entryVersion && flags&flagCompactBlocks != 0
+		compact = b[0] >= entryVersion3 && flags&flagCompactBlocks != 0
 		if FP := r.bytes(); len(FP) > 0 {
 			e.FP = fingerprint.Fingerprint(FP)
+		}
+		if b[0] >= entryVersion {
+			e.ToolCalls = flags&flagToolCalls != 0
+			e.Turn = int(min(r.uvarint(), 1<<31))
+			e.Model = string(r.bytes())
+			e.API = r.byte()
 		}
 	}
 	if r.bad || len(r.b) == 0 {

@@ -2,6 +2,7 @@ package entry
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -89,6 +90,44 @@ func TestEntryCompactHandle(t *testing.T) {
 		_, err := Decode(Raw[:cut], nil)
 		assert.Error(t, err, "cut at %d", cut)
 	}
+}
+
+// TestEntryHoldFields: version 4 keeps what the decode memory budget needs
+// of a hold; an entry of version 3 (a router before it) still decodes,
+// with those fields unknown.
+func TestEntryHoldFields(t *testing.T) {
+	e := Entry{Created: time.Unix(100, 5), Endpoint: "http://d", Tokens: 60, Check: []byte("c"), ContentOK: true,
+		FP: fingerprint.Fingerprint{1, 2, 3, 4, 5, 6, 7, 8}, Handle: []byte(`{"remote_block_ids":[[1,2,3,4]],"remote_num_tokens":60}`),
+		Turn: 7, ToolCalls: true, Model: "Qwen/Qwen3-32B", API: 2}
+	raw := e.Encode(nil, nil)
+	got, err := Decode(raw, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 7, got.Turn)
+	assert.True(t, got.ToolCalls)
+	assert.True(t, got.ContentOK)
+	assert.Equal(t, "Qwen/Qwen3-32B", got.Model)
+	assert.Equal(t, byte(2), got.API)
+	assert.Equal(t, string(e.Handle), string(got.Handle))
+
+	// Version 3: the same layout without the hold's fields.
+	v3 := []byte{entryVersion3}
+	v3 = binary.AppendVarint(v3, e.Created.UnixNano())
+	v3 = binary.AppendUvarint(v3, uint64(e.Tokens))
+	v3 = appendBytes(v3, []byte(e.Endpoint))
+	v3 = appendBytes(v3, e.Check)
+	v3 = append(v3, flagContentOK|flagToolCalls) // a bit version 3 never set: ignored
+	v3 = appendBytes(v3, e.FP)
+	v3 = append(v3, e.Handle...)
+	got, err = Decode(v3, nil)
+	require.NoError(t, err)
+	assert.Zero(t, got.Turn)
+	assert.False(t, got.ToolCalls)
+	assert.Empty(t, got.Model)
+	assert.Equal(t, string(e.Handle), string(got.Handle))
+	assert.Equal(t, 60, got.Tokens)
+
+	_, err = Decode(append([]byte{entryVersion + 1}, raw[1:]...), nil)
+	assert.ErrorIs(t, err, ErrBad, "a later version is refused, not misread")
 }
 
 // BenchmarkCompactHandle is compactHandle on a 26k-token handle: 1,637

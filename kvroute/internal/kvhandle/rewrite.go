@@ -17,6 +17,7 @@ var Miss = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_en
 var (
 	jsonTrue  = []byte("true")
 	jsonFalse = []byte("false")
+	jsonZero  = []byte("0")
 )
 
 var errStop = errors.New("stop")
@@ -35,6 +36,30 @@ func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
 	return obj.Edit(nil,
 		jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue},
 		jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse}), nil
+}
+
+// Release turns a retained decode handle into a handle that releases its
+// hold (the protocol's "Decode memory"): message 2 with remote_num_tokens
+// 0, so that the prefill engine counts nothing to pull
+// (min(remote_num_tokens, prompt) - local hit <= 0), takes the notify-only
+// path and tells the decode engine to free the whole hold, while it
+// computes its own prompt as on a miss. The role flags are forced as for
+// a hit (do_remote_decode true, do_remote_prefill false); every other key
+// is kept verbatim: remote_block_ids non-empty and the four keys the
+// engine needs to reach the decode engine (Check refuses a handle without
+// them). Like ForHit, the handle is checked again.
+func Release(dHandle []byte, blockSize int) ([]byte, error) {
+	if _, err := Check(dHandle, blockSize); err != nil {
+		return nil, err
+	}
+	obj, err := jsonraw.Parse(dHandle)
+	if err != nil {
+		return nil, err
+	}
+	return obj.Edit(nil,
+		jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue},
+		jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse},
+		jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero}), nil
 }
 
 // Why a handle cannot be read partially (TurnRecord.MissReason detail and

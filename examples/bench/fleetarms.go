@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"slices"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/retention/budget"
+)
+
+// The two arms' router options. Hold everything is the router as it was
+// before issue 23: every retained handle held on D for the TTL. Managed
+// is the router's decode memory management (kvroute.DecodeMemory).
+
+// defaultBudget is the managed arm's budget as a share of each decode
+// engine's capacity (kvroute.DecodeMemory.Budget's default).
+const defaultBudget = 0.5
+
+// decodeMemory is an arm's decode memory options, and the managed arm's
+// ledger (nil for hold everything).
+func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budget, error) {
+	m := kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken, Budget: -1}
+	if !a.managed {
+		return m, nil, nil
+	}
+	// The budget and the capacity as an operator gives them, in a ledger
+	// of the bench's own (to settle on, and to report the gap model it
+	// learned).
+	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
+	if err != nil {
+		return m, nil, err
+	}
+	m.Budget, m.Ledger = 0, ledger
+	// No /metrics reads: the router makes them in the background in real
+	// time, beside the event clock, which would make the run unrepeatable
+	// (--metrics turns them on).
+	if !c.metrics {
+		m.MetricsInterval = -1
+	}
+	// Every release request at once: a release waiting for a slot would
+	// take its handle while no session waits for it.
+	m.Releases = 1 << 20
+	return m, ledger, nil
+}
+
+// budgetTokens is the managed arm's budget per decode engine, in tokens;
+// 0 for hold everything.
+func budgetTokens(c fleetConfig, a armSpec) int {
+	if !a.managed {
+		return 0
+	}
+	return int(c.budget * float64(a.capacity))
+}
+
+func sortTurns(ts []fleetTurn) {
+	slices.SortFunc(ts, func(a, b fleetTurn) int {
+		if a.session != b.session {
+			return a.session - b.session
+		}
+		return a.turn - b.turn
+	})
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// release is a count of the router's releases for one reason.
+type release struct {
+	reason string
+	n      int64
+}
+
+// routerReleases are the router's releases by reason, and their
+// failures.
+func routerReleases(s kvroute.Stats) []release {
+	var out []release
+	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
+		{"budget", s.ReleasedBudget}, {"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
+		if r.n > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// The router's release requests (kvroute's releaser.go) run in the
+// background, outside any session, yet block in a prefill engine on the
+// event clock like a session's request. Uncounted, the clock would take
+// their blocking for a session's and move on while a session still runs;
+// the run would no longer repeat. So a release is a participant of the
+// clock from the moment it takes its handle from the Store (in the
+// router's goroutine that the turn's retain started, before that turn's
+// session blocks again) until its response has been read whole (the
+// engine has then finished with it and handed the turn on to the
+// release). The session requests carry a context mark; a Take without it
+// is a release's.
+//
+// The releases start in a goroutine of their own, which the session does
+// not wait for: after each turn the session settles, waiting (in real
+// time, for at most settleWait) until every hold the ledger chose to
+// release has been taken (budget.Stats.Released equals the releases'
+// Takes) and no engine is over its budget, so that the clock cannot move
+// on before the releases joined it.
+
+// releaseUserAgent is the User-Agent of the router's release requests.
+const releaseUserAgent = "bidikv-release"
+
+type sessionMark struct{}
+
+// markSession marks ctx as a session's.
+func markSession(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sessionMark{}, true)
+}
+
+func isSession(ctx context.Context) bool { return ctx.Value(sessionMark{}) != nil }
+
+// clockStore is the router's Store: it makes a release a participant
+// when it takes its handle.
+type clockStore struct {
+	kvroute.Store
+	clk   *kvroutetest.EventClock
+	takes *atomic.Int64 // the releases' Takes
+}
+
+// Take implements kvroute.Store.
+func (s clockStore) Take(ctx context.Context, key string) ([]byte, bool, error) {
+	v, ok, err := s.Store.Take(ctx, key)
+	if !isSession(ctx) {
+		if ok && err == nil {
+			s.clk.Join()
+		}
+		s.takes.Add(1)
+	}
+	return v, ok, err
+}
+
+// Put implements kvroute.Store.
+func (s clockStore) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	return s.Store.Put(ctx, key, value, ttl)
+}
+
+// settleWait bounds a session's wait for the releases its turn started.
+const settleWait = time.Second
+
+// settle waits until the releases the ledger chose have all taken their
+// handles and no engine is over budget; it reports false when it gave
+// up after settleWait.
+func (r *fleetRig) settle() bool {
+	if r.ledger == nil {
+		return true
+	}
+	deadline := time.Now().Add(settleWait)
+	for {
+		now := r.clk.Now()
+		ok := r.ledger.Stats().Released == r.takes.Load()
+		for _, e := range r.d {
+			if held, b := r.ledger.Held(e.URL(), now); b > 0 && held > b {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// clockTransport ends a release's participation once its response is
+// read.
+type clockTransport struct {
+	base http.RoundTripper
+	clk  *kvroutetest.EventClock
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t clockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Header.Get("User-Agent") != releaseUserAgent {
+		return t.base.RoundTrip(req)
+	}
+	defer t.clk.Leave()
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// fleetEpoch is where every arm's event clock starts.
+var fleetEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// armSpec is one arm of a fleet run: the router's decode memory options
+// and the decode engines' capacity.
+type armSpec struct {
+	name     string
+	managed  bool
+	capacity int // tokens per decode engine
+}
+
+// fleetTurn is what one turn measured.
+type fleetTurn struct {
+	session, turn int
+	prompt        int           // prompt tokens
+	ttft          time.Duration // modelled: render + prefill leg + D's first token
+	reused        int           // tokens P pulled from D's hold
+	computed      int           // prompt tokens P computed
+	hit           bool
+	wrong         bool
+	err           string
+	answered      time.Duration // from the run's start
+}
+
+// kvSample is the decode engines' KV at one moment.
+type kvSample struct {
+	at      time.Duration
+	held    []int // tokens pinned for holds, per decode engine
+	used    []int // tokens allocated (holds and running requests), per engine
+	waiting []int
+}
+
+// engineCounters are an engine's counters at the end of a run.
+type engineCounters struct {
+	url                                     string
+	queued, preemptions, recomputed, notify int
+	ttlBlocks, holds, wrong                 int
+}
+
+// armResult is everything one arm measured.
+type armResult struct {
+	spec         armSpec
+	turns        []fleetTurn
+	samples      []kvSample
+	prefill      []engineCounters
+	decode       []engineCounters
+	router       kvroute.Stats
+	elapsed      time.Duration // first arrival to the last answer, virtual
+	budgetTokens int           // the managed arm's budget per engine, 0 when none
+	unsettled    int           // turns whose releases did not settle (settle)
+	gaps         budget.Snapshot
+	real         time.Duration
+}
+
+// fleetRig is one arm's engines, router and clock.
+type fleetRig struct {
+	clk    *kvroutetest.EventClock
+	p, d   []*kvroutetest.Engine
+	byURL  map[string]*kvroutetest.Engine
+	router *kvroute.Router
+	obs    *turnObserver
+	// ledger is the managed arm's ledger (nil for hold everything) and
+	// takes the releases' Takes (settle)
+	ledger    *budget.Budget
+	takes     atomic.Int64
+	unsettled atomic.Int64 // turns whose releases did not settle in time
+	closers   []func()
+}
+
+func (r *fleetRig) close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		r.closers[i]()
+	}
+}
+
+func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
+	r := &fleetRig{clk: kvroutetest.NewEventClock(fleetEpoch), byURL: map[string]*kvroutetest.Engine{}}
+	ok := false
+	defer func() {
+		if !ok {
+			r.close()
+		}
+	}()
+	reg := kvroutetest.NewRegistry()
+	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithClock(r.clk),
+		kvroutetest.WithProfile(c.prof)}
+	// P: no prefix caching (a miss recomputes the whole prompt), the
+	// node's capacity, and a read P declines near the handle's expiry
+	// (its request waited) is recomputed rather than failed.
+	for range c.prefill {
+		e, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(false),
+			kvroutetest.WithNumBlocks(c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)),
+			kvroutetest.WithKVLoadFailurePolicy("recompute"))...)
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, e.Close)
+		r.p = append(r.p, e)
+	}
+	for range c.decode {
+		e, err := kvroutetest.StartEngine(append(common,
+			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize))...)
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, e.Close)
+		r.d = append(r.d, e)
+	}
+	var pu, du []string
+	for _, e := range r.p {
+		pu = append(pu, e.URL())
+		r.byURL[e.URL()] = e
+	}
+	for _, e := range r.d {
+		du = append(du, e.URL())
+		r.byURL[e.URL()] = e
+	}
+	r.obs = &turnObserver{recs: map[string]kvroute.TurnRecord{}}
+	rt, err := transport.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, rt.CloseIdleConnections)
+	store, err := retention.NewMemory()
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { _ = store.Close() })
+	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
+		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk}),
+		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
+	mem, ledger, err := decodeMemory(c, a)
+	if err != nil {
+		return nil, err
+	}
+	r.ledger = ledger
+	opts = append(opts, kvroute.WithDecodeMemory(mem))
+	router, err := kvroute.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	r.router = router
+	r.closers = append(r.closers, func() { _ = router.Close() })
+	ok = true
+	return r, nil
+}
+
+// runArm runs every session of plan through one arm.
+func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (armResult, error) {
+	start := time.Now()
+	rig, err := startRig(c, a)
+	if err != nil {
+		return armResult{}, err
+	}
+	defer rig.close()
+	res := armResult{spec: a, budgetTokens: budgetTokens(c, a)}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+
+	var mu sync.Mutex
+	var failed error
+	var left atomic.Int64
+	var wg sync.WaitGroup
+	left.Store(int64(len(plan)))
+	for _, sp := range plan {
+		rig.clk.Join()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer rig.clk.Leave()
+			defer left.Add(-1)
+			turns, err := runSession(ctx, c, rig, sp)
+			mu.Lock()
+			defer mu.Unlock()
+			res.turns = append(res.turns, turns...)
+			if err != nil && failed == nil {
+				failed = err
+			}
+		}()
+	}
+	// the sampler: a participant that reads every decode engine's KV
+	rig.clk.Join()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer rig.clk.Leave()
+		for left.Load() > 0 {
+			res.samples = append(res.samples, sample(rig))
+			if rig.clk.Sleep(ctx, c.sample) != nil {
+				return
+			}
+		}
+	}()
+	err = rig.clk.Run(ctx)
+	if err != nil {
+		// the sessions end as their requests and sleeps see ctx done
+		cancel()
+	}
+	wg.Wait()
+	if err != nil {
+		return armResult{}, fmt.Errorf("%s: %w", a.name, err)
+	}
+	if failed != nil {
+		return armResult{}, fmt.Errorf("%s: %w", a.name, failed)
+	}
+	res.samples = append(res.samples, sample(rig))
+	res.elapsed = rig.clk.Now().Sub(fleetEpoch)
+	res.prefill, res.decode = counters(rig.p), counters(rig.d)
+	// Close waits for the router's background work: a release whose
+	// request has answered counts its outcome after it left the clock.
+	_ = rig.router.Close()
+	res.router = rig.router.Stats()
+	res.unsettled = int(rig.unsettled.Load())
+	if rig.ledger != nil {
+		res.gaps = rig.ledger.Snapshot(rig.clk.Now(), kvroutetest.DefaultDecoderBlocksTTL)
+	}
+	res.real = time.Since(start)
+	sortTurns(res.turns)
+	return res, nil
+}
+
+func sample(rig *fleetRig) kvSample {
+	s := kvSample{at: rig.clk.Now().Sub(fleetEpoch)}
+	for _, e := range rig.d {
+		st := e.Stats()
+		s.held = append(s.held, st.BlocksPinned*kvroutetest.DefaultBlockSize)
+		s.used = append(s.used, st.UsedBlocks*kvroutetest.DefaultBlockSize)
+		s.waiting = append(s.waiting, st.Waiting)
+	}
+	return s
+}
+
+func counters(es []*kvroutetest.Engine) []engineCounters {
+	var out []engineCounters
+	for _, e := range es {
+		st := e.Stats()
+		out = append(out, engineCounters{url: e.URL(), queued: st.Queued, preemptions: st.Preemptions,
+			recomputed: st.TokensRecomputed, notify: st.NotifiedHolds, ttlBlocks: st.TTLBlocks, holds: st.Holds,
+			wrong: st.WrongOutputs})
+	}
+	return out
+}
+
+// runSession runs one session's turns, each through the router, checking
+// every answer against a single engine's.
+func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPlan) ([]fleetTurn, error) {
+	if err := rig.clk.Sleep(ctx, sp.arrival); err != nil {
+		return nil, err
+	}
+	s := newSession(c.seed, sp)
+	var out []fleetTurn
+	for t, tp := range sp.turns {
+		ft, reply, err := sendFleetTurn(ctx, rig, s, t)
+		out = append(out, ft)
+		if err != nil {
+			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
+		}
+		s.hear(reply)
+		if !rig.settle() {
+			rig.unsettled.Add(1)
+		}
+		if err := rig.clk.Sleep(ctx, tp.pause); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// sendFleetTurn sends turn t of s and measures it from the router's
+// record and the engines' records.
+func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, string, error) {
+	ft := fleetTurn{session: s.plan.id, turn: t}
+	body, err := s.body(t)
+	if err != nil {
+		return ft, "", err
+	}
+	ref, err := kvroutetest.Reference(kvroutetest.PathChat, body)
+	if err != nil {
+		return ft, "", err
+	}
+	id := fmt.Sprintf("s%04d-t%02d", s.plan.id, t)
+	req := httptest.NewRequestWithContext(markSession(ctx), http.MethodPost, kvroute.PathChatCompletions, bytesReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	w := httptest.NewRecorder()
+	rig.router.ServeHTTP(w, req)
+	ft.answered = rig.clk.Now().Sub(fleetEpoch)
+	ft.prompt = ref.PromptTokens
+	if w.Code != http.StatusOK {
+		ft.err = fmt.Sprintf("status %d: %.200s", w.Code, w.Body.String())
+		return ft, "", errors.New(ft.err)
+	}
+	var ans struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &ans); err != nil || len(ans.Choices) != 1 {
+		return ft, "", fmt.Errorf("bad answer: %v", err)
+	}
+	got := ans.Choices[0]
+	ft.wrong = got.Message.Content != ref.Text || got.FinishReason != ref.FinishReason
+	rec, ok := rig.obs.take(id)
+	if !ok {
+		return ft, "", errors.New("no turn record")
+	}
+	ft.hit = rec.Reuse == kvroute.ReuseHit
+	ft.ttft = rec.Render + rec.Prefill
+	if d := rig.byURL[rec.DecodeEndpoint]; d != nil {
+		for _, r := range d.FinishedRequests(rec.EngineRequestID) {
+			if r.Role == "decode" || r.Role == "plain" {
+				ft.ttft += r.FirstToken
+			}
+		}
+	}
+	if p := rig.byURL[rec.PrefillEndpoint]; p != nil {
+		for _, r := range p.FinishedRequests(rec.EngineRequestID) {
+			if r.Role == "prefill" {
+				ft.reused += r.PulledTokens
+				ft.computed += r.ComputedTokens
+			}
+		}
+	}
+	return ft, got.Message.Content, nil
+}
+
+// turnObserver keeps the router's record of each turn by request id.
+type turnObserver struct {
+	mu   sync.Mutex
+	recs map[string]kvroute.TurnRecord
+}
+
+// ObserveTurn implements kvroute.Observer.
+func (o *turnObserver) ObserveTurn(rec *kvroute.TurnRecord) {
+	o.mu.Lock()
+	o.recs[rec.RequestID] = *rec
+	o.mu.Unlock()
+}
+
+func (o *turnObserver) take(id string) (kvroute.TurnRecord, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	rec, ok := o.recs[id]
+	delete(o.recs, id)
+	return rec, ok
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/retention/budget"
+)
+
+// memoryConfig is decode memory as a managed budget (kvroute's
+// DecodeMemory; README, "Decode memory"): the flags, and the ledger the
+// router keeps its holds and learned pauses in, which /metrics reads.
+type memoryConfig struct {
+	budget    float64
+	capacity  int64
+	watermark float64
+	interval  time.Duration
+	releases  int
+
+	ledger *budget.Budget // made by decodeMemory
+}
+
+// flags adds the decode memory flags to fs.
+func (m *memoryConfig) flags(fs *flag.FlagSet) {
+	d := kvroute.Defaults().DecodeMemory
+	fs.Float64Var(&m.budget, "decode-memory-budget", d.Budget, "share of each decode engine's KV capacity this proxy's retained handles may hold: above it, the holds least likely to be used (by the learned pauses between turns) are released with a one-token request to a prefill engine; under it nothing is released. Handles a turn replaces are released through its own prefill leg. A negative value turns this off: every handle held for --retention-ttl, as the reference proxy")
+	fs.Int64Var(&m.capacity, "decode-kv-capacity", 0, "KV capacity in tokens of a decode engine whose /metrics do not report vllm:cache_config_info (0: read from /metrics)")
+	fs.Float64Var(&m.watermark, "decode-high-watermark", d.HighWatermark, "KV usage (0 to 1, holds included) at or above which a decode engine takes no new conversation and its own conversations move while another engine has room (negative: never)")
+	fs.DurationVar(&m.interval, "decode-metrics-interval", d.MetricsInterval, "how often each decode engine's /metrics (capacity, KV usage, waiting requests, preemptions) is read, in the background (0: never)")
+	fs.IntVar(&m.releases, "decode-memory-releases", d.Releases, "release requests in flight at most")
+}
+
+// check validates the decode memory flags.
+func (m *memoryConfig) check() error {
+	switch {
+	case math.IsNaN(m.budget) || m.budget > 1 || m.budget == 0:
+		return fmt.Errorf("%w: --decode-memory-budget %v: use a share in (0, 1], or a negative value to hold every handle for --retention-ttl", errUsage, m.budget)
+	case math.IsNaN(m.watermark) || m.watermark > 1 || m.watermark == 0:
+		return fmt.Errorf("%w: --decode-high-watermark %v: use a share in (0, 1], or a negative value for never", errUsage, m.watermark)
+	case m.capacity < 0:
+		return fmt.Errorf("%w: --decode-kv-capacity %d is negative", errUsage, m.capacity)
+	case m.interval < 0:
+		return fmt.Errorf("%w: --decode-metrics-interval %v is negative", errUsage, m.interval)
+	case m.releases < 1:
+		return fmt.Errorf("%w: --decode-memory-releases %d: at least 1", errUsage, m.releases)
+	}
+	return nil
+}
+
+// decodeMemory is the router's DecodeMemory for these flags, with the
+// ledger /metrics reads (made once).
+func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize int) kvroute.DecodeMemory {
+	dm := kvroute.DecodeMemory{Local: local, KVBytesPerToken: kvBytesPerToken, HighWatermark: m.watermark,
+		MetricsInterval: none(m.interval), Releases: m.releases}
+	if m.ledger == nil {
+		opts := []budget.Option{budget.WithFraction(max(m.budget, 0)), budget.WithCapacity(m.capacity)}
+		if m.budget < 0 {
+			opts = opts[1:] // off: the ledger only counts
+		}
+		if blockSize > 0 {
+			opts = append(opts, budget.WithBlockSize(blockSize))
+		}
+		l, err := budget.New(opts...)
+		if err != nil {
+			// check rules the values out; a ledger of the defaults
+			// keeps the proxy's figures.
+			l, _ = budget.New()
+		}
+		m.ledger = l
+	}
+	dm.Ledger = m.ledger
+	if m.budget < 0 {
+		dm.Budget = -1
+	}
+	return dm
+}
+
+var (
+	kvHeldBlocksDesc = prometheus.NewDesc(namespace+"_decode_kv_pinned_tokens",
+		"KV each decode engine pins for this proxy's live retained handles, in whole blocks × block size: what counts against the budget.", []string{"endpoint"}, nil)
+	kvCapacityDesc = prometheus.NewDesc(namespace+"_decode_kv_capacity_tokens",
+		"Each decode engine's KV capacity in tokens (vllm:cache_config_info, or --decode-kv-capacity; 0: unknown).", []string{"endpoint"}, nil)
+	kvBudgetDesc = prometheus.NewDesc(namespace+"_decode_kv_budget_tokens",
+		"The share of each decode engine's capacity this proxy's holds may pin (--decode-memory-budget; 0: none, capacity unknown or management off).", []string{"endpoint"}, nil)
+	kvAgesDesc = prometheus.NewDesc(namespace+"_decode_kv_held_handles_by_age",
+		"Live retained handles per decode engine by age: at most le seconds old (le +Inf: all).", []string{"endpoint", "le"}, nil)
+	kvUsageDesc = prometheus.NewDesc(namespace+"_decode_kv_usage",
+		"Each decode engine's vllm:kv_cache_usage_perc (0 to 1, holds included) at the proxy's last reading (-1: not reported).", []string{"endpoint"}, nil)
+	kvWaitingDesc = prometheus.NewDesc(namespace+"_decode_waiting_requests",
+		"Each decode engine's vllm:num_requests_waiting at the proxy's last reading.", []string{"endpoint"}, nil)
+	kvPreemptDesc = prometheus.NewDesc(namespace+"_decode_preemptions",
+		"Each decode engine's vllm:num_preemptions_total at the proxy's last reading.", []string{"endpoint"}, nil)
+	gapDesc = prometheus.NewDesc(namespace+"_turn_gap_seconds",
+		"The learned pause before a conversation's next turn, among those that come back within the horizon (30 min), over every tenant and model.", []string{"quantile"}, nil)
+	returnDesc = prometheus.NewDesc(namespace+"_turn_return_probability",
+		"The learned chance that a conversation comes back within the horizon (30 min), over every tenant and model.", nil, nil)
+	withinDesc = prometheus.NewDesc(namespace+"_next_turn_probability",
+		"The learned chance of a next turn within --retention-ttl, by the turn number group (first turn of the group) and whether the reply ended in tool calls.", []string{"turn", "tool_calls"}, nil)
+)
+
+// memoryCollector exports the decode memory's holds, pressure and learned
+// pauses at each scrape.
+type memoryCollector struct {
+	r      *kvroute.Router
+	ledger *budget.Budget
+	window time.Duration
+	clock  func() time.Time
+}
+
+// Describe implements prometheus.Collector.
+func (c memoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{kvHeldBlocksDesc, kvCapacityDesc, kvBudgetDesc, kvAgesDesc, kvUsageDesc,
+		kvWaitingDesc, kvPreemptDesc, gapDesc, returnDesc, withinDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	bounds := budget.AgeBounds()
+	for _, kv := range c.r.DecodeKV() {
+		gauge(kvHeldBlocksDesc, float64(kv.HeldTokens), kv.Endpoint)
+		gauge(kvCapacityDesc, float64(kv.Capacity), kv.Endpoint)
+		gauge(kvBudgetDesc, float64(kv.Budget), kv.Endpoint)
+		n := 0
+		for i, k := range kv.Ages {
+			n += k
+			le := "+Inf"
+			if i < len(bounds) {
+				le = strconv.FormatFloat(bounds[i].Seconds(), 'g', -1, 64)
+			}
+			gauge(kvAgesDesc, float64(n), kv.Endpoint, le)
+		}
+		if !kv.MetricsRead.IsZero() {
+			gauge(kvUsageDesc, kv.KVUsage, kv.Endpoint)
+			gauge(kvWaitingDesc, float64(kv.Waiting), kv.Endpoint)
+			gauge(kvPreemptDesc, float64(kv.Preemptions), kv.Endpoint)
+		}
+	}
+	if c.ledger == nil {
+		return
+	}
+	snap := c.ledger.Snapshot(c.clock(), c.window)
+	if len(snap.Classes) == 0 {
+		return
+	}
+	all := snap.Classes[0]
+	if all.Returns > 0 {
+		gauge(gapDesc, all.P50.Seconds(), "0.5")
+		gauge(gapDesc, all.P90.Seconds(), "0.9")
+		gauge(gapDesc, all.P99.Seconds(), "0.99")
+	}
+	gauge(returnDesc, all.Return)
+	for _, f := range all.Within {
+		gauge(withinDesc, f.Probability, strconv.Itoa(f.FirstTurn), strconv.FormatBool(f.ToolCalls))
+	}
+}
+
+// watchMemory exports the decode memory's releases, holds, pressure and
+// learned pauses.
+func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
+	for _, rel := range []struct {
+		reason string
+		get    func(kvroute.Stats) int64
+	}{
+		{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
+		{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
+		{"budget", func(s kvroute.Stats) int64 { return s.ReleasedBudget }},
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "decode_releases_total",
+			Help:        "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget).",
+			ConstLabels: prometheus.Labels{"reason": rel.reason}},
+			func() float64 { return float64(rel.get(r.Stats())) }))
+	}
+	stat := func(name, help string, get func(kvroute.Stats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help},
+			func() float64 { return float64(get(r.Stats())) })
+	}
+	m.reg.MustRegister(
+		stat("decode_release_failures_total", "Releases that failed (the hold lapses at the engines' TTL).",
+			func(s kvroute.Stats) int64 { return s.ReleaseFailures }),
+		stat("decode_release_skipped_total", "Holds not released because their decode engine restarted since (their blocks are gone).",
+			func(s kvroute.Stats) int64 { return s.ReleaseSkipped }),
+		stat("decode_release_gone_total", "Holds over the budget already taken from the store when their release came (a turn or another replica had them).",
+			func(s kvroute.Stats) int64 { return s.ReleaseGone }),
+		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now},
+	)
+}

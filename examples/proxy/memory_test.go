@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+)
+
+// Issue 23, through the proxy: with a decode engine of little KV capacity
+// the proxy reads the capacity from its /metrics, releases the holds over
+// --decode-memory-budget with release requests, and /metrics shows the
+// capacity, the budget, what is pinned (within the budget), the releases
+// by reason and the learned pauses; every answer is a single engine's.
+// With a negative budget nothing is released.
+func TestDecodeMemoryBudgetFlag(t *testing.T) {
+	for _, budget := range []string{"0.5", "-1"} {
+		t.Run(budget, func(t *testing.T) {
+			cl := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithNumBlocks(64))
+			d := cl.Decode[0].URL()
+			p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", d, "--decode-memory-budget", budget)
+			ask := func(b string) {
+				t.Helper()
+				status, _, body := p.do(t, http.MethodPost, "/v1/chat/completions", b, "Content-Type", "application/json")
+				require.Equal(t, http.StatusOK, status, body)
+				ref, err := kvroutetest.Reference("/v1/chat/completions", []byte(b))
+				require.NoError(t, err)
+				assert.Equal(t, ref.Text, chatAnswer(t, body), "differs from a single engine's")
+			}
+			for i := range 8 {
+				ask(plainChat(reuseSystem, fmt.Sprintf("Conversation %d: list the failing tests.", i)))
+				if i == 0 && budget != "-1" {
+					// The engine's capacity is read in the background after
+					// the first turn that considered it.
+					for range 5000 {
+						_, _, page := p.do(t, http.MethodGet, "/metrics", "")
+						if metricValue(page, fmt.Sprintf(`bidikv_decode_kv_capacity_tokens{endpoint=%q}`, d)) == "1024" {
+							break
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+			var page string
+			for range 5000 { // the releases run in the background
+				_, _, page = p.do(t, http.MethodGet, "/metrics", "")
+				if budget == "-1" || metricValue(page, `bidikv_decode_releases_total{reason="budget"}`) != "0" {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			released, _ := strconv.Atoi(metricValue(page, `bidikv_decode_releases_total{reason="budget"}`))
+			pinned, _ := strconv.Atoi(metricValue(page, fmt.Sprintf(`bidikv_decode_kv_pinned_tokens{endpoint=%q}`, d)))
+			assert.Equal(t, "0", metricValue(page, "bidikv_decode_release_failures_total"))
+			if budget == "-1" {
+				assert.Zero(t, released)
+				assert.Zero(t, cl.Decode[0].Stats().NotifiedHolds)
+				assert.Equal(t, "0", metricValue(page, fmt.Sprintf(`bidikv_decode_kv_budget_tokens{endpoint=%q}`, d)))
+				return
+			}
+			assert.Equal(t, "1024", metricValue(page, fmt.Sprintf(`bidikv_decode_kv_capacity_tokens{endpoint=%q}`, d)))
+			assert.Equal(t, "512", metricValue(page, fmt.Sprintf(`bidikv_decode_kv_budget_tokens{endpoint=%q}`, d)))
+			assert.Positive(t, released)
+			assert.LessOrEqual(t, pinned, 512, "within the budget")
+			assert.NotEmpty(t, metricValue(page, fmt.Sprintf(`bidikv_decode_kv_usage{endpoint=%q}`, d)))
+			assert.NotEmpty(t, metricValue(page, fmt.Sprintf(`bidikv_decode_kv_held_handles_by_age{endpoint=%q,le="+Inf"}`, d)))
+			assert.NotEmpty(t, metricValue(page, "bidikv_turn_return_probability"))
+			assert.Zero(t, cl.Decode[0].Stats().WrongOutputs)
+		})
+	}
+}
+
+// The decode memory flags are checked, each error naming its flag.
+func TestDecodeMemoryFlagErrors(t *testing.T) {
+	for _, tc := range []struct{ args []string }{
+		{[]string{"--decode-memory-budget", "1.5"}},
+		{[]string{"--decode-memory-budget", "0"}},
+		{[]string{"--decode-high-watermark", "2"}},
+		{[]string{"--decode-kv-capacity", "-1"}},
+		{[]string{"--decode-metrics-interval", "-1s"}},
+		{[]string{"--decode-memory-releases", "0"}},
+	} {
+		_, err := parseCommand("bidikv-proxy", "", tc.args, noEnv, nil, nil)
+		require.Error(t, err, "%v", tc.args)
+		assert.ErrorIs(t, err, errUsage)
+		assert.Contains(t, err.Error(), tc.args[0])
+	}
+}

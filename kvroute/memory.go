@@ -1,0 +1,165 @@
+package kvroute
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/threshold"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Decode memory as a managed budget (WithDecodeMemory; package doc,
+// Decode memory). A vLLM decode engine keeps every finished request's
+// blocks for decoder_kv_blocks_ttl, pinned, whether or not a next turn
+// comes. The Router keeps a ledger of the holds its retained handles pin
+// on each engine (retention/budget), learns from the pauses between turns
+// which conversations come back, and:
+//
+//   - releases a handle a turn took and does not attach, when the turn
+//     replaces it, through the turn's own prefill leg (release.go);
+//   - when its holds on an engine go over the budget, releases those
+//     worth least with release requests, in the background (releaser);
+//   - shows the selector each engine's pressure (pressure.go).
+
+// decodeMemory is the Router's management of what its retained handles
+// hold on the decode engines: the ledger, the engines' capacity and
+// pressure, and the release requests.
+type decodeMemory struct {
+	cfg    memoryConfig
+	ledger *budget.Budget
+	// saved estimates the prefill time a hit on a hold of tokens saves:
+	// the cost model's, else one microsecond a token.
+	saved    func(tokens int) time.Duration
+	clock    func() time.Time
+	ttl      time.Duration // the retention TTL: how long a hold can be attached
+	client   *transport.Client
+	apiKey   string
+	restarts *restarts
+	stats    *counters
+	log      *logger
+	bg       background
+	rel      releaser
+}
+
+// newDecodeMemory makes the Router's decode memory management (off:
+// the ledger only counts).
+func newDecodeMemory(r *Router) (*decodeMemory, error) {
+	c := &r.cfg
+	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
+		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log}
+	if m.ledger == nil {
+		opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
+		if c.blockSize > 0 {
+			opts = append(opts, budget.WithBlockSize(c.blockSize))
+		}
+		l, err := budget.New(opts...)
+		if err != nil {
+			return nil, err
+		}
+		m.ledger = l
+	}
+	m.saved = savedBy(r.chooser, r.policy)
+	m.bg.ctx, m.bg.cancel = context.WithCancel(context.Background())
+	m.rel = releaser{mem: m, store: r.handles.store, prefill: r.prefill, decode: r.decode, bufs: &r.bufs.bytes,
+		blockSize: c.blockSize, timeout: c.prefillTimeout, sem: make(chan struct{}, max(c.memory.releases, 1)),
+		running: map[string]bool{}, again: map[string]bool{}}
+	return m, nil
+}
+
+// estimator is a cost model that estimates each path of a turn
+// (threshold.CostModel).
+type estimator interface {
+	Estimate(in threshold.Turn) (pull, local, recompute time.Duration)
+}
+
+// savedBy returns the saving of a hit of tokens: what the cost model
+// estimates recomputing them costs more than pulling them, else one
+// microsecond a token (value by tokens).
+func savedBy(policies ...any) func(tokens int) time.Duration {
+	for _, p := range policies {
+		if e, ok := p.(estimator); ok {
+			return func(tokens int) time.Duration {
+				pull, _, recompute := e.Estimate(threshold.Turn{PromptTokens: tokens + 1, ReusableTokens: tokens})
+				return max(recompute-pull, 0)
+			}
+		}
+	}
+	return func(tokens int) time.Duration { return time.Duration(tokens) * time.Microsecond }
+}
+
+// managed reports whether the management applies to the decode engine:
+// it is on and the engine's capacity is known.
+func (m *decodeMemory) managed(engine string) bool {
+	if !m.cfg.on {
+		return false
+	}
+	_, b := m.ledger.Held(engine, m.clock())
+	return b > 0
+}
+
+// holdOf is what the ledger records of a retained entry: its class
+// (tenant and model), turn and tool calls predict its conversation's
+// next turn; it is held from created until the entry's retention ends.
+func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Time) budget.Hold {
+	return budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
+		Features: budget.Features{Class: tenant + "\x00" + e.Model, Turn: e.Turn, ToolCalls: e.ToolCalls},
+		Saved:    m.saved(e.Tokens)}
+}
+
+// added records a hold that a turn retained (or put back); over the
+// engine's budget, it has the releaser release the holds worth least.
+func (m *decodeMemory) added(h budget.Hold, grew bool) {
+	if h.Tokens <= 0 || h.Engine == "" || !h.Expires.After(h.Created) {
+		return // nothing the ledger can count (a handle of 0 tokens)
+	}
+	_ = m.ledger.Add(h)
+	if !grew || !m.cfg.on {
+		return
+	}
+	if held, b := m.ledger.Held(h.Engine, m.clock()); b > 0 && held > b {
+		m.rel.nudge(h.Engine)
+	}
+}
+
+// returned records that a turn took key: its conversation came back.
+func (m *decodeMemory) returned(key string) { m.ledger.Return(key, m.clock()) }
+
+// close stops the background work: metrics reads and release requests in
+// flight are cancelled.
+func (m *decodeMemory) close() error {
+	m.bg.stop()
+	return nil
+}
+
+// background runs the management's work off the turns' paths, and stops
+// it once.
+type background struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// run runs f in a goroutine unless the work was stopped; it reports
+// whether it did.
+func (b *background) run(f func(ctx context.Context)) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.wg.Go(func() { f(b.ctx) })
+	return true
+}
+
+func (b *background) stop() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
+}

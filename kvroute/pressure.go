@@ -1,0 +1,274 @@
+package kvroute
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// A decode engine's pressure. The router reads each decode engine's
+// /metrics when a turn considers the engine and the last reading is older
+// than DecodeMemory's MetricsInterval, in the background: its KV capacity
+// (vllm:cache_config_info: kv_cache_size_tokens, or num_gpu_blocks less
+// vLLM's null block × block_size), the share of its KV memory in use
+// (vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc on engines
+// before vLLM 0.9; holds count as used), its waiting requests
+// (vllm:num_requests_waiting) and its preemptions
+// (vllm:num_preemptions_total), for the endpoint's data-parallel rank
+// (the samples whose engine label is the rank) or summed over its ranks.
+// The capacity sets the engine's budget; the rest is what the Selector
+// sees (Candidate). The same reading tells the restart check the
+// engine's process_start_time_seconds (restart.go).
+
+// pressure is what the router last read of a decode engine's metrics.
+type pressure struct {
+	mu          sync.Mutex
+	at          time.Time // when it was read (router clock); zero: never
+	tried       time.Time // when a read last began: a failed one waits the interval too
+	capacity    int64     // KV tokens; 0 unknown
+	blockSize   int
+	usage       float64 // 0 to 1; -1 unknown
+	waiting     int
+	preemptions float64 // the counter
+	preempted   bool    // the counter grew since the reading before
+	held        int64   // the ledger's held tokens on the engine when read
+	reading     atomic.Bool
+}
+
+// engineMetrics is one reading of an engine's /metrics.
+type engineMetrics struct {
+	start                time.Time // process_start_time_seconds; zero when absent
+	capacity             int64
+	blockSize            int
+	usage                float64
+	usages               int // usage samples summed
+	waiting              int
+	preemptions          float64
+	cacheInfo, pressures bool
+}
+
+// press fills c with e's pressure, and has e's metrics read again when
+// its reading is stale.
+func (m *decodeMemory) press(e *endpoint, c *Candidate) {
+	if !m.cfg.on {
+		return
+	}
+	now := m.clock()
+	p := &e.mem
+	p.mu.Lock()
+	at, usage, waiting, preempted, capacity, heldThen := p.at, p.usage, p.waiting, p.preempted, p.capacity, p.held
+	last := at
+	if p.tried.After(last) {
+		last = p.tried
+	}
+	p.mu.Unlock()
+	if m.cfg.interval > 0 && (last.IsZero() || now.Sub(last) >= m.cfg.interval || now.Before(last)) {
+		m.refresh(e, now)
+	}
+	if at.IsZero() {
+		return
+	}
+	if usage >= 0 && capacity > 0 {
+		// Holds retained or released since the reading.
+		held, _ := m.ledger.Held(e.url, now)
+		usage = max(usage+float64(held-heldThen)/float64(capacity), 0)
+	}
+	c.KVUsage, c.Waiting, c.Preempting = max(usage, 0), waiting, preempted
+	c.Crowded = preempted || (m.cfg.watermark > 0 && usage >= m.cfg.watermark)
+}
+
+// refresh reads e's /metrics in the background, unless a read is running.
+func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
+	if m.cfg.interval < 0 || !e.mem.reading.CompareAndSwap(false, true) {
+		return
+	}
+	e.mem.mu.Lock()
+	e.mem.tried = now
+	e.mem.mu.Unlock()
+	if !m.bg.run(func(ctx context.Context) {
+		defer e.mem.reading.Store(false)
+		m.read(ctx, e)
+	}) {
+		e.mem.reading.Store(false)
+	}
+}
+
+// read reads e's /metrics once and records what it tells.
+func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
+	now := m.clock()
+	// The ledger's holds before the engine is asked: those retained
+	// while it answers are counted on top of its usage (press), perhaps
+	// twice, never missed.
+	held, _ := m.ledger.Held(e.url, now)
+	em, err := m.fetch(ctx, e)
+	if err != nil {
+		return // the reading stays as it was; the next turn tries again
+	}
+	p := &e.mem
+	p.mu.Lock()
+	p.at, p.held = now, held
+	p.usage, p.waiting = -1, em.waiting
+	if em.usages > 0 {
+		p.usage = em.usage / float64(em.usages)
+	}
+	p.preempted = em.pressures && p.preemptions > 0 && em.preemptions > p.preemptions
+	p.preemptions = em.preemptions
+	if em.cacheInfo {
+		p.capacity, p.blockSize = em.capacity, em.blockSize
+	}
+	capacity, bs := p.capacity, p.blockSize
+	p.mu.Unlock()
+	if capacity > 0 {
+		m.ledger.SetCapacity(e.url, budget.Capacity{Tokens: capacity, BlockSize: bs})
+	}
+	if !em.start.IsZero() {
+		m.restarts.saw(e, now, em.start)
+	}
+}
+
+// fetch GETs e's /metrics and parses it for e's rank.
+func (m *decodeMemory) fetch(ctx context.Context, e *endpoint) (engineMetrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
+	defer cancel()
+	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return engineMetrics{}, err
+	}
+	if m.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+m.apiKey)
+	}
+	resp, err := m.client.Do(req, transport.Deadlines{})
+	if err != nil {
+		return engineMetrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		return engineMetrics{}, errors.New(resp.Status)
+	}
+	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank), nil
+}
+
+// parseMetrics reads Prometheus' text format for the metrics above, of
+// the samples whose engine label is rank (all of them for a negative
+// rank, or when none has the label). Lines it cannot read are skipped.
+func parseMetrics(r io.Reader, rank int) engineMetrics {
+	var m engineMetrics
+	want := []byte(strconv.Itoa(rank))
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	legacy := engineMetrics{}
+	for sc.Scan() {
+		line := sc.Bytes()
+		if v, ok := bytes.CutPrefix(line, []byte("process_start_time_seconds ")); ok {
+			if f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64); err == nil && f > 0 && f < 1e11 {
+				sec, frac := math.Modf(f)
+				m.start = time.Unix(int64(sec), int64(frac*1e9))
+			}
+			continue
+		}
+		name, labels, value, ok := metricLine(line)
+		if !ok {
+			continue
+		}
+		if eng, has := label(labels, "engine"); rank >= 0 && has && !bytes.Equal(eng, want) {
+			continue
+		}
+		switch string(name) {
+		case "vllm:kv_cache_usage_perc":
+			m.usage += value
+			m.usages++
+		case "vllm:gpu_cache_usage_perc":
+			legacy.usage += value
+			legacy.usages++
+		case "vllm:num_requests_waiting":
+			m.waiting += int(value)
+		case "vllm:num_preemptions_total":
+			m.preemptions += value
+			m.pressures = true
+		case "vllm:cache_config_info":
+			bs, _ := strconv.Atoi(string(labelOr(labels, "block_size")))
+			tokens, _ := strconv.ParseInt(string(labelOr(labels, "kv_cache_size_tokens")), 10, 64)
+			if blocks, _ := strconv.ParseInt(string(labelOr(labels, "num_gpu_blocks")), 10, 64); tokens <= 0 && blocks > 1 && bs > 0 {
+				tokens = (blocks - 1) * int64(bs) // num_gpu_blocks counts the null block
+			}
+			if tokens > 0 && bs > 0 {
+				m.capacity += tokens
+				m.blockSize = bs
+				m.cacheInfo = true
+			}
+		}
+	}
+	if m.usages == 0 {
+		m.usage, m.usages = legacy.usage, legacy.usages
+	}
+	return m
+}
+
+// metricLine splits a sample line `name{labels} value` (labels may be
+// absent); ok is false for a comment or a line it cannot read.
+func metricLine(line []byte) (name, labels []byte, value float64, ok bool) {
+	if len(line) == 0 || line[0] == '#' {
+		return nil, nil, 0, false
+	}
+	end := bytes.LastIndexByte(line, ' ')
+	if end <= 0 {
+		return nil, nil, 0, false
+	}
+	v, err := strconv.ParseFloat(string(line[end+1:]), 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil, nil, 0, false
+	}
+	head := line[:end]
+	if i := bytes.IndexByte(head, '{'); i >= 0 {
+		if head[len(head)-1] != '}' {
+			return nil, nil, 0, false
+		}
+		return head[:i], head[i+1 : len(head)-1], v, true
+	}
+	return head, nil, v, true
+}
+
+// label returns the value of label key in a label set `a="x",b="y"`, as
+// written (escapes left in: the labels read here are numbers).
+func label(labels []byte, key string) ([]byte, bool) {
+	for len(labels) > 0 {
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return nil, false
+		}
+		name := bytes.TrimSpace(bytes.TrimLeft(labels[:eq], ", "))
+		rest := labels[eq+2:]
+		q := 0
+		for q < len(rest) && rest[q] != '"' {
+			if rest[q] == '\\' {
+				q++
+			}
+			q++
+		}
+		if q >= len(rest) {
+			return nil, false
+		}
+		if string(name) == key {
+			return rest[:q], true
+		}
+		labels = rest[q+1:]
+	}
+	return nil, false
+}
+
+func labelOr(labels []byte, key string) []byte {
+	v, _ := label(labels, key)
+	return v
+}

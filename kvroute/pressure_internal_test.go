@@ -1,0 +1,80 @@
+package kvroute
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// simMetrics is a decode engine's /metrics as vLLM (and the simulator)
+// write it: two data-parallel ranks.
+const simMetrics = `# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.71855734213e+09
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e+09
+vllm:num_preemptions_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_cache_size_tokens="1024",num_gpu_blocks="65"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="65"} 1.0
+`
+
+// parseMetrics reads a rank's samples, or sums them over the ranks; the
+// capacity is kv_cache_size_tokens, else num_gpu_blocks less the null
+// block × block_size.
+func TestParseMetrics(t *testing.T) {
+	for _, tc := range []struct {
+		rank        int
+		usage       float64
+		waiting     int
+		preemptions float64
+		capacity    int64
+	}{
+		{0, 0.25, 3, 2, 1024},
+		{1, 0.75, 1, 5, 1024},
+		{-1, 1.0 / 2 * (0.25 + 0.75) * 2, 4, 7, 2048},
+	} {
+		m := parseMetrics(strings.NewReader(simMetrics), tc.rank)
+		usage := m.usage / float64(m.usages)
+		if tc.rank < 0 {
+			usage = m.usage // summed: the caller averages
+		}
+		if usage != tc.usage || m.waiting != tc.waiting || m.preemptions != tc.preemptions || m.capacity != tc.capacity ||
+			m.blockSize != 16 || !m.cacheInfo || !m.pressures {
+			t.Errorf("rank %d: %+v", tc.rank, m)
+		}
+		if d := m.start.Sub(time.Unix(1718557342, 130000000)); d < -time.Millisecond || d > time.Millisecond {
+			t.Errorf("start %v", m.start)
+		}
+	}
+	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0)
+	if legacy.usages != 1 || legacy.usage != 0.5 {
+		t.Errorf("legacy usage: %+v", legacy)
+	}
+}
+
+// FuzzParseMetrics: any page parses without panicking into figures that
+// are finite and not negative where they must not be.
+func FuzzParseMetrics(f *testing.F) {
+	f.Add(simMetrics, 0)
+	f.Add(`vllm:cache_config_info{block_size="16",num_gpu_blocks="1"} 1`, -1)
+	f.Add(`vllm:kv_cache_usage_perc{engine="0\\"} 0.5`, 0)
+	f.Add("process_start_time_seconds NaN\nvllm:num_requests_waiting -1e308", 0)
+	f.Fuzz(func(t *testing.T, page string, rank int) {
+		m := parseMetrics(strings.NewReader(page), rank)
+		if math.IsNaN(m.usage) || math.IsInf(m.usage, 0) || math.IsNaN(m.preemptions) || math.IsInf(m.preemptions, 0) {
+			t.Fatalf("non-finite figures: %+v", m)
+		}
+		if m.capacity < 0 || (m.cacheInfo && (m.capacity == 0 || m.blockSize <= 0)) {
+			t.Fatalf("capacity: %+v", m)
+		}
+	})
+}

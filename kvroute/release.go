@@ -1,0 +1,95 @@
+package kvroute
+
+import (
+	"context"
+
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+)
+
+// The release phase. A vLLM decode engine frees a hold early only when a
+// prefill request carrying its handle is scheduled: P then tells D to free
+// the blocks, whether it pulls them or not. A handle the turn took and
+// does not attach is therefore released through the turn's own prefill
+// leg, at no extra request: its first attempt carries the handle with
+// remote_num_tokens 0 (kvhandle.Release) instead of the miss handle, so
+// that P counts nothing to pull, takes the notify-only path and computes
+// the prompt as on a miss (its answer is a miss's), while D frees the
+// hold at that moment instead of at its TTL.
+//
+// The rule: the turn releases the handle it took when it replaces it.
+// That is when the turn goes through a prefill leg (it will retain D's
+// new handle for the conversation: under the same key with a
+// conversation id, under a longer one, which the conversation's next
+// turn looks up first, by content) and the handle was not attached for
+// what it holds, which no later turn of the conversation changes: too
+// few verified tokens (MissThreshold; an edited or compacted history), no
+// common prefix (MissMismatch), a partial read the handle's blocks do not
+// allow (MissPartialRefused), or the cost model's choice to recompute
+// (MissCostModel). A handle found past the retention TTL (MissExpired)
+// while its decode engine still holds it (the decoder TTL has not run
+// out) is released the same way: it can never be attached.
+//
+// Not released, put back as before: the handle of a decode-local turn
+// (it stores no new handle: the old one stays the candidate and stays
+// held), one that could not be verified (MissUnverified: it may be
+// later), and any whose decode engine is not listed, is ejected, or whose
+// capacity is unknown (the management then keeps today's behaviour).
+// Handles of a restarted decode engine are dropped, not released
+// (pointless: the blocks are gone; Stats.ReleaseSkipped). A retry of the
+// prefill leg is a plain miss: the release handle goes to one attempt,
+// and a failed one is counted (Stats.ReleaseFailures) and lapses at the
+// TTL. The leg's answer never depends on it: P computes its prompt as a
+// miss would; a 500 of a failed notification is retried as a plain miss
+// and not counted against the engine, as for a hit.
+
+// release decides what becomes of a handle the turn took and does not
+// attach (w attaches none and is no decode-local turn): it returns the
+// handle rewritten to release the decode engine's hold, which the first
+// prefill attempt carries, and why; or it puts the handle back and
+// returns nil.
+func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReason) {
+	if w.h.handle != nil || w.local != nil {
+		return nil, 0 // attached, or decode-local (put back: it stays the candidate)
+	}
+	r := t.r
+	var why releaseReason
+	switch {
+	case f.key != "":
+		why = releaseSuperseded
+		if !supersedes(t.rec.MissReason) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			f.putBack(ctx, t)
+			return nil, 0
+		}
+	case f.expired:
+		// Dropped as before unless it may still be held and releasing it
+		// cannot fail the leg for what the router knows of the engine.
+		why = releaseUnusable
+		if f.age >= r.cfg.decoderTTL || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			return nil, 0
+		}
+		if r.restarts.restartedSince(&f.e) {
+			r.stats.releaseSkipped.Add(1)
+			return nil, 0
+		}
+	default:
+		return nil, 0
+	}
+	h, err := kvhandle.Release(f.e.Handle, r.cfg.blockSize)
+	if err != nil {
+		if f.key != "" {
+			f.putBack(ctx, t)
+		}
+		return nil, 0
+	}
+	return h, why
+}
+
+// supersedes reports whether a handle not attached for reason is dead
+// once the turn retains its own (the release rule above).
+func supersedes(reason MissReason) bool {
+	switch reason {
+	case MissThreshold, MissMismatch, MissPartialRefused, MissCostModel:
+		return true
+	}
+	return false
+}

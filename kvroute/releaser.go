@@ -1,0 +1,254 @@
+package kvroute
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
+	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/transport"
+)
+
+// Release requests. Where no turn is coming to carry a hold's release
+// (the holds over an engine's budget), the router sends one itself: a
+// prefill request of a one-token prompt, max_tokens 1, whose
+// kv_transfer_params is the hold's handle with remote_num_tokens 0
+// (kvhandle.Release). The prefill engine counts nothing to pull, takes
+// the notify-only path and tells the decode engine to free the hold; its
+// own one-block hold for the decode leg that never comes lapses by its
+// lease (kv_lease_duration, 30 s). A release is at most once, as a hit
+// is: the handle is taken from the Store first, so among routers sharing
+// a store only the one that takes it releases it (a failed take: another
+// router's turn or release had it, or it expired). It runs in the
+// background, bounded by DecodeMemory's Releases, never on a turn's path;
+// a failed one is counted (Stats.ReleaseFailures) and logged once per
+// prefill engine, and the hold lapses at its TTL.
+
+// releaseReason is why a hold was released (Stats.Released*).
+type releaseReason int
+
+const (
+	// releaseSuperseded: a turn took the handle and did not attach it; its
+	// own new handle replaces it (release.go).
+	releaseSuperseded releaseReason = iota
+	// releaseUnusable: a handle found past the retention TTL, while its
+	// decode engine still holds it.
+	releaseUnusable
+	// releaseBudget: a hold over its engine's budget, worth least.
+	releaseBudget
+)
+
+// releaser sends the release requests of the holds over budget.
+type releaser struct {
+	mem       *decodeMemory
+	store     Store
+	prefill   *pool
+	decode    *pool
+	bufs      *bufpool.Bytes
+	blockSize int
+	timeout   time.Duration // WithTimeouts' Prefill
+	sem       chan struct{} // release requests in flight
+	mu        sync.Mutex
+	// running: engines whose holds a goroutine is releasing; again: the
+	// engine went over its budget again meanwhile. One goroutine per
+	// engine at most, however slow the release requests.
+	running, again map[string]bool
+}
+
+// nudge has the holds over engine's budget released, in the background.
+func (rl *releaser) nudge(engine string) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.running[engine] {
+		rl.again[engine] = true
+		return
+	}
+	if rl.mem.bg.run(func(ctx context.Context) { rl.run(ctx, engine) }) {
+		rl.running[engine] = true
+	}
+}
+
+// run releases the holds the ledger chooses on engine, least value first,
+// until it fits its budget, and again while nudges came meanwhile.
+func (rl *releaser) run(ctx context.Context, engine string) {
+	defer func() {
+		rl.mu.Lock()
+		delete(rl.running, engine)
+		delete(rl.again, engine)
+		rl.mu.Unlock()
+	}()
+	for {
+		if !rl.release(ctx, engine) {
+			return
+		}
+		rl.mu.Lock()
+		again := rl.again[engine]
+		delete(rl.again, engine)
+		rl.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+// release sends the release requests of the holds over engine's budget
+// now, bounded by DecodeMemory's Releases; false once the work stops.
+func (rl *releaser) release(ctx context.Context, engine string) bool {
+	for _, v := range rl.mem.ledger.Victims(engine, 0, rl.mem.clock()) {
+		select {
+		case rl.sem <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+		e, ok := rl.take(ctx, v)
+		if !ok {
+			<-rl.sem
+			continue
+		}
+		if !rl.mem.bg.run(func(ctx context.Context) {
+			defer func() { <-rl.sem }()
+			rl.send(ctx, e, releaseBudget)
+		}) {
+			<-rl.sem
+			return false
+		}
+	}
+	return true
+}
+
+// take takes key's entry from the Store for its release: ok is false
+// when it is gone (another router's turn or release took it, it expired,
+// the Store failed), and then nothing is released.
+func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, bool) {
+	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	val, ok, err := rl.store.Take(sctx, v.Key)
+	if err != nil || !ok {
+		rl.mem.stats.releaseGone.Add(1)
+		return entry.Entry{}, false
+	}
+	e, err := entry.Decode(val, nil)
+	if err != nil {
+		rl.mem.stats.releaseFailures.Add(1)
+		return entry.Entry{}, false
+	}
+	if e.Endpoint != v.Engine || e.Created.After(v.Created) {
+		// A later hold under the key, stored by another router sharing
+		// the store (this one's would have replaced the victim in its
+		// ledger): not this router's to release. It goes back as taken.
+		if left := rl.mem.ttl - rl.mem.clock().Sub(e.Created); left > 0 {
+			_ = rl.store.Put(sctx, v.Key, e.Raw, left)
+		}
+		rl.mem.stats.releaseGone.Add(1)
+		return entry.Entry{}, false
+	}
+	return e, true
+}
+
+// send sends e's release request to a prefill engine and counts the
+// outcome.
+func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) {
+	st := rl.mem.stats
+	if rl.mem.restarts.restartedSince(&e) {
+		st.releaseSkipped.Add(1)
+		return
+	}
+	h, err := kvhandle.Release(e.Handle, rl.blockSize)
+	ep := rl.pick()
+	if err != nil || ep == nil || e.Model == "" {
+		// A handle vLLM would not read, no prefill engine, or an entry of
+		// a router before version 4 (no model to name): it lapses.
+		st.releaseFailures.Add(1)
+		return
+	}
+	ep.inflight.Add(1)
+	defer ep.inflight.Add(-1)
+	status, err := rl.post(ctx, ep, e, h)
+	if err != nil || status != http.StatusOK {
+		st.releaseFailures.Add(1)
+		msg := "status " + strconv.Itoa(status)
+		if err != nil {
+			msg = err.Error()
+		}
+		rl.mem.log.once(ctx, "release_failed:"+ep.url, "kvroute: a release request failed; the hold lapses at its TTL (logged once per prefill engine)",
+			slog.String("endpoint", ep.url), slog.String("err", msg))
+		return
+	}
+	st.released(why)
+}
+
+// releaseUserAgent tells release requests from turns in engine logs.
+const releaseUserAgent = "bidikv-release"
+
+// post sends the release request to ep: a one-token prompt on the
+// hold's own model, to /v1/completions for a hold made there, else to
+// /v1/chat/completions.
+func (rl *releaser) post(ctx context.Context, ep *endpoint, e entry.Entry, handle []byte) (int, error) {
+	model, _ := json.Marshal(e.Model)
+	path, body := PathChatCompletions, []byte(`{"model":`)
+	body = append(body, model...)
+	if e.API == apiCode(PathCompletions) {
+		path = PathCompletions
+		body = append(body, `,"prompt":"."`...)
+	} else {
+		body = append(body, `,"messages":[{"role":"user","content":"."}]`...)
+	}
+	body = append(body, `,"max_tokens":1,"stream":false,"kv_transfer_params":`...)
+	body = append(append(body, handle...), '}')
+	ctx, cancel := context.WithTimeout(ctx, rl.timeout)
+	defer cancel()
+	req, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", releaseUserAgent)
+	req.Header.Set(headerRequestID, "bidikv-release-"+hex.EncodeToString(id[:]))
+	if rl.mem.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+rl.mem.apiKey)
+	}
+	resp, err := rl.mem.client.Do(req, transport.Deadlines{})
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+	return resp.StatusCode, nil
+}
+
+// pick returns the eligible prefill engine with the fewest requests open,
+// or nil.
+func (rl *releaser) pick() *endpoint {
+	now := rl.prefill.hp.now()
+	var best *endpoint
+	for _, e := range rl.prefill.list() {
+		if e.health.eligible(now) && (best == nil || e.inflight.Load() < best.inflight.Load()) {
+			best = e
+		}
+	}
+	return best
+}
+
+// apiCode is the code an entry keeps of the API its turn was served on:
+// its place in apis, from 1 (0: unknown).
+func apiCode(path string) byte {
+	for i, a := range apis {
+		if a.path == path {
+			return byte(i + 1)
+		}
+	}
+	return 0
+}
