@@ -105,7 +105,16 @@ func oneTurns(t *testing.T, r *kvroute.Router, srv string, n int, managed bool) 
 // TTL), and every answer, of the released conversations' next turns too,
 // is a single engine's.
 func TestBudgetReleasesOverBudget(t *testing.T) {
-	c, r, srv, front := budgetRig(t, "")
+	for _, tc := range []struct {
+		name string
+		opts []kvroute.Option
+	}{{"default", nil}, {"no prefill timeout", []kvroute.Option{kvroute.WithTimeouts(kvroute.Timeouts{Prefill: -1})}}} {
+		t.Run(tc.name, func(t *testing.T) { testBudgetReleases(t, tc.opts...) })
+	}
+}
+
+func testBudgetReleases(t *testing.T, opts ...kvroute.Option) {
+	c, r, srv, front := budgetRig(t, "", opts...)
 	d := c.Decode[0]
 	convs := oneTurns(t, r, srv, 8, true)
 	settle(t, r, func(s kvroute.Stats) bool {
