@@ -230,6 +230,9 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
 		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
 	}
+	if rec.Released {
+		attrs = append(attrs, slog.Bool("released", true)) // the old hold, why: miss_reason
+	}
 	if rec.Err != nil {
 		if kvroute.HTTPStatus(rec.Err) >= 500 {
 			level = slog.LevelWarn
