@@ -80,12 +80,15 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 	if capacity <= 0 {
 		capacity = m.cfg.capacity // DecodeMemory's Capacity, for an engine that reports none
 	}
-	if at.IsZero() || capacity <= 0 {
-		return // not read yet, or capacity unknown: placement as before
+	if at.IsZero() {
+		return // not read yet
+	}
+	held, budget := m.ledger.Held(e.url, now)
+	if capacity <= 0 && budget <= 0 {
+		return // capacity unknown (its /metrics, Capacity, the Ledger's): placement as before
 	}
 	if usage >= 0 && capacity > 0 {
 		// Holds retained or released since the reading.
-		held, _ := m.ledger.Held(e.url, now)
 		usage = max(usage+float64(held-heldThen)/float64(capacity), 0)
 	}
 	c.KVUsage, c.Waiting, c.Preempting = max(usage, 0), waiting, preempted
