@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,7 +106,16 @@ func oneTurns(t *testing.T, r *kvroute.Router, srv string, n int, managed bool) 
 // TTL), and every answer, of the released conversations' next turns too,
 // is a single engine's.
 func TestBudgetReleasesOverBudget(t *testing.T) {
-	c, r, srv, front := budgetRig(t, "")
+	for _, tc := range []struct {
+		name string
+		opts []kvroute.Option
+	}{{"default", nil}, {"no prefill timeout", []kvroute.Option{kvroute.WithTimeouts(kvroute.Timeouts{Prefill: -1})}}} {
+		t.Run(tc.name, func(t *testing.T) { testBudgetReleases(t, tc.opts...) })
+	}
+}
+
+func testBudgetReleases(t *testing.T, opts ...kvroute.Option) {
+	c, r, srv, front := budgetRig(t, "", opts...)
 	d := c.Decode[0]
 	convs := oneTurns(t, r, srv, 8, true)
 	settle(t, r, func(s kvroute.Stats) bool {
@@ -362,5 +372,63 @@ func BenchmarkTurnMemory(b *testing.B) {
 				benchmarkTurn(b, mode, 10<<10, kvroute.WithDecodeMemory(m.dm))
 			})
 		}
+	}
+}
+
+// The property test's random conversations (edits, compactions, stripped
+// reasoning, swapped tenants...) on a decode engine small enough that the
+// budget binds, four at a time: releases through the prefill leg and by
+// release requests run beside the turns, and no answer differs from a
+// single engine's, no engine reads a freed or expired hold, and nothing is
+// attached after its release.
+func TestRandomConversationsUnderBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long property test")
+	}
+	for _, cl := range propClasses[:2] {
+		t.Run(cl.name, func(t *testing.T) {
+			engine := append(append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithNumBlocks(512)},
+				cl.engine...), kvroutetest.WithRecomputeThreshold(0))
+			c := kvroutetest.NewCluster(t, 1, 2, engine...)
+			rec := &byID{m: map[string]kvroute.TurnRecord{}}
+			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithObserver(rec),
+				kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.25}))
+			url := serve(t, r)
+			var (
+				mu sync.Mutex
+				st propStats
+				wg sync.WaitGroup
+			)
+			work := make(chan int)
+			for range 4 {
+				wg.Go(func() {
+					for seed := range work {
+						s := propConversation(t, url, rec, cl, engine, kvroute.VerifyTokens, seed, true)
+						mu.Lock()
+						st.add(s)
+						mu.Unlock()
+					}
+				})
+			}
+			for i := range 48 {
+				work <- 1000 + i
+			}
+			close(work)
+			wg.Wait()
+			s := r.Stats()
+			t.Logf("%d conversations, %d turns, %d hits, %d wrong; released: %d superseded, %d budget, %d failed, %d gone",
+				st.conversations, st.turns, st.hits, st.wrong, s.ReleasedSuperseded, s.ReleasedBudget, s.ReleaseFailures, s.ReleaseGone)
+			assert.Zero(t, st.wrong, "answers that differ from the single engine's")
+			assert.Zero(t, st.tenantHits)
+			assert.Positive(t, st.hits)
+			assert.Positive(t, s.ReleasedSuperseded+s.ReleasedBudget, "releases ran")
+			for _, e := range append(c.Prefill, c.Decode...) {
+				es := e.Stats()
+				assert.Zero(t, es.WrongOutputs)
+				assert.Zero(t, es.FreedReads, "a read of a released hold")
+				assert.Zero(t, es.ExpiredReads)
+				assert.Zero(t, es.PoisonedHits)
+			}
+		})
 	}
 }

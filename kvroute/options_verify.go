@@ -161,8 +161,10 @@ type DecodeMemory struct {
 	// MetricsInterval is how old a decode engine's /metrics reading may
 	// get before a turn that considers the engine has it read again, in
 	// the background (never on the turn's path): its KV capacity, usage,
-	// waiting requests and preemptions. The same read serves the restart
-	// check (WithHealth's RestartCheck). Default 5 s; negative: never
+	// waiting requests and preemptions. A restart it shows
+	// (process_start_time_seconds) is told to the restart check
+	// (WithHealth's RestartCheck), which still reads before it attaches a
+	// handle. Default 5 s; negative: never
 	// read (capacity then comes from Capacity alone, and placement sees
 	// no pressure).
 	MetricsInterval time.Duration

@@ -28,7 +28,8 @@ import (
 // (vllm:num_preemptions_total), for the endpoint's data-parallel rank
 // (the samples whose engine label is the rank) or summed over its ranks.
 // The capacity sets the engine's budget; the rest is what the Selector
-// sees (Candidate). The same reading tells the restart check the
+// sees (Candidate), for an engine whose capacity is known (else placement
+// is as without the management). The same reading tells the restart check the
 // engine's process_start_time_seconds (restart.go).
 
 // pressure is what the router last read of a decode engine's metrics.
@@ -76,12 +77,18 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 	if m.cfg.interval > 0 && (last.IsZero() || now.Sub(last) >= m.cfg.interval || now.Before(last)) {
 		m.refresh(e, now)
 	}
+	if capacity <= 0 {
+		capacity = m.cfg.capacity // DecodeMemory's Capacity, for an engine that reports none
+	}
 	if at.IsZero() {
-		return
+		return // not read yet
+	}
+	held, budget := m.ledger.Held(e.url, now)
+	if capacity <= 0 && budget <= 0 {
+		return // capacity unknown (its /metrics, Capacity, the Ledger's): placement as before
 	}
 	if usage >= 0 && capacity > 0 {
 		// Holds retained or released since the reading.
-		held, _ := m.ledger.Held(e.url, now)
 		usage = max(usage+float64(held-heldThen)/float64(capacity), 0)
 	}
 	c.KVUsage, c.Waiting, c.Preempting = max(usage, 0), waiting, preempted

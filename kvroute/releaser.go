@@ -188,6 +188,10 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 	st.released(why)
 }
 
+// releaseTimeout bounds a release request when WithTimeouts' Prefill is
+// none.
+const releaseTimeout = time.Minute
+
 // releaseUserAgent tells release requests from turns in engine logs.
 const releaseUserAgent = "bidikv-release"
 
@@ -206,7 +210,11 @@ func (rl *releaser) post(ctx context.Context, ep *endpoint, e entry.Entry, handl
 	}
 	body = append(body, `,"max_tokens":1,"stream":false,"kv_transfer_params":`...)
 	body = append(append(body, handle...), '}')
-	ctx, cancel := context.WithTimeout(ctx, rl.timeout)
+	timeout := rl.timeout
+	if timeout <= 0 {
+		timeout = releaseTimeout // WithTimeouts' Prefill none: a release is bounded all the same
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {

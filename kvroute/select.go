@@ -32,7 +32,7 @@ type Candidate struct {
 
 	// A decode engine's memory pressure, as the router last read its
 	// /metrics (WithDecodeMemory; zero for prefill engines, for an engine
-	// not yet read, and with the management off). KVUsage is the share
+	// not yet read or of unknown capacity, and with the management off). KVUsage is the share
 	// of its KV memory in use, 0 to 1 (vllm:kv_cache_usage_perc: running
 	// requests and holds), corrected by the holds this router retained
 	// or released since the reading. Waiting is its

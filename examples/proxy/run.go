@@ -238,6 +238,9 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	if rec.Missing != "" {
 		attrs = append(attrs, slog.String("missing", rec.Missing))
 	}
+	if rec.Released {
+		attrs = append(attrs, slog.Bool("released", true)) // the old hold, why: miss_reason
+	}
 	if rec.Err != nil {
 		if kvroute.HTTPStatus(rec.Err) >= 500 {
 			level = slog.LevelWarn
