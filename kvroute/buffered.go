@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"sort"
 	"strings"
 
@@ -217,21 +216,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 }
 
 // Flush flushes the underlying writer when it can be flushed.
-func (c *countingWriter) Flush() error {
-	var err error
-	switch f := c.w.(type) {
-	case http.ResponseWriter:
-		err = http.NewResponseController(f).Flush()
-	case interface{ Flush() error }:
-		err = f.Flush()
-	case http.Flusher:
-		f.Flush()
-	}
-	if errors.Is(err, http.ErrNotSupported) {
-		return nil
-	}
-	return err
-}
+func (c *countingWriter) Flush() error { return streamsynth.Flush(c.w) }
 
 // logBuffering states the trade once, when New is called with
 // BufferStreams.

@@ -26,6 +26,14 @@ var errStop = errors.New("stop")
 // flags forced, every other key verbatim. The handle is checked again
 // (Check): an entry may come from another router sharing the store.
 func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
+	return asMessage2(dHandle, blockSize)
+}
+
+// asMessage2 checks a retained decode handle again and returns it with the
+// two role flags forced for a prefill leg (do_remote_decode true,
+// do_remote_prefill false), then the extra members, every other key
+// verbatim.
+func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte, error) {
 	if _, err := Check(dHandle, blockSize); err != nil {
 		return nil, err
 	}
@@ -33,9 +41,9 @@ func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return obj.Edit(nil,
-		jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue},
-		jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse}), nil
+	return obj.Edit(nil, append([]jsonraw.Member{
+		{Key: "do_remote_decode", Value: jsonTrue},
+		{Key: "do_remote_prefill", Value: jsonFalse}}, extra...)...), nil
 }
 
 // Release turns a retained decode handle into a handle that releases its
@@ -49,17 +57,7 @@ func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
 // engine needs to reach the decode engine (Check refuses a handle without
 // them). Like ForHit, the handle is checked again.
 func Release(dHandle []byte, blockSize int) ([]byte, error) {
-	if _, err := Check(dHandle, blockSize); err != nil {
-		return nil, err
-	}
-	obj, err := jsonraw.Parse(dHandle)
-	if err != nil {
-		return nil, err
-	}
-	return obj.Edit(nil,
-		jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue},
-		jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse},
-		jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero}), nil
+	return asMessage2(dHandle, blockSize, jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero})
 }
 
 // Why a handle cannot be read partially (TurnRecord.MissReason detail and

@@ -76,7 +76,7 @@ func (a API) WriteError(w io.Writer, status int, body []byte, fallback ErrorEven
 	if err := o.flush(); err != nil {
 		return err
 	}
-	return flushClient(w)
+	return Flush(w)
 }
 
 // errorMessage is the message of an error body: error.message, or

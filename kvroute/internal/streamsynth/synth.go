@@ -115,7 +115,7 @@ func (a API) Write(w io.Writer, body []byte, opt Options) error {
 	if err != nil {
 		return err
 	}
-	return flushClient(w)
+	return Flush(w)
 }
 
 // SetHeader sets the headers of a synthesized stream on h, as vLLM sends
@@ -134,8 +134,10 @@ func SetHeader(h http.Header) {
 // idle timeouts between client and router do not cut the turn.
 const KeepAlive = ": keep-alive\n\n"
 
-// flushClient flushes w when it can be flushed.
-func flushClient(w io.Writer) error {
+// Flush flushes w when it can be flushed: an http.ResponseWriter through
+// its ResponseController, a writer with Flush() error or an http.Flusher;
+// a writer that cannot be flushed is not an error.
+func Flush(w io.Writer) error {
 	var err error
 	switch f := w.(type) {
 	case http.ResponseWriter:
