@@ -168,19 +168,12 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 // watchMemory exports the decode memory's releases, holds, pressure and
 // learned pauses.
 func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
-	for _, rel := range []struct {
-		reason string
-		get    func(kvroute.Stats) int64
-	}{
-		{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
-		{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
-		{"budget", func(s kvroute.Stats) int64 { return s.ReleasedBudget }},
-	} {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "decode_releases_total",
-			Help:        "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget).",
-			ConstLabels: prometheus.Labels{"reason": rel.reason}},
-			func() float64 { return float64(rel.get(r.Stats())) }))
-	}
+	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget).",
+		"reason", []labeledStat{
+			{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
+			{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
+			{"budget", func(s kvroute.Stats) int64 { return s.ReleasedBudget }},
+		})
 	stat := func(name, help string, get func(kvroute.Stats) int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help},
 			func() float64 { return float64(get(r.Stats())) })

@@ -179,19 +179,12 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 		stat("avoided_engine_turns_total", "Turns that kept off a prefill engine whose prefix cache may hold KV pulled for a mismatched prompt of their conversation.",
 			func(s kvroute.Stats) int64 { return s.AvoidedEngineTurns }),
 	)
-	for _, p := range []struct {
-		path string
-		get  func(kvroute.Stats) int64
-	}{
-		{"pull", func(s kvroute.Stats) int64 { return s.ChosePull }},
-		{"decode_local", func(s kvroute.Stats) int64 { return s.ChoseLocal }},
-		{"recompute", func(s kvroute.Stats) int64 { return s.ChoseRecompute }},
-	} {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "path_decisions_total",
-			Help:        "The cost model's decisions by path (--decode-local): pull the retained KV to P, answer on the decode engine that holds the conversation, or recompute on P.",
-			ConstLabels: prometheus.Labels{"path": p.path}},
-			func() float64 { return float64(p.get(r.Stats())) }))
-	}
+	m.statsByLabel(r, "path_decisions_total", "The cost model's decisions by path (--decode-local): pull the retained KV to P, answer on the decode engine that holds the conversation, or recompute on P.",
+		"path", []labeledStat{
+			{"pull", func(s kvroute.Stats) int64 { return s.ChosePull }},
+			{"decode_local", func(s kvroute.Stats) int64 { return s.ChoseLocal }},
+			{"recompute", func(s kvroute.Stats) int64 { return s.ChoseRecompute }},
+		})
 	m.reg.MustRegister(decodeKVCollector{r: r})
 }
 
@@ -417,4 +410,20 @@ func (m *metrics) setUp(e *engine, up bool) {
 // handler serves the Prometheus text format.
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// labeledStat is one labelled series of a counter read from Router.Stats.
+type labeledStat struct {
+	value string
+	get   func(kvroute.Stats) int64
+}
+
+// statsByLabel registers counter name with one series per stat, label
+// set to its value, each read from r.Stats at scrape time.
+func (m *metrics) statsByLabel(r *kvroute.Router, name, help, label string, stats []labeledStat) {
+	for _, st := range stats {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help,
+			ConstLabels: prometheus.Labels{label: st.value}},
+			func() float64 { return float64(st.get(r.Stats())) }))
+	}
 }
