@@ -78,7 +78,7 @@ type fleetRig struct {
 	p, d   []*kvroutetest.Engine
 	byURL  map[string]*kvroutetest.Engine
 	router *kvroute.Router
-	obs    *turnObserver
+	obs    *kvroutetest.Records
 	// ledger is the managed arm's ledger (nil for hold everything) and
 	// takes the releases' Takes (settle)
 	ledger    *budget.Budget
@@ -135,7 +135,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		du = append(du, e.URL())
 		r.byURL[e.URL()] = e
 	}
-	r.obs = &turnObserver{recs: map[string]kvroute.TurnRecord{}}
+	r.obs = &kvroutetest.Records{}
 	rt, err := transport.NewTransport()
 	if err != nil {
 		return nil, err
@@ -323,7 +323,7 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 	}
 	got := ans.Choices[0]
 	ft.wrong = got.Message.Content != ref.Text || got.FinishReason != ref.FinishReason
-	rec, ok := rig.obs.take(id)
+	rec, ok := rig.obs.Take(id)
 	if !ok {
 		return ft, "", errors.New("no turn record")
 	}
@@ -345,25 +345,4 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 		}
 	}
 	return ft, got.Message.Content, nil
-}
-
-// turnObserver keeps the router's record of each turn by request id.
-type turnObserver struct {
-	mu   sync.Mutex
-	recs map[string]kvroute.TurnRecord
-}
-
-// ObserveTurn implements kvroute.Observer.
-func (o *turnObserver) ObserveTurn(rec *kvroute.TurnRecord) {
-	o.mu.Lock()
-	o.recs[rec.RequestID] = *rec
-	o.mu.Unlock()
-}
-
-func (o *turnObserver) take(id string) (kvroute.TurnRecord, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	rec, ok := o.recs[id]
-	delete(o.recs, id)
-	return rec, ok
 }

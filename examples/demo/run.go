@@ -67,7 +67,7 @@ type bench struct {
 	p, d           *kvroutetest.Engine
 	router         *kvroute.Router
 	clock, renders *upstreamclock.Clock
-	obs            *observer
+	obs            *kvroutetest.Records
 	model          *threshold.CostModel // the router's cost model, decode-local runs only
 	closers        []func()
 }
@@ -127,7 +127,7 @@ func startBench(c config, reuse bool, vc *kvroutetest.VirtualClock) (*bench, err
 	b.closers = append(b.closers, rt.CloseIdleConnections)
 	b.clock = upstreamclock.New(rt)
 	b.renders = upstreamclock.New(b.clock) // render calls only, also counted by clock
-	b.obs = &observer{recs: map[string]kvroute.TurnRecord{}}
+	b.obs = &kvroutetest.Records{}
 	opts := []kvroute.Option{
 		kvroute.WithPrefill(b.p.URL()),
 		kvroute.WithDecode(b.d.URL()),
@@ -214,28 +214,6 @@ func (s renderSplit) RoundTrip(req *http.Request) (*http.Response, error) {
 	return s.other.RoundTrip(req)
 }
 
-// observer keeps the router's record of each turn by request id.
-type observer struct {
-	mu   sync.Mutex
-	recs map[string]kvroute.TurnRecord
-}
-
-// ObserveTurn implements kvroute.Observer.
-func (o *observer) ObserveTurn(rec *kvroute.TurnRecord) {
-	o.mu.Lock()
-	o.recs[rec.RequestID] = *rec
-	o.mu.Unlock()
-}
-
-// take returns and forgets the record of id.
-func (o *observer) take(id string) (kvroute.TurnRecord, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	rec, ok := o.recs[id]
-	delete(o.recs, id)
-	return rec, ok
-}
-
 // renderID is the X-Request-Id of the router's render call for the turn
 // id: the router gives it its own (kvroute/render.go), as engines key
 // requests by that header.
@@ -251,7 +229,7 @@ func turnID(reuse bool, conv, index int) string {
 
 // runTurn sends one turn through the router and measures the time to the
 // first event in real time.
-func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclock.Clock, obs *observer,
+func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclock.Clock, obs *kvroutetest.Records,
 	cv *conversation, index int, reuse bool) (turn, error) {
 	body, err := cv.next(index)
 	if err != nil {
@@ -284,7 +262,7 @@ func runTurn(ctx context.Context, r *kvroute.Router, clock, renders *upstreamclo
 	cv.hear(text.String())
 	// The engines saw the router's id for the turn, not the client's:
 	// the upstream clocks and the engines' records are keyed by it.
-	rec, ok := obs.take(id)
+	rec, ok := obs.Take(id)
 	eid := id
 	if ok && rec.EngineRequestID != "" {
 		eid = rec.EngineRequestID
