@@ -281,7 +281,14 @@ func reframe(dst []byte, e Event, data []byte, replace bool) []byte {
 				dst = append(dst, '\n')
 			}
 		case k == lineBlank || k == lineData || keepLine(k, line):
-			dst = append(dst, e.Raw[start:next]...)
+			seg := e.Raw[start:next]
+			if len(seg) > 0 && seg[0] == '\n' && len(dst) > 0 && dst[len(dst)-1] == '\r' {
+				// The line before a dropped one ended in a lone "\r":
+				// with this line's "\n" a client would read one CRLF,
+				// and the blank line (the event's end) would vanish.
+				dst[len(dst)-1] = '\n'
+			}
+			dst = append(dst, seg...)
 		}
 		return true
 	})

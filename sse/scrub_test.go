@@ -142,6 +142,33 @@ func TestScrubEventOtherLines(t *testing.T) {
 	assert.Same(t, &e.Raw[0], &out[0])
 }
 
+// A dropped line between a line that ends in a lone "\r" and a line that
+// starts with "\n" must not join the two into one CRLF: the blank line
+// that ends the event would vanish and the next event would run into this
+// one (found by FuzzCapture).
+func TestScrubEventDroppedLineKeepsEventEnd(t *testing.T) {
+	for _, in := range []string{
+		"event:\rdropped\n\n", "event: x\runknown: y\n\n", "data: {}\r: kv_transfer_params\n\n",
+		"id: 1\rnot-a-field\n\ndata: {}\n\n", "event: a\rx\ny\r\n\r\n",
+	} {
+		r := sse.NewReader(strings.NewReader(in))
+		e, err := r.Next()
+		require.NoError(t, err, "%q", in)
+		out, _, err := sse.ScrubEvent(nil, e, e.Data, false)
+		require.NoError(t, err, "%q", in)
+		// A client reads the forwarded bytes as exactly one event.
+		fr := sse.NewReader(bytes.NewReader(append(bytes.Clone(out), "data: {}\n\n"...)))
+		first, err := fr.Next()
+		require.NoError(t, err, "%q -> %q", in, out)
+		assert.False(t, first.Incomplete, "%q -> %q", in, out)
+		assert.Equal(t, e.Name, first.Name, "%q -> %q", in, out)
+		assert.Equal(t, string(e.Data), string(first.Data), "%q -> %q", in, out)
+		second, err := fr.Next()
+		require.NoError(t, err, "%q -> %q: the next event ran into this one", in, out)
+		assert.Equal(t, "{}", string(second.Data), "%q -> %q", in, out)
+	}
+}
+
 // Data that is neither JSON nor [DONE] (or empty) is never forwarded.
 func TestScrubEventNotJSON(t *testing.T) {
 	for _, data := range []string{"not json", "kv_transfer_params=1", "{\"a\":1", "\x1f\x8b\x08", `{"a":1}}`} {
