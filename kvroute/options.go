@@ -101,7 +101,7 @@ func Defaults() Settings {
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
 		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
 		DecodeMemory: DecodeMemory{Budget: budget.DefaultFraction, HighWatermark: defaultHighWatermark,
-			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases},
+			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom},
 	}
 }
 

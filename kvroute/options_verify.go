@@ -123,6 +123,18 @@ type DecodeMemory struct {
 	// router holds every handle for the retention TTL, as routers did
 	// before (the fleet benchmark's "hold everything").
 	Budget float64
+	// Headroom is the share of a decode engine's KV capacity kept free
+	// of holds when a decode leg arrives: while the engine's holds and
+	// the decode legs in flight on it (each counted as its prompt and
+	// its max_tokens) take more than (1 − Headroom) × capacity, the holds
+	// worth least are released, in the background, so that the engine
+	// admits the leg as soon as their blocks are freed, instead of
+	// queueing it behind holds that would lapse only at the TTL. Holds
+	// then yield to live work at any Budget: with free memory they cost
+	// nothing, and Budget bounds them. Default 0.05; it must be below 1;
+	// negative: no room is made on arrival (holds are released only above
+	// Budget).
+	Headroom float64
 	// Capacity is the KV capacity, in tokens, of a decode engine whose
 	// /metrics do not report one (vllm:cache_config_info: num_gpu_blocks
 	// × block_size). Default 0: unknown. Negative is an error.
@@ -164,6 +176,7 @@ const (
 	defaultHighWatermark   = 0.9
 	defaultMetricsInterval = 5 * time.Second
 	defaultReleases        = 4
+	defaultHeadroom        = 0.05
 )
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
@@ -184,11 +197,16 @@ func resolveDecodeMemory(c *config) {
 		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, budget.DefaultFraction)
 	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
 		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
+	case m.Headroom != m.Headroom || m.Headroom >= 1:
+		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
 	case m.Ledger != nil && (m.Budget > 0 || m.Capacity != 0):
 		c.fail("WithDecodeMemory", "Budget and Capacity are the Ledger's options (budget.WithFraction, budget.WithCapacity) when a Ledger is given; leave them 0")
 	}
 	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
-		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases}
+		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom}
+	if mem.headroom == 0 {
+		mem.headroom = defaultHeadroom
+	}
 	if mem.fraction <= 0 {
 		mem.fraction = budget.DefaultFraction
 	}
@@ -213,4 +231,5 @@ type memoryConfig struct {
 	watermark float64       // negative: never crowded
 	interval  time.Duration // negative: no reads
 	releases  int
+	headroom  float64 // negative: no room made on arrival
 }

@@ -102,10 +102,10 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 	}
 }
 
-// release sends the release requests of the holds over engine's budget
-// now, bounded by DecodeMemory's Releases; false once the work stops.
+// release sends the release requests of the holds over engine's budget,
+// or in the way of its live decode legs (memory.go, room), now, bounded by DecodeMemory's Releases; false once the work stops.
 func (rl *releaser) release(ctx context.Context, engine string) bool {
-	for _, v := range rl.mem.ledger.Victims(engine, 0, rl.mem.clock()) {
+	for _, v := range rl.mem.ledger.Victims(engine, rl.mem.room(engine), rl.mem.clock()) {
 		select {
 		case rl.sem <- struct{}{}:
 		case <-ctx.Done():

@@ -32,6 +32,9 @@ type turn struct {
 	chose  bool
 	dSent  time.Time
 	done   bool
+	// prompt is the prompt's tokens as P's answer counted them (0:
+	// unknown), for the decode leg's live tokens (memory.go).
+	prompt int
 }
 
 // begin starts a turn for req: its ids, its record, its buffers and its
