@@ -283,6 +283,8 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		{kvroute.DecodeMemory{HighWatermark: 2}, "HighWatermark"},
 		{kvroute.DecodeMemory{Capacity: -1}, "Capacity"},
 		{kvroute.DecodeMemory{Releases: -1}, "Releases"},
+		{kvroute.DecodeMemory{Headroom: 1}, "Headroom"},
+		{kvroute.DecodeMemory{Headroom: math.NaN()}, "Headroom"},
 		{kvroute.DecodeMemory{Ledger: l, Budget: 0.3}, "Ledger"},
 	} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(tc.m))
@@ -292,7 +294,7 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		assert.Contains(t, err.Error(), "WithDecodeMemory")
 		assert.Contains(t, err.Error(), tc.field)
 	}
-	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1}, {Ledger: l}} {
+	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1, Headroom: -1}, {Ledger: l}} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(m))
 		require.NoError(t, err, "%+v", m)
 		require.NoError(t, r.Close())
