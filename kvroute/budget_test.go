@@ -53,7 +53,7 @@ func (f *releaseFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // budgetRig is a 1P1D cluster on a virtual clock whose decode engine has
-// budgetBlocks blocks, with a router whose prefill engine is behind a
+// budgetBlocks blocks (a budget of half of it), with a router whose prefill engine is behind a
 // releaseFront.
 func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
@@ -62,8 +62,10 @@ func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.
 	u, err := url.Parse(c.Prefill[0].URL())
 	require.NoError(t, err)
 	front := &releaseFront{mode: mode, proxy: httputil.NewSingleHostReverseProxy(u)}
+	// A budget of half the capacity unless opts give their own
+	// WithDecodeMemory (the last one rules).
 	r, err := kvroute.New(append([]kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithClock(clk.Now)}, opts...)...)
+		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, r, serve(t, r), front

@@ -31,7 +31,7 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	if err != nil {
 		return m, nil, err
 	}
-	m.Budget, m.Ledger = 0, ledger
+	m.Budget, m.Ledger, m.Headroom = 0, ledger, c.headroom
 	// No /metrics reads: the router makes them in the background in real
 	// time, beside the event clock, which would make the run unrepeatable
 	// (--metrics turns them on).
