@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -100,7 +99,7 @@ func Defaults() Settings {
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
 		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
-		DecodeMemory: DecodeMemory{Budget: budget.DefaultFraction, HighWatermark: defaultHighWatermark,
+		DecodeMemory: DecodeMemory{Budget: defaultBudget, HighWatermark: defaultHighWatermark,
 			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom},
 	}
 }

@@ -112,8 +112,14 @@ type DecodeMemory struct {
 	// background (value: the prefill time a hit would save × the chance,
 	// learned from the pauses between turns, that the conversation comes
 	// back before the hold expires, per block). Under it nothing is
-	// released: with free memory, holding costs nothing. The default is
-	// 0.5 (budget.DefaultFraction); it must be at most 1. It applies to
+	// released but to make room for live work (Headroom): with free
+	// memory, holding costs nothing. The default is 0.9: since room is
+	// made for each decode leg on arrival, the budget only bounds what
+	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10)
+	// reuses 43.5% of hold-everything's tokens at 0.5, 57.6% at 0.9 and
+	// 59.0% at 1 (with Headroom about 0), with requests waiting on D 5
+	// times at 0.9 and 109 at 1 (a leg the engine admits before the
+	// release lands). It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL.
@@ -177,6 +183,7 @@ const (
 	defaultMetricsInterval = 5 * time.Second
 	defaultReleases        = 4
 	defaultHeadroom        = 0.05
+	defaultBudget          = 0.9
 )
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
@@ -194,7 +201,7 @@ func resolveDecodeMemory(c *config) {
 	c.decodeLocal, c.kvBytesPerToken = m.Local, m.KVBytesPerToken
 	switch {
 	case m.Budget != m.Budget || m.Budget > 1: // NaN too
-		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, budget.DefaultFraction)
+		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, defaultBudget)
 	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
 		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
 	case m.Headroom != m.Headroom || m.Headroom >= 1:
@@ -208,7 +215,7 @@ func resolveDecodeMemory(c *config) {
 		mem.headroom = defaultHeadroom
 	}
 	if mem.fraction <= 0 {
-		mem.fraction = budget.DefaultFraction
+		mem.fraction = defaultBudget
 	}
 	if mem.watermark == 0 {
 		mem.watermark = defaultHighWatermark

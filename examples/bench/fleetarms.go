@@ -14,8 +14,8 @@ import (
 // is the router's decode memory management (kvroute.DecodeMemory).
 
 // defaultBudget is the managed arm's budget as a share of each decode
-// engine's capacity (kvroute.DecodeMemory.Budget's default).
-const defaultBudget = 0.5
+// engine's capacity: kvroute.DecodeMemory.Budget's default.
+var defaultBudget = kvroute.Defaults().DecodeMemory.Budget
 
 // decodeMemory is an arm's decode memory options, and the managed arm's
 // ledger (nil for hold everything).
