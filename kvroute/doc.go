@@ -221,12 +221,8 @@
 // vLLM's decode engines pin every finished request's blocks for 480 s;
 // WithDecodeMemory manages that memory as a budget (README, "Decode
 // memory"): a handle a turn replaces is released by its own prefill leg
-// (TurnRecord.Released); over Budget × an engine's capacity, the holds
-// least likely to be used are released in the background; and when a
-// decode leg arrives at an engine whose holds and live legs (each counted
-// as its prompt and max_tokens) pass (1 − Headroom) × its capacity, the
-// same holds make room for it, in the background too: holds fill only the
-// memory live work does not need.
+// (TurnRecord.Released); over Budget × capacity, or to make room for a
+// decode leg (Headroom), the holds worth least go, in the background.
 //
 // # Embedding
 //
