@@ -177,8 +177,11 @@ func (m *decodeMemory) arrive(ep *endpoint, tokens int64) int64 {
 		return tokens
 	}
 	if c := m.ledger.Capacity(ep.url); c > 0 {
-		if held, _ := m.ledger.Held(ep.url, m.clock()); held+live > m.limit(c) {
-			m.rel.nudge(ep.url)
+		now := m.clock()
+		if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
+			// The victims are chosen now (a walk of the engine's holds,
+			// no I/O), their release requests sent in the background.
+			m.rel.start(m.ledger.Victims(ep.url, m.room(ep), now))
 		}
 	}
 	return tokens
@@ -189,20 +192,19 @@ func (m *decodeMemory) limit(capacity int64) int64 {
 	return int64(float64(capacity) * (1 - max(m.cfg.headroom, 0)))
 }
 
-// room is the incoming tokens the releaser asks the ledger's Victims to
-// make room for on engine: Victims frees held + incoming − budget, and
+// room is the incoming tokens the ledger's Victims is asked to make room
+// for on ep: Victims frees held + incoming − budget, and
 // room wants held + live − limit freed, so incoming = live − limit +
 // budget (0: the budget alone rules).
-func (m *decodeMemory) room(engine string) int {
-	if m.cfg.headroom < 0 {
+func (m *decodeMemory) room(ep *endpoint) int {
+	if m.cfg.headroom < 0 || ep == nil {
 		return 0
 	}
-	ep := m.rel.decode.find(engine)
-	c := m.ledger.Capacity(engine)
-	if ep == nil || c <= 0 {
+	c := m.ledger.Capacity(ep.url)
+	if c <= 0 {
 		return 0
 	}
-	_, budget := m.ledger.Held(engine, m.clock())
+	_, budget := m.ledger.Held(ep.url, m.clock())
 	return int(max(ep.mem.live.Load()-m.limit(c)+budget, 0))
 }
 

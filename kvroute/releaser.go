@@ -105,7 +105,21 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 // release sends the release requests of the holds over engine's budget,
 // or in the way of its live decode legs (memory.go, room), now, bounded by DecodeMemory's Releases; false once the work stops.
 func (rl *releaser) release(ctx context.Context, engine string) bool {
-	for _, v := range rl.mem.ledger.Victims(engine, rl.mem.room(engine), rl.mem.clock()) {
+	return rl.releaseAll(ctx, rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock()))
+}
+
+// start sends the release requests of victims already chosen, in the
+// background.
+func (rl *releaser) start(victims []budget.Victim) {
+	if len(victims) > 0 {
+		rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims) })
+	}
+}
+
+// releaseAll sends the release requests of victims, bounded by
+// DecodeMemory's Releases; false once the work stops.
+func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim) bool {
+	for _, v := range victims {
 		select {
 		case rl.sem <- struct{}{}:
 		case <-ctx.Done():
