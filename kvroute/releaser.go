@@ -21,7 +21,8 @@ import (
 )
 
 // Release requests. Where no turn is coming to carry a hold's release
-// (the holds over an engine's budget), the router sends one itself: a
+// (the holds over an engine's budget, or in the way of a decode leg that
+// arrives at it: memory.go), the router sends one itself: a
 // prefill request of a one-token prompt, max_tokens 1, whose
 // kv_transfer_params is the hold's handle with remote_num_tokens 0
 // (kvhandle.Release). The prefill engine counts nothing to pull, takes
@@ -45,7 +46,8 @@ const (
 	// releaseUnusable: a handle found past the retention TTL, while its
 	// decode engine still holds it.
 	releaseUnusable
-	// releaseBudget: a hold over its engine's budget, worth least.
+	// releaseBudget: a hold over its engine's budget, or in the way of
+	// a decode leg, worth least.
 	releaseBudget
 )
 
