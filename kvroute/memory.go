@@ -134,7 +134,7 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 // sent at once, and the engine admits it as soon as the blocks are freed.
 
 // defaultGeneration is the tokens a decode leg is counted to generate
-// when its request names no max_tokens (nor max_completion_tokens).
+// when its request names no limit (max_tokens and its kin).
 const defaultGeneration = 1024
 
 // bytesPerToken estimates a prompt's tokens from its request body when
@@ -143,8 +143,8 @@ const bytesPerToken = 4
 
 // liveTokens is what t's decode leg may take on its engine: its prompt
 // (as P's answer or the turn's verification counted it, else its body's
-// bytes / bytesPerToken) and its max_tokens (max_completion_tokens, else
-// defaultGeneration).
+// bytes / bytesPerToken) and what it may generate (max_completion_tokens,
+// max_tokens or Responses' max_output_tokens, else defaultGeneration).
 func liveTokens(t *turn) int64 {
 	prompt := t.prompt
 	if prompt <= 0 {
@@ -154,7 +154,7 @@ func liveTokens(t *turn) int64 {
 		prompt = len(t.req.Body) / bytesPerToken
 	}
 	gen := int64(defaultGeneration)
-	for _, k := range [...]string{"max_completion_tokens", "max_tokens"} {
+	for _, k := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
 		if v, ok := t.req.Field(k); ok {
 			if n, ok := jsonraw.Int(v); ok && n > 0 {
 				gen = n

@@ -84,6 +84,7 @@ func TestRoomOnArrival(t *testing.T) {
 			}
 			assert.Zero(t, d.Stats().WrongOutputs)
 			assert.Zero(t, d.Stats().TTLExpiries)
+			assert.Equal(t, []int64{0}, kvroute.LiveTokens(r), "every leg that ended left the live count")
 		})
 	}
 }
