@@ -54,7 +54,7 @@ func (f *releaseFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // budgetRig is a 1P1D cluster on a virtual clock whose decode engine has
-// budgetBlocks blocks, with a router whose prefill engine is behind a
+// budgetBlocks blocks (a budget of half of it), with a router whose prefill engine is behind a
 // releaseFront.
 func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
@@ -63,8 +63,10 @@ func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.
 	u, err := url.Parse(c.Prefill[0].URL())
 	require.NoError(t, err)
 	front := &releaseFront{mode: mode, proxy: httputil.NewSingleHostReverseProxy(u)}
+	// A budget of half the capacity unless opts give their own
+	// WithDecodeMemory (the last one rules).
 	r, err := kvroute.New(append([]kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithClock(clk.Now)}, opts...)...)
+		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, r, serve(t, r), front
@@ -293,6 +295,8 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		{kvroute.DecodeMemory{HighWatermark: 2}, "HighWatermark"},
 		{kvroute.DecodeMemory{Capacity: -1}, "Capacity"},
 		{kvroute.DecodeMemory{Releases: -1}, "Releases"},
+		{kvroute.DecodeMemory{Headroom: 1}, "Headroom"},
+		{kvroute.DecodeMemory{Headroom: math.NaN()}, "Headroom"},
 		{kvroute.DecodeMemory{Ledger: l, Budget: 0.3}, "Ledger"},
 	} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(tc.m))
@@ -302,7 +306,7 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		assert.Contains(t, err.Error(), "WithDecodeMemory")
 		assert.Contains(t, err.Error(), tc.field)
 	}
-	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1}, {Ledger: l}} {
+	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1, Headroom: -1}, {Ledger: l}} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(m))
 		require.NoError(t, err, "%+v", m)
 		require.NoError(t, r.Close())

@@ -28,6 +28,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		return nil, err
 	}
 	ep.inflight.Add(1)
+	live := r.mem.arrive(ep, liveTokens(t))
 	sent := r.cfg.clock()
 	t.dSent = sent
 	dl := transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout}
@@ -38,10 +39,11 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 	resp, err := r.client.Do(hreq, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
+		ep.mem.live.Add(-live)
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)
-	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, in: in, ep: ep, body: resp.Body}
+	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, in: in, ep: ep, live: live, body: resp.Body}
 	transport.CopyHeader(out.Header, resp.Header)
 	dropUnsafeHeaders(out.Header)
 	// The router's two headers in one backing array (canonical names).

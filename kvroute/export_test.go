@@ -15,3 +15,13 @@ func HeaderPrincipalForTest(h http.Header) string { return headerPrincipal(h) }
 // ConversationHintForTest is conversationHint, for tests in package
 // kvroute_test.
 func ConversationHintForTest(req *Request) string { return conversationHint(req) }
+
+// LiveTokens is, for tests in package kvroute_test, the tokens of decode
+// legs in flight the router counts on each decode engine (memory.go).
+func LiveTokens(r *Router) []int64 {
+	var out []int64
+	for _, e := range r.decode.list() {
+		out = append(out, e.mem.live.Load())
+	}
+	return out
+}

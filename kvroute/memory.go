@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
@@ -122,6 +123,89 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 	if held, b := m.ledger.Held(h.Engine, m.clock()); b > 0 && held > b {
 		m.rel.nudge(h.Engine)
 	}
+}
+
+// Making room on arrival. The budget caps what holds may take; under it
+// they also yield to live work. Each decode leg counts its live tokens on
+// its engine while it runs (liveTokens: its prompt and what it may
+// generate), and when the engine's holds and live legs pass its capacity
+// less DecodeMemory's Headroom, the releaser releases the holds worth
+// least until the live legs fit (room), in the background: the leg is
+// sent at once, and the engine admits it as soon as the blocks are freed.
+
+// defaultGeneration is the tokens a decode leg is counted to generate
+// when its request names no limit (max_tokens and its kin).
+const defaultGeneration = 1024
+
+// bytesPerToken estimates a prompt's tokens from its request body when
+// neither P's answer nor the turn's verification counted them.
+const bytesPerToken = 4
+
+// liveTokens is what t's decode leg may take on its engine: its prompt
+// (as P's answer or the turn's verification counted it, else its body's
+// bytes / bytesPerToken) and what it may generate (max_completion_tokens,
+// max_tokens or Responses' max_output_tokens, else defaultGeneration).
+func liveTokens(t *turn) int64 {
+	prompt := t.prompt
+	if prompt <= 0 {
+		prompt = t.rec.PromptTokens
+	}
+	if prompt <= 0 {
+		prompt = len(t.req.Body) / bytesPerToken
+	}
+	gen := int64(defaultGeneration)
+	for _, k := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
+		if v, ok := t.req.Field(k); ok {
+			if n, ok := jsonraw.Int(v); ok && n > 0 {
+				gen = n
+				break
+			}
+		}
+	}
+	return int64(prompt) + gen
+}
+
+// arrive counts a decode leg of tokens live on ep until its Response is
+// released, and has room made on the engine when its holds and live legs
+// no longer fit. It returns the tokens counted.
+func (m *decodeMemory) arrive(ep *endpoint, tokens int64) int64 {
+	if !m.cfg.on || tokens <= 0 {
+		return 0
+	}
+	live := ep.mem.live.Add(tokens)
+	if m.cfg.headroom < 0 {
+		return tokens
+	}
+	if c := m.ledger.Capacity(ep.url); c > 0 {
+		now := m.clock()
+		if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
+			// The victims are chosen now (a walk of the engine's holds,
+			// no I/O), their release requests sent in the background.
+			m.rel.start(m.ledger.Victims(ep.url, m.room(ep), now))
+		}
+	}
+	return tokens
+}
+
+// limit is what holds and live legs may take of capacity.
+func (m *decodeMemory) limit(capacity int64) int64 {
+	return int64(float64(capacity) * (1 - max(m.cfg.headroom, 0)))
+}
+
+// room is the incoming tokens the ledger's Victims is asked to make room
+// for on ep: Victims frees held + incoming − budget, and
+// room wants held + live − limit freed, so incoming = live − limit +
+// budget (0: the budget alone rules).
+func (m *decodeMemory) room(ep *endpoint) int {
+	if m.cfg.headroom < 0 || ep == nil {
+		return 0
+	}
+	c := m.ledger.Capacity(ep.url)
+	if c <= 0 {
+		return 0
+	}
+	_, budget := m.ledger.Held(ep.url, m.clock())
+	return int(max(ep.mem.live.Load()-m.limit(c)+budget, 0))
 }
 
 // returned records that a turn took key: its conversation came back.

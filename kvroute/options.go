@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
-	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -103,8 +102,8 @@ func Defaults() Settings {
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
 		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
-		DecodeMemory: DecodeMemory{Budget: budget.DefaultFraction, HighWatermark: defaultHighWatermark,
-			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases},
+		DecodeMemory: DecodeMemory{Budget: defaultBudget, HighWatermark: defaultHighWatermark,
+			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom},
 	}
 }
 

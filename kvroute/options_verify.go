@@ -133,8 +133,14 @@ type DecodeMemory struct {
 	// background (value: the prefill time a hit would save × the chance,
 	// learned from the pauses between turns, that the conversation comes
 	// back before the hold expires, per block). Under it nothing is
-	// released: with free memory, holding costs nothing. The default is
-	// 0.5 (budget.DefaultFraction); it must be at most 1. It applies to
+	// released but to make room for live work (Headroom): with free
+	// memory, holding costs nothing. The default is 0.9: since room is
+	// made for each decode leg on arrival, the budget only bounds what
+	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10)
+	// reuses 43.5% of hold-everything's tokens at 0.5, 57.6% at 0.9 and
+	// 59.0% at 1 (with Headroom about 0), with requests waiting on D 5
+	// times at 0.9 and 109 at 1 (a leg the engine admits before the
+	// release lands). It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL.
@@ -144,6 +150,18 @@ type DecodeMemory struct {
 	// router holds every handle for the retention TTL, as routers did
 	// before (the fleet benchmark's "hold everything").
 	Budget float64
+	// Headroom is the share of a decode engine's KV capacity kept free
+	// of holds when a decode leg arrives: while the engine's holds and
+	// the decode legs in flight on it (each counted as its prompt and
+	// its max_tokens) take more than (1 − Headroom) × capacity, the holds
+	// worth least are released, in the background, so that the engine
+	// admits the leg as soon as their blocks are freed, instead of
+	// queueing it behind holds that would lapse only at the TTL. Holds
+	// then yield to live work at any Budget: with free memory they cost
+	// nothing, and Budget bounds them. Default 0.05; it must be below 1;
+	// negative: no room is made on arrival (holds are released only above
+	// Budget).
+	Headroom float64
 	// Capacity is the KV capacity, in tokens, of a decode engine whose
 	// /metrics do not report one (vllm:cache_config_info: num_gpu_blocks
 	// × block_size). Default 0: unknown. Negative is an error.
@@ -187,6 +205,8 @@ const (
 	defaultHighWatermark   = 0.9
 	defaultMetricsInterval = 5 * time.Second
 	defaultReleases        = 4
+	defaultHeadroom        = 0.05
+	defaultBudget          = 0.9
 )
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
@@ -220,16 +240,21 @@ func resolveDecodeMemory(c *config) {
 	}
 	switch {
 	case m.Budget != m.Budget || m.Budget > 1: // NaN too
-		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, budget.DefaultFraction)
+		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, defaultBudget)
 	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
 		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
+	case m.Headroom != m.Headroom || m.Headroom >= 1:
+		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
 	case m.Ledger != nil && (m.Budget > 0 || m.Capacity != 0):
 		c.fail("WithDecodeMemory", "Budget and Capacity are the Ledger's options (budget.WithFraction, budget.WithCapacity) when a Ledger is given; leave them 0")
 	}
 	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
-		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases}
+		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom}
+	if mem.headroom == 0 {
+		mem.headroom = defaultHeadroom
+	}
 	if mem.fraction <= 0 {
-		mem.fraction = budget.DefaultFraction
+		mem.fraction = defaultBudget
 	}
 	if mem.watermark == 0 {
 		mem.watermark = defaultHighWatermark
@@ -252,4 +277,5 @@ type memoryConfig struct {
 	watermark float64       // negative: never crowded
 	interval  time.Duration // negative: no reads
 	releases  int
+	headroom  float64 // negative: no room made on arrival
 }

@@ -45,6 +45,7 @@ type pressure struct {
 	preempted   bool    // the counter grew since the reading before
 	held        int64   // the ledger's held tokens on the engine when read
 	reading     atomic.Bool
+	live        atomic.Int64 // tokens of the decode legs in flight (memory.go, arrive)
 }
 
 // engineMetrics is one reading of an engine's /metrics.

@@ -21,7 +21,8 @@ import (
 )
 
 // Release requests. Where no turn is coming to carry a hold's release
-// (the holds over an engine's budget), the router sends one itself: a
+// (the holds over an engine's budget, or in the way of a decode leg that
+// arrives at it: memory.go), the router sends one itself: a
 // prefill request of a one-token prompt, max_tokens 1, whose
 // kv_transfer_params is the hold's handle with remote_num_tokens 0
 // (kvhandle.Release). The prefill engine counts nothing to pull, takes
@@ -45,7 +46,8 @@ const (
 	// releaseUnusable: a handle found past the retention TTL, while its
 	// decode engine still holds it.
 	releaseUnusable
-	// releaseBudget: a hold over its engine's budget, worth least.
+	// releaseBudget: a hold over its engine's budget, or in the way of
+	// a decode leg, worth least.
 	releaseBudget
 )
 
@@ -102,10 +104,24 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 	}
 }
 
-// release sends the release requests of the holds over engine's budget
-// now, bounded by DecodeMemory's Releases; false once the work stops.
+// release sends the release requests of the holds over engine's budget,
+// or in the way of its live decode legs (memory.go, room), now, bounded by DecodeMemory's Releases; false once the work stops.
 func (rl *releaser) release(ctx context.Context, engine string) bool {
-	for _, v := range rl.mem.ledger.Victims(engine, 0, rl.mem.clock()) {
+	return rl.releaseAll(ctx, rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock()))
+}
+
+// start sends the release requests of victims already chosen, in the
+// background.
+func (rl *releaser) start(victims []budget.Victim) {
+	if len(victims) > 0 {
+		rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims) })
+	}
+}
+
+// releaseAll sends the release requests of victims, bounded by
+// DecodeMemory's Releases; false once the work stops.
+func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim) bool {
+	for _, v := range victims {
 		select {
 		case rl.sem <- struct{}{}:
 		case <-ctx.Done():

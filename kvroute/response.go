@@ -34,6 +34,7 @@ type Response struct {
 	t          *turn
 	in         retainIn // what the retain phase needs of the turn's legs
 	ep         *endpoint
+	live       int64 // the leg's tokens counted live on ep (memory.go)
 	body       io.ReadCloser
 	stream     bool
 	reader     *sse.Reader
@@ -250,6 +251,7 @@ func (r *Response) release() {
 	r.once.Do(func() {
 		_ = r.body.Close()
 		r.ep.inflight.Add(-1)
+		r.ep.mem.live.Add(-r.live)
 	})
 }
 

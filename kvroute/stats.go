@@ -125,7 +125,9 @@ type Stats struct {
 	// the turn's new handle replaces them. ReleasedUnusable counts handles
 	// found past the retention TTL and released the same way, while their
 	// decode engine still held them. ReleasedBudget counts holds over
-	// their engine's budget, worth least, released by release requests.
+	// their engine's budget, or in the way of a decode leg arriving at
+	// it (DecodeMemory's Headroom), worth least, released by release
+	// requests.
 	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget int64
 	// ReleaseFailures counts releases that failed (the prefill leg or the
 	// release request did not succeed, or the entry could not be sent):

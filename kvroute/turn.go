@@ -35,6 +35,9 @@ type turn struct {
 	// sampling is the decode engine whose streams of the API this turn's
 	// stream shows (buffered.go), released when the turn ends.
 	sampling string
+	// prompt is the prompt's tokens as P's answer counted them (0:
+	// unknown), for the decode leg's live tokens (memory.go).
+	prompt int
 }
 
 // begin starts a turn for req: its ids, its record, its buffers and its

@@ -39,6 +39,7 @@ type fleetConfig struct {
 	prof            kvroutetest.Profile
 	capacity        string // half, ample, or tokens per decode engine
 	budget          float64
+	headroom        float64
 	seed            uint64
 	sample          time.Duration
 	maxTurns        int
@@ -61,6 +62,7 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 	fs.StringVar(&c.profileName, "profile", "qwen3-32b", "engine profile (qwen3-32b or glm-5-fp8)")
 	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of hold everything's mean demand, measured by a first run), ample (the profile's node), or tokens")
 	fs.Float64Var(&c.budget, "budget", defaultBudget, "managed arm: the share of each decode engine's capacity its holds may take")
+	fs.Float64Var(&c.headroom, "headroom", 0, "managed arm: the share of each decode engine's capacity kept free of holds when a decode leg arrives (kvroute.DecodeMemory.Headroom; 0: its default, negative: no room made on arrival)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the sessions")
 	fs.DurationVar(&c.sample, "sample", 10*time.Second, "modelled time between samples of the decode engines' KV")
 	fs.IntVar(&c.maxTurns, "max-turns", 40, "turns per session at most")

@@ -14,8 +14,8 @@ import (
 // is the router's decode memory management (kvroute.DecodeMemory).
 
 // defaultBudget is the managed arm's budget as a share of each decode
-// engine's capacity (kvroute.DecodeMemory.Budget's default).
-const defaultBudget = 0.5
+// engine's capacity: kvroute.DecodeMemory.Budget's default.
+var defaultBudget = kvroute.Defaults().DecodeMemory.Budget
 
 // decodeMemory is an arm's decode memory options, and the managed arm's
 // ledger (nil for hold everything).
@@ -31,7 +31,7 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	if err != nil {
 		return m, nil, err
 	}
-	m.Budget, m.Ledger = 0, ledger
+	m.Budget, m.Ledger, m.Headroom = 0, ledger, c.headroom
 	// No /metrics reads: the router makes them in the background in real
 	// time, beside the event clock, which would make the run unrepeatable
 	// (--metrics turns them on).

@@ -97,16 +97,41 @@ func (r *fleetRig) settle() bool {
 	}
 }
 
+// taken waits, like settle, until every hold the ledger chose to release
+// has been taken (the release joined the clock), without the budget
+// check; false when it gave up after settleWait.
+func (r *fleetRig) taken() bool {
+	if r.ledger == nil {
+		return true
+	}
+	deadline := time.Now().Add(settleWait)
+	for r.ledger.Stats().Released != r.takes.Load() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	return true
+}
+
 // clockTransport ends a release's participation once its response is
-// read.
+// read. A session's request waits until the releases already chosen have
+// joined the clock: the router chooses the holds that make room for a
+// decode leg before it sends the leg (kvroute's memory.go), and the
+// release requests start in the background; without the wait, whether
+// the engine sees the leg or the release first would depend on real time.
 type clockTransport struct {
 	base http.RoundTripper
 	clk  *kvroutetest.EventClock
+	rig  *fleetRig
 }
 
 // RoundTrip implements http.RoundTripper.
 func (t clockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Header.Get("User-Agent") != releaseUserAgent {
+		if !t.rig.taken() {
+			t.rig.unsettled.Add(1)
+		}
 		return t.base.RoundTrip(req)
 	}
 	defer t.clk.Leave()

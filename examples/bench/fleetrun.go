@@ -146,14 +146,14 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = store.Close() })
-	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
-		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk}),
-		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
 	mem, ledger, err := decodeMemory(c, a)
 	if err != nil {
 		return nil, err
 	}
 	r.ledger = ledger
+	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
+		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
+		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
 	opts = append(opts, kvroute.WithDecodeMemory(mem))
 	router, err := kvroute.New(opts...)
 	if err != nil {

@@ -182,3 +182,21 @@ func FuzzLedger(f *testing.F) {
 		ledgerRun(t, next, min(len(data)/8+1, 128)) // a long input is one more run of 128 steps, not a slow one
 	})
 }
+
+// Capacity reports an engine's capacity as the ledger knows it: its own
+// (SetCapacity), else WithCapacity's, else 0.
+func TestCapacity(t *testing.T) {
+	b, err := budget.New()
+	require.NoError(t, err)
+	require.Zero(t, b.Capacity("d0"))
+	b.SetCapacity("d0", budget.Capacity{Tokens: 4096})
+	require.EqualValues(t, 4096, b.Capacity("d0"))
+	require.Zero(t, b.Capacity("d1"))
+	c, err := budget.New(budget.WithCapacity(1000))
+	require.NoError(t, err)
+	require.EqualValues(t, 1000, c.Capacity("never-seen"))
+	c.SetCapacity("d0", budget.Capacity{Tokens: 2000})
+	require.EqualValues(t, 2000, c.Capacity("d0"))
+	c.SetCapacity("d0", budget.Capacity{})
+	require.EqualValues(t, 1000, c.Capacity("d0"), "unknown again: the option's")
+}

@@ -77,3 +77,16 @@ func (b *Budget) Held(engine string, now time.Time) (held, budget int64) {
 	e := b.engines[i]
 	return e.blocks * int64(b.blockSize(e)), b.budgetTokens(e)
 }
+
+// Capacity returns engine's KV capacity in tokens as the ledger knows it
+// (its [Budget.SetCapacity], else [WithCapacity]; 0: unknown). It costs a
+// map lookup, for a caller that asks on every turn.
+func (b *Budget) Capacity(engine string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.cfg.capacity
+	if i, ok := b.byName[engine]; ok && b.engines[i].capacity > 0 {
+		c = b.engines[i].capacity
+	}
+	return c
+}
