@@ -436,3 +436,28 @@ func TestRandomConversationsUnderBudget(t *testing.T) {
 		})
 	}
 }
+
+// The gap model learns from every conversation that comes back, its hold
+// released or not: a next turn that finds its hold released (a miss) is
+// observed as a return after the hold ended, at its real gap, never as a
+// conversation that did not come back (which would teach the model that
+// released conversations never return, and release more).
+func TestGapModelSeesReturnsAfterRelease(t *testing.T) {
+	l, err := budget.New(budget.WithFraction(0.5))
+	require.NoError(t, err)
+	_, r, srv, front := budgetRig(t, "", kvroute.WithDecodeMemory(kvroute.DecodeMemory{Ledger: l}))
+	convs := oneTurns(t, r, srv, 8, true)
+	settle(t, r, func(s kvroute.Stats) bool {
+		return front.releases.Load() > 0 && s.ReleasedBudget+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
+	})
+	released := r.Stats().ReleasedBudget
+	require.Positive(t, released)
+	for i, conv := range convs {
+		conv.say(userText(i + 1))
+		releaseTurn(t, srv, conv.path, conv.body(), nil)
+	}
+	s := l.Stats()
+	assert.EqualValues(t, released, s.ReturnedAfterEnd, "each released conversation's return is observed")
+	assert.EqualValues(t, len(convs), s.Returned+s.ReturnedAfterEnd, "every conversation came back")
+	assert.Zero(t, s.Censored, "none is counted as never returning")
+}

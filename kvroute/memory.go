@@ -208,7 +208,8 @@ func (m *decodeMemory) room(ep *endpoint) int {
 	return int(max(ep.mem.live.Load()-m.limit(c)+budget, 0))
 }
 
-// returned records that a turn took key: its conversation came back.
+// returned records that a turn looked key up: its conversation came
+// back, whether its hold is live, released or expired.
 func (m *decodeMemory) returned(key string) { m.ledger.Return(key, m.clock()) }
 
 // close stops the background work: metrics reads and release requests in

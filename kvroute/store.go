@@ -74,9 +74,11 @@ func (h *handles) take(ctx context.Context, key, requestID string) ([]byte, bool
 		return nil, false, err
 	}
 	h.storeOK(ctx)
-	if ok {
-		h.mem.returned(key)
-	}
+	// The conversation came back whether or not its hold is still
+	// retained: the ledger observes the gap of one released or expired
+	// (its tombstone) as well as a live one's, else the gap model would
+	// learn that released conversations never return.
+	h.mem.returned(key)
 	return v, ok, nil
 }
 
