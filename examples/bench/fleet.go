@@ -47,6 +47,7 @@ type fleetConfig struct {
 	svg             string
 	check           bool
 	metrics         bool
+	clairvoyant     bool
 	timeout         time.Duration
 }
 
@@ -69,6 +70,7 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.maxPrompt, "max-prompt", 120000, "a session ends before its prompt passes this many tokens")
 	fs.StringVar(&c.svg, "svg", "", "write the chart (KV held over time, TTFT distribution) here")
 	fs.BoolVar(&c.metrics, "metrics", false, "managed arm: the router reads the decode engines' /metrics (placement by pressure); the run then no longer repeats exactly")
+	fs.BoolVar(&c.clairvoyant, "clairvoyant", false, "managed arm: release the holds whose next turn comes last (known from the plan, as no router can): an upper bound on the choice of victims")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target FAILs")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
 	if err := fs.Parse(args); err != nil {

@@ -19,7 +19,7 @@ var defaultBudget = kvroute.Defaults().DecodeMemory.Budget
 
 // decodeMemory is an arm's decode memory options, and the managed arm's
 // ledger (nil for hold everything).
-func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budget, error) {
+func decodeMemory(c fleetConfig, a armSpec, cv *clairvoyant) (kvroute.DecodeMemory, *budget.Budget, error) {
 	m := kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken, Budget: -1}
 	if !a.managed {
 		return m, nil, nil
@@ -27,7 +27,11 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	// The budget and the capacity as an operator gives them, in a ledger
 	// of the bench's own (to settle on, and to report the gap model it
 	// learned).
-	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
+	opts := []budget.Option{budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity))}
+	if cv != nil {
+		opts = append(opts, budget.WithValue(cv.value))
+	}
+	ledger, err := budget.New(opts...)
 	if err != nil {
 		return m, nil, err
 	}

@@ -116,7 +116,11 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\t\n", name, a, b) }
-	row("", "hold everything", "managed")
+	mname := "managed"
+	if c.clairvoyant {
+		mname = "managed, clairvoyant"
+	}
+	row("", "hold everything", mname)
 	row("turns answered (failed)", fmt.Sprintf("%d (%d)", h.turns-h.failed, h.failed), fmt.Sprintf("%d (%d)", m.turns-m.failed, m.failed))
 	row("wrong answers", fmt.Sprint(h.wrong), fmt.Sprint(m.wrong))
 	row("modelled time to the last answer", rep.hold.elapsed.Round(time.Second).String(), rep.managed.elapsed.Round(time.Second).String())
@@ -140,6 +144,9 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	row("P: requests queued / preemptions", fmt.Sprintf("%d / %d", h.pQueued, h.pPreempt), fmt.Sprintf("%d / %d", m.pQueued, m.pPreempt))
 	row("releases by reason (router)", releasesString(rep.hold), releasesString(rep.managed))
 	tw.Flush()
+	if c.clairvoyant {
+		fmt.Fprintln(w, "managed, clairvoyant: the victims chosen by when each conversation's next turn comes (known from the plan, as no router can): a bound on any choice of victims with this budget")
+	}
 	printGapModel(w, rep.managed)
 	fmt.Fprintln(w, "TTFT is modelled: the router's render call and prefill leg (P's queue, pull and prefill) and D's time to its first token (its queue, read of P's blocks, preemptions, first step).")
 	fmt.Fprintln(w, "KV held: D's blocks pinned for holds (vLLM's decoder_kv_blocks_ttl), sampled every", c.sample, "of modelled time; recomputed: prompt tokens P computed rather than pulled.")

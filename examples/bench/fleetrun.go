@@ -84,6 +84,7 @@ type fleetRig struct {
 	ledger    *budget.Budget
 	takes     atomic.Int64
 	unsettled atomic.Int64 // turns whose releases did not settle in time
+	cv        *clairvoyant // the managed arm's with --clairvoyant
 	closers   []func()
 }
 
@@ -146,7 +147,10 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = store.Close() })
-	mem, ledger, err := decodeMemory(c, a)
+	if a.managed && c.clairvoyant {
+		r.cv = &clairvoyant{}
+	}
+	mem, ledger, err := decodeMemory(c, a, r.cv)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +159,9 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
 		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
 	opts = append(opts, kvroute.WithDecodeMemory(mem))
+	if r.cv != nil {
+		opts = append(opts, kvroute.WithIdentifier(keyRecorder{Identifier: kvroute.ContinuationKeys{}, cv: r.cv}))
+	}
 	router, err := kvroute.New(opts...)
 	if err != nil {
 		return nil, err
@@ -270,6 +277,9 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 	s := newSession(c.seed, sp)
 	var out []fleetTurn
 	for t, tp := range sp.turns {
+		if rig.cv != nil {
+			rig.cv.turn(sp.id, tp.pause, t < len(sp.turns)-1)
+		}
 		ft, reply, err := sendFleetTurn(ctx, rig, s, t)
 		out = append(out, ft)
 		if err != nil {

@@ -68,6 +68,6 @@ type Victim struct {
 	// conversation's next turn would have come before it expired.
 	Probability float64
 	// Value is the saved prefill seconds × Probability / Blocks at the
-	// choice: the holds of least value go first.
+	// choice (or WithValue's): the holds of least value go first.
 	Value float64
 }

@@ -46,6 +46,7 @@ type config struct {
 	halfLife   time.Duration
 	maxClasses int
 	refresh    time.Duration
+	value      ValueFunc
 	budgetOnly []string // budget-only options given, for NewModel's error
 }
 
@@ -130,6 +131,24 @@ func WithMaxClasses(n int) Option {
 // positive. Model too.
 func WithRefresh(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.refresh = d })
+}
+
+// ValueFunc values a live hold for [Budget.Victims]: the holds of least
+// value per block are released first. model is the gap model's value (the
+// saved prefill seconds × the chance that the conversation's next turn
+// comes before the hold expires, given how long it has waited, per block);
+// waited is the hold's age at the choice. It is called with the Budget's
+// lock held and must not call the Budget.
+type ValueFunc func(h Held, waited time.Duration, model float64) float64
+
+// WithValue makes Victims rank holds by f instead of the gap model: for a
+// caller that knows more of its conversations than their pauses (an agent
+// framework that knows a session ended or a tool is running), or to
+// measure a policy against one that knows the future (the fleet
+// benchmark's --clairvoyant). nil keeps the gap model's value. Budget
+// only.
+func WithValue(f ValueFunc) Option {
+	return budgetOption("WithValue", func(c *config) { c.value = f })
 }
 
 // validate reports the first out-of-range option, naming it and its

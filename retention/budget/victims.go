@@ -68,8 +68,12 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 		r := &e.recs[i]
 		waited := float64(n-r.created) / 1e9
 		p := b.model.probability(int(r.cell), waited, float64(r.expires-r.created)/1e9)
+		value := float64(r.saved) * p / float64(r.blocks)
+		if b.cfg.value != nil {
+			value = b.cfg.value(e.held(r), time.Duration(n-r.created), value)
+		}
 		cands = append(cands, cand{
-			value:   float64(r.saved) * p / float64(r.blocks),
+			value:   value,
 			prob:    p,
 			created: r.created,
 			slot:    uint32(i),

@@ -128,3 +128,37 @@ func TestVictimsLearned(t *testing.T) {
 	p := b.Probability(budget.Features{Turn: 2}, 0, ttl, now)
 	assert.Greater(t, p, 0.9)
 }
+
+// WithValue ranks holds in place of the gap model: what the caller knows
+// (here: "b" comes back in a second, "a" never) beats what the model
+// predicts (the model alone releases the older "b"), and the function
+// sees each hold, its age and the model's value.
+func TestVictimsWithValue(t *testing.T) {
+	now := t0.Add(time.Hour)
+	holds := []addSpec{{"a", 2000, 10 * time.Second, time.Second, budget.Features{}},
+		{"b", 2000, 400 * time.Second, time.Second, budget.Features{}}, {"c", 2000, 20 * time.Second, time.Second, budget.Features{}}}
+	run := func(opts ...budget.Option) []string {
+		b, err := budget.New(append([]budget.Option{budget.WithCapacity(10_000)}, opts...)...)
+		require.NoError(t, err)
+		for _, h := range holds {
+			require.NoError(t, b.Add(budget.Hold{Key: h.key, Engine: "d0", Tokens: h.tokens, Created: now.Add(-h.age),
+				Expires: now.Add(-h.age).Add(ttl), Saved: h.saved, Features: h.f}))
+		}
+		return keys(b.Victims("d0", 0, now))
+	}
+	require.Equal(t, []string{"b"}, run(), "the gap model releases the hold nearest its expiry")
+	seen := map[string]time.Duration{}
+	got := run(budget.WithValue(func(h budget.Held, waited time.Duration, model float64) float64 {
+		seen[h.Key] = waited
+		assert.Positive(t, model)
+		assert.Equal(t, 2000, h.Tokens)
+		if h.Key == "a" {
+			return 0 // its session ended
+		}
+		return 1
+	}))
+	assert.Equal(t, []string{"a"}, got)
+	assert.Equal(t, map[string]time.Duration{"a": 10 * time.Second, "b": 400 * time.Second, "c": 20 * time.Second}, seen)
+	_, err := budget.NewModel(budget.WithValue(nil))
+	assert.ErrorIs(t, err, budget.ErrInvalidConfig, "a Model has no value function")
+}
