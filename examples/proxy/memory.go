@@ -18,6 +18,7 @@ import (
 // router keeps its holds and learned pauses in, which /metrics reads.
 type memoryConfig struct {
 	budget    float64
+	headroom  float64
 	capacity  int64
 	watermark float64
 	interval  time.Duration
@@ -30,6 +31,7 @@ type memoryConfig struct {
 func (m *memoryConfig) flags(fs *flag.FlagSet) {
 	d := kvroute.Defaults().DecodeMemory
 	fs.Float64Var(&m.budget, "decode-memory-budget", d.Budget, "share of each decode engine's KV capacity this proxy's retained handles may hold: above it, the holds least likely to be used (by the learned pauses between turns) are released with a one-token request to a prefill engine; under it, only to make room for a decode leg that arrives at an engine they fill. Handles a turn replaces are released through its own prefill leg. A negative value turns this off: every handle held for --retention-ttl, as the reference proxy")
+	fs.Float64Var(&m.headroom, "decode-memory-headroom", d.Headroom, "share of each decode engine's KV capacity kept free of holds when a decode leg arrives: while the engine's holds and the decode legs in flight (each counted as its prompt and max_tokens) take more than the rest, the holds worth least are released so that the engine admits the leg at once (below 1; negative: no room made on arrival, holds released only above --decode-memory-budget)")
 	fs.Int64Var(&m.capacity, "decode-kv-capacity", 0, "KV capacity in tokens of a decode engine whose /metrics do not report vllm:cache_config_info (0: read from /metrics)")
 	fs.Float64Var(&m.watermark, "decode-high-watermark", d.HighWatermark, "KV usage (0 to 1, holds included) at or above which a decode engine takes no new conversation and its own conversations move while another engine has room (negative: never)")
 	fs.DurationVar(&m.interval, "decode-metrics-interval", d.MetricsInterval, "how often each decode engine's /metrics (capacity, KV usage, waiting requests, preemptions) is read, in the background (0: never)")
@@ -41,6 +43,8 @@ func (m *memoryConfig) check() error {
 	switch {
 	case math.IsNaN(m.budget) || m.budget > 1 || m.budget == 0:
 		return fmt.Errorf("%w: --decode-memory-budget %v: use a share in (0, 1], or a negative value to hold every handle for --retention-ttl", errUsage, m.budget)
+	case math.IsNaN(m.headroom) || m.headroom >= 1 || m.headroom == 0:
+		return fmt.Errorf("%w: --decode-memory-headroom %v: use a share in (0, 1), or a negative value to make no room on arrival", errUsage, m.headroom)
 	case math.IsNaN(m.watermark) || m.watermark > 1 || m.watermark == 0:
 		return fmt.Errorf("%w: --decode-high-watermark %v: use a share in (0, 1], or a negative value for never", errUsage, m.watermark)
 	case m.capacity < 0:
@@ -56,7 +60,7 @@ func (m *memoryConfig) check() error {
 // decodeMemory is the router's DecodeMemory for these flags, with the
 // ledger /metrics reads (made once).
 func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize int) kvroute.DecodeMemory {
-	dm := kvroute.DecodeMemory{Local: local, KVBytesPerToken: kvBytesPerToken, HighWatermark: m.watermark,
+	dm := kvroute.DecodeMemory{Local: local, KVBytesPerToken: kvBytesPerToken, HighWatermark: m.watermark, Headroom: m.headroom,
 		MetricsInterval: none(m.interval), Releases: m.releases}
 	if m.ledger == nil {
 		opts := []budget.Option{budget.WithFraction(max(m.budget, 0)), budget.WithCapacity(m.capacity)}

@@ -82,6 +82,8 @@ func TestDecodeMemoryFlagErrors(t *testing.T) {
 		{[]string{"--decode-memory-budget", "1.5"}},
 		{[]string{"--decode-memory-budget", "0"}},
 		{[]string{"--decode-high-watermark", "2"}},
+		{[]string{"--decode-memory-headroom", "1"}},
+		{[]string{"--decode-memory-headroom", "0"}},
 		{[]string{"--decode-kv-capacity", "-1"}},
 		{[]string{"--decode-metrics-interval", "-1s"}},
 		{[]string{"--decode-memory-releases", "0"}},
