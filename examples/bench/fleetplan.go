@@ -107,11 +107,34 @@ func logNormal(rng *rand.Rand, median, sigma float64) float64 {
 
 func clip(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 
-// chatMessage is one message of a session's history.
+// chatMessage is one message of a session's history: a tool call's
+// assistant message carries the call, the tool's result its id.
 type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	ToolCalls  []toolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
 }
+
+// toolCall is a reply's tool call, sent back as the engine wrote it.
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// fleetTool is the one tool the sessions' agents have. A turn whose
+// reply calls it names it in tool_choice, so that the (simulated) model
+// calls it: the router sees a reply that ends in a tool call, as it does
+// an agent's.
+const fleetTool = "run"
+
+var fleetTools = []any{map[string]any{"type": "function", "function": map[string]any{"name": fleetTool,
+	"description": "Run a command in the workspace and return its output.",
+	"parameters": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}}}
 
 // session is a plan being run: its history and the generator of its
 // inputs' text, seeded by the plan alone (the same text in every arm).
@@ -145,21 +168,32 @@ func (s *session) body(t int) ([]byte, error) {
 	case t == 0:
 		s.messages = append(s.messages, chatMessage{Role: "user", Content: fmt.Sprintf("Task %d:", s.plan.id) + s.words(tp.input)})
 	case s.plan.turns[t-1].tool:
-		s.messages = append(s.messages, chatMessage{Role: "user", Content: fmt.Sprintf("Tool result %d:", t) + s.words(tp.input)})
+		last := s.messages[len(s.messages)-1]
+		id := ""
+		if len(last.ToolCalls) > 0 {
+			id = last.ToolCalls[0].ID
+		}
+		s.messages = append(s.messages, chatMessage{Role: "tool", ToolCallID: id, Content: fmt.Sprintf("Tool result %d:", t) + s.words(tp.input)})
 	default:
 		s.messages = append(s.messages, chatMessage{Role: "user", Content: "Next:" + s.words(tp.input)})
 	}
-	return json.Marshal(map[string]any{
+	body := map[string]any{
 		"model":      kvroutetest.DefaultModel,
 		"messages":   s.messages,
+		"tools":      fleetTools,
 		"max_tokens": tp.maxTokens,
 		"ignore_eos": true,
-	})
+	}
+	if tp.tool {
+		body["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": fleetTool}}
+	}
+	return json.Marshal(body)
 }
 
-// hear appends the reply, as a client sends it back.
-func (s *session) hear(reply string) {
-	s.messages = append(s.messages, chatMessage{Role: "assistant", Content: reply})
+// hear appends the reply (its text, or its tool calls), as a client
+// sends it back.
+func (s *session) hear(reply string, calls []toolCall) {
+	s.messages = append(s.messages, chatMessage{Role: "assistant", Content: reply, ToolCalls: calls})
 }
 
 var fleetWords = strings.Fields(`the a function returns error value test file package build module

@@ -280,12 +280,12 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 		if rig.cv != nil {
 			rig.cv.turn(sp.id, tp.pause, t < len(sp.turns)-1)
 		}
-		ft, reply, err := sendFleetTurn(ctx, rig, s, t)
+		ft, reply, calls, err := sendFleetTurn(ctx, rig, s, t)
 		out = append(out, ft)
 		if err != nil {
 			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
 		}
-		s.hear(reply)
+		s.hear(reply, calls)
 		if !rig.settle() {
 			rig.unsettled.Add(1)
 		}
@@ -298,15 +298,15 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 
 // sendFleetTurn sends turn t of s and measures it from the router's
 // record and the engines' records.
-func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, string, error) {
+func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, string, []toolCall, error) {
 	ft := fleetTurn{session: s.plan.id, turn: t}
 	body, err := s.body(t)
 	if err != nil {
-		return ft, "", err
+		return ft, "", nil, err
 	}
 	ref, err := kvroutetest.Reference(kvroutetest.PathChat, body)
 	if err != nil {
-		return ft, "", err
+		return ft, "", nil, err
 	}
 	id := fmt.Sprintf("s%04d-t%02d", s.plan.id, t)
 	req := httptest.NewRequestWithContext(markSession(ctx), http.MethodPost, kvroute.PathChatCompletions, bytesReader(body))
@@ -318,24 +318,33 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 	ft.prompt = ref.PromptTokens
 	if w.Code != http.StatusOK {
 		ft.err = fmt.Sprintf("status %d: %.200s", w.Code, w.Body.String())
-		return ft, "", errors.New(ft.err)
+		return ft, "", nil, errors.New(ft.err)
 	}
 	var ans struct {
 		Choices []struct {
 			Message struct {
-				Content string `json:"content"`
+				Content   string     `json:"content"`
+				ToolCalls []toolCall `json:"tool_calls"`
 			} `json:"message"`
 			FinishReason string `json:"finish_reason"`
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(w.Body.Bytes(), &ans); err != nil || len(ans.Choices) != 1 {
-		return ft, "", fmt.Errorf("bad answer: %v", err)
+		return ft, "", nil, fmt.Errorf("bad answer: %v", err)
 	}
 	got := ans.Choices[0]
-	ft.wrong = got.Message.Content != ref.Text || got.FinishReason != ref.FinishReason
+	// A tool call's arguments are the generated text; its content is "".
+	text := got.Message.Content
+	if s.plan.turns[t].tool {
+		if len(got.Message.ToolCalls) != 1 || got.Message.Content != "" || got.Message.ToolCalls[0].Function.Name != fleetTool {
+			return ft, "", nil, fmt.Errorf("turn %d: want a call of %s, got %.200s", t, fleetTool, w.Body.String())
+		}
+		text = got.Message.ToolCalls[0].Function.Arguments
+	}
+	ft.wrong = text != ref.Text || got.FinishReason != ref.FinishReason
 	rec, ok := rig.obs.Take(id)
 	if !ok {
-		return ft, "", errors.New("no turn record")
+		return ft, "", nil, errors.New("no turn record")
 	}
 	ft.hit = rec.Reuse == kvroute.ReuseHit
 	ft.ttft = rec.Render + rec.Prefill
@@ -354,5 +363,5 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 			}
 		}
 	}
-	return ft, got.Message.Content, nil
+	return ft, got.Message.Content, got.Message.ToolCalls, nil
 }

@@ -40,7 +40,13 @@
 // (prompt_token_ids, token_ids; null when not asked for), the render
 // endpoints, /tokenize's reduced field set, the "reasoning" field, empty
 // tool_calls left out, P's handle on any normal finish, X-Request-Id falling
-// back to the body's request_id. Reads are positional per KV group (the last
+// back to the body's request_id. A chat request's named tool_choice
+// ({"type": "function", "function": {"name": ...}}, checked against tools
+// as vLLM validates it) makes the reply that tool's call: content "", one
+// tool call whose arguments are the generated text (vLLM's guided decoding
+// would make them JSON), finish_reason the generation's; streamed, the
+// first delta carries the call's id and name. auto, none and required are
+// not modelled (the reply is text). Reads are positional per KV group (the last
 // len(local) blocks of each group); a group shorter than what the reader
 // allocates trips the worker assert, which answers 500 and restarts the
 // engine (Stats.AssertFailures). A prefix-cache hit on KV that differs from

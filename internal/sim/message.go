@@ -83,9 +83,41 @@ type chatMessage struct {
 	ReasoningContent json.RawMessage `json:"reasoning_content,omitempty"`
 }
 
-func (c *Config) message(g Generated) chatMessage {
+// toolCall is a chat reply's tool call, as vLLM writes it.
+type toolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// deltaToolCall is a stream delta's tool call: the first of a call
+// carries its id, type and name, the rest only arguments.
+type deltaToolCall struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"`
+	Function struct {
+		Name      string `json:"name,omitempty"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// message is choice i's reply message; with a named tool choice (tool),
+// the content is empty and the text is the call's arguments, as vLLM
+// answers it (finish_reason stays the generation's, "stop" or "length").
+func (c *Config) message(g Generated, tool, callID string) chatMessage {
 	content, reasoning := c.ChatContent(g)
 	m := chatMessage{Role: "assistant", Content: &content}
+	if tool != "" {
+		empty := ""
+		m.Content = &empty
+		m.ToolCalls = []any{toolCall{ID: callID, Type: "function", Function: toolFunction{Name: tool, Arguments: content}}}
+	}
 	v, _ := json.Marshal(reasoning)
 	r, rc := c.reasoningKeys()
 	if r {

@@ -18,6 +18,13 @@ type Request struct {
 	Path   string
 	Model  string
 	Stream bool
+	// ToolName is the function a chat request's named tool_choice
+	// ({"type": "function", "function": {"name": ...}}) forces: the reply
+	// is that tool's call, the generated text its arguments (vLLM's
+	// guided decoding would make them JSON; the simulator's words are
+	// not). "" otherwise (auto, none and required are not modelled: the
+	// reply is text).
+	ToolName string
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
 	MaxTokens    int // 0 when absent
@@ -163,7 +170,42 @@ func (c *Config) parseChat(m map[string]json.RawMessage) (*Request, error) {
 		req.MaxTokens = mct
 	}
 	req.Thinking = c.thinking(b)
+	if req.ToolName, err = namedToolChoice(m["tool_choice"], b.Tools); err != nil {
+		return nil, err
+	}
 	return req, nil
+}
+
+// namedToolChoice returns the function a chat tool_choice names, checked
+// as vLLM's request validation does: tools must be given and hold it.
+// Other choices ("auto", "none", "required", other shapes) give "".
+func namedToolChoice(choice, tools json.RawMessage) (string, error) {
+	var named struct {
+		Type     string `json:"type"`
+		Function *struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if !present(choice) || choice[0] != '{' || json.Unmarshal(choice, &named) != nil || named.Type != "function" || named.Function == nil {
+		return "", nil
+	}
+	var list []struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if !present(tools) {
+		return "", badRequest("When using `tool_choice`, `tools` must be set.")
+	}
+	if err := json.Unmarshal(tools, &list); err != nil {
+		return "", badRequest("tools: must be a list")
+	}
+	for _, t := range list {
+		if t.Function.Name == named.Function.Name {
+			return named.Function.Name, nil
+		}
+	}
+	return "", badRequest("The tool specified in `tool_choice` does not match any of the specified `tools`")
 }
 
 // parseChatBody reads the prompt-shaping fields of a chat body.

@@ -2,8 +2,11 @@ package sim
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"net/http"
 	"strings"
 )
@@ -108,7 +111,7 @@ func (o *reply) json(w http.ResponseWriter) {
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
-			choices[i] = choice{Index: i, Message: o.e.cfg.message(g), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
+			choices[i] = choice{Index: i, Message: o.e.cfg.message(g, o.t.req.ToolName, o.toolCallID(i)), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID                string          `json:"id"`
@@ -156,10 +159,11 @@ func (o *reply) json(w http.ResponseWriter) {
 
 // delta is a chat stream delta.
 type delta struct {
-	Role             string  `json:"role,omitempty"`
-	Content          *string `json:"content,omitempty"`
-	Reasoning        *string `json:"reasoning,omitempty"`
-	ReasoningContent *string `json:"reasoning_content,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	Content          *string         `json:"content,omitempty"`
+	ToolCalls        []deltaToolCall `json:"tool_calls,omitempty"`
+	Reasoning        *string         `json:"reasoning,omitempty"`
+	ReasoningContent *string         `json:"reasoning_content,omitempty"`
 }
 
 type streamChoice struct {
@@ -258,7 +262,7 @@ func (o *reply) chatEvents() []event {
 		if !o.chat() {
 			target = RawText(g)
 		}
-		firstChunk := true
+		firstChunk, called := true, false
 		for j, tok := range g.Tokens {
 			last := j == len(g.Tokens)-1
 			text := tok.Text
@@ -295,6 +299,14 @@ func (o *reply) chatEvents() []event {
 				switch {
 				case isReason:
 					o.e.cfg.reasoningDelta(d, text)
+				case o.t.req.ToolName != "" && (text != "" || last):
+					// a named tool choice streams the call's arguments
+					tc := deltaToolCall{Index: 0}
+					if !called {
+						tc.ID, tc.Type, tc.Function.Name, called = o.toolCallID(i), "function", o.t.req.ToolName, true
+					}
+					tc.Function.Arguments = text
+					d.ToolCalls = []deltaToolCall{tc}
 				case text != "" || last:
 					d.Content = &text
 				}
@@ -407,4 +419,13 @@ func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
 		}
 	}
 	e.finish(rec, http.StatusOK, "")
+}
+
+// toolCallID is choice i's tool call id: vLLM's "chatcmpl-tool-" and 32
+// hex digits, drawn from the reply's id so that a rebuilt stream and the
+// whole answer agree.
+func (o *reply) toolCallID(i int) string {
+	h := fnv.New128a()
+	fmt.Fprintf(h, "%s/%d", o.id, i)
+	return "chatcmpl-tool-" + hex.EncodeToString(h.Sum(nil))
 }
