@@ -7,7 +7,7 @@ package main
 // retained handle held on D for the TTL, the router before issue 23) and
 // managed (kvroute.DecodeMemory's budget, releases and placement).
 //
-//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--check]
+//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--clairvoyant] [--check]
 //
 // --capacity half (the default) first runs hold everything with ample
 // capacity (the profile's node) to measure its mean KV demand on each
