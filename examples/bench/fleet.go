@@ -48,6 +48,7 @@ type fleetConfig struct {
 	check           bool
 	metrics         bool
 	clairvoyant     bool
+	toolShare       float64
 	timeout         time.Duration
 }
 
@@ -70,6 +71,7 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.maxPrompt, "max-prompt", 120000, "a session ends before its prompt passes this many tokens")
 	fs.StringVar(&c.svg, "svg", "", "write the chart (KV held over time, TTFT distribution) here")
 	fs.BoolVar(&c.metrics, "metrics", false, "managed arm: the router reads the decode engines' /metrics (placement by pressure); the run then no longer repeats exactly")
+	fs.Float64Var(&c.toolShare, "tool-share", toolShare, "the share of the replies that call a tool (their next turn comes after seconds; the others are read by a person)")
 	fs.BoolVar(&c.clairvoyant, "clairvoyant", false, "managed arm: release the holds whose next turn comes last (known from the plan, as no router can): an upper bound on the choice of victims")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target FAILs")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
@@ -90,6 +92,8 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 		return c, errors.New("--window must not be negative, --sample and --timeout positive")
 	case c.budget <= 0 || c.budget > 1:
 		return c, errors.New("--budget must be in (0, 1]")
+	case !(c.toolShare >= 0 && c.toolShare <= 1):
+		return c, errors.New("--tool-share must be in [0, 1]")
 	case c.maxPrompt < 20000 || c.maxPrompt > c.prof.KVCapacityTokens:
 		return c, fmt.Errorf("--max-prompt must be in [20000, %d]", c.prof.KVCapacityTokens)
 	}
@@ -153,7 +157,7 @@ func reportFleet(stdout io.Writer, rep fleetReport) error {
 
 // fleetRun runs the arms the configuration asks for.
 func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetReport, error) {
-	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt)}
+	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt, c.toolShare)}
 	ample := c.prof.KVCapacityTokens / kvroutetest.DefaultBlockSize * kvroutetest.DefaultBlockSize
 	run := func(name string, managed bool, capacity int) (armResult, error) {
 		a, err := runArm(ctx, c, rep.plan, armSpec{name: name, managed: managed, capacity: capacity})

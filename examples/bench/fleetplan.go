@@ -20,7 +20,7 @@ import (
 // 480 s, p99 1,470 s): a person's turn waits a log-normal pause of median
 // 123 s and sigma 1.06, whose p90 is 480 s and p99 1,457 s; a tool call's
 // result comes back after a log-normal pause of median 6 s. Half the
-// turns are tool calls. A session ends after its first turn with
+// turns are tool calls (toolShare: --tool-share). A session ends after its first turn with
 // probability 0.4 and after a later one with probability 0.1 (a
 // conversation on its second turn comes back twice as often as a first
 // request, as in the trace), or when its prompt would pass maxPrompt.
@@ -29,7 +29,8 @@ const (
 	gapHumanSigma  = 1.06
 	gapToolMedian  = 6 * time.Second
 	gapToolSigma   = 0.7
-	toolShare      = 0.5
+	// toolShare is the default share of the replies that call a tool.
+	toolShare = 0.5
 	// continueFirst and continueLater: the chance a session has a next
 	// turn after its first turn and after a later one.
 	continueFirst = 0.6
@@ -60,7 +61,7 @@ type turnPlan struct {
 }
 
 // planFleet draws n sessions arriving uniformly over window.
-func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int) []sessionPlan {
+func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int, share float64) []sessionPlan {
 	out := make([]sessionPlan, n)
 	for i := range out {
 		rng := rand.New(rand.NewPCG(seed, uint64(i)))
@@ -87,7 +88,7 @@ func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int
 			// the pause after this turn: its reply calls a tool, or a
 			// person reads it
 			last := &s.turns[len(s.turns)-1]
-			last.tool = rng.Float64() < toolShare
+			last.tool = rng.Float64() < share
 			if last.tool {
 				last.pause = time.Duration(clip(logNormal(rng, float64(gapToolMedian), gapToolSigma), float64(time.Second), float64(time.Minute)-1))
 			} else {
@@ -134,7 +135,7 @@ const fleetTool = "run"
 
 var fleetTools = []any{map[string]any{"type": "function", "function": map[string]any{"name": fleetTool,
 	"description": "Run a command in the workspace and return its output.",
-	"parameters": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}}}
+	"parameters":  map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}}}
 
 // session is a plan being run: its history and the generator of its
 // inputs' text, seeded by the plan alone (the same text in every arm).
