@@ -185,8 +185,7 @@ type DecodeMemory struct {
 	// (WithHealth's RestartCheck), which still reads before it attaches a
 	// handle. Default 5 s; negative: never
 	// read (capacity then comes from Capacity alone, and placement sees
-	// only this router's own pressure: its holds and decode legs in
-	// flight on each engine).
+	// no pressure).
 	MetricsInterval time.Duration
 	// Releases bounds the release requests in flight at once: the
 	// one-token prefill requests that release holds over the budget.

@@ -82,11 +82,7 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 		capacity = m.cfg.capacity // DecodeMemory's Capacity, for an engine that reports none
 	}
 	if at.IsZero() {
-		// Not read (yet, or never: MetricsInterval negative): with a
-		// known capacity, the router's own view, its holds and its
-		// decode legs in flight on the engine.
-		m.ownPressure(e, c, now)
-		return
+		return // not read yet
 	}
 	held, budget := m.ledger.Held(e.url, now)
 	if capacity <= 0 && budget <= 0 {
@@ -98,21 +94,6 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 	}
 	c.KVUsage, c.Waiting, c.Preempting = max(usage, 0), waiting, preempted
 	c.Crowded = preempted || (m.cfg.watermark > 0 && usage >= m.cfg.watermark)
-}
-
-// ownPressure fills c from what this router alone knows of e: the share
-// of its capacity (DecodeMemory's Capacity, or the Ledger's) that its
-// holds and live decode legs take. Other replicas' holds and requests are
-// not seen: the engine's /metrics, once read, replace this view.
-func (m *decodeMemory) ownPressure(e *endpoint, c *Candidate, now time.Time) {
-	capacity := m.ledger.Capacity(e.url)
-	if capacity <= 0 {
-		return // capacity unknown: placement as before
-	}
-	held, _ := m.ledger.Held(e.url, now)
-	usage := float64(held+e.mem.live.Load()) / float64(capacity)
-	c.KVUsage = usage
-	c.Crowded = m.cfg.watermark > 0 && usage >= m.cfg.watermark
 }
 
 // refresh reads e's /metrics in the background, unless a read is running.

@@ -92,30 +92,3 @@ func TestPlacementByPressure(t *testing.T) {
 		}
 	}
 }
-
-// Without /metrics (MetricsInterval negative) but with a known Capacity,
-// the selector sees the router's own pressure on each decode engine: its
-// holds and its decode legs in flight. An engine its holds crowd gets no
-// new conversation while another has room.
-func TestPlacementByOwnPressure(t *testing.T) {
-	for range 4 {
-		clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
-		c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
-			kvroutetest.WithNumBlocks(budgetBlocks))
-		rec := &recorder{}
-		r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{
-			HighWatermark: 0.05, MetricsInterval: -1, Capacity: budgetBlocks * 16}))
-		url := serve(t, r)
-		var engines []string
-		for i := range 2 {
-			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
-			conv.say(userText(i + 1))
-			conv.hear(releaseTurn(t, url, conv.path, conv.body(), nil))
-			engines = append(engines, rec.last().DecodeEndpoint)
-		}
-		assert.NotEqual(t, engines[0], engines[1], "the new conversation went to the engine with room")
-		for _, kv := range r.DecodeKV() {
-			assert.True(t, kv.MetricsRead.IsZero(), "no /metrics read")
-		}
-	}
-}

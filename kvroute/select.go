@@ -32,12 +32,10 @@ type Candidate struct {
 
 	// A decode engine's memory pressure, as the router last read its
 	// /metrics (WithDecodeMemory; zero for prefill engines, for an engine
-	// of unknown capacity, and with the management off). KVUsage is the
-	// share of its KV memory in use, 0 to 1 (vllm:kv_cache_usage_perc:
-	// running requests and holds), corrected by the holds this router
-	// retained or released since the reading; before the first reading
-	// (or with MetricsInterval negative), the share of its capacity this
-	// router's holds and decode legs in flight take. Waiting is its
+	// not yet read or of unknown capacity, and with the management off). KVUsage is the share
+	// of its KV memory in use, 0 to 1 (vllm:kv_cache_usage_perc: running
+	// requests and holds), corrected by the holds this router retained
+	// or released since the reading. Waiting is its
 	// vllm:num_requests_waiting. Preempting reports that its
 	// vllm:num_preemptions_total grew between the last two readings.
 	KVUsage    float64
