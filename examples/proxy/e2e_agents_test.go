@@ -71,6 +71,35 @@ type agentClient struct {
 	items       []any // Responses input items or Messages messages
 }
 
+// runAgentTurns runs turns turns of c through the proxy at base, as its
+// client sees them: each answers 200 with no handle member, ends with its
+// final event, answers as a single engine would, and reuses as hits says
+// (every turn after the first hits, or none does); the assistant item is
+// echoed into the next turn.
+func runAgentTurns(t *testing.T, c *agentClient, client *http.Client, base, conv string, turns int, hits bool) {
+	t.Helper()
+	for i := range turns {
+		c.ask(agentAsk(conv, i))
+		got, body := c.turn(t, client, base, i)
+		require.Equal(t, http.StatusOK, got.status, "turn %d: %s", i+1, got.raw)
+		for _, s := range []string{"kv_transfer_params", "remote_block_ids", "remote_engine_id"} {
+			assert.NotContains(t, got.raw, s, "turn %d: handles never reach the client", i+1)
+		}
+		assert.True(t, got.done, "turn %d ends with its final event", i+1)
+		ref, err := kvroutetest.Reference(c.path, body)
+		require.NoError(t, err)
+		require.NotEmpty(t, ref.Text)
+		assert.Equal(t, ref.Text, got.text, "turn %d answers as a single engine would", i+1)
+		want := "hit"
+		if i == 0 || !hits {
+			want = "miss"
+		}
+		assert.Equal(t, want, got.reuse, "turn %d", i+1)
+		require.NotEmpty(t, got.echo, "turn %d has an assistant item to echo", i+1)
+		c.items = append(c.items, got.echo...)
+	}
+}
+
 func (c *agentClient) responses() bool { return c.path == "/v1/responses" }
 
 func (c *agentClient) ask(text string) {
@@ -324,26 +353,7 @@ func TestE2EAgents(t *testing.T) {
 			if s, ok := c.base["prompt_cache_key"].(string); ok {
 				c.session = s
 			}
-			for i := range turns {
-				c.ask(agentAsk(tc.name, i))
-				got, body := c.turn(t, client, px.url, i)
-				require.Equal(t, http.StatusOK, got.status, "turn %d: %s", i+1, got.raw)
-				for _, s := range []string{"kv_transfer_params", "remote_block_ids", "remote_engine_id"} {
-					assert.NotContains(t, got.raw, s, "turn %d: handles never reach the client", i+1)
-				}
-				assert.True(t, got.done, "turn %d ends with its final event", i+1)
-				ref, err := kvroutetest.Reference(c.path, body)
-				require.NoError(t, err)
-				require.NotEmpty(t, ref.Text)
-				assert.Equal(t, ref.Text, got.text, "turn %d answers as a single engine would", i+1)
-				want := "hit"
-				if i == 0 || !tc.streamHits {
-					want = "miss"
-				}
-				assert.Equal(t, want, got.reuse, "turn %d", i+1)
-				require.NotEmpty(t, got.echo, "turn %d has an assistant item to echo", i+1)
-				c.items = append(c.items, got.echo...)
-			}
+			runAgentTurns(t, &c, client, px.url, tc.name, turns, tc.streamHits)
 		})
 	}
 

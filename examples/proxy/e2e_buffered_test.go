@@ -34,26 +34,7 @@ func TestE2EBufferedStreams(t *testing.T) {
 		{path: "/v1/messages", query: "?beta=true", stream: true, base: claudeBody("buffered"), session: "buffered"},
 	} {
 		t.Run(c.path, func(t *testing.T) {
-			for i := range turns {
-				c.ask(agentAsk(c.session, i))
-				got, body := c.turn(t, client, px.url, i)
-				require.Equal(t, http.StatusOK, got.status, "turn %d: %s", i+1, got.raw)
-				for _, s := range []string{"kv_transfer_params", "remote_block_ids", "remote_engine_id"} {
-					assert.NotContains(t, got.raw, s, "turn %d: handles never reach the client", i+1)
-				}
-				assert.True(t, got.done, "turn %d ends with its final event", i+1)
-				ref, err := kvroutetest.Reference(c.path, body)
-				require.NoError(t, err)
-				require.NotEmpty(t, ref.Text)
-				assert.Equal(t, ref.Text, got.text, "turn %d answers as a single engine would", i+1)
-				want := "hit"
-				if i == 0 {
-					want = "miss"
-				}
-				assert.Equal(t, want, got.reuse, "turn %d", i+1)
-				require.NotEmpty(t, got.echo, "turn %d has an assistant item to echo", i+1)
-				c.items = append(c.items, got.echo...)
-			}
+			runAgentTurns(t, &c, client, px.url, c.session, turns, true)
 		})
 	}
 	status, page := get(t, px.url+"/metrics")
