@@ -1,8 +1,6 @@
 package kvroute_test
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -28,13 +26,7 @@ func readStream(t testing.TB, raw []byte) clientStream {
 	t.Helper()
 	var a clientStream
 	var text, reasoning strings.Builder
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
+	for data := range sseData(raw) {
 		if data == "[DONE]" {
 			a.done = true
 			continue

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -212,16 +213,23 @@ type streamScan struct {
 	errData      string // the first error event's data, "" when none
 }
 
+// sseData yields the payload of each "data: " line of an SSE stream.
+func sseData(raw []byte) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		sc := bufio.NewScanner(bytes.NewReader(raw))
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && !yield(data) {
+				return
+			}
+		}
+	}
+}
+
 func scanStream(t testing.TB, raw []byte) streamScan {
 	var s streamScan
 	var text strings.Builder
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
+	for data := range sseData(raw) {
 		if data == "[DONE]" {
 			s.done = true
 			continue
