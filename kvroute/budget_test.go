@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -398,27 +397,7 @@ func TestRandomConversationsUnderBudget(t *testing.T) {
 			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithObserver(rec),
 				kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.25}))
 			url := serve(t, r)
-			var (
-				mu sync.Mutex
-				st propStats
-				wg sync.WaitGroup
-			)
-			work := make(chan int)
-			for range 4 {
-				wg.Go(func() {
-					for seed := range work {
-						s := propConversation(t, url, rec, cl, engine, kvroute.VerifyTokens, seed, true)
-						mu.Lock()
-						st.add(s)
-						mu.Unlock()
-					}
-				})
-			}
-			for i := range 48 {
-				work <- 1000 + i
-			}
-			close(work)
-			wg.Wait()
+			st := propRun(t, url, rec, cl, engine, kvroute.VerifyTokens, 1000, 48)
 			s := r.Stats()
 			t.Logf("%d conversations, %d turns, %d hits, %d wrong; released: %d superseded, %d budget, %d failed, %d gone",
 				st.conversations, st.turns, st.hits, st.wrong, s.ReleasedSuperseded, s.ReleasedBudget, s.ReleaseFailures, s.ReleaseGone)

@@ -126,7 +126,10 @@ func TestRandomConversations(t *testing.T) {
 	}
 	for _, run := range runs {
 		mode := run.mode
-		var total propStats
+		var (
+			mu    sync.Mutex
+			total propStats
+		)
 		for _, cl := range propClasses {
 			t.Run(run.name+"/"+cl.name, func(t *testing.T) {
 				engine := append(append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, cl.engine...), run.engines...)
@@ -135,29 +138,7 @@ func TestRandomConversations(t *testing.T) {
 				// Threshold 0: attach every verified prefix, however short.
 				r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithObserver(rec))
 				url := serve(t, r)
-				var (
-					mu sync.Mutex
-					st propStats
-					wg sync.WaitGroup
-				)
-				work := make(chan int)
-				for range 4 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for seed := range work {
-							s := propConversation(t, url, rec, cl, engine, mode, seed, true)
-							mu.Lock()
-							st.add(s)
-							mu.Unlock()
-						}
-					}()
-				}
-				for i := range perClass {
-					work <- i
-				}
-				close(work)
-				wg.Wait()
+				st := propRun(t, url, rec, cl, engine, mode, 0, perClass)
 				t.Logf("%d conversations, %d turns, %d hits (%d partial), %d mutated turns, %d wrong; honest reuse %d of %d safe tokens; after reasoning %d of %d previous-prompt tokens",
 					st.conversations, st.turns, st.hits, st.partial, st.mutated, st.wrong, st.honestReused, st.honestSafe, st.reasonReused, st.reasonPrev)
 				assert.Zero(t, st.wrong, "answers that differ from the single engine's")
@@ -195,6 +176,33 @@ func propText(rng *rand.Rand, turn, seed int) string {
 		b.WriteString(" " + words[rng.IntN(len(words))])
 	}
 	return b.String()
+}
+
+// propRun runs the conversations of seeds first to first+n-1, four at a
+// time, and returns their figures summed.
+func propRun(t *testing.T, url string, rec *byID, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, first, n int) propStats {
+	var (
+		mu sync.Mutex
+		st propStats
+		wg sync.WaitGroup
+	)
+	work := make(chan int)
+	for range 4 {
+		wg.Go(func() {
+			for seed := range work {
+				s := propConversation(t, url, rec, cl, engine, mode, seed, true)
+				mu.Lock()
+				st.add(s)
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range n {
+		work <- first + i
+	}
+	close(work)
+	wg.Wait()
+	return st
 }
 
 // propConversation runs one conversation and returns its figures.
