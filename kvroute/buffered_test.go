@@ -78,40 +78,11 @@ func readStream(t testing.TB, raw []byte) clientStream {
 }
 
 // bufferedBody is turn i of a conversation of the API at path (extra
-// members added), streamed.
+// members added), streamed, each earlier turn's reply the one its answer
+// gave.
 func bufferedBody(t *testing.T, path string, turn int, replies []string, extra map[string]any) []byte {
 	t.Helper()
-	var m map[string]any
-	if path == kvroute.PathMessages {
-		c := &agentConv{path: path, stream: true, base: claudeBase()}
-		for i := range turn + 1 {
-			if i > 0 {
-				c.hear(replies[i-1], i)
-			}
-			c.say(userText(i))
-		}
-		require.NoError(t, json.Unmarshal(c.body(), &m))
-	} else {
-		c := &conversation{path: path, stream: true, maxTok: 24}
-		if path == kvroute.PathChatCompletions {
-			c.messages = []message{{Role: "system", Content: systemPrompt}}
-		} else {
-			c.prompt = systemPrompt
-		}
-		for i := range turn + 1 {
-			if i > 0 {
-				c.hear(replies[i-1])
-			}
-			c.say(userText(i))
-		}
-		require.NoError(t, json.Unmarshal(c.body(), &m))
-	}
-	for k, v := range extra {
-		m[k] = v
-	}
-	b, err := json.Marshal(m)
-	require.NoError(t, err)
-	return b
+	return convBody(t, path, true, turn, 24, func(i int) string { return replies[i] }, extra)
 }
 
 // Issue 24, item 3: with WithDecodeMemory's BufferStreams, a streamed turn

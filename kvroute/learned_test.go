@@ -2,6 +2,7 @@ package kvroute_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"testing"
 
@@ -133,6 +134,18 @@ func orEmpty(m map[string]capability.State) map[string]capability.State {
 // the history with a fixed reply.
 func learnedBody(t *testing.T, path string, stream bool, turn int, extra map[string]any) []byte {
 	t.Helper()
+	reply := " earlier reply" // a completions prompt's continuation
+	if path == kvroute.PathResponses || path == kvroute.PathMessages {
+		reply = "earlier reply"
+	}
+	return convBody(t, path, stream, turn, 8, func(int) string { return reply }, extra)
+}
+
+// convBody is turn i of a conversation of the API at path, streamed or
+// not, with replies of at most maxTok tokens: each earlier turn's reply
+// is reply(its index), extra added to the body's top level.
+func convBody(t *testing.T, path string, stream bool, turn, maxTok int, reply func(int) string, extra map[string]any) []byte {
+	t.Helper()
 	var b []byte
 	switch path {
 	case kvroute.PathResponses, kvroute.PathMessages:
@@ -142,13 +155,21 @@ func learnedBody(t *testing.T, path string, stream bool, turn int, extra map[str
 		}
 		for i := range turn + 1 {
 			if i > 0 {
-				c.hear("earlier reply", i)
+				c.hear(reply(i-1), i)
 			}
 			c.say(userText(i))
 		}
 		b = c.body()
+		if len(extra) > 0 {
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(b, &m))
+			maps.Copy(m, extra)
+			var err error
+			b, err = json.Marshal(m)
+			require.NoError(t, err)
+		}
 	default:
-		c := &conversation{path: path, stream: stream, maxTok: 8, extra: extra}
+		c := &conversation{path: path, stream: stream, maxTok: maxTok, extra: extra}
 		if path == kvroute.PathChatCompletions {
 			c.messages = []message{{Role: "system", Content: systemPrompt}}
 		} else {
@@ -156,7 +177,7 @@ func learnedBody(t *testing.T, path string, stream bool, turn int, extra map[str
 		}
 		for i := range turn + 1 {
 			if i > 0 {
-				c.hear(" earlier reply")
+				c.hear(reply(i - 1))
 			}
 			c.say(userText(i))
 		}
