@@ -393,7 +393,7 @@ func TestRandomConversationsUnderBudget(t *testing.T) {
 			engine := append(append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithNumBlocks(512)},
 				cl.engine...), kvroutetest.WithRecomputeThreshold(0))
 			c := kvroutetest.NewCluster(t, 1, 2, engine...)
-			rec := &byID{m: map[string]kvroute.TurnRecord{}}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithObserver(rec),
 				kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.25}))
 			url := serve(t, r)

@@ -68,24 +68,6 @@ func (s *propStats) add(o propStats) {
 	s.tenantHits += o.tenantHits
 }
 
-// byID keeps TurnRecords by request id.
-type byID struct {
-	mu sync.Mutex
-	m  map[string]kvroute.TurnRecord
-}
-
-func (b *byID) ObserveTurn(rec *kvroute.TurnRecord) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.m[rec.RequestID] = *rec
-}
-
-func (b *byID) get(id string) kvroute.TurnRecord {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.m[id]
-}
-
 // TestRandomConversations runs 3,072 random conversations, 128 for each of
 // eight engine and client classes in three runs (token mode against two
 // engine setups, content mode), with random
@@ -134,7 +116,7 @@ func TestRandomConversations(t *testing.T) {
 			t.Run(run.name+"/"+cl.name, func(t *testing.T) {
 				engine := append(append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, cl.engine...), run.engines...)
 				c := kvroutetest.NewCluster(t, 1, 1, engine...)
-				rec := &byID{m: map[string]kvroute.TurnRecord{}}
+				rec := &kvroutetest.Records{}
 				// Threshold 0: attach every verified prefix, however short.
 				r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithObserver(rec))
 				url := serve(t, r)
@@ -180,7 +162,7 @@ func propText(rng *rand.Rand, turn, seed int) string {
 
 // propRun runs the conversations of seeds first to first+n-1, four at a
 // time, and returns their figures summed.
-func propRun(t *testing.T, url string, rec *byID, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, first, n int) propStats {
+func propRun(t *testing.T, url string, rec *kvroutetest.Records, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, first, n int) propStats {
 	var (
 		mu sync.Mutex
 		st propStats
@@ -206,7 +188,7 @@ func propRun(t *testing.T, url string, rec *byID, cl propClass, engine []kvroute
 }
 
 // propConversation runs one conversation and returns its figures.
-func propConversation(t *testing.T, url string, rec *byID, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, seed int, strict bool) propStats {
+func propConversation(t *testing.T, url string, rec *kvroutetest.Records, cl propClass, engine []kvroutetest.Option, mode kvroute.VerificationMode, seed int, strict bool) propStats {
 	rng := rand.New(rand.NewPCG(uint64(seed), uint64(len(cl.name))))
 	st := propStats{conversations: 1}
 	tenant := fmt.Sprintf("Bearer tenant-%d", rng.IntN(3))
@@ -325,7 +307,7 @@ func propConversation(t *testing.T, url string, rec *byID, cl propClass, engine 
 		assert.NotContains(t, string(res.raw), `token_ids":[`, "token ids the client did not ask for")
 		ref, err := kvroutetest.Reference(path, raw, engine...)
 		require.NoError(t, err)
-		tr := rec.get(id)
+		tr, _ := rec.Take(id)
 		st.turns++
 		if res.text != ref.Text {
 			st.wrong++
@@ -422,7 +404,7 @@ func TestContentModeBlindSpots(t *testing.T) {
 		for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 			engine := append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0)}, cl.engine...)
 			c := kvroutetest.NewCluster(t, 1, 1, engine...)
-			rec := &byID{m: map[string]kvroute.TurnRecord{}}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithThreshold(0), kvroute.WithVerification(kvroute.Verification{Mode: mode}), kvroute.WithObserver(rec))
 			url := serve(t, r)
 			for seed := range 32 {
