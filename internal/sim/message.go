@@ -107,9 +107,10 @@ type deltaToolCall struct {
 	} `json:"function"`
 }
 
-// message is choice i's reply message; with a named tool choice (tool),
-// the content is empty and the text is the call's arguments, as vLLM
-// answers it (finish_reason stays the generation's, "stop" or "length").
+// message is the reply message of generation g; with a named tool choice
+// (tool, its call's id callID), the content is empty and the text is the
+// call's arguments, as vLLM answers it (finish_reason stays the
+// generation's, "stop" or "length").
 func (c *Config) message(g Generated, tool, callID string) chatMessage {
 	content, reasoning := c.ChatContent(g)
 	m := chatMessage{Role: "assistant", Content: &content}

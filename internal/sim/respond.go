@@ -111,7 +111,11 @@ func (o *reply) json(w http.ResponseWriter) {
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
-			choices[i] = choice{Index: i, Message: o.e.cfg.message(g, o.t.req.ToolName, o.toolCallID(i)), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
+			callID := "" // drawn only for a tool call
+			if o.t.req.ToolName != "" {
+				callID = o.toolCallID(i)
+			}
+			choices[i] = choice{Index: i, Message: o.e.cfg.message(g, o.t.req.ToolName, callID), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID                string          `json:"id"`
