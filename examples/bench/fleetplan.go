@@ -191,10 +191,10 @@ func (s *session) body(t int) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// hear appends the reply (its text, or its tool calls), as a client
-// sends it back.
-func (s *session) hear(reply string, calls []toolCall) {
-	s.messages = append(s.messages, chatMessage{Role: "assistant", Content: reply, ToolCalls: calls})
+// hear appends the reply message (its text, or its tool calls), as a
+// client sends it back.
+func (s *session) hear(reply chatMessage) {
+	s.messages = append(s.messages, reply)
 }
 
 var fleetWords = strings.Fields(`the a function returns error value test file package build module

@@ -75,8 +75,12 @@ func figures(a armResult) armFigures {
 		f.heldMean[i] = sums[i] / max(len(a.samples), 1)
 	}
 	engineWrong := 0 // the engines' own count of outputs that differ from Reference
+	for _, t := range a.turns {
+		if t.dWaited {
+			f.dQueued++
+		}
+	}
 	for _, e := range a.decode {
-		f.dQueued += e.queued
 		f.dPreempt += e.preemptions
 		f.dRecomp += e.recomputed
 		engineWrong += e.wrong

@@ -37,9 +37,13 @@ type fleetTurn struct {
 	reused        int           // tokens P pulled from D's hold
 	computed      int           // prompt tokens P computed
 	hit           bool
-	wrong         bool
-	err           string
-	answered      time.Duration // from the run's start
+	// dWaited: the decode leg waited for blocks on D, in modelled time (a
+	// leg D queues at the very moment a release frees the blocks waits
+	// none; counting it would depend on which the goroutines ran first)
+	dWaited  bool
+	wrong    bool
+	err      string
+	answered time.Duration // from the run's start
 }
 
 // kvSample is the decode engines' KV at one moment.
@@ -280,12 +284,12 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 		if rig.cv != nil {
 			rig.cv.turn(sp.id, tp.pause, t < len(sp.turns)-1)
 		}
-		ft, reply, calls, err := sendFleetTurn(ctx, rig, s, t)
+		ft, reply, err := sendFleetTurn(ctx, rig, s, t)
 		out = append(out, ft)
 		if err != nil {
 			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
 		}
-		s.hear(reply, calls)
+		s.hear(reply)
 		if !rig.settle() {
 			rig.unsettled.Add(1)
 		}
@@ -297,16 +301,17 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 }
 
 // sendFleetTurn sends turn t of s and measures it from the router's
-// record and the engines' records.
-func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, string, []toolCall, error) {
+// record and the engines' records; it returns the reply message, as the
+// client sends it back.
+func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, chatMessage, error) {
 	ft := fleetTurn{session: s.plan.id, turn: t}
 	body, err := s.body(t)
 	if err != nil {
-		return ft, "", nil, err
+		return ft, chatMessage{}, err
 	}
 	ref, err := kvroutetest.Reference(kvroutetest.PathChat, body)
 	if err != nil {
-		return ft, "", nil, err
+		return ft, chatMessage{}, err
 	}
 	id := fmt.Sprintf("s%04d-t%02d", s.plan.id, t)
 	req := httptest.NewRequestWithContext(markSession(ctx), http.MethodPost, kvroute.PathChatCompletions, bytesReader(body))
@@ -318,33 +323,30 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 	ft.prompt = ref.PromptTokens
 	if w.Code != http.StatusOK {
 		ft.err = fmt.Sprintf("status %d: %.200s", w.Code, w.Body.String())
-		return ft, "", nil, errors.New(ft.err)
+		return ft, chatMessage{}, errors.New(ft.err)
 	}
 	var ans struct {
 		Choices []struct {
-			Message struct {
-				Content   string     `json:"content"`
-				ToolCalls []toolCall `json:"tool_calls"`
-			} `json:"message"`
-			FinishReason string `json:"finish_reason"`
+			Message      chatMessage `json:"message"`
+			FinishReason string      `json:"finish_reason"`
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(w.Body.Bytes(), &ans); err != nil || len(ans.Choices) != 1 {
-		return ft, "", nil, fmt.Errorf("bad answer: %v", err)
+		return ft, chatMessage{}, fmt.Errorf("bad answer: %v", err)
 	}
 	got := ans.Choices[0]
 	// A tool call's arguments are the generated text; its content is "".
 	text := got.Message.Content
 	if s.plan.turns[t].tool {
 		if len(got.Message.ToolCalls) != 1 || got.Message.Content != "" || got.Message.ToolCalls[0].Function.Name != fleetTool {
-			return ft, "", nil, fmt.Errorf("turn %d: want a call of %s, got %.200s", t, fleetTool, w.Body.String())
+			return ft, chatMessage{}, fmt.Errorf("turn %d: want a call of %s, got %.200s", t, fleetTool, w.Body.String())
 		}
 		text = got.Message.ToolCalls[0].Function.Arguments
 	}
 	ft.wrong = text != ref.Text || got.FinishReason != ref.FinishReason
 	rec, ok := rig.obs.Take(id)
 	if !ok {
-		return ft, "", nil, errors.New("no turn record")
+		return ft, chatMessage{}, errors.New("no turn record")
 	}
 	ft.hit = rec.Reuse == kvroute.ReuseHit
 	ft.ttft = rec.Render + rec.Prefill
@@ -352,6 +354,7 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 		for _, r := range d.FinishedRequests(rec.EngineRequestID) {
 			if r.Role == "decode" || r.Role == "plain" {
 				ft.ttft += r.FirstToken
+				ft.dWaited = ft.dWaited || r.Queued > 0
 			}
 		}
 	}
@@ -363,5 +366,5 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 			}
 		}
 	}
-	return ft, got.Message.Content, got.Message.ToolCalls, nil
+	return ft, got.Message, nil
 }
