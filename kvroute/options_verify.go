@@ -137,7 +137,7 @@ type DecodeMemory struct {
 	// memory, holding costs nothing. The default is 0.9: since room is
 	// made for each decode leg on arrival, the budget only bounds what
 	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10)
-	// reuses 58.8% of hold-everything's tokens at 0.9 (a clairvoyant
+	// reuses 57–59% of hold-everything's tokens at 0.9 (a clairvoyant
 	// choice of victims: 71.6%); before its tool calls were real, 43.5% at
 	// 0.5, 57.6% at 0.9 and 59.0% at 1 (with Headroom about 0), with
 	// requests waiting on D 5 times at 0.9 and 109 at 1 (a leg the engine
