@@ -12,7 +12,7 @@ vet:
 	@set -e; for m in $(MODULES); do echo "== go vet $$m"; (cd $$m && $(GO) vet ./...); done
 
 race:
-	@set -e; for m in $(MODULES); do echo "== go test -race $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 15m ./...); done
+	@set -e; for m in $(MODULES); do echo "== go test -race $$m"; (cd $$m && $(GO) test -race -tags bidikv_bufcheck -count=1 -timeout 15m ./...); done
 
 # fuzz runs each fuzz target briefly (FUZZTIME, default 20s); fuzz-smoke
 # runs each for 30000 executions, as part of test (23 targets, the slowest

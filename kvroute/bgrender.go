@@ -62,19 +62,25 @@ func (p *tokenProof) beside(ep *endpoint) {
 		return
 	}
 	// Everything the goroutine reads of the turn is built here: the
-	// body's pieces (the pooled client body stays referenced by the
-	// request until net/http closes it) and the shared leg headers.
+	// body's pieces, with a reference to the pooled client body they
+	// alias that the goroutine owns (taken here, before it starts: the
+	// turn may end first) and releases when it ends, and the shared leg
+	// headers.
+	ref := t.req.ref
+	if !ref.hold() {
+		return
+	}
 	body := t.req.obj.EditPieces(make(legBody, 0, 8), renderDrop)
 	h := t.legs.header().Clone()
 	h.Set(headerRequestID, t.id+"-render")
 	ep.ep.ApplyHeader(h)
-	ref := t.req.ref
 	ctx, cancel := context.WithTimeout(r.renders.bgCtx, r.cfg.renderTimeout)
 	bg := &bgRender{cancel: cancel, trial: trial, answer: make(chan struct{})}
 	p.bg = bg
 	r.renders.bgWG.Add(1)
 	go func() {
 		defer r.renders.bgWG.Done()
+		defer ref.release()
 		defer cancel()
 		r.stats.renders.Add(1)
 		ids, status, err := r.renders.detached(ctx, ep, path, body, ref, h)
@@ -125,13 +131,17 @@ func (b *bgRender) abandon() {
 
 // detached posts body to path on ep with headers h, outside any
 // turn's state (no trace span: it runs beside the turn), and returns the
-// token_ids of the answer and the engine's status.
+// token_ids of the answer and the engine's status. The caller holds a
+// reference to ref until it returns.
 func (r *renderers) detached(ctx context.Context, ep *endpoint, path string, body legBody, ref *bodyRef, h http.Header) ([]uint32, int, error) {
 	u, err := ep.pathURL(path)
 	if err != nil {
 		return nil, 0, err
 	}
-	rd := body.reader(ref)
+	rd, err := body.reader(ref)
+	if err != nil {
+		return nil, 0, err
+	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "", rd)
 	if err != nil {
 		_ = rd.Close()
@@ -141,7 +151,7 @@ func (r *renderers) detached(ctx context.Context, ep *endpoint, path string, bod
 	hreq.Host = u.Host
 	hreq.Header = h
 	hreq.ContentLength = int64(body.size())
-	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref), nil }
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref) }
 	resp, err := r.client.Do(hreq, transport.Deadlines{})
 	if err != nil {
 		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}

@@ -173,10 +173,18 @@ func readBody(r io.Reader, length, limit int64, bufs *bufpool.Bytes) ([]byte, *b
 	return b, ref, nil
 }
 
-// bodyRef counts the users of a pooled request body: ServeHTTP, for the
-// turn, and each upstream request body that aliases it, until net/http
-// closes it. The last release returns the buffer to the pool. A nil
-// *bodyRef (a body the router does not own) counts nothing.
+// bodyRef is a pooled request body and its references. ServeHTTP holds
+// the first, for the turn; a holder hands one more to each reader that may
+// outlive it (an upstream request body, until net/http closes it; the
+// background render's goroutine, until it ends) by calling hold before that
+// reader starts, never from inside it, and every reference is released
+// exactly once, by its holder. The last release returns the buffer to the
+// pool. A reference asked for after the last release (a reader that started
+// too late) is refused: in a build with bufpool.Checked it panics, as does
+// a release of more references than were held; otherwise hold reports
+// false and the reader fails its request (errBodyReleased) instead of
+// sending whatever the pool has put in the buffer since, another request's
+// bytes. A nil *bodyRef (a body the router does not own) counts nothing.
 type bodyRef struct {
 	n    atomic.Int32
 	buf  []byte
@@ -184,14 +192,39 @@ type bodyRef struct {
 	rel  func() // release, made once for every upstream body's onClose
 }
 
-func (b *bodyRef) acquire() {
-	if b != nil {
-		b.n.Add(1)
+// errBodyReleased fails an upstream request whose reader asked for the
+// client's body after the turn had released it.
+var errBodyReleased = errors.New("kvroute: the request body was used after its release")
+
+// hold takes one more reference for a new reader; the caller holds one. It
+// reports false when the body was released already.
+func (b *bodyRef) hold() bool {
+	if b == nil {
+		return true
+	}
+	for {
+		n := b.n.Load()
+		if n <= 0 {
+			if bufpool.Checked {
+				panic("kvroute: a reference to a request body taken after its release")
+			}
+			return false
+		}
+		if b.n.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
 }
 
+// release gives one reference back; the last returns the buffer.
 func (b *bodyRef) release() {
-	if b != nil && b.n.Add(-1) == 0 {
+	if b == nil {
+		return
+	}
+	switch n := b.n.Add(-1); {
+	case n == 0:
 		b.pool.Put(b.buf)
+	case n < 0 && bufpool.Checked:
+		panic("kvroute: a request body released more times than it was held")
 	}
 }

@@ -21,13 +21,23 @@ func TestReadBody(t *testing.T) {
 	assert.Equal(t, body, string(b))
 	assert.Equal(t, bufpool.MinPooled, cap(b), "one pooled buffer of the announced size's class")
 	require.NotNil(t, ref)
-	ref.acquire() // an upstream body aliasing it
+	require.True(t, ref.hold()) // an upstream body aliasing it
 	ref.release() // the turn ends
 	again := bufs.Get(1000)
 	assert.NotSame(t, &b[0], &again[0], "still held by the upstream body")
 	assert.Equal(t, int32(1), ref.n.Load())
 	ref.release() // net/http closed the upstream body: back to the pool
 	assert.Equal(t, int32(0), ref.n.Load())
+	// A reader that asks for it now started too late: refused, never
+	// handed the buffer the pool may have given another request.
+	if bufpool.Checked {
+		assert.Panics(t, func() { ref.hold() })
+		assert.Panics(t, func() { ref.release() }, "released once more than held")
+	} else {
+		assert.False(t, ref.hold())
+		_, err := legBody{b}.reader(ref)
+		assert.ErrorIs(t, err, errBodyReleased)
+	}
 
 	_, _, err = readBody(strings.NewReader(body[:10]), 1000, 4096, &bufs)
 	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)

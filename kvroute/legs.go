@@ -27,13 +27,17 @@ func (b legBody) size() int {
 }
 
 // reader returns a new reader of the whole body, holding a reference to
-// the pooled client body it aliases (if any) until net/http closes it.
-func (b legBody) reader(ref *bodyRef) *transport.Buffers {
+// the pooled client body it aliases (if any) until net/http closes it. The
+// caller holds a reference (bodyRef.hold); errBodyReleased when the body
+// was released already.
+func (b legBody) reader(ref *bodyRef) (*transport.Buffers, error) {
 	if ref == nil {
-		return transport.NewBuffers(b, nil)
+		return transport.NewBuffers(b, nil), nil
 	}
-	ref.acquire()
-	return transport.NewBuffers(b, ref.rel)
+	if !ref.hold() {
+		return nil, errBodyReleased
+	}
+	return transport.NewBuffers(b, ref.rel), nil
 }
 
 // legs builds the engine requests of one turn: the client's path and
@@ -60,7 +64,10 @@ func (l *legs) request(ctx context.Context, phase Phase, ep *endpoint, body legB
 // net/http's RoundTrip only reads Request.Header and transport.Client
 // does not copy it, so no one writes the shared map after header.
 func (l *legs) requestTo(ctx context.Context, phase Phase, ep *endpoint, path string, body legBody, id string) (*http.Request, error) {
-	rd := body.reader(l.req.ref)
+	rd, err := body.reader(l.req.ref)
+	if err != nil {
+		return nil, &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
+	}
 	u, err := ep.pathURL(path)
 	if err != nil {
 		_ = rd.Close()
@@ -87,7 +94,7 @@ func (l *legs) requestTo(ctx context.Context, phase Phase, ep *endpoint, path st
 	// For net/http's retry of a request a reused connection lost before
 	// it was written.
 	ref := l.req.ref
-	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref), nil }
+	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref) }
 	return hreq, nil
 }
 

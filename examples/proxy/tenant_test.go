@@ -107,6 +107,13 @@ func (c *tenantConv) send(t *testing.T, client *http.Client, base string, cred [
 	if resp.StatusCode != http.StatusOK {
 		return resp.StatusCode, reuse, string(b)
 	}
+	return resp.StatusCode, reuse, c.heard(t, b)
+}
+
+// heard checks a 200 answer (no handle member), appends it to the history
+// and returns its text.
+func (c *tenantConv) heard(t *testing.T, b []byte) string {
+	t.Helper()
 	for _, s := range []string{"kv_transfer_params", "remote_block_ids"} {
 		require.NotContains(t, string(b), s)
 	}
@@ -118,7 +125,7 @@ func (c *tenantConv) send(t *testing.T, client *http.Client, base string, cred [
 			c.agent.readBody(t, b, &out)
 		}
 		c.agent.items = append(c.agent.items, out.echo...)
-		return resp.StatusCode, reuse, out.text
+		return out.text
 	}
 	text := openAIText(t, b, c.stream)
 	if c.path == "/v1/chat/completions" {
@@ -126,7 +133,7 @@ func (c *tenantConv) send(t *testing.T, client *http.Client, base string, cred [
 	} else {
 		c.prompt += text
 	}
-	return resp.StatusCode, reuse, text
+	return text
 }
 
 // openAIText is choice 0's text of a chat or completions answer.

@@ -45,9 +45,10 @@ func class(n int) int {
 
 // classPool keeps slices of T by size class: class k holds slices of
 // minPooled<<k bytes' capacity.
-type classPool[T any] struct {
+type classPool[T elem] struct {
 	classes [poolClasses]sync.Pool
-	boxes   sync.Pool // empty *[]T, so that put does not allocate one
+	boxes   sync.Pool  // empty *[]T, so that put does not allocate one
+	check   checker[T] // Checked builds only
 }
 
 // elems is the capacity, in elements, of class k's slices.
@@ -63,20 +64,54 @@ func (p *classPool[T]) classOf(n int) int {
 	return class(n * int(unsafe.Sizeof(t)))
 }
 
-// take returns an empty slice of class k's capacity.
-func (p *classPool[T]) take(k int) []T {
-	if v, ok := p.classes[k].Get().(*[]T); ok {
-		s := (*v)[:0]
-		*v = nil
-		p.boxes.Put(v)
-		return s
+// take returns an empty slice of class k's capacity (k -1: made with
+// room for n elements).
+func (p *classPool[T]) take(k, n int) []T {
+	var s []T
+	switch v, ok := p.pooled(k); {
+	case ok:
+		s = v
+	case k < 0:
+		s = make([]T, 0, n)
+	default:
+		s = make([]T, 0, p.elems(k))
 	}
-	return make([]T, 0, p.elems(k))
+	if Checked {
+		p.check.got(s)
+	}
+	return s
+}
+
+// pooled returns a slice of class k from the pool, if it has one.
+func (p *classPool[T]) pooled(k int) ([]T, bool) {
+	if k < 0 {
+		return nil, false
+	}
+	v, ok := p.classes[k].Get().(*[]T)
+	if !ok {
+		return nil, false
+	}
+	s := (*v)[:0]
+	*v = nil
+	p.boxes.Put(v)
+	return s, true
 }
 
 // Put returns s to the pool; a slice of another capacity than a class's
-// is dropped.
+// is dropped. Exactly one owner puts a buffer back, once, after its last
+// reader (see Checked).
 func (p *classPool[T]) Put(s []T) {
+	if Checked {
+		for _, b := range p.check.put(s) {
+			p.put(b)
+		}
+		return
+	}
+	p.put(s)
+}
+
+// put pools s if it is of a class's capacity.
+func (p *classPool[T]) put(s []T) {
 	k := p.classOf(cap(s))
 	if k < 0 || cap(s) != p.elems(k) {
 		return
@@ -91,11 +126,7 @@ func (p *classPool[T]) Put(s []T) {
 
 // Get returns a buffer of length n.
 func (p *Bytes) Get(n int) []byte {
-	k := class(n)
-	if k < 0 {
-		return make([]byte, n)
-	}
-	return p.take(k)[:n]
+	return p.take(class(n), n)[:n]
 }
 
 // Read reads r to its end, at most limit bytes (errBodyTooLarge beyond),
@@ -146,11 +177,7 @@ type IDs struct {
 // prompt, and should still fit in the slice this one returns).
 func (p *IDs) Get(n int) []uint32 {
 	n += n / 4
-	k := p.classOf(n)
-	if k < 0 {
-		return make([]uint32, 0, n)
-	}
-	return p.take(k)
+	return p.take(p.classOf(n), n)
 }
 
 // SameArray reports whether a and b share their first element's place
