@@ -22,7 +22,7 @@ func TestReadBody(t *testing.T) {
 	assert.Equal(t, bufpool.MinPooled, cap(b), "one pooled buffer of the announced size's class")
 	require.NotNil(t, ref)
 	require.True(t, ref.hold()) // an upstream body aliasing it
-	ref.release() // the turn ends
+	ref.release()               // the turn ends
 	again := bufs.Get(1000)
 	assert.NotSame(t, &b[0], &again[0], "still held by the upstream body")
 	assert.Equal(t, int32(1), ref.n.Load())
