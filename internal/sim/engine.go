@@ -157,7 +157,8 @@ const DefaultVersion = "0.30.0"
 // blocks, 1024 running requests, prefix caching on, bidirectional, stock
 // streams, threshold 64, TTL 480 s, lease 30 s, policy fail, zero-cost
 // profile, speed 0, TP 1, DP 1, no system_fingerprint, version
-// DefaultVersion, /tokenize and kv_transfer_params on every API.
+// DefaultVersion, /tokenize and kv_transfer_params on every API, tool call
+// rate DefaultToolCallRate.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",
