@@ -374,20 +374,31 @@ func TestAutoToolCallRate(t *testing.T) {
 	assert.Less(t, calls, 3*n/4)
 }
 
-// A call cut by max_tokens is no call: the parser drops the incomplete
-// markup, the reply is its text, the finish length.
+// A call cut by max_tokens is no call in the whole answer: the parser
+// drops the incomplete markup, the reply is its text, the finish length.
+// A stream has sent what it had: nothing before the name was whole, then
+// the call's id and name and the arguments so far.
 func TestToolCallCutByLength(t *testing.T) {
 	e := start(t, sim.NewRegistry(), nil, func(c *sim.Config) { c.ToolCallRate = 1 })
 	full := askTool(t, e.url, sim.PathChat, toolBody(sim.PathChat, "auto", false))
 	require.Len(t, full.calls, 1)
 	words := len(strings.Fields(full.content))
-	for _, stream := range []bool{false, true} {
-		body := toolBody(sim.PathChat, "auto", stream)
-		body["max_tokens"] = words + 3 // into the call's markup
-		got := askTool(t, e.url, sim.PathChat, body)
-		assert.Equal(t, "length", got.finish)
-		assert.Equal(t, full.content, got.content)
-		assert.Empty(t, got.calls)
+	for _, cut := range []int{3, 32} { // into the markup; into the arguments
+		for _, stream := range []bool{false, true} {
+			body := toolBody(sim.PathChat, "auto", stream)
+			body["max_tokens"] = words + cut
+			got := askTool(t, e.url, sim.PathChat, body)
+			assert.Equal(t, "length", got.finish)
+			assert.Equal(t, full.content, got.content)
+			if !stream || cut == 3 {
+				assert.Empty(t, got.calls)
+				continue
+			}
+			require.Len(t, got.calls, 1)
+			assert.Equal(t, "run", got.calls[0].name)
+			assert.True(t, strings.HasPrefix(full.calls[0].args, got.calls[0].args), got.calls[0].args)
+			assert.Less(t, len(got.calls[0].args), len(full.calls[0].args))
+		}
 	}
 }
 

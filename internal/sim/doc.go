@@ -69,8 +69,9 @@
 // that completes the call's name sends its id, type and name, the
 // arguments' tokens their text, and the finish reason is tool_calls when a
 // call was streamed and the generation stopped (non-streamed: whenever an
-// auto call was found). A call cut by max_tokens is dropped, its text
-// before it kept (the engine parsers drop incomplete markup).
+// auto call was found). A call cut by max_tokens is dropped from the whole
+// answer, its text before it kept (the engine parsers drop incomplete
+// markup); a stream has sent its name and the arguments so far.
 //
 // Reads are positional per KV group (the last
 // len(local) blocks of each group); a group shorter than what the reader

@@ -28,8 +28,8 @@ import (
 //     "WORDS"}}], whose words continue while EOS is not allowed; the
 //     parser returns content "" and the call.
 //
-// A call cut by max_tokens is dropped (the engine parsers drop incomplete
-// markup). arguments are json.dumps of the parsed arguments ({"k": "v"}),
+// A call cut by max_tokens is dropped from the whole answer (the engine
+// parsers drop incomplete markup); a stream has sent what it had of it. arguments are json.dumps of the parsed arguments ({"k": "v"}),
 // ARG the first property of the tool's parameters (sorted), "input" when
 // it has none, always given a string of words. The chat template renders an assistant tool call as Qwen3's does
 // ("\n" before a call unless it is the first and the content is empty,
@@ -239,6 +239,10 @@ type ParsedCall struct{ Name, Arguments string }
 //     call when complete; finish "tool_calls" when a call was found
 //     (non-streaming: auto_tools_called, whatever the generation's finish)
 //     or, streamed, when a call was streamed and the generation stopped.
+//
+// Streamed, a call cut by max_tokens is what its deltas sent: its name
+// once generated whole, and the arguments' text so far (finish "length");
+// the whole answer drops it.
 func (c *Config) Parse(g Generated, r *Request, streamed bool) Parsed {
 	content, reasoning := c.ChatContent(g)
 	p := Parsed{Content: content, Reasoning: reasoning, Finish: g.Finish}
@@ -247,16 +251,13 @@ func (c *Config) Parse(g Generated, r *Request, streamed bool) Parsed {
 		p.Content, p.Calls = "", []ParsedCall{{Name: r.ToolName, Arguments: content}}
 	case g.Call == nil:
 	case g.Call.Required:
-		p.Content = ""
-		if g.Call.Complete {
-			p.Calls = []ParsedCall{{Name: g.Call.Name, Arguments: g.Call.Arguments}}
-		}
+		p.Content, p.Calls = "", parsedCalls(g, streamed)
 		if g.Finish == "stop" {
 			p.Finish = "tool_calls"
 		}
 	default:
+		p.Calls = parsedCalls(g, streamed)
 		if g.Call.Complete {
-			p.Calls = []ParsedCall{{Name: g.Call.Name, Arguments: g.Call.Arguments}}
 			p.ContentNull = strings.TrimSpace(content) == ""
 			if !streamed || g.Finish == "stop" {
 				p.Finish = "tool_calls"
@@ -264,6 +265,27 @@ func (c *Config) Parse(g Generated, r *Request, streamed bool) Parsed {
 		}
 	}
 	return p
+}
+
+// parsedCalls is g's call as the parser returns it: whole when complete;
+// cut, nothing, or streamed what the stream sent of it.
+func parsedCalls(g Generated, streamed bool) []ParsedCall {
+	c := g.Call
+	switch {
+	case c.Complete:
+		return []ParsedCall{{Name: c.Name, Arguments: c.Arguments}}
+	case !streamed:
+		return nil
+	}
+	text := callText(g)
+	if len(text) < c.NameEnd {
+		return nil
+	}
+	args := ""
+	if len(text) > c.ArgsStart {
+		args = text[c.ArgsStart:min(len(text), c.ArgsStart+len(c.Arguments))]
+	}
+	return []ParsedCall{{Name: c.Name, Arguments: args}}
 }
 
 // toolChoice reads a request's tool_choice in the shape of its API (chat:
