@@ -55,15 +55,18 @@ var messagesPrefillSet = []jsonraw.Member{
 var messagesPrefillDrop = append(append([]string(nil), commonPrefillDrop...), "stop_sequences")
 
 // bodyReply reads a message: its text blocks, whether it thought, its
-// tool uses, and its stop reason (max_tokens is a length cap, the others a
-// stop).
+// tool uses, and its stop reason in chat's terms (vLLM's stop_reason_map
+// read back: max_tokens is a length cap, tool_use chat's tool_calls,
+// end_turn and stop_sequence a stop).
 func (messages) bodyReply(obj jsonraw.Object) *Reply {
 	rep := &Reply{}
 	if v, ok := obj.Get("stop_reason"); ok {
 		switch s, _ := jsonraw.String(v); s {
 		case "max_tokens":
 			rep.FinishReason = "length"
-		case "end_turn", "stop_sequence", "tool_use":
+		case "tool_use":
+			rep.FinishReason = "tool_calls"
+		case "end_turn", "stop_sequence":
 			rep.FinishReason = "stop"
 		default:
 			rep.FinishReason = s

@@ -44,12 +44,13 @@
 //     a non-streaming body or from a stream's final chunk (engines with
 //     vLLM PR #40186; stock engines send none in streams, which is logged
 //     once and counted).
-//  7. Retain (retain.go): when the turn ended normally (finish_reason stop
-//     or length, the stream complete), the handle is retained under the
-//     key the Identifier derives from the request and the reply, for the
-//     retention TTL, with the fingerprint the verification seals of what
-//     D's blocks hold: for a non-streaming answer before Do returns, for a
-//     stream before the client reads its final event.
+//  7. Retain (retain.go): when the turn ended normally (stop, length or
+//     tool calls in each API's terms, the stream complete), the handle is
+//     retained under the key the Identifier derives from the request and
+//     the reply, for the retention TTL, with the fingerprint the
+//     verification seals of what D's blocks hold: for a non-streaming
+//     answer before Do returns, for a stream before the client reads its
+//     final event.
 //
 // A failed decode leg that reached nobody is redone in Do as a plain miss
 // (see Failure paths), as is a decode-local leg that fails.
@@ -389,11 +390,10 @@
 //     what it lacked) and is counted (Stats.UnconfirmedHits,
 //     TurnRecord.Unconfirmed, TurnRecord.CachedTokens). Engines without
 //     --enable-prompt-tokens-details are not checked.
-//   - D answers without a handle after a normal finish (stop or length):
-//     the turn succeeds, nothing is retained, and it is counted
+//   - D answers without a handle after a normal finish (stop, length, tool
+//     calls): the turn succeeds, nothing is retained, and it is counted
 //     (Stats.NoDecodeHandle, TurnRecord.NoHandle PhaseDecode; warned once
-//     per engine) for
-//     non-streaming answers and for streams of an engine that has sent a
+//     per engine) for non-streaming answers and for streams of an engine that has sent a
 //     handle in a stream of that API before; streams of engines never seen
 //     to send one (stock vLLM; vLLM's Messages streams always) count in
 //     Stats.NoStreamHandle instead, warned once per API. D's

@@ -16,8 +16,9 @@ type MissReason string
 
 // Refusal is why a finished turn's handle was not retained, or was
 // retained for token verification only (a soft refusal, see Retention). A
-// finish reason other than stop or length is refused as "finish_" and the
-// reason ("finish_abort").
+// finish reason other than a normal one (stop, length, or chat's
+// tool_calls, which Messages' tool_use maps to) is refused as "finish_"
+// and the reason ("finish_abort").
 type Refusal string
 
 // TokenSource is where the tokens of a new prompt came from.
@@ -139,9 +140,8 @@ const (
 	// RefuseUnrendered: an API without token ids whose prompt could not be
 	// rendered; its turn cannot be verified by tokens and is not retained.
 	RefuseUnrendered Refusal = "unrendered"
-	// refuseFinishPrefix prefixes a finish reason other than stop or
-	// length ("finish_abort", "finish_tool_calls" is not one: tool calls
-	// finish as stop in vLLM).
+	// refuseFinishPrefix prefixes a finish reason that is not a normal
+	// finish (finishedNormally): "finish_abort", "finish_error".
 	refuseFinishPrefix Refusal = "finish_"
 )
 

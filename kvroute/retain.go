@@ -111,7 +111,7 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 	} else {
 		r.learned.sawHandle(in.decode)
 	}
-	if reply.FinishReason != "stop" && reply.FinishReason != "length" {
+	if !finishedNormally(reply.FinishReason) {
 		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
 		return 0, false
 	}
@@ -143,7 +143,7 @@ func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
 	// plain request, the local fallback, gets none). A complete stream
 	// whose reply names no finish reason (Messages streams end with
 	// message_stop) finished normally.
-	normal := reply.FinishReason == "stop" || reply.FinishReason == "length"
+	normal := finishedNormally(reply.FinishReason)
 	expected := !in.noPrefill && normal
 	switch {
 	case in.streamed && (in.noPrefill || !(normal || reply.FinishReason == "")):
@@ -165,6 +165,27 @@ func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
 				slog.String("endpoint", in.decode))
 		}
 	}
+}
+
+// finishedNormally reports whether a reply's finish reason, in chat's
+// terms (each API's reader maps its own into them: Messages' end_turn and
+// stop_sequence to "stop", max_tokens to "length", tool_use to
+// "tool_calls"; a Responses status completed to "stop", incomplete for
+// max_output_tokens to "length", whatever its output items), is a normal
+// finish: the engine stopped (EOS, a stop string or token) or reached
+// its length cap, the two finishes on which vLLM's connector holds D's
+// blocks and returns a handle (nixl/pull_scheduler.py request_finished:
+// FINISHED_STOPPED, FINISHED_LENGTH_CAPPED). "tool_calls" is such a
+// finish as chat reports it when the tool parser found calls under
+// tool_choice auto or required (chat_completion/serving.py; a named
+// tool_choice finishes as "stop"). Anything else (abort, error,
+// repetition, an engine's own) is not.
+func finishedNormally(reason string) bool {
+	switch reason {
+	case "stop", "length", "tool_calls":
+		return true
+	}
+	return false
 }
 
 // toolCalls reports whether the reply ended in tool calls (a chat reply's

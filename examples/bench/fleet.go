@@ -71,7 +71,7 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.maxPrompt, "max-prompt", 120000, "a session ends before its prompt passes this many tokens")
 	fs.StringVar(&c.svg, "svg", "", "write the chart (KV held over time, TTFT distribution) here")
 	fs.BoolVar(&c.metrics, "metrics", false, "managed arm: the router reads the decode engines' /metrics (placement by pressure); the run then no longer repeats exactly")
-	fs.Float64Var(&c.toolShare, "tool-share", toolShare, "the share of the replies that call a tool (their next turn comes after seconds; the others are read by a person)")
+	fs.Float64Var(&c.toolShare, "tool-share", toolShare, "the simulated model's tool call rate: the share of the replies under tool_choice auto that call the tool, decided from each reply (their next turn comes after seconds; the others are read by a person)")
 	fs.BoolVar(&c.clairvoyant, "clairvoyant", false, "managed arm: release the holds whose next turn comes last (known from the plan, as no router can): an upper bound on the choice of victims")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target FAILs")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
@@ -99,7 +99,7 @@ func parseFleetFlags(args []string, stderr io.Writer) (fleetConfig, error) {
 	}
 	if c.capacity != "half" && c.capacity != "ample" {
 		n, err := strconv.Atoi(c.capacity)
-		if err != nil || n < c.maxPrompt+replyMax+kvroutetest.DefaultBlockSize {
+		if err != nil || n < c.maxPrompt+replyMax+callRoom+kvroutetest.DefaultBlockSize {
 			return c, fmt.Errorf("--capacity %q: want half, ample, or tokens above --max-prompt", c.capacity)
 		}
 	}
@@ -157,7 +157,7 @@ func reportFleet(stdout io.Writer, rep fleetReport) error {
 
 // fleetRun runs the arms the configuration asks for.
 func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetReport, error) {
-	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt, c.toolShare)}
+	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt)}
 	ample := c.prof.KVCapacityTokens / kvroutetest.DefaultBlockSize * kvroutetest.DefaultBlockSize
 	run := func(name string, managed bool, capacity int) (armResult, error) {
 		a, err := runArm(ctx, c, rep.plan, armSpec{name: name, managed: managed, capacity: capacity})
@@ -178,7 +178,7 @@ func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetRepo
 		rep.first = &first
 		rep.demand = meanDemand(first)
 		rep.capacity = max(rep.demand/2/kvroutetest.DefaultBlockSize*kvroutetest.DefaultBlockSize,
-			c.maxPrompt+replyMax+kvroutetest.DefaultBlockSize)
+			c.maxPrompt+replyMax+callRoom+kvroutetest.DefaultBlockSize)
 	default:
 		rep.capacity, _ = strconv.Atoi(c.capacity)
 	}

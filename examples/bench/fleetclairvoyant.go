@@ -19,20 +19,23 @@ import (
 // arrival, to judge the gap model's choices against.
 
 // clairvoyant knows each retained key's session and each session's next
-// pause.
+// pause: the plan's, once the turn's reply says whether it called the
+// tool (the pause after a tool call is the tool's, else a person's).
 type clairvoyant struct {
+	plan  []sessionPlan
 	keys  sync.Map // store key → session id, as the router retained it
 	pause sync.Map // session id → the pause after its current turn; absent: no next turn
 }
 
-// turn records, before session id sends a turn, the pause after it (ok
-// false: the session ends with it).
-func (cv *clairvoyant) turn(id int, pause time.Duration, ok bool) {
-	if ok {
-		cv.pause.Store(id, pause)
-	} else {
+// turn records, as turn t of session id is retained, the pause after it
+// (none when the session ends with it).
+func (cv *clairvoyant) turn(id, t int, called bool) {
+	turns := cv.plan[id].turns
+	if t >= len(turns)-1 {
 		cv.pause.Delete(id)
+		return
 	}
+	cv.pause.Store(id, turns[t].pause(called))
 }
 
 // value is the budget.ValueFunc.
@@ -55,7 +58,8 @@ func (cv *clairvoyant) value(h budget.Held, waited time.Duration, _ float64) flo
 
 // keyRecorder is the router's Identifier (the default one) noting which
 // session each retained key belongs to, from the turn's X-Request-Id
-// (s<session>-t<turn>).
+// (s<session>-t<turn>), and the pause after the turn (the reply's tool
+// calls decide it) before the handle is retained.
 type keyRecorder struct {
 	kvroute.Identifier
 	cv *clairvoyant
@@ -65,7 +69,8 @@ func (k keyRecorder) Key(req *kvroute.Request, c kvroute.Candidates, reply *kvro
 	ret, err := k.Identifier.Key(req, c, reply)
 	var id, turn int
 	if ret.Key != "" {
-		if _, serr := fmt.Sscanf(req.Header.Get("X-Request-Id"), "s%d-t%d", &id, &turn); serr == nil {
+		if _, serr := fmt.Sscanf(req.Header.Get("X-Request-Id"), "s%d-t%d", &id, &turn); serr == nil && id < len(k.cv.plan) {
+			k.cv.turn(id, turn, reply != nil && (len(reply.ToolCalls) > 2 || reply.FinishReason == "tool_calls"))
 			k.cv.keys.Store(ret.Key, id)
 		}
 	}

@@ -15,15 +15,20 @@ import (
 // that both arms see the same arrivals, inputs and pauses (the replies are
 // the engines' and, answers being right, the same too).
 //
-// The pauses between turns follow the Mooncake trace (BENCHMARKS.md
-// section 8: the gap before a request's next turn is p50 123 s, p90
-// 480 s, p99 1,470 s): a person's turn waits a log-normal pause of median
-// 123 s and sigma 1.06, whose p90 is 480 s and p99 1,457 s; a tool call's
-// result comes back after a log-normal pause of median 6 s. Half the
-// turns are tool calls (toolShare: --tool-share). A session ends after its first turn with
-// probability 0.4 and after a later one with probability 0.1 (a
-// conversation on its second turn comes back twice as often as a first
-// request, as in the trace), or when its prompt would pass maxPrompt.
+// Every request carries the agent's one tool with tool_choice auto, as
+// agents send it; the model decides which replies call it (the simulated
+// engines' tool call rate, --tool-share: the share of replies that call a
+// tool, decided from each reply's KV, so both arms and the reference see
+// the same calls). The plan therefore draws both continuations of every
+// turn, and the reply picks one: after a tool call, the tool's result
+// comes back after a log-normal pause of median 6 s; after text, a person
+// reads it and answers after a log-normal pause of median 123 s and sigma
+// 1.06, whose p90 is 480 s and p99 1,457 s (the Mooncake trace's gaps,
+// BENCHMARKS.md section 8: p50 123 s, p90 480 s, p99 1,470 s). A session
+// ends after its first turn with probability 0.4 and after a later one
+// with probability 0.1 (a conversation on its second turn comes back twice
+// as often as a first request, as in the trace), or before its prompt
+// could pass maxPrompt (counting each turn's larger input).
 const (
 	gapHumanMedian = 123 * time.Second
 	gapHumanSigma  = 1.06
@@ -38,7 +43,11 @@ const (
 	// a tool result's tokens: log-normal, median 2,000, sigma 0.9, clipped
 	toolMedian, toolSigma = 2000, 0.9
 	toolMin, toolMax      = 100, 16000
-	replyMin, replyMax    = 64, 384 // max_tokens (ignore_eos: the reply's length)
+	// a reply's text is replyMin to replyMax tokens (min_tokens: the
+	// model may end or call its tool only then); a call adds at most
+	// callRoom (max_tokens is min_tokens + callRoom, so no call is cut)
+	replyMin, replyMax = 64, 384
+	callRoom           = 64
 )
 
 // sessionPlan is one agent session: when it starts and its turns.
@@ -49,34 +58,45 @@ type sessionPlan struct {
 	turns   []turnPlan
 }
 
-// turnPlan is one turn: the input sent (a task, a person's message or a
-// tool result), the reply's length and the pause after the answer.
+// turnPlan is one turn: its input (a task or a person's message, or the
+// tool's result when the reply before called the tool), the reply's
+// length and the pause after the answer (a tool's or a person's, as the
+// reply calls the tool or not).
 type turnPlan struct {
-	input int // tokens of new input
-	// tool: this turn's reply calls a tool, so the pause after it is
-	// short and the next turn's input is the tool's result
-	tool      bool
-	maxTokens int
-	pause     time.Duration // after this turn's answer; 0 after the last
+	input     int // tokens of the task (turn 0) or of a person's message
+	toolInput int // tokens of the tool's result, after a reply that called it
+	minTokens int // the reply's text: min_tokens
+	// the pause after this turn's answer when its reply calls the tool
+	// (the tool runs) or not (a person reads it); 0 after the last turn
+	toolPause, humanPause time.Duration
+}
+
+// pause is the pause after the turn, whose reply called the tool or not.
+func (tp turnPlan) pause(called bool) time.Duration {
+	if called {
+		return tp.toolPause
+	}
+	return tp.humanPause
 }
 
 // planFleet draws n sessions arriving uniformly over window.
-func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int, share float64) []sessionPlan {
+func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int) []sessionPlan {
 	out := make([]sessionPlan, n)
 	for i := range out {
 		rng := rand.New(rand.NewPCG(seed, uint64(i)))
 		s := sessionPlan{id: i, arrival: time.Duration(rng.Int64N(int64(window) + 1)), system: 2000 + rng.IntN(6000)}
 		prompt := s.system
 		for t := 0; t < maxTurns; t++ {
-			tp := turnPlan{maxTokens: replyMin + rng.IntN(replyMax-replyMin+1), input: 30 + rng.IntN(370)}
-			if t > 0 && s.turns[t-1].tool {
-				tp.tool = true
-				tp.input = int(clip(logNormal(rng, toolMedian, toolSigma), toolMin, toolMax))
+			tp := turnPlan{minTokens: replyMin + rng.IntN(replyMax-replyMin+1), input: 30 + rng.IntN(370),
+				toolInput: int(clip(logNormal(rng, toolMedian, toolSigma), toolMin, toolMax))}
+			in := tp.input
+			if t > 0 {
+				in = max(in, tp.toolInput)
 			}
-			if prompt+tp.input+tp.maxTokens > maxPrompt {
+			if prompt+in+tp.minTokens+callRoom > maxPrompt {
 				break
 			}
-			prompt += tp.input + tp.maxTokens
+			prompt += in + tp.minTokens + callRoom
 			s.turns = append(s.turns, tp)
 			cont := continueLater
 			if t == 0 {
@@ -85,18 +105,13 @@ func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int
 			if rng.Float64() >= cont {
 				break
 			}
-			// the pause after this turn: its reply calls a tool, or a
-			// person reads it
+			// the pause after this turn: the tool's result, or a person
 			last := &s.turns[len(s.turns)-1]
-			last.tool = rng.Float64() < share
-			if last.tool {
-				last.pause = time.Duration(clip(logNormal(rng, float64(gapToolMedian), gapToolSigma), float64(time.Second), float64(time.Minute)-1))
-			} else {
-				last.pause = time.Duration(clip(logNormal(rng, float64(gapHumanMedian), gapHumanSigma), float64(5*time.Second), float64(time.Hour)))
-			}
+			last.toolPause = time.Duration(clip(logNormal(rng, float64(gapToolMedian), gapToolSigma), float64(time.Second), float64(time.Minute)-1))
+			last.humanPause = time.Duration(clip(logNormal(rng, float64(gapHumanMedian), gapHumanSigma), float64(5*time.Second), float64(time.Hour)))
 		}
 		// the last turn has no pause after it
-		s.turns[len(s.turns)-1].pause = 0
+		s.turns[len(s.turns)-1].toolPause, s.turns[len(s.turns)-1].humanPause = 0, 0
 		out[i] = s
 	}
 	return out
@@ -127,10 +142,8 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-// fleetTool is the one tool the sessions' agents have. A turn whose
-// reply calls it names it in tool_choice, so that the (simulated) model
-// calls it: the router sees a reply that ends in a tool call, as it does
-// an agent's.
+// fleetTool is the one tool the sessions' agents have; every request
+// offers it with tool_choice auto.
 const fleetTool = "run"
 
 var fleetTools = []any{map[string]any{"type": "function", "function": map[string]any{"name": fleetTool,
@@ -138,11 +151,13 @@ var fleetTools = []any{map[string]any{"type": "function", "function": map[string
 	"parameters":  map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}}}}}
 
 // session is a plan being run: its history and the generator of its
-// inputs' text, seeded by the plan alone (the same text in every arm).
+// inputs' text, seeded by the plan alone (the same text in every arm, as
+// the replies are the same).
 type session struct {
 	plan     sessionPlan
 	rng      *rand.Rand
 	messages []chatMessage
+	called   bool // the last reply called the tool
 }
 
 func newSession(seed uint64, p sessionPlan) *session {
@@ -162,39 +177,37 @@ func (s *session) words(n int) string {
 	return b.String()
 }
 
-// body appends turn t's input and returns the request body.
+// body appends turn t's input (the task, the tool's result after a reply
+// that called it, or a person's next message) and returns the request
+// body: the tool offered with tool_choice auto, the reply's text at least
+// the plan's length (min_tokens), then the model ends or calls the tool.
 func (s *session) body(t int) ([]byte, error) {
 	tp := s.plan.turns[t]
 	switch {
 	case t == 0:
 		s.messages = append(s.messages, chatMessage{Role: "user", Content: fmt.Sprintf("Task %d:", s.plan.id) + s.words(tp.input)})
-	case s.plan.turns[t-1].tool:
+	case s.called:
 		last := s.messages[len(s.messages)-1]
-		id := ""
-		if len(last.ToolCalls) > 0 {
-			id = last.ToolCalls[0].ID
-		}
-		s.messages = append(s.messages, chatMessage{Role: "tool", ToolCallID: id, Content: fmt.Sprintf("Tool result %d:", t) + s.words(tp.input)})
+		s.messages = append(s.messages, chatMessage{Role: "tool", ToolCallID: last.ToolCalls[0].ID, Content: fmt.Sprintf("Tool result %d:", t) + s.words(tp.toolInput)})
 	default:
 		s.messages = append(s.messages, chatMessage{Role: "user", Content: "Next:" + s.words(tp.input)})
 	}
 	body := map[string]any{
-		"model":      kvroutetest.DefaultModel,
-		"messages":   s.messages,
-		"tools":      fleetTools,
-		"max_tokens": tp.maxTokens,
-		"ignore_eos": true,
-	}
-	if tp.tool {
-		body["tool_choice"] = map[string]any{"type": "function", "function": map[string]any{"name": fleetTool}}
+		"model":       kvroutetest.DefaultModel,
+		"messages":    s.messages,
+		"tools":       fleetTools,
+		"tool_choice": "auto",
+		"min_tokens":  tp.minTokens,
+		"max_tokens":  tp.minTokens + callRoom,
 	}
 	return json.Marshal(body)
 }
 
-// hear appends the reply message (its text, or its tool calls), as a
-// client sends it back.
+// hear appends the reply message (its text and tool calls), as a client
+// sends it back.
 func (s *session) hear(reply chatMessage) {
 	s.messages = append(s.messages, reply)
+	s.called = len(reply.ToolCalls) > 0
 }
 
 var fleetWords = strings.Fields(`the a function returns error value test file package build module

@@ -157,30 +157,34 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	return printTargets(w, rep, h, m)
 }
 
+// printFleetPlan prints the sessions as the arms ran them (both the same:
+// which replies called the tool, and so the pauses and inputs, are the
+// engines' answers, equal in every arm).
 func printFleetPlan(w io.Writer, rep fleetReport) {
 	c := rep.cfg
-	turns, tools, maxP, over50 := 0, 0, 0, 0
+	tools, over50 := 0, 0
 	var pauses []float64
-	for _, s := range rep.plan {
-		p := s.system
-		for _, t := range s.turns {
-			turns++
-			p += t.input + t.maxTokens
-			if t.tool {
-				tools++
-			}
-			if t.pause > 0 {
-				pauses = append(pauses, t.pause.Seconds())
-			}
+	longest := map[int]int{} // session → its last prompt and reply
+	for _, t := range rep.hold.turns {
+		if t.tool {
+			tools++
 		}
+		if t.pause > 0 {
+			pauses = append(pauses, t.pause.Seconds())
+		}
+		longest[t.session] = max(longest[t.session], t.prompt+rep.plan[t.session].turns[t.turn].minTokens)
+	}
+	maxP := 0
+	for _, p := range longest {
 		maxP = max(maxP, p)
 		if p >= 50000 {
 			over50++
 		}
 	}
+	turns := len(rep.hold.turns)
 	fmt.Fprintf(w, "Fleet: %d agent sessions (seed %d) arriving over %s, %d turns (%.1f a session), %dP%dD %s engines\n",
 		len(rep.plan), c.seed, c.window, turns, float64(turns)/float64(len(rep.plan)), c.prefill, c.decode, c.profileName)
-	fmt.Fprintf(w, "pauses between turns: p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f%% after a tool call); %d sessions reach 50k+ tokens (longest %s)\n",
+	fmt.Fprintf(w, "pauses between turns: p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f%% of the replies called the tool under tool_choice auto); %d sessions reach 50k+ tokens (longest %s)\n",
 		percentile(pauses, 50), percentile(pauses, 90), percentile(pauses, 99), 100*float64(tools)/float64(max(turns, 1)), over50, ktok(maxP))
 }
 

@@ -37,6 +37,8 @@ type fleetTurn struct {
 	reused        int           // tokens P pulled from D's hold
 	computed      int           // prompt tokens P computed
 	hit           bool
+	tool          bool          // the reply called the tool
+	pause         time.Duration // the pause after the answer (0 after the last turn)
 	// dWaited: the decode leg waited for blocks on D, in modelled time (a
 	// leg D queues at the very moment a release frees the blocks waits
 	// none; counting it would depend on which the goroutines ran first)
@@ -98,7 +100,7 @@ func (r *fleetRig) close() {
 	}
 }
 
-func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
+func startRig(c fleetConfig, plan []sessionPlan, a armSpec) (*fleetRig, error) {
 	r := &fleetRig{clk: kvroutetest.NewEventClock(fleetEpoch), byURL: map[string]*kvroutetest.Engine{}}
 	ok := false
 	defer func() {
@@ -108,7 +110,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 	}()
 	reg := kvroutetest.NewRegistry()
 	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithClock(r.clk),
-		kvroutetest.WithProfile(c.prof)}
+		kvroutetest.WithProfile(c.prof), kvroutetest.WithToolCallRate(c.toolShare)}
 	// P: no prefix caching (a miss recomputes the whole prompt), the
 	// node's capacity, and a read P declines near the handle's expiry
 	// (its request waited) is recomputed rather than failed.
@@ -152,7 +154,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 	}
 	r.closers = append(r.closers, func() { _ = store.Close() })
 	if a.managed && c.clairvoyant {
-		r.cv = &clairvoyant{}
+		r.cv = &clairvoyant{plan: plan}
 	}
 	mem, ledger, err := decodeMemory(c, a, r.cv)
 	if err != nil {
@@ -179,7 +181,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 // runArm runs every session of plan through one arm.
 func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (armResult, error) {
 	start := time.Now()
-	rig, err := startRig(c, a)
+	rig, err := startRig(c, plan, a)
 	if err != nil {
 		return armResult{}, err
 	}
@@ -281,19 +283,18 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 	s := newSession(c.seed, sp)
 	var out []fleetTurn
 	for t, tp := range sp.turns {
-		if rig.cv != nil {
-			rig.cv.turn(sp.id, tp.pause, t < len(sp.turns)-1)
-		}
-		ft, reply, err := sendFleetTurn(ctx, rig, s, t)
-		out = append(out, ft)
+		ft, reply, err := sendFleetTurn(ctx, c, rig, s, t)
 		if err != nil {
+			out = append(out, ft)
 			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
 		}
 		s.hear(reply)
+		ft.tool, ft.pause = s.called, tp.pause(s.called)
+		out = append(out, ft)
 		if !rig.settle() {
 			rig.unsettled.Add(1)
 		}
-		if err := rig.clk.Sleep(ctx, tp.pause); err != nil {
+		if err := rig.clk.Sleep(ctx, ft.pause); err != nil {
 			return out, err
 		}
 	}
@@ -303,13 +304,13 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 // sendFleetTurn sends turn t of s and measures it from the router's
 // record and the engines' records; it returns the reply message, as the
 // client sends it back.
-func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleetTurn, chatMessage, error) {
+func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session, t int) (fleetTurn, chatMessage, error) {
 	ft := fleetTurn{session: s.plan.id, turn: t}
 	body, err := s.body(t)
 	if err != nil {
 		return ft, chatMessage{}, err
 	}
-	ref, err := kvroutetest.Reference(kvroutetest.PathChat, body)
+	ref, err := kvroutetest.Reference(kvroutetest.PathChat, body, kvroutetest.WithToolCallRate(c.toolShare))
 	if err != nil {
 		return ft, chatMessage{}, err
 	}
@@ -335,15 +336,12 @@ func sendFleetTurn(ctx context.Context, rig *fleetRig, s *session, t int) (fleet
 		return ft, chatMessage{}, fmt.Errorf("bad answer: %v", err)
 	}
 	got := ans.Choices[0]
-	// A tool call's arguments are the generated text; its content is "".
-	text := got.Message.Content
-	if s.plan.turns[t].tool {
-		if len(got.Message.ToolCalls) != 1 || got.Message.Content != "" || got.Message.ToolCalls[0].Function.Name != fleetTool {
-			return ft, chatMessage{}, fmt.Errorf("turn %d: want a call of %s, got %.200s", t, fleetTool, w.Body.String())
+	ft.wrong = got.Message.Content != ref.Text || got.FinishReason != ref.FinishReason || len(got.Message.ToolCalls) != len(ref.ToolCalls)
+	for i, call := range got.Message.ToolCalls {
+		if i < len(ref.ToolCalls) && (call.Function.Name != ref.ToolCalls[i].Name || call.Function.Arguments != ref.ToolCalls[i].Arguments) {
+			ft.wrong = true
 		}
-		text = got.Message.ToolCalls[0].Function.Arguments
 	}
-	ft.wrong = text != ref.Text || got.FinishReason != ref.FinishReason
 	rec, ok := rig.obs.Take(id)
 	if !ok {
 		return ft, chatMessage{}, errors.New("no turn record")

@@ -88,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (current vLLM): D computes short prompts locally")
 	fs.IntVar(&o.cfg.KVGroups, "kv-groups", 1, "number of KV-cache groups (one block-id list each in handles)")
 	fs.Float64Var(&o.cfg.DriftRate, "drift-rate", 0, "probability per reply of a non-canonical token split (BPE drift), 0 to 1")
+	fs.Float64Var(&o.cfg.ToolCallRate, "tool-call-rate", o.cfg.ToolCallRate, "probability per reply under tool_choice auto (the default with tools) that the reply ends in a tool call, as a model served with --enable-auto-tool-choice (0 to 1; 0: never)")
 	fs.StringVar(&o.cfg.Template, "template", o.cfg.Template, "chat template family: chatml (Qwen3-like) or llama3 (trims content)")
 	fs.StringVar(&o.cfg.ContentFormat, "chat-template-content-format", o.cfg.ContentFormat, "how text parts reach the template: string (joined with newlines) or openai (concatenated)")
 	fs.StringVar(&o.cfg.Render, "render-api", sim.RenderEnabled, "render endpoints /v1/chat/completions/render, /v1/completions/render, /v1/responses/render and /v1/messages/render: enabled, disabled (501 NotImplementedError, no renderer) or absent (404, an engine older than the render API)")

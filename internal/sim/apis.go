@@ -72,6 +72,9 @@ func (c *Config) parseResponses(m map[string]json.RawMessage) (*Request, error) 
 	}
 	req.Path = PathResponses
 	req.Thinking = c.thinking(b)
+	if err := req.readTools(PathResponses, m["tool_choice"], b.Tools); err != nil {
+		return nil, err
+	}
 	return req, nil
 }
 
@@ -427,6 +430,9 @@ func (c *Config) parseMessages(m map[string]json.RawMessage, counting bool) (*Re
 	}
 	req.IncludeUsage = req.Stream
 	req.Thinking = c.thinking(b)
+	if err := req.readTools(PathMessages, m["tool_choice"], b.Tools); err != nil {
+		return nil, err
+	}
 	return req, nil
 }
 

@@ -40,13 +40,40 @@
 // (prompt_token_ids, token_ids; null when not asked for), the render
 // endpoints, /tokenize's reduced field set, the "reasoning" field, empty
 // tool_calls left out, P's handle on any normal finish, X-Request-Id falling
-// back to the body's request_id. A chat request's named tool_choice
-// ({"type": "function", "function": {"name": ...}}, checked against tools
-// as vLLM validates it) makes the reply that tool's call: content "", one
-// tool call whose arguments are the generated text (vLLM's guided decoding
-// would make them JSON), finish_reason the generation's; streamed, the
-// first delta carries the call's id and name. auto, none and required are
-// not modelled (the reply is text). Reads are positional per KV group (the last
+// back to the body's request_id.
+//
+// Tool calls (toolcall.go), as a server run with --enable-auto-tool-choice
+// and a hermes-style tool parser answers them
+// (vllm/entrypoints/openai/chat_completion/serving.py,
+// chat_completion_full_generator and chat_completion_stream_generator;
+// vllm/parser/abstract_parser.py, DelegatingParser._extract_tool_calls):
+//
+//	tool_choice (chat; Responses; Messages)   the reply                        chat finish_reason; Messages stop_reason; Responses output
+//	auto, the default with tools             text, then with probability      tool_calls; tool_use; message and function_call items
+//	  ("auto"; "auto"; {"type":"auto"})       Config.ToolCallRate (from the     (no call: stop; end_turn; a message item)
+//	                                          KV) "\n<tool_call>…</tool_call>"
+//	required ("required"; "required";         the guided JSON list              tool_calls; tool_use; a function_call item
+//	  {"type":"any"})                         [{"name", "parameters"}]
+//	named ({"type":"function",...};           the generated text is the         stop; end_turn; a function_call item
+//	  {"type":"function","name"};             tool's arguments (vLLM's guided
+//	  {"type":"tool","name"})                 decoding would make them JSON)
+//	none                                      text                              stop; end_turn; a message item
+//
+// A call's text is the generated tokens (D's KV holds them), and the chat
+// template renders an assistant tool call as Qwen3's does, so an auto call
+// echoed back is a prefix of the next prompt token for token; a required
+// or named call is not (as in vLLM). Call ids: chat and Messages
+// "chatcmpl-tool-" and 32 hex digits; Responses items "fc_" and a uuid
+// with the chat call id as call_id, streamed a bare uuid with call_id
+// "call_" and a uuid (simple_streaming_events.py). Streamed, the token
+// that completes the call's name sends its id, type and name, the
+// arguments' tokens their text, and the finish reason is tool_calls when a
+// call was streamed and the generation stopped (non-streamed: whenever an
+// auto call was found). A call cut by max_tokens is dropped from the whole
+// answer, its text before it kept (the engine parsers drop incomplete
+// markup); a stream has sent its name and the arguments so far.
+//
+// Reads are positional per KV group (the last
 // len(local) blocks of each group); a group shorter than what the reader
 // allocates trips the worker assert, which answers 500 and restarts the
 // engine (Stats.AssertFailures). A prefix-cache hit on KV that differs from

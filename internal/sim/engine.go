@@ -73,6 +73,12 @@ type Config struct {
 	// so Reference reproduces it) that one content word is emitted as two
 	// tokens whose text re-tokenizes to one (BPE drift).
 	DriftRate float64
+	// ToolCallRate is the probability per reply (0 to 1, decided from the
+	// KV, so Reference reproduces it) that a reply under tool_choice auto
+	// ends in a call of one of the request's tools where it would end
+	// (toolcall.go): the model's propensity to call tools. DefaultConfig
+	// sets DefaultToolCallRate; 0 means replies never call under auto.
+	ToolCallRate float64
 	// Template is the chat template family: TemplateChatML (default; ""
 	// means the same) or TemplateLlama3.
 	Template string
@@ -151,7 +157,8 @@ const DefaultVersion = "0.30.0"
 // blocks, 1024 running requests, prefix caching on, bidirectional, stock
 // streams, threshold 64, TTL 480 s, lease 30 s, policy fail, zero-cost
 // profile, speed 0, TP 1, DP 1, no system_fingerprint, version
-// DefaultVersion, /tokenize and kv_transfer_params on every API.
+// DefaultVersion, /tokenize and kv_transfer_params on every API, tool call
+// rate DefaultToolCallRate.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",
@@ -171,8 +178,13 @@ func DefaultConfig() Config {
 		Template:            TemplateChatML,
 		ContentFormat:       ContentFormatString,
 		ReasoningField:      ReasoningFieldReasoning,
+		ToolCallRate:        DefaultToolCallRate,
 	}
 }
+
+// DefaultToolCallRate is DefaultConfig's ToolCallRate: half the replies
+// under tool_choice auto call a tool.
+const DefaultToolCallRate = 0.5
 
 // ErrInvalidConfig reports a configuration the engine refuses.
 var ErrInvalidConfig = errors.New("sim: invalid config")
@@ -206,6 +218,8 @@ func (c *Config) validate() error {
 		return bad("kv groups %d must be >= 0", c.KVGroups)
 	case c.DriftRate < 0 || c.DriftRate > 1:
 		return bad("drift rate %v must be between 0 and 1", c.DriftRate)
+	case !(c.ToolCallRate >= 0 && c.ToolCallRate <= 1):
+		return bad("tool call rate %v must be between 0 and 1", c.ToolCallRate)
 	case c.TPSize < 1:
 		return bad("tp size %d must be at least 1", c.TPSize)
 	case c.DPSize < 0:

@@ -70,6 +70,13 @@ type GenParams struct {
 	// (" " or "\n"), chosen from the KV, about one reply in three: what
 	// makes a trimming template (Llama-3) matter.
 	Trailing bool
+	// Tools, ToolChoice and ToolCallRate make the reply a tool call
+	// (toolcall.go): under ToolChoiceRequired always, under ToolChoiceAuto
+	// with probability ToolCallRate (0 to 1, decided from the KV) where
+	// the reply would end.
+	Tools        []Tool
+	ToolChoice   string
+	ToolCallRate float64
 }
 
 // Generated is a decoded reply.
@@ -81,6 +88,9 @@ type Generated struct {
 	Finish    string // "stop" or "length"
 	// StopString is the stop string that ended the reply, if any.
 	StopString string
+	// Call is the tool call the reply generated (Content is then the text
+	// before it), nil when none.
+	Call *Call
 }
 
 // maxIgnoreEOS bounds replies with ignore_eos and no max_tokens.
@@ -110,6 +120,7 @@ func Generate(last uint64, n int, p GenParams) Generated {
 		driftAt = int((plan >> 16) % uint64(nWords))
 	}
 	var pending *Token // the second half of a split word
+	var call *callGen  // the tool call being generated
 	phase := 0         // 0 think open, 1 reasoning, 2 think close, 3 blank, 4 content
 	if !p.Reasoning {
 		phase = 4
@@ -165,7 +176,33 @@ func Generate(last uint64, n int, p GenParams) Generated {
 				}
 				continue
 			}
+			if call != nil {
+				if t, ok := call.next(word); ok {
+					emit(t)
+					continue
+				}
+				g.Call = call.finish(len(g.Tokens))
+				emit(Token{ID: specialID(eos), Text: ""})
+				g.Finish = "stop"
+				break
+			}
+			if len(p.Tools) > 0 && p.ToolChoice == ToolChoiceRequired {
+				// guided decoding: the reply is the call, its words going
+				// on while EOS is not allowed
+				call = startCall(p.Tools, true, splitmix(prev^0xca11), "", len(g.Tokens), func(tail int) bool {
+					return !p.IgnoreEOS && len(g.Tokens)+tail+1 > p.MinTokens
+				})
+				continue
+			}
 			if wordsDone >= nWords && !p.IgnoreEOS && len(g.Tokens)+1 > p.MinTokens {
+				if autoCall(p, prev) {
+					sep := ""
+					if content.Len() > 0 {
+						sep = "\n"
+					}
+					call = startCall(p.Tools, false, splitmix(prev^0xca11), sep, len(g.Tokens), func(int) bool { return true })
+					continue
+				}
 				if p.Trailing && !trailed {
 					trailed = true
 					if h := splitmix(prev ^ 0x7a11); h%3 == 0 {
@@ -205,7 +242,17 @@ func Generate(last uint64, n int, p GenParams) Generated {
 		}
 	}
 	g.Content, g.Reasoning = content.String(), reason.String()
+	if call != nil && g.Call == nil {
+		g.Call = call.finish(len(g.Tokens)) // cut by max_tokens
+	}
 	return g
+}
+
+// autoCall decides from the KV whether a reply under tool_choice auto
+// ends in a tool call where it would end.
+func autoCall(p GenParams, prev uint64) bool {
+	return len(p.Tools) > 0 && p.ToolChoice == ToolChoiceAuto && p.ToolCallRate > 0 &&
+		float64(splitmix(prev^0x7001)%1_000_000) < p.ToolCallRate*1_000_000
 }
 
 func findStop(text string, stops []string) (stop, cut string, ok bool) {

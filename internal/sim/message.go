@@ -107,19 +107,19 @@ type deltaToolCall struct {
 	} `json:"function"`
 }
 
-// message is the reply message of generation g; with a named tool choice
-// (tool, its call's id callID), the content is empty and the text is the
-// call's arguments, as vLLM answers it (finish_reason stays the
-// generation's, "stop" or "length").
-func (c *Config) message(g Generated, tool, callID string) chatMessage {
-	content, reasoning := c.ChatContent(g)
+// message is a reply message as vLLM's ChatMessage: content (null for an
+// auto call with no text), the parsed tool calls (each with the id callID:
+// a reply makes one call at most), the reasoning key(s).
+func (c *Config) message(p Parsed, callID string) chatMessage {
+	content := p.Content
 	m := chatMessage{Role: "assistant", Content: &content}
-	if tool != "" {
-		empty := ""
-		m.Content = &empty
-		m.ToolCalls = []any{toolCall{ID: callID, Type: "function", Function: toolFunction{Name: tool, Arguments: content}}}
+	if p.ContentNull {
+		m.Content = nil
 	}
-	v, _ := json.Marshal(reasoning)
+	for _, call := range p.Calls {
+		m.ToolCalls = append(m.ToolCalls, toolCall{ID: callID, Type: "function", Function: toolFunction{Name: call.Name, Arguments: call.Arguments}})
+	}
+	v, _ := json.Marshal(p.Reasoning)
 	r, rc := c.reasoningKeys()
 	if r {
 		m.Reasoning = v

@@ -18,13 +18,19 @@ type Request struct {
 	Path   string
 	Model  string
 	Stream bool
-	// ToolName is the function a chat request's named tool_choice
-	// ({"type": "function", "function": {"name": ...}}) forces: the reply
-	// is that tool's call, the generated text its arguments (vLLM's
-	// guided decoding would make them JSON; the simulator's words are
-	// not). "" otherwise (auto, none and required are not modelled: the
-	// reply is text).
+	// ToolName is the function a named tool_choice forces (chat
+	// {"type": "function", "function": {"name": ...}}, Responses {"type":
+	// "function", "name"}, Messages {"type": "tool", "name"}): the reply is
+	// that tool's call, the generated text its arguments (vLLM's guided
+	// decoding would make them JSON; the simulator's words are not). ""
+	// otherwise.
 	ToolName string
+	// ToolChoice is ToolChoiceAuto or ToolChoiceRequired when the request
+	// has tools and lets or makes the model call one (toolcall.go), ""
+	// otherwise (none, named, no tools).
+	ToolChoice string
+	// Tools are the request's function tools.
+	Tools []Tool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
 	MaxTokens    int // 0 when absent
@@ -170,10 +176,19 @@ func (c *Config) parseChat(m map[string]json.RawMessage) (*Request, error) {
 		req.MaxTokens = mct
 	}
 	req.Thinking = c.thinking(b)
-	if req.ToolName, err = namedToolChoice(m["tool_choice"], b.Tools); err != nil {
+	if err := req.readTools(PathChat, m["tool_choice"], b.Tools); err != nil {
 		return nil, err
 	}
 	return req, nil
+}
+
+// readTools sets the request's tools and tool choice from the chat-shaped
+// tools its API's body converts to.
+func (r *Request) readTools(path string, choice, tools json.RawMessage) error {
+	r.Tools = toolList(tools)
+	var err error
+	r.ToolChoice, r.ToolName, err = toolChoice(path, choice, tools, r.Tools)
+	return err
 }
 
 // namedToolChoice returns the function a chat tool_choice names, checked

@@ -111,11 +111,12 @@ func (o *reply) json(w http.ResponseWriter) {
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
+			p := o.e.cfg.Parse(g, o.t.req, false)
 			callID := "" // drawn only for a tool call
-			if o.t.req.ToolName != "" {
+			if len(p.Calls) > 0 {
 				callID = o.toolCallID(i)
 			}
-			choices[i] = choice{Index: i, Message: o.e.cfg.message(g, o.t.req.ToolName, callID), FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
+			choices[i] = choice{Index: i, Message: o.e.cfg.message(p, callID), FinishReason: p.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID                string          `json:"id"`
@@ -267,6 +268,7 @@ func (o *reply) chatEvents() []event {
 			target = RawText(g)
 		}
 		firstChunk, called := true, false
+		calls := o.callDeltas(i, g)
 		for j, tok := range g.Tokens {
 			last := j == len(g.Tokens)-1
 			text := tok.Text
@@ -293,8 +295,9 @@ func (o *reply) chatEvents() []event {
 				}
 				sent += text
 			}
-			if text == "" && !last && !every {
-				skipped++ // <think> and the like: a step, no chunk
+			tc := calls[j]
+			if text == "" && tc == nil && !last && !every {
+				skipped++ // <think>, a call's markup and the like: a step, no chunk
 				continue
 			}
 			c := streamChoice{Index: i, TokenIDs: o.rawIDs(g.Tokens[j : j+1])}
@@ -311,7 +314,9 @@ func (o *reply) chatEvents() []event {
 					}
 					tc.Function.Arguments = text
 					d.ToolCalls = []deltaToolCall{tc}
-				case text != "" || last:
+				case tc != nil:
+					d.ToolCalls = []deltaToolCall{*tc}
+				case text != "" || (last && g.Call == nil):
 					d.Content = &text
 				}
 				c.Delta = d
@@ -325,7 +330,7 @@ func (o *reply) chatEvents() []event {
 			firstChunk = false
 			ch := mk(c)
 			if last {
-				f := g.Finish
+				f := o.e.cfg.Parse(g, o.t.req, true).Finish
 				ch.Choices[0].FinishReason = &f
 				ch.Choices[0].StopReason = stopReason(g)
 				if !o.t.req.IncludeUsage {
@@ -423,6 +428,39 @@ func (o *reply) stream(ctx context.Context, w http.ResponseWriter) {
 		}
 	}
 	e.finish(rec, http.StatusOK, "")
+}
+
+// callDeltas maps the tokens of choice i's auto or required call (g.Call)
+// to the tool-call deltas they stream, as vLLM's tool parsers stream a
+// call: the token that completes the name sends the call's index, id,
+// type and name (arguments ""), the tokens of the arguments send their
+// text; the markup sends nothing (a nil delta).
+func (o *reply) callDeltas(i int, g Generated) map[int]*deltaToolCall {
+	if g.Call == nil || o.t.req.ToolName != "" || !o.chat() {
+		return nil
+	}
+	c := g.Call
+	text := callText(g)
+	argsEnd := min(c.ArgsStart+len(c.Arguments), len(text))
+	out := make(map[int]*deltaToolCall, c.End-c.Start)
+	off := 0
+	for j := c.Start; j < c.End; j++ {
+		end := off + len(g.Tokens[j].Text)
+		var d *deltaToolCall
+		if off < c.NameEnd && c.NameEnd <= end {
+			d = &deltaToolCall{Index: 0, ID: o.toolCallID(i), Type: "function"}
+			d.Function.Name = c.Name
+		}
+		if lo, hi := max(off, c.ArgsStart), min(end, argsEnd); lo < hi {
+			if d == nil {
+				d = &deltaToolCall{Index: 0}
+			}
+			d.Function.Arguments = text[lo:hi]
+		}
+		out[j] = d
+		off = end
+	}
+	return out
 }
 
 // toolCallID is choice i's tool call id: vLLM's "chatcmpl-tool-" and 32

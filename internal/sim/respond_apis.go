@@ -1,9 +1,6 @@
 package sim
 
-import (
-	"encoding/json"
-	"strings"
-)
+import "encoding/json"
 
 // Responses and Messages replies, written as vLLM's
 // vllm/entrypoints/openai/responses/serving.py and
@@ -137,30 +134,36 @@ func (o *reply) maxOutputTokens() int {
 	return max(o.e.maxModelLen()-len(o.t.toks), 1)
 }
 
-// responsesOutput is the output list of a finished reply (fresh item ids):
-// with a reasoning parser, a reasoning item when there was reasoning and a
-// message item when there is text; without one, always one message item
-// (its content empty when there is no text), as vLLM's fallback.
+// responsesOutput is the output list of a finished reply (fresh item ids),
+// as the parser's extract_response_outputs builds it: a reasoning item
+// when there was reasoning (with a reasoning parser), a message item when
+// there is text, a function_call item per tool call (id "fc_" and a uuid,
+// call_id the chat call id). Without a reasoning parser and without calls,
+// always one message item (its content empty when there is no text), as
+// vLLM's fallback without a parser.
 func (o *reply) responsesOutput() []any {
-	g := o.t.gens[0]
-	content, reasoning := o.e.cfg.ChatContent(g)
+	p := o.e.cfg.Parse(o.t.gens[0], o.t.req, false)
 	msg := func() outputMessage {
 		m := outputMessage{ID: "msg_" + o.newID(), Content: []outputText{}, Role: "assistant", Status: "completed", Type: "message"}
-		if content != "" {
-			m.Content = append(m.Content, outputText{Annotations: []any{}, Text: content, Type: "output_text", Logprobs: json.RawMessage("null")})
+		if p.Content != "" {
+			m.Content = append(m.Content, outputText{Annotations: []any{}, Text: p.Content, Type: "output_text", Logprobs: json.RawMessage("null")})
 		}
 		return m
 	}
-	if !o.e.cfg.parsesReasoning() {
+	if !o.e.cfg.parsesReasoning() && len(p.Calls) == 0 {
 		return []any{msg()}
 	}
 	out := []any{}
-	if reasoning != nil && *reasoning != "" {
+	if o.e.cfg.parsesReasoning() && p.Reasoning != nil && *p.Reasoning != "" {
 		out = append(out, reasoningItem{ID: "rs_" + o.newID(), Summary: []any{}, Type: "reasoning",
-			Content: []reasoningText{{Text: *reasoning, Type: "reasoning_text"}}})
+			Content: []reasoningText{{Text: *p.Reasoning, Type: "reasoning_text"}}})
 	}
-	if content != "" {
+	if p.Content != "" {
 		out = append(out, msg())
+	}
+	for _, c := range p.Calls {
+		out = append(out, functionCallItem{ID: "fc_" + o.newID(), CallID: o.toolCallID(0), Type: "function_call",
+			Status: "completed", Name: c.Name, Arguments: c.Arguments})
 	}
 	return out
 }
@@ -246,6 +249,8 @@ type chatDelta struct {
 	usageOnly bool // the include_usage chunk (no choices)
 	reasoning *string
 	content   *string
+	call      *deltaToolCall // the delta's tool call, nil when none
+	finish    *string        // the chunk's finish_reason
 	steps     int
 }
 
@@ -261,10 +266,12 @@ func chatDeltas(evs []event) []chatDelta {
 		var c struct {
 			Choices []struct {
 				Delta *struct {
-					Content          *string `json:"content"`
-					Reasoning        *string `json:"reasoning"`
-					ReasoningContent *string `json:"reasoning_content"`
+					Content          *string         `json:"content"`
+					Reasoning        *string         `json:"reasoning"`
+					ReasoningContent *string         `json:"reasoning_content"`
+					ToolCalls        []deltaToolCall `json:"tool_calls"`
 				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 		}
 		_ = json.Unmarshal(ev.data, &c)
@@ -276,6 +283,12 @@ func chatDeltas(evs []event) []chatDelta {
 			if d.reasoning == nil {
 				d.reasoning = dl.ReasoningContent
 			}
+			if len(dl.ToolCalls) > 0 {
+				d.call = &dl.ToolCalls[0]
+			}
+		}
+		if len(c.Choices) > 0 {
+			d.finish = c.Choices[0].FinishReason
 		}
 		out = append(out, d)
 	}
@@ -295,134 +308,6 @@ func (s *sse) add(name string, v any) {
 	s.pending = 0
 }
 
-// responsesEvents converts the chat stream into vLLM's Responses stream
-// (simple_streaming_events.py, no tool parser): response.created and
-// response.in_progress (the initial object: in_progress, no output, no
-// usage, kv_transfer_params null), then for reasoning
-// response.output_item.added (a reasoning item), response.content_part.added
-// (reasoning_text), response.reasoning_text.delta…,
-// response.reasoning_text.done, response.content_part.done,
-// response.output_item.done, and for text the same with a message item,
-// output_text parts and response.output_text.delta / .done; then
-// response.completed wrapping the final response object, which carries the
-// handle as the non-streaming body does (PR #37424; protocol.md, "Other
-// APIs"): stock engines too, StreamHandles (#40186) is about chat and
-// completions streams only. Every event has
-// sequence_number, counting from 0. The stream's item ids are bare uuids;
-// the final object's items have fresh "rs_"/"msg_" ids, as in vLLM.
-func (o *reply) responsesEvents(chat []event) []event {
-	s := &sse{}
-	seq := 0
-	emit := func(typ string, fields map[string]any) {
-		fields["type"] = typ
-		fields["sequence_number"] = seq
-		seq++
-		s.add(typ, fields)
-	}
-	initial := o.responsesObjectAt(false, false)
-	emit("response.created", map[string]any{"response": initial})
-	emit("response.in_progress", map[string]any{"response": initial})
-
-	outIdx, itemID := 0, ""
-	var prev []chatDelta // previous_delta_messages
-	started := false
-	addReasoning := func() {
-		emit("response.output_item.added", map[string]any{"output_index": outIdx, "item": reasoningItem{ID: itemID,
-			Summary: []any{}, Type: "reasoning", Status: ptr("in_progress")}})
-		emit("response.content_part.added", map[string]any{"output_index": outIdx, "item_id": itemID, "content_index": 0,
-			"part": reasoningText{Text: "", Type: "reasoning_text"}})
-	}
-	addMessage := func() {
-		emit("response.output_item.added", map[string]any{"output_index": outIdx, "item": outputMessage{ID: itemID,
-			Content: []outputText{}, Role: "assistant", Status: "in_progress", Type: "message"}})
-		emit("response.content_part.added", map[string]any{"output_index": outIdx, "item_id": itemID, "content_index": 0,
-			"part": outputText{Annotations: []any{}, Text: "", Type: "output_text", Logprobs: json.RawMessage("[]")}})
-	}
-	join := func(reason bool) string {
-		var sb strings.Builder
-		for _, d := range prev {
-			if reason && d.reasoning != nil {
-				sb.WriteString(*d.reasoning)
-			}
-			if !reason && d.content != nil {
-				sb.WriteString(*d.content)
-			}
-		}
-		return sb.String()
-	}
-	reasoningDone := func(text string) {
-		emit("response.reasoning_text.done", map[string]any{"item_id": itemID, "output_index": outIdx, "content_index": 0, "text": text})
-		emit("response.content_part.done", map[string]any{"item_id": itemID, "output_index": outIdx, "content_index": 0,
-			"part": reasoningText{Text: text, Type: "reasoning_text"}})
-		emit("response.output_item.done", map[string]any{"output_index": outIdx, "item": reasoningItem{ID: itemID,
-			Summary: []any{}, Type: "reasoning", Content: []reasoningText{{Text: text, Type: "reasoning_text"}}, Status: ptr("completed")}})
-	}
-	textDelta := func(text string) {
-		emit("response.output_text.delta", map[string]any{"content_index": 0, "output_index": outIdx, "item_id": itemID,
-			"delta": text, "logprobs": []any{}})
-	}
-	for _, d := range chatDeltas(chat) {
-		s.pending += d.steps
-		if d.content != nil && *d.content == "" {
-			d.content = nil
-		}
-		if d.reasoning != nil && *d.reasoning == "" {
-			d.reasoning = nil
-		}
-		if d.content == nil && d.reasoning == nil {
-			continue
-		}
-		if !started {
-			itemID = o.newID()
-			if d.reasoning != nil {
-				addReasoning()
-			} else {
-				addMessage()
-			}
-			started = true
-		}
-		switch {
-		case len(prev) > 0 && prev[len(prev)-1].reasoning != nil && d.content != nil:
-			text := join(true)
-			if d.reasoning != nil {
-				emit("response.reasoning_text.delta", map[string]any{"content_index": 0, "output_index": outIdx,
-					"item_id": itemID, "delta": *d.reasoning})
-				text += *d.reasoning
-				d.reasoning = nil
-			}
-			reasoningDone(text)
-			outIdx++
-			prev = nil
-			itemID = o.newID()
-			addMessage()
-			textDelta(*d.content)
-		case d.reasoning != nil:
-			emit("response.reasoning_text.delta", map[string]any{"content_index": 0, "output_index": outIdx,
-				"item_id": itemID, "delta": *d.reasoning})
-		default:
-			textDelta(*d.content)
-		}
-		prev = append(prev, d)
-	}
-	if n := len(prev); n > 0 {
-		if prev[n-1].reasoning != nil {
-			reasoningDone(join(true))
-		} else {
-			text := join(false)
-			emit("response.output_text.done", map[string]any{"item_id": itemID, "output_index": outIdx, "content_index": 0,
-				"text": text, "logprobs": []any{}})
-			emit("response.content_part.done", map[string]any{"item_id": itemID, "output_index": outIdx, "content_index": 0,
-				"part": outputText{Annotations: []any{}, Text: text, Type: "output_text", Logprobs: json.RawMessage("null")}})
-			emit("response.output_item.done", map[string]any{"output_index": outIdx, "item": outputMessage{ID: itemID,
-				Content: []outputText{{Annotations: []any{}, Text: text, Type: "output_text", Logprobs: json.RawMessage("null")}},
-				Role:    "assistant", Status: "completed", Type: "message",
-				Annotations: json.RawMessage("[]"), Logprobs: json.RawMessage("[]")}})
-		}
-	}
-	emit("response.completed", map[string]any{"response": o.responsesObjectAt(true, !o.e.cfg.NoResponsesKV)})
-	return s.out
-}
-
 func ptr[T any](v T) *T { return &v }
 
 // Anthropic shapes, as pydantic dumps them.
@@ -432,10 +317,13 @@ type anthropicUsage struct {
 }
 
 type anthropicContent struct {
-	Type      string  `json:"type"`
-	Text      *string `json:"text,omitempty"`
-	Thinking  *string `json:"thinking,omitempty"`
-	Signature *string `json:"signature,omitempty"`
+	Type      string          `json:"type"`
+	Text      *string         `json:"text,omitempty"`
+	ID        string          `json:"id,omitempty"`
+	Name      string          `json:"name,omitempty"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	Thinking  *string         `json:"thinking,omitempty"`
+	Signature *string         `json:"signature,omitempty"`
 }
 
 // messagesBody is vLLM's AnthropicMessagesResponse as
@@ -464,17 +352,36 @@ func anthropicStopReason(finish string) string {
 	}
 }
 
+// messagesObject is the message vLLM's messages_full_converter makes of
+// the chat answer: thinking, text and tool_use blocks (id the chat call
+// id, input the parsed arguments), the stop reason mapped from the chat
+// finish reason.
 func (o *reply) messagesObject() messagesBody {
-	g := o.t.gens[0]
-	content, reasoning := o.e.cfg.ChatContent(g)
+	p := o.e.cfg.Parse(o.t.gens[0], o.t.req, false)
 	b := messagesBody{ID: o.id, Type: "message", Role: "assistant", Content: []anthropicContent{}, Model: o.model(),
-		StopReason: anthropicStopReason(g.Finish), Usage: anthropicUsage{o.t.rec.PromptTokens, o.t.rec.CompletionTokens}, KVTransferParams: o.kv}
-	if reasoning != nil && *reasoning != "" {
-		b.Content = append(b.Content, anthropicContent{Type: "thinking", Thinking: reasoning, Signature: ptr(o.newID())})
+		StopReason: anthropicStopReason(p.Finish), Usage: anthropicUsage{o.t.rec.PromptTokens, o.t.rec.CompletionTokens}, KVTransferParams: o.kv}
+	if p.Reasoning != nil && *p.Reasoning != "" {
+		b.Content = append(b.Content, anthropicContent{Type: "thinking", Thinking: p.Reasoning, Signature: ptr(o.newID())})
 	}
-	if content != "" {
-		b.Content = append(b.Content, anthropicContent{Type: "text", Text: &content})
+	if p.Content != "" {
+		b.Content = append(b.Content, anthropicContent{Type: "text", Text: &p.Content})
 	}
+	for _, c := range p.Calls {
+		b.Content = append(b.Content, anthropicContent{Type: "tool_use", ID: o.toolCallID(0), Name: c.Name, Input: toolInput(c.Arguments)})
+	}
+	return b
+}
+
+// toolInput is a tool_use block's input: the arguments' JSON object
+// (json.loads), compacted; a named call's words, which are no JSON, as
+// {"input": words}.
+func toolInput(args string) json.RawMessage {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal([]byte(args), &obj) != nil {
+		b, _ := json.Marshal(map[string]string{"input": args})
+		return b
+	}
+	b, _ := json.Marshal(obj)
 	return b
 }
 
@@ -501,20 +408,23 @@ type anthropicStart struct {
 }
 
 type anthropicDelta struct {
-	Type       string  `json:"type,omitempty"`
-	Text       *string `json:"text,omitempty"`
-	Thinking   *string `json:"thinking,omitempty"`
-	Signature  *string `json:"signature,omitempty"`
-	StopReason string  `json:"stop_reason,omitempty"`
+	Type        string  `json:"type,omitempty"`
+	PartialJSON *string `json:"partial_json,omitempty"`
+	Text        *string `json:"text,omitempty"`
+	Thinking    *string `json:"thinking,omitempty"`
+	Signature   *string `json:"signature,omitempty"`
+	StopReason  string  `json:"stop_reason,omitempty"`
 }
 
 // messagesEvents converts the chat stream (with include_usage, as vLLM
 // asks for it) into vLLM's Anthropic stream: message_start (from the role
 // chunk: usage input_tokens, output_tokens 0), then per block
 // content_block_start, content_block_delta… (thinking_delta for reasoning,
-// text_delta for text; a thinking block ends with a signature_delta),
-// content_block_stop; then message_delta (stop_reason, usage) from the usage
-// chunk and message_stop from [DONE]. No ping, and no handle anywhere
+// text_delta for text, input_json_delta for a tool_use block, which starts
+// with the call's id, name and input {}; a thinking block ends with a
+// signature_delta), content_block_stop; then message_delta (stop_reason
+// mapped from the chat stream's finish reason, usage) from the usage chunk
+// and message_stop from [DONE]. No ping, and no handle anywhere
 // (vLLM's converter drops the chunks' kv_transfer_params).
 func (o *reply) messagesEvents(chat []event) []event {
 	s := &sse{}
@@ -534,20 +444,24 @@ func (o *reply) messagesEvents(chat []event) []event {
 		block, signed = "", false
 		index++
 	}
-	start := func(typ string) {
+	start := func(cb *anthropicContent) {
 		stop()
 		i := index
-		cb := &anthropicContent{Type: typ}
-		if typ == "thinking" {
+		switch cb.Type {
+		case "thinking":
 			cb.Thinking = ptr("")
-		} else {
+		case "text":
 			cb.Text = ptr("")
 		}
 		emit(anthropicEvent{Type: "content_block_start", ContentBlock: cb, Index: &i})
-		block = typ
+		block = cb.Type
 	}
+	finish, toolID := "", "" // the chat stream's finish reason, the open tool_use block's id
 	for _, d := range chatDeltas(chat) {
 		s.pending += d.steps
+		if d.finish != nil && !first {
+			finish = *d.finish
+		}
 		switch {
 		case d.done:
 			emit(anthropicEvent{Type: "message_stop"})
@@ -559,23 +473,36 @@ func (o *reply) messagesEvents(chat []event) []event {
 			continue
 		case d.usageOnly:
 			stop()
-			emit(anthropicEvent{Type: "message_delta", Delta: &anthropicDelta{StopReason: anthropicStopReason(o.t.gens[0].Finish)},
+			if finish == "" {
+				finish = "stop"
+			}
+			emit(anthropicEvent{Type: "message_delta", Delta: &anthropicDelta{StopReason: anthropicStopReason(finish)},
 				Usage: &anthropicUsage{o.t.rec.PromptTokens, o.t.rec.CompletionTokens}})
 			continue
 		}
 		if d.reasoning != nil && *d.reasoning != "" {
 			if block != "thinking" {
-				start("thinking")
+				start(&anthropicContent{Type: "thinking"})
 			}
 			i := index
 			emit(anthropicEvent{Type: "content_block_delta", Delta: &anthropicDelta{Type: "thinking_delta", Thinking: d.reasoning}, Index: &i})
 		}
 		if d.content != nil && *d.content != "" {
 			if block != "text" {
-				start("text")
+				start(&anthropicContent{Type: "text"})
 			}
 			i := index
 			emit(anthropicEvent{Type: "content_block_delta", Delta: &anthropicDelta{Type: "text_delta", Text: d.content}, Index: &i})
+		}
+		if c := d.call; c != nil {
+			if c.ID != "" && c.ID != toolID && c.Function.Name != "" {
+				start(&anthropicContent{Type: "tool_use", ID: c.ID, Name: c.Function.Name, Input: json.RawMessage("{}")})
+				toolID = c.ID
+			}
+			if args := c.Function.Arguments; args != "" && toolID != "" && block == "tool_use" {
+				i := index
+				emit(anthropicEvent{Type: "content_block_delta", Delta: &anthropicDelta{Type: "input_json_delta", PartialJSON: &args}, Index: &i})
+			}
 		}
 	}
 	return s.out

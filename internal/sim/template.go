@@ -72,8 +72,8 @@ func (c *Config) eos() string {
 // assistant content loses everything up to its last </think> and the
 // newlines after it, and reasoning_content is dropped, as Qwen3's template
 // does (so an empty think block of a non-thinking turn is not rendered
-// again either); assistant tool_calls render as
-// "\n<tool_call>\n{name, arguments JSON}\n</tool_call>" after the content.
+// again either); assistant tool_calls render after the content as
+// Qwen3's template renders them (renderToolCalls).
 //
 // TemplateLlama3, as Llama-3-Instruct's (the sim's meta and tools turns
 // added the same way):
@@ -161,7 +161,7 @@ func (c *Config) renderChat(b *chatBody) ([]Token, error) {
 			if j := strings.LastIndex(text, TokThinkClose); j >= 0 && !llama {
 				text = strings.TrimLeft(text[j+len(TokThinkClose):], "\n")
 			}
-			calls, err := renderToolCalls(m.ToolCalls)
+			calls, err := renderToolCalls(m.ToolCalls, text != "")
 			if err != nil {
 				return nil, err
 			}
@@ -300,7 +300,12 @@ func contentText(raw json.RawMessage, format string) (string, error) {
 	return strings.Join(texts, "\n"), nil
 }
 
-func renderToolCalls(raw json.RawMessage) (string, error) {
+// renderToolCalls renders an assistant message's tool calls as Qwen3's
+// template does: "\n" before each call but a first one after empty
+// content, then <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>,
+// ARGS the arguments' JSON with sorted keys in tojson's (Python's)
+// spacing; arguments that are not JSON render as given.
+func renderToolCalls(raw json.RawMessage, content bool) (string, error) {
 	if !present(raw) {
 		return "", nil
 	}
@@ -314,7 +319,7 @@ func renderToolCalls(raw json.RawMessage) (string, error) {
 		return "", badRequest("tool_calls: %v", err)
 	}
 	var sb strings.Builder
-	for _, c := range calls {
+	for i, c := range calls {
 		args := c.Function.Arguments
 		// arguments arrive as a JSON string holding JSON; render the inner value
 		var s string
@@ -324,9 +329,14 @@ func renderToolCalls(raw json.RawMessage) (string, error) {
 		a, err := canonical(args)
 		if err != nil {
 			a = string(args)
+		} else {
+			a = pyJSON(a)
 		}
 		name, _ := json.Marshal(c.Function.Name)
-		sb.WriteString("\n<tool_call>\n{\"arguments\":" + a + ",\"name\":" + string(name) + "}\n</tool_call>")
+		if i > 0 || content {
+			sb.WriteString("\n")
+		}
+		sb.WriteString("<tool_call>\n{\"name\": " + string(name) + ", \"arguments\": " + a + "}\n</tool_call>")
 	}
 	return sb.String(), nil
 }

@@ -92,7 +92,7 @@ func (c *Config) GenParams(r *Request, sample int) GenParams {
 	}
 	return GenParams{MaxTokens: maxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
 		Reasoning: c.Reasoning && r.Thinking, Sample: sample, EOS: c.eos(), Trailing: c.template() == TemplateLlama3,
-		DriftRate: c.DriftRate}
+		DriftRate: c.DriftRate, Tools: r.Tools, ToolChoice: r.ToolChoice, ToolCallRate: c.ToolCallRate}
 }
 
 func (e *Engine) genParams(r *Request, sample int) GenParams { return e.cfg.GenParams(r, sample) }

@@ -65,6 +65,18 @@
 // into two tokens whose text re-tokenizes to one. Each makes the next turn's
 // prompt differ from D's blocks in a way only token ids reveal.
 //
+// # Tool calls
+//
+// With tools, tool_choice auto (the default) makes a share of the replies
+// (WithToolCallRate, half by default) end in a call of one of the
+// request's tools, answered as vLLM answers it: chat finish_reason
+// tool_calls, Messages stop_reason tool_use with a tool_use block, a
+// Responses function_call item; tool_choice required always calls (vLLM's
+// guided JSON list), a named one makes the text the tool's arguments
+// (finish stop). The call is generated tokens: echoed back with its result,
+// an auto call renders as exactly the tokens D holds. Reference returns the
+// calls (Answer.ToolCalls).
+//
 // # Partial reads and KV groups
 //
 // A reader pulls count = min(remote_num_tokens, prompt) - local hit and takes

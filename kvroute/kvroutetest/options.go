@@ -262,6 +262,21 @@ func WithContentFormat(format string) Option {
 // the reply's text, then tokenizes differently from D's blocks.
 func WithDriftRate(p float64) Option { return optionFunc(func(c *config) { c.sim.DriftRate = p }) }
 
+// WithToolCallRate sets the probability per reply (0 to 1; default 0.5)
+// that a chat, Responses or Messages reply under tool_choice auto (the
+// default when tools are given) ends in a call of one of the request's
+// tools, as a model served with vLLM's --enable-auto-tool-choice does:
+// text, then "\n<tool_call>…</tool_call>", then EOS; the API answers it
+// as vLLM does (chat finish_reason "tool_calls", Messages stop_reason
+// "tool_use" with a tool_use block, Responses a function_call item). It
+// is decided from the KV, so Reference reproduces it. tool_choice
+// required always calls (the reply is the JSON list vLLM's guided
+// decoding makes), a named tool_choice makes the generated text that
+// tool's arguments, none never calls.
+func WithToolCallRate(p float64) Option {
+	return optionFunc(func(c *config) { c.sim.ToolCallRate = p })
+}
+
 // WithKVGroups sets the number of KV-cache groups (default 1), as an MLA or
 // full-attention model with several groups has: handles carry one list of
 // block ids per group, all of equal length, and a reader checks and reads

@@ -42,9 +42,16 @@ type Answer struct {
 	// Responses API the reasoning item's text, for the Messages API the
 	// thinking block's.
 	Reasoning string
-	// FinishReason is chat's "stop" or "length" for every path (the
-	// Responses API reports "length" as status "incomplete", the Messages
-	// API as stop_reason "max_tokens", and "stop" as "end_turn").
+	// ToolCalls are the reply's tool calls (tool_choice auto, required or
+	// named; see WithToolCallRate), nil when none: the Responses API's
+	// function_call items, the Messages API's tool_use blocks (whose input
+	// is Arguments parsed).
+	ToolCalls []ToolCall
+	// FinishReason is chat's finish_reason for every path, as the request
+	// (streamed or not) gets it: "stop", "length" or "tool_calls" (the
+	// Responses API reports "length" as status "incomplete" and the others
+	// as "completed", the Messages API "length" as stop_reason
+	// "max_tokens", "tool_calls" as "tool_use" and "stop" as "end_turn").
 	FinishReason                   string
 	PromptTokens, CompletionTokens int
 	// PromptTokenIDs and TokenIDs are what return_token_ids returns:
@@ -60,8 +67,8 @@ type Answer struct {
 // PromptTokenIDs worth); the model comes from the body (default
 // "sim-model"). Responses and Messages bodies are rendered as vLLM renders
 // them, as chat: the same conversation gives the same prompt as chat. Of the options only WithModel (the default
-// model), WithReasoning, WithReasoningParser, WithTemplate, WithContentFormat
-// and WithDriftRate matter; the answer does not depend on block size,
+// model), WithReasoning, WithReasoningParser, WithTemplate, WithContentFormat,
+// WithDriftRate and WithToolCallRate matter; the answer does not depend on block size,
 // caching or cost.
 func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 	c := defaultConfig()
@@ -81,20 +88,27 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 		toks[i] = t.ID
 	}
 	g := sim.Reference(model, toks, c.sim.GenParams(req, 0))
-	content, reasoning := c.sim.ChatContent(g)
-	a := Answer{Text: content, FinishReason: g.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens),
+	p := c.sim.Parse(g, req, req.Stream)
+	a := Answer{Text: p.Content, FinishReason: p.Finish, PromptTokens: len(toks), CompletionTokens: len(g.Tokens),
 		PromptTokenIDs: toks, TokenIDs: make([]uint32, len(g.Tokens))}
 	for i, t := range g.Tokens {
 		a.TokenIDs[i] = t.ID
 	}
-	if reasoning != nil {
-		a.Reasoning = *reasoning
+	for _, call := range p.Calls {
+		a.ToolCalls = append(a.ToolCalls, ToolCall(call))
+	}
+	if p.Reasoning != nil {
+		a.Reasoning = *p.Reasoning
 	}
 	if path == sim.PathCompletions {
 		a.Text = sim.RawText(g)
 	}
 	return a, nil
 }
+
+// ToolCall is a tool call of a reply: the tool's name and its arguments
+// (a JSON object's text, as vLLM's parsers return it).
+type ToolCall struct{ Name, Arguments string }
 
 // ErrBadRequest is wrapped by CountTokens and Reference errors for bodies an
 // engine would answer with 400.
