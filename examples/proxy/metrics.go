@@ -251,6 +251,8 @@ func (m *metrics) watchAdmission(a *admission) {
 			func(h held) float64 { return float64(h.evicted) }),
 		counter("refused_connections_total", "Connections refused at --max-connections with 503 (no connection had waited long enough to be closed instead).",
 			func(h held) float64 { return float64(h.refused) }),
+		counter("slow_bodies_cut_total", "Request bodies in transit cut (answered 408) to give their slot to a new body at --max-bodies-in-transit or --max-client-bodies-in-transit: each the slowest below --min-body-rate.",
+			func(h held) float64 { return float64(h.cut) }),
 	)
 }
 

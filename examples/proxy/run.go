@@ -92,7 +92,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
 		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
 		adm: newAdmission(limits{conns: cfg.maxConns, transit: cfg.maxTransit, clientTransit: cfg.maxClientTransit,
-			turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes}, nil),
+			turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes, minBodyRate: cfg.minBodyRate}, nil),
 		open: newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
