@@ -64,7 +64,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		if err := out.openStream(resp); err != nil {
 			return nil, err
 		}
-	} else if err := out.readBody(leg.buf); err != nil {
+	} else if err := out.readBody(ctx, leg.buf, resp.ContentLength); err != nil {
 		return nil, err
 	}
 	r.hp.succeeded(ep)

@@ -51,6 +51,9 @@ type Response struct {
 	// buf is a buffered stream (buffered.go): D's whole answer, written
 	// as the API's stream.
 	buf *buffered
+	// charge: the answer's bytes held, charged to WithLimits'
+	// ChargeAnswer until Close (response_body.go).
+	charge answerCharge
 }
 
 // Streaming reports whether the response is an SSE stream: the decode
@@ -192,13 +195,14 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 	}
 }
 
-// Close releases the response. If a stream was not read to its end, the
-// decode request is aborted, so the engine frees its blocks, and nothing
-// is retained.
+// Close releases the response: a held answer's bytes go back to WithLimits'
+// ChargeAnswer. If a stream was not read to its end, the decode request is
+// aborted, so the engine frees its blocks, and nothing is retained.
 func (r *Response) Close() error {
 	if r.buf != nil {
 		r.buf.end(r)
 	}
+	r.charge.giveBack()
 	if r.stream && r.err == nil {
 		r.err = ErrStreamCut
 		r.t.rec.StoreRefusal = RefuseClosedEarly

@@ -2,6 +2,7 @@ package main
 
 import (
 	"container/list"
+	"context"
 	"net"
 	"net/netip"
 	"sync"
@@ -66,7 +67,9 @@ type admission struct {
 	bodies   map[*transitBody]struct{}
 	byClient map[clientKey]int // bodies in transit per client address
 	turns    int
-	bytes    int64
+	bytes    int64 // request bodies' and answers' bytes held
+	answers  int64 // of which the decode answers'
+	peak     int64 // the most bytes held at once
 	evicted  int64 // connections closed at --max-connections
 	refused  int64 // connections refused at --max-connections
 	cut      int64 // bodies cut below --min-body-rate to admit a new one
@@ -183,6 +186,7 @@ var (
 	shedClientTransit = shedReason{"client_bodies", "--max-client-bodies-in-transit"}
 	shedBytes         = shedReason{"bytes", "--max-buffered-bytes"}
 	shedTurns         = shedReason{"turns", "--max-concurrent-turns"}
+	shedAnswerBytes   = shedReason{"answer_bytes", "--max-buffered-bytes"}
 )
 
 // startBody charges b, a body in transit from b.client, or returns why
@@ -278,6 +282,7 @@ func (a *admission) charge(n int64) bool {
 		return false
 	}
 	a.bytes += n
+	a.peak = max(a.peak, a.bytes)
 	return true
 }
 
@@ -288,6 +293,26 @@ func (a *admission) release(n int64) {
 	a.mu.Lock()
 	a.bytes -= n
 	a.mu.Unlock()
+}
+
+// chargeAnswer is the router's WithLimits ChargeAnswer: the bytes of the
+// decode answers the router holds (non-streaming answers, buffered
+// streams) take the budget of --max-buffered-bytes with request bodies;
+// n < 0 gives them back. A charge that does not fit marks the turn of ctx
+// (admit.go), whose answer becomes the proxy's 503.
+func (a *admission) chargeAnswer(ctx context.Context, n int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n > 0 && a.bytes+n > a.lim.bytes {
+		if st, ok := ctx.Value(admittedKey{}).(*admitted); ok {
+			st.answerShed.Store(true)
+		}
+		return false
+	}
+	a.bytes += n
+	a.answers += n
+	a.peak = max(a.peak, a.bytes)
+	return true
 }
 
 // enter admits one turn, or reports false at --max-concurrent-turns.
@@ -310,7 +335,7 @@ func (a *admission) leave() {
 // held is what the admission holds now, for the metrics.
 type held struct {
 	conns, waiting, transit, turns int
-	bytes                          int64
+	bytes, answers, peak           int64
 	evicted, refused, cut          int64
 }
 
@@ -318,5 +343,5 @@ func (a *admission) held() held {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return held{conns: a.conns, waiting: a.waiting.Len(), transit: len(a.bodies), turns: a.turns,
-		bytes: a.bytes, evicted: a.evicted, refused: a.refused, cut: a.cut}
+		bytes: a.bytes, answers: a.answers, peak: a.peak, evicted: a.evicted, refused: a.refused, cut: a.cut}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,11 +50,14 @@ func (s *server) admit(next http.Handler) http.Handler {
 		defer body.done()
 
 		tw := &st.tw
-		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
+		*tw = turnWriter{ResponseWriter: w, req: r, st: st, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
 		if cc != nil && s.writeTimeout > 0 {
 			tw.acks = ackWatch{cc: cc, limit: s.writeTimeout}
 		}
 		// As with http.MaxBytesReader: the handler's body is the wrapper.
+		// The turn's state rides in its context, for the charge of its
+		// decode answer (admission.chargeAnswer).
+		r = r.WithContext(context.WithValue(r.Context(), admittedKey{}, st))
 		r.Body = body
 		next.ServeHTTP(tw, r)
 
@@ -93,7 +97,13 @@ type admitted struct {
 	body bodyReader
 	tw   turnWriter
 	ctl  http.ResponseController // of the connection's ResponseWriter
+	// answerShed: the turn's decode answer did not fit
+	// --max-buffered-bytes; the router's 503 becomes the proxy's.
+	answerShed atomic.Bool
 }
+
+// admittedKey is the request context key of the turn's *admitted.
+type admittedKey struct{}
 
 // bodyReader is a request's body on its way through the admission: it
 // charges bytes to the budget as they arrive, notes a body above the limit
@@ -212,6 +222,7 @@ func (b *bodyReader) Close() error { return b.rc.Close() }
 type turnWriter struct {
 	http.ResponseWriter
 	req          *http.Request // the turn's request: its path picks the error shape
+	st           *admitted
 	body         *bodyReader
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
@@ -231,6 +242,11 @@ var errStalled = errors.New("proxy: the client acknowledged no byte within --cli
 
 func (w *turnWriter) WriteHeader(code int) {
 	if w.wrote || w.replaced {
+		return
+	}
+	if w.st.answerShed.Load() && code == http.StatusServiceUnavailable {
+		w.replaced = true
+		w.s.shed(w.ResponseWriter, w.req.URL.Path, shedAnswerBytes)
 		return
 	}
 	switch w.body.err {

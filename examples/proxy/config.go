@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -63,6 +64,9 @@ type config struct {
 	maxTransit        int
 	maxClientTransit  int
 	minBodyRate       int64 // --min-body-rate, bytes per second
+	// chargeAnswer is charged the decode answers the router holds: the
+	// admission's (run sets it; nil elsewhere).
+	chargeAnswer      func(context.Context, int64) bool
 	idleConnTimeout   time.Duration
 	readBodyTimeout   time.Duration
 	writeTimeout      time.Duration
@@ -466,8 +470,6 @@ func none[T int | time.Duration](v T) T {
 	return v
 }
 
-// routerOptions maps the configuration onto kvroute options. The store is
-// added by the caller.
 // decodeMemory is the router's DecodeMemory: decode-local turns, buffered
 // streams and the memory management's flags.
 func (c *config) decodeMemory() kvroute.DecodeMemory {
@@ -476,6 +478,8 @@ func (c *config) decodeMemory() kvroute.DecodeMemory {
 	return m
 }
 
+// routerOptions maps the configuration onto kvroute options. The store is
+// added by the caller.
 func (c *config) routerOptions() []kvroute.Option {
 	// A flag's 0 means none (a timeout, the restart reads, partial
 	// reads), where the grouped options take a negative value.
@@ -486,7 +490,7 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithThreshold(c.recomputeThresh),
 		kvroute.WithReuse(c.reuse),
 		kvroute.WithFailover(kvroute.Failover{LocalPrefill: c.localFallback}),
-		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers}),
+		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers, ChargeAnswer: c.chargeAnswer}),
 		kvroute.WithTimeouts(kvroute.Timeouts{Prefill: none(c.prefillTimeout), FirstByte: none(c.firstByteTimeout),
 			Idle: none(c.idleTimeout), Render: c.renderTimeout, Buffered: none(c.bufferedTimeout)}),
 		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),

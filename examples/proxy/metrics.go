@@ -102,7 +102,7 @@ func newMetrics() *metrics {
 			Help: "Observed TTFT over the cost model's estimate of the engines' part (--decode-local), by chosen path; above 1 includes render and the router's own work.", Buckets: []float64{0.25, 0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}},
 			[]string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
-			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, overloaded_bodies, overloaded_client_bodies, closed."},
+			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, body_too_slow, ambiguous_length, overloaded_turns, overloaded_bytes, overloaded_answer_bytes, overloaded_bodies, overloaded_client_bodies, closed."},
 			[]string{"status", "reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
 			Help: "Completion requests being served now (bodies in transit excluded; bounded by --max-concurrent-turns)."}),
@@ -239,8 +239,12 @@ func (m *metrics) watchAdmission(a *admission) {
 			func() float64 { return get(a.held()) })
 	}
 	m.reg.MustRegister(
-		gauge("buffered_request_bytes", "Request body bytes held by the requests being received or served, charged as they arrive (bounded by --max-buffered-bytes).",
+		gauge("buffered_request_bytes", "Bytes held by the requests being received or served, charged as they arrive: request bodies and the decode answers held whole (non-streaming answers, buffered streams); bounded by --max-buffered-bytes.",
 			func(h held) float64 { return float64(h.bytes) }),
+		gauge("buffered_answer_bytes", "Of buffered_request_bytes, the decode answers held whole (non-streaming answers, buffered streams) until they are written.",
+			func(h held) float64 { return float64(h.answers) }),
+		gauge("buffered_bytes_high_water", "The most bytes buffered_request_bytes held at once since the proxy started (at most --max-buffered-bytes).",
+			func(h held) float64 { return float64(h.peak) }),
 		gauge("client_connections", "Client connections open (bounded by --max-connections).",
 			func(h held) float64 { return float64(h.conns) }),
 		gauge("idle_client_connections", "Client connections waiting for a request: connected or idle between requests.",
