@@ -24,9 +24,10 @@ type Response struct {
 	// StatusCode is the decode engine's status (2xx: errors are returned
 	// by Do).
 	StatusCode int
-	// Header holds the decode engine's end-to-end headers plus
-	// X-Request-Id and X-Bidikv-Reuse (hit, miss, off, or local for a
-	// decode-local turn).
+	// Header holds the decode engine's end-to-end headers (not Server,
+	// Date, Content-Encoding nor any naming a KV handle) plus X-Request-Id
+	// and X-Bidikv-Reuse (hit, miss, off, or local for a decode-local
+	// turn).
 	Header http.Header
 	// Body is the whole body of a non-streaming response; nil for a stream.
 	Body []byte
