@@ -68,7 +68,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		case tw.stalled:
 			s.metrics.stalled.Inc()
 		case body.err != nil && tw.wrote:
-			s.metrics.rejected.WithLabelValues(strconv.Itoa(tw.status), "body_error").Inc()
+			s.metrics.rejected.WithLabelValues(statusLabel(tw.status), "body_error").Inc()
 		case body.err != nil:
 			// The client went away before an answer: nothing to count.
 		case errors.Is(context.Cause(r.Context()), errCut):

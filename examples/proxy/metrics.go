@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -291,19 +290,20 @@ func rejectReason(err error) string {
 // observe records one finished turn.
 func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	if rejectedBeforeLookup(rec) {
-		m.rejected.WithLabelValues(strconv.Itoa(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
+		m.rejected.WithLabelValues(statusLabel(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
 		return
 	}
-	reuse := string(rec.Reuse)
-	if reuse == "" {
+	reuse := labelShape(string(rec.Reuse))
+	if rec.Reuse == "" {
 		reuse = "none"
 	}
 	result := "ok"
 	if rec.Err != nil {
 		result = "error"
-		m.errors.WithLabelValues(string(rec.ErrPhase)).Inc()
+		m.errors.WithLabelValues(labelShape(string(rec.ErrPhase))).Inc()
 	}
-	m.turns.WithLabelValues(rec.Path, reuse, result).Inc()
+	path := pathLabel(rec.Path)
+	m.turns.WithLabelValues(path, reuse, result).Inc()
 	switch rec.Reuse {
 	case kvroute.ReuseHit:
 		m.lookedUp.mu.Lock()
@@ -321,21 +321,21 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.lookedUp.mu.Lock()
 		m.lookedUp.miss++
 		m.lookedUp.mu.Unlock()
-		m.misses.WithLabelValues(string(rec.MissReason)).Inc()
+		m.misses.WithLabelValues(labelShape(string(rec.MissReason))).Inc()
 	}
 	if rec.Stored {
 		m.stored.Inc()
 	} else if rec.StoreRefusal != "" {
-		m.refusals.WithLabelValues(string(rec.StoreRefusal)).Inc()
+		m.refusals.WithLabelValues(refusalLabel(rec.StoreRefusal)).Inc()
 	}
 	if rec.LocalFallback {
 		m.fallbacks.Inc()
 	}
 	if rec.Missing != "" {
-		m.missing.WithLabelValues(rec.Missing, rec.Path).Inc()
+		m.missing.WithLabelValues(labelShape(rec.Missing), path).Inc()
 	}
 	if rec.Buffered {
-		m.buffered.WithLabelValues(rec.Path).Inc()
+		m.buffered.WithLabelValues(path).Inc()
 	}
 	m.bytes.Add(float64(rec.Bytes))
 	if rec.Prefill > 0 {
@@ -347,7 +347,7 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	if rec.Err == nil && rec.TTFT > 0 {
 		m.ttft.WithLabelValues(reuse).Observe(rec.TTFT.Seconds())
 		if rec.EstimatedTTFT > 0 {
-			m.estimate.WithLabelValues(string(rec.Choice)).Observe(float64(rec.TTFT) / float64(rec.EstimatedTTFT))
+			m.estimate.WithLabelValues(labelShape(string(rec.Choice))).Observe(float64(rec.TTFT) / float64(rec.EstimatedTTFT))
 		}
 	}
 	m.duration.WithLabelValues(reuse).Observe(rec.Total.Seconds())
@@ -396,7 +396,7 @@ func (c capabilityCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(capabilityDesc, prometheus.GaugeValue, v, e.role, e.url, n.Name)
 		}
-		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, e.rep.VLLMVersion, e.rep.Model)
+		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, infoLabel(e.rep.VLLMVersion), infoLabel(e.rep.Model))
 		if e.rep.BlockSize > 0 {
 			ch <- prometheus.MustNewConstMetric(engineBlockDesc, prometheus.GaugeValue, float64(e.rep.BlockSize), e.role, e.url)
 			ch <- prometheus.MustNewConstMetric(engineKVDesc, prometheus.GaugeValue, float64(e.rep.KVCacheTokens), e.role, e.url)
