@@ -15,9 +15,14 @@ import (
 const retryAfterSeconds = 1
 
 // evictAfter is how long a connection must have waited for a request
-// (connected or idle since its last answer) before a new connection may
-// close it at --max-connections: a client that has just connected is
-// sending its request.
+// before a new connection may close it at --max-connections: a client that
+// has just connected is sending its request. The rule is exact: at the
+// new connection's accept, by the admission's clock (monotonic), the
+// waiting connection has waited at least evictAfter since its own accept
+// (it has sent nothing) or since the write of the last byte of its last
+// answer (it is idle between requests), inclusive. Its last byte is
+// written before its client reads it, so a client that waits evictAfter
+// after reading its answer has always waited that long here.
 const evictAfter = time.Second
 
 // bodyRateGrace is how long a body is in transit before its rate is
@@ -58,8 +63,9 @@ type limits struct {
 // neither the clients whose bodies are in nor those whose bodies arrive
 // at the minimum rate.
 type admission struct {
-	lim limits
-	now func() time.Time
+	lim   limits
+	now   func() time.Time
+	epoch time.Time // when the admission was made: writes are stamped from it
 
 	mu       sync.Mutex
 	conns    int
@@ -79,7 +85,7 @@ func newAdmission(lim limits, now func() time.Time) *admission {
 	if now == nil {
 		now = time.Now
 	}
-	return &admission{lim: lim, now: now, bodies: make(map[*transitBody]struct{}), byClient: make(map[clientKey]int)}
+	return &admission{lim: lim, now: now, epoch: now(), bodies: make(map[*transitBody]struct{}), byClient: make(map[clientKey]int)}
 }
 
 // transitBody is a request body in transit: charged to the admission from
@@ -121,9 +127,10 @@ func clientKeyOf(addr net.Addr) clientKey {
 func (a *admission) connect(c *clientConn) (evict *clientConn, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := a.now()
 	if a.conns >= a.lim.conns {
 		e := a.waiting.Front()
-		if e == nil || a.now().Sub(e.Value.(*clientConn).since) < evictAfter {
+		if e == nil || now.Sub(e.Value.(*clientConn).since) < evictAfter {
 			a.refused++
 			return nil, false
 		}
@@ -133,6 +140,7 @@ func (a *admission) connect(c *clientConn) (evict *clientConn, ok bool) {
 	}
 	a.conns++
 	c.admitted = true
+	c.accepted = now
 	return evict, true
 }
 
@@ -151,7 +159,9 @@ func (a *admission) dropLocked(c *clientConn) {
 	a.conns--
 }
 
-// wait records that c waits for a request (http.StateNew, StateIdle).
+// wait records that c waits for a request (http.StateNew, StateIdle):
+// since its accept, or since the last write of its last answer
+// (clientConn.Write), in the waiting list by that time.
 func (a *admission) wait(c *clientConn) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -159,8 +169,24 @@ func (a *admission) wait(c *clientConn) {
 		return
 	}
 	a.unwaitLocked(c)
-	c.since = a.now()
-	c.elem = a.waiting.PushBack(c)
+	c.since = c.accepted
+	if w := c.lastWrite.Load(); w != 0 {
+		c.since = a.epoch.Add(time.Duration(w))
+	}
+	e := a.waiting.Back()
+	for e != nil && e.Value.(*clientConn).since.After(c.since) {
+		e = e.Prev()
+	}
+	if e == nil {
+		c.elem = a.waiting.PushFront(c)
+	} else {
+		c.elem = a.waiting.InsertAfter(c, e)
+	}
+}
+
+// wrote records a write to c, at the admission's clock.
+func (a *admission) wrote(c *clientConn) {
+	c.lastWrite.Store(int64(max(a.now().Sub(a.epoch), 1)))
 }
 
 // work records that c serves a request (http.StateActive) or is done.

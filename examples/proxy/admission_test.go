@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"net"
+	"net/http"
 	"net/netip"
 	"runtime"
 	"syscall"
@@ -28,8 +30,10 @@ func TestAdmissionConnections(t *testing.T) {
 		a.wait(c)
 		now = now.Add(time.Millisecond)
 	}
-	a.work(c1) // c1 serves a request: never evicted
-	a.wait(c2) // c2 waits again, from now: c3 has waited longest
+	a.work(c1)  // c1 serves a request: never evicted
+	a.work(c2)  // c2 answers a request and waits again, from its answer's
+	a.wrote(c2) // last write: c3 has waited longest
+	a.wait(c2)
 	ev, ok := a.connect(conn())
 	assert.False(t, ok, "no connection has waited evictAfter")
 	assert.Nil(t, ev)
@@ -55,6 +59,46 @@ func TestAdmissionConnections(t *testing.T) {
 	a.disconnect(c1)
 	a.disconnect(c1)
 	assert.Equal(t, 2, a.held().conns, "released once")
+}
+
+// The eviction rule is exact, by the admission's clock: a connection that
+// has sent nothing is evictable evictAfter after its accept, however late
+// net/http reports it new; an idle one evictAfter after the last write of
+// its answer, however late net/http reports it idle; at evictAfter less a
+// nanosecond it is not.
+func TestEvictionExact(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	a := newAdmission(limits{conns: 1, transit: 1, turns: 1, bytes: 1}, func() time.Time { return now })
+	c := &clientConn{adm: a}
+	_, ok := a.connect(c) // accepted at t0
+	require.True(t, ok)
+	now = now.Add(30 * time.Millisecond)
+	a.wait(c) // http.StateNew, reported late
+	now = t0.Add(evictAfter - time.Nanosecond)
+	_, ok = a.connect(&clientConn{adm: a})
+	assert.False(t, ok, "a nanosecond short")
+	now = t0.Add(evictAfter)
+	c2 := &clientConn{adm: a}
+	ev, ok := a.connect(c2)
+	require.True(t, ok, "waited exactly evictAfter since its accept")
+	assert.Same(t, c, ev)
+
+	// c2 serves a request; its answer's last byte is written at t1 and
+	// net/http reports it idle 30 ms later.
+	a.work(c2)
+	t1 := now.Add(time.Second)
+	now = t1
+	a.wrote(c2)
+	now = now.Add(30 * time.Millisecond)
+	a.wait(c2)
+	now = t1.Add(evictAfter - time.Nanosecond)
+	_, ok = a.connect(&clientConn{adm: a})
+	assert.False(t, ok, "a nanosecond short")
+	now = t1.Add(evictAfter)
+	ev, ok = a.connect(&clientConn{adm: a})
+	require.True(t, ok, "idle exactly evictAfter since its answer's last write")
+	assert.Same(t, c2, ev)
 }
 
 // Bodies in transit are bounded in all and per client address, an IPv6
@@ -202,4 +246,28 @@ func TestSendQueueAllocs(t *testing.T) {
 	require.True(t, ok)
 	assert.Zero(t, q)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = cc.sendQueue() }))
+}
+
+// Through the proxy: a client that waits exactly evictAfter after reading
+// its answer finds its idle connection evictable by the next connection at
+// --max-connections, every time.
+func TestEvictionAfterExactWait(t *testing.T) {
+	p := startInProcess(t, nil, "--max-connections", "1")
+	for i := range 3 {
+		idle := p.dial(t)
+		_, err := idle.Write([]byte("GET /health HTTP/1.1\r\nHost: proxy\r\n\r\n"))
+		require.NoError(t, err)
+		br := bufio.NewReader(idle)
+		resp, _ := rawResponse(t, br)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		time.Sleep(evictAfter)
+		next := p.dial(t)
+		_, err = next.Write([]byte("GET /health HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n"))
+		require.NoError(t, err)
+		resp, body := rawResponse(t, bufio.NewReader(next))
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "round %d: %s", i, body)
+		_, err = br.ReadByte()
+		assert.Error(t, err, "round %d: the idle connection was closed", i)
+		waitClosed(t, next, 5*time.Second)
+	}
 }

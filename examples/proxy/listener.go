@@ -45,10 +45,15 @@ type clientConn struct {
 	heads headerScan
 	amb   atomic.Bool
 
+	// lastWrite is when the last write to it was made, from the
+	// admission's epoch (0: none yet).
+	lastWrite atomic.Int64
+
 	// Guarded by adm.mu.
 	admitted bool          // charged to the admission
 	elem     *list.Element // in adm.waiting while waiting for a request
-	since    time.Time     // when it started waiting
+	accepted time.Time     // when it was accepted
+	since    time.Time     // when it started waiting: accepted, or its last write
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -69,6 +74,7 @@ func (c *clientConn) ambiguous() bool { return c.amb.Load() }
 func (c *clientConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.written.Add(int64(n))
+	c.adm.wrote(c)
 	return n, err
 }
 
