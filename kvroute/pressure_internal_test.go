@@ -27,6 +27,9 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_cache_si
 vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="65"} 1.0
 `
 
+// simNow is when simMetrics is read.
+var simNow = time.Unix(1718557342, 0).Add(time.Hour)
+
 // parseMetrics reads a rank's samples, or sums them over the ranks; the
 // capacity is kv_cache_size_tokens, else num_gpu_blocks less the null
 // block × block_size.
@@ -42,7 +45,7 @@ func TestParseMetrics(t *testing.T) {
 		{1, 0.75, 1, 5, 1024},
 		{-1, 1.0 / 2 * (0.25 + 0.75) * 2, 4, 7, 2048},
 	} {
-		m := parseMetrics(strings.NewReader(simMetrics), tc.rank)
+		m := parseMetrics(strings.NewReader(simMetrics), tc.rank, simNow)
 		usage := m.usage / float64(m.usages)
 		if tc.rank < 0 {
 			usage = m.usage // summed: the caller averages
@@ -55,7 +58,7 @@ func TestParseMetrics(t *testing.T) {
 			t.Errorf("start %v", m.start)
 		}
 	}
-	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0)
+	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0, simNow)
 	if legacy.usages != 1 || legacy.usage != 0.5 {
 		t.Errorf("legacy usage: %+v", legacy)
 	}
@@ -69,7 +72,7 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add(`vllm:kv_cache_usage_perc{engine="0\\"} 0.5`, 0)
 	f.Add("process_start_time_seconds NaN\nvllm:num_requests_waiting -1e308", 0)
 	f.Fuzz(func(t *testing.T, page string, rank int) {
-		m := parseMetrics(strings.NewReader(page), rank)
+		m := parseMetrics(strings.NewReader(page), rank, simNow)
 		if math.IsNaN(m.usage) || math.IsInf(m.usage, 0) || math.IsNaN(m.preemptions) || math.IsInf(m.preemptions, 0) {
 			t.Fatalf("non-finite figures: %+v", m)
 		}
