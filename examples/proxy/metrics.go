@@ -167,6 +167,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.DecodeRestarts }),
 		stat("restart_checks_unavailable_total", "Reads of a decode engine's /metrics without process_start_time_seconds.",
 			func(s kvroute.Stats) int64 { return s.RestartChecksUnavailable }),
+		stat("implausible_engine_metrics_total", "Readings of a decode engine's /metrics (pressure, restart checks) with a value no real engine reports (an overflowed count, a capacity below one block, a usage outside 0 to 1, a process start in the future): ignored, the last plausible value kept; logged once per engine and metric.",
+			func(s kvroute.Stats) int64 { return s.ImplausibleMetrics }),
 		stat("render_breaks_total", "Openings of a prefill engine's render circuit breaker (consecutive failures, or a call that ran out of --render-timeout).",
 			func(s kvroute.Stats) int64 { return s.RenderBreaks }),
 		stat("render_skipped_total", "Turns that went on without a render because every prefill engine's renderer was behind an open breaker or distrusted.",
@@ -363,6 +365,8 @@ var (
 		"The engine's KV block size in tokens (vllm:cache_config_info block_size); compare with --block-size.", []string{"role", "endpoint"}, nil)
 	engineKVDesc = prometheus.NewDesc(namespace+"_engine_kv_capacity_tokens",
 		"The engine's KV capacity in tokens per data-parallel rank (vllm:cache_config_info).", []string{"role", "endpoint"}, nil)
+	engineImplausibleDesc = prometheus.NewDesc(namespace+"_engine_implausible_metrics",
+		"Values of the engine's /metrics at the last capability probe that no real engine reports, ignored (GET /ready and bidikv-proxy doctor list them).", []string{"role", "endpoint"}, nil)
 )
 
 // capabilityCollector exports the engines' last capability reports at
@@ -378,6 +382,7 @@ func (c capabilityCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- engineInfoDesc
 	ch <- engineBlockDesc
 	ch <- engineKVDesc
+	ch <- engineImplausibleDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -397,6 +402,7 @@ func (c capabilityCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(capabilityDesc, prometheus.GaugeValue, v, e.role, e.url, n.Name)
 		}
 		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, infoLabel(e.rep.VLLMVersion), infoLabel(e.rep.Model))
+		ch <- prometheus.MustNewConstMetric(engineImplausibleDesc, prometheus.GaugeValue, float64(len(e.rep.Implausible)), e.role, e.url)
 		if e.rep.BlockSize > 0 {
 			ch <- prometheus.MustNewConstMetric(engineBlockDesc, prometheus.GaugeValue, float64(e.rep.BlockSize), e.role, e.url)
 			ch <- prometheus.MustNewConstMetric(engineKVDesc, prometheus.GaugeValue, float64(e.rep.KVCacheTokens), e.role, e.url)
