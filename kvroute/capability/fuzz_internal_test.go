@@ -42,7 +42,7 @@ func FuzzMetrics(f *testing.F) {
 		if !ok || labels["model_name"] != value {
 			t.Fatalf("label %q read as %q (%v)", value, labels["model_name"], ok)
 		}
-		_ = parseMetrics(strings.NewReader(before + value), time.Now()) // anything at all: no panic
+		_ = parseMetrics(strings.NewReader(before+value), time.Now()) // anything at all: no panic
 	})
 }
 
