@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -80,4 +81,25 @@ func FuzzParseMetrics(f *testing.F) {
 			t.Fatalf("capacity: %+v", m)
 		}
 	})
+}
+
+// Implausible values leave their figure out of the reading, noted: the
+// capacity (any rank's overflowed or below one block), the usage, the
+// waiting requests, the preemptions, the process start.
+func TestParseMetricsImplausible(t *testing.T) {
+	page := fmt.Sprintf(`process_start_time_seconds %d
+vllm:num_requests_waiting{engine="0"} 1e20
+vllm:kv_cache_usage_perc{engine="0"} 7.5
+vllm:num_preemptions_total{engine="0"} -3
+vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="1024"} 1.0
+vllm:cache_config_info{block_size="8",engine="1",num_gpu_blocks="2305843009213693954"} 1.0
+`, simNow.Add(time.Hour).Unix())
+	m := parseMetrics(strings.NewReader(page), -1, simNow)
+	if !m.start.IsZero() || !m.badUsage || !m.badWaiting || m.pressures || m.cacheInfo || m.capacity != 0 || len(m.absurd) != 5 {
+		t.Errorf("%+v", m)
+	}
+	tiny := parseMetrics(strings.NewReader(`vllm:cache_config_info{block_size="16",kv_cache_size_tokens="8"} 1.0`), 0, simNow)
+	if tiny.cacheInfo || len(tiny.absurd) != 1 {
+		t.Errorf("a capacity of 8 tokens: %+v", tiny)
+	}
 }
