@@ -40,7 +40,9 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 		}
 		free = declared
 	}
-	b, err := readLimited(&chargedReader{r: r.body, c: &r.charge, free: free}, limit)
+	// A declared length is read into one buffer of that size, allocated
+	// once it is charged.
+	b, err := readSized(&chargedReader{r: r.body, c: &r.charge, free: free}, declared, limit, nil)
 	if errors.Is(err, errAnswerCharge) {
 		return err
 	}
