@@ -244,7 +244,7 @@ func (w *turnWriter) WriteHeader(code int) {
 	if w.wrote || w.replaced {
 		return
 	}
-	if w.st.answerShed.Load() && code == http.StatusServiceUnavailable {
+	if w.st != nil && w.st.answerShed.Load() && code == http.StatusServiceUnavailable {
 		w.replaced = true
 		w.s.shed(w.ResponseWriter, w.req.URL.Path, shedAnswerBytes)
 		return
