@@ -64,7 +64,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		if err := out.openStream(resp); err != nil {
 			return nil, err
 		}
-	} else if err := out.readBody(leg.buf); err != nil {
+	} else if err := out.readBody(ctx, leg.buf, resp.ContentLength); err != nil {
 		return nil, err
 	}
 	r.hp.succeeded(ep)
@@ -165,12 +165,16 @@ func identityEncoded(h http.Header) bool {
 }
 
 // dropUnsafeHeaders removes from an engine's response headers, before they
-// reach a client, Content-Encoding (only identity is accepted, and the
-// body may be rewritten) and every header whose name or value names
-// kv_transfer_params or a handle member, or whose value holds a \u escape.
+// reach a client (transport.CopyHeader has dropped the hop-by-hop ones),
+// Server and Date (the engine's software and clock: the server that
+// answers the client sets its own), Content-Encoding (only identity is
+// accepted, and the body may be rewritten) and every header whose name or
+// value names kv_transfer_params or a handle member, or whose value holds
+// a \u escape. It is the one place an engine's headers become a
+// Response's.
 func dropUnsafeHeaders(h http.Header) {
 	for k, vs := range h {
-		drop := k == "Content-Encoding" || headerNames(k, "kv_transfer") || headerNames(k, "remote_")
+		drop := k == "Content-Encoding" || k == "Server" || k == "Date" || headerNames(k, "kv_transfer") || headerNames(k, "remote_")
 		for _, v := range vs {
 			drop = drop || strings.Contains(v, kvKey) || strings.Contains(v, "remote_") || strings.Contains(v, `\u`)
 		}

@@ -333,14 +333,14 @@
 //
 // # Memory
 //
-// A turn's memory follows its body's size. ServeHTTP reads a body of
-// known length into a buffer that grows with what arrived (at most four
-// times it, from 64 KiB), never one of the declared size; a body above
-// WithLimits' Body gets 413. A body with an object of more than
-// WithLimits' ObjectMembers members, at any depth, gets 400 before anything is
-// indexed, so the member index and the members a digest collects stay
-// small; both legs are sent as pieces of the client's bytes, a few per
-// edited member, never a copy or a piece per member.
+// A turn's memory follows its body's size. ServeHTTP reads a body of known length
+// into a buffer that grows with what arrived (at most four times it, from
+// 64 KiB), never one of the declared size; a body above WithLimits' Body gets
+// 413. A body with an object of more than WithLimits' ObjectMembers members, at
+// any depth, gets 400 before anything is indexed, so the member index stays
+// small; both legs are sent as pieces of the client's bytes, a few per edited
+// member. A decode answer held whole (non-streaming, or a buffered stream's) is
+// charged to WithLimits' ChargeAnswer.
 //
 // # Many engines
 //

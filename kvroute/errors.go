@@ -73,8 +73,9 @@ func (e *UpstreamError) Unwrap() error { return e.Err }
 // HTTPStatus maps an error from Do to the status a client should get: 400
 // for ErrBadRequest; the engine's own 4xx when an engine rejected the
 // request; 503 when an engine answered 503 or 429 (it is overloaded: the
-// client should retry, after RetryAfter), when no endpoint is available or
-// the router is closed; 504 for timeouts; 502 for every other upstream
+// client should retry, after RetryAfter), when no endpoint is available,
+// the router is closed or a decode answer did not fit WithLimits'
+// ChargeAnswer; 504 for timeouts; 502 for every other upstream
 // failure.
 func HTTPStatus(err error) int {
 	var ue *UpstreamError
@@ -83,7 +84,7 @@ func HTTPStatus(err error) int {
 		return http.StatusOK
 	case errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest
-	case errors.Is(err, ErrNoEndpoint), errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrNoEndpoint), errors.Is(err, ErrClosed), errors.Is(err, errAnswerCharge):
 		return http.StatusServiceUnavailable
 	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 && ue.Status != http.StatusRequestTimeout && ue.Status != http.StatusTooManyRequests:
 		return ue.Status

@@ -1,5 +1,7 @@
 package kvroute
 
+import "context"
+
 // Limits bound the bytes a turn takes, so that its memory follows what the
 // client and the engines actually sent (package doc, Memory).
 type Limits struct {
@@ -29,6 +31,20 @@ type Limits struct {
 	// refused with 400 before the router indexes it, so that the memory a
 	// turn takes stays proportional to its body.
 	ObjectMembers int
+	// ChargeAnswer, when set, is charged the bytes of every decode answer
+	// the router holds in memory: a non-streaming answer, and a buffered
+	// stream's (WithDecodeMemory's BufferStreams); a stream passed through
+	// is not held and not charged. It is called with the turn's context
+	// and n > 0 bytes, before they are held: the answer's Content-Length
+	// at once when the engine declares one, else each read's bytes as
+	// they arrive; it reports whether they fit. When they do not, the
+	// answer is dropped (its decode engine keeps a hold it made until its
+	// TTL) and the turn fails with an error HTTPStatus maps to 503, with
+	// RetryAfter's default, and is not redone. Everything charged to a
+	// turn is given back once, as one call with the negated total, when
+	// the answer is dropped or the Response closed. Nil (the default):
+	// answers are bounded by Body alone.
+	ChargeAnswer func(ctx context.Context, n int64) bool
 }
 
 // WithLimits sets the limits. A zero field keeps its default

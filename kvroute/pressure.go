@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/plausible"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -58,6 +59,11 @@ type engineMetrics struct {
 	waiting              int
 	preemptions          float64
 	cacheInfo, pressures bool
+	// The values ignored as implausible (internal/plausible), each as
+	// plausible.Reading writes it; a figure with one is left out whole
+	// (badUsage, badWaiting: the reading keeps the last good value).
+	absurd                            []string
+	badUsage, badWaiting, badCapacity bool
 }
 
 // press fills c with e's pressure, and has e's metrics read again when
@@ -123,15 +129,28 @@ func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 	if err != nil {
 		return // the reading stays as it was; the next turn tries again
 	}
+	if len(em.absurd) > 0 {
+		m.restarts.implausible(e.url, em.absurd)
+	}
 	p := &e.mem
 	p.mu.Lock()
+	if p.at.IsZero() {
+		p.usage = -1 // unknown until a good reading
+	}
 	p.at, p.held = now, held
-	p.usage, p.waiting = -1, em.waiting
-	if em.usages > 0 {
-		p.usage = em.usage / float64(em.usages)
+	if !em.badUsage {
+		p.usage = -1
+		if em.usages > 0 {
+			p.usage = em.usage / float64(em.usages)
+		}
+	}
+	if !em.badWaiting {
+		p.waiting = em.waiting
 	}
 	p.preempted = em.pressures && p.preemptions > 0 && em.preemptions > p.preemptions
-	p.preemptions = em.preemptions
+	if em.pressures {
+		p.preemptions = em.preemptions
+	}
 	if em.cacheInfo {
 		p.capacity, p.blockSize = em.capacity, em.blockSize
 	}
@@ -165,13 +184,15 @@ func (m *decodeMemory) fetch(ctx context.Context, e *endpoint) (engineMetrics, e
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 		return engineMetrics{}, errors.New(resp.Status)
 	}
-	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank), nil
+	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank, m.clock()), nil
 }
 
 // parseMetrics reads Prometheus' text format for the metrics above, of
 // the samples whose engine label is rank (all of them for a negative
-// rank, or when none has the label). Lines it cannot read are skipped.
-func parseMetrics(r io.Reader, rank int) engineMetrics {
+// rank, or when none has the label), at now. Lines it cannot read are
+// skipped; a value plausible.Check refuses leaves its figure out of the
+// reading (noted in absurd), so that the last good one stays.
+func parseMetrics(r io.Reader, rank int, now time.Time) engineMetrics {
 	var m engineMetrics
 	want := []byte(strconv.Itoa(rank))
 	sc := bufio.NewScanner(r)
@@ -180,7 +201,8 @@ func parseMetrics(r io.Reader, rank int) engineMetrics {
 	for sc.Scan() {
 		line := sc.Bytes()
 		if v, ok := bytes.CutPrefix(line, []byte("process_start_time_seconds ")); ok {
-			if f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64); err == nil && f > 0 && f < 1e11 {
+			raw := string(bytes.TrimSpace(v))
+			if f, err := strconv.ParseFloat(raw, 64); err == nil && m.plausible(plausible.Start, raw, f, now) {
 				sec, frac := math.Modf(f)
 				m.start = time.Unix(int64(sec), int64(frac*1e9))
 			}
@@ -193,35 +215,87 @@ func parseMetrics(r io.Reader, rank int) engineMetrics {
 		if eng, has := label(labels, "engine"); rank >= 0 && has && !bytes.Equal(eng, want) {
 			continue
 		}
+		raw := strconv.FormatFloat(value, 'g', -1, 64)
 		switch string(name) {
 		case "vllm:kv_cache_usage_perc":
+			m.badUsage = !m.plausible(plausible.Usage, raw, value, now) || m.badUsage
 			m.usage += value
 			m.usages++
 		case "vllm:gpu_cache_usage_perc":
+			legacy.badUsage = !m.plausible(plausible.Usage, raw, value, now) || legacy.badUsage
 			legacy.usage += value
 			legacy.usages++
 		case "vllm:num_requests_waiting":
-			m.waiting += int(value)
+			m.badWaiting = !m.plausible(plausible.Waiting, raw, value, now) || m.badWaiting
+			m.waiting += int(min(max(value, 0), plausible.MaxWaiting))
 		case "vllm:num_preemptions_total":
-			m.preemptions += value
-			m.pressures = true
+			if m.plausible(plausible.Preemptions, raw, value, now) {
+				m.preemptions += value
+				m.pressures = true
+			}
 		case "vllm:cache_config_info":
-			bs, _ := strconv.Atoi(string(labelOr(labels, "block_size")))
-			tokens, _ := strconv.ParseInt(string(labelOr(labels, "kv_cache_size_tokens")), 10, 64)
-			if blocks, _ := strconv.ParseInt(string(labelOr(labels, "num_gpu_blocks")), 10, 64); tokens <= 0 && blocks > 1 && bs > 0 {
-				tokens = (blocks - 1) * int64(bs) // num_gpu_blocks counts the null block
-			}
-			if tokens > 0 && bs > 0 {
-				m.capacity += tokens
-				m.blockSize = bs
-				m.cacheInfo = true
-			}
+			m.cacheSample(labels, now)
 		}
 	}
 	if m.usages == 0 {
-		m.usage, m.usages = legacy.usage, legacy.usages
+		m.usage, m.usages, m.badUsage = legacy.usage, legacy.usages, legacy.badUsage
+	}
+	if m.badCapacity {
+		m.capacity, m.blockSize, m.cacheInfo = 0, 0, false
 	}
 	return m
+}
+
+// cacheSample adds a vllm:cache_config_info sample's capacity: its
+// kv_cache_size_tokens, else num_gpu_blocks less the null block ×
+// block_size. An implausible value makes the whole capacity of the
+// reading unknown (badCapacity): a sum without one rank would be too small.
+func (m *engineMetrics) cacheSample(labels []byte, now time.Time) {
+	num := func(key string, metric plausible.Metric) (int64, bool) {
+		raw := string(labelOr(labels, key))
+		if raw == "" {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			v = math.MaxInt64 // out of range (or not a number): implausible
+		}
+		if !m.plausible(metric, raw, float64(v), now) {
+			m.badCapacity = true
+			return 0, false
+		}
+		return v, true
+	}
+	bs, okBS := num("block_size", plausible.BlockSize)
+	tokens, okT := num("kv_cache_size_tokens", plausible.KVTokens)
+	blocks, okB := num("num_gpu_blocks", plausible.GPUBlocks)
+	switch {
+	case m.badCapacity || !okBS:
+		return
+	case !okT && okB:
+		tokens, okT = (blocks-1)*bs, true // at most 2^31 × 2^16: no overflow
+	}
+	if !okT {
+		return
+	}
+	if tokens < bs {
+		m.absurd = append(m.absurd, plausible.Reading(plausible.KVTokens, strconv.FormatInt(tokens, 10), "below one block of "+strconv.FormatInt(bs, 10)))
+		m.badCapacity = true
+		return
+	}
+	m.capacity += tokens
+	m.blockSize = int(bs)
+	m.cacheInfo = true
+}
+
+// plausible reports whether v, written raw, is a plausible value of
+// metric, and notes it in absurd when it is not.
+func (m *engineMetrics) plausible(metric plausible.Metric, raw string, v float64, now time.Time) bool {
+	if why := plausible.Check(metric, v, now); why != "" {
+		m.absurd = append(m.absurd, plausible.Reading(metric, raw, why))
+		return false
+	}
+	return true
 }
 
 // metricLine splits a sample line `name{labels} value` (labels may be

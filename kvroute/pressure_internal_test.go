@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -27,6 +28,9 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_cache_si
 vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="65"} 1.0
 `
 
+// simNow is when simMetrics is read.
+var simNow = time.Unix(1718557342, 0).Add(time.Hour)
+
 // parseMetrics reads a rank's samples, or sums them over the ranks; the
 // capacity is kv_cache_size_tokens, else num_gpu_blocks less the null
 // block × block_size.
@@ -42,7 +46,7 @@ func TestParseMetrics(t *testing.T) {
 		{1, 0.75, 1, 5, 1024},
 		{-1, 1.0 / 2 * (0.25 + 0.75) * 2, 4, 7, 2048},
 	} {
-		m := parseMetrics(strings.NewReader(simMetrics), tc.rank)
+		m := parseMetrics(strings.NewReader(simMetrics), tc.rank, simNow)
 		usage := m.usage / float64(m.usages)
 		if tc.rank < 0 {
 			usage = m.usage // summed: the caller averages
@@ -55,7 +59,7 @@ func TestParseMetrics(t *testing.T) {
 			t.Errorf("start %v", m.start)
 		}
 	}
-	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0)
+	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0, simNow)
 	if legacy.usages != 1 || legacy.usage != 0.5 {
 		t.Errorf("legacy usage: %+v", legacy)
 	}
@@ -69,7 +73,7 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add(`vllm:kv_cache_usage_perc{engine="0\\"} 0.5`, 0)
 	f.Add("process_start_time_seconds NaN\nvllm:num_requests_waiting -1e308", 0)
 	f.Fuzz(func(t *testing.T, page string, rank int) {
-		m := parseMetrics(strings.NewReader(page), rank)
+		m := parseMetrics(strings.NewReader(page), rank, simNow)
 		if math.IsNaN(m.usage) || math.IsInf(m.usage, 0) || math.IsNaN(m.preemptions) || math.IsInf(m.preemptions, 0) {
 			t.Fatalf("non-finite figures: %+v", m)
 		}
@@ -77,4 +81,25 @@ func FuzzParseMetrics(f *testing.F) {
 			t.Fatalf("capacity: %+v", m)
 		}
 	})
+}
+
+// Implausible values leave their figure out of the reading, noted: the
+// capacity (any rank's overflowed or below one block), the usage, the
+// waiting requests, the preemptions, the process start.
+func TestParseMetricsImplausible(t *testing.T) {
+	page := fmt.Sprintf(`process_start_time_seconds %d
+vllm:num_requests_waiting{engine="0"} 1e20
+vllm:kv_cache_usage_perc{engine="0"} 7.5
+vllm:num_preemptions_total{engine="0"} -3
+vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="1024"} 1.0
+vllm:cache_config_info{block_size="8",engine="1",num_gpu_blocks="2305843009213693954"} 1.0
+`, simNow.Add(time.Hour).Unix())
+	m := parseMetrics(strings.NewReader(page), -1, simNow)
+	if !m.start.IsZero() || !m.badUsage || !m.badWaiting || m.pressures || m.cacheInfo || m.capacity != 0 || len(m.absurd) != 5 {
+		t.Errorf("%+v", m)
+	}
+	tiny := parseMetrics(strings.NewReader(`vllm:cache_config_info{block_size="16",kv_cache_size_tokens="8"} 1.0`), 0, simNow)
+	if tiny.cacheInfo || len(tiny.absurd) != 1 {
+		t.Errorf("a capacity of 8 tokens: %+v", tiny)
+	}
 }

@@ -24,9 +24,10 @@ type Response struct {
 	// StatusCode is the decode engine's status (2xx: errors are returned
 	// by Do).
 	StatusCode int
-	// Header holds the decode engine's end-to-end headers plus
-	// X-Request-Id and X-Bidikv-Reuse (hit, miss, off, or local for a
-	// decode-local turn).
+	// Header holds the decode engine's end-to-end headers (not Server,
+	// Date, Content-Encoding nor any naming a KV handle) plus X-Request-Id
+	// and X-Bidikv-Reuse (hit, miss, off, or local for a decode-local
+	// turn).
 	Header http.Header
 	// Body is the whole body of a non-streaming response; nil for a stream.
 	Body []byte
@@ -51,6 +52,9 @@ type Response struct {
 	// buf is a buffered stream (buffered.go): D's whole answer, written
 	// as the API's stream.
 	buf *buffered
+	// charge: the answer's bytes held, charged to WithLimits'
+	// ChargeAnswer until Close (response_body.go).
+	charge answerCharge
 }
 
 // Streaming reports whether the response is an SSE stream: the decode
@@ -192,13 +196,14 @@ func (r *Response) WriteTo(w io.Writer) (int64, error) {
 	}
 }
 
-// Close releases the response. If a stream was not read to its end, the
-// decode request is aborted, so the engine frees its blocks, and nothing
-// is retained.
+// Close releases the response: a held answer's bytes go back to WithLimits'
+// ChargeAnswer. If a stream was not read to its end, the decode request is
+// aborted, so the engine frees its blocks, and nothing is retained.
 func (r *Response) Close() error {
 	if r.buf != nil {
 		r.buf.end(r)
 	}
+	r.charge.giveBack()
 	if r.stream && r.err == nil {
 		r.err = ErrStreamCut
 		r.t.rec.StoreRefusal = RefuseClosedEarly

@@ -2,8 +2,10 @@ package kvroute
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
@@ -18,9 +20,32 @@ import (
 // For a buffered stream (buf), the answer must be one the API's stream can
 // be written from before anything of it is retained, and the turn ends
 // when the stream has been written.
-func (r *Response) readBody(buf *buffered) error {
+//
+// The answer's bytes are charged to WithLimits' ChargeAnswer as they are
+// held (answerCharge); a failed read gives them back at once, a read
+// answer when the Response is closed.
+func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) (err error) {
 	defer r.release()
-	b, err := readLimited(r.body, r.t.r.cfg.maxBodyBytes)
+	r.charge = answerCharge{fn: r.t.r.cfg.limits.ChargeAnswer, ctx: ctx}
+	defer func() {
+		if err != nil {
+			r.charge.giveBack()
+		}
+	}()
+	limit := r.t.r.cfg.maxBodyBytes
+	var free int64 // charged before it arrives
+	if declared > 0 && declared <= limit {
+		if !r.charge.take(declared) {
+			return errAnswerCharge
+		}
+		free = declared
+	}
+	// A declared length is read into one buffer of that size, allocated
+	// once it is charged.
+	b, err := readSized(&chargedReader{r: r.body, c: &r.charge, free: free}, declared, limit, nil)
+	if errors.Is(err, errAnswerCharge) {
+		return err
+	}
 	if err != nil {
 		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
 	}
@@ -104,4 +129,58 @@ func bodyTokenIDs(obj jsonraw.Object, bufs *turnBufs) tokenIDs {
 	}
 	g, okG := capture.AppendTokenIDs(nil, gen)
 	return tokenIDs{prompt: p, generated: g, ok: okP && okG}
+}
+
+// errAnswerCharge fails a turn whose decode answer did not fit WithLimits'
+// ChargeAnswer: 503 (HTTPStatus), not redone.
+var errAnswerCharge = errors.New("kvroute: the decode answer does not fit the memory bound for answers held (WithLimits' ChargeAnswer); retry later")
+
+// answerCharge is what a Response charged to WithLimits' ChargeAnswer for
+// the answer it holds.
+type answerCharge struct {
+	fn  func(context.Context, int64) bool // nil: nothing is charged
+	ctx context.Context
+	n   int64 // charged, not given back
+}
+
+// take charges n more bytes, or reports that they do not fit.
+func (c *answerCharge) take(n int64) bool {
+	if c.fn == nil || n <= 0 {
+		return true
+	}
+	if !c.fn(c.ctx, n) {
+		return false
+	}
+	c.n += n
+	return true
+}
+
+// giveBack gives back everything charged, once.
+func (c *answerCharge) giveBack() {
+	if c.n > 0 {
+		n := c.n
+		c.n = 0
+		c.fn(c.ctx, -n)
+	}
+}
+
+// chargedReader charges the bytes it reads beyond the first free (the
+// answer's declared length, charged before) as they arrive.
+type chargedReader struct {
+	r    io.Reader
+	c    *answerCharge
+	free int64
+}
+
+func (cr *chargedReader) Read(p []byte) (int, error) {
+	n, err := cr.r.Read(p)
+	if over := int64(n) - cr.free; over > 0 {
+		cr.free = 0
+		if !cr.c.take(over) {
+			return 0, errAnswerCharge
+		}
+	} else {
+		cr.free -= int64(n)
+	}
+	return n, err
 }

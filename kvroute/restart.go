@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/plausible"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -286,15 +288,37 @@ func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Tim
 		if !found {
 			continue
 		}
-		f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
+		raw := string(bytes.TrimSpace(v))
+		f, err := strconv.ParseFloat(raw, 64)
 		if err != nil || f <= 0 || math.IsInf(f, 0) {
 			break
+		}
+		if why := plausible.Check(plausible.Start, f, r.clock()); why != "" {
+			// The last plausible start stands (none: as if the engine
+			// served no start time).
+			r.implausible(ep.url, []string{plausible.Reading(plausible.Start, raw, why)})
+			ep.life.mu.Lock()
+			last := ep.life.start
+			ep.life.mu.Unlock()
+			return last, !last.IsZero(), nil
 		}
 		sec, frac := math.Modf(f)
 		return time.Unix(int64(sec), int64(frac*1e9)), true, nil
 	}
 	r.noStartMetric(ep.url)
 	return time.Time{}, false, nil
+}
+
+// implausible counts a reading of the decode engine at url's /metrics with
+// values plausible.Check refused (each as plausible.Reading writes it),
+// ignored for the last good ones, and logs each metric once per endpoint.
+func (r *restarts) implausible(url string, readings []string) {
+	r.stats.implausibleMetrics.Add(1)
+	for _, v := range readings {
+		name, _, _ := strings.Cut(v, "=")
+		r.log.once(context.Background(), "implausible:"+name+":"+url, "kvroute: a decode engine's /metrics reports an implausible value; it is ignored and the last plausible one kept",
+			slog.String("endpoint", url), slog.String("value", v))
+	}
 }
 
 // noStartMetric logs once per endpoint that its /metrics has no

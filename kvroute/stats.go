@@ -119,6 +119,13 @@ type Stats struct {
 	// (its prefix cache may hold those blocks; see MissRenderMismatch).
 	AvoidedEngineTurns int64
 
+	// ImplausibleMetrics counts readings of a decode engine's /metrics
+	// (pressure and restart checks) with a value no real engine reports: a
+	// count that overflowed, a KV capacity below one block, a usage outside
+	// 0 to 1, a process start in the future. The value is ignored and the
+	// last plausible one kept; each metric is logged once per engine.
+	ImplausibleMetrics int64
+
 	// Decode memory (WithDecodeMemory; package doc, Decode memory).
 	// ReleasedSuperseded counts retained handles a turn took and did not
 	// attach, released through its own prefill leg (TurnRecord.Released):
@@ -149,6 +156,7 @@ type counters struct {
 	buffered                                                                             atomic.Int64
 	releasedSuperseded, releasedUnusable, releasedBudget                                 atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
+	implausibleMetrics                                                                   atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -191,6 +199,7 @@ func (c *counters) snapshot() Stats {
 		UncheckedPrefills:        c.uncheckedPrefills.Load(),
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 		BufferedStreams:          c.buffered.Load(),
+		ImplausibleMetrics:       c.implausibleMetrics.Load(),
 
 		ReleasedSuperseded: c.releasedSuperseded.Load(),
 		ReleasedUnusable:   c.releasedUnusable.Load(),

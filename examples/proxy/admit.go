@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,6 +17,7 @@ var (
 	errBodyBudget  = errors.New("proxy: request body bytes held at once reached --max-buffered-bytes")
 	errBodyTurns   = errors.New("proxy: completion requests served at once reached --max-concurrent-turns")
 	errBodyTimeout = errors.New("proxy: request body not received within --read-body-timeout")
+	errBodySlow    = errors.New("proxy: request body arrived below --min-body-rate while a new body needed its slot")
 )
 
 // admit serves a completion request through the admission (admission.go):
@@ -33,26 +35,29 @@ func (s *server) admit(next http.Handler) http.Handler {
 			return
 		}
 		cc := connFrom(r.Context())
-		var client clientKey
+		// The turn's body reader and writer, in one allocation.
+		st := &admitted{ctl: *http.NewResponseController(w)}
 		if cc != nil {
-			client = cc.client
+			st.tb.client = cc.client
 		}
-		if why, ok := s.adm.startBody(client); !ok {
+		st.tb.stop = func() { _ = st.ctl.SetReadDeadline(time.Unix(1, 0)) }
+		if why, ok := s.adm.startBody(&st.tb); !ok {
 			s.shed(w, r.URL.Path, why)
 			return
 		}
-		// The turn's body reader and writer, in one allocation.
-		st := &admitted{ctl: *http.NewResponseController(w)}
 		body := &st.body
-		*body = bodyReader{rc: r.Body, s: s, client: client, transit: true, limit: s.maxBodyBytes, ctl: &st.ctl}
+		*body = bodyReader{rc: r.Body, s: s, tb: &st.tb, transit: true, limit: s.maxBodyBytes, ctl: &st.ctl}
 		defer body.done()
 
 		tw := &st.tw
-		*tw = turnWriter{ResponseWriter: w, req: r, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
+		*tw = turnWriter{ResponseWriter: w, req: r, st: st, body: body, s: s, ctl: body.ctl, writeTimeout: s.writeTimeout, seq: -1}
 		if cc != nil && s.writeTimeout > 0 {
 			tw.acks = ackWatch{cc: cc, limit: s.writeTimeout}
 		}
 		// As with http.MaxBytesReader: the handler's body is the wrapper.
+		// The turn's state rides in its context, for the charge of its
+		// decode answer (admission.chargeAnswer).
+		r = r.WithContext(context.WithValue(r.Context(), admittedKey{}, st))
 		r.Body = body
 		next.ServeHTTP(tw, r)
 
@@ -63,7 +68,7 @@ func (s *server) admit(next http.Handler) http.Handler {
 		case tw.stalled:
 			s.metrics.stalled.Inc()
 		case body.err != nil && tw.wrote:
-			s.metrics.rejected.WithLabelValues(strconv.Itoa(tw.status), "body_error").Inc()
+			s.metrics.rejected.WithLabelValues(statusLabel(tw.status), "body_error").Inc()
 		case body.err != nil:
 			// The client went away before an answer: nothing to count.
 		case errors.Is(context.Cause(r.Context()), errCut):
@@ -88,20 +93,28 @@ func (s *server) shed(w http.ResponseWriter, path string, why shedReason) {
 
 // admitted is what admit keeps for one turn.
 type admitted struct {
+	tb   transitBody
 	body bodyReader
 	tw   turnWriter
 	ctl  http.ResponseController // of the connection's ResponseWriter
+	// answerShed: the turn's decode answer did not fit
+	// --max-buffered-bytes; the router's 503 becomes the proxy's.
+	answerShed atomic.Bool
 }
+
+// admittedKey is the request context key of the turn's *admitted.
+type admittedKey struct{}
 
 // bodyReader is a request's body on its way through the admission: it
 // charges bytes to the budget as they arrive, notes a body above the limit
 // (the router answers 413), maps an expired read deadline to
-// errBodyTimeout, and at the end of the body lifts the deadline, ends the
-// body's transit and takes a turn slot for the request.
+// errBodyTimeout (errBodySlow when the admission cut the body to admit
+// another), and at the end of the body ends the body's transit, lifts the
+// deadline and takes a turn slot for the request.
 type bodyReader struct {
 	rc       io.ReadCloser
 	s        *server
-	client   clientKey
+	tb       *transitBody
 	limit    int64
 	ctl      *http.ResponseController
 	n        int64
@@ -118,6 +131,9 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	}
 	n, err := b.rc.Read(p)
 	b.n += int64(n)
+	if b.transit {
+		b.tb.n.Store(b.n)
+	}
 	if b.n > b.limit {
 		b.tooLarge = true
 	}
@@ -130,6 +146,9 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	}
 	switch {
 	case err == io.EOF:
+		// The transit ends first: once it has, the admission never
+		// stops the body's reads, and the deadline lifted stays lifted.
+		b.endTransit()
 		_ = b.ctl.SetReadDeadline(time.Time{})
 		if !b.in() {
 			b.err = errBodyTurns
@@ -139,6 +158,9 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		var ne interface{ Timeout() bool }
 		if errors.As(err, &ne) && ne.Timeout() {
 			err = errBodyTimeout
+			if b.tb.gone.Load() {
+				err = errBodySlow
+			}
 		}
 		b.err = err
 	}
@@ -166,7 +188,7 @@ func (b *bodyReader) in() bool {
 func (b *bodyReader) endTransit() {
 	if b.transit {
 		b.transit = false
-		b.s.adm.endBody(b.client)
+		b.s.adm.endBody(b.tb)
 	}
 }
 
@@ -200,6 +222,7 @@ func (b *bodyReader) Close() error { return b.rc.Close() }
 type turnWriter struct {
 	http.ResponseWriter
 	req          *http.Request // the turn's request: its path picks the error shape
+	st           *admitted
 	body         *bodyReader
 	s            *server
 	ctl          *http.ResponseController // of the ResponseWriter
@@ -221,6 +244,11 @@ func (w *turnWriter) WriteHeader(code int) {
 	if w.wrote || w.replaced {
 		return
 	}
+	if w.st != nil && w.st.answerShed.Load() && code == http.StatusServiceUnavailable {
+		w.replaced = true
+		w.s.shed(w.ResponseWriter, w.req.URL.Path, shedAnswerBytes)
+		return
+	}
 	switch w.body.err {
 	case errBodyBudget:
 		w.replaced = true
@@ -235,6 +263,13 @@ func (w *turnWriter) WriteHeader(code int) {
 		w.ResponseWriter.Header().Set("Connection", "close")
 		w.s.reject(w.ResponseWriter, w.req, http.StatusRequestTimeout, "body_timeout",
 			"request body not received within "+w.s.readBodyTimeout.String())
+		return
+	case errBodySlow:
+		w.replaced = true
+		w.ResponseWriter.Header().Set("Connection", "close")
+		w.s.reject(w.ResponseWriter, w.req, http.StatusRequestTimeout, "body_too_slow",
+			"request body arrived below --min-body-rate ("+strconv.FormatInt(w.s.adm.lim.minBodyRate, 10)+
+				" bytes/s) while the proxy was full of bodies in transit; send it faster or retry later")
 		return
 	}
 	w.wrote = true

@@ -69,6 +69,13 @@ func (c *config) gaps(engines []engineFacts) []gap {
 		}
 	}
 	all := append(append([]engineFacts(nil), prefill...), decode...)
+	for _, e := range all {
+		if len(e.rep.Implausible) > 0 {
+			add(gapWarn, "check the engine's metrics exporter and its host's clock",
+				"%s engine %s: its /metrics reports values no real engine does (%s): they are ignored, and its last plausible ones kept",
+				e.role, e.url, strings.Join(e.rep.Implausible, ", "))
+		}
+	}
 
 	// What no turn can do without.
 	for _, e := range all {

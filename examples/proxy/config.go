@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -62,6 +63,10 @@ type config struct {
 	maxConns          int
 	maxTransit        int
 	maxClientTransit  int
+	minBodyRate       int64 // --min-body-rate, bytes per second
+	// chargeAnswer is charged the decode answers the router holds: the
+	// admission's (run sets it; nil elsewhere).
+	chargeAnswer      func(context.Context, int64) bool
 	idleConnTimeout   time.Duration
 	readBodyTimeout   time.Duration
 	writeTimeout      time.Duration
@@ -93,6 +98,7 @@ const (
 	defaultMaxConns         = 4096
 	defaultMaxTransit       = 512
 	defaultMaxClientTransit = 32
+	defaultMinBodyRate      = 16 << 10
 	defaultIdleConnTimeout  = 120 * time.Second
 	defaultReadBodyTimeout  = 60 * time.Second
 	defaultWriteTimeout     = 60 * time.Second
@@ -267,6 +273,8 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.IntVar(&c.maxConns, "max-connections", defaultMaxConns, "client connections open at once; above it the connection waiting longest for a request (1s or more) is closed, else the new one gets 503 and is closed")
 	fs.IntVar(&c.maxTransit, "max-bodies-in-transit", defaultMaxTransit, "completion request bodies being received at once; more are shed with 503 and Retry-After (a body in transit holds no turn slot)")
 	fs.IntVar(&c.maxClientTransit, "max-client-bodies-in-transit", defaultMaxClientTransit, "completion request bodies being received at once from one client address (IPv6: its /64); more are shed with 503 and Retry-After (0: no bound per address, for a proxy behind a load balancer)")
+	c.minBodyRate = defaultMinBodyRate
+	fs.Var(byteSize{&c.minBodyRate}, "min-body-rate", "bytes per second a request body must average, from its headers on, to keep its slot when the bodies in transit reach a bound: a new body then takes the slot of the slowest one below it that has been in transit at least 1s, which is answered 408 (0: none; a new body is shed with 503 instead)")
 	fs.DurationVar(&c.idleConnTimeout, "idle-conn-timeout", defaultIdleConnTimeout, "how long a client's keep-alive connection may sit idle between requests")
 	fs.DurationVar(&c.readBodyTimeout, "read-body-timeout", defaultReadBodyTimeout, "bound on reading a request body, from the end of its headers (408 after it); streams are not limited by it")
 	fs.DurationVar(&c.writeTimeout, "client-write-timeout", defaultWriteTimeout, "bound on each write of a completion response to the client (one stream event, or a body): a client that stops reading is cut after it, and its turn freed (0: none)")
@@ -436,6 +444,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --max-bodies-in-transit must be positive", errUsage)
 	case c.maxClientTransit < 0 || c.maxClientTransit > c.maxTransit:
 		return fmt.Errorf("%w: --max-client-bodies-in-transit %d: use 0 (no bound per client) up to --max-bodies-in-transit %d", errUsage, c.maxClientTransit, c.maxTransit)
+	case c.minBodyRate < 0:
+		return fmt.Errorf("%w: --min-body-rate must not be negative", errUsage)
 	case c.maxBodyBytes <= 0:
 		return fmt.Errorf("%w: --max-body-bytes must be positive", errUsage)
 	case c.maxObjectMembers <= 0:
@@ -460,8 +470,6 @@ func none[T int | time.Duration](v T) T {
 	return v
 }
 
-// routerOptions maps the configuration onto kvroute options. The store is
-// added by the caller.
 // decodeMemory is the router's DecodeMemory: decode-local turns, buffered
 // streams and the memory management's flags.
 func (c *config) decodeMemory() kvroute.DecodeMemory {
@@ -470,6 +478,8 @@ func (c *config) decodeMemory() kvroute.DecodeMemory {
 	return m
 }
 
+// routerOptions maps the configuration onto kvroute options. The store is
+// added by the caller.
 func (c *config) routerOptions() []kvroute.Option {
 	// A flag's 0 means none (a timeout, the restart reads, partial
 	// reads), where the grouped options take a negative value.
@@ -480,7 +490,7 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithThreshold(c.recomputeThresh),
 		kvroute.WithReuse(c.reuse),
 		kvroute.WithFailover(kvroute.Failover{LocalPrefill: c.localFallback}),
-		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers}),
+		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers, ChargeAnswer: c.chargeAnswer}),
 		kvroute.WithTimeouts(kvroute.Timeouts{Prefill: none(c.prefillTimeout), FirstByte: none(c.firstByteTimeout),
 			Idle: none(c.idleTimeout), Render: c.renderTimeout, Buffered: none(c.bufferedTimeout)}),
 		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/transport"
@@ -236,7 +239,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 	for _, g := range groupEngines(d.engines) {
 		fmt.Fprintln(w)
 		for _, e := range g {
-			fmt.Fprintf(w, "%s %s\n", e.role, e.url)
+			fmt.Fprintf(w, "%s %s\n", e.role, printable(e.url))
 		}
 		rep := g[0].rep
 		if rep == nil || !rep.Reachable {
@@ -244,14 +247,14 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 			if rep != nil {
 				reason = rep.Summary()
 			}
-			fmt.Fprintf(w, "  %s\n", reason)
+			fmt.Fprintf(w, "  %s\n", printable(reason))
 			continue
 		}
 		head, _, _ := strings.Cut(rep.Summary(), "; works:")
-		fmt.Fprintf(w, "  %s\n", head)
+		fmt.Fprintf(w, "  %s\n", printable(head))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, n := range capability.Fold(rep.Facts()) {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", n.Name, mark(n.Fact.State), n.Fact.Why)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", n.Name, mark(n.Fact.State), printable(n.Fact.Why))
 		}
 		_ = tw.Flush()
 	}
@@ -268,7 +271,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 		if v.buffered && v.streams != capability.Present {
 			streams += " (buffered)"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.api, verify, mark(v.handles), streams, mark(v.reuse), mark(v.streamed), v.why)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.api, verify, mark(v.handles), streams, mark(v.reuse), mark(v.streamed), printable(v.why))
 	}
 	_ = tw.Flush()
 
@@ -282,7 +285,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 				mode = "stream"
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d/%d\t%s\t%s\t%s\n", r.api, mode, r.turns, r.hits, r.equal, r.reused,
-				ms(r.ttftOff), ms(r.ttftOn), r.note)
+				ms(r.ttftOff), ms(r.ttftOn), printable(r.note))
 		}
 		_ = tw.Flush()
 	}
@@ -290,13 +293,47 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 	if len(d.gaps) > 0 {
 		fmt.Fprintf(w, "\ngaps and fixes\n")
 		for _, g := range d.gaps {
-			fmt.Fprintf(w, "  %s: %s\n", g.severity, g.what)
+			fmt.Fprintf(w, "  %s: %s\n", g.severity, printable(g.what))
 			if g.fix != "" {
-				fmt.Fprintf(w, "    fix: %s\n", g.fix)
+				fmt.Fprintf(w, "    fix: %s\n", printable(g.fix))
 			}
 		}
 	}
-	fmt.Fprintf(w, "\n%s\n", d.verdict)
+	fmt.Fprintf(w, "\n%s\n", printable(d.verdict))
+}
+
+// printable is a string the doctor prints that may hold an engine's words
+// (its version, model, error messages, URLs): every control or format
+// character (a terminal escape, a carriage return, a line break, a
+// bidirectional override) and every invalid byte written as Go escapes it
+// (\x1b, \r, \n, \u202e), so that an engine cannot rewrite the terminal or
+// forge report lines. Every such string goes through it.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i, w := 0, 0; i < len(s); i += w {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		w = n
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // plural writes "1 prefill engine", "2 prefill engines".

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -280,4 +283,27 @@ func TestContentModePerAPI(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"chat body": 2, "chat stream": 2, "completions body": 0, "completions stream": 0,
 		"responses body": 0, "responses stream": 0, "messages body": 0, "messages stream": 0}, got, raw)
+}
+
+// The doctor prints engines' words escaped: an engine whose version holds
+// a terminal escape, a carriage return and a bidirectional override, and
+// whose model name holds a line break and an invalid byte, cannot rewrite
+// the terminal nor forge a line of the report.
+func TestDoctorEscapesEngineStrings(t *testing.T) {
+	reg := kvroutetest.NewRegistry()
+	version := "0.9.0\x1b[2J\rok\u202e"
+	p := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithVersion(version))
+	d := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithVersion(version), kvroutetest.WithModel("sim\nreuse works on every API\xff"))
+	stdout := &syncBuffer{}
+	_ = run(context.Background(), []string{"doctor", "--prefill", p.URL(), "--decode", d.URL()}, noEnv, stdout, io.Discard)
+	out := stdout.String()
+	for _, r := range out {
+		if r != '\n' && r != '\t' {
+			require.False(t, unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError, "the report holds %q", r)
+		}
+	}
+	assert.True(t, strings.Contains(out, `vLLM 0.9.0\x1b[2J\rok\u202e`), "the version, escaped")
+	// The invalid byte reaches the report as JSON decoding leaves it: U+FFFD.
+	assert.True(t, strings.Contains(out, `model sim\nreuse works on every API\ufffd`), "the model, escaped")
+	assert.False(t, strings.Contains(out, "\nreuse works on every API"), "a line forged by the model's name")
 }

@@ -42,7 +42,7 @@ var helpGroups = []struct {
 	{"Decode memory", []string{"decode-memory-budget", "decode-memory-headroom", "decode-kv-capacity", "decode-high-watermark",
 		"decode-metrics-interval", "decode-memory-releases"}},
 	{"Limits", []string{"max-body-bytes", "max-buffered-bytes", "max-object-members", "max-header-bytes",
-		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit"}},
+		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit", "min-body-rate"}},
 	{"Timeouts", []string{"prefill-timeout", "first-byte-timeout", "idle-timeout", "buffered-timeout", "read-header-timeout",
 		"read-body-timeout", "client-write-timeout", "idle-conn-timeout", "shutdown-grace"}},
 	{"Observability", []string{"log-level", "log-format", "metrics-require-key", "debug-addr", "debug-allow-remote"}},

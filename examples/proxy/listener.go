@@ -39,16 +39,42 @@ type clientConn struct {
 		errno syscall.Errno
 	}
 	closed atomic.Bool
+	// heads scans what the connection reads for a head with both
+	// Content-Length and Transfer-Encoding (framing.go); Reads are never
+	// concurrent. amb is its finding.
+	heads headerScan
+	amb   atomic.Bool
+
+	// lastWrite is when the last write to it was made, from the
+	// admission's epoch (0: none yet).
+	lastWrite atomic.Int64
 
 	// Guarded by adm.mu.
 	admitted bool          // charged to the admission
 	elem     *list.Element // in adm.waiting while waiting for a request
-	since    time.Time     // when it started waiting
+	accepted time.Time     // when it was accepted
+	since    time.Time     // when it started waiting: accepted, or its last write
 }
+
+func (c *clientConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.heads.ambiguous {
+		c.heads.scan(p[:n])
+		if c.heads.ambiguous {
+			c.amb.Store(true)
+		}
+	}
+	return n, err
+}
+
+// ambiguous reports whether the connection read a head with both
+// Content-Length and Transfer-Encoding.
+func (c *clientConn) ambiguous() bool { return c.amb.Load() }
 
 func (c *clientConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.written.Add(int64(n))
+	c.adm.wrote(c)
 	return n, err
 }
 

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,7 +101,7 @@ func newMetrics() *metrics {
 			Help: "Observed TTFT over the cost model's estimate of the engines' part (--decode-local), by chosen path; above 1 includes render and the router's own work.", Buckets: []float64{0.25, 0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}},
 			[]string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_requests_total",
-			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, overloaded_turns, overloaded_bytes, overloaded_bodies, overloaded_client_bodies, closed."},
+			Help: "Requests answered with an error before a turn reached lookup (not counted as turns), by status and reason: bad_request, too_large, unauthorized, not_found, method_not_allowed, http_version, headers_too_large, body_timeout, body_too_slow, ambiguous_length, overloaded_turns, overloaded_bytes, overloaded_answer_bytes, overloaded_bodies, overloaded_client_bodies, closed."},
 			[]string{"status", "reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_turns",
 			Help: "Completion requests being served now (bodies in transit excluded; bounded by --max-concurrent-turns)."}),
@@ -168,6 +167,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.DecodeRestarts }),
 		stat("restart_checks_unavailable_total", "Reads of a decode engine's /metrics without process_start_time_seconds.",
 			func(s kvroute.Stats) int64 { return s.RestartChecksUnavailable }),
+		stat("implausible_engine_metrics_total", "Readings of a decode engine's /metrics (pressure, restart checks) with a value no real engine reports (an overflowed count, a capacity below one block, a usage outside 0 to 1, a process start in the future): ignored, the last plausible value kept; logged once per engine and metric.",
+			func(s kvroute.Stats) int64 { return s.ImplausibleMetrics }),
 		stat("render_breaks_total", "Openings of a prefill engine's render circuit breaker (consecutive failures, or a call that ran out of --render-timeout).",
 			func(s kvroute.Stats) int64 { return s.RenderBreaks }),
 		stat("render_skipped_total", "Turns that went on without a render because every prefill engine's renderer was behind an open breaker or distrusted.",
@@ -239,8 +240,12 @@ func (m *metrics) watchAdmission(a *admission) {
 			func() float64 { return get(a.held()) })
 	}
 	m.reg.MustRegister(
-		gauge("buffered_request_bytes", "Request body bytes held by the requests being received or served, charged as they arrive (bounded by --max-buffered-bytes).",
+		gauge("buffered_request_bytes", "Bytes held by the requests being received or served, charged as they arrive: request bodies and the decode answers held whole (non-streaming answers, buffered streams); bounded by --max-buffered-bytes.",
 			func(h held) float64 { return float64(h.bytes) }),
+		gauge("buffered_answer_bytes", "Of buffered_request_bytes, the decode answers held whole (non-streaming answers, buffered streams) until they are written.",
+			func(h held) float64 { return float64(h.answers) }),
+		gauge("buffered_bytes_high_water", "The most bytes buffered_request_bytes held at once since the proxy started (at most --max-buffered-bytes).",
+			func(h held) float64 { return float64(h.peak) }),
 		gauge("client_connections", "Client connections open (bounded by --max-connections).",
 			func(h held) float64 { return float64(h.conns) }),
 		gauge("idle_client_connections", "Client connections waiting for a request: connected or idle between requests.",
@@ -251,6 +256,8 @@ func (m *metrics) watchAdmission(a *admission) {
 			func(h held) float64 { return float64(h.evicted) }),
 		counter("refused_connections_total", "Connections refused at --max-connections with 503 (no connection had waited long enough to be closed instead).",
 			func(h held) float64 { return float64(h.refused) }),
+		counter("slow_bodies_cut_total", "Request bodies in transit cut (answered 408) to give their slot to a new body at --max-bodies-in-transit or --max-client-bodies-in-transit: each the slowest below --min-body-rate.",
+			func(h held) float64 { return float64(h.cut) }),
 	)
 }
 
@@ -285,19 +292,20 @@ func rejectReason(err error) string {
 // observe records one finished turn.
 func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	if rejectedBeforeLookup(rec) {
-		m.rejected.WithLabelValues(strconv.Itoa(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
+		m.rejected.WithLabelValues(statusLabel(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
 		return
 	}
-	reuse := string(rec.Reuse)
-	if reuse == "" {
+	reuse := labelShape(string(rec.Reuse))
+	if rec.Reuse == "" {
 		reuse = "none"
 	}
 	result := "ok"
 	if rec.Err != nil {
 		result = "error"
-		m.errors.WithLabelValues(string(rec.ErrPhase)).Inc()
+		m.errors.WithLabelValues(labelShape(string(rec.ErrPhase))).Inc()
 	}
-	m.turns.WithLabelValues(rec.Path, reuse, result).Inc()
+	path := pathLabel(rec.Path)
+	m.turns.WithLabelValues(path, reuse, result).Inc()
 	switch rec.Reuse {
 	case kvroute.ReuseHit:
 		m.lookedUp.mu.Lock()
@@ -315,21 +323,21 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.lookedUp.mu.Lock()
 		m.lookedUp.miss++
 		m.lookedUp.mu.Unlock()
-		m.misses.WithLabelValues(string(rec.MissReason)).Inc()
+		m.misses.WithLabelValues(labelShape(string(rec.MissReason))).Inc()
 	}
 	if rec.Stored {
 		m.stored.Inc()
 	} else if rec.StoreRefusal != "" {
-		m.refusals.WithLabelValues(string(rec.StoreRefusal)).Inc()
+		m.refusals.WithLabelValues(refusalLabel(rec.StoreRefusal)).Inc()
 	}
 	if rec.LocalFallback {
 		m.fallbacks.Inc()
 	}
 	if rec.Missing != "" {
-		m.missing.WithLabelValues(rec.Missing, rec.Path).Inc()
+		m.missing.WithLabelValues(labelShape(rec.Missing), path).Inc()
 	}
 	if rec.Buffered {
-		m.buffered.WithLabelValues(rec.Path).Inc()
+		m.buffered.WithLabelValues(path).Inc()
 	}
 	m.bytes.Add(float64(rec.Bytes))
 	if rec.Prefill > 0 {
@@ -341,7 +349,7 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 	if rec.Err == nil && rec.TTFT > 0 {
 		m.ttft.WithLabelValues(reuse).Observe(rec.TTFT.Seconds())
 		if rec.EstimatedTTFT > 0 {
-			m.estimate.WithLabelValues(string(rec.Choice)).Observe(float64(rec.TTFT) / float64(rec.EstimatedTTFT))
+			m.estimate.WithLabelValues(labelShape(string(rec.Choice))).Observe(float64(rec.TTFT) / float64(rec.EstimatedTTFT))
 		}
 	}
 	m.duration.WithLabelValues(reuse).Observe(rec.Total.Seconds())
@@ -357,6 +365,8 @@ var (
 		"The engine's KV block size in tokens (vllm:cache_config_info block_size); compare with --block-size.", []string{"role", "endpoint"}, nil)
 	engineKVDesc = prometheus.NewDesc(namespace+"_engine_kv_capacity_tokens",
 		"The engine's KV capacity in tokens per data-parallel rank (vllm:cache_config_info).", []string{"role", "endpoint"}, nil)
+	engineImplausibleDesc = prometheus.NewDesc(namespace+"_engine_implausible_metrics",
+		"Values of the engine's /metrics at the last capability probe that no real engine reports, ignored (GET /ready and bidikv-proxy doctor list them).", []string{"role", "endpoint"}, nil)
 )
 
 // capabilityCollector exports the engines' last capability reports at
@@ -372,6 +382,7 @@ func (c capabilityCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- engineInfoDesc
 	ch <- engineBlockDesc
 	ch <- engineKVDesc
+	ch <- engineImplausibleDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -390,7 +401,8 @@ func (c capabilityCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(capabilityDesc, prometheus.GaugeValue, v, e.role, e.url, n.Name)
 		}
-		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, e.rep.VLLMVersion, e.rep.Model)
+		ch <- prometheus.MustNewConstMetric(engineInfoDesc, prometheus.GaugeValue, 1, e.role, e.url, infoLabel(e.rep.VLLMVersion), infoLabel(e.rep.Model))
+		ch <- prometheus.MustNewConstMetric(engineImplausibleDesc, prometheus.GaugeValue, float64(len(e.rep.Implausible)), e.role, e.url)
 		if e.rep.BlockSize > 0 {
 			ch <- prometheus.MustNewConstMetric(engineBlockDesc, prometheus.GaugeValue, float64(e.rep.BlockSize), e.role, e.url)
 			ch <- prometheus.MustNewConstMetric(engineKVDesc, prometheus.GaugeValue, float64(e.rep.KVCacheTokens), e.role, e.url)

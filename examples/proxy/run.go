@@ -58,6 +58,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	m := newMetrics()
 	m.watchStore(store)
+	adm := newAdmission(limits{conns: cfg.maxConns, transit: cfg.maxTransit, clientTransit: cfg.maxClientTransit,
+		turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes, minBodyRate: cfg.minBodyRate}, nil)
+	cfg.chargeAnswer = adm.chargeAnswer
 	obs := kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) {
 		m.observe(rec)
 		logTurn(ctx, log, rec)
@@ -91,9 +94,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
 		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
 		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
-		adm: newAdmission(limits{conns: cfg.maxConns, transit: cfg.maxTransit, clientTransit: cfg.maxClientTransit,
-			turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes}, nil),
-		open: newOpenTurns(),
+		adm: adm, open: newOpenTurns(),
 	}
 	m.watchAdmission(s.adm)
 	for _, k := range cfg.apiKeys {

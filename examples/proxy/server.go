@@ -76,6 +76,9 @@ func (s *server) routes() http.Handler {
 			// A turn lifts it once its body is in.
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.readBodyTimeout))
 		}
+		if s.ambiguousLength(w, r) {
+			return
+		}
 		rt, ok := table[r.URL.Path]
 		switch {
 		case r.ProtoMajor != 1 || r.Method == "PRI":

@@ -3,6 +3,9 @@ package capability
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/plausible"
 )
 
 // FuzzMetrics feeds /metrics pages built around a label value nobody
@@ -21,18 +24,25 @@ func FuzzMetrics(f *testing.F) {
 		esc := strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`).Replace(value)
 		page := before + "\n" + `vllm:cache_config_info{block_size="` + itoa(block) + `",model_name="` + esc +
 			`",enable_prefix_caching="True",engine="0"} 1.0` + "\n"
-		m := parseMetrics(strings.NewReader(page))
+		m := parseMetrics(strings.NewReader(page), time.Now())
 		if strings.Contains(before, "vllm:cache_config_info{") || len(before) >= maxMetricsLine {
 			return // the page's own lines may hold another sample, or be skipped
 		}
-		if !m.cacheInfo || m.blockSize != block || m.prefixCaching != "True" || m.ranks != 1 {
+		switch {
+		case block < 1 || block > plausible.MaxBlockSize:
+			// An implausible block size: the sample's configuration is
+			// not taken, and the value is noted.
+			if m.cacheInfo || len(m.implausible) != 1 || m.ranks != 1 {
+				t.Fatalf("page %q: %+v", page, m)
+			}
+		case !m.cacheInfo || m.blockSize != block || m.prefixCaching != "True" || m.ranks != 1:
 			t.Fatalf("page %q: %+v", page, m)
 		}
 		labels, ok := parseLabels(`{model_name="` + esc + `"} 1`)
 		if !ok || labels["model_name"] != value {
 			t.Fatalf("label %q read as %q (%v)", value, labels["model_name"], ok)
 		}
-		_ = parseMetrics(strings.NewReader(before + value)) // anything at all: no panic
+		_ = parseMetrics(strings.NewReader(before+value), time.Now()) // anything at all: no panic
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute/internal/plausible"
 )
 
 // metricsFacts is what GET /metrics tells.
@@ -20,6 +22,10 @@ type metricsFacts struct {
 	numGPUBlocks  int
 	kvTokens      int64
 	ranks         int // vllm:cache_config_info samples (one per data-parallel rank)
+	// implausible lists the values plausible.Check refused, as
+	// plausible.Reading writes them; the facts they would set are left
+	// unset.
+	implausible []string
 }
 
 // maxMetricsLine bounds one line of /metrics (an info gauge with every
@@ -27,8 +33,9 @@ type metricsFacts struct {
 const maxMetricsLine = 64 << 10
 
 // parseMetrics reads Prometheus' text format for process_start_time_seconds
-// and vllm:cache_config_info. Lines it cannot read are skipped.
-func parseMetrics(r io.Reader) metricsFacts {
+// and vllm:cache_config_info, read at now. Lines it cannot read are
+// skipped; an implausible value is noted and not taken.
+func parseMetrics(r io.Reader, now time.Time) metricsFacts {
 	var m metricsFacts
 	br := bufio.NewReaderSize(r, maxMetricsLine)
 	for {
@@ -43,7 +50,7 @@ func parseMetrics(r io.Reader) metricsFacts {
 			}
 			continue
 		}
-		m.line(strings.TrimRight(string(raw), "\r\n"))
+		m.line(strings.TrimRight(string(raw), "\r\n"), now)
 		if err != nil {
 			return m
 		}
@@ -51,11 +58,11 @@ func parseMetrics(r io.Reader) metricsFacts {
 }
 
 // line reads one line of the text format.
-func (m *metricsFacts) line(line string) {
+func (m *metricsFacts) line(line string, now time.Time) {
 	switch {
 	case strings.HasPrefix(line, "process_start_time_seconds "):
-		if v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, "process_start_time_seconds ")), 64); err == nil &&
-			v > 0 && v < 1e11 {
+		raw := strings.TrimSpace(strings.TrimPrefix(line, "process_start_time_seconds "))
+		if v, err := strconv.ParseFloat(raw, 64); err == nil && v > 0 && m.plausible(plausible.Start, raw, v, now) {
 			sec, frac := math.Modf(v)
 			m.start = time.Unix(int64(sec), int64(frac*1e9)).UTC()
 		}
@@ -68,13 +75,39 @@ func (m *metricsFacts) line(line string) {
 		if m.cacheInfo {
 			return
 		}
+		var bs, blocks, tokens int64
+		for _, l := range []struct {
+			key    string
+			metric plausible.Metric
+			v      *int64
+		}{{"block_size", plausible.BlockSize, &bs}, {"num_gpu_blocks", plausible.GPUBlocks, &blocks}, {"kv_cache_size_tokens", plausible.KVTokens, &tokens}} {
+			raw, has := labels[l.key]
+			if !has || raw == "" {
+				continue
+			}
+			v, err := strconv.ParseInt(raw, 10, 64)
+			if err != nil {
+				v = math.MaxInt64 // out of range, or not a number
+			}
+			if !m.plausible(l.metric, raw, float64(v), now) {
+				return // this rank's configuration is not taken
+			}
+			*l.v = v
+		}
 		m.cacheInfo = true
 		m.prefixCaching = labels["enable_prefix_caching"]
-		m.blockSize, _ = strconv.Atoi(labels["block_size"])
-		m.numGPUBlocks, _ = strconv.Atoi(labels["num_gpu_blocks"])
-		m.kvTokens, _ = strconv.ParseInt(labels["kv_cache_size_tokens"], 10, 64)
-		m.blockSize, m.numGPUBlocks, m.kvTokens = max(m.blockSize, 0), max(m.numGPUBlocks, 0), max(m.kvTokens, 0)
+		m.blockSize, m.numGPUBlocks, m.kvTokens = int(bs), int(blocks), tokens
 	}
+}
+
+// plausible reports whether v, written raw, is a plausible value of
+// metric, and notes it when it is not.
+func (m *metricsFacts) plausible(metric plausible.Metric, raw string, v float64, now time.Time) bool {
+	if why := plausible.Check(metric, v, now); why != "" {
+		m.implausible = append(m.implausible, plausible.Reading(metric, raw, why))
+		return false
+	}
+	return true
 }
 
 // parseLabels reads `{a="x",b="y\"z"} value` into a map; ok is false for a

@@ -374,14 +374,26 @@ func (r *Report) readMetrics(a answer) {
 		r.PrefixCaching = unknown(r.Metrics.Why)
 		return
 	}
-	m := parseMetrics(bytes.NewReader(a.body))
-	r.ProcessStart = m.start
+	m := parseMetrics(bytes.NewReader(a.body), r.ProbedAt)
+	r.Implausible = m.implausible
+	if !m.start.IsZero() || len(m.implausible) == 0 {
+		r.ProcessStart = m.start // else the last plausible one (Refresh) stays
+	}
+	note := ""
+	if len(m.implausible) > 0 {
+		note = " (implausible values ignored: " + strings.Join(m.implausible, ", ") + ")"
+	}
 	if !m.cacheInfo {
-		r.Metrics = absent(a.what+": no vllm:cache_config_info", "")
+		if r.BlockSize > 0 && len(m.implausible) > 0 {
+			// Refresh: the configuration read before stands.
+			r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
+			return
+		}
+		r.Metrics = absent(a.what+": no vllm:cache_config_info"+note, "")
 		r.PrefixCaching = unknown(r.Metrics.Why)
 		return
 	}
-	r.Metrics = present(a.what + ": vllm:cache_config_info")
+	r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
 	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = m.blockSize, m.numGPUBlocks, m.kvTokens, m.ranks
 	if r.KVCacheTokens == 0 && r.BlockSize > 0 && r.NumGPUBlocks > 1 {
 		r.KVCacheTokens = int64(r.NumGPUBlocks-1) * int64(r.BlockSize) // num_gpu_blocks counts the null block

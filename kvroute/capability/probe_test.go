@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -423,4 +426,56 @@ func TestRefresh(t *testing.T) {
 	gone, full := capability.Refresh(ctx, tr, ep, again)
 	assert.True(t, full)
 	assert.False(t, gone.Reachable)
+}
+
+// TestImplausibleMetrics: values of /metrics no real engine reports (a
+// block count whose capacity overflows, a process start a day ahead) are
+// not taken: a first probe leaves them unknown, a refresh keeps the last
+// plausible ones (and sees no restart), and the report lists them.
+func TestImplausibleMetrics(t *testing.T) {
+	e := kvroutetest.NewEngine(t)
+	u, err := url.Parse(e.URL())
+	require.NoError(t, err)
+	var hostile atomic.Bool
+	rp := httputil.NewSingleHostReverseProxy(u)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" || !hostile.Load() {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		fmt.Fprintf(w, "process_start_time_seconds %d\n", time.Now().Add(24*time.Hour).Unix())
+		fmt.Fprintln(w, `vllm:cache_config_info{block_size="8",enable_prefix_caching="True",engine="0",num_gpu_blocks="2305843009213693954"} 1.0`)
+	}))
+	t.Cleanup(front.Close)
+	ep, err := transport.ParseEndpoint(front.URL)
+	require.NoError(t, err)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	ctx := context.Background()
+
+	good, full := capability.Refresh(ctx, tr, ep, nil)
+	require.True(t, full)
+	require.Equal(t, 16, good.BlockSize)
+	require.Empty(t, good.Implausible)
+
+	hostile.Store(true)
+	next, full := capability.Refresh(ctx, tr, ep, good)
+	assert.False(t, full, "no restart seen in an implausible start")
+	assert.Equal(t, good.ProcessStart, next.ProcessStart)
+	assert.Equal(t, good.BlockSize, next.BlockSize)
+	assert.Equal(t, good.KVCacheTokens, next.KVCacheTokens)
+	assert.True(t, next.Metrics.Is(P), next.Metrics.Why)
+	require.Len(t, next.Implausible, 2)
+	assert.Contains(t, next.Implausible[0], `process_start_time_seconds="`)
+	assert.Contains(t, next.Implausible[0], "in the future")
+	assert.Equal(t, `num_gpu_blocks="2305843009213693954" (above 2147483647)`, next.Implausible[1])
+	assert.Contains(t, next.Metrics.Why, "implausible values ignored")
+	assert.Contains(t, next.Summary(), "; implausible /metrics values ignored: ")
+
+	first := probe(t, front.URL)
+	assert.Zero(t, first.BlockSize)
+	assert.Zero(t, first.KVCacheTokens)
+	assert.True(t, first.ProcessStart.IsZero())
+	assert.Len(t, first.Implausible, 2)
+	assert.True(t, first.Metrics.Is(A), first.Metrics.Why)
 }

@@ -60,6 +60,12 @@ type Report struct {
 	DataParallel int `json:"data_parallel_ranks,omitempty"`
 	// ProcessStart is process_start_time_seconds: a restart changes it.
 	ProcessStart time.Time `json:"process_start,omitzero"`
+	// Implausible lists the values of /metrics no real engine reports (a
+	// count that overflowed, a capacity below one block, a process start in
+	// the future), as `name="value" (why)`: they were ignored, and the
+	// facts they would have set keep their last plausible values (unknown
+	// on a first probe).
+	Implausible []string `json:"implausible_metrics,omitempty"`
 }
 
 // Capability names, as Facts and Learn use them (and metrics label them).
@@ -223,6 +229,9 @@ func (r *Report) Summary() string {
 	}
 	if len(unk) > 0 {
 		b.WriteString("; unknown: " + strings.Join(unk, " "))
+	}
+	if len(r.Implausible) > 0 {
+		b.WriteString("; implausible /metrics values ignored: " + strings.Join(r.Implausible, ", "))
 	}
 	return b.String()
 }

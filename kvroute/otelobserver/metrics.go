@@ -3,6 +3,7 @@ package otelobserver
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -54,7 +55,7 @@ type turnAttrs struct {
 }
 
 // maxCachedSets bounds turnSets; the keys are few (routes, outcomes, miss
-// reasons and phases are constants), but Path is the caller's.
+// reasons and phases are constants).
 const maxCachedSets = 1024
 
 // turnSets caches turnAttrs by turnKey.
@@ -127,7 +128,7 @@ func (m *instruments) init(meter metric.Meter) error {
 func (o *Observer) ObserveTurn(rec *kvroute.TurnRecord) {
 	ctx := context.Background()
 	m := &o.m
-	k := turnKey{path: rec.Path, reuse: rec.Reuse, miss: rec.MissReason}
+	k := turnKey{path: routeOf(rec.Path), reuse: rec.Reuse, miss: rec.MissReason}
 	if rec.Err != nil {
 		k.phase = rec.ErrPhase
 	}
@@ -154,6 +155,26 @@ func (o *Observer) ObserveTurn(rec *kvroute.TurnRecord) {
 		m.reuseTokens.Record(ctx, int64(rec.ReusableTokens), a.route)
 	}
 	m.respBytes.Record(ctx, rec.Bytes, reuse)
+}
+
+// routes are the paths of kvroute's APIs.
+var routes = func() []string {
+	var out []string
+	for _, a := range kvroute.APIs() {
+		out = append(out, a.Path)
+	}
+	return out
+}()
+
+// routeOf is the http.route of a turn whose request path is path: path
+// when it is one of kvroute's APIs, else "other". The path is the
+// client's (ServeHTTP serves whatever path it is mounted on), so that it
+// cannot grow the metrics' attribute sets without bound.
+func routeOf(path string) string {
+	if slices.Contains(routes, path) {
+		return path
+	}
+	return "other"
 }
 
 // ObserveEndpoint counts endpoint events by phase and kind. It implements

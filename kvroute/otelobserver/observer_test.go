@@ -389,3 +389,30 @@ func TestNewErrors(t *testing.T) {
 		assert.Contains(t, err.Error(), name)
 	}
 }
+
+// A turn's http.route is the path of one of kvroute's APIs, or "other":
+// paths clients choose add no attribute set.
+func TestRouteBounded(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	o, err := otelobserver.New(otelobserver.WithMeterProvider(mp))
+	require.NoError(t, err)
+	for i := range 100 {
+		o.ObserveTurn(&kvroute.TurnRecord{Path: "/v1/chat/completions/" + strconv.Itoa(i), Reuse: kvroute.ReuseMiss})
+	}
+	o.ObserveTurn(&kvroute.TurnRecord{Path: kvroute.PathMessages, Reuse: kvroute.ReuseMiss})
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	routes := map[string]int64{}
+	for _, mm := range rm.ScopeMetrics[0].Metrics {
+		if mm.Name != otelobserver.MetricTurns {
+			continue
+		}
+		for _, dp := range mm.Data.(metricdata.Sum[int64]).DataPoints {
+			r, _ := dp.Attributes.Value(otelobserver.AttrRoute)
+			routes[r.AsString()] += dp.Value
+		}
+	}
+	assert.Equal(t, map[string]int64{"other": 100, kvroute.PathMessages: 1}, routes)
+}
