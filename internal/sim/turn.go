@@ -83,11 +83,11 @@ func roleOf(p *Params) string {
 
 // GenParams returns the generation parameters an engine with configuration
 // c uses for choice sample of req.
-// Generation stops at max_model_len (NumBlocks × BlockSize) with finish
-// "length", as vLLM's check_stop does.
+// Generation stops at max_model_len (MaxModelLen, else NumBlocks ×
+// BlockSize) with finish "length", as vLLM's check_stop does.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
 	maxTokens := r.MaxTokens
-	if room := c.NumBlocks*c.BlockSize - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
+	if room := c.maxModelLen() - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
 		maxTokens = max(room, 1)
 	}
 	return GenParams{MaxTokens: maxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
