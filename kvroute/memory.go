@@ -181,7 +181,7 @@ func (m *decodeMemory) arrive(ep *endpoint, tokens int64) int64 {
 		if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
 			// The victims are chosen now (a walk of the engine's holds,
 			// no I/O), their release requests sent in the background.
-			m.rel.start(m.ledger.Victims(ep.url, m.room(ep), now))
+			m.rel.start(m.ledger.Victims(ep.url, m.room(ep), now), releaseRoom)
 		}
 	}
 	return tokens

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
@@ -46,9 +47,20 @@ const (
 	// releaseUnusable: a handle found past the retention TTL, while its
 	// decode engine still holds it.
 	releaseUnusable
-	// releaseBudget: a hold over its engine's budget, or in the way of
-	// a decode leg, worth least.
+	// releaseBudget: a hold over its engine's budget, worth least.
 	releaseBudget
+	// releaseRoom: a hold in the way of a decode leg arriving at its
+	// engine, worth least (memory.go, arrive).
+	releaseRoom
+	// Orphans (orphan.go): decode handles the router received and does
+	// not keep. releaseNChoices: an answer of n > 1 choices;
+	// releaseRefused: a turn not retained; releaseStoreError: a Put that
+	// failed; releaseOverwritten: a retained handle under the key a turn
+	// retains its own under.
+	releaseNChoices
+	releaseRefused
+	releaseStoreError
+	releaseOverwritten
 )
 
 // releaser sends the release requests of the holds over budget.
@@ -61,6 +73,7 @@ type releaser struct {
 	blockSize int
 	timeout   time.Duration // WithTimeouts' Prefill
 	sem       chan struct{} // release requests in flight
+	waiting   atomic.Int64  // orphans' releases queued (orphan.go)
 	mu        sync.Mutex
 	// running: engines whose holds a goroutine is releasing; again: the
 	// engine went over its budget again meanwhile. One goroutine per
@@ -107,20 +120,20 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 // release sends the release requests of the holds over engine's budget,
 // or in the way of its live decode legs (memory.go, room), now, bounded by DecodeMemory's Releases; false once the work stops.
 func (rl *releaser) release(ctx context.Context, engine string) bool {
-	return rl.releaseAll(ctx, rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock()))
+	return rl.releaseAll(ctx, rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock()), releaseBudget)
 }
 
-// start sends the release requests of victims already chosen, in the
-// background.
-func (rl *releaser) start(victims []budget.Victim) {
+// start sends the release requests of victims already chosen, for why,
+// in the background.
+func (rl *releaser) start(victims []budget.Victim, why releaseReason) {
 	if len(victims) > 0 {
-		rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims) })
+		rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims, why) })
 	}
 }
 
 // releaseAll sends the release requests of victims, bounded by
 // DecodeMemory's Releases; false once the work stops.
-func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim) bool {
+func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim, why releaseReason) bool {
 	for _, v := range victims {
 		select {
 		case rl.sem <- struct{}{}:
@@ -134,7 +147,7 @@ func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim) boo
 		}
 		if !rl.mem.bg.run(func(ctx context.Context) {
 			defer func() { <-rl.sem }()
-			rl.send(ctx, e, releaseBudget)
+			rl.send(ctx, e, why)
 		}) {
 			<-rl.sem
 			return false
