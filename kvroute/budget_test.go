@@ -56,16 +56,24 @@ func (f *releaseFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // budgetBlocks blocks (a budget of half of it), with a router whose prefill engine is behind a
 // releaseFront.
 func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
+	return memoryRig(t, mode, 1, nil, opts...)
+}
+
+// memoryRig is budgetRig with d decode engines and more engine options.
+func memoryRig(t *testing.T, mode string, d int, engine []kvroutetest.Option, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
-	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
-		kvroutetest.WithNumBlocks(budgetBlocks))
+	c := kvroutetest.NewCluster(t, 1, d, append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+		kvroutetest.WithNumBlocks(budgetBlocks)}, engine...)...)
 	u, err := url.Parse(c.Prefill[0].URL())
 	require.NoError(t, err)
 	front := &releaseFront{mode: mode, proxy: httputil.NewSingleHostReverseProxy(u)}
 	// A budget of half the capacity unless opts give their own
 	// WithDecodeMemory (the last one rules).
-	r, err := kvroute.New(append([]kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}, opts...)...)
+	base := []kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}
+	for _, e := range c.Decode {
+		base = append(base, kvroute.WithDecode(e.URL()))
+	}
+	r, err := kvroute.New(append(base, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, r, serve(t, r), front

@@ -145,6 +145,12 @@ type Stats struct {
 	// push mode, or one whose Put failed while the Store could not say
 	// whether it holds it. Their holds lapse at the engines' TTL.
 	Unreleasable int64
+	// RoomRejected counts decode legs that made no room on arrival
+	// because their engine will reject them: max_tokens (or its kin) over
+	// the engine's max_model_len, alone or with the prompt. RoomLimited
+	// counts decode legs whose room on arrival was cut by their
+	// principal's DecodeMemory RoomRate: other tenants' holds were left.
+	RoomRejected, RoomLimited int64
 	// ReleaseFailures counts releases that failed (the prefill leg or the
 	// release request did not succeed, or the entry could not be sent):
 	// the hold lapses at its TTL. ReleaseSkipped counts holds not
@@ -165,6 +171,7 @@ type counters struct {
 	buffered                                                                             atomic.Int64
 	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom                   atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
+	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
@@ -219,6 +226,8 @@ func (c *counters) snapshot() Stats {
 		ReleasedStoreError:  c.releasedStoreError.Load(),
 		ReleasedOverwritten: c.releasedOverwritten.Load(),
 		Unreleasable:        c.unreleasable.Load(),
+		RoomRejected:        c.roomRejected.Load(),
+		RoomLimited:         c.roomLimited.Load(),
 
 		ReleaseFailures: c.releaseFailures.Load(),
 		ReleaseSkipped:  c.releaseSkipped.Load(),
