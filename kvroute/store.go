@@ -30,6 +30,14 @@ import (
 // attached to at most one prefill request, ever. A Store is safe for
 // concurrent use.
 //
+// With decode memory management on (WithDecodeMemory), the Router takes a
+// key before it puts a new value there (one key at a time within a
+// Router), so that a value it would overwrite is released on its decode
+// engine rather than left pinned there: a Store sees a Take before each
+// Put. After a failed Put, it releases the handle only once a Take shows
+// that the Store does not hold it: a Put that fails may have stored the
+// value all the same.
+//
 // Errors: a Put refused for the value's size returns an error wrapping
 // retention.ErrTooLarge (the turn reports StoreRefusal "handle_too_large",
 // counted in Stats.TooLarge, not as a Store failure). Any other error is a
