@@ -22,6 +22,10 @@ import (
 //     replaces it, through the turn's own prefill leg (release.go);
 //   - when its holds on an engine go over the budget, releases those
 //     worth least with release requests, in the background (releaser);
+//   - makes room for a decode leg arriving at an engine its holds fill,
+//     within what the request can use and its principal's rate (room.go);
+//   - releases every decode handle it receives and does not keep
+//     (orphan.go);
 //   - shows the selector each engine's pressure (pressure.go).
 
 // decodeMemory is the Router's management of what its retained handles
@@ -129,11 +133,13 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 
 // Making room on arrival. The budget caps what holds may take; under it
 // they also yield to live work. Each decode leg counts its live tokens on
-// its engine while it runs (liveTokens: its prompt and what it may
-// generate), and when the engine's holds and live legs pass its capacity
-// less DecodeMemory's Headroom, the releaser releases the holds worth
-// least until the live legs fit (room), in the background: the leg is
-// sent at once, and the engine admits it as soon as the blocks are freed.
+// its engine while it runs (room.go, liveTokens: its prompt and what it
+// may generate, within the engine's max_model_len), and when the engine's
+// holds and live legs pass its capacity less DecodeMemory's Headroom, the
+// releaser releases the holds worth least until the live legs fit (room;
+// other tenants' within the principal's RoomRate), in the background: the
+// leg is sent at once, and the engine admits it as soon as the blocks are
+// freed.
 
 // defaultGeneration is the tokens a decode leg is counted to generate
 // when its request names no limit (max_tokens and its kin).
