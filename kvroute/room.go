@@ -74,7 +74,11 @@ func liveTokens(t *turn, maxLen, capacity int64) (tokens int64, admit bool) {
 func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.Time) []budget.Victim {
 	principal := t.req.Principal()
 	allow := m.limits.allowance(principal, capacity, now)
-	victims, limited := m.ledger.VictimsFor(ep.url, m.room(ep), t.req.tenant, allow, now)
+	var limited bool
+	victims := m.rel.chosen.choose(func() (v []budget.Victim) {
+		v, limited = m.ledger.VictimsFor(ep.url, m.room(ep), t.req.tenant, allow, now)
+		return v
+	})
 	if limited {
 		m.stats.roomLimited.Add(1)
 	}

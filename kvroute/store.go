@@ -31,12 +31,12 @@ import (
 // concurrent use.
 //
 // With decode memory management on (WithDecodeMemory), the Router takes a
-// key before it puts a new value there (one key at a time within a
-// Router), so that a value it would overwrite is released on its decode
-// engine rather than left pinned there: a Store sees a Take before each
-// Put. After a failed Put, it releases the handle only once a Take shows
-// that the Store does not hold it: a Put that fails may have stored the
-// value all the same.
+// key it retained a handle under before it puts a new value there (one
+// key at a time within a Router), so that the value it would overwrite is
+// released on its decode engine rather than left pinned there. After a
+// failed Put, it releases the handle only once a Take shows that the
+// Store does not hold it: a Put that fails may have stored the value all
+// the same.
 //
 // Errors: a Put refused for the value's size returns an error wrapping
 // retention.ErrTooLarge (the turn reports StoreRefusal "handle_too_large",
@@ -176,10 +176,13 @@ func (h *handles) retain(key, tenant string, e entry.Entry, requestID string) (R
 // supersede takes what the Store holds under key before a Put there, with
 // the key locked (a Put would overwrite it, and nothing would ever attach
 // or release its hold), and returns it: the caller keeps or releases it.
-// It does nothing with the management off (every hold kept to the TTL, a
-// Put overwriting as before) or while the Store is failing.
+// It reads the Store only where this Router knows of a handle under key (a
+// live hold in its ledger, or a victim its release has not taken yet:
+// releaser.held), so that a turn costs no store read more than before;
+// nothing with the management off (every hold kept to the TTL, a Put
+// overwriting as before) or while the Store is failing.
 func (h *handles) supersede(ctx context.Context, key, requestID string) (entry.Entry, bool) {
-	if !h.mem.cfg.on || h.down.Load() {
+	if !h.mem.cfg.on || h.down.Load() || !h.mem.rel.held(key) {
 		return entry.Entry{}, false
 	}
 	v, ok, err := h.store.Take(ctx, key)
