@@ -2,11 +2,13 @@ package kvroute_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -193,4 +195,30 @@ func TestOverwrittenHoldsReleased(t *testing.T) {
 	assert.Equal(t, 1, kv.Handles)
 	assert.EqualValues(t, kv.HeldTokens, st.UsedBlocks*16, "D holds what the ledger counts")
 	assert.Zero(t, st.WrongOutputs)
+}
+
+// A decode handle vLLM would misread (here a port out of range), or one
+// of push mode, is not retained and is sent nowhere, not even in a release
+// request: it is counted (Unreleasable) and lapses at the engine's TTL.
+func TestUnreleasableHandlesSentNowhere(t *testing.T) {
+	for _, h := range []string{
+		strings.Replace(testDHandle, `"remote_port":5601`, `"remote_port":70000`, 1),
+		strings.Replace(testDHandle, `"tp_size":1`, `"tp_size":1,"transfer_mode":"push"`, 1),
+	} {
+		f := newFake(t)
+		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", h)) }
+		obs := &lastTurn{}
+		r := fakeRouter(t, f, obs)
+		srv := serve(t, r)
+		res := post(t, srv, kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		assert.False(t, obs.last().Stored)
+		settle(t, r, func(s kvroute.Stats) bool { return s.Unreleasable > 0 })
+		assert.Zero(t, orphanTotal(r.Stats()))
+		f.mu.Lock()
+		for _, q := range f.reqs {
+			assert.NotEqual(t, "release", q.role, "no release request")
+		}
+		f.mu.Unlock()
+	}
 }
