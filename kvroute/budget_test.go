@@ -56,16 +56,24 @@ func (f *releaseFront) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // budgetBlocks blocks (a budget of half of it), with a router whose prefill engine is behind a
 // releaseFront.
 func budgetRig(t *testing.T, mode string, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
+	return memoryRig(t, mode, 1, nil, opts...)
+}
+
+// memoryRig is budgetRig with d decode engines and more engine options.
+func memoryRig(t *testing.T, mode string, d int, engine []kvroutetest.Option, opts ...kvroute.Option) (*kvroutetest.Cluster, *kvroute.Router, string, *releaseFront) {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
-	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
-		kvroutetest.WithNumBlocks(budgetBlocks))
+	c := kvroutetest.NewCluster(t, 1, d, append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+		kvroutetest.WithNumBlocks(budgetBlocks)}, engine...)...)
 	u, err := url.Parse(c.Prefill[0].URL())
 	require.NoError(t, err)
 	front := &releaseFront{mode: mode, proxy: httputil.NewSingleHostReverseProxy(u)}
 	// A budget of half the capacity unless opts give their own
 	// WithDecodeMemory (the last one rules).
-	r, err := kvroute.New(append([]kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithDecode(c.Decode[0].URL()),
-		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}, opts...)...)
+	base := []kvroute.Option{kvroute.WithPrefill(newServer(t, front)), kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5})}
+	for _, e := range c.Decode {
+		base = append(base, kvroute.WithDecode(e.URL()))
+	}
+	r, err := kvroute.New(append(base, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, r, serve(t, r), front
@@ -84,6 +92,10 @@ func settle(t *testing.T, r *kvroute.Router, want func(kvroute.Stats) bool) {
 	}
 	t.Fatalf("the releases never settled: %+v", r.Stats())
 }
+
+// requested counts the holds released by release requests: over the
+// budget, or to make room for a decode leg.
+func requested(s kvroute.Stats) int64 { return s.ReleasedBudget + s.ReleasedRoom }
 
 // oneTurns runs n single-turn conversations and checks every answer
 // against a single engine's.
@@ -121,20 +133,20 @@ func testBudgetReleases(t *testing.T, opts ...kvroute.Option) {
 	convs := oneTurns(t, r, srv, 8, true)
 	settle(t, r, func(s kvroute.Stats) bool {
 		kv := r.DecodeKV()[0]
-		return kv.HeldTokens <= kv.Budget && s.ReleasedBudget+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && front.releases.Load() > 0
+		return kv.HeldTokens <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && front.releases.Load() > 0
 	})
 	kv := r.DecodeKV()[0]
 	require.EqualValues(t, budgetBlocks*16, kv.Capacity)
 	assert.EqualValues(t, budgetBlocks*16/2, kv.Budget)
 	assert.LessOrEqual(t, kv.HeldTokens, kv.Budget, "the router's holds fit the budget")
 	s := r.Stats()
-	assert.Positive(t, s.ReleasedBudget)
+	assert.Positive(t, requested(s))
 	assert.Zero(t, s.ReleaseFailures)
 	st := d.Stats()
-	assert.EqualValues(t, s.ReleasedBudget, st.NotifiedHolds, "D freed every victim at its release")
+	assert.EqualValues(t, requested(s), st.NotifiedHolds, "D freed every victim at its release")
 	assert.Zero(t, st.TTLBlocks)
 	assert.LessOrEqual(t, int64(st.UsedBlocks*16), kv.Budget, "D holds no more than the budget")
-	assert.Equal(t, int(s.ReleasedBudget), int(front.releases.Load()), "one release request per victim")
+	assert.Equal(t, int(requested(s)), int(front.releases.Load()), "one release request per victim")
 	// The conversations come back: released ones miss, kept ones hit;
 	// every answer is a single engine's.
 	for i, conv := range convs {
@@ -152,7 +164,7 @@ func TestBudgetUnderBudgetKeepsAll(t *testing.T) {
 	kv := r.DecodeKV()[0]
 	assert.LessOrEqual(t, kv.HeldTokens, kv.Budget)
 	assert.Zero(t, front.releases.Load())
-	assert.Zero(t, r.Stats().ReleasedBudget)
+	assert.Zero(t, requested(r.Stats()))
 	assert.Zero(t, c.Decode[0].Stats().NotifiedHolds)
 }
 
@@ -162,7 +174,7 @@ func TestBudgetOff(t *testing.T) {
 	c, r, srv, front := budgetRig(t, "", kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: -1}))
 	oneTurns(t, r, srv, 8, false)
 	assert.Zero(t, front.releases.Load())
-	assert.Zero(t, r.Stats().ReleasedBudget)
+	assert.Zero(t, requested(r.Stats()))
 	assert.Zero(t, c.Decode[0].Stats().NotifiedHolds)
 	assert.Equal(t, 8, r.DecodeKV()[0].Handles)
 }
@@ -184,7 +196,7 @@ func TestBudgetReleaseNeverDelaysTurns(t *testing.T) {
 			}
 			settle(t, r, func(s kvroute.Stats) bool { return s.ReleaseFailures >= int64(front.releases.Load()) })
 			s := r.Stats()
-			assert.Zero(t, s.ReleasedBudget)
+			assert.Zero(t, requested(s))
 			assert.Positive(t, s.ReleaseFailures)
 			d := c.Decode[0]
 			before := d.Stats()
@@ -249,7 +261,7 @@ func TestBudgetReplicasShareStore(t *testing.T) {
 		var n int64
 		for _, r := range routers {
 			s := r.Stats()
-			n += s.ReleasedBudget + s.ReleaseFailures
+			n += requested(s) + s.ReleaseFailures
 		}
 		return n >= int64(front.releases.Load()) && front.releases.Load() > 0
 	})
@@ -258,7 +270,7 @@ func TestBudgetReplicasShareStore(t *testing.T) {
 	var released int64
 	for _, r := range routers {
 		s := r.Stats()
-		released += s.ReleasedBudget + s.ReleasedSuperseded
+		released += requested(s) + s.ReleasedSuperseded
 		assert.Zero(t, s.ReleaseFailures)
 	}
 	assert.Positive(t, released)
@@ -400,11 +412,11 @@ func TestRandomConversationsUnderBudget(t *testing.T) {
 			st := propRun(t, url, rec, cl, engine, kvroute.VerifyTokens, 1000, 48)
 			s := r.Stats()
 			t.Logf("%d conversations, %d turns, %d hits, %d wrong; released: %d superseded, %d budget, %d failed, %d gone",
-				st.conversations, st.turns, st.hits, st.wrong, s.ReleasedSuperseded, s.ReleasedBudget, s.ReleaseFailures, s.ReleaseGone)
+				st.conversations, st.turns, st.hits, st.wrong, s.ReleasedSuperseded, requested(s), s.ReleaseFailures, s.ReleaseGone)
 			assert.Zero(t, st.wrong, "answers that differ from the single engine's")
 			assert.Zero(t, st.tenantHits)
 			assert.Positive(t, st.hits)
-			assert.Positive(t, s.ReleasedSuperseded+s.ReleasedBudget, "releases ran")
+			assert.Positive(t, s.ReleasedSuperseded+requested(s), "releases ran")
 			for _, e := range append(c.Prefill, c.Decode...) {
 				es := e.Stats()
 				assert.Zero(t, es.WrongOutputs)
@@ -428,9 +440,9 @@ func TestGapModelSeesReturnsAfterRelease(t *testing.T) {
 	_, r, srv, front := budgetRig(t, "", kvroute.WithDecodeMemory(kvroute.DecodeMemory{Ledger: l}), kvroute.WithObserver(recs))
 	convs := oneTurns(t, r, srv, 8, true)
 	settle(t, r, func(s kvroute.Stats) bool {
-		return front.releases.Load() > 0 && s.ReleasedBudget+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
+		return front.releases.Load() > 0 && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
 	})
-	released := r.Stats().ReleasedBudget
+	released := requested(r.Stats())
 	require.Positive(t, released)
 	// The next turns' own holds may push others over the budget while
 	// they run, so more of the conversations still to come back can find
@@ -453,7 +465,7 @@ func TestGapModelSeesReturnsAfterRelease(t *testing.T) {
 	// handle first (a hit) and the release finds it gone: once every
 	// release request has ended, those are ReleaseGone.
 	settle(t, r, func(s kvroute.Stats) bool {
-		return s.ReleasedBudget+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
+		return requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
 	})
 	s := l.Stats()
 	assert.GreaterOrEqual(t, afterEnd, int(released), "every conversation released before it came back finds no handle")

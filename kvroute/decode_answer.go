@@ -28,7 +28,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		return nil, err
 	}
 	ep.inflight.Add(1)
-	live := r.mem.arrive(ep, liveTokens(t))
+	live := r.mem.arrive(t, ep)
 	sent := r.cfg.clock()
 	t.dSent = sent
 	dl := transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout}

@@ -225,7 +225,7 @@
 // # Decode memory
 //
 // vLLM pins every finished decode request's blocks for 480 s; DecodeMemory
-// manages them as a budget (README, "Decode memory"; Budget, Headroom).
+// manages them (README, "Decode memory"; Budget, Headroom, RoomRate).
 //
 // # Embedding
 //

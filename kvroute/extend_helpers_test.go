@@ -28,6 +28,7 @@ type toyEngine struct {
 type toyLeg struct {
 	path    string
 	prefill bool
+	release bool // a release request (a prefill leg of the router's own)
 	body    map[string]json.RawMessage
 }
 
@@ -51,7 +52,7 @@ func (e *toyEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	prefill := bytes.Contains(body[kvKey], []byte(`"do_remote_decode":true`))
 	e.mu.Lock()
-	e.legs = append(e.legs, toyLeg{path: r.URL.Path, prefill: prefill, body: body})
+	e.legs = append(e.legs, toyLeg{path: r.URL.Path, prefill: prefill, release: r.Header.Get("User-Agent") == "bidikv-release", body: body})
 	e.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	if prefill {
@@ -62,12 +63,13 @@ func (e *toyEngine) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(out[:len(out)-1:len(out)-1], []byte(`,"kv_transfer_params":`+strings.Replace(toyHandle, `"do_remote_prefill":true`, `"do_remote_prefill":false`, 1)+`}`)...))
 }
 
-// last returns the engine's last leg of each kind.
+// last returns the engine's last leg of each kind (release requests
+// aside).
 func (e *toyEngine) last(prefill bool) toyLeg {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i := len(e.legs) - 1; i >= 0; i-- {
-		if e.legs[i].prefill == prefill {
+		if e.legs[i].prefill == prefill && !e.legs[i].release {
 			return e.legs[i]
 		}
 	}

@@ -67,20 +67,31 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	if raw, ok := body["kv_transfer_params"]; ok && json.Unmarshal(raw, &kv) == nil && kv.DoRemoteDecode {
 		role = "prefill"
 	}
+	if r.Header.Get("User-Agent") == "bidikv-release" {
+		role = "release" // a release request, answered as a prefill leg
+	}
 	f.mu.Lock()
 	f.reqs = append(f.reqs, fakeRequest{role: role, requestID: r.Header.Get("X-Request-Id"), body: body})
 	f.mu.Unlock()
-	if role == "prefill" {
+	if role != "decode" {
 		f.prefill(w, body)
 	} else {
 		f.decode(w, body)
 	}
 }
 
+// requests returns the turns' requests in order (release requests, sent
+// in the background, aside).
 func (f *fakeEngine) requests() []fakeRequest {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]fakeRequest(nil), f.reqs...)
+	var out []fakeRequest
+	for _, r := range f.reqs {
+		if r.role != "release" {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 const (

@@ -30,6 +30,10 @@ type DecodeKV struct {
 	// this Router's holds may take (WithDecodeMemory's Budget), 0 when
 	// there is none.
 	Capacity, Budget int64
+	// MaxModelLen is the engine's max_model_len (its GET /v1/models, read
+	// beside its /metrics), 0 when unknown: the most a request may take
+	// there, prompt and max_tokens together.
+	MaxModelLen int64
 	// Ages counts the handles by age, in the buckets of budget.AgeBounds
 	// (up to 15 s, 30 s, 1, 2, 4 and 8 min) and one for older ones.
 	Ages [7]int
@@ -57,6 +61,7 @@ func (r *Router) DecodeKV() []DecodeKV {
 		if !p.at.IsZero() {
 			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.usage, p.waiting, int64(p.preemptions), p.at
 		}
+		d.MaxModelLen = p.maxModelLen
 		p.mu.Unlock()
 		out = append(out, d)
 	}

@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
@@ -23,6 +22,10 @@ import (
 //     replaces it, through the turn's own prefill leg (release.go);
 //   - when its holds on an engine go over the budget, releases those
 //     worth least with release requests, in the background (releaser);
+//   - makes room for a decode leg arriving at an engine its holds fill,
+//     within what the request can use and its principal's rate (room.go);
+//   - releases every decode handle it receives and does not keep
+//     (orphan.go);
 //   - shows the selector each engine's pressure (pressure.go).
 
 // decodeMemory is the Router's management of what its retained handles
@@ -43,6 +46,7 @@ type decodeMemory struct {
 	log      *logger
 	bg       background
 	rel      releaser
+	limits   roomLimits // DecodeMemory's RoomRate, by principal
 }
 
 // newDecodeMemory makes the Router's decode memory management (off:
@@ -50,7 +54,8 @@ type decodeMemory struct {
 func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	c := &r.cfg
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
-		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log}
+		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log,
+		limits: roomLimits{rate: c.memory.roomRate}}
 	if m.ledger == nil {
 		opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
 		if c.blockSize > 0 {
@@ -101,13 +106,14 @@ func (m *decodeMemory) managed(engine string) bool {
 	return b > 0
 }
 
-// holdOf is what the ledger records of a retained entry: its class
+// hold is what the ledger records of a retained entry: its class
 // (tenant and model), turn and tool calls predict its conversation's
-// next turn; it is held from created until the entry's retention ends.
+// next turn; it is held from created until the entry's retention ends,
+// for the tenant (its Owner: room.go, makeRoom).
 func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Time) budget.Hold {
 	return budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
 		Features: budget.Features{Class: tenant + "\x00" + e.Model, Turn: e.Turn, ToolCalls: e.ToolCalls},
-		Saved:    m.saved(e.Tokens)}
+		Saved:    m.saved(e.Tokens), Owner: tenant}
 }
 
 // added records a hold that a turn retained (or put back); over the
@@ -127,11 +133,13 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 
 // Making room on arrival. The budget caps what holds may take; under it
 // they also yield to live work. Each decode leg counts its live tokens on
-// its engine while it runs (liveTokens: its prompt and what it may
-// generate), and when the engine's holds and live legs pass its capacity
-// less DecodeMemory's Headroom, the releaser releases the holds worth
-// least until the live legs fit (room), in the background: the leg is
-// sent at once, and the engine admits it as soon as the blocks are freed.
+// its engine while it runs (room.go, liveTokens: its prompt and what it
+// may generate, within the engine's max_model_len), and when the engine's
+// holds and live legs pass its capacity less DecodeMemory's Headroom, the
+// releaser releases the holds worth least until the live legs fit (room;
+// other tenants' within the principal's RoomRate), in the background: the
+// leg is sent at once, and the engine admits it as soon as the blocks are
+// freed.
 
 // defaultGeneration is the tokens a decode leg is counted to generate
 // when its request names no limit (max_tokens and its kin).
@@ -141,48 +149,37 @@ const defaultGeneration = 1024
 // neither P's answer nor the turn's verification counted them.
 const bytesPerToken = 4
 
-// liveTokens is what t's decode leg may take on its engine: its prompt
-// (as P's answer or the turn's verification counted it, else its body's
-// bytes / bytesPerToken) and what it may generate (max_completion_tokens,
-// max_tokens or Responses' max_output_tokens, else defaultGeneration).
-func liveTokens(t *turn) int64 {
-	prompt := t.prompt
-	if prompt <= 0 {
-		prompt = t.rec.PromptTokens
+// arrive counts t's decode leg live on ep until its Response is released
+// (as what it can take there: room.go, liveTokens), and has room made on
+// the engine when its holds and live legs no longer fit, once a turn
+// (room.go, makeRoom). A leg the engine will reject counts nothing and
+// makes no room (Stats.RoomRejected). It returns the tokens counted.
+func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
+	if !m.cfg.on {
+		return 0
 	}
-	if prompt <= 0 {
-		prompt = len(t.req.Body) / bytesPerToken
+	c := m.ledger.Capacity(ep.url)
+	ep.mem.mu.Lock()
+	maxLen := ep.mem.maxModelLen
+	ep.mem.mu.Unlock()
+	tokens, admit := liveTokens(t, maxLen, c)
+	if !admit {
+		m.stats.roomRejected.Add(1)
+		return 0
 	}
-	gen := int64(defaultGeneration)
-	for _, k := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
-		if v, ok := t.req.Field(k); ok {
-			if n, ok := jsonraw.Int(v); ok && n > 0 {
-				gen = n
-				break
-			}
-		}
-	}
-	return int64(prompt) + gen
-}
-
-// arrive counts a decode leg of tokens live on ep until its Response is
-// released, and has room made on the engine when its holds and live legs
-// no longer fit. It returns the tokens counted.
-func (m *decodeMemory) arrive(ep *endpoint, tokens int64) int64 {
-	if !m.cfg.on || tokens <= 0 {
+	if tokens <= 0 {
 		return 0
 	}
 	live := ep.mem.live.Add(tokens)
-	if m.cfg.headroom < 0 {
+	if m.cfg.headroom < 0 || t.roomMade || c <= 0 {
 		return tokens
 	}
-	if c := m.ledger.Capacity(ep.url); c > 0 {
-		now := m.clock()
-		if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
-			// The victims are chosen now (a walk of the engine's holds,
-			// no I/O), their release requests sent in the background.
-			m.rel.start(m.ledger.Victims(ep.url, m.room(ep), now))
-		}
+	now := m.clock()
+	if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
+		// The victims are chosen now (a walk of the engine's holds,
+		// no I/O), their release requests sent in the background.
+		t.roomMade = true
+		m.rel.start(makeRoom(m, t, ep, c, now), releaseRoom)
 	}
 	return tokens
 }

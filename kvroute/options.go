@@ -103,7 +103,7 @@ func Defaults() Settings {
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
 		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
 		DecodeMemory: DecodeMemory{Budget: defaultBudget, HighWatermark: defaultHighWatermark,
-			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom},
+			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom, RoomRate: defaultRoomRate},
 	}
 }
 

@@ -163,6 +163,21 @@ type DecodeMemory struct {
 	// negative: no room is made on arrival (holds are released only above
 	// Budget).
 	Headroom float64
+	// RoomRate bounds what the requests of one principal
+	// (Request.Principal) may release of other tenants' holds to make
+	// room on arrival (Headroom): a share of a decode engine's KV capacity
+	// per minute, refilled continuously, at most a minute's worth at once.
+	// The holds of the principal's own tenant are released for its
+	// requests without limit, so a single tenant's traffic is never held
+	// back, while a client asking again and again for more than it uses
+	// (a huge max_tokens) cannot drain the others' holds; the room it
+	// does not get comes from what D frees by itself. Room on arrival is
+	// also bounded by what a request can use on the engine (its prompt
+	// and max_tokens, clipped to the engine's max_model_len), made once a
+	// turn, and not at all for a request the engine will reject. The
+	// router remembers the principals that used it within the last
+	// minute, 4096 at most. Default 0.5; negative: no limit.
+	RoomRate float64
 	// Capacity is the KV capacity, in tokens, of a decode engine whose
 	// /metrics do not report one (vllm:cache_config_info: num_gpu_blocks
 	// × block_size). Default 0: unknown. Negative is an error.
@@ -208,6 +223,7 @@ const (
 	defaultReleases        = 4
 	defaultHeadroom        = 0.05
 	defaultBudget          = 0.9
+	defaultRoomRate        = 0.5
 )
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
@@ -244,13 +260,19 @@ func resolveDecodeMemory(c *config) {
 		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, defaultBudget)
 	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
 		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
+	case m.RoomRate != m.RoomRate:
+		c.fail("WithDecodeMemory", "RoomRate is NaN; use a share of the capacity a minute, 0 for the default (%v) or a negative value for no limit", defaultRoomRate)
 	case m.Headroom != m.Headroom || m.Headroom >= 1:
 		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
 	case m.Ledger != nil && (m.Budget > 0 || m.Capacity != 0):
 		c.fail("WithDecodeMemory", "Budget and Capacity are the Ledger's options (budget.WithFraction, budget.WithCapacity) when a Ledger is given; leave them 0")
 	}
 	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
-		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom}
+		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,
+		roomRate: m.RoomRate}
+	if mem.roomRate == 0 {
+		mem.roomRate = defaultRoomRate
+	}
 	if mem.headroom == 0 {
 		mem.headroom = defaultHeadroom
 	}
@@ -279,4 +301,5 @@ type memoryConfig struct {
 	interval  time.Duration // negative: no reads
 	releases  int
 	headroom  float64 // negative: no room made on arrival
+	roomRate  float64 // negative: no limit
 }

@@ -47,6 +47,10 @@ type pressure struct {
 	held        int64   // the ledger's held tokens on the engine when read
 	reading     atomic.Bool
 	live        atomic.Int64 // tokens of the decode legs in flight (memory.go, arrive)
+	// maxModelLen is the engine's max_model_len (its GET /v1/models; 0
+	// unknown), read when its process started at lenStart (room.go).
+	maxModelLen int64
+	lenStart    time.Time
 }
 
 // engineMetrics is one reading of an engine's /metrics.
@@ -132,6 +136,7 @@ func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 	if len(em.absurd) > 0 {
 		m.restarts.implausible(e.url, em.absurd)
 	}
+	readModelLen(ctx, m, e, em.start)
 	p := &e.mem
 	p.mu.Lock()
 	if p.at.IsZero() {

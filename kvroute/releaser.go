@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
@@ -46,9 +47,20 @@ const (
 	// releaseUnusable: a handle found past the retention TTL, while its
 	// decode engine still holds it.
 	releaseUnusable
-	// releaseBudget: a hold over its engine's budget, or in the way of
-	// a decode leg, worth least.
+	// releaseBudget: a hold over its engine's budget, worth least.
 	releaseBudget
+	// releaseRoom: a hold in the way of a decode leg arriving at its
+	// engine, worth least (memory.go, arrive).
+	releaseRoom
+	// Orphans (orphan.go): decode handles the router received and does
+	// not keep. releaseNChoices: an answer of n > 1 choices;
+	// releaseRefused: a turn not retained; releaseStoreError: a Put that
+	// failed; releaseOverwritten: a retained handle under the key a turn
+	// retains its own under.
+	releaseNChoices
+	releaseRefused
+	releaseStoreError
+	releaseOverwritten
 )
 
 // releaser sends the release requests of the holds over budget.
@@ -61,11 +73,53 @@ type releaser struct {
 	blockSize int
 	timeout   time.Duration // WithTimeouts' Prefill
 	sem       chan struct{} // release requests in flight
+	waiting   atomic.Int64  // orphans' releases queued (orphan.go)
 	mu        sync.Mutex
 	// running: engines whose holds a goroutine is releasing; again: the
 	// engine went over its budget again meanwhile. One goroutine per
 	// engine at most, however slow the release requests.
 	running, again map[string]bool
+	chosen         chosenKeys
+}
+
+// chosenKeys are the keys of the victims whose handles their releases
+// have not taken yet (releaser.held).
+type chosenKeys struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+// choose runs pick, the ledger's choice of victims, and marks them until
+// their handles are taken, both at once: a turn that finds a key gone
+// from the ledger finds it marked (releaser.held).
+func (c *chosenKeys) choose(pick func() []budget.Victim) []budget.Victim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	victims := pick()
+	for _, v := range victims {
+		if c.m == nil {
+			c.m = map[string]int{}
+		}
+		c.m[v.Key]++
+	}
+	return victims
+}
+
+// unchoose ends the victims' marks.
+func (c *chosenKeys) unchoose(victims []budget.Victim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range victims {
+		if c.m[v.Key]--; c.m[v.Key] <= 0 {
+			delete(c.m, v.Key)
+		}
+	}
+}
+
+func (c *chosenKeys) has(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[key] > 0
 }
 
 // nudge has the holds over engine's budget released, in the background.
@@ -107,36 +161,51 @@ func (rl *releaser) run(ctx context.Context, engine string) {
 // release sends the release requests of the holds over engine's budget,
 // or in the way of its live decode legs (memory.go, room), now, bounded by DecodeMemory's Releases; false once the work stops.
 func (rl *releaser) release(ctx context.Context, engine string) bool {
-	return rl.releaseAll(ctx, rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock()))
+	return rl.releaseAll(ctx, rl.chosen.choose(func() []budget.Victim {
+		return rl.mem.ledger.Victims(engine, rl.mem.room(rl.decode.find(engine)), rl.mem.clock())
+	}), releaseBudget)
 }
 
-// start sends the release requests of victims already chosen, in the
-// background.
-func (rl *releaser) start(victims []budget.Victim) {
-	if len(victims) > 0 {
-		rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims) })
+// held reports whether this Router knows of a handle of its own under key
+// in the Store: a live hold in the ledger, or a victim whose handle its
+// release has not taken yet (store.go, supersede).
+func (rl *releaser) held(key string) bool {
+	if _, live := rl.mem.ledger.Lookup(key); live {
+		return true
+	}
+	return rl.chosen.has(key)
+}
+
+// start sends the release requests of victims already chosen, for why,
+// in the background.
+func (rl *releaser) start(victims []budget.Victim, why releaseReason) {
+	if len(victims) > 0 && !rl.mem.bg.run(func(ctx context.Context) { rl.releaseAll(ctx, victims, why) }) {
+		rl.chosen.unchoose(victims)
 	}
 }
 
 // releaseAll sends the release requests of victims, bounded by
 // DecodeMemory's Releases; false once the work stops.
-func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim) bool {
-	for _, v := range victims {
+func (rl *releaser) releaseAll(ctx context.Context, victims []budget.Victim, why releaseReason) bool {
+	for i, v := range victims {
 		select {
 		case rl.sem <- struct{}{}:
 		case <-ctx.Done():
+			rl.chosen.unchoose(victims[i:])
 			return false
 		}
 		e, ok := rl.take(ctx, v)
+		rl.chosen.unchoose(victims[i : i+1])
 		if !ok {
 			<-rl.sem
 			continue
 		}
 		if !rl.mem.bg.run(func(ctx context.Context) {
 			defer func() { <-rl.sem }()
-			rl.send(ctx, e, releaseBudget)
+			rl.send(ctx, e, why)
 		}) {
 			<-rl.sem
+			rl.chosen.unchoose(victims[i+1:])
 			return false
 		}
 	}

@@ -37,6 +37,9 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	r := t.r
 	tokens, ok := retainable(t, in, handle, reply)
 	if !ok {
+		// D holds whatever handle it answered with: not kept, it is
+		// released (orphan.go).
+		orphaned(t, in.decode, handle, releaseRefused)
 		return
 	}
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
@@ -44,6 +47,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 			// Which choice's tokens D's blocks hold is unknown.
 			t.rec.StoreRefusal = RefuseN
 			r.stats.refusals.Add(1)
+			orphaned(t, in.decode, handle, releaseNChoices)
 			return
 		}
 	}
@@ -55,12 +59,14 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	case err != nil:
 		t.rec.StoreRefusal = RefuseIdentifierError
 		r.stats.refusals.Add(1)
+		orphaned(t, in.decode, handle, releaseRefused)
 		return
 	case ret.Key == "" || (ret.Refusal != "" && fp == nil && later == nil):
 		// A refusal with a key: the turn may be retained, but only for
 		// token verification.
 		t.rec.StoreRefusal = ret.Refusal
 		r.stats.refusals.Add(1)
+		orphaned(t, in.decode, handle, releaseRefused)
 		return
 	}
 	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: tokens, Check: ret.Check,
@@ -76,6 +82,11 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(handle)
 	key, id := ret.Key, t.id
 	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
+		if fp == nil {
+			// No render to seal the entry with: not kept, released.
+			r.mem.rel.orphan(e, releaseRefused)
+			return RefuseUnrendered, false
+		}
 		e.FP = fp
 		return r.handles.retain(key, tenant, e, id)
 	})

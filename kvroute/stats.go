@@ -132,10 +132,32 @@ type Stats struct {
 	// the turn's new handle replaces them. ReleasedUnusable counts handles
 	// found past the retention TTL and released the same way, while their
 	// decode engine still held them. ReleasedBudget counts holds over
-	// their engine's budget, or in the way of a decode leg arriving at
-	// it (DecodeMemory's Headroom), worth least, released by release
-	// requests.
-	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget int64
+	// their engine's budget, worth least, released by release requests;
+	// ReleasedRoom those released the same way to make room for a decode
+	// leg arriving at their engine (DecodeMemory's Headroom and RoomRate).
+	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget, ReleasedRoom int64
+	// Orphans: decode handles the router received and did not keep,
+	// released at once by release requests rather than left pinned to the
+	// engine's TTL. ReleasedNChoices counts those of answers of n > 1
+	// choices; ReleasedRefused those of turns not retained (a finish the
+	// router does not retain, the Identifier's refusal, no render to seal
+	// them with, an entry too large for the Store, reuse off);
+	// ReleasedStoreError those the Store failed to keep (after a Take
+	// showed that it does not hold them); ReleasedOverwritten retained
+	// handles found under the key a turn retained its own handle under
+	// (two turns of one conversation at once), or put back under it.
+	ReleasedNChoices, ReleasedRefused, ReleasedStoreError, ReleasedOverwritten int64
+	// Unreleasable counts decode handles the router did not keep and could
+	// not release either: a handle vLLM would misread or ignore, one of
+	// push mode, or one whose Put failed while the Store could not say
+	// whether it holds it. Their holds lapse at the engines' TTL.
+	Unreleasable int64
+	// RoomRejected counts decode legs that made no room on arrival
+	// because their engine will reject them: max_tokens (or its kin) over
+	// the engine's max_model_len, alone or with the prompt. RoomLimited
+	// counts decode legs whose room on arrival was cut by their
+	// principal's DecodeMemory RoomRate: other tenants' holds were left.
+	RoomRejected, RoomLimited int64
 	// ReleaseFailures counts releases that failed (the prefill leg or the
 	// release request did not succeed, or the entry could not be sent):
 	// the hold lapses at its TTL. ReleaseSkipped counts holds not
@@ -154,7 +176,9 @@ type counters struct {
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	buffered                                                                             atomic.Int64
-	releasedSuperseded, releasedUnusable, releasedBudget                                 atomic.Int64
+	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom                   atomic.Int64
+	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
+	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
 	implausibleMetrics                                                                   atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
@@ -204,9 +228,19 @@ func (c *counters) snapshot() Stats {
 		ReleasedSuperseded: c.releasedSuperseded.Load(),
 		ReleasedUnusable:   c.releasedUnusable.Load(),
 		ReleasedBudget:     c.releasedBudget.Load(),
-		ReleaseFailures:    c.releaseFailures.Load(),
-		ReleaseSkipped:     c.releaseSkipped.Load(),
-		ReleaseGone:        c.releaseGone.Load(),
+		ReleasedRoom:       c.releasedRoom.Load(),
+
+		ReleasedNChoices:    c.releasedN.Load(),
+		ReleasedRefused:     c.releasedRefused.Load(),
+		ReleasedStoreError:  c.releasedStoreError.Load(),
+		ReleasedOverwritten: c.releasedOverwritten.Load(),
+		Unreleasable:        c.unreleasable.Load(),
+		RoomRejected:        c.roomRejected.Load(),
+		RoomLimited:         c.roomLimited.Load(),
+
+		ReleaseFailures: c.releaseFailures.Load(),
+		ReleaseSkipped:  c.releaseSkipped.Load(),
+		ReleaseGone:     c.releaseGone.Load(),
 	}
 }
 
@@ -219,5 +253,15 @@ func (c *counters) released(why releaseReason) {
 		c.releasedUnusable.Add(1)
 	case releaseBudget:
 		c.releasedBudget.Add(1)
+	case releaseRoom:
+		c.releasedRoom.Add(1)
+	case releaseNChoices:
+		c.releasedN.Add(1)
+	case releaseRefused:
+		c.releasedRefused.Add(1)
+	case releaseStoreError:
+		c.releasedStoreError.Add(1)
+	case releaseOverwritten:
+		c.releasedOverwritten.Add(1)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,14 @@ import (
 // most one receives a given stored value, because a decode handle may be
 // attached to at most one prefill request, ever. A Store is safe for
 // concurrent use.
+//
+// With decode memory management on (WithDecodeMemory), the Router takes a
+// key it retained a handle under before it puts a new value there (one
+// key at a time within a Router), so that the value it would overwrite is
+// released on its decode engine rather than left pinned there. After a
+// failed Put, it releases the handle only once a Take shows that the
+// Store does not hold it: a Put that fails may have stored the value all
+// the same.
 //
 // Errors: a Put refused for the value's size returns an error wrapping
 // retention.ErrTooLarge (the turn reports StoreRefusal "handle_too_large",
@@ -60,6 +69,7 @@ type handles struct {
 	bufs     *bufpool.Bytes
 	stats    *counters
 	log      *logger
+	locks    keyLocks // a key's supersede and Put, one at a time
 
 	down   atomic.Bool
 	failed atomic.Int64 // failures in the current outage
@@ -85,9 +95,18 @@ func (h *handles) take(ctx context.Context, key, requestID string) ([]byte, bool
 // putBack returns a taken, unused entry to the Store for the rest of its
 // retention time (age is its age when taken); the ledger holds it again
 // from now, for the conversation's next attempt. tenant is the turn's.
+// An entry stored under key since e was taken (a later turn of the
+// conversation's) is not overwritten: it stays, and e's hold is released
+// (orphan.go).
 func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entry, age time.Duration, requestID string) {
 	left := h.ttl - age
 	if left <= 0 {
+		return
+	}
+	defer h.locks.lock(key)()
+	if later, ok := h.supersede(ctx, key, requestID); ok {
+		h.mem.rel.orphan(*e, releaseOverwritten)
+		h.restore(ctx, key, later, requestID)
 		return
 	}
 	if err := h.store.Put(ctx, key, e.Raw, left); err != nil {
@@ -99,29 +118,87 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 	h.mem.added(h.mem.hold(key, tenant, e, h.clock()), false)
 }
 
+// restore puts e, which supersede took from under key, back for the rest
+// of its retention time; when the Store does not keep it, its hold is
+// released.
+func (h *handles) restore(ctx context.Context, key string, e entry.Entry, requestID string) {
+	left := h.ttl - h.clock().Sub(e.Created)
+	if left > 0 {
+		err := h.store.Put(ctx, key, e.Raw, left)
+		if err == nil {
+			return
+		}
+		h.storeFailed(ctx, "put-back", requestID, err)
+		h.mem.rel.unstored(key, e, e.Raw)
+	}
+	h.mem.ledger.End(key, h.clock())
+}
+
 // retain stores e under key for the retention TTL and reports why not, or
 // that it did; the ledger records the hold (of the turn's tenant). The
 // value is built in a pooled buffer, which the Store contract lets the
-// Router reuse once Put returns.
+// Router reuse once Put returns. What the Store held under key (another
+// turn's handle of the conversation) is released, not overwritten; e's
+// own hold is released when the Store does not keep it.
 func (h *handles) retain(key, tenant string, e entry.Entry, requestID string) (Refusal, bool) {
 	val := e.Encode(h.bufs.Get(e.EncodedSize()), h.bufs)
 	defer h.bufs.Put(val)
 	if len(val) > h.maxEntry {
+		h.mem.rel.orphan(e, releaseRefused)
 		return h.tooLarge(len(val)), false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
+	defer h.locks.lock(key)()
+	prev, took := h.supersede(ctx, key, requestID)
+	if took {
+		h.mem.rel.orphan(prev, releaseOverwritten)
+	}
 	if err := h.store.Put(ctx, key, val, h.ttl); err != nil {
+		if took {
+			// The ledger's hold under key went with what supersede took.
+			h.mem.ledger.End(key, h.clock())
+		}
 		if errors.Is(err, retention.ErrTooLarge) {
+			h.mem.rel.orphan(e, releaseRefused)
 			return h.tooLarge(len(val)), false
 		}
 		h.storeFailed(ctx, "put", requestID, err)
+		h.mem.rel.unstored(key, e, val)
 		return RefuseStoreError, false
 	}
 	h.storeOK(ctx)
 	h.stats.stored.Add(1)
 	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
 	return "", true
+}
+
+// supersede takes what the Store holds under key before a Put there, with
+// the key locked (a Put would overwrite it, and nothing would ever attach
+// or release its hold), and returns it: the caller keeps or releases it.
+// It reads the Store only where this Router knows of a handle under key (a
+// live hold in its ledger, or a victim its release has not taken yet:
+// releaser.held), so that a turn costs no store read more than before;
+// nothing with the management off (every hold kept to the TTL, a Put
+// overwriting as before) or while the Store is failing.
+func (h *handles) supersede(ctx context.Context, key, requestID string) (entry.Entry, bool) {
+	if !h.mem.cfg.on || h.down.Load() || !h.mem.rel.held(key) {
+		return entry.Entry{}, false
+	}
+	v, ok, err := h.store.Take(ctx, key)
+	if err != nil {
+		h.storeFailed(ctx, "take", requestID, err)
+		return entry.Entry{}, false
+	}
+	if !ok {
+		return entry.Entry{}, false
+	}
+	prev, err := entry.Decode(v, nil)
+	if err != nil {
+		h.stats.unreleasable.Add(1)
+		return entry.Entry{}, false
+	}
+	return prev, true
 }
 
 // tooLarge counts a handle whose entry is over a size bound and logs it
@@ -151,4 +228,43 @@ func (h *handles) storeOK(ctx context.Context) {
 	}
 	h.log.LogAttrs(ctx, slog.LevelInfo, "kvroute: store answering again",
 		slog.Int64("failed_calls", h.failed.Swap(0)))
+}
+
+// keyLocks serializes the Router's writes under one key: a supersede and
+// its Put (or put-back) run one at a time per key, so that of two turns of
+// one conversation retaining at once, the second takes the first's handle
+// and releases it rather than overwrite it. Keys not being written take no
+// memory.
+type keyLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyLock
+}
+
+type keyLock struct {
+	mu    sync.Mutex
+	users int // holders and waiters, under keyLocks.mu
+}
+
+// lock locks key and returns its unlock.
+func (l *keyLocks) lock(key string) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*keyLock{}
+	}
+	k := l.m[key]
+	if k == nil {
+		k = &keyLock{}
+		l.m[key] = k
+	}
+	k.users++
+	l.mu.Unlock()
+	k.mu.Lock()
+	return func() {
+		k.mu.Unlock()
+		l.mu.Lock()
+		if k.users--; k.users == 0 {
+			delete(l.m, key)
+		}
+		l.mu.Unlock()
+	}
 }

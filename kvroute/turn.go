@@ -38,6 +38,9 @@ type turn struct {
 	// prompt is the prompt's tokens as P's answer counted them (0:
 	// unknown), for the decode leg's live tokens (memory.go).
 	prompt int
+	// roomMade: a decode leg of the turn had room made on its engine
+	// (memory.go, arrive): its other legs make none.
+	roomMade bool
 }
 
 // begin starts a turn for req: its ids, its record, its buffers and its

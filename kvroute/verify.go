@@ -76,8 +76,10 @@ type tokenIDs struct {
 }
 
 // wait delivers a fingerprint that comes after seal returned: it calls
-// store with it and returns store's result, or a refusal when it could not
-// be made, or pending when it will call store after the turn.
+// store with it and returns store's result, or pending when it will call
+// store after the turn. A fingerprint that could not be made is delivered
+// as nil: store refuses the entry (RefuseUnrendered) and has its hold
+// released.
 type wait func(store func(fingerprint.Fingerprint) (Refusal, bool)) (refusal Refusal, stored, pending bool)
 
 // hit is the verify phase's result: the handle to attach, cut to the

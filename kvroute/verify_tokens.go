@@ -182,8 +182,10 @@ func (p *tokenProof) waitRender(tokens, bs int) wait {
 	return func(store func(fingerprint.Fingerprint) (Refusal, bool)) (Refusal, bool, bool) {
 		seal := func(ids []uint32, err error) (Refusal, bool) {
 			if err != nil || len(ids) == 0 {
+				// store(nil): nothing to seal, the handle is not kept
+				// (RefuseUnrendered), and its hold is released.
 				noRender(r, path)
-				return RefuseUnrendered, false
+				return store(nil)
 			}
 			n := min(len(ids), tokens)
 			fp := fingerprint.AppendFrom(r.bufs.bytes.Get(fingerprint.Size(n, bs)), fingerprint.Prefix{}, ids, nil, n, bs)

@@ -79,7 +79,9 @@ type release struct {
 func routerReleases(s kvroute.Stats) []release {
 	var out []release
 	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
-		{"budget", s.ReleasedBudget}, {"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
+		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},
+		{"store_error", s.ReleasedStoreError}, {"overwritten", s.ReleasedOverwritten}, {"unreleasable", s.Unreleasable},
+		{"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
 		if r.n > 0 {
 			out = append(out, r)
 		}

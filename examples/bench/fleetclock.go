@@ -47,8 +47,9 @@ func isSession(ctx context.Context) bool { return ctx.Value(sessionMark{}) != ni
 // when it takes its handle.
 type clockStore struct {
 	kvroute.Store
-	clk   *kvroutetest.EventClock
-	takes *atomic.Int64 // the releases' Takes
+	clk    *kvroutetest.EventClock
+	takes  *atomic.Int64 // the releases' Takes
+	joined *atomic.Int64 // the releases that joined at their Take, not yet sent
 }
 
 // Take implements kvroute.Store.
@@ -57,6 +58,7 @@ func (s clockStore) Take(ctx context.Context, key string) ([]byte, bool, error) 
 	if !isSession(ctx) {
 		if ok && err == nil {
 			s.clk.Join()
+			s.joined.Add(1)
 		}
 		s.takes.Add(1)
 	}
@@ -133,6 +135,14 @@ func (t clockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.rig.unsettled.Add(1)
 		}
 		return t.base.RoundTrip(req)
+	}
+	// A release whose handle was taken joined the clock then; one of a
+	// handle the router did not keep (kvroute's orphan.go) took nothing,
+	// and joins now. Which of them is which does not matter: each release
+	// joins once and leaves once.
+	if t.rig.joined.Add(-1) < 0 {
+		t.rig.joined.Add(1)
+		t.clk.Join()
 	}
 	defer t.clk.Leave()
 	resp, err := t.base.RoundTrip(req)

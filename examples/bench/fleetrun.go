@@ -89,6 +89,7 @@ type fleetRig struct {
 	// takes the releases' Takes (settle)
 	ledger    *budget.Budget
 	takes     atomic.Int64
+	joined    atomic.Int64 // releases that joined the clock at their Take, not yet sent
 	unsettled atomic.Int64 // turns whose releases did not settle in time
 	cv        *clairvoyant // the managed arm's with --clairvoyant
 	closers   []func()
@@ -163,7 +164,7 @@ func startRig(c fleetConfig, plan []sessionPlan, a armSpec) (*fleetRig, error) {
 	r.ledger = ledger
 	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
 		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
-		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes})}
+		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes, joined: &r.joined})}
 	opts = append(opts, kvroute.WithDecodeMemory(mem))
 	if r.cv != nil {
 		opts = append(opts, kvroute.WithIdentifier(keyRecorder{Identifier: kvroute.ContinuationKeys{}, cv: r.cv}))

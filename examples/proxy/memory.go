@@ -19,6 +19,7 @@ import (
 type memoryConfig struct {
 	budget    float64
 	headroom  float64
+	roomRate  float64
 	capacity  int64
 	watermark float64
 	interval  time.Duration
@@ -32,6 +33,7 @@ func (m *memoryConfig) flags(fs *flag.FlagSet) {
 	d := kvroute.Defaults().DecodeMemory
 	fs.Float64Var(&m.budget, "decode-memory-budget", d.Budget, "share of each decode engine's KV capacity this proxy's retained handles may hold: above it, the holds least likely to be used (by the learned pauses between turns) are released with a one-token request to a prefill engine; under it, only to make room for a decode leg that arrives at an engine they fill. Handles a turn replaces are released through its own prefill leg. A negative value turns this off: every handle held for --retention-ttl, as the reference proxy")
 	fs.Float64Var(&m.headroom, "decode-memory-headroom", d.Headroom, "share of each decode engine's KV capacity kept free of holds when a decode leg arrives: while the engine's holds and the decode legs in flight (each counted as its prompt and max_tokens) take more than the rest, the holds worth least are released so that the engine admits the leg at once (below 1; negative: no room made on arrival, holds released only above --decode-memory-budget)")
+	fs.Float64Var(&m.roomRate, "decode-memory-room-rate", d.RoomRate, "share of a decode engine's KV capacity that one client's requests (one API key) may have released of other tenants' holds a minute to make room on arrival (at most a minute's worth at once; its own tenant's holds are released for it without limit); negative: no limit")
 	fs.Int64Var(&m.capacity, "decode-kv-capacity", 0, "KV capacity in tokens of a decode engine whose /metrics do not report vllm:cache_config_info (0: read from /metrics)")
 	fs.Float64Var(&m.watermark, "decode-high-watermark", d.HighWatermark, "KV usage (0 to 1, holds included) at or above which a decode engine takes no new conversation and its own conversations move while another engine has room (negative: never)")
 	fs.DurationVar(&m.interval, "decode-metrics-interval", d.MetricsInterval, "how often each decode engine's /metrics (capacity, KV usage, waiting requests, preemptions) is read, in the background (0: never)")
@@ -45,6 +47,8 @@ func (m *memoryConfig) check() error {
 		return fmt.Errorf("%w: --decode-memory-budget %v: use a share in (0, 1], or a negative value to hold every handle for --retention-ttl", errUsage, m.budget)
 	case math.IsNaN(m.headroom) || m.headroom >= 1 || m.headroom == 0:
 		return fmt.Errorf("%w: --decode-memory-headroom %v: use a share in (0, 1), or a negative value to make no room on arrival", errUsage, m.headroom)
+	case math.IsNaN(m.roomRate) || m.roomRate == 0:
+		return fmt.Errorf("%w: --decode-memory-room-rate %v: use a share of the capacity a minute, or a negative value for no limit", errUsage, m.roomRate)
 	case math.IsNaN(m.watermark) || m.watermark > 1 || m.watermark == 0:
 		return fmt.Errorf("%w: --decode-high-watermark %v: use a share in (0, 1], or a negative value for never", errUsage, m.watermark)
 	case m.capacity < 0:
@@ -61,7 +65,7 @@ func (m *memoryConfig) check() error {
 // ledger /metrics reads (made once).
 func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize int) kvroute.DecodeMemory {
 	dm := kvroute.DecodeMemory{Local: local, KVBytesPerToken: kvBytesPerToken, HighWatermark: m.watermark, Headroom: m.headroom,
-		MetricsInterval: none(m.interval), Releases: m.releases}
+		RoomRate: m.roomRate, MetricsInterval: none(m.interval), Releases: m.releases}
 	if m.ledger == nil {
 		opts := []budget.Option{budget.WithFraction(max(m.budget, 0)), budget.WithCapacity(m.capacity)}
 		if m.budget < 0 {
@@ -172,11 +176,21 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 // watchMemory exports the decode memory's releases, holds, pressure and
 // learned pauses.
 func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
-	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget).",
+	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once).",
 		"reason", []labeledStat{
 			{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
 			{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
 			{"budget", func(s kvroute.Stats) int64 { return s.ReleasedBudget }},
+			{"room", func(s kvroute.Stats) int64 { return s.ReleasedRoom }},
+			{"n_gt_1", func(s kvroute.Stats) int64 { return s.ReleasedNChoices }},
+			{"refused", func(s kvroute.Stats) int64 { return s.ReleasedRefused }},
+			{"store_error", func(s kvroute.Stats) int64 { return s.ReleasedStoreError }},
+			{"overwritten", func(s kvroute.Stats) int64 { return s.ReleasedOverwritten }},
+		})
+	m.statsByLabel(r, "decode_room_limited_total", "Decode legs that made less room on arrival than their engine's holds and live legs called for, by reason: rejected (the engine will reject the request: max_tokens over its max_model_len, alone or with the prompt), rate_limited (its client released --decode-memory-room-rate of other tenants' holds already).",
+		"reason", []labeledStat{
+			{"rejected", func(s kvroute.Stats) int64 { return s.RoomRejected }},
+			{"rate_limited", func(s kvroute.Stats) int64 { return s.RoomLimited }},
 		})
 	stat := func(name, help string, get func(kvroute.Stats) int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help},
@@ -189,6 +203,8 @@ func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window t
 			func(s kvroute.Stats) int64 { return s.ReleaseSkipped }),
 		stat("decode_release_gone_total", "Holds over the budget already taken from the store when their release came (a turn or another replica had them).",
 			func(s kvroute.Stats) int64 { return s.ReleaseGone }),
+		stat("decode_unreleasable_total", "Decode handles the proxy did not keep and could not release either (one vLLM would misread, of push mode, or whose store write failed while the store could not say it does not hold it): they lapse at the engines' TTL.",
+			func(s kvroute.Stats) int64 { return s.Unreleasable }),
 		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now},
 	)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,6 +85,8 @@ func TestDecodeMemoryFlagErrors(t *testing.T) {
 		{[]string{"--decode-high-watermark", "2"}},
 		{[]string{"--decode-memory-headroom", "1"}},
 		{[]string{"--decode-memory-headroom", "0"}},
+		{[]string{"--decode-memory-room-rate", "0"}},
+		{[]string{"--decode-memory-room-rate", "NaN"}},
 		{[]string{"--decode-kv-capacity", "-1"}},
 		{[]string{"--decode-metrics-interval", "-1s"}},
 		{[]string{"--decode-memory-releases", "0"}},
@@ -93,4 +96,41 @@ func TestDecodeMemoryFlagErrors(t *testing.T) {
 		assert.ErrorIs(t, err, errUsage)
 		assert.Contains(t, err.Error(), tc.args[0])
 	}
+}
+
+// Through the proxy, every release of a handle it did not keep, and every
+// decode leg that made no room, is counted by reason in /metrics: an
+// answer of n = 2 choices (its hold released at once, reason n_gt_1) and a
+// request over the engine's max_model_len (rejected by the engine with
+// 400, no room made).
+func TestDecodeMemoryOrphanMetrics(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithNumBlocks(64))
+	d := cl.Decode[0]
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", d.URL())
+	body := strings.Replace(plainChat(reuseSystem, "List the failing tests."), `"max_tokens":16`, `"max_tokens":16,"n":2`, 1)
+	status, _, answer := p.do(t, http.MethodPost, "/v1/chat/completions", body, "Content-Type", "application/json")
+	require.Equal(t, http.StatusOK, status, answer)
+	ref, err := kvroutetest.Reference("/v1/chat/completions", []byte(body))
+	require.NoError(t, err)
+	assert.Equal(t, ref.Text, chatAnswer(t, answer), "differs from a single engine's")
+	var page string
+	for range 5000 { // the release and the engine's max_model_len come in the background
+		_, _, page = p.do(t, http.MethodGet, "/metrics", "")
+		if metricValue(page, `bidikv_decode_releases_total{reason="n_gt_1"}`) == "1" &&
+			metricValue(page, fmt.Sprintf(`bidikv_decode_kv_capacity_tokens{endpoint=%q}`, d.URL())) == "1024" {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	assert.Equal(t, "1", metricValue(page, `bidikv_decode_releases_total{reason="n_gt_1"}`))
+	assert.Equal(t, 1, d.Stats().NotifiedHolds, "D freed the hold at once")
+	huge := strings.Replace(plainChat(reuseSystem, "Write everything."), `"max_tokens":16`, `"max_tokens":125000`, 1)
+	status, _, answer = p.do(t, http.MethodPost, "/v1/chat/completions", huge, "Content-Type", "application/json")
+	assert.Equal(t, http.StatusBadRequest, status, answer)
+	_, _, page = p.do(t, http.MethodGet, "/metrics", "")
+	assert.Equal(t, "1", metricValue(page, `bidikv_decode_room_limited_total{reason="rejected"}`))
+	for _, reason := range []string{"room", "refused", "store_error", "overwritten"} {
+		assert.Equal(t, "0", metricValue(page, fmt.Sprintf(`bidikv_decode_releases_total{reason=%q}`, reason)), reason)
+	}
+	assert.Equal(t, "0", metricValue(page, "bidikv_decode_unreleasable_total"))
 }

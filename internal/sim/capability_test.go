@@ -185,6 +185,40 @@ func TestContextLength(t *testing.T) {
 	assert.Zero(t, e.Stats().Errors-2)
 }
 
+// --max-model-len below the pool: GET /v1/models lists it, and vLLM's
+// serving layer rejects a request whose prompt plus max_tokens (chat:
+// max_completion_tokens when given) exceeds it with 400
+// (vllm/renderers/params.py, TokenizeParams._token_len_check); generation
+// without max_tokens stops at it.
+func TestMaxModelLen(t *testing.T) {
+	e := start(t, nil, nil, func(c *sim.Config) { c.NumBlocks, c.MaxModelLen = 8, 64 }) // a pool of 128 tokens
+	resp, err := http.Get(e.url + "/v1/models")
+	require.NoError(t, err)
+	var models struct {
+		Data []struct {
+			MaxModelLen int `json:"max_model_len"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&models))
+	resp.Body.Close()
+	require.Len(t, models.Data, 1)
+	assert.Equal(t, 64, models.Data[0].MaxModelLen)
+	r := post(t, e.url, sim.PathCompletions, ids(idPrompt(1, 60), 5, nil))
+	assert.Equal(t, http.StatusBadRequest, r.Status)
+	assert.Contains(t, string(r.Body), "maximum context length is 64 tokens")
+	r = post(t, e.url, sim.PathCompletions, ids(idPrompt(1, 60), 4, nil))
+	assert.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	chat := map[string]any{"model": "sim-model", "messages": []map[string]any{{"role": "user", "content": "hi"}},
+		"max_tokens": 8, "max_completion_tokens": 1 << 20}
+	r = post(t, e.url, sim.PathChat, chat)
+	assert.Equal(t, http.StatusBadRequest, r.Status, "max_completion_tokens rules")
+	r = post(t, e.url, sim.PathCompletions, map[string]any{"model": "sim-model", "prompt": idPrompt(1, 60), "ignore_eos": true})
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	assert.Equal(t, 4, r.Complete, "stopped at max_model_len")
+	_, err = sim.New(func() sim.Config { c := sim.DefaultConfig(); c.NumBlocks, c.MaxModelLen = 4, 65; return c }())
+	assert.ErrorIs(t, err, sim.ErrInvalidConfig, "max_model_len over the pool")
+}
+
 // --max-num-seqs: beyond it requests wait though blocks are free.
 func TestMaxNumSeqs(t *testing.T) {
 	clk := newEventClock()

@@ -40,6 +40,13 @@ type Config struct {
 	// remote reader count as used and are never evicted; a request waits
 	// until its prompt fits and preempts others to grow (sched.go).
 	NumBlocks int
+	// MaxModelLen is --max-model-len: the most tokens a request may take,
+	// prompt and max_tokens together (0: NumBlocks × BlockSize, the whole
+	// pool). vLLM refuses to start when one request of max_model_len
+	// tokens cannot fit in the KV pool, so it is at most NumBlocks ×
+	// BlockSize. GET /v1/models lists it; a request over it gets vLLM's
+	// 400 (contextLengthError).
+	MaxModelLen int
 	// MaxNumSeqs is --max-num-seqs: at most this many requests of a rank
 	// run (or load from a remote) at once, the others wait (default 1024,
 	// vLLM's on GPUs of 70 GiB or more such as H200; 0 means no limit).
@@ -189,6 +196,14 @@ const DefaultToolCallRate = 0.5
 // ErrInvalidConfig reports a configuration the engine refuses.
 var ErrInvalidConfig = errors.New("sim: invalid config")
 
+// maxModelLen is --max-model-len: MaxModelLen, else the whole KV pool.
+func (c *Config) maxModelLen() int {
+	if c.MaxModelLen > 0 {
+		return c.MaxModelLen
+	}
+	return c.NumBlocks * c.BlockSize
+}
+
 func (c *Config) validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
@@ -200,6 +215,8 @@ func (c *Config) validate() error {
 		return bad("block size %d must be at least 1", c.BlockSize)
 	case c.NumBlocks < 1:
 		return bad("number of blocks %d must be at least 1", c.NumBlocks)
+	case c.MaxModelLen < 0 || c.MaxModelLen > c.NumBlocks*c.BlockSize:
+		return bad("max model len %d must be in [0, %d] (the KV pool's tokens: vLLM refuses to start when one request of max_model_len does not fit)", c.MaxModelLen, c.NumBlocks*c.BlockSize)
 	case c.MaxNumSeqs < 0:
 		return bad("max num seqs %d must be >= 0", c.MaxNumSeqs)
 	case !oneOf(c.UsageMetric, UsageMetricCurrent, UsageMetricLegacy, UsageMetricBoth):

@@ -122,7 +122,7 @@ func (e *Engine) samplingParams(req *Request) map[string]any {
 	}
 }
 
-func (e *Engine) maxModelLen() int { return e.cfg.NumBlocks * e.cfg.BlockSize }
+func (e *Engine) maxModelLen() int { return e.cfg.maxModelLen() }
 
 // serveRender serves the render endpoints: the full generation body in,
 // vLLM's GenerateRequest out (a list of one for completions). Responses and

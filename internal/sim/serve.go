@@ -155,7 +155,7 @@ func (e *Engine) serveModels(w http.ResponseWriter) {
 	body := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.clock.Now().Unix(), OwnedBy: "vllm", Root: e.cfg.Model, MaxModelLen: e.cfg.NumBlocks * e.cfg.BlockSize}}}
+	}{"list", []model{{ID: e.cfg.Model, Object: "model", Created: e.clock.Now().Unix(), OwnedBy: "vllm", Root: e.cfg.Model, MaxModelLen: e.maxModelLen()}}}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(body)
 }
@@ -343,8 +343,11 @@ func (e *Engine) gaveUp(w http.ResponseWriter, t *turn, err error) {
 }
 
 // contextLengthError is vLLM's check of a request against max_model_len
-// (NumBlocks × BlockSize, what the KV pool holds): the prompt must leave
-// room for a token, and prompt plus max_tokens must fit. "" when it fits.
+// (MaxModelLen, else NumBlocks × BlockSize): the prompt must leave room
+// for a token, and prompt plus max_tokens (chat: max_completion_tokens
+// when given) must fit, as TokenizeParams checks them
+// (vllm/renderers/params.py, _token_len_check with max_output_tokens
+// from ChatCompletionRequest.build_tok_params). "" when it fits.
 func (e *Engine) contextLengthError(req *Request) string {
 	n, limit := len(req.Prompt), e.maxModelLen()
 	switch {

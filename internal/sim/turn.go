@@ -83,11 +83,11 @@ func roleOf(p *Params) string {
 
 // GenParams returns the generation parameters an engine with configuration
 // c uses for choice sample of req.
-// Generation stops at max_model_len (NumBlocks × BlockSize) with finish
-// "length", as vLLM's check_stop does.
+// Generation stops at max_model_len (MaxModelLen, else NumBlocks ×
+// BlockSize) with finish "length", as vLLM's check_stop does.
 func (c *Config) GenParams(r *Request, sample int) GenParams {
 	maxTokens := r.MaxTokens
-	if room := c.NumBlocks*c.BlockSize - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
+	if room := c.maxModelLen() - len(r.Prompt); room < maxIgnoreEOS && (maxTokens == 0 || maxTokens > room) {
 		maxTokens = max(room, 1)
 	}
 	return GenParams{MaxTokens: maxTokens, MinTokens: r.MinTokens, IgnoreEOS: r.IgnoreEOS, Stop: r.Stop,
@@ -229,13 +229,21 @@ func (e *Engine) poisoned(t *turn) bool {
 
 var errDeclined = errors.New("sim: read declined, blocks about to expire")
 
+// setPull records how t's request read its handle. Its record is listed
+// (Records) while it runs, so the write takes e.mu.
+func (e *Engine) setPull(t *turn, p string) {
+	e.mu.Lock()
+	t.rec.Pull = p
+	e.mu.Unlock()
+}
+
 // pull applies the handle: decides the count, reads positionally through the
 // side channel and notifies the emitter. It returns the data for local blocks
 // first, first+1, ... or the load failure.
 func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int, failed error) {
 	p := t.params
 	if t.role == RolePlain || p == nil || !p.Usable() || (t.role == RolePrefill && !e.cfg.Bidirectional) {
-		t.rec.Pull = PullNone
+		e.setPull(t, PullNone)
 		return nil, 0, nil
 	}
 	n := len(t.toks)
@@ -246,16 +254,16 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 	count := min(rnt, n) - t.hit
 	switch {
 	case count <= 0:
-		t.rec.Pull = PullNone
+		e.setPull(t, PullNone)
 	case (t.role == RolePrefill || e.cfg.DecodeRecompute) && e.cfg.RecomputeThreshold > 0 && count < e.cfg.RecomputeThreshold:
 		// kv_recompute_threshold guards P's pull, and D's with
 		// DecodeRecompute; either way the reader still notifies
-		t.rec.Pull = PullRecompute
 		e.mu.Lock()
+		t.rec.Pull = PullRecompute
 		e.stats.Recomputed++
 		e.mu.Unlock()
 	default:
-		t.rec.Pull = PullRead
+		e.setPull(t, PullRead)
 	}
 	peer := e.reg.Lookup(p.Host, p.Port)
 	if peer == nil {

@@ -351,15 +351,39 @@ func (r *Report) readModels(a answer) {
 	if a.status != http.StatusOK {
 		return
 	}
-	var m struct {
-		Data []struct {
-			ID          string `json:"id"`
-			MaxModelLen int    `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if json.Unmarshal(a.body, &m) == nil && len(m.Data) > 0 {
+	if m, ok := parseModels(a.body); ok {
 		r.Model, r.MaxModelLen = m.Data[0].ID, m.Data[0].MaxModelLen
 	}
+}
+
+// models is vLLM's GET /v1/models answer (ModelList of ModelCard).
+type models struct {
+	Data []struct {
+		ID          string `json:"id"`
+		MaxModelLen int    `json:"max_model_len"`
+	} `json:"data"`
+}
+
+// parseModels reads a GET /v1/models answer that lists a model.
+func parseModels(body []byte) (models, bool) {
+	var m models
+	return m, json.Unmarshal(body, &m) == nil && len(m.Data) > 0
+}
+
+// MaxModelLen reads a GET /v1/models answer: the largest max_model_len of
+// the models it lists (vLLM lists the served model and its LoRA adapters,
+// all of the engine's --max-model-len: the most tokens a request may
+// take, prompt and max_tokens together), and false when none names one.
+func MaxModelLen(body []byte) (int, bool) {
+	m, ok := parseModels(body)
+	if !ok {
+		return 0, false
+	}
+	n := 0
+	for _, d := range m.Data {
+		n = max(n, d.MaxModelLen)
+	}
+	return n, n > 0
 }
 
 func (r *Report) readMetrics(a answer) {

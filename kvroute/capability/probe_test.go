@@ -479,3 +479,23 @@ func TestImplausibleMetrics(t *testing.T) {
 	assert.Len(t, first.Implausible, 2)
 	assert.True(t, first.Metrics.Is(A), first.Metrics.Why)
 }
+
+// MaxModelLen reads GET /v1/models: the largest max_model_len listed (the
+// served model and its LoRA adapters share the engine's), false when none.
+func TestMaxModelLen(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want int
+		ok   bool
+	}{
+		{`{"object":"list","data":[{"id":"m","max_model_len":32768},{"id":"lora","max_model_len":32768}]}`, 32768, true},
+		{`{"data":[{"id":"m","max_model_len":4096},{"id":"x"}]}`, 4096, true},
+		{`{"data":[{"id":"m"}]}`, 0, false},
+		{`{"data":[]}`, 0, false},
+		{`not json`, 0, false},
+	} {
+		n, ok := capability.MaxModelLen([]byte(tc.body))
+		assert.Equal(t, tc.want, n, tc.body)
+		assert.Equal(t, tc.ok, ok, tc.body)
+	}
+}

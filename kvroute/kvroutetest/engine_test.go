@@ -141,6 +141,7 @@ func TestStartEngineRejectsInvalidOptions(t *testing.T) {
 	tests := map[string]kvroutetest.Option{
 		"block size": kvroutetest.WithBlockSize(0),
 		"blocks":     kvroutetest.WithNumBlocks(-1),
+		"model len":  kvroutetest.WithMaxModelLen(kvroutetest.DefaultNumBlocks*16 + 1),
 		"policy":     kvroutetest.WithKVLoadFailurePolicy("retry"),
 		"threshold":  kvroutetest.WithRecomputeThreshold(-1),
 		"ttl":        kvroutetest.WithDecoderBlocksTTL(0),

@@ -71,6 +71,13 @@ func WithBlockSize(n int) Option { return optionFunc(func(c *config) { c.sim.Blo
 // Profile.NumGPUBlocks gives a node's realistic capacity.
 func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.NumBlocks = n }) }
 
+// WithMaxModelLen sets --max-model-len: the most tokens one request may
+// take, prompt and max_tokens together (default 0: the whole KV pool,
+// WithNumBlocks × block size; more than that is invalid, as vLLM refuses
+// to start when one such request does not fit). GET /v1/models lists it
+// as max_model_len, and a request over it gets vLLM's 400.
+func WithMaxModelLen(n int) Option { return optionFunc(func(c *config) { c.sim.MaxModelLen = n }) }
+
 // WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run (or
 // load from a remote) at once, the others wait (default 1024, vLLM's on
 // H200-class GPUs; 0 means no limit; negative is invalid).

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"hash/maphash"
 	"math"
 	"strings"
 	"sync"
@@ -30,7 +31,8 @@ type Budget struct {
 	byName  map[string]uint32
 	tombs   tombstones
 	stats   Stats
-	cands   []cand // scratch for Victims
+	cands   []cand       // scratch for Victims
+	seed    maphash.Seed // of the owners' hashes
 }
 
 // Stats counts what a Budget has seen since it was made.
@@ -82,6 +84,7 @@ func New(opts ...Option) (*Budget, error) {
 		live:   map[string]loc{},
 		byName: map[string]uint32{},
 		tombs:  newTombstones(),
+		seed:   maphash.MakeSeed(),
 	}, nil
 }
 
@@ -158,6 +161,7 @@ func (b *Budget) Add(h Hold) error {
 		blocks:  uint32((h.Tokens + bs - 1) / bs),
 		saved:   float32(h.Saved.Seconds()),
 		cell:    uint32(cell),
+		owner:   maphash.String(b.seed, h.Owner),
 	})
 	b.live[key] = loc{eng: b.byName[e.name], slot: slot}
 	b.stats.Added++

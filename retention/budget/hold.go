@@ -28,6 +28,11 @@ type Hold struct {
 	// caller's cost model (recomputing the tokens minus pulling them).
 	// Zero means nothing: such a hold is released first.
 	Saved time.Duration
+	// Owner is who the hold is for (the router's principal of the turn
+	// that made it), an opaque string kept as a 64-bit hash:
+	// [Budget.VictimsFor] limits what one owner releases of the others'
+	// holds. Empty is an owner too.
+	Owner string
 }
 
 // validate reports what is wrong with h.
@@ -70,4 +75,7 @@ type Victim struct {
 	// Value is the saved prefill seconds × Probability / Blocks at the
 	// choice (or WithValue's): the holds of least value go first.
 	Value float64
+	// Other is true for a hold [Budget.VictimsFor] chose of an owner
+	// other than the one it made room for.
+	Other bool
 }

@@ -14,12 +14,13 @@ type engine struct {
 	blocks    int64
 }
 
-// rec is one live hold: 56 bytes, and the key's bytes (shared with the
+// rec is one live hold: 64 bytes, and the key's bytes (shared with the
 // index's map key).
 type rec struct {
 	key     string
-	created int64 // UnixNano
-	expires int64 // UnixNano
+	created int64  // UnixNano
+	expires int64  // UnixNano
+	owner   uint64 // Hold.Owner's hash
 	tokens  uint32
 	blocks  uint32
 	saved   float32 // seconds

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"hash/maphash"
 	"time"
 )
 
@@ -42,23 +43,40 @@ func (c cand) before(d cand) bool {
 // 20 µs for 1,000 holds and 0.35 ms for 10,000 (BenchmarkVictims); an
 // engine under its budget costs a comparison.
 func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
+	v, _ := b.victims(engine, incoming, 0, false, -1, now)
+	return v
+}
+
+// VictimsFor is [Budget.Victims] for a caller that makes room for owner
+// (a [Hold.Owner]): of the holds of other owners it chooses at most
+// others tokens' worth (their Tokens; each marked Other), passing over
+// any that would go beyond, while owner's own holds are chosen without
+// limit. limited reports that a hold was passed over: the victims free
+// less than Victims' would. A negative others is no limit (Victims).
+func (b *Budget) VictimsFor(engine string, incoming int, owner string, others int64, now time.Time) (victims []Victim, limited bool) {
+	return b.victims(engine, incoming, maphash.String(b.seed, owner), true, others, now)
+}
+
+// victims is Victims, limited to others tokens of holds not of owner
+// when byOwner and others >= 0.
+func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool, others int64, now time.Time) ([]Victim, bool) {
 	n := now.UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire(n)
 	ei, ok := b.byName[engine]
 	if !ok {
-		return nil
+		return nil, false
 	}
 	e := b.engines[ei]
 	budget := b.budgetTokens(e)
 	if budget <= 0 {
-		return nil
+		return nil, false
 	}
 	bs := int64(b.blockSize(e))
 	need := (e.blocks+(int64(max(incoming, 0))+bs-1)/bs)*bs - budget
 	if need <= 0 {
-		return nil
+		return nil, false
 	}
 	b.refresh(n, false)
 
@@ -83,7 +101,8 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 	heapify(cands)
 
 	var out []Victim
-	freed := int64(0)
+	freed, taken := int64(0), int64(0)
+	limited := false
 	for len(cands) > 0 && freed < need {
 		c := cands[0]
 		last := len(cands) - 1
@@ -91,7 +110,15 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 		cands = cands[:last]
 		siftDown(cands, 0)
 		r := &e.recs[c.slot]
-		out = append(out, Victim{Held: e.held(r), Probability: c.prob, Value: c.value})
+		other := byOwner && r.owner != owner
+		if other && others >= 0 {
+			if taken+int64(r.tokens) > others {
+				limited = true
+				continue
+			}
+			taken += int64(r.tokens)
+		}
+		out = append(out, Victim{Held: e.held(r), Probability: c.prob, Value: c.value, Other: other})
 		freed += int64(r.blocks) * bs
 	}
 	b.cands = cands[:0]
@@ -101,7 +128,7 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 		b.bury(r, n)
 		b.stats.Released++
 	}
-	return out
+	return out, limited
 }
 
 func heapify(h []cand) {

@@ -162,3 +162,53 @@ func TestVictimsWithValue(t *testing.T) {
 	_, err := budget.NewModel(budget.WithValue(nil))
 	assert.ErrorIs(t, err, budget.ErrInvalidConfig, "a Model has no value function")
 }
+
+// VictimsFor makes room for an owner: of other owners' holds it chooses at
+// most the tokens it is given, passing over those that would go beyond,
+// and the owner's own holds without limit; each victim says whose it was.
+func TestVictimsFor(t *testing.T) {
+	now := t0.Add(time.Hour)
+	add := func(b *budget.Budget, key, owner string, tokens int, age time.Duration) {
+		require.NoError(t, b.Add(budget.Hold{Key: key, Engine: "d0", Tokens: tokens, Created: now.Add(-age),
+			Expires: now.Add(-age).Add(ttl), Owner: owner}))
+	}
+	setup := func() *budget.Budget {
+		b, err := budget.New(budget.WithFraction(1))
+		require.NoError(t, err)
+		b.SetCapacity("d0", budget.Capacity{Tokens: 4000})
+		// Oldest first in value (all save nothing): a, b (bob's), c (ann's), d (bob's).
+		add(b, "a", "bob", 1000, 400*time.Second)
+		add(b, "b", "bob", 1000, 300*time.Second)
+		add(b, "c", "ann", 1000, 200*time.Second)
+		add(b, "d", "bob", 992, 100*time.Second)
+		return b
+	}
+	for _, tc := range []struct {
+		name    string
+		others  int64
+		want    []string
+		other   []bool
+		limited bool
+	}{
+		{"no limit: as Victims", -1, []string{"a", "b", "c"}, []bool{true, true, false}, false},
+		{"one of the others' holds, then the owner's own", 1000, []string{"a", "c"}, []bool{true, false}, true},
+		{"none of the others'", 0, []string{"c"}, []bool{false}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup()
+			vs, limited := b.VictimsFor("d0", 2500, "ann", tc.others, now)
+			assert.Equal(t, tc.want, keys(vs))
+			var other []bool
+			for _, v := range vs {
+				other = append(other, v.Other)
+			}
+			assert.Equal(t, tc.other, other)
+			assert.Equal(t, tc.limited, limited)
+		})
+	}
+	// Victims marks nothing Other.
+	b := setup()
+	for _, v := range b.Victims("d0", 2500, now) {
+		assert.False(t, v.Other)
+	}
+}
