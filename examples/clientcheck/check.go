@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -69,7 +70,10 @@ func (c *checker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(got.status)
 	_, _ = w.Write(got.body)
-	want, err := c.send(r, c.plain, body)
+	// The plain engine's answer is asked for after the client has its own:
+	// the client may have gone meanwhile (Codex closes a stream at its
+	// last event), which must not cancel the check.
+	want, err := c.send(r.WithContext(context.WithoutCancel(r.Context())), c.plain, body)
 	n := c.n.Add(1)
 	line := fmt.Sprintf("request=%d path=%s input=%s", n, r.URL.Path, lastInput(r.URL.Path, body))
 	if err != nil {
