@@ -23,6 +23,7 @@ import (
 func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	t := r.begin(req)
 	ctx = t.trace.start(ctx, req)
+	t.values = context.WithoutCancel(ctx)
 	if r.closed.Load() {
 		return nil, t.fail(PhaseLookup, ErrClosed)
 	}

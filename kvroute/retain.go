@@ -74,13 +74,13 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		Turn: max(in.turn, 1), ToolCalls: toolCalls(reply), Model: t.req.model(), API: apiCode(t.req.Path)}
 	tenant := t.req.tenant
 	if later == nil {
-		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(ret.Key, tenant, e, t.id)
+		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(t.values, ret.Key, tenant, e, t.id)
 		return
 	}
 	// The fingerprint comes later, perhaps after the turn: the entry
 	// keeps copies of the turn's buffers.
 	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(handle)
-	key, id := ret.Key, t.id
+	key, id, values := ret.Key, t.id, t.values
 	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
 		if fp == nil {
 			// No render to seal the entry with: not kept, released.
@@ -88,7 +88,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 			return RefuseUnrendered, false
 		}
 		e.FP = fp
-		return r.handles.retain(key, tenant, e, id)
+		return r.handles.retain(values, key, tenant, e, id)
 	})
 	if pending {
 		t.rec.StoreRefusal = RefuseRenderPending

@@ -140,14 +140,14 @@ func (h *handles) restore(ctx context.Context, key string, e entry.Entry, reques
 // Router reuse once Put returns. What the Store held under key (another
 // turn's handle of the conversation) is released, not overwritten; e's
 // own hold is released when the Store does not keep it.
-func (h *handles) retain(key, tenant string, e entry.Entry, requestID string) (Refusal, bool) {
+func (h *handles) retain(values context.Context, key, tenant string, e entry.Entry, requestID string) (Refusal, bool) {
 	val := e.Encode(h.bufs.Get(e.EncodedSize()), h.bufs)
 	defer h.bufs.Put(val)
 	if len(val) > h.maxEntry {
 		h.mem.rel.orphan(e, releaseRefused)
 		return h.tooLarge(len(val)), false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := context.WithTimeout(values, storeTimeout)
 	defer cancel()
 	defer h.locks.lock(key)()
 	prev, took := h.supersede(ctx, key, requestID)

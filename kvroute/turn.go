@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
@@ -41,13 +42,18 @@ type turn struct {
 	// roomMade: a decode leg of the turn had room made on its engine
 	// (memory.go, arrive): its other legs make none.
 	roomMade bool
+	// values is Do's context without its cancellation: the Store calls
+	// that retain the turn's handle carry its values (a trace, a
+	// caller's marks) but are not lost when the client goes, and may run
+	// after the turn (a render answered late).
+	values context.Context
 }
 
 // begin starts a turn for req: its ids, its record, its buffers and its
 // verification. A client's X-Request-Id is echoed and, made unique, sent to
 // the engines; absent or invalid, the router generates one.
 func (r *Router) begin(req *Request) *turn {
-	t := &turn{r: r, req: req, start: r.cfg.clock()}
+	t := &turn{r: r, req: req, start: r.cfg.clock(), values: context.Background()}
 	if req.Header == nil {
 		req.Header = http.Header{}
 	}
