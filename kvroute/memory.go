@@ -149,11 +149,13 @@ const defaultGeneration = 1024
 // neither P's answer nor the turn's verification counted them.
 const bytesPerToken = 4
 
-// arrive counts t's decode leg live on ep until its Response is released
-// (as what it can take there: room.go, liveTokens), and has room made on
-// the engine when its holds and live legs no longer fit, once a turn
-// (room.go, makeRoom). A leg the engine will reject counts nothing and
-// makes no room (Stats.RoomRejected). It returns the tokens counted.
+// arrive counts t's decode leg live on ep until its answer is whole (the
+// retain then counts what D holds of it as a hold) or its Response is
+// released (Response.leave), as what it can take there (room.go,
+// liveTokens), and has room made on the engine when its holds and live
+// legs no longer fit, once a turn (room.go, makeRoom). A leg the engine
+// will reject counts nothing and makes no room (Stats.RoomRejected). It
+// returns the tokens counted.
 func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
 	if !m.cfg.on {
 		return 0

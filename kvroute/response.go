@@ -36,6 +36,7 @@ type Response struct {
 	in         retainIn // what the retain phase needs of the turn's legs
 	ep         *endpoint
 	live       int64 // the leg's tokens counted live on ep (memory.go)
+	left       sync.Once
 	body       io.ReadCloser
 	stream     bool
 	reader     *sse.Reader
@@ -233,6 +234,7 @@ func (r *Response) retainOnce() {
 		return
 	}
 	r.retained = true
+	r.leave()
 	var ids tokenIDs
 	if r.in.added || r.in.asked {
 		ids.prompt, ids.generated, ids.ok = r.capture.IDs()
@@ -256,8 +258,16 @@ func (r *Response) release() {
 	r.once.Do(func() {
 		_ = r.body.Close()
 		r.ep.inflight.Add(-1)
-		r.ep.mem.live.Add(-r.live)
+		r.leave()
 	})
+}
+
+// leave ends the leg's count live on its engine, once: when D's answer is
+// whole (before it is retained: the engine has finished the request, and
+// what it still holds of it is the hold the retain adds to the ledger, not
+// live work), or when the Response is released.
+func (r *Response) leave() {
+	r.left.Do(func() { r.ep.mem.live.Add(-r.live) })
 }
 
 // end finishes a stream: retains D's handle when the stream completed,

@@ -86,6 +86,7 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 		r.finishBody()
 		return nil
 	}
+	r.leave()
 	retain(r.t, r.in, handle, r.t.req.api.impl.bodyReply(obj), ids)
 	if buf != nil {
 		r.buf = buf
