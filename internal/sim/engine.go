@@ -29,7 +29,8 @@ const (
 	RolePlain   = "plain"
 )
 
-// Config configures an engine. DefaultConfig gives vLLM's defaults.
+// Config configures an engine. DefaultConfig gives a NixlConnector engine
+// with bidirectional_kv_xfer on, vLLM's defaults otherwise.
 type Config struct {
 	Model     string
 	BlockSize int
@@ -103,8 +104,16 @@ type Config struct {
 	// (EOS or a stop string) as current vLLM does.
 	PrefillHandleOnLengthOnly bool
 	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
-	// when false D emits no handle and P ignores D handles.
+	// when false D emits no handle and P ignores D handles. vLLM's default
+	// is false (NixlBaseConnectorScheduler.__init__); DefaultConfig sets it.
 	Bidirectional bool
+	// NoKVConnector is an engine started without --kv-transfer-config:
+	// the scheduler has no KV connector (Scheduler.__init__ leaves
+	// self.connector None), so kv_transfer_params are ignored on every API
+	// (the request is served as a plain one: no read, no hold, no
+	// notification) and every answer's kv_transfer_params is null.
+	// DefaultConfig leaves it false: a NixlConnector engine.
+	NoKVConnector bool
 	// Render is the render endpoints' mode: RenderEnabled (default; ""
 	// means the same), RenderDisabled (501) or RenderAbsent (404).
 	Render string
@@ -160,12 +169,18 @@ type Config struct {
 // DefaultVersion is the vLLM version an engine reports by default.
 const DefaultVersion = "0.30.0"
 
-// DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
-// blocks, 1024 running requests, prefix caching on, bidirectional, stock
-// streams, threshold 64, TTL 480 s, lease 30 s, policy fail, zero-cost
-// profile, speed 0, TP 1, DP 1, no system_fingerprint, version
-// DefaultVersion, /tokenize and kv_transfer_params on every API, tool call
-// rate DefaultToolCallRate.
+// DefaultConfig returns an engine started as this project deploys vLLM:
+// --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+// "kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' and vLLM's
+// defaults for the rest: sim-model, 16-token blocks, 8192 blocks, 1024
+// running requests, prefix caching on, stock streams, threshold 64 (vLLM's
+// default with bidirectional transfer on), TTL 480 s, lease 30 s, policy
+// fail, zero-cost profile, speed 0, TP 1, DP 1, no system_fingerprint,
+// version DefaultVersion, /tokenize and kv_transfer_params on every API,
+// tool call rate DefaultToolCallRate. vLLM's own defaults differ in
+// Bidirectional (false) and RecomputeThreshold (0 when bidirectional is
+// off), and without --kv-transfer-config in NoKVConnector (true):
+// examples/vllmsim starts from those.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",

@@ -24,6 +24,12 @@
 // NewCluster starts several engines sharing one side-channel Registry, so
 // they can read each other's blocks; engines in different registries cannot.
 //
+// An engine is by default the engine a bidirectional deployment runs: the
+// NixlConnector with bidirectional_kv_xfer on (a test default: vLLM's is
+// off, see WithBidirectional) and vLLM's defaults otherwise. The rules the
+// simulator follows, each with the vLLM file and function it comes from,
+// are listed in internal/sim's documentation.
+//
 // # The model
 //
 // Tokens come from a deterministic tokenizer and a ChatML-like chat template

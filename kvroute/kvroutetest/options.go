@@ -7,7 +7,13 @@ import (
 	"github.com/bidikv/bidikv/internal/sim"
 )
 
-// Defaults of the engine options, as vLLM's.
+// Defaults of the engine options. They are those of a vLLM engine started
+// as a bidirectional deployment needs it: --kv-transfer-config
+// '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+// "kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' and vLLM's
+// defaults for the rest. Bidirectional transfer on is a test default: vLLM's
+// own default is off (see WithBidirectional), and examples/vllmsim keeps
+// vLLM's.
 const (
 	DefaultModel              = "sim-model"
 	DefaultBlockSize          = 16
@@ -136,9 +142,11 @@ func WithStreamHandles(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.StreamHandles = on })
 }
 
-// WithRecomputeThreshold sets kv_recompute_threshold (default 64; 0 disables
-// the check; negative is invalid): P recomputes instead of pulling when the
-// count is strictly below it.
+// WithRecomputeThreshold sets kv_recompute_threshold (default 64, vLLM's
+// with bidirectional transfer on; vLLM's default is 0 with it off, which
+// WithBidirectional(false) does not change; 0 disables the check; negative
+// is invalid): P recomputes instead of pulling when the count is strictly
+// below it (and D too, with WithDecodeRecompute).
 func WithRecomputeThreshold(n int) Option {
 	return optionFunc(func(c *config) { c.sim.RecomputeThreshold = n })
 }
@@ -194,9 +202,10 @@ func WithReasoning(on bool) Option { return optionFunc(func(c *config) { c.sim.R
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.sim.Logger = l }) }
 
 // WithBidirectional sets kv_connector_extra_config.bidirectional_kv_xfer
-// (default true). When false the engine is a stock one-way P/D engine: D
-// emits no handle and frees its blocks when it finishes, and P ignores D
-// handles (it neither reads nor notifies).
+// (default true, a test default for the engines a router needs; vLLM's
+// default, and examples/vllmsim's, is false). When false the engine is a
+// stock one-way P/D engine: D emits no handle and frees its blocks when it
+// finishes, and P ignores D handles (it neither reads nor notifies).
 func WithBidirectional(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.Bidirectional = on })
 }
