@@ -49,8 +49,10 @@ type Config struct {
 	// 400 (contextLengthError).
 	MaxModelLen int
 	// MaxNumSeqs is --max-num-seqs: at most this many requests of a rank
-	// run (or load from a remote) at once, the others wait (default 1024,
-	// vLLM's on GPUs of 70 GiB or more such as H200; 0 means no limit).
+	// run at once, the others wait (default 1024, vLLM's on GPUs of 70 GiB
+	// or more such as H200; 0 means no limit). Requests loading KV from a
+	// remote (WAITING_FOR_REMOTE_KVS) do not count: once read, they wait
+	// for a slot.
 	MaxNumSeqs          int
 	PrefixCaching       bool
 	StreamHandles       bool
@@ -313,7 +315,7 @@ type Stats struct {
 	// UsedBlocks are allocated now (running requests and holds), the rest
 	// free or evictable. Running and Waiting are vllm:num_requests_running
 	// and vllm:num_requests_waiting (a request loading from a remote is
-	// waiting).
+	// waiting, and takes no running slot).
 	TotalBlocks, UsedBlocks, Running, Waiting int
 	// Queued counts requests that had to wait for blocks (or for a running
 	// slot) before they were first scheduled; Preemptions the preemptions
@@ -359,7 +361,8 @@ type Record struct {
 	// chosen).
 	Rank int
 	// Queued is the time the request waited for blocks (or a running
-	// slot) before it was first scheduled; Preemptions counts its
+	// slot) before it was first scheduled, and after a read from a remote
+	// for a running slot; Preemptions counts its
 	// preemptions, Requeued the time it waited after them and Recompute
 	// the modelled recomputation of its prompt and generated tokens after
 	// them. FirstToken is the modelled time from arrival to the end of its
@@ -468,11 +471,15 @@ func (e *Engine) reset() {
 	e.monoOffset = float64(1000 + randUint()%90000)
 	for _, r := range e.ranks {
 		// the old process's waiting requests die with it
-		for _, t := range r.waiting {
+		for _, t := range append(r.waiting, r.loaded...) {
 			t.state = stateDead
 			e.wakeTurn(t)
 		}
-		r.waiting = nil
+		r.waiting, r.loaded = nil, nil
+		if r.stepStop != nil {
+			r.stepStop()
+			r.stepStop = nil
+		}
 		if r.expiryStop != nil {
 			r.expiryStop()
 			r.expiryStop = nil
@@ -572,8 +579,8 @@ func (e *Engine) Stats() Stats {
 		s.FreeBlocks += r.pool.freeCount()
 		s.TotalBlocks += r.pool.size()
 		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
-		s.Running += len(r.running)
-		s.Waiting += len(r.waiting) + r.loading
+		s.Running += r.slots()
+		s.Waiting += len(r.waiting) + len(r.loaded) + r.pulls
 		pinned := map[*block]bool{} // holds may share prefix-cached blocks
 		for _, h := range r.active {
 			for _, b := range h.seq.blocks {

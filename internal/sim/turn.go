@@ -44,6 +44,7 @@ type turn struct {
 	arrived   time.Time
 	waitFrom  time.Time // when it was last preempted
 	recompute bool      // preempted: recompute what it had once let in again
+	pulling   bool      // admitted to read from a remote: takes no running slot
 	started   bool      // admitted once: allToks and allKV are known
 	done      int       // decode steps passed (generated tokens of choice 0)
 	allToks   []uint32  // prompt and choice 0's generated tokens
