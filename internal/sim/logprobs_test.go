@@ -214,11 +214,11 @@ func TestLogprobsValidation(t *testing.T) {
 		msg  string
 	}{
 		"top_logprobs without logprobs": {sim.PathChat, with(hi, "top_logprobs", 2), "when using `top_logprobs`, `logprobs` must be set to true."},
-		"top_logprobs negative":          {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", -2), "`top_logprobs` must be a positive value or -1."},
-		"top_logprobs over the max":      {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", 21), "Requested sample logprobs of 21, which is greater than max allowed: 20"},
-		"top_logprobs -1 (vocabulary)":   {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", -1), "which is greater than max allowed: 20"},
-		"completions negative":           {sim.PathCompletions, map[string]any{"prompt": "hi", "logprobs": -3}, "`logprobs` must be a positive value or -1."},
-		"completions over the max":       {sim.PathCompletions, map[string]any{"prompt": "hi", "logprobs": 30}, "Requested sample logprobs of 30"},
+		"top_logprobs negative":         {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", -2), "`top_logprobs` must be a positive value or -1."},
+		"top_logprobs over the max":     {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", 21), "Requested sample logprobs of 21, which is greater than max allowed: 20"},
+		"top_logprobs -1 (vocabulary)":  {sim.PathChat, with(hi, "logprobs", true, "top_logprobs", -1), "which is greater than max allowed: 20"},
+		"completions negative":          {sim.PathCompletions, map[string]any{"prompt": "hi", "logprobs": -3}, "`logprobs` must be a positive value or -1."},
+		"completions over the max":      {sim.PathCompletions, map[string]any{"prompt": "hi", "logprobs": 30}, "Requested sample logprobs of 30"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := post(t, e.url, tc.path, tc.body)
