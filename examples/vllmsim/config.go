@@ -51,8 +51,9 @@ var kvRoles = []string{"kv_producer", "kv_consumer", "kv_both"}
 
 // parseKVTransferConfig reads --kv-transfer-config raw into c with vLLM's
 // defaults for whatever it leaves out: bidirectional_kv_xfer false,
-// kv_recompute_threshold 64 when bidirectional and 0 otherwise,
-// decoder_kv_blocks_ttl 480 s, kv_lease_duration 30 s
+// kv_recompute_threshold 64 (with --decode-recompute, vLLM PR #55801: 0
+// without bidirectional transfer), decoder_kv_blocks_ttl 480 s,
+// kv_lease_duration 30 s
 // (NixlBaseConnectorScheduler.__init__), kv_load_failure_policy "fail"
 // (KVTransferConfig). A kv_connector without a kv_role is refused, as
 // KVTransferConfig.__post_init__ refuses it; the simulator models only the
@@ -80,9 +81,11 @@ func parseKVTransferConfig(raw string, c *sim.Config) (warnings []string, err er
 	c.NoKVConnector = false
 	c.EngineID = k.EngineID
 	c.Bidirectional = k.Extra.Bidirectional != nil && *k.Extra.Bidirectional
-	c.RecomputeThreshold = 0
-	if c.Bidirectional {
-		c.RecomputeThreshold = 64
+	c.RecomputeThreshold = 64
+	if c.DecodeRecompute && !c.Bidirectional {
+		// PR #55801, which guards D's pulls too, keeps them unguarded by
+		// default without bidirectional transfer
+		c.RecomputeThreshold = 0
 	}
 	if k.Extra.RecomputeThreshold != nil {
 		c.RecomputeThreshold = *k.Extra.RecomputeThreshold
@@ -122,7 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
 	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
 	fs.StringVar(&o.cfg.Model, "served-model-name", o.cfg.Model, "alias of --model")
-	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64 if bidirectional, else 0), decoder_kv_blocks_ttl (480), kv_lease_duration (30)} (default: none, no KV connector: kv_transfer_params are ignored)`)
+	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64), decoder_kv_blocks_ttl (480), kv_lease_duration (30)} (default: none, no KV connector: kv_transfer_params are ignored)`)
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
 	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193)")
@@ -140,7 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.cfg.InlineReasoning, "inline-reasoning", false, "with --reasoning: no reasoning parser, the think block stays in the content")
 	fs.StringVar(&o.cfg.ReasoningField, "reasoning-field", o.cfg.ReasoningField, "reasoning key of messages and deltas: reasoning, reasoning_content or both")
 	fs.BoolVar(&o.cfg.PrefillHandleOnLengthOnly, "prefill-handle-on-length-only", false, "older engines: P emits its handle only on the length cap, not on a stop")
-	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (current vLLM): D computes short prompts locally")
+	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (vLLM PR #55801): D computes short prompts locally")
 	fs.IntVar(&o.cfg.KVGroups, "kv-groups", 1, "number of KV-cache groups (one block-id list each in handles)")
 	fs.Float64Var(&o.cfg.DriftRate, "drift-rate", 0, "probability per reply of a non-canonical token split (BPE drift), 0 to 1")
 	fs.Float64Var(&o.cfg.ToolCallRate, "tool-call-rate", o.cfg.ToolCallRate, "probability per reply under tool_choice auto (the default with tools) that the reply ends in a tool call, as a model served with --enable-auto-tool-choice (0 to 1; 0: never)")

@@ -61,7 +61,7 @@ func TestParseFlagsKVTransferDefaults(t *testing.T) {
 	c := o.cfg
 	assert.False(t, c.NoKVConnector)
 	assert.False(t, c.Bidirectional, "bidirectional_kv_xfer defaults to false")
-	assert.Zero(t, c.RecomputeThreshold, "kv_recompute_threshold defaults to 0 without bidirectional transfer")
+	assert.Equal(t, 64, c.RecomputeThreshold)
 	assert.Equal(t, 480*time.Second, c.DecoderBlocksTTL)
 	assert.Equal(t, 30*time.Second, c.LeaseDuration)
 	assert.Equal(t, sim.PolicyFail, c.KVLoadFailurePolicy)
@@ -71,7 +71,13 @@ func TestParseFlagsKVTransferDefaults(t *testing.T) {
 		`{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`}, io.Discard)
 	require.NoError(t, err)
 	assert.True(t, o.cfg.Bidirectional)
-	assert.Equal(t, 64, o.cfg.RecomputeThreshold, "64 with bidirectional transfer")
+	assert.Equal(t, 64, o.cfg.RecomputeThreshold)
+
+	// PR #55801 guards D's pulls too, with a default of 0 without
+	// bidirectional transfer
+	o, err = parseFlags([]string{"--decode-recompute", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}, io.Discard)
+	require.NoError(t, err)
+	assert.Zero(t, o.cfg.RecomputeThreshold)
 
 	// the connector's settings are read from kv_connector_extra_config
 	// only, kv_load_failure_policy from the top level only

@@ -27,7 +27,7 @@
 // without it the engine has no KV connector and ignores kv_transfer_params
 // (no transfer, no handle); with it, kv_connector must be "NixlConnector"
 // and kv_role is required; bidirectional_kv_xfer (default false),
-// kv_recompute_threshold (default 64 when bidirectional, else 0),
+// kv_recompute_threshold (default 64),
 // decoder_kv_blocks_ttl (480) and kv_lease_duration (30) are read from
 // kv_connector_extra_config only (at the top level they are ignored, with
 // a warning on stderr), kv_load_failure_policy (default fail) and

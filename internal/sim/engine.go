@@ -97,9 +97,10 @@ type Config struct {
 	// ContentFormatOpenAI.
 	ContentFormat string
 	// DecodeRecompute makes kv_recompute_threshold guard D's pull too, as
-	// current vLLM does: D computes locally instead of pulling fewer tokens
-	// than the threshold, and still notifies P (off by default so that
-	// existing expectations of D's pulls hold).
+	// vLLM PR #55801 does (_should_recompute_remote_kv on the
+	// remote-prefill path): D computes locally instead of pulling fewer
+	// tokens than the threshold, and still notifies P (off by default, as
+	// released engines).
 	DecodeRecompute bool
 	// PrefillHandleOnLengthOnly is an older engine's P: it emits its handle
 	// only when the request stopped on max_tokens, not on a normal stop

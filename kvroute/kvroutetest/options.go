@@ -84,9 +84,10 @@ func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.Num
 // as max_model_len, and a request over it gets vLLM's 400.
 func WithMaxModelLen(n int) Option { return optionFunc(func(c *config) { c.sim.MaxModelLen = n }) }
 
-// WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run (or
-// load from a remote) at once, the others wait (default 1024, vLLM's on
-// H200-class GPUs; 0 means no limit; negative is invalid).
+// WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run at
+// once, the others wait (default 1024, vLLM's on H200-class GPUs; 0 means
+// no limit; negative is invalid). A request loading KV from a remote takes
+// no slot; once read it waits for one, ahead of the waiting queue.
 func WithMaxNumSeqs(n int) Option { return optionFunc(func(c *config) { c.sim.MaxNumSeqs = n }) }
 
 // WithVersion sets what GET /version answers: {"version": v} (default
@@ -311,7 +312,7 @@ func WithPrefillHandleOnLengthOnly(on bool) Option {
 }
 
 // WithDecodeRecompute(true) makes kv_recompute_threshold guard D's pull as
-// well as P's, as current vLLM does: D computes the prompt locally instead of
+// well as P's, as vLLM PR #55801 does: D computes the prompt locally instead of
 // pulling fewer tokens than the threshold from P, and still notifies P (which
 // frees its blocks). Default false, so that D always pulls what it lacks.
 func WithDecodeRecompute(on bool) Option {
