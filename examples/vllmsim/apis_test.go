@@ -30,8 +30,8 @@ func postAPI(t *testing.T, url string, body map[string]any) map[string]any {
 // goes to P as chat with D's handle. The three render to the same tokens,
 // so the positional reads are right.
 func TestProcessesAcrossAPIs(t *testing.T) {
-	p := spawn(t, "--no-enable-prefix-caching")
-	d := spawn(t)
+	p := spawn(t, "--kv-transfer-config", bidiKV, "--no-enable-prefix-caching")
+	d := spawn(t, "--kv-transfer-config", bidiKV)
 	long := "the quick brown fox jumps over the lazy dog and keeps running through the forest until nightfall"
 	q := long + " " + long + " " + long
 	miss := map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,

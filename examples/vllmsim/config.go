@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/sim"
@@ -20,54 +22,110 @@ type options struct {
 }
 
 // kvTransferConfig is the part of vLLM's --kv-transfer-config the simulator
-// reads. The engine settings may sit at the top level or in
-// kv_connector_extra_config; the latter wins.
+// reads (vllm/config/kv_transfer.py, KVTransferConfig). The connector's
+// settings are read where vLLM reads them: bidirectional_kv_xfer,
+// kv_recompute_threshold, decoder_kv_blocks_ttl and kv_lease_duration from
+// kv_connector_extra_config only (get_from_extra_config in
+// nixl/base_scheduler.py, NixlBaseConnectorScheduler.__init__);
+// kv_load_failure_policy, engine_id, kv_connector and kv_role at the top
+// level only.
 type kvTransferConfig struct {
-	KVConnector string `json:"kv_connector"`
-	KVRole      string `json:"kv_role"`
+	KVConnector *string `json:"kv_connector"`
+	KVRole      *string `json:"kv_role"`
 	// EngineID is vLLM's engine_id: fixed, it survives a restart.
-	EngineID string `json:"engine_id"`
-	engineKnobs
-	Extra engineKnobs `json:"kv_connector_extra_config"`
+	EngineID            string      `json:"engine_id"`
+	KVLoadFailurePolicy *string     `json:"kv_load_failure_policy"`
+	Extra               extraConfig `json:"kv_connector_extra_config"`
 }
 
-type engineKnobs struct {
-	Bidirectional       *bool    `json:"bidirectional_kv_xfer"`
-	RecomputeThreshold  *int     `json:"kv_recompute_threshold"`
-	DecoderBlocksTTL    *float64 `json:"decoder_kv_blocks_ttl"`
-	LeaseDuration       *float64 `json:"kv_lease_duration"`
-	KVLoadFailurePolicy *string  `json:"kv_load_failure_policy"`
+// extraConfig is the NixlConnector's part of kv_connector_extra_config.
+type extraConfig struct {
+	Bidirectional      *bool    `json:"bidirectional_kv_xfer"`
+	RecomputeThreshold *int     `json:"kv_recompute_threshold"`
+	DecoderBlocksTTL   *float64 `json:"decoder_kv_blocks_ttl"`
+	LeaseDuration      *float64 `json:"kv_lease_duration"`
 }
 
-func (k engineKnobs) apply(c *sim.Config) {
-	if k.Bidirectional != nil {
-		c.Bidirectional = *k.Bidirectional
+// kvRoles are KVTransferConfig's kv_role values.
+var kvRoles = []string{"kv_producer", "kv_consumer", "kv_both"}
+
+// parseKVTransferConfig reads --kv-transfer-config raw into c with vLLM's
+// defaults for whatever it leaves out: bidirectional_kv_xfer false,
+// kv_recompute_threshold 64 (with --decode-recompute, vLLM PR #55801: 0
+// without bidirectional transfer), decoder_kv_blocks_ttl 480 s,
+// kv_lease_duration 30 s
+// (NixlBaseConnectorScheduler.__init__), kv_load_failure_policy "fail"
+// (KVTransferConfig). A kv_connector without a kv_role is refused, as
+// KVTransferConfig.__post_init__ refuses it; the simulator models only the
+// NixlConnector. Settings vLLM reads only from kv_connector_extra_config
+// are ignored at the top level, as vLLM ignores them; each is reported in
+// the returned warnings.
+func parseKVTransferConfig(raw string, c *sim.Config) (warnings []string, err error) {
+	var k kvTransferConfig
+	if err := json.Unmarshal([]byte(raw), &k); err != nil {
+		return nil, fmt.Errorf("--kv-transfer-config: %w", err)
 	}
-	if k.RecomputeThreshold != nil {
-		c.RecomputeThreshold = *k.RecomputeThreshold
+	var top, extra map[string]json.RawMessage
+	_ = json.Unmarshal([]byte(raw), &top)
+	_ = json.Unmarshal(top["kv_connector_extra_config"], &extra)
+	switch {
+	case k.KVConnector == nil:
+		return nil, errors.New("--kv-transfer-config: kv_connector is not set (the simulator models the NixlConnector)")
+	case *k.KVConnector != "NixlConnector":
+		return nil, fmt.Errorf("--kv-transfer-config: kv_connector %q: the simulator models only the NixlConnector", *k.KVConnector)
+	case k.KVRole == nil:
+		return nil, fmt.Errorf("--kv-transfer-config: Please specify kv_role when kv_connector is set, supported roles are %q (vLLM's KVTransferConfig)", kvRoles)
+	case !slices.Contains(kvRoles, *k.KVRole):
+		return nil, fmt.Errorf("--kv-transfer-config: Unsupported kv_role: %s. Supported roles are %q", *k.KVRole, kvRoles)
 	}
-	if k.DecoderBlocksTTL != nil {
-		c.DecoderBlocksTTL = seconds(*k.DecoderBlocksTTL)
+	c.NoKVConnector = false
+	c.EngineID = k.EngineID
+	c.Bidirectional = k.Extra.Bidirectional != nil && *k.Extra.Bidirectional
+	c.RecomputeThreshold = 64
+	if c.DecodeRecompute && !c.Bidirectional {
+		// PR #55801, which guards D's pulls too, keeps them unguarded by
+		// default without bidirectional transfer
+		c.RecomputeThreshold = 0
 	}
-	if k.LeaseDuration != nil {
-		c.LeaseDuration = seconds(*k.LeaseDuration)
+	if k.Extra.RecomputeThreshold != nil {
+		c.RecomputeThreshold = *k.Extra.RecomputeThreshold
 	}
+	c.DecoderBlocksTTL = 480 * time.Second
+	if k.Extra.DecoderBlocksTTL != nil {
+		c.DecoderBlocksTTL = seconds(*k.Extra.DecoderBlocksTTL)
+	}
+	c.LeaseDuration = 30 * time.Second
+	if k.Extra.LeaseDuration != nil {
+		c.LeaseDuration = seconds(*k.Extra.LeaseDuration)
+	}
+	c.KVLoadFailurePolicy = sim.PolicyFail
 	if k.KVLoadFailurePolicy != nil {
 		c.KVLoadFailurePolicy = *k.KVLoadFailurePolicy
 	}
+	for _, key := range []string{"bidirectional_kv_xfer", "kv_recompute_threshold", "decoder_kv_blocks_ttl", "kv_lease_duration"} {
+		if _, ok := top[key]; ok {
+			warnings = append(warnings, fmt.Sprintf("--kv-transfer-config: %s at the top level is ignored, as vLLM ignores it: put it in kv_connector_extra_config", key))
+		}
+	}
+	if _, ok := extra["kv_load_failure_policy"]; ok {
+		warnings = append(warnings, "--kv-transfer-config: kv_load_failure_policy in kv_connector_extra_config is ignored, as vLLM ignores it: put it at the top level")
+	}
+	return warnings, nil
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{cfg: sim.DefaultConfig()}
+	// vLLM without --kv-transfer-config: no KV connector at all
+	o.cfg.NoKVConnector, o.cfg.Bidirectional, o.cfg.RecomputeThreshold = true, false, 0
 	fs := flag.NewFlagSet("vllmsim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to serve the OpenAI API on")
 	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
 	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
 	fs.StringVar(&o.cfg.Model, "served-model-name", o.cfg.Model, "alias of --model")
-	kvc := fs.String("kv-transfer-config", "", "vLLM KV transfer config JSON (engine_id, bidirectional_kv_xfer, kv_recompute_threshold, decoder_kv_blocks_ttl, kv_lease_duration, kv_load_failure_policy)")
+	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64), decoder_kv_blocks_ttl (480), kv_lease_duration (30)} (default: none, no KV connector: kv_transfer_params are ignored)`)
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
 	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193)")
@@ -85,7 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.cfg.InlineReasoning, "inline-reasoning", false, "with --reasoning: no reasoning parser, the think block stays in the content")
 	fs.StringVar(&o.cfg.ReasoningField, "reasoning-field", o.cfg.ReasoningField, "reasoning key of messages and deltas: reasoning, reasoning_content or both")
 	fs.BoolVar(&o.cfg.PrefillHandleOnLengthOnly, "prefill-handle-on-length-only", false, "older engines: P emits its handle only on the length cap, not on a stop")
-	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (current vLLM): D computes short prompts locally")
+	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (vLLM PR #55801): D computes short prompts locally")
 	fs.IntVar(&o.cfg.KVGroups, "kv-groups", 1, "number of KV-cache groups (one block-id list each in handles)")
 	fs.Float64Var(&o.cfg.DriftRate, "drift-rate", 0, "probability per reply of a non-canonical token split (BPE drift), 0 to 1")
 	fs.Float64Var(&o.cfg.ToolCallRate, "tool-call-rate", o.cfg.ToolCallRate, "probability per reply under tool_choice auto (the default with tools) that the reply ends in a tool call, as a model served with --enable-auto-tool-choice (0 to 1; 0: never)")
@@ -113,13 +171,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.cfg.PrefixCaching = !*noCache
 	o.cfg.NoTokenize, o.cfg.NoResponsesKV, o.cfg.NoMessagesKV = *noTokenize, *noResponsesKV, *noMessagesKV
 	if *kvc != "" {
-		var k kvTransferConfig
-		if err := json.Unmarshal([]byte(*kvc), &k); err != nil {
-			return nil, fmt.Errorf("--kv-transfer-config: %w", err)
+		warnings, err := parseKVTransferConfig(*kvc, &o.cfg)
+		if err != nil {
+			return nil, err
 		}
-		o.cfg.EngineID = k.EngineID
-		k.engineKnobs.apply(&o.cfg)
-		k.Extra.apply(&o.cfg)
+		for _, w := range warnings {
+			fmt.Fprintln(stderr, "vllmsim: warning:", w)
+		}
 	}
 	if o.canned != "" && o.canned != "prefill" && o.canned != "decode" {
 		return nil, fmt.Errorf("--canned %q: use prefill or decode", o.canned)

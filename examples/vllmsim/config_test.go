@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{
 		"--port", "8100", "--no-enable-prefix-caching", "--block-size", "32", "--profile", "glm-5-fp8",
 		"--speed", "10", "--stream-handles", "--side-channel-host", "fd00::1", "--side-channel-port", "5601",
-		"--kv-transfer-config", `{"engine_id":"d-fixed","kv_load_failure_policy":"recompute","kv_connector_extra_config":{"bidirectional_kv_xfer":false,"kv_recompute_threshold":0,"decoder_kv_blocks_ttl":60,"kv_lease_duration":2.5}}`,
+		"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","engine_id":"d-fixed","kv_load_failure_policy":"recompute","kv_connector_extra_config":{"bidirectional_kv_xfer":true,"kv_recompute_threshold":0,"decoder_kv_blocks_ttl":60,"kv_lease_duration":2.5}}`,
 	}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1", o.host)
@@ -28,7 +29,8 @@ func TestParseFlags(t *testing.T) {
 	assert.Equal(t, "glm-5-fp8", c.Profile.Name)
 	assert.Equal(t, 10.0, c.Speed)
 	assert.True(t, c.StreamHandles)
-	assert.False(t, c.Bidirectional)
+	assert.True(t, c.Bidirectional)
+	assert.False(t, c.NoKVConnector)
 	assert.Zero(t, c.RecomputeThreshold)
 	assert.Equal(t, time.Minute, c.DecoderBlocksTTL)
 	assert.Equal(t, 2500*time.Millisecond, c.LeaseDuration)
@@ -39,11 +41,67 @@ func TestParseFlags(t *testing.T) {
 func TestParseFlagsDefaults(t *testing.T) {
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
-	assert.Equal(t, sim.DefaultConfig().RecomputeThreshold, o.cfg.RecomputeThreshold)
 	assert.True(t, o.cfg.PrefixCaching)
-	assert.True(t, o.cfg.Bidirectional)
 	assert.Equal(t, 5600, o.sidePort)
 	assert.Equal(t, sim.RenderEnabled, o.cfg.Render)
+}
+
+// vLLM's defaults for what --kv-transfer-config leaves out
+// (vllm/config/kv_transfer.py, KVTransferConfig; nixl/base_scheduler.py,
+// NixlBaseConnectorScheduler.__init__), and no connector at all without
+// it (v1/core/sched/scheduler.py, Scheduler.__init__).
+func TestParseFlagsKVTransferDefaults(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, o.cfg.NoKVConnector, "no --kv-transfer-config: no KV connector")
+	assert.False(t, o.cfg.Bidirectional)
+
+	o, err = parseFlags([]string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}, io.Discard)
+	require.NoError(t, err)
+	c := o.cfg
+	assert.False(t, c.NoKVConnector)
+	assert.False(t, c.Bidirectional, "bidirectional_kv_xfer defaults to false")
+	assert.Equal(t, 64, c.RecomputeThreshold)
+	assert.Equal(t, 480*time.Second, c.DecoderBlocksTTL)
+	assert.Equal(t, 30*time.Second, c.LeaseDuration)
+	assert.Equal(t, sim.PolicyFail, c.KVLoadFailurePolicy)
+	assert.Empty(t, c.EngineID, "a random id per start")
+
+	o, err = parseFlags([]string{"--kv-transfer-config",
+		`{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`}, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, o.cfg.Bidirectional)
+	assert.Equal(t, 64, o.cfg.RecomputeThreshold)
+
+	// PR #55801 guards D's pulls too, with a default of 0 without
+	// bidirectional transfer
+	o, err = parseFlags([]string{"--decode-recompute", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}, io.Discard)
+	require.NoError(t, err)
+	assert.Zero(t, o.cfg.RecomputeThreshold)
+
+	// the connector's settings are read from kv_connector_extra_config
+	// only, kv_load_failure_policy from the top level only
+	var stderr strings.Builder
+	o, err = parseFlags([]string{"--kv-transfer-config",
+		`{"kv_connector":"NixlConnector","kv_role":"kv_both","bidirectional_kv_xfer":true,"kv_lease_duration":5,` +
+			`"kv_connector_extra_config":{"kv_load_failure_policy":"recompute"}}`}, &stderr)
+	require.NoError(t, err)
+	assert.False(t, o.cfg.Bidirectional, "ignored at the top level")
+	assert.Equal(t, 30*time.Second, o.cfg.LeaseDuration)
+	assert.Equal(t, sim.PolicyFail, o.cfg.KVLoadFailurePolicy)
+	for _, key := range []string{"bidirectional_kv_xfer at the top level", "kv_lease_duration at the top level", "kv_load_failure_policy in kv_connector_extra_config"} {
+		assert.Contains(t, stderr.String(), key)
+	}
+
+	for name, kvc := range map[string]string{
+		"no connector":    `{"kv_role":"kv_both"}`,
+		"other connector": `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`,
+		"no role":         `{"kv_connector":"NixlConnector"}`,
+		"unknown role":    `{"kv_connector":"NixlConnector","kv_role":"kv_prefill"}`,
+	} {
+		_, err := parseFlags([]string{"--kv-transfer-config", kvc}, io.Discard)
+		assert.Error(t, err, name)
+	}
 }
 
 func TestParseFlagsRenderAPI(t *testing.T) {

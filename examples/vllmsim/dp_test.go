@@ -78,7 +78,7 @@ func postPinned(t *testing.T, url string, rank int, body map[string]any) (string
 // A two-rank P process and a D process: D reads rank 1's blocks through
 // rank 1's side-channel port, and P's rank 0 reads D's back.
 func TestDataParallelProcess(t *testing.T) {
-	kvc := `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"kv_recompute_threshold":0}}`
+	kvc := `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true,"kv_recompute_threshold":0}}`
 	p := spawn(t, "--kv-transfer-config", kvc, "--no-enable-prefix-caching", "--data-parallel-size", "2",
 		"--fingerprint-mode", "full")
 	d := spawn(t, "--kv-transfer-config", kvc)

@@ -23,10 +23,18 @@
 // --no-tokenize (no POST /tokenize), --no-responses-kv-transfer and
 // --no-messages-kv-transfer (engines before PRs #37424, #37535: the APIs
 // ignore kv_transfer_params), --kv-usage-metric (current, legacy, both).
-// The settings in --kv-transfer-config may
-// also sit at its top level (kv_load_failure_policy, kv_lease_duration);
-// its engine_id fixes the NIXL engine id (else a random one per start, as
-// vLLM draws). GET /metrics serves process_start_time_seconds and vLLM's
+// --kv-transfer-config is read as vLLM reads it, with vLLM's defaults:
+// without it the engine has no KV connector and ignores kv_transfer_params
+// (no transfer, no handle); with it, kv_connector must be "NixlConnector"
+// and kv_role is required; bidirectional_kv_xfer (default false),
+// kv_recompute_threshold (default 64),
+// decoder_kv_blocks_ttl (480) and kv_lease_duration (30) are read from
+// kv_connector_extra_config only (at the top level they are ignored, with
+// a warning on stderr), kv_load_failure_policy (default fail) and
+// engine_id from the top level only. engine_id fixes the NIXL engine id
+// (else a random one per start, as vLLM draws). So an engine started
+// without bidirectional_kv_xfer true returns no handle from a decode, as
+// vLLM does, and a router's doctor reports it. GET /metrics serves process_start_time_seconds and vLLM's
 // vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc, vllm:num_preemptions_total and
 // vllm:cache_config_info (num_gpu_blocks, block_size,

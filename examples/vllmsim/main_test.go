@@ -46,6 +46,10 @@ func main2(args []string) {
 	os.Exit(0)
 }
 
+// bidiKV is the --kv-transfer-config of an engine with bidirectional
+// transfer (vLLM's defaults otherwise).
+const bidiKV = `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
+
 var ready = regexp.MustCompile(`serving (http://\S+) side channel (\S+) engine (\S+)`)
 
 type proc struct {
@@ -179,4 +183,34 @@ func TestTwoProcessesTwoTurns(t *testing.T) {
 	reply2, _ := call(t, d.url, withKV(turn2, json.RawMessage(ph2), 0))
 	assert.Equal(t, reference(t, turn2), reply2)
 	assert.Zero(t, stats(t, d.url).WrongOutputs)
+}
+
+// vLLM's defaults across processes: engines whose --kv-transfer-config
+// leaves out bidirectional_kv_xfer transfer P→D only (D answers without a
+// handle and frees its blocks: no turn can be reused), and an
+// engine started without --kv-transfer-config has no connector: it
+// ignores kv_transfer_params and returns none.
+func TestProcessKVTransferDefaults(t *testing.T) {
+	kvc := `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`
+	p := spawn(t, "--kv-transfer-config", kvc, "--no-enable-prefix-caching")
+	d := spawn(t, "--kv-transfer-config", kvc)
+	miss := map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	long := "the quick brown fox jumps over the lazy dog and keeps running through the forest until nightfall"
+	turn1 := messages(long + " " + long + " " + long)
+	_, ph := call(t, p.url, withKV(turn1, miss, 1))
+	require.NotEqual(t, "null", string(ph), "P→D works without bidirectional_kv_xfer")
+	reply, dh := call(t, d.url, withKV(turn1, json.RawMessage(ph), 0))
+	assert.Equal(t, reference(t, turn1), reply)
+	assert.Equal(t, "null", string(dh), "no D handle without bidirectional_kv_xfer")
+	ds := stats(t, d.url)
+	assert.Positive(t, ds.TokensPulledIn, "D read P's blocks")
+	assert.Zero(t, ds.BlocksPinned, "D holds nothing")
+
+	plain := spawn(t)
+	_, h := call(t, plain.url, withKV(turn1, miss, 1))
+	assert.Equal(t, "null", string(h), "no connector: no handle")
+	ps := stats(t, plain.url)
+	assert.Equal(t, 1, ps.PlainRequests, "served as a plain request")
+	assert.Zero(t, ps.BlocksPinned)
 }

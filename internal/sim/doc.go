@@ -2,6 +2,13 @@
 // simulated vLLM OpenAI-compatible server running the NixlConnector in pull
 // mode with bidirectional KV transfer.
 //
+// Every rule it follows is listed, with the vLLM file and function it
+// comes from, in docs/simulator.md (configuration defaults, the pull
+// connector, the scheduler, the answers' shapes, and what is not
+// modelled). DefaultConfig is the bidirectional engine a router needs;
+// vLLM's own defaults (no connector without --kv-transfer-config,
+// bidirectional_kv_xfer off) are examples/vllmsim's.
+//
 // The pieces, one file each: a deterministic tokenizer (token.go), the chat
 // templates (template.go: ChatML/Qwen3-like with enable_thinking, and
 // Llama-3 with trim; content formats string and openai), request parsing as
@@ -15,7 +22,8 @@
 // requests grow, the last scheduled request preempted and recomputed,
 // holds pinned), the clocks it passes modelled time on (clock.go), the
 // cost model (cost.go) and the profiles' KV capacity (capacity.go),
-// vLLM's /metrics (metrics.go), the render and tokenize endpoints (render.go),
+// vLLM's /metrics (metrics.go), logprobs (logprobs.go), the render and
+// tokenize endpoints (render.go),
 // chat messages and reasoning fields (message.go), OpenAI's Responses API
 // and Anthropic's Messages API (apis.go converts their bodies to chat
 // messages as vLLM does, respond_apis.go writes their bodies and streams

@@ -29,7 +29,8 @@ const (
 	RolePlain   = "plain"
 )
 
-// Config configures an engine. DefaultConfig gives vLLM's defaults.
+// Config configures an engine. DefaultConfig gives a NixlConnector engine
+// with bidirectional_kv_xfer on, vLLM's defaults otherwise.
 type Config struct {
 	Model     string
 	BlockSize int
@@ -48,8 +49,10 @@ type Config struct {
 	// 400 (contextLengthError).
 	MaxModelLen int
 	// MaxNumSeqs is --max-num-seqs: at most this many requests of a rank
-	// run (or load from a remote) at once, the others wait (default 1024,
-	// vLLM's on GPUs of 70 GiB or more such as H200; 0 means no limit).
+	// run at once, the others wait (default 1024, vLLM's on GPUs of 70 GiB
+	// or more such as H200; 0 means no limit). Requests loading KV from a
+	// remote (WAITING_FOR_REMOTE_KVS) do not count: once read, they wait
+	// for a slot.
 	MaxNumSeqs          int
 	PrefixCaching       bool
 	StreamHandles       bool
@@ -94,17 +97,26 @@ type Config struct {
 	// ContentFormatOpenAI.
 	ContentFormat string
 	// DecodeRecompute makes kv_recompute_threshold guard D's pull too, as
-	// current vLLM does: D computes locally instead of pulling fewer tokens
-	// than the threshold, and still notifies P (off by default so that
-	// existing expectations of D's pulls hold).
+	// vLLM PR #55801 does (_should_recompute_remote_kv on the
+	// remote-prefill path): D computes locally instead of pulling fewer
+	// tokens than the threshold, and still notifies P (off by default, as
+	// released engines).
 	DecodeRecompute bool
 	// PrefillHandleOnLengthOnly is an older engine's P: it emits its handle
 	// only when the request stopped on max_tokens, not on a normal stop
 	// (EOS or a stop string) as current vLLM does.
 	PrefillHandleOnLengthOnly bool
 	// Bidirectional is kv_connector_extra_config.bidirectional_kv_xfer:
-	// when false D emits no handle and P ignores D handles.
+	// when false D emits no handle and P ignores D handles. vLLM's default
+	// is false (NixlBaseConnectorScheduler.__init__); DefaultConfig sets it.
 	Bidirectional bool
+	// NoKVConnector is an engine started without --kv-transfer-config:
+	// the scheduler has no KV connector (Scheduler.__init__ leaves
+	// self.connector None), so kv_transfer_params are ignored on every API
+	// (the request is served as a plain one: no read, no hold, no
+	// notification) and every answer's kv_transfer_params is null.
+	// DefaultConfig leaves it false: a NixlConnector engine.
+	NoKVConnector bool
 	// Render is the render endpoints' mode: RenderEnabled (default; ""
 	// means the same), RenderDisabled (501) or RenderAbsent (404).
 	Render string
@@ -160,12 +172,18 @@ type Config struct {
 // DefaultVersion is the vLLM version an engine reports by default.
 const DefaultVersion = "0.30.0"
 
-// DefaultConfig returns the defaults: sim-model, 16-token blocks, 8192
-// blocks, 1024 running requests, prefix caching on, bidirectional, stock
-// streams, threshold 64, TTL 480 s, lease 30 s, policy fail, zero-cost
-// profile, speed 0, TP 1, DP 1, no system_fingerprint, version
-// DefaultVersion, /tokenize and kv_transfer_params on every API, tool call
-// rate DefaultToolCallRate.
+// DefaultConfig returns an engine started as this project deploys vLLM:
+// --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+// "kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' and vLLM's
+// defaults for the rest: sim-model, 16-token blocks, 8192 blocks, 1024
+// running requests, prefix caching on, stock streams, threshold 64 (vLLM's
+// default with bidirectional transfer on), TTL 480 s, lease 30 s, policy
+// fail, zero-cost profile, speed 0, TP 1, DP 1, no system_fingerprint,
+// version DefaultVersion, /tokenize and kv_transfer_params on every API,
+// tool call rate DefaultToolCallRate. vLLM's own defaults differ in
+// Bidirectional (false) and RecomputeThreshold (0 when bidirectional is
+// off), and without --kv-transfer-config in NoKVConnector (true):
+// examples/vllmsim starts from those.
 func DefaultConfig() Config {
 	return Config{
 		Model:               "sim-model",
@@ -298,7 +316,7 @@ type Stats struct {
 	// UsedBlocks are allocated now (running requests and holds), the rest
 	// free or evictable. Running and Waiting are vllm:num_requests_running
 	// and vllm:num_requests_waiting (a request loading from a remote is
-	// waiting).
+	// waiting, and takes no running slot).
 	TotalBlocks, UsedBlocks, Running, Waiting int
 	// Queued counts requests that had to wait for blocks (or for a running
 	// slot) before they were first scheduled; Preemptions the preemptions
@@ -344,7 +362,8 @@ type Record struct {
 	// chosen).
 	Rank int
 	// Queued is the time the request waited for blocks (or a running
-	// slot) before it was first scheduled; Preemptions counts its
+	// slot) before it was first scheduled, and after a read from a remote
+	// for a running slot; Preemptions counts its
 	// preemptions, Requeued the time it waited after them and Recompute
 	// the modelled recomputation of its prompt and generated tokens after
 	// them. FirstToken is the modelled time from arrival to the end of its
@@ -453,11 +472,15 @@ func (e *Engine) reset() {
 	e.monoOffset = float64(1000 + randUint()%90000)
 	for _, r := range e.ranks {
 		// the old process's waiting requests die with it
-		for _, t := range r.waiting {
+		for _, t := range append(r.waiting, r.loaded...) {
 			t.state = stateDead
 			e.wakeTurn(t)
 		}
-		r.waiting = nil
+		r.waiting, r.loaded = nil, nil
+		if r.stepStop != nil {
+			r.stepStop()
+			r.stepStop = nil
+		}
 		if r.expiryStop != nil {
 			r.expiryStop()
 			r.expiryStop = nil
@@ -557,8 +580,8 @@ func (e *Engine) Stats() Stats {
 		s.FreeBlocks += r.pool.freeCount()
 		s.TotalBlocks += r.pool.size()
 		s.UsedBlocks += r.pool.size() - r.pool.freeCount()
-		s.Running += len(r.running)
-		s.Waiting += len(r.waiting) + r.loading
+		s.Running += r.slots()
+		s.Waiting += len(r.waiting) + len(r.loaded) + r.pulls
 		pinned := map[*block]bool{} // holds may share prefix-cached blocks
 		for _, h := range r.active {
 			for _, b := range h.seq.blocks {

@@ -53,7 +53,7 @@ func (e *Engine) CheckPools() error {
 				}
 			}
 		}
-		if len(r.running) == 0 && r.loading == 0 {
+		if len(r.running) == 0 && r.loading == 0 && len(r.loaded) == 0 {
 			// idle: every reference is a hold's
 			want := map[*block]int{}
 			for _, h := range r.active {
@@ -82,6 +82,9 @@ func (e *Engine) DebugQueues() string {
 		for _, t := range r.running {
 			fmt.Fprintf(&b, "  running %p: state %d n %d done %d blocks %d parked %t timer %t phase %d recompute %t preemptions %d aborted %t finished %t status %d\n",
 				t, t.state, t.n, t.done, len(t.seq.blocks), t.parked, t.stopWork != nil, t.phase, t.recompute, t.rec.Preemptions, t.rec.Aborted, t.rec.finished, t.rec.Status)
+		}
+		for _, t := range r.loaded {
+			fmt.Fprintf(&b, "  loaded %p: n %d blocks %d parked %t\n", t, len(t.toks), len(t.seq.blocks), t.parked)
 		}
 		for _, t := range r.waiting {
 			toks := t.toks

@@ -81,8 +81,12 @@ type GenParams struct {
 
 // Generated is a decoded reply.
 type Generated struct {
-	Tokens    []Token
-	KV        []uint64 // KV of each generated token, at positions n, n+1, ...
+	Tokens []Token
+	KV     []uint64 // KV of each generated token, at positions n, n+1, ...
+	// From is the KV the first token was generated from (the prompt's
+	// last, for choices after the first mixed with the sample): with KV
+	// it decides each position's logprobs (logprobs.go).
+	From      uint64
 	Content   string
 	Reasoning string
 	Finish    string // "stop" or "length"
@@ -106,7 +110,7 @@ func Generate(last uint64, n int, p GenParams) Generated {
 	plan := splitmix(last ^ 0x5bd1e995)
 	nWords := 4 + int(plan%13)
 	nReason := 3 + int((plan>>8)%6)
-	var g Generated
+	g := Generated{From: last}
 	prev := last
 	var content, reason strings.Builder
 	wordsDone, reasonDone := 0, 0

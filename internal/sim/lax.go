@@ -15,7 +15,7 @@ import (
 var nullableFields = map[string]bool{
 	"stream": true, "return_token_ids": true, "include_usage": true, "continuous_usage_stats": true,
 	"max_tokens": true, "max_completion_tokens": true, "n": true, "truncate_prompt_tokens": true,
-	"return_token_strs": true,
+	"return_token_strs": true, "logprobs": true, "top_logprobs": true,
 }
 
 // laxBool reads a boolean field: JSON true/false, the numbers 0 and 1 (0.0

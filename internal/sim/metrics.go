@@ -50,7 +50,7 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 	ranks := make([]rankMetrics, len(e.ranks))
 	for k, r := range e.ranks {
 		size := r.pool.size()
-		ranks[k] = rankMetrics{running: len(r.running), waiting: len(r.waiting) + r.loading, preemptions: r.preemptions,
+		ranks[k] = rankMetrics{running: r.slots(), waiting: len(r.waiting) + len(r.loaded) + r.pulls, preemptions: r.preemptions,
 			usage: float64(size-r.pool.freeCount()) / float64(size)}
 	}
 	e.mu.Unlock()

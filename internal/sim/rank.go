@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -24,11 +25,21 @@ type rank struct {
 	holds  uint64           // holds made
 
 	waiting     []*turn // first come, first served; preempted requests go first
+	loaded      []*turn // read from a remote, waiting for a running slot (skipped_waiting)
 	running     []*turn // in the order they were scheduled
-	loading     int     // admitted requests reading from a remote
+	loading     int     // admitted requests not yet running
+	pulls       int     // of them, those reading from a remote (WAITING_FOR_REMOTE_KVS)
 	preemptions int
 	expiryStop  func() bool // the armed hold-expiry timer
 	expiryAt    time.Time
+	stepEnd     time.Time   // after a preemption, nothing is admitted before it
+	stepStop    func() bool // the timer that schedules at stepEnd
+}
+
+// unqueue takes t out of r's waiting queues.
+func (r *rank) unqueue(t *turn) {
+	r.waiting = slices.DeleteFunc(r.waiting, func(w *turn) bool { return w == t })
+	r.loaded = slices.DeleteFunc(r.loaded, func(w *turn) bool { return w == t })
 }
 
 func (c *Config) dp() int { return max(c.DPSize, 1) }

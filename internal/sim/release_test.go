@@ -29,7 +29,7 @@ func pHandle(t *testing.T, h json.RawMessage, edit func(map[string]any)) map[str
 }
 
 // The notify-only path: get_num_new_matched_tokens returns 0 external
-// tokens (count = min(remote_num_tokens, prompt) - local hit <= 0, or
+// tokens (count = min(remote_num_tokens or 0, prompt) - local hit <= 0, or
 // below kv_recompute_threshold), update_state_after_alloc still records
 // the request in _reqs_need_recv with no local blocks, and the worker's
 // _read_blocks sends the notification alone, without looking at the
@@ -46,6 +46,9 @@ func TestNotifyOnlyFreesTheHold(t *testing.T) {
 		pull    string
 	}{
 		{"remote_num_tokens 0", func(m map[string]any) { m["remote_num_tokens"] = 0 }, 0, false, sim.PullNone},
+		// params.get("remote_num_tokens") or 0: absent or null reads nothing
+		{"remote_num_tokens absent", func(m map[string]any) { delete(m, "remote_num_tokens") }, 0, false, sim.PullNone},
+		{"remote_num_tokens null", func(m map[string]any) { m["remote_num_tokens"] = nil }, 0, false, sim.PullNone},
 		{"remote_num_tokens 0 near expiry", func(m map[string]any) { m["remote_num_tokens"] = 0 }, 477 * time.Second, false, sim.PullNone},
 		{"below the threshold", func(m map[string]any) { m["remote_num_tokens"] = 63 }, 0, false, sim.PullRecompute},
 		{"local prefix hit covers it", nil, 0, true, sim.PullNone},
@@ -277,4 +280,67 @@ func TestHeartbeatKeepsPrefillLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A decode request (do_remote_prefill) reads its whole prompt less its
+// local hit whatever remote_num_tokens says: get_num_new_matched_tokens's
+// remote-prefill branch counts the prompt (_get_remote_prefill_token_count)
+// and never reads the key.
+func TestDecodeReadsWholePromptIgnoringRemoteNumTokens(t *testing.T) {
+	prompt := idPrompt(3, 96)
+	for name, edit := range map[string]func(map[string]any){
+		"as emitted": nil,
+		"absent":     func(m map[string]any) { delete(m, "remote_num_tokens") },
+		"zero":       func(m map[string]any) { m["remote_num_tokens"] = 0 },
+		"smaller":    func(m map[string]any) { m["remote_num_tokens"] = 10 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			reg := sim.NewRegistry()
+			p := start(t, reg, nil, nil)
+			d := start(t, reg, nil, nil)
+			rp := post(t, p.url, sim.PathCompletions, ids(prompt, 1, missHandle()))
+			require.NotNil(t, rp.KV)
+			var h map[string]any
+			require.NoError(t, json.Unmarshal(rp.KV, &h))
+			if edit != nil {
+				edit(h)
+			}
+			rd := post(t, d.url, sim.PathCompletions, ids(prompt, 8, h))
+			require.Equal(t, http.StatusOK, rd.Status, string(rd.Body))
+			rec := lastRecord(d)
+			assert.Equal(t, sim.PullRead, rec.Pull)
+			assert.Equal(t, len(prompt), rec.PulledTokens, "the whole prompt")
+			assert.Equal(t, len(prompt), p.Stats().TokensPulledOut)
+			assert.Zero(t, p.Stats().BlocksPinned, "P notified")
+			assert.False(t, rec.Wrong)
+		})
+	}
+}
+
+// An engine without a KV connector (no --kv-transfer-config: the
+// scheduler's connector is None) serves every request as a plain one:
+// kv_transfer_params are never looked at, nothing is read, held or
+// notified, and the answer's kv_transfer_params is null.
+func TestNoKVConnectorIgnoresParams(t *testing.T) {
+	reg := sim.NewRegistry()
+	p := start(t, reg, nil, nil)
+	d := start(t, reg, nil, nil)
+	plain := start(t, reg, nil, func(c *sim.Config) { c.NoKVConnector = true })
+	prompt := idPrompt(4, 96)
+
+	r := post(t, plain.url, sim.PathCompletions, ids(prompt, 1, missHandle()))
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	assert.Nil(t, r.KV, "no P handle")
+	h := hold(t, p, d, prompt, 9)
+	before := d.Stats()
+	r = post(t, plain.url, sim.PathCompletions, ids(prompt, 4, pHandle(t, h, nil)))
+	require.Equal(t, http.StatusOK, r.Status, string(r.Body))
+	assert.Nil(t, r.KV)
+	st := plain.Stats()
+	assert.Equal(t, 2, st.PlainRequests)
+	assert.Zero(t, st.PrefillRequests+st.DecodeRequests)
+	assert.Zero(t, st.TokensPulledIn+st.BlocksPinned)
+	after := d.Stats()
+	assert.Equal(t, before.BlocksPinned, after.BlocksPinned, "D's hold untouched: no notification")
+	assert.Zero(t, after.NotifiedHolds)
 }

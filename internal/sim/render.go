@@ -110,7 +110,7 @@ func (e *Engine) samplingParams(req *Request) map[string]any {
 		"ignore_eos":                    req.IgnoreEOS,
 		"max_tokens":                    maxTokens,
 		"min_tokens":                    req.MinTokens,
-		"logprobs":                      json.RawMessage("null"),
+		"logprobs":                      req.samplingLogprobs(),
 		"prompt_logprobs":               json.RawMessage("null"),
 		"skip_special_tokens":           rawOr(m, "skip_special_tokens", "true"),
 		"spaces_between_special_tokens": rawOr(m, "spaces_between_special_tokens", "true"),

@@ -45,6 +45,12 @@ type Request struct {
 	// ReturnTokenIDs is return_token_ids (vLLM PR #22587): the response
 	// carries prompt_token_ids and each choice's token_ids.
 	ReturnTokenIDs bool
+	// Logprobs is set when the request asks for logprobs (chat's logprobs
+	// true, completions' logprobs given) and TopLogprobs is how many
+	// alternatives per position (chat's top_logprobs, completions'
+	// logprobs); see logprobs.go.
+	Logprobs    bool
+	TopLogprobs int
 	// BodyRequestID is the body's request_id field ("" when absent).
 	BodyRequestID string
 	// Thinking is false when the template was told not to think
@@ -179,6 +185,9 @@ func (c *Config) parseChat(m map[string]json.RawMessage) (*Request, error) {
 	if err := req.readTools(PathChat, m["tool_choice"], b.Tools); err != nil {
 		return nil, err
 	}
+	if err := req.parseChatLogprobs(m); err != nil {
+		return nil, err
+	}
 	return req, nil
 }
 
@@ -288,6 +297,9 @@ func parseCompletion(m map[string]json.RawMessage) (*Request, error) {
 		return nil, err
 	}
 	req.Thinking = true
+	if err := req.parseCompletionLogprobs(m); err != nil {
+		return nil, err
+	}
 	return req, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // reply writes a finished turn as vLLM's OpenAI server does.
@@ -116,7 +117,8 @@ func (o *reply) json(w http.ResponseWriter) {
 			if len(p.Calls) > 0 {
 				callID = o.toolCallID(i)
 			}
-			choices[i] = choice{Index: i, Message: o.e.cfg.message(p, callID), FinishReason: p.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
+			choices[i] = choice{Index: i, Message: o.e.cfg.message(p, callID), Logprobs: o.t.req.chatLogprobs(g, 0, len(g.Tokens)),
+				FinishReason: p.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens)}
 		}
 		body = struct {
 			ID                string          `json:"id"`
@@ -143,8 +145,8 @@ func (o *reply) json(w http.ResponseWriter) {
 		}
 		choices := make([]choice, len(o.t.gens))
 		for i, g := range o.t.gens {
-			choices[i] = choice{Index: i, Text: RawText(g), FinishReason: g.Finish, StopReason: stopReason(g),
-				TokenIDs: o.tokenIDs(g.Tokens), PromptTokenIDs: o.promptIDs()}
+			choices[i] = choice{Index: i, Text: RawText(g), Logprobs: o.t.req.completionLogprobs(g, 0, len(g.Tokens), 0),
+				FinishReason: g.Finish, StopReason: stopReason(g), TokenIDs: o.tokenIDs(g.Tokens), PromptTokenIDs: o.promptIDs()}
 		}
 		body = struct {
 			ID                string          `json:"id"`
@@ -268,6 +270,7 @@ func (o *reply) chatEvents() []event {
 			target = RawText(g)
 		}
 		firstChunk, called := true, false
+		streamed := "" // completions text sent in chunks so far
 		calls := o.callDeltas(i, g)
 		for j, tok := range g.Tokens {
 			last := j == len(g.Tokens)-1
@@ -301,6 +304,13 @@ func (o *reply) chatEvents() []event {
 				continue
 			}
 			c := streamChoice{Index: i, TokenIDs: o.rawIDs(g.Tokens[j : j+1])}
+			if o.chat() {
+				c.Logprobs = o.t.req.chatLogprobs(g, j, j+1)
+			} else {
+				// the offsets continue from the text streamed so far
+				c.Logprobs = o.t.req.completionLogprobs(g, j, j+1, utf8.RuneCountInString(streamed))
+				streamed += text
+			}
 			if o.chat() {
 				d := &delta{}
 				switch {

@@ -17,9 +17,14 @@ import (
 //     MaxNumSeqs requests run; otherwise it and everything behind it wait
 //     (first come, first served: schedule() stops at the first request it
 //     cannot allocate).
-//   - An admitted request that reads from a remote (a pull) is loading
-//     (WAITING_FOR_REMOTE_KVS): it holds its blocks, counts as waiting and
-//     cannot be preempted; then it runs.
+//   - At most MaxNumSeqs requests run (len(self.running) ==
+//     max_num_running_reqs stops the waiting loop). An admitted request
+//     that reads from a remote (a pull) is loading (WAITING_FOR_REMOTE_KVS):
+//     it holds its blocks, counts as waiting, takes no running slot and
+//     cannot be preempted. It waits in the skipped_waiting queue, which
+//     the first-come-first-served policy scans before the waiting queue
+//     (_select_waiting_queue_for_scheduling): once read, it runs when a
+//     slot is free, ahead of preempted and new requests.
 //   - A running request allocates one block each time its sequence crosses
 //     a block boundary (one decode token at a time). With no free block it
 //     preempts the running request scheduled last (running.pop(), FCFS
@@ -28,6 +33,11 @@ import (
 //     waiting queue, and when admitted again it recomputes its prompt and
 //     the tokens generated so far, less its prefix-cache hit
 //     (_preempt_request, num_computed_tokens = 0).
+//   - After a preemption nothing is admitted in that step (schedule()
+//     runs its waiting loop only "if not preempted_reqs"): not a request
+//     whose KV has been read, though the preemption freed a running slot,
+//     not the victim. Admission resumes at the next step, one decode step
+//     (Profile.InterTokenLatency) later.
 //   - Blocks held for a remote reader (P for the lease, D for
 //     decoder_kv_blocks_ttl) stay allocated: counted as used, never evicted.
 //   - Whatever frees blocks (a request finishing, a notification, an expiry)
@@ -44,7 +54,8 @@ type turnState int
 const (
 	stateNew       turnState = iota
 	stateQueued              // waiting, never admitted
-	stateLoading             // admitted, reading from a remote: not preemptible
+	stateLoading             // admitted, about to run or reading from a remote (pulling): not preemptible
+	stateLoaded              // read from a remote, waiting in the queue for a running slot
 	stateRunning             // in the running list
 	statePreempted           // waiting again after a preemption
 	stateDone                // finished, failed or aborted
@@ -106,7 +117,7 @@ func (e *Engine) admit(ctx context.Context, t *turn) error {
 // queue (stateDone).
 func (e *Engine) waitAdmitted(ctx context.Context, t *turn) error {
 	_, timers := e.clock.(Timer)
-	waiting := func() bool { return t.state == stateQueued || t.state == statePreempted }
+	waiting := func() bool { return t.state == stateQueued || t.state == statePreempted || t.state == stateLoaded }
 	for waiting() {
 		e.block(ctx, t, !timers)
 		if !waiting() {
@@ -127,31 +138,37 @@ func (e *Engine) waitAdmitted(ctx context.Context, t *turn) error {
 	return ctx.Err()
 }
 
-// leaveQueue takes t out of its rank's waiting queue; e.mu held.
+// leaveQueue takes t out of its rank's waiting queues; e.mu held.
 func (e *Engine) leaveQueue(t *turn) {
 	r := t.rk
-	for i, w := range r.waiting {
-		if w == t {
-			r.waiting = append(r.waiting[:i], r.waiting[i+1:]...)
-			break
-		}
-	}
+	r.unqueue(t)
 	e.stopHeartbeat(t)
 	t.state = stateDone
 	e.schedule(r)
 }
 
-// schedule admits waiting requests of rank r, head first, while they fit,
-// and arms a timer for the next hold expiry when some still wait; e.mu
-// held.
+// schedule admits waiting requests of rank r while a running slot is
+// free: first those whose KV has been read from a remote (they need no
+// blocks), then the waiting queue head first while its requests fit; it
+// admits nothing in the step of a preemption. It arms a timer for the next
+// hold expiry when some still wait; e.mu held. A request that will read
+// from a remote is admitted to load (it takes no running slot until read).
 func (e *Engine) schedule(r *rank) {
 	now := e.clock.Now()
 	e.sweep(now)
-	for len(r.waiting) > 0 {
-		t := r.waiting[0]
-		if e.cfg.MaxNumSeqs > 0 && len(r.running)+r.loading >= e.cfg.MaxNumSeqs {
+	for !now.Before(r.stepEnd) && len(r.loaded)+len(r.waiting) > 0 {
+		if e.cfg.MaxNumSeqs > 0 && r.slots() >= e.cfg.MaxNumSeqs {
 			break
 		}
+		if len(r.loaded) > 0 {
+			t := r.loaded[0]
+			r.loaded = r.loaded[1:]
+			t.state = stateRunning
+			r.running = append(r.running, t)
+			e.wakeTurn(t)
+			continue
+		}
+		t := r.waiting[0]
 		if !e.allocate(r, t) {
 			break
 		}
@@ -159,6 +176,11 @@ func (e *Engine) schedule(r *rank) {
 		if t.state == stateQueued {
 			t.state = stateLoading
 			r.loading++
+			if _, plan := e.pullPlan(t); plan == PullRead {
+				// get_num_new_matched_tokens: load_kv_async
+				t.pulling = true
+				r.pulls++
+			}
 		} else {
 			t.state = stateRunning
 			r.running = append(r.running, t)
@@ -273,6 +295,7 @@ func (e *Engine) preempt(v *turn) {
 		v.stopWork()
 	}
 	e.wakeTurn(v)
+	e.endStep(r)
 }
 
 // resume waits until a preempted t is admitted again and recomputes what
@@ -307,13 +330,20 @@ func (e *Engine) resume(ctx context.Context, t *turn) error {
 	return nil
 }
 
-// run moves a loaded t to the running list and passes its prefill; e.mu
-// held.
+// prefill moves an admitted t to the running list and passes its prefill;
+// e.mu held. A t that read from a remote first waits in the queue for a
+// running slot.
 func (e *Engine) prefill(ctx context.Context, t *turn) error {
 	r := t.rk
 	r.loading--
-	t.state = stateRunning
-	r.running = append(r.running, t)
+	if t.pulling {
+		if err := e.awaitSlot(ctx, t); err != nil {
+			return err
+		}
+	} else {
+		t.state = stateRunning
+		r.running = append(r.running, t)
+	}
 	t.phase, t.phaseAt, t.chunk = phasePrefill, e.clock.Now(), 0
 	if err := e.work(ctx, t, t.rec.Prefill); err != nil {
 		return err
@@ -483,6 +513,10 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 	switch t.state {
 	case stateLoading:
 		r.loading--
+		if t.pulling {
+			t.pulling = false
+			r.pulls--
+		}
 	case stateRunning:
 		for i, w := range r.running {
 			if w == t {
@@ -490,13 +524,8 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 				break
 			}
 		}
-	case stateQueued, statePreempted:
-		for i, w := range r.waiting {
-			if w == t {
-				r.waiting = append(r.waiting[:i], r.waiting[i+1:]...)
-				break
-			}
-		}
+	case stateQueued, statePreempted, stateLoaded:
+		r.unqueue(t)
 	}
 	t.state = stateDone
 	if !keep && t.seq != nil {
@@ -510,7 +539,7 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 // requests wait for blocks, so that an expiry admits them at its time;
 // e.mu held.
 func (e *Engine) armExpiry(r *rank, now time.Time) {
-	if len(r.waiting) == 0 {
+	if len(r.waiting)+len(r.loaded) == 0 {
 		if r.expiryStop != nil {
 			r.expiryStop()
 			r.expiryStop = nil

@@ -16,7 +16,7 @@ import (
 
 // FuzzScheduler runs random agent sessions through a 1P1D pair with a
 // small decode engine on an event clock (holds piling up, requests waiting
-// and preempted, P's leases renewed while D waits, a client now and then
+// and preempted, decode legs loading and then waiting for a running slot, P's leases renewed while D waits, a client now and then
 // giving up while it waits) and checks the oracle: every request ends (no
 // stall), every answer not given up is 200 and equals a single engine's
 // (the engine's own Reference check, Stats.WrongOutputs), the block
@@ -37,6 +37,10 @@ func FuzzScheduler(f *testing.F) {
 		})
 		d := start(t, reg, clk, func(c *sim.Config) {
 			c.NumBlocks, c.Profile, c.DecoderBlocksTTL = nb, ms, time.Minute
+			// reads that take time (decode legs waiting for a running
+			// slot once read) and a running cap, by the seed
+			c.Profile.TransferFixed = time.Duration(seed%3) * 20 * time.Millisecond
+			c.MaxNumSeqs = []int{0, 1, 2, 4}[seed%4]
 		})
 		limit := nb * 16 // D's max_model_len
 		ctx, stop := context.WithTimeout(context.Background(), 30*time.Second)

@@ -230,6 +230,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		// an engine whose request model has no such field ignores it
 		req.KVParams = nil
 	}
+	if e.cfg.NoKVConnector {
+		// no connector: the scheduler never looks at the params
+		req.KVParams = nil
+	}
 	t := &turn{rec: rec, req: req, toks: ids(req.Prompt)}
 	if req.KVParams != nil {
 		if t.params, err = ParseParams(req.KVParams); err != nil {

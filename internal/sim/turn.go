@@ -44,6 +44,7 @@ type turn struct {
 	arrived   time.Time
 	waitFrom  time.Time // when it was last preempted
 	recompute bool      // preempted: recompute what it had once let in again
+	pulling   bool      // admitted to read from a remote: takes no running slot
 	started   bool      // admitted once: allToks and allKV are known
 	done      int       // decode steps passed (generated tokens of choice 0)
 	allToks   []uint32  // prompt and choice 0's generated tokens
@@ -229,12 +230,40 @@ func (e *Engine) poisoned(t *turn) bool {
 
 var errDeclined = errors.New("sim: read declined, blocks about to expire")
 
-// setPull records how t's request read its handle. Its record is listed
-// (Records) while it runs, so the write takes e.mu.
-func (e *Engine) setPull(t *turn, p string) {
-	e.mu.Lock()
-	t.rec.Pull = p
-	e.mu.Unlock()
+// pullPlan decides what t's handle makes it read, as the pull connector's
+// get_num_new_matched_tokens does once the local prefix-cache hit is known:
+// the count of tokens and PullRead, PullRecompute (a count below
+// kv_recompute_threshold: computed locally, the emitter still notified) or
+// PullNone (nothing to read: notified only). A handle the engine does not
+// use at all (a plain request, an unusable handle, a D handle on an engine
+// without bidirectional transfer) gives "".
+//
+// A decode request (do_remote_prefill) reads its whole prompt less the
+// local hit: remote_num_tokens is not read. A prefill request
+// (do_remote_decode) reads min(remote_num_tokens, prompt) less the local
+// hit, a missing remote_num_tokens counting as 0 (params.get(
+// "remote_num_tokens") or 0): such a handle reads nothing and only
+// releases the emitter's hold.
+func (e *Engine) pullPlan(t *turn) (count int, plan string) {
+	p := t.params
+	if t.role == RolePlain || p == nil || !p.Usable() || (t.role == RolePrefill && !e.cfg.Bidirectional) {
+		return 0, ""
+	}
+	n := len(t.toks)
+	if t.role == RoleDecode {
+		count = n - t.hit
+	} else {
+		count = min(max(p.NumTokens, 0), n) - t.hit
+	}
+	switch {
+	case count <= 0:
+		return count, PullNone
+	case (t.role == RolePrefill || e.cfg.DecodeRecompute) && e.cfg.RecomputeThreshold > 0 && count < e.cfg.RecomputeThreshold:
+		// kv_recompute_threshold guards P's pull, and D's with
+		// DecodeRecompute (_should_recompute_remote_kv)
+		return count, PullRecompute
+	}
+	return count, PullRead
 }
 
 // pull applies the handle: decides the count, reads positionally through the
@@ -242,28 +271,19 @@ func (e *Engine) setPull(t *turn, p string) {
 // first, first+1, ... or the load failure.
 func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int, failed error) {
 	p := t.params
-	if t.role == RolePlain || p == nil || !p.Usable() || (t.role == RolePrefill && !e.cfg.Bidirectional) {
-		e.setPull(t, PullNone)
-		return nil, 0, nil
+	count, plan := e.pullPlan(t)
+	used := plan != ""
+	e.mu.Lock()
+	if !used {
+		plan = PullNone
 	}
-	n := len(t.toks)
-	rnt := p.NumTokens
-	if rnt < 0 {
-		rnt = n
-	}
-	count := min(rnt, n) - t.hit
-	switch {
-	case count <= 0:
-		e.setPull(t, PullNone)
-	case (t.role == RolePrefill || e.cfg.DecodeRecompute) && e.cfg.RecomputeThreshold > 0 && count < e.cfg.RecomputeThreshold:
-		// kv_recompute_threshold guards P's pull, and D's with
-		// DecodeRecompute; either way the reader still notifies
-		e.mu.Lock()
-		t.rec.Pull = PullRecompute
+	if plan == PullRecompute {
 		e.stats.Recomputed++
-		e.mu.Unlock()
-	default:
-		e.setPull(t, PullRead)
+	}
+	t.rec.Pull = plan
+	e.mu.Unlock()
+	if !used {
+		return nil, 0, nil
 	}
 	peer := e.reg.Lookup(p.Host, p.Port)
 	if peer == nil {

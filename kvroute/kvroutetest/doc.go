@@ -24,6 +24,12 @@
 // NewCluster starts several engines sharing one side-channel Registry, so
 // they can read each other's blocks; engines in different registries cannot.
 //
+// An engine is by default the engine a bidirectional deployment runs: the
+// NixlConnector with bidirectional_kv_xfer on (a test default: vLLM's is
+// off, see WithBidirectional) and vLLM's defaults otherwise. The rules the
+// simulator follows, each with the vLLM file and function it comes from,
+// are listed in internal/sim's documentation.
+//
 // # The model
 //
 // Tokens come from a deterministic tokenizer and a ChatML-like chat template
@@ -113,7 +119,10 @@
 // request takes a block at each block boundary as it generates and, with
 // none free, preempts the running request scheduled last (perhaps itself),
 // which is freed, put at the front of the queue, and recomputes its prompt
-// and generated tokens when let in again. Waiting and recomputation cost
+// and generated tokens when let in again; nothing is admitted in the step
+// of a preemption. A request loading KV from a remote takes no running
+// slot; once read it waits for one ahead of the queue. Waiting and
+// recomputation cost
 // modelled time: RequestRecord.Queued, Requeued, Recompute, Preemptions
 // and FirstToken; Stats.Running, Waiting, UsedBlocks, Queued, Preemptions.
 // Compute is not shared between requests: only KV memory is contended.

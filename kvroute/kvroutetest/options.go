@@ -7,7 +7,13 @@ import (
 	"github.com/bidikv/bidikv/internal/sim"
 )
 
-// Defaults of the engine options, as vLLM's.
+// Defaults of the engine options. They are those of a vLLM engine started
+// as a bidirectional deployment needs it: --kv-transfer-config
+// '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+// "kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' and vLLM's
+// defaults for the rest. Bidirectional transfer on is a test default: vLLM's
+// own default is off (see WithBidirectional), and examples/vllmsim keeps
+// vLLM's.
 const (
 	DefaultModel              = "sim-model"
 	DefaultBlockSize          = 16
@@ -78,9 +84,10 @@ func WithNumBlocks(n int) Option { return optionFunc(func(c *config) { c.sim.Num
 // as max_model_len, and a request over it gets vLLM's 400.
 func WithMaxModelLen(n int) Option { return optionFunc(func(c *config) { c.sim.MaxModelLen = n }) }
 
-// WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run (or
-// load from a remote) at once, the others wait (default 1024, vLLM's on
-// H200-class GPUs; 0 means no limit; negative is invalid).
+// WithMaxNumSeqs sets --max-num-seqs: at most n requests of a rank run at
+// once, the others wait (default 1024, vLLM's on H200-class GPUs; 0 means
+// no limit; negative is invalid). A request loading KV from a remote takes
+// no slot; once read it waits for one, ahead of the waiting queue.
 func WithMaxNumSeqs(n int) Option { return optionFunc(func(c *config) { c.sim.MaxNumSeqs = n }) }
 
 // WithVersion sets what GET /version answers: {"version": v} (default
@@ -136,9 +143,11 @@ func WithStreamHandles(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.StreamHandles = on })
 }
 
-// WithRecomputeThreshold sets kv_recompute_threshold (default 64; 0 disables
-// the check; negative is invalid): P recomputes instead of pulling when the
-// count is strictly below it.
+// WithRecomputeThreshold sets kv_recompute_threshold (default 64, vLLM's
+// with bidirectional transfer on; vLLM's default is 0 with it off, which
+// WithBidirectional(false) does not change; 0 disables the check; negative
+// is invalid): P recomputes instead of pulling when the count is strictly
+// below it (and D too, with WithDecodeRecompute).
 func WithRecomputeThreshold(n int) Option {
 	return optionFunc(func(c *config) { c.sim.RecomputeThreshold = n })
 }
@@ -194,9 +203,10 @@ func WithReasoning(on bool) Option { return optionFunc(func(c *config) { c.sim.R
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.sim.Logger = l }) }
 
 // WithBidirectional sets kv_connector_extra_config.bidirectional_kv_xfer
-// (default true). When false the engine is a stock one-way P/D engine: D
-// emits no handle and frees its blocks when it finishes, and P ignores D
-// handles (it neither reads nor notifies).
+// (default true, a test default for the engines a router needs; vLLM's
+// default, and examples/vllmsim's, is false). When false the engine is a
+// stock one-way P/D engine: D emits no handle and frees its blocks when it
+// finishes, and P ignores D handles (it neither reads nor notifies).
 func WithBidirectional(on bool) Option {
 	return optionFunc(func(c *config) { c.sim.Bidirectional = on })
 }
@@ -302,7 +312,7 @@ func WithPrefillHandleOnLengthOnly(on bool) Option {
 }
 
 // WithDecodeRecompute(true) makes kv_recompute_threshold guard D's pull as
-// well as P's, as current vLLM does: D computes the prompt locally instead of
+// well as P's, as vLLM PR #55801 does: D computes the prompt locally instead of
 // pulling fewer tokens than the threshold from P, and still notifies P (which
 // frees its blocks). Default false, so that D always pulls what it lacks.
 func WithDecodeRecompute(on bool) Option {

@@ -1,6 +1,7 @@
 package kvroutetest
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -58,6 +59,14 @@ type Answer struct {
 	// the rendered prompt's ids and every generated id of the first
 	// choice (a final EOS and tokens cut by a stop string included).
 	PromptTokenIDs, TokenIDs []uint32
+	// Logprobs is the first choice's logprobs value, byte for byte as a
+	// non-streaming chat or completions answer carries it (chat:
+	// {"content": [...]}, completions: {"text_offset", "token_logprobs",
+	// "tokens", "top_logprobs"}), "null" when the request did not ask for
+	// logprobs; nil for the Responses and Messages APIs. A stream carries
+	// the same entries split over its chunks (chat's less those of tokens
+	// a parser swallows without a chunk).
+	Logprobs json.RawMessage
 }
 
 // Reference returns the answer of a single engine that holds the correct KV
@@ -102,6 +111,9 @@ func Reference(path string, body []byte, opts ...Option) (Answer, error) {
 	}
 	if path == sim.PathCompletions {
 		a.Text = sim.RawText(g)
+	}
+	if path == sim.PathChat || path == sim.PathCompletions {
+		a.Logprobs = sim.ChoiceLogprobs(req, g)
 	}
 	return a, nil
 }

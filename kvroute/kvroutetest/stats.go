@@ -121,7 +121,8 @@ type RequestRecord struct {
 	// chosen.
 	Rank int
 	// Queued is how long the request waited for KV blocks (or a running
-	// slot) before it was first scheduled. Preemptions counts its
+	// slot) before it was first scheduled, and, read from a remote, for a
+	// running slot. Preemptions counts its
 	// preemptions, Requeued the time it waited to be let in again after
 	// them and Recompute the modelled recomputation of its prompt and
 	// generated tokens. FirstToken is the modelled time from its arrival
