@@ -64,6 +64,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -73,9 +75,15 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
 		fmt.Fprintln(os.Stderr, "vllmsim:", err)
-		stop()
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "vllmsim:", err)
 		os.Exit(1)
 	}
 }

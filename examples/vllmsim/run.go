@@ -16,7 +16,7 @@ import (
 
 // run serves until ctx is done.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
+	o, err := parseFlags(args, stdout)
 	if err != nil {
 		return err
 	}
