@@ -14,7 +14,8 @@ import (
 )
 
 // Group is a titled group of flags in --help. A flag's aliases follow it
-// after a comma ("prefiller-hosts,prefiller-host").
+// after a comma ("prefiller-hosts,prefiller-host"). A group without a
+// title hides its flags (a mode's own switch, say).
 type Group struct {
 	Title string
 	Flags []string
@@ -28,6 +29,14 @@ func WriteHelp(w io.Writer, fs *flag.FlagSet, head string, groups []Group, value
 	fmt.Fprint(w, head)
 	listed := map[string]bool{}
 	for _, g := range groups {
+		if g.Title == "" {
+			for _, spec := range g.Flags {
+				for _, name := range strings.Split(spec, ",") {
+					listed[name] = true
+				}
+			}
+			continue
+		}
 		var names [][]string
 		for _, spec := range g.Flags {
 			n := strings.Split(spec, ",")

@@ -32,9 +32,10 @@ func flags() *flag.FlagSet {
 func TestWriteHelp(t *testing.T) {
 	var b bytes.Buffer
 	cli.WriteHelp(&b, flags(), "Usage: x\n", []cli.Group{
-		{"Serving", []string{"port", "verbose,served-model-name"}},
+		{"Serving", []string{"port", "verbose"}},
 		{"KV", []string{"kv-transfer-config", "block-size", "unknown"}},
 		{"Empty", []string{"none"}},
+		{"", []string{"served-model-name"}},
 	}, func(f *flag.Flag) string {
 		if f.Name == "kv-transfer-config" {
 			return "JSON"
@@ -46,7 +47,7 @@ func TestWriteHelp(t *testing.T) {
 Serving:
   --port int
       port to serve on (default 8000)
-  --verbose, --served-model-name
+  --verbose
       log engine events
 
 KV:
