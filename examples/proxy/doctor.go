@@ -288,6 +288,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 				ms(r.ttftOff), ms(r.ttftOn), printable(r.note))
 		}
 		_ = tw.Flush()
+		writeNotes(w, d.runs)
 	}
 
 	if len(d.gaps) > 0 {
@@ -412,15 +413,19 @@ func (d *diagnosis) jsonForm() any {
 		TTFTOffMS float64 `json:"ttft_off_p50_ms"`
 		TTFTOnMS  float64 `json:"ttft_on_p50_ms"`
 		Note      string  `json:"note,omitempty"`
+		Meaning   string  `json:"note_meaning,omitempty"`
 	}
 	out := struct {
 		Engines []engineJSON `json:"engines"`
 		APIs    []apiJSON    `json:"apis"`
 		Gaps    []gapJSON    `json:"gaps"`
 		Probe   []runJSON    `json:"probe,omitempty"`
-		Works   bool         `json:"reuse_works"`
-		Verdict string       `json:"verdict"`
-	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}}
+		// NoCompute: every TTFT off under 5 ms, the engines model no
+		// compute (a simulator without a cost profile).
+		NoCompute bool   `json:"ttft_models_no_compute,omitempty"`
+		Works     bool   `json:"reuse_works"`
+		Verdict   string `json:"verdict"`
+	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: modelsNoCompute(d.runs)}
 	for _, e := range d.engines {
 		out.Engines = append(out.Engines, engineJSON{e.role, e.url, e.rep})
 	}
@@ -433,7 +438,7 @@ func (d *diagnosis) jsonForm() any {
 	}
 	for _, r := range d.runs {
 		out.Probe = append(out.Probe, runJSON{string(r.api), r.stream, r.turns, r.hits, r.equal,
-			float64(r.ttftOff) / float64(time.Millisecond), float64(r.ttftOn) / float64(time.Millisecond), r.note})
+			float64(r.ttftOff) / float64(time.Millisecond), float64(r.ttftOn) / float64(time.Millisecond), r.note, noteMeaning(r.reason)})
 	}
 	return out
 }
