@@ -55,6 +55,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute/capability"
 )
 
 type attackConfig struct {
@@ -99,9 +101,6 @@ func parseAttackFlags(args []string, help io.Writer) (attackConfig, error) {
 	return c, nil
 }
 
-// attackKV is the engines' --kv-transfer-config.
-const attackKV = `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
-
 // runAttack is bench --attack.
 func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parseAttackFlags(args, stdout)
@@ -131,20 +130,20 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			p.stop()
 		}
 	}()
-	engine := func() (*child, error) {
+	engine := func(kv string) (*child, error) {
 		p, err := startChild(ctx, filepath.Join(bin, "vllmsim"), "--port", "0", "--side-channel-port", "0",
-			"--kv-transfer-config", attackKV, "--stream-handles", "--profile", "qwen3-32b", "--speed", "1",
+			"--kv-transfer-config", kv, "--stream-handles", "--profile", "qwen3-32b", "--speed", "1",
 			"--num-gpu-blocks-override", "2000000")
 		if err == nil {
 			procs = append(procs, p)
 		}
 		return p, err
 	}
-	pe, err := engine()
+	pe, err := engine(capability.KVTransferPrefill)
 	if err != nil {
 		return err
 	}
-	de, err := engine()
+	de, err := engine(capability.KVTransferDecode)
 	if err != nil {
 		return err
 	}

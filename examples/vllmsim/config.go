@@ -129,6 +129,9 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 		if err := json.Unmarshal([]byte(*kvc), &k); err != nil {
 			return nil, fmt.Errorf("--kv-transfer-config: %w", err)
 		}
+		if err := k.checkRole(); err != nil {
+			return nil, fmt.Errorf("--kv-transfer-config: %w", err)
+		}
 		o.cfg.EngineID = k.EngineID
 		k.engineKnobs.apply(&o.cfg)
 		k.Extra.apply(&o.cfg)
