@@ -86,3 +86,21 @@ func TestKVRolesConsistent(t *testing.T) {
 	assert.Contains(t, capability.FixBidirectional, capability.KVTransferPrefill+"' on every prefill engine")
 	assert.Contains(t, capability.FixBidirectional, capability.KVTransferDecode+"' on every decode engine")
 }
+
+// What users read names no issue of this project's tracker ("issue 23",
+// "(issue #14)"): it says what a change did. vLLM's and other projects'
+// issues, named with their project, are references.
+func TestNoProjectIssueNumbers(t *testing.T) {
+	issueRE := regexp.MustCompile(`(?i)(\S+)?[\s(]+issues?\s+#?\d+|^issues?\s+#?\d+`)
+	for path, text := range userFacing(t) {
+		for _, line := range strings.Split(text, "\n") {
+			for _, m := range issueRE.FindAllStringSubmatch(line, -1) {
+				before := strings.ToLower(m[1])
+				if strings.Contains(before, "vllm") || strings.Contains(before, "go") && strings.Contains(line, "go.dev/issue") {
+					continue
+				}
+				t.Errorf("%s: %q names an issue of this project", path, strings.TrimSpace(line))
+			}
+		}
+	}
+}

@@ -265,7 +265,7 @@
 //
 // # Migration
 //
-// Issue 22 grouped the options and trimmed the exported names; each old
+// The options were grouped and the exported names trimmed; each old
 // name and what replaces it:
 //
 //   - WithPrefillEndpoints(eps...), WithDecodeEndpoints(eps...):
