@@ -25,8 +25,8 @@ const (
 	// resends exactly the stored conversation and reply (ContinuationKeys'
 	// digests), and turns whose next render may differ (reasoning output,
 	// stop strings, ...) are not retained. It needs no engine support, but it
-	// cannot see what a chat template or tokenizer does to the text (see the
-	// README's Limitations).
+	// cannot see what a chat template or tokenizer does to the text (see
+	// docs/how-it-works.md, Limitations).
 	VerifyContent VerificationMode = "content"
 )
 
