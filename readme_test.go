@@ -59,7 +59,7 @@ func TestPackageDocShort(t *testing.T) {
 	assert.LessOrEqual(t, index, 80, "lines of go doc ./kvroute before its index")
 	doc := strings.Join(lines[:index], "\n")
 	for _, want := range []string{"# The turn", "# Verification", "# Errors", "safe for concurrent use", "docs/kvroute.md"} {
-		assert.Contains(t, doc, want)
+		assert.True(t, strings.Contains(doc, want), "the package doc says %q", want)
 	}
 	_, err = os.Stat(filepath.Join("docs", "kvroute.md"))
 	assert.NoError(t, err)
