@@ -86,6 +86,7 @@ func runDoctor(ctx context.Context, args []string, getenv func(string) string, s
 		cancel()
 	}
 	rep := cfg.diagnose(engines, runs)
+	rep.noCompute = o.probe && simulatedNoCompute(ctx, tr, engines, o.timeout)
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -138,8 +139,11 @@ type diagnosis struct {
 	views   []apiView
 	gaps    []gap
 	runs    []probeRun
-	works   bool   // reuse can work on at least one API, and no reused answer differed
-	verdict string // one line
+	// noCompute: every engine is a simulator modelling no compute (its
+	// GET /sim/stats), so the probe's TTFTs hold none.
+	noCompute bool
+	works     bool   // reuse can work on at least one API, and no reused answer differed
+	verdict   string // one line
 }
 
 // diagnose weighs the engines' facts (and the --probe runs) against the
@@ -288,7 +292,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 				ms(r.ttftOff), ms(r.ttftOn), printable(r.note))
 		}
 		_ = tw.Flush()
-		writeNotes(w, d.runs)
+		writeNotes(w, d.runs, d.noCompute)
 	}
 
 	if len(d.gaps) > 0 {
@@ -420,12 +424,12 @@ func (d *diagnosis) jsonForm() any {
 		APIs    []apiJSON    `json:"apis"`
 		Gaps    []gapJSON    `json:"gaps"`
 		Probe   []runJSON    `json:"probe,omitempty"`
-		// NoCompute: every TTFT off under 5 ms, the engines model no
-		// compute (a simulator without a cost profile).
+		// NoCompute: every engine is a simulator that models no compute
+		// (GET /sim/stats: ModelsCompute false).
 		NoCompute bool   `json:"ttft_models_no_compute,omitempty"`
 		Works     bool   `json:"reuse_works"`
 		Verdict   string `json:"verdict"`
-	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: modelsNoCompute(d.runs)}
+	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: d.noCompute}
 	for _, e := range d.engines {
 		out.Engines = append(out.Engines, engineJSON{e.role, e.url, e.rep})
 	}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -75,32 +78,47 @@ func noteMeaning(reason string) string {
 	return ""
 }
 
-// zeroCostTTFT is the largest TTFT p50 with reuse off that engines
-// modelling no compute answer in: no real prefill of the probe's prompt
-// and transfer to a decode engine is that fast.
-const zeroCostTTFT = 5 * time.Millisecond
-
-// modelsNoCompute reports whether every --probe run that measured TTFT
-// with reuse off saw it under zeroCostTTFT: the engines answer at once
-// (examples/vllmsim without --profile, kvroutetest's engines), so the
-// TTFT columns show the router's own path, not what reuse saves.
-func modelsNoCompute(runs []probeRun) bool {
-	n := 0
-	for _, r := range runs {
-		if r.ttftOff <= 0 {
-			continue
+// simulatedNoCompute reports whether every engine is a simulator whose
+// answers take no modelled compute time: each answers GET /sim/stats
+// (examples/vllmsim and kvroutetest engines serve it; vLLM answers 404)
+// with ModelsCompute false, as without a cost profile (--profile) or with
+// --speed 0. The probe's TTFTs then show the router's own path, not what
+// reuse saves on real engines.
+func simulatedNoCompute(ctx context.Context, rt http.RoundTripper, engines []engineFacts, timeout time.Duration) bool {
+	if len(engines) == 0 {
+		return false
+	}
+	client := &http.Client{Transport: rt}
+	for _, e := range engines {
+		var stats struct {
+			ModelsCompute *bool
 		}
-		if r.ttftOff >= zeroCostTTFT {
+		ok := func() bool {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/sim/stats", nil)
+			if err != nil {
+				return false
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			return resp.StatusCode == http.StatusOK &&
+				json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&stats) == nil && stats.ModelsCompute != nil
+		}()
+		if !ok || *stats.ModelsCompute {
 			return false
 		}
-		n++
 	}
-	return n > 0
+	return true
 }
 
 // writeNotes explains, under the probe's table, each reason its notes
-// name and whether the TTFTs measured any engine compute.
-func writeNotes(w io.Writer, runs []probeRun) {
+// name and, for simulated engines that model no compute, that the TTFTs
+// hold none.
+func writeNotes(w io.Writer, runs []probeRun, noCompute bool) {
 	var reasons []string
 	seen := map[string]bool{}
 	for _, r := range runs {
@@ -119,8 +137,8 @@ func writeNotes(w io.Writer, runs []probeRun) {
 		}
 		_ = tw.Flush()
 	}
-	if modelsNoCompute(runs) {
-		fmt.Fprintf(w, "\nevery TTFT off is under %s: these engines model no compute (examples/vllmsim without --profile?),\n"+
-			"so TTFT off and on show the router's own path, not what reuse saves on real engines\n", zeroCostTTFT)
+	if noCompute {
+		fmt.Fprintf(w, "\nthese engines are simulators that model no compute (examples/vllmsim without --profile,\n"+
+			"or --speed 0): TTFT off and on show the router's own path, not what reuse saves on real engines\n")
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"io"
+	"net/http"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,8 +19,8 @@ import (
 
 // The doctor's --probe notes name a reason (turn 1 not retained:
 // unrendered); where it prints them it says what each means, and that
-// engines which answer at once (the simulators without a cost profile)
-// model no compute, so their TTFTs say nothing of what reuse saves.
+// simulated engines without a cost profile model no compute, so their
+// TTFTs say nothing of what reuse saves.
 func TestDoctorNotesExplained(t *testing.T) {
 	reg := kvroutetest.NewRegistry()
 	p := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithRenderRoutes(false))
@@ -38,7 +41,7 @@ func TestDoctorNotesExplained(t *testing.T) {
 	for _, r := range []string{"no_stream_handle", "unrendered", "token_verification_only"} {
 		assert.Contains(t, legend, "  "+r+" ", "a stock engine without render routes shows %s", r)
 	}
-	assert.Contains(t, out, "these engines model no compute")
+	assert.True(t, strings.Contains(out, "simulators that model no compute"), "the zero-cost note:\n%s", out)
 
 	j, err, raw := doctor(t, p, d, "--probe")
 	require.NoError(t, err)
@@ -77,12 +80,23 @@ func TestNoteMeaningsComplete(t *testing.T) {
 	}
 }
 
-// Engines that model compute (any TTFT off of 5 ms or more) get no
-// zero-cost line; runs without a measured TTFT do not count.
-func TestModelsNoCompute(t *testing.T) {
-	ms := time.Millisecond
-	assert.False(t, modelsNoCompute(nil))
-	assert.False(t, modelsNoCompute([]probeRun{{}, {}}), "nothing measured")
-	assert.True(t, modelsNoCompute([]probeRun{{ttftOff: ms}, {}, {ttftOff: 2 * ms}}))
-	assert.False(t, modelsNoCompute([]probeRun{{ttftOff: ms}, {ttftOff: 337 * ms}}), "one engine's real prefill")
+// Engines that sleep their modelled compute (a cost profile, a speed)
+// get no such line: their TTFTs hold the compute they model.
+func TestDoctorEnginesModellingCompute(t *testing.T) {
+	prof, ok := kvroutetest.LookupProfile("qwen3-32b")
+	require.True(t, ok)
+	reg := kvroutetest.NewRegistry()
+	opts := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithProfile(prof), kvroutetest.WithSpeed(50)}
+	p := kvroutetest.NewEngine(t, opts...)
+	d := kvroutetest.NewEngine(t, opts...)
+	stdout := &syncBuffer{}
+	require.NoError(t, run(context.Background(), []string{"doctor", "--probe", "--prefill", p.URL(), "--decode", d.URL()}, noEnv, stdout, io.Discard))
+	assert.NotContains(t, stdout.String(), "model no compute")
+	j, err, raw := doctor(t, p, d, "--probe")
+	require.NoError(t, err)
+	assert.False(t, j.NoCompute, raw)
+
+	// engines that are not simulators (vLLM answers GET /sim/stats with 404) get no line either
+	assert.False(t, simulatedNoCompute(context.Background(), http.DefaultTransport, []engineFacts{{url: "http://127.0.0.1:1"}}, time.Second))
+	assert.False(t, simulatedNoCompute(context.Background(), http.DefaultTransport, nil, time.Second))
 }
