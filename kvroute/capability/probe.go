@@ -518,8 +518,10 @@ func readTokenize(a answer) Fact {
 // warning (nixl/connector.py, NixlBaseConnector.__init__); the decode
 // engine takes kv_consumer.
 const (
+	// KVTransferPrefill is every prefill engine's --kv-transfer-config.
 	KVTransferPrefill = `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
-	KVTransferDecode  = `{"kv_connector":"NixlConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
+	// KVTransferDecode is every decode engine's --kv-transfer-config.
+	KVTransferDecode = `{"kv_connector":"NixlConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
 )
 
 // Fixes of the gaps a version rule finds.
