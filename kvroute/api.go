@@ -201,7 +201,7 @@ func sseError(status int, err error) []byte {
 }
 
 // Members removed from the client's body on every prefill leg, besides
-// those an API adds (kvroute package doc, "The turn", step 2): the
+// those an API adds (docs/kvroute.md, "The turn", step 2): the
 // client's kv_transfer_params (always replaced), the router's own
 // conversation_id, stream options, length floors and caps that would keep
 // P from stopping after one token, and stop and stop_token_ids: older

@@ -11,7 +11,7 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// Decode memory as a managed budget (WithDecodeMemory; package doc,
+// Decode memory as a managed budget (WithDecodeMemory; docs/kvroute.md,
 // Decode memory). A vLLM decode engine keeps every finished request's
 // blocks for decoder_kv_blocks_ttl, pinned, whether or not a next turn
 // comes. The Router keeps a ledger of the holds its retained handles pin

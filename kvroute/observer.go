@@ -122,7 +122,7 @@ type TurnRecord struct {
 	Missing string
 	// Released reports that the turn's prefill leg released the decode
 	// engine's hold of the handle it found and did not attach (the handle
-	// with remote_num_tokens 0: package doc, Decode memory): why is
+	// with remote_num_tokens 0: docs/kvroute.md, Decode memory): why is
 	// MissReason (MissThreshold, MissMismatch, MissPartialRefused,
 	// MissCostModel: superseded by this turn's handle; MissExpired:
 	// unusable). The leg's answer is a miss's.

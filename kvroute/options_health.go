@@ -31,8 +31,8 @@ type Health struct {
 	// one of the engine's handles (default 1 s); an older one is read
 	// again first, on the turn's lookup, at most once per interval per
 	// engine (concurrent turns share the read). A handle issued before
-	// the engine's current process started is never attached (package
-	// doc, Failure paths). Negative turns the reads off: restarts are then
+	// the engine's current process started is never attached (docs/kvroute.md,
+	// Failure paths). Negative turns the reads off: restarts are then
 	// noticed only by a new engine id in the engine's handles or by a
 	// failure to reach it, so an engine with a fixed engine id that
 	// restarts between two turns without the router seeing it fail is not

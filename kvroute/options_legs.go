@@ -101,7 +101,7 @@ type Failover struct {
 	// DecodeAttempts bounds how many decode legs one turn may start,
 	// retries included (default 3; 1 disables decode retries). After a
 	// leg that timed out, at most one more leg follows, to another
-	// healthy engine. See the package documentation for when a decode
+	// healthy engine. docs/kvroute.md, Failure paths, says when a decode
 	// leg is retried.
 	DecodeAttempts int
 	// LocalPrefill chooses what happens when the prefill engine answers

@@ -3,7 +3,7 @@ package kvroute
 import "context"
 
 // Limits bound the bytes a turn takes, so that its memory follows what the
-// client and the engines actually sent (package doc, Memory).
+// client and the engines actually sent (docs/kvroute.md, Memory).
 type Limits struct {
 	// Body bounds a request body accepted by ServeHTTP (a larger one gets
 	// 413) and a non-streaming upstream body read by Do (default 32 MiB).

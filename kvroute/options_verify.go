@@ -8,7 +8,7 @@ import (
 )
 
 // VerificationMode selects how the router proves that a retained handle's
-// KV is the KV the next prompt needs (package doc, Verification).
+// KV is the KV the next prompt needs (docs/kvroute.md, Verification).
 type VerificationMode string
 
 // The verification modes, each one file (verify_*.go) registered in
@@ -25,8 +25,8 @@ const (
 	// resends exactly the stored conversation and reply (ContinuationKeys'
 	// digests), and turns whose next render may differ (reasoning output,
 	// stop strings, ...) are not retained. It needs no engine support, but it
-	// cannot see what a chat template or tokenizer does to the text (see the
-	// README's Limitations).
+	// cannot see what a chat template or tokenizer does to the text (see
+	// docs/how-it-works.md, Limitations).
 	VerifyContent VerificationMode = "content"
 )
 
@@ -82,12 +82,12 @@ func resolveVerification(c *config) {
 // beyond the pulls: answer turns from it (decode-local turns), keep it for
 // streaming clients whose streams carry no handle (buffered streams),
 // report it (DecodeKV), and manage what its retained handles hold there as
-// a budget (package doc, Decode memory): release what will not be used,
+// a budget (docs/kvroute.md, Decode memory): release what will not be used,
 // cap what is held, place by pressure. The management is one switch,
 // Budget's sign, so that a benchmark can run it beside holding everything.
 type DecodeMemory struct {
 	// Local lets a turn whose retained handle was verified by tokens run
-	// decode-local (package doc, Decode-local turns): as a plain request
+	// decode-local (docs/kvroute.md, Decode-local turns): as a plain request
 	// to the decode engine that holds the conversation, which computes
 	// only the new suffix from its own prefix cache. The
 	// WithThresholdPolicy policy decides per turn when it is a
@@ -111,7 +111,7 @@ type DecodeMemory struct {
 	// BufferStreams lists the APIs, by path (PathChatCompletions,
 	// PathCompletions, PathMessages), whose streamed turns run their decode
 	// leg non-streaming when the decode engine's streams of that API carry
-	// no handle (package doc, Wire protocol, step 5): the answer's body carries
+	// no handle (docs/kvroute.md, Wire protocol, step 5): the answer's body carries
 	// D's handle, which is retained, and the router writes the answer to
 	// the client as the API's own stream once it has arrived. The trade:
 	// the first token arrives with the last (the turn's TTFT is its whole

@@ -92,7 +92,7 @@ func runConversation(t *testing.T, path string, stream, handles bool) {
 	}
 }
 
-// TestPrefillRewrites checks messages 1, 2 and 4 of the package doc's Wire
+// TestPrefillRewrites checks messages 1, 2 and 4 of docs/kvroute.md's Wire
 // protocol byte for byte.
 func TestPrefillRewrites(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))

@@ -126,7 +126,7 @@ type Stats struct {
 	// last plausible one kept; each metric is logged once per engine.
 	ImplausibleMetrics int64
 
-	// Decode memory (WithDecodeMemory; package doc, Decode memory).
+	// Decode memory (WithDecodeMemory; docs/kvroute.md, Decode memory).
 	// ReleasedSuperseded counts retained handles a turn took and did not
 	// attach, released through its own prefill leg (TurnRecord.Released):
 	// the turn's new handle replaces them. ReleasedUnusable counts handles

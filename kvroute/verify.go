@@ -10,7 +10,7 @@ import (
 )
 
 // Verification is the seam between the turn and how it proves that a
-// retained handle's KV is the KV the next prompt needs (package doc,
+// retained handle's KV is the KV the next prompt needs (docs/kvroute.md,
 // Verification). A mode is one file that implements proof and one entry
 // in verifications; the flow never asks which mode runs.
 

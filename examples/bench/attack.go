@@ -1,9 +1,10 @@
 package main
 
-// Attack mode: bench --attack runs the denial-of-service attacks of issue
-// 21 against the proxy, each against a fresh proxy process with simulated
-// engines (vllmsim, qwen3-32b timings, in real time), and measures whether
-// a well-behaved client keeps being served while the attack runs:
+// Attack mode: bench --attack runs denial-of-service attacks against the
+// proxy (GUARANTEES.md, "What the proxy bounds"), each against a fresh
+// proxy process with simulated engines (vllmsim, qwen3-32b timings, in
+// real time), and measures whether a well-behaved client keeps being
+// served while the attack runs:
 //
 //	go run ./examples/bench --attack      (from the repository root)
 //
@@ -41,7 +42,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -55,6 +55,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/bidikv/bidikv/kvroute/capability"
 )
 
 type attackConfig struct {
@@ -71,10 +73,9 @@ type attackConfig struct {
 
 var allAttacks = []string{"slow-bodies", "declared", "connections", "readers", "members"}
 
-func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
+func parseAttackFlags(args []string, help io.Writer) (attackConfig, error) {
 	c := attackConfig{}
-	fs := flag.NewFlagSet("bench --attack", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench --attack")
 	fs.Bool("attack", true, "attack mode (this mode)")
 	fs.StringVar(&c.repo, "repo", ".", "repository root (to build examples/vllmsim and examples/proxy)")
 	fs.StringVar(&c.bin, "bin", "", "directory with vllmsim and proxy binaries already built (default: build them into a temporary directory)")
@@ -86,7 +87,7 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 	fs.IntVar(&c.nofile, "nofile", 0, "the proxy's file-descriptor limit (prlimit --nofile), to see what exhausting it does (0: this process's)")
 	fs.DurationVar(&c.readersWait, "readers-wait", 3*time.Minute, "how long the readers attack waits for the non-reading streams to be freed")
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, flagError(fs, err, help)
 	}
 	for _, a := range strings.Split(*attacks, ",") {
 		if a = strings.TrimSpace(a); !slices.Contains(allAttacks, a) {
@@ -100,15 +101,13 @@ func parseAttackFlags(args []string, stderr io.Writer) (attackConfig, error) {
 	return c, nil
 }
 
-// attackKV is the engines' --kv-transfer-config.
-const attackKV = `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
-
 // runAttack is bench --attack.
 func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c, err := parseAttackFlags(args, stderr)
+	c, err := parseAttackFlags(args, stdout)
 	if err != nil {
 		return err
 	}
+	stderr = progressOut(stderr) // its lines are progress: on a terminal only
 	bin := c.bin
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "bidikv-attack-")
@@ -131,20 +130,20 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			p.stop()
 		}
 	}()
-	engine := func() (*child, error) {
+	engine := func(kv string) (*child, error) {
 		p, err := startChild(ctx, filepath.Join(bin, "vllmsim"), "--port", "0", "--side-channel-port", "0",
-			"--kv-transfer-config", attackKV, "--stream-handles", "--profile", "qwen3-32b", "--speed", "1",
+			"--kv-transfer-config", kv, "--stream-handles", "--profile", "qwen3-32b", "--speed", "1",
 			"--num-gpu-blocks-override", "2000000")
 		if err == nil {
 			procs = append(procs, p)
 		}
 		return p, err
 	}
-	pe, err := engine()
+	pe, err := engine(capability.KVTransferPrefill)
 	if err != nil {
 		return err
 	}
-	de, err := engine()
+	de, err := engine(capability.KVTransferDecode)
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,10 +39,11 @@ func (f headerFlag) Set(s string) error {
 	return nil
 }
 
-func parseFlags(args []string, stderr io.Writer) (config, error) {
+// parseFlags reads the default mode's command line; --help writes its
+// text to help.
+func parseFlags(args []string, help io.Writer) (config, error) {
 	c := config{header: http.Header{}}
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench")
 	fs.StringVar(&c.url, "url", "http://127.0.0.1:8000", "base URL of the OpenAI-compatible server")
 	fs.StringVar(&c.input, "input", "", "conversation list JSON or generate_conversations config (required)")
 	fs.StringVar(&c.model, "model", "sim-model", "model name sent in every request")
@@ -59,11 +59,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Uint64Var(&c.seed, "seed", 0, "seed for generated conversations and arrivals")
 	fs.DurationVar(&c.timeout, "request-timeout", 10*time.Minute, "limit per request")
 	if err := fs.Parse(args); err != nil {
-		return config{}, err
+		return config{}, flagError(fs, err, help)
 	}
 	switch {
 	case c.input == "":
-		return config{}, errors.New("--input is required")
+		return config{}, errors.New("--input is required (bench --help lists the modes and flags)")
 	case c.clients < 1:
 		return config{}, errors.New("--clients must be at least 1")
 	case c.maxActive < 0 || c.rate < 0 || c.maxTurns < 0 || c.limit < 0 || c.maxTokens < 1:

@@ -58,17 +58,16 @@ func TestFleetSmall(t *testing.T) {
 	}
 	t.Log(out.String())
 
-	// a FAIL is an error only with --check
+	// a FAIL is an error (the command exits non-zero), --check or not
 	fails := printFleet(io.Discard, rep)
 	rep.cfg.svg = filepath.Join(t.TempDir(), "fleet.svg")
-	require.NoError(t, reportFleet(io.Discard, rep))
-	assert.FileExists(t, rep.cfg.svg)
-	rep.cfg.check = true
+	rep.cfg.check = false
 	if err := reportFleet(io.Discard, rep); fails > 0 {
 		assert.ErrorContains(t, err, "targets FAILed")
 	} else {
 		assert.NoError(t, err)
 	}
+	assert.FileExists(t, rep.cfg.svg, "the chart is written before the verdict")
 	rep.managed.turns[0].wrong = true // a wrong answer is a FAIL
 	assert.Equal(t, fails+1, printFleet(io.Discard, rep))
 	assert.ErrorContains(t, reportFleet(io.Discard, rep), fmt.Sprintf("%d targets FAILed", fails+1))

@@ -9,8 +9,8 @@ import (
 	"github.com/bidikv/bidikv/retention/budget"
 )
 
-// The two arms' router options. Hold everything is the router as it was
-// before issue 23: every retained handle held on D for the TTL. Managed
+// The two arms' router options. Hold everything is the router without
+// decode memory management: every retained handle held on D for the TTL. Managed
 // is the router's decode memory management (kvroute.DecodeMemory).
 
 // defaultBudget is the managed arm's budget as a share of each decode

@@ -26,7 +26,8 @@ var fleetEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type armSpec struct {
 	name     string
 	managed  bool
-	capacity int // tokens per decode engine
+	capacity int           // tokens per decode engine
+	done     *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
 }
 
 // fleetTurn is what one turn measured.
@@ -203,6 +204,9 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 			defer wg.Done()
 			defer rig.clk.Leave()
 			defer left.Add(-1)
+			if a.done != nil {
+				defer a.done.Add(1)
+			}
 			turns, err := runSession(ctx, c, rig, sp)
 			mu.Lock()
 			defer mu.Unlock()

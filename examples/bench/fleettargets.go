@@ -6,7 +6,7 @@ import (
 	"math"
 )
 
-// printTargets prints issue 23's "Done when" targets for the fleet as
+// printTargets prints the decode memory targets for the fleet as
 // PASS/FAIL lines, each with its target, and returns how many FAILed.
 // Under pressure (capacity below the demand): the managed arm keeps every
 // engine's holds within its budget at every sample, has no preemption on

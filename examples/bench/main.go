@@ -37,14 +37,21 @@
 // on simulated engines with KV capacity, in modelled time on an event
 // clock (fleet.go): hold everything (every retained handle held on D for
 // the TTL) and managed (kvroute.DecodeMemory's budget and releases) side
-// by side with the same sessions, and prints issue 23's targets as
-// PASS/FAIL lines (--check: exit non-zero on a FAIL):
+// by side with the same sessions, and prints the decode memory targets as
+// PASS/FAIL lines (a FAIL: exit status 1):
 //
-//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--check]
+//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg]
+//
+// bench --help lists the modes, one line each, and bench MODE --help a
+// mode's flags. A run in which every request failed prints its first error
+// and exits 1. Progress lines (one per interval in long runs) go to stderr
+// only when it is a terminal; a redirected run writes its results only.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -53,9 +60,10 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := runMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		stop()
 		os.Exit(1)
 	}
 }

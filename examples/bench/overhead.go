@@ -43,7 +43,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,10 +72,9 @@ type ovhConfig struct {
 	pinRouter, pinRest string
 }
 
-func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
+func parseOverheadFlags(args []string, help io.Writer) (ovhConfig, error) {
 	c := ovhConfig{}
-	fs := flag.NewFlagSet("bench --overhead", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench --overhead")
 	fs.Bool("overhead", true, "overhead mode (this mode)")
 	fs.StringVar(&c.repo, "repo", ".", "repository root (to build examples/vllmsim and examples/proxy)")
 	fs.StringVar(&c.bin, "bin", "", "directory with vllmsim and proxy binaries already built (default: build them into a temporary directory)")
@@ -89,7 +87,7 @@ func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
 	fs.StringVar(&c.pinRouter, "pin-router", "", "CPUs (a taskset list) for the proxies; needs --pin-rest: the engines and the client run there, so that the router has cores of its own and the knee shows which side saturates")
 	fs.StringVar(&c.pinRest, "pin-rest", "", "CPUs (a taskset list) for the engines and this client, with --pin-router")
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, flagError(fs, err, help)
 	}
 	for _, h := range strings.Split(*hists, ",") {
 		h = strings.TrimSpace(h)
@@ -128,10 +126,11 @@ func parseOverheadFlags(args []string, stderr io.Writer) (ovhConfig, error) {
 
 // runOverhead is bench --overhead.
 func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c, err := parseOverheadFlags(args, stderr)
+	c, err := parseOverheadFlags(args, stdout)
 	if err != nil {
 		return err
 	}
+	stderr = progressOut(stderr) // its lines are progress: on a terminal only
 	bin := c.bin
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "bidikv-overhead-")

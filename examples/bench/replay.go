@@ -21,7 +21,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -47,7 +46,7 @@ type replayFlags struct {
 	svg     string
 }
 
-func parseReplayFlags(args []string, stderr io.Writer) (replayFlags, error) {
+func parseReplayFlags(args []string, help io.Writer) (replayFlags, error) {
 	c := replayFlags{}
 	// --replay-trace takes an optional FILE: the next argument unless it
 	// is a flag.
@@ -67,14 +66,13 @@ func parseReplayFlags(args []string, stderr io.Writer) (replayFlags, error) {
 		}
 		rest = append(rest, a)
 	}
-	fs := flag.NewFlagSet("bench --replay-trace", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench --replay-trace")
 	fs.DurationVar(&c.ttl, "ttl", 480*time.Second, "how long the decode engine holds a finished request's KV (vLLM's decoder_kv_blocks_ttl)")
 	budgets := fs.String("budgets", "0.2,0.25,0.333,0.4,0.5,0.6,0.7,0.8,0.9,1", "caps on held tokens, as fractions of holding everything's mean")
 	fs.IntVar(&c.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fs.StringVar(&c.svg, "svg", "bidikv-replay.svg", "write the chart of reused tokens against held KV here ('' for none)")
 	if err := fs.Parse(rest); err != nil {
-		return c, err
+		return c, flagError(fs, err, help)
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -123,7 +121,7 @@ type budgetRow struct {
 }
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c, err := parseReplayFlags(args, stderr)
+	c, err := parseReplayFlags(args, stdout)
 	if err != nil {
 		return err
 	}
@@ -131,7 +129,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	rep, err := replayAll(ctx, tr, c.ttl.Seconds(), c.budgets, stderr)
+	rep, err := replayAll(ctx, tr, c.ttl.Seconds(), c.budgets, progressOut(stderr))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,7 +54,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return runReplay(ctx, args, stdout, stderr)
 		}
 	}
-	c, err := parseFlags(args, stderr)
+	c, err := parseFlags(args, stdout)
 	if err != nil {
 		return err
 	}
@@ -64,7 +65,14 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if c.limit > 0 && len(convs) > c.limit {
 		convs = convs[:c.limit]
 	}
-	recs, elapsed := run(ctx, c, convs, http.DefaultTransport)
+	var count runCount
+	start := time.Now()
+	stop := every(progressOut(stderr), progressInterval, func() string {
+		return fmt.Sprintf("bench: %d turns answered, %d failed, %s", count.ok.Load(), count.failed.Load(),
+			time.Since(start).Round(time.Second))
+	})
+	recs, elapsed := run(ctx, c, convs, http.DefaultTransport, &count)
+	stop()
 	summarize(recs, elapsed).print(stdout)
 	if c.output != "" {
 		raw, err := json.MarshalIndent(recs, "", " ")
@@ -76,12 +84,29 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		fmt.Fprintf(stdout, "per-request stats: %s\n", c.output)
 	}
-	return nil
+	return allFailed(recs)
 }
+
+// allFailed is the error of a run in which every request failed, naming
+// the first failure: such a run measured nothing.
+func allFailed(recs []record) error {
+	for _, r := range recs {
+		if r.Error == "" {
+			return nil
+		}
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("every request failed (%d of %d); the first: %s", len(recs), len(recs), recs[0].Error)
+}
+
+// runCount counts the turns of a run as they end, for its progress lines.
+type runCount struct{ ok, failed atomic.Int64 }
 
 // run drives every conversation to its end with c.clients clients over at
 // most c.maxActive active conversations, turn by turn.
-func run(ctx context.Context, c config, convs []conversation, rt http.RoundTripper) ([]record, time.Duration) {
+func run(ctx context.Context, c config, convs []conversation, rt http.RoundTripper, count *runCount) ([]record, time.Duration) {
 	client := &http.Client{Transport: rt}
 	backlog := make(chan *state, len(convs))
 	for _, cv := range convs {
@@ -115,6 +140,11 @@ func run(ctx context.Context, c config, convs []conversation, rt http.RoundTripp
 					rec = record{ConversationID: st.conv.ID, Turn: st.turn, Error: err.Error()}
 				} else {
 					rec = sendTurn(ctx, client, c, st)
+				}
+				if rec.Error == "" {
+					count.ok.Add(1)
+				} else {
+					count.failed.Add(1)
 				}
 				mu.Lock()
 				recs = append(recs, rec)

@@ -103,7 +103,7 @@ func parseFlags(args []string, help io.Writer) (config, error) {
 	conc := fs.Int("concurrency", 4, "conversations in flight at once")
 	seed := fs.Uint64("seed", 1, "seed of the generated conversations")
 	svg := fs.String("svg", "bidikv-demo.svg", "write the chart here (empty: no chart)")
-	quiet := fs.Bool("quiet", false, "no progress bar on stderr")
+	quiet := fs.Bool("quiet", false, "no progress bar on stderr (drawn only when stderr is a terminal)")
 	reasoning := fs.Bool("reasoning", false, "replies start with <think>…</think>, which the chat template drops from past turns (as Qwen3's does)")
 	verify := fs.String("verification", "", "router verification mode: tokens or content (empty: the router's default)")
 	suffix := fs.Int("suffix-tokens", 0, "each turn after the first adds this many new tokens, as a tool result would (0: the published shape, a constant growth factor)")

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/bidikv/bidikv/internal/cli"
 )
 
 // runMain parses args, runs both modes, prints the tables and writes the
@@ -16,8 +18,10 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	start := time.Now()
+	// The bar redraws one line with \r: only on a terminal, never into a
+	// file or a pipe stderr is redirected to.
 	var bar io.Writer
-	if c.progress {
+	if c.progress && cli.IsTerminal(stderr) {
 		bar = stderr
 	}
 	s, err := run(ctx, c, bar)

@@ -143,7 +143,7 @@ func TestRunMainWritesTablesAndChart(t *testing.T) {
 	assert.Contains(t, out.String(), "MODELLED")
 	assert.Contains(t, out.String(), "MEASURED")
 	assert.Contains(t, out.String(), "off/on p50")
-	assert.Contains(t, errOut.String(), "6/6 turns", "progress bar")
+	assert.Empty(t, errOut.String(), "no progress frames on a stderr that is not a terminal")
 	raw, err := os.ReadFile(svg)
 	require.NoError(t, err)
 	assertWellFormed(t, raw)
@@ -448,4 +448,22 @@ func TestHeldAgainstCapacity(t *testing.T) {
 			assert.Equal(t, tt.over, strings.Contains(out.String(), s.heldString(tt.peak)+" OVER CAPACITY"), "%s pause table", name)
 		}
 	}
+}
+
+// The bar, when drawn (stderr is a terminal), redraws one line as the
+// percentage moves and ends it after the last turn.
+func TestProgressBar(t *testing.T) {
+	var b bytes.Buffer
+	p := &progress{w: &b, total: 4}
+	p.setLabel("reuse off")
+	for range 4 {
+		p.tick()
+	}
+	assert.Equal(t, 4, strings.Count(b.String(), "\r["))
+	assert.Contains(t, b.String(), "4/4 turns  reuse off")
+	assert.True(t, strings.HasSuffix(b.String(), "\n"))
+	silent := &progress{total: 2}
+	silent.tick()
+	silent.tick()
+	assert.Equal(t, 2, silent.done, "a silent bar still counts")
 }

@@ -86,6 +86,7 @@ func runDoctor(ctx context.Context, args []string, getenv func(string) string, s
 		cancel()
 	}
 	rep := cfg.diagnose(engines, runs)
+	rep.noCompute = o.probe && simulatedNoCompute(ctx, tr, engines, o.timeout)
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -138,8 +139,11 @@ type diagnosis struct {
 	views   []apiView
 	gaps    []gap
 	runs    []probeRun
-	works   bool   // reuse can work on at least one API, and no reused answer differed
-	verdict string // one line
+	// noCompute: every engine is a simulator modelling no compute (its
+	// GET /sim/stats), so the probe's TTFTs hold none.
+	noCompute bool
+	works     bool   // reuse can work on at least one API, and no reused answer differed
+	verdict   string // one line
 }
 
 // diagnose weighs the engines' facts (and the --probe runs) against the
@@ -288,6 +292,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 				ms(r.ttftOff), ms(r.ttftOn), printable(r.note))
 		}
 		_ = tw.Flush()
+		writeNotes(w, d.runs, d.noCompute)
 	}
 
 	if len(d.gaps) > 0 {
@@ -412,15 +417,19 @@ func (d *diagnosis) jsonForm() any {
 		TTFTOffMS float64 `json:"ttft_off_p50_ms"`
 		TTFTOnMS  float64 `json:"ttft_on_p50_ms"`
 		Note      string  `json:"note,omitempty"`
+		Meaning   string  `json:"note_meaning,omitempty"`
 	}
 	out := struct {
 		Engines []engineJSON `json:"engines"`
 		APIs    []apiJSON    `json:"apis"`
 		Gaps    []gapJSON    `json:"gaps"`
 		Probe   []runJSON    `json:"probe,omitempty"`
-		Works   bool         `json:"reuse_works"`
-		Verdict string       `json:"verdict"`
-	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}}
+		// NoCompute: every engine is a simulator that models no compute
+		// (GET /sim/stats: ModelsCompute false).
+		NoCompute bool   `json:"ttft_models_no_compute,omitempty"`
+		Works     bool   `json:"reuse_works"`
+		Verdict   string `json:"verdict"`
+	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: d.noCompute}
 	for _, e := range d.engines {
 		out.Engines = append(out.Engines, engineJSON{e.role, e.url, e.rep})
 	}
@@ -433,7 +442,7 @@ func (d *diagnosis) jsonForm() any {
 	}
 	for _, r := range d.runs {
 		out.Probe = append(out.Probe, runJSON{string(r.api), r.stream, r.turns, r.hits, r.equal,
-			float64(r.ttftOff) / float64(time.Millisecond), float64(r.ttftOn) / float64(time.Millisecond), r.note})
+			float64(r.ttftOff) / float64(time.Millisecond), float64(r.ttftOn) / float64(time.Millisecond), r.note, noteMeaning(r.reason)})
 	}
 	return out
 }

@@ -31,15 +31,17 @@ type doctorJSON struct {
 		Severity, What, Fix string
 	}
 	Probe []struct {
-		API    string
-		Stream bool
-		Turns  int
-		Reused int
-		Equal  int
-		Note   string
+		API     string
+		Stream  bool
+		Turns   int
+		Reused  int
+		Equal   int
+		Note    string
+		Meaning string `json:"note_meaning"`
 	}
-	Works   bool `json:"reuse_works"`
-	Verdict string
+	Works     bool `json:"reuse_works"`
+	NoCompute bool `json:"ttft_models_no_compute"`
+	Verdict   string
 }
 
 // doctor runs `bidikv-proxy doctor` in-process against one prefill and one

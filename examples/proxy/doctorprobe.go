@@ -33,6 +33,9 @@ type probeRun struct {
 	reused, equal   int
 	ttftOff, ttftOn time.Duration // p50 over the reused turns
 	note            string        // why turns did not reuse, or failed
+	// reason is the refusal or miss reason the note names
+	// (noteMeanings), "" when it names none.
+	reason string
 }
 
 // probeOpening is the first user message of every --probe conversation:
@@ -94,10 +97,10 @@ func (c *config) probeConversations(ctx context.Context, rt http.RoundTripper, e
 				if reused {
 					r.hits++
 				} else if turn > 0 && r.note == "" {
-					r.note = missNote(onRec)
+					r.note, r.reason = missNote(onRec), string(onRec.MissReason)
 				}
 				if turn == 0 && !onRec.Stored && r.note == "" {
-					r.note = "turn 1 not retained: " + string(onRec.StoreRefusal)
+					r.note, r.reason = "turn 1 not retained: "+string(onRec.StoreRefusal), string(onRec.StoreRefusal)
 				}
 				offAns, offRec, err := probeTurn(ctx, off, offRecs, a, body, stream)
 				if err != nil {

@@ -628,7 +628,7 @@ func TestReadmeAgents(t *testing.T) {
 		t.Skip("builds and starts processes")
 	}
 	t.Parallel() // slow: real processes
-	got, _ := runReadmeBlock(t, "agents")
+	got, _ := runReadmeBlock(t, "README.md", "agents")
 	reuse := regexp.MustCompile(`(?mi)^x-bidikv-reuse: (\w+)\r?$`).FindAllStringSubmatch(got, -1)
 	var seq []string
 	for _, m := range reuse {

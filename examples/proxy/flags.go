@@ -7,9 +7,10 @@ import (
 	"io"
 	"math"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/bidikv/bidikv/internal/cli"
 )
 
 // synopsis opens `bidikv-proxy --help`.
@@ -54,39 +55,11 @@ var helpGroups = []struct {
 // writeHelp writes the synopsis and fs's flags by group, each flag once
 // with its aliases.
 func writeHelp(w io.Writer, fs *flag.FlagSet, head string) {
-	fmt.Fprint(w, head)
-	listed := map[string]bool{}
-	for _, g := range helpGroups {
-		var names [][]string
-		for _, spec := range g.flags {
-			n := strings.Split(spec, ",")
-			if fs.Lookup(n[0]) != nil {
-				names = append(names, n)
-			}
-		}
-		if len(names) == 0 {
-			continue
-		}
-		fmt.Fprintf(w, "\n%s:\n", g.title)
-		for _, n := range names {
-			for _, name := range n {
-				listed[name] = true
-			}
-			writeFlag(w, fs.Lookup(n[0]), n[1:])
-		}
+	groups := make([]cli.Group, len(helpGroups))
+	for i, g := range helpGroups {
+		groups[i] = cli.Group{Title: g.title, Flags: g.flags}
 	}
-	var other []*flag.Flag
-	fs.VisitAll(func(f *flag.Flag) {
-		if !listed[f.Name] {
-			other = append(other, f)
-		}
-	})
-	if len(other) > 0 {
-		fmt.Fprintf(w, "\nOther:\n")
-		for _, f := range other {
-			writeFlag(w, f, nil)
-		}
-	}
+	cli.WriteHelp(w, fs, head, groups, flagValue)
 }
 
 // listValues names the values of the flags that take several.
@@ -96,42 +69,16 @@ var listValues = map[string]string{
 	"decoder-ports": "PORT...", "decoder-port": "PORT...", "api-key": "KEY...",
 }
 
-// writeFlag writes one flag: its names and value, then its usage wrapped
-// and its default.
-func writeFlag(w io.Writer, f *flag.Flag, aliases []string) {
-	value, usage := flag.UnquoteUsage(f)
+// flagValue names a flag's value in --help: SIZE for sizes, the list
+// flags' own names; "" for the flag package's.
+func flagValue(f *flag.Flag) string {
 	switch f.Value.(type) {
 	case byteSize, intBytes:
-		value = "SIZE"
+		return "SIZE"
 	case *listFlag:
-		value = listValues[f.Name]
+		return listValues[f.Name]
 	}
-	line := "  --" + f.Name
-	if value != "" {
-		line += " " + value
-	}
-	for _, a := range aliases {
-		line += ", --" + a
-	}
-	fmt.Fprintln(w, line)
-	if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "[]" {
-		usage += " (default " + def + ")"
-	}
-	const width = 80
-	var cur strings.Builder
-	for _, word := range strings.Fields(usage) {
-		if cur.Len() > 0 && cur.Len()+1+len(word) > width-6 {
-			fmt.Fprintln(w, "      "+cur.String())
-			cur.Reset()
-		}
-		if cur.Len() > 0 {
-			cur.WriteByte(' ')
-		}
-		cur.WriteString(word)
-	}
-	if cur.Len() > 0 {
-		fmt.Fprintln(w, "      "+cur.String())
-	}
+	return ""
 }
 
 // byteSize is a flag of a size in bytes: a number of bytes, or a number
@@ -225,67 +172,17 @@ func (b intBytes) Set(s string) error {
 // the flag as it is written (--name) and, for an unknown flag, the
 // closest known one.
 func parseError(fs *flag.FlagSet, err error) error {
-	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
-		name = strings.TrimLeft(name, "-")
+	if name, ok := cli.UnknownFlag(err); ok {
 		hint := ""
-		if s := closest(fs, name); s != "" {
+		if s := cli.Closest(fs, name); s != "" {
 			hint = " (did you mean --" + s + "?)"
 		}
 		return fmt.Errorf("%w: unknown flag --%s%s; %s --help lists the flags", errUsage, name, hint, fs.Name())
 	}
 	// invalid value "x" for flag -port: parse error
-	msg = regexp.MustCompile(`flag -([a-z])`).ReplaceAllString(msg, "flag --$1")
+	msg := regexp.MustCompile(`flag -([a-z])`).ReplaceAllString(err.Error(), "flag --$1")
 	msg = strings.Replace(msg, "flag needs an argument: -", "flag needs an argument: --", 1)
 	return fmt.Errorf("%w: %s", errUsage, msg)
-}
-
-// closest returns the known flag nearest to name (edit distance at most a
-// third of its length, at least 2), or a known flag that name is a
-// prefix or part of; "" when none is close.
-func closest(fs *flag.FlagSet, name string) string {
-	best, bestD := "", math.MaxInt
-	fs.VisitAll(func(f *flag.Flag) {
-		d := editDistance(strings.ToLower(name), f.Name)
-		if d < bestD || (d == bestD && f.Name < best) {
-			best, bestD = f.Name, d
-		}
-	})
-	if bestD <= max(2, len(name)/3) {
-		return best
-	}
-	var part []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if len(name) >= 4 && strings.Contains(f.Name, strings.ToLower(name)) {
-			part = append(part, f.Name)
-		}
-	})
-	if len(part) > 0 {
-		slices.Sort(part)
-		return part[0]
-	}
-	return ""
-}
-
-// editDistance is Levenshtein's distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // optionFlags names the flag behind each kvroute option the proxy sets, so

@@ -19,31 +19,31 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// readmeBlock returns the shell block of README.md between the markers
-// <!-- name:begin ... --> and <!-- name:end -->.
-func readmeBlock(t *testing.T, name string) string {
+// readmeBlock returns the shell block of the page file between the
+// markers <!-- name:begin ... --> and <!-- name:end -->.
+func readmeBlock(t *testing.T, file, name string) string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(file)
 	require.NoError(t, err)
 	m := regexp.MustCompile("(?s)<!-- " + name + ":begin[^>]*-->\\s*```sh\\n(.*?)```\\s*<!-- " + name + ":end -->").FindSubmatch(b)
-	require.NotNil(t, m, "README.md has no %s block", name)
+	require.NotNil(t, m, "%s has no %s block", file, name)
 	return string(m[1])
 }
 
-// runReadmeBlock runs README.md's shell block name as written from the
+// runReadmeBlock runs the page file's shell block name as written from the
 // repository root, only with free ports for the fixed ones the README uses,
 // in a process group of its own (so that whatever it left running is
 // stopped), bounded to three minutes. It skips the test when bash, curl or
 // jq is missing and fails it when the script fails; it returns the
 // script's standard output and error.
-func runReadmeBlock(t *testing.T, name string) (stdout, stderr string) {
+func runReadmeBlock(t *testing.T, file, name string) (stdout, stderr string) {
 	t.Helper()
 	for _, tool := range []string{"bash", "curl", "jq"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("README block %s needs %s: %v", name, tool, err)
 		}
 	}
-	script := readmeBlock(t, name)
+	script := readmeBlock(t, file, name)
 	fixed := []string{"8000", "8100", "8200", "5600", "5601"}
 	ports := freePorts(t, len(fixed))
 	for i, p := range fixed {
@@ -102,12 +102,12 @@ func freePorts(t *testing.T, n int) []string {
 	return nil
 }
 
-// The README's quick start, run as written, only with free ports for the
-// fixed ones: it builds vllmsim and the proxy, starts them, sends the two
-// turns, and the second is a hit.
+// The repository README's quick start, run as written, only with free
+// ports for the fixed ones: it builds vllmsim and the proxy, starts them,
+// sends the two turns, and the second is a hit.
 func TestReadmeQuickStart(t *testing.T) {
 	t.Parallel() // slow: real processes or a long stream
-	stdout, stderr := runReadmeBlock(t, "quickstart")
+	stdout, stderr := runReadmeBlock(t, filepath.Join("..", "..", "README.md"), "quickstart")
 	got := stdout + stderr
 	assert.Regexp(t, `(?mi)^x-bidikv-reuse: miss\r?$`, got, "turn 1")
 	assert.Regexp(t, `(?mi)^x-bidikv-reuse: hit\r?$`, got, "turn 2")

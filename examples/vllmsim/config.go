@@ -19,6 +19,7 @@ type options struct {
 	cfg            sim.Config
 	verbose        bool
 	canned         string // "prefill" or "decode": canned.go's fixed answers
+	warnings       []string
 }
 
 // kvTransferConfig is the part of vLLM's --kv-transfer-config the simulator
@@ -115,12 +116,21 @@ func parseKVTransferConfig(raw string, c *sim.Config) (warnings []string, err er
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
+// parseFlags reads the command line; --help writes its text to help and
+// returns flag.ErrHelp.
+func parseFlags(args []string, help io.Writer) (*options, error) {
+	return parseFlagsWith(args, help, nil)
+}
+
+// parseFlagsWith is parseFlags; seen, if not nil, gets the flag set once
+// every flag is defined (the tests read it).
+func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*options, error) {
 	o := &options{cfg: sim.DefaultConfig()}
 	// vLLM without --kv-transfer-config: no KV connector at all
 	o.cfg.NoKVConnector, o.cfg.Bidirectional, o.cfg.RecomputeThreshold = true, false, 0
 	fs := flag.NewFlagSet("vllmsim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to serve the OpenAI API on")
 	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
 	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
@@ -158,8 +168,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT) of data-parallel rank 0; rank k listens on it + k (0: any free run of ports)")
 	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")
 	fs.StringVar(&o.canned, "canned", "", "for router overhead runs only: prefill or decode, answer at once with fixed bytes and a toy tokenizer, simulating nothing (no KV, no side channel; see examples/bench --overhead)")
+	if seen != nil {
+		seen(fs)
+	}
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, flagError(fs, err, help)
 	}
 	switch fs.NArg() {
 	case 0:
@@ -175,9 +188,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, w := range warnings {
-			fmt.Fprintln(stderr, "vllmsim: warning:", w)
-		}
+		o.warnings = warnings
 	}
 	if o.canned != "" && o.canned != "prefill" && o.canned != "decode" {
 		return nil, fmt.Errorf("--canned %q: use prefill or decode", o.canned)

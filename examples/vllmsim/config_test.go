@@ -195,3 +195,16 @@ func TestParseFlagsCapacity(t *testing.T) {
 	_, err = parseFlags([]string{"--num-gpu-blocks-override", "1"}, io.Discard)
 	assert.Error(t, err)
 }
+
+// vllmsim takes the --kv-transfer-config vLLM takes: kv_role one of
+// vLLM's, and required with a kv_connector (KVTransferConfig.__post_init__).
+func TestParseFlagsKVRole(t *testing.T) {
+	for _, role := range []string{"kv_producer", "kv_consumer", "kv_both"} {
+		_, err := parseFlags([]string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"` + role + `"}`}, io.Discard)
+		assert.NoError(t, err, role)
+	}
+	_, err := parseFlags([]string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_prefill"}`}, io.Discard)
+	assert.ErrorContains(t, err, `--kv-transfer-config: Unsupported kv_role: kv_prefill.`)
+	_, err = parseFlags([]string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`}, io.Discard)
+	assert.ErrorContains(t, err, `Please specify kv_role when kv_connector is set`)
+}

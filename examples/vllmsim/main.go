@@ -1,14 +1,14 @@
 // Command vllmsim runs one simulated vLLM engine as a process, so a proxy or
 // any other client can be pointed at real processes. Its flags follow
-// vLLM's:
+// vLLM's, a prefill and a decode engine as docs/engines.md starts vLLM's:
 //
-//	vllmsim --port 8100 --side-channel-port 5600 \
-//	  --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",
-//	    "kv_connector_extra_config":{"bidirectional_kv_xfer":true,
-//	      "kv_recompute_threshold":64,"decoder_kv_blocks_ttl":480}}' \
-//	  [MODEL]
+//	vllmsim --port 8100 --side-channel-port 5600 --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' [MODEL]
+//	vllmsim --port 8200 --side-channel-port 5601 --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' [MODEL]
 //
-// Other flags: --host (default 127.0.0.1), --model, --no-enable-prefix-caching,
+// kv_role must be one of vLLM's (kv_producer, kv_consumer, kv_both) and is
+// required with a kv_connector, as vLLM requires; like vLLM's NixlConnector,
+// the simulator takes each request's role from its kv_transfer_params.
+// vllmsim --help lists every flag by group. Other flags: --host (default 127.0.0.1), --model, --no-enable-prefix-caching,
 // --block-size, --num-gpu-blocks-override (num_gpu_blocks, vLLM's null block
 // included; default the profile's capacity on an 8xH200 node, else 8193),
 // --max-num-seqs (default 1024), --tensor-parallel-size, --profile
@@ -72,6 +72,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -81,9 +83,15 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
 		fmt.Fprintln(os.Stderr, "vllmsim:", err)
-		stop()
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "vllmsim:", err)
 		os.Exit(1)
 	}
 }

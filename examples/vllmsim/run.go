@@ -16,9 +16,12 @@ import (
 
 // run serves until ctx is done.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
+	o, err := parseFlags(args, stdout)
 	if err != nil {
 		return err
+	}
+	for _, w := range o.warnings {
+		fmt.Fprintln(stderr, "vllmsim: warning:", w)
 	}
 	apiLn, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
 	if err != nil {

@@ -331,6 +331,11 @@ type Stats struct {
 	// notifications for a hold unknown or already freed, which change
 	// nothing.
 	Holds, NotifiedHolds, NotifiedBlocks, TTLBlocks, LeaseBlocks, StaleNotifies int
+	// ModelsCompute is whether the engine's answers take its cost
+	// profile's modelled time in real time (a profile, a speed above 0,
+	// the real clock). False: what a client measures of its answers holds
+	// no engine compute (bidikv-proxy doctor says so of its TTFTs).
+	ModelsCompute bool
 }
 
 // Record describes one request. See kvroutetest.RequestRecord.
@@ -575,6 +580,7 @@ func (e *Engine) Stats() Stats {
 	defer e.mu.Unlock()
 	e.sweep(e.clock.Now())
 	s := e.stats
+	s.ModelsCompute = e.mode == modeReal && e.cfg.Profile != (Profile{})
 	s.FreeBlocks, s.BlocksPinned = 0, 0
 	for _, r := range e.ranks {
 		s.FreeBlocks += r.pool.freeCount()

@@ -70,7 +70,7 @@ var handleKeys = []string{"do_remote_decode", "do_remote_prefill", "remote_block
 	"remote_blocks_expiry_time", "dcp_size", "pp_size", "transfer_mode"}
 
 // A hand-driven P→D turn and a D→P→D second turn (the two flows of the
-// kvroute package doc).
+// docs/kvroute.md).
 func TestDisaggregatedTwoTurns(t *testing.T) {
 	reg := sim.NewRegistry()
 	clk := newClock()

@@ -142,7 +142,7 @@ func with(body map[string]any, kv ...any) map[string]any {
 	return out
 }
 
-// missHandle is message 1 of the kvroute package doc's Wire protocol.
+// missHandle is message 1 of docs/kvroute.md's Wire protocol.
 func missHandle() map[string]any {
 	return map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
 		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}

@@ -505,11 +505,30 @@ func readTokenize(a answer) Fact {
 	return otherStatus(a)
 }
 
+// KVTransferPrefill and KVTransferDecode are the --kv-transfer-config of
+// the prefill and of the decode engines for bidirectional reuse:
+// NixlConnector (pull mode) with bidirectional_kv_xfer on both
+// (docs/engines.md). NixlConnector takes each request's role from its
+// kv_transfer_params, not from kv_role, but vLLM's scheduler defers
+// freeing blocks under async scheduling (its default) or pipeline
+// parallelism only on a KV consumer, kv_consumer or kv_both
+// (vllm/v1/core/sched/scheduler.py, Scheduler.__init__, vLLM PR #45357).
+// With bidirectional transfer the prefill engine loads KV too (the decode
+// engine's blocks), so it keeps kv_both, for which vLLM logs a deprecation
+// warning (nixl/connector.py, NixlBaseConnector.__init__); the decode
+// engine takes kv_consumer.
+const (
+	// KVTransferPrefill is every prefill engine's --kv-transfer-config.
+	KVTransferPrefill = `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
+	// KVTransferDecode is every decode engine's --kv-transfer-config.
+	KVTransferDecode = `{"kv_connector":"NixlConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`
+)
+
 // Fixes of the gaps a version rule finds.
 const (
 	// FixBidirectional is the engine configuration bidirectional reuse needs.
-	FixBidirectional = `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both",` +
-		`"kv_connector_extra_config":{"bidirectional_kv_xfer":true}}' on every prefill and decode engine`
+	FixBidirectional = `--kv-transfer-config '` + KVTransferPrefill + `' on every prefill engine and '` +
+		KVTransferDecode + `' on every decode engine, vLLM 0.21.0 or later, the same version on all (docs/engines.md)`
 	// FixStreamHandles gives chat and completions streams a decode handle.
 	FixStreamHandles = "apply vLLM PR #40186 on the decode engines (the handle on a stream's final chunk), " +
 		"or run the proxy with --decode-stream buffered"

@@ -70,7 +70,7 @@ var (
 )
 
 // Cut returns a copy of a decode handle that lets the prefill engine read
-// only the first tokens positions (kvroute's package doc, Verification):
+// only the first tokens positions (docs/kvroute.md, Verification):
 // remote_num_tokens lowered to tokens and every KV group's
 // remote_block_ids cut from the front to its first ceil(tokens/blockSize)
 // blocks. The handle must be one whose blocks can be cut: dcp_size 1 (or

@@ -3,7 +3,7 @@
 // would have sent for the same answer, so that the official SDKs, Claude
 // Code and any other client parse it unchanged.
 //
-// It serves bidikv's --decode-stream buffered (issue 24): stock vLLM puts
+// It serves bidikv's --decode-stream buffered: stock vLLM puts
 // no decode handle in chat streams (that needs the unmerged PR #40186) and
 // none ever in Messages streams, so streaming clients on stock engines
 // never reuse KV. With buffering the router sends the decode leg
