@@ -78,7 +78,10 @@ func TestTrickledBodiesShedNoOne(t *testing.T) {
 			wg.Wait()
 			cutN, _ := strconv.Atoi(p.metric(t, "bidikv_slow_bodies_cut_total"))
 			assert.GreaterOrEqual(t, cutN, 1)
-			assert.LessOrEqual(t, cutN, good)
+			// Each body that took a slot cut one: a well-behaved one, or
+			// (on a machine slow enough that the attack's own last bodies
+			// came after the first ones' grace) one of the attack's.
+			assert.LessOrEqual(t, cutN, good+attackers-defaultMaxTransit)
 			waitMetric(t, p, `bidikv_rejected_requests_total{reason="body_too_slow",status="408"}`, func(v int) bool { return v == cutN })
 			n, _ := strconv.Atoi(p.metric(t, "bidikv_request_bodies_in_transit"))
 			assert.LessOrEqual(t, n, defaultMaxTransit)
