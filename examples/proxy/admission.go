@@ -19,10 +19,10 @@ const retryAfterSeconds = 1
 // has just connected is sending its request. The rule is exact: at the
 // new connection's accept, by the admission's clock (monotonic), the
 // waiting connection has waited at least evictAfter since its own accept
-// (it has sent nothing) or since the write of the last byte of its last
-// answer (it is idle between requests), inclusive. Its last byte is
-// written before its client reads it, so a client that waits evictAfter
-// after reading its answer has always waited that long here.
+// (it has sent nothing) or since the start of the write of the last bytes
+// of its last answer (it is idle between requests), inclusive. That write
+// starts before its client can read them, so a client that waits
+// evictAfter after reading its answer has always waited that long here.
 const evictAfter = time.Second
 
 // bodyRateGrace is how long a body is in transit before its rate is

@@ -71,10 +71,16 @@ func (c *clientConn) Read(p []byte) (int, error) {
 // Content-Length and Transfer-Encoding.
 func (c *clientConn) ambiguous() bool { return c.amb.Load() }
 
+// Write writes to the client. The write is stamped before it starts, so
+// that the stamp is never later than the moment the client can read its
+// last byte (a stamp after the write could come, on a loaded machine,
+// after the client read the answer and started its wait): a connection
+// counts as waiting only between requests, once its answer is written
+// whole, so a write still blocked is never judged idle by its stamp.
 func (c *clientConn) Write(p []byte) (int, error) {
+	c.adm.wrote(c)
 	n, err := c.Conn.Write(p)
 	c.written.Add(int64(n))
-	c.adm.wrote(c)
 	return n, err
 }
 
