@@ -84,13 +84,13 @@ func (c *clientConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Close closes the connection and releases its charge.
+// Close releases the connection's charge, then closes it: by the time its
+// client sees it closed, its slot under --max-connections is free.
 func (c *clientConn) Close() error {
-	err := c.Conn.Close()
 	if !c.closed.Swap(true) {
 		c.adm.disconnect(c)
 	}
-	return err
+	return c.Conn.Close()
 }
 
 // CloseWrite lets net/http half-close after a 431, as on a plain TCP
