@@ -140,3 +140,36 @@ func TestBlockSizeMisfitServesWithoutReuse(t *testing.T) {
 		assert.Zero(t, e.Stats().WrongOutputs+e.Stats().AssertFailures)
 	}
 }
+
+// Issue 29.1: a hybrid model (a full-attention group at 64-token blocks and
+// a sliding-window group at 128 whose handle list holds only the window's
+// tail) reuses whole handles from the second turn with the default options,
+// with the single engine's answers; a handle that matches only in part is
+// not cut (its groups differ in length: MissPartialRefused), never misread.
+func TestHybridEngines(t *testing.T) {
+	for _, reasoning := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reasoning=%v", reasoning), func(t *testing.T) {
+			opts := []kvroutetest.Option{kvroutetest.WithBlockSize(64), kvroutetest.WithHybrid(128, 200), kvroutetest.WithReasoning(reasoning)}
+			cl := kvroutetest.NewCluster(t, 1, 1, opts...)
+			rec := &recorder{}
+			r := newRouter(t, cl, kvroute.WithObserver(rec))
+			url := serve(t, r)
+			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
+			recs := runTurns(t, url, rec, conv, 4, opts, nil)
+			for i, tr := range recs[1:] {
+				if reasoning {
+					assert.Equal(t, kvroute.MissPartialRefused, tr.MissReason, "turn %d", i+1)
+					continue
+				}
+				assert.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", i+1, tr.MissReason)
+			}
+			st := r.Endpoints(kvroute.PhaseDecode)[0]
+			assert.Equal(t, 64, st.BlockSize)
+			assert.Equal(t, 2, st.KVGroups)
+			assert.Zero(t, r.Stats().InvalidHandles)
+			for _, e := range append(cl.Prefill, cl.Decode...) {
+				assert.Zero(t, e.Stats().WrongOutputs+e.Stats().AssertFailures)
+			}
+		})
+	}
+}

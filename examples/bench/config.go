@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/bidikv/bidikv/internal/durflag"
 )
 
 type config struct {
@@ -59,6 +61,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Uint64Var(&c.seed, "seed", 0, "seed for generated conversations and arrivals")
 	fs.DurationVar(&c.timeout, "request-timeout", 10*time.Minute, "limit per request")
 	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if err := durflag.Check(fs, args, "request-timeout"); err != nil {
 		return config{}, err
 	}
 	switch {

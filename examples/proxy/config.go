@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/durflag"
 	"github.com/bidikv/bidikv/kvroute"
 )
 
@@ -296,12 +297,16 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 		extra(fs)
 	}
 
-	if err := fs.Parse(expandLists(args)); err != nil {
+	args = expandLists(args)
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			writeHelp(help, fs, head)
 			return nil, err
 		}
 		return nil, parseError(fs, err)
+	}
+	if err := durflag.Check(fs, args, positiveDurations...); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
@@ -416,24 +421,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: --decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification %s it never would", errUsage, c.verification)
 	case c.blockSize < 0:
 		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
-	case c.renderTimeout <= 0:
-		return fmt.Errorf("%w: --render-timeout must be positive", errUsage)
-	case c.restartCheck < 0:
-		return fmt.Errorf("%w: --restart-check must not be negative (0 turns the reads off)", errUsage)
 	case c.keyMode != keyContent && c.keyMode != keyConversationID:
 		return fmt.Errorf("%w: --key-mode %q: use %s or %s", errUsage, c.keyMode, keyContent, keyConversationID)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return fmt.Errorf("%w: --log-format %q: use text or json", errUsage, c.logFormat)
-	case c.shutdownGrace < 0:
-		return fmt.Errorf("%w: --shutdown-grace must not be negative", errUsage)
-	case c.healthInterval <= 0 || c.healthTimeout <= 0:
-		return fmt.Errorf("%w: --health-interval and --health-timeout must be positive", errUsage)
-	case c.readHeaderTimeout <= 0:
-		return fmt.Errorf("%w: --read-header-timeout must be positive", errUsage)
-	case c.idleConnTimeout <= 0 || c.readBodyTimeout <= 0:
-		return fmt.Errorf("%w: --idle-conn-timeout and --read-body-timeout must be positive", errUsage)
-	case c.writeTimeout < 0:
-		return fmt.Errorf("%w: --client-write-timeout must not be negative", errUsage)
 	case c.maxHeaderBytes < 4096:
 		return fmt.Errorf("%w: --max-header-bytes must be at least 4096", errUsage)
 	case c.maxTurns <= 0:

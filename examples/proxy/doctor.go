@@ -49,17 +49,20 @@ cannot (or a reused answer differed), 2 a bad command line; with --strict, 1 on
 any gap. The proxy's flags below are the ones it checks (and --probe uses).
 `
 
+// flags adds the doctor's own flags to fs.
+func (o *doctorOptions) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.probe, "probe", false, "also run a short conversation per API and mode through an in-process router: later turns must reuse KV and equal the same turn with reuse off (temperature 0)")
+	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
+	fs.BoolVar(&o.strict, "strict", false, "exit 1 on any gap, not only when reuse cannot work at all")
+	fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
+	fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
+	fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
+}
+
 // runDoctor is `bidikv-proxy doctor`.
 func runDoctor(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o := doctorOptions{}
-	cfg, err := parseCommand("bidikv-proxy doctor", doctorUsage, args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.BoolVar(&o.probe, "probe", false, "also run a short conversation per API and mode through an in-process router: later turns must reuse KV and equal the same turn with reuse off (temperature 0)")
-		fs.BoolVar(&o.json, "json", false, "print the report as JSON")
-		fs.BoolVar(&o.strict, "strict", false, "exit 1 on any gap, not only when reuse cannot work at all")
-		fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
-		fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
-		fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
-	})
+	cfg, err := parseCommand("bidikv-proxy doctor", doctorUsage, args, getenv, stdout, o.flags)
 	if err != nil {
 		return err
 	}
