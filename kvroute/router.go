@@ -104,6 +104,9 @@ func New(opts ...Option) (*Router, error) {
 	r.handles.mem = r.mem
 	r.mem.shapes = &r.shapes
 	r.shapes.capacity = func(url string, tokens int64, size int) {
+		if !r.mem.cfg.on {
+			tokens = 0 // the management's capacity is not read: the ledger only counts
+		}
 		r.mem.ledger.SetCapacity(url, budget.Capacity{Tokens: tokens, BlockSize: size})
 	}
 	if r.mem.cfg.on {
