@@ -137,3 +137,25 @@ func TestParseFlagsCapacity(t *testing.T) {
 	_, err = parseFlags([]string{"--num-gpu-blocks-override", "1"}, io.Discard)
 	assert.Error(t, err)
 }
+
+// Issue 29.1: a hybrid model, as vLLM runs one with full-attention and
+// sliding-window layers: two KV groups, the second of larger blocks and a
+// window. A group block size that is not a multiple of --block-size, or a
+// window without a second group, is refused (vLLM multiplies a group's
+// block size by its page ratio).
+func TestParseFlagsHybrid(t *testing.T) {
+	o, err := parseFlags([]string{"--block-size", "64", "--kv-groups", "2", "--kv-group-block-size", "128", "--sliding-window", "200"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 2, o.cfg.KVGroups)
+	assert.Equal(t, 128, o.cfg.GroupBlockSize)
+	assert.Equal(t, 200, o.cfg.SlidingWindow)
+	for _, args := range [][]string{
+		{"--block-size", "64", "--kv-groups", "2", "--kv-group-block-size", "96"},
+		{"--sliding-window", "200"},
+	} {
+		o, err := parseFlags(args, io.Discard)
+		require.NoError(t, err)
+		_, err = sim.New(o.cfg)
+		assert.ErrorIs(t, err, sim.ErrInvalidConfig, args)
+	}
+}
