@@ -121,7 +121,8 @@ func (s *shapes) size(ctx context.Context, e *endpoint) int {
 		return s.configured
 	}
 	if s.due(e, s.clock()) {
-		s.readNow(ctx, e)
+		// The read is shared: one turn going away does not cut it.
+		s.readNow(context.WithoutCancel(ctx), e)
 	}
 	return s.known(e)
 }
@@ -142,8 +143,8 @@ func (s *shapes) known(e *endpoint) int {
 
 // readNow reads e's /metrics once (with the reads of e already running).
 func (s *shapes) readNow(ctx context.Context, e *endpoint) {
-	_, _, _ = s.reads.Do(e.url, func() (any, error) {
-		em, err := fetchMetrics(context.WithoutCancel(ctx), s.client, s.apiKey, e, s.clock)
+	_, _, _ = s.reads.Do(string(e.phase)+" "+e.url, func() (any, error) {
+		em, err := fetchMetrics(ctx, s.client, s.apiKey, e, s.clock)
 		s.record(e, em, err == nil)
 		return nil, nil
 	})
