@@ -276,3 +276,37 @@ func TestReadyNamesWhyEnginesAreDown(t *testing.T) {
 		assert.Equal(t, 1, n, "logged once with its reason: %s\n%s", url, log)
 	}
 }
+
+// Issue 29.1 with real processes: vllmsim engines started with
+// --block-size 64 (and a hybrid model's KV groups), the proxy with the
+// reference proxy's flags and nothing about block sizes: every streamed
+// turn (as vLLM's multi-turn benchmark sends it) is a 200 with a single
+// engine's answer, reused from the second.
+func TestBlockSize64Processes(t *testing.T) {
+	t.Parallel() // real processes
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"64", []string{"--block-size", "64"}},
+		{"hybrid", []string{"--block-size", "64", "--kv-groups", "2", "--kv-group-block-size", "128", "--sliding-window", "200"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, d := startEngine(t, tc.args...), startEngine(t, tc.args...)
+			px := startProxy(t, p, d)
+			msgs := []map[string]string{{"role": "system", "content": reuseSystem}}
+			for i := range 3 {
+				msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("Turn %d: which test fails first?", i)})
+				body := chatBody(msgs, 16, "c64")
+				resp := post(t, px.url, body, "c64")
+				got := readStream(t, resp, bufio.NewReader(resp.Body))
+				require.Equal(t, http.StatusOK, got.status, got.raw)
+				assert.Equal(t, reference(t, body), got.text, "turn %d", i)
+				assert.Equal(t, []string{"miss", "hit", "hit"}[i], got.reuse, "turn %d", i)
+				msgs = append(msgs, map[string]string{"role": "assistant", "content": got.text})
+			}
+			_, page := get(t, px.url+"/metrics")
+			assert.Equal(t, "0", metricValue(page, "bidikv_invalid_handles_total"))
+		})
+	}
+}
