@@ -84,7 +84,6 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 			return nil, err
 		}
 		tr.decodeLegs++
-		r.shapes.warm(ep) // its handle's check needs its block size
 		if p.handle != nil && r.cfg.clock().Sub(p.done) > r.cfg.lease-expiryGuard {
 			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
 		}

@@ -114,7 +114,6 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	}
 	t.rec.PrefillAttempts++
 	t.rec.PrefillEndpoint = ep.url
-	t.r.shapes.warm(ep) // its handle's check needs its block size
 	attachedTokens := 0
 	if p.attached {
 		attachedTokens = p.h.v.tokens

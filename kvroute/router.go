@@ -95,7 +95,6 @@ func New(opts ...Option) (*Router, error) {
 	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
 	r.shapes = shapes{configured: cfg.blockSize, client: r.client, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log}
-	r.shapes.bg.ctx, r.shapes.bg.cancel = context.WithCancel(context.Background())
 	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log,
 		forget: func(url string) { r.learned.forget(url); r.shapes.forget(r.decode.find(url)) }}
 	if r.mem, err = newDecodeMemory(r); err != nil {
@@ -103,16 +102,18 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.handles.mem = r.mem
 	r.mem.shapes = &r.shapes
-	r.shapes.capacity = func(url string, tokens int64, size int) {
-		if !r.mem.cfg.on {
-			tokens = 0 // the management's capacity is not read: the ledger only counts
+	r.shapes.learnt = func(url string, size int) {
+		if r.mem.cfg.on && r.mem.cfg.interval >= 0 {
+			return // the pressure readings tell the ledger both
 		}
-		r.mem.ledger.SetCapacity(url, budget.Capacity{Tokens: tokens, BlockSize: size})
+		// The capacity stays the configured one (the management does not
+		// read it); the block size counts the holds' blocks.
+		r.mem.ledger.SetCapacity(url, budget.Capacity{BlockSize: size})
 	}
 	if r.mem.cfg.on {
 		r.decode.press = r.mem.press
 	}
-	r.closers = append([]func() error{r.renders.close, r.mem.close, r.shapes.close}, r.closers...)
+	r.closers = append([]func() error{r.renders.close, r.mem.close}, r.closers...)
 	if stop := startProbes(r.hp, r.client, cfg.apiKey, r.prefill, r.decode); stop != nil {
 		// Stop the probes before the transport's connections are closed.
 		r.closers = append([]func() error{stop}, r.closers...)

@@ -83,11 +83,10 @@ type shapes struct {
 	clock      func() time.Time
 	stats      *counters
 	log        *logger
-	reads      singleflight.Group // /metrics reads, by URL
-	bg         background
-	// capacity is told what a decode engine's read found: its KV
-	// capacity and block size (the ledger's block counts).
-	capacity func(url string, tokens int64, size int)
+	reads      singleflight.Group // /metrics reads, by role and URL
+	// learnt is told a decode engine's block size, read (the ledger's
+	// block counts).
+	learnt func(url string, size int)
 }
 
 // due reports whether e's block size is to be read now.
@@ -102,15 +101,6 @@ func (s *shapes) due(e *endpoint, now time.Time) bool {
 		wait = shapeNoInfo
 	}
 	return e.kv.read.IsZero() || now.Sub(e.kv.read) >= wait || now.Before(e.kv.read)
-}
-
-// warm has e's block size read in the background when it is due, so that
-// the check of the leg's handle finds it read.
-func (s *shapes) warm(e *endpoint) {
-	if !s.due(e, s.clock()) {
-		return
-	}
-	s.bg.run(func(ctx context.Context) { s.readNow(ctx, e) })
 }
 
 // size returns the block size of e's handles (0: unknown), reading e's
@@ -167,8 +157,8 @@ func (s *shapes) record(e *endpoint, em engineMetrics, ok bool) {
 			"kvroute: an engine reports another block size than WithVerification's BlockSize; its own is used for its handles",
 			slog.String("endpoint", e.url), slog.Int("engine_block_size", em.size), slog.Int("configured", s.configured))
 	}
-	if em.cacheInfo && e.phase == PhaseDecode && s.capacity != nil {
-		s.capacity(e.url, em.capacity, em.size)
+	if em.size > 0 && e.phase == PhaseDecode && s.learnt != nil {
+		s.learnt(e.url, em.size)
 	}
 }
 
@@ -208,8 +198,8 @@ func (s *shapes) fits(e *endpoint, groups int) {
 }
 
 // misfits records that a handle of e did not fit size, its block size:
-// counted, logged once per engine and size, and e's size is read again
-// (when its last read is older than shapeRetry).
+// counted, logged once per engine and size, and e's size is read again at
+// its next use (when its last read is older than shapeRetry).
 func (s *shapes) misfits(e *endpoint, size int, err error) {
 	s.stats.unvalidatedHandles.Add(1)
 	s.stats.invalidHandles.Add(1)
@@ -226,7 +216,6 @@ func (s *shapes) misfits(e *endpoint, size int, err error) {
 	s.log.once(context.Background(), "misfit:"+e.url+":"+strconv.Itoa(size),
 		"kvroute: an engine's KV handle holds fewer blocks than its block size needs; the turn is served without reuse, and the engine serves without reuse until it reports another block size or a minute passes",
 		slog.String("phase", string(e.phase)), slog.String("endpoint", e.url), slog.Int("block_size", size), slog.String("err", err.Error()))
-	s.warm(e)
 }
 
 // noReuse returns why e serves without reuse now ("" when it does not):
@@ -279,10 +268,4 @@ func (s *shapes) avoided(p *pool) []string {
 		}
 	}
 	return out
-}
-
-// close stops the background reads.
-func (s *shapes) close() error {
-	s.bg.stop()
-	return nil
 }
