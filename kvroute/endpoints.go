@@ -23,6 +23,7 @@ type endpoint struct {
 	health   health
 	life     life     // a decode engine's process (restart.go)
 	mem      pressure // a decode engine's memory pressure (pressure.go)
+	kv       shape    // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]
@@ -273,6 +274,7 @@ func (r *Router) Endpoints(phase Phase) []EndpointStatus {
 			Healthy: e.health.eligible(now), Failures: fails, EjectedUntil: until,
 			Learned: r.learned.facts(e.url, r.renders.caps.missingOn(e.url)),
 		})
+		r.shapes.status(e, &out[len(out)-1])
 	}
 	return out
 }

@@ -55,6 +55,23 @@ type EndpointStatus struct {
 	// engine; what turns have not shown is left out. A restart the router
 	// notices drops what was learned of a decode engine.
 	Learned []capability.Named
+	// BlockSize is the KV block size the router uses for the engine's
+	// handles (their block-count check, partial reads, fingerprints):
+	// the one the engine's /metrics reports (BlockSizeSource "engine"),
+	// else WithVerification's BlockSize ("configured"); 0 while unknown
+	// (not read yet, or reported nowhere), and then its handles' block
+	// counts are not checked nor read in part.
+	BlockSize       int
+	BlockSizeSource string
+	// KVGroups is the number of KV-cache groups in the engine's last
+	// handle that fitted its block size (one for a dense or MLA model,
+	// more for hybrid ones); 0 until then.
+	KVGroups int
+	// NoReuse says why the engine serves without reuse now ("" when it
+	// does not): a handle of it did not fit its block size (Stats.
+	// UnvalidatedHandles), so its turns run as plain requests on the
+	// decode engine until it reports another size or a minute passes.
+	NoReuse string
 }
 
 // healthPolicy is the router-wide part of health tracking.

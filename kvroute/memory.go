@@ -42,6 +42,7 @@ type decodeMemory struct {
 	client   *transport.Client
 	apiKey   string
 	restarts *restarts
+	shapes   *shapes // told the block size a reading finds
 	stats    *counters
 	log      *logger
 	bg       background
@@ -70,7 +71,7 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	m.saved = savedBy(r.chooser, r.policy)
 	m.bg.ctx, m.bg.cancel = context.WithCancel(context.Background())
 	m.rel = releaser{mem: m, store: r.handles.store, prefill: r.prefill, decode: r.decode, bufs: &r.bufs.bytes,
-		blockSize: c.blockSize, timeout: c.prefillTimeout, sem: make(chan struct{}, max(c.memory.releases, 1)),
+		timeout: c.prefillTimeout, sem: make(chan struct{}, max(c.memory.releases, 1)),
 		running: map[string]bool{}, again: map[string]bool{}}
 	return m, nil
 }

@@ -73,7 +73,7 @@ type TurnRecord struct {
 	PrefillEndpoint string
 	DecodeEndpoint  string
 	PrefillAttempts int
-	LocalFallback   bool // D prefilled locally because P returned no handle
+	LocalFallback   bool // D prefilled locally: P returned no handle (WithFailover's LocalPrefill), one that did not fit its block size, or only prefill engines serving without reuse were left (EndpointStatus.NoReuse)
 	// NoHandle names the leg that answered without a handle although one
 	// was expected: PhasePrefill (Stats.NoPrefillHandle) or PhaseDecode
 	// (Stats.NoDecodeHandle); "" otherwise.

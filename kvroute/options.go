@@ -71,7 +71,8 @@ type config struct {
 	ends                                                         endpointConfig
 	restartCheck                                                 time.Duration
 	verification                                                 VerificationMode
-	blockSize                                                    int
+	blockSize                                                    int  // WithVerification's BlockSize; 0: none
+	noPartial                                                    bool // WithVerification's BlockSize < 0
 	decodeLocal                                                  bool
 	kvBytesPerToken                                              int64
 	bufferStreams                                                map[string]streamsynth.API // by path
@@ -101,7 +102,7 @@ func Defaults() Settings {
 		Limits:       Limits{Body: 32 << 20, Event: 16 << 20, Entry: 8 << 20, ObjectMembers: 10_000},
 		Failover:     Failover{DecodeAttempts: 3},
 		Health:       Health{EjectAfter: 3, EjectBackoff: time.Second, MaxEjectBackoff: 30 * time.Second, RestartCheck: time.Second},
-		Verification: Verification{Mode: VerifyTokens, BlockSize: defaultBlockSize},
+		Verification: Verification{Mode: VerifyTokens},
 		DecodeMemory: DecodeMemory{Budget: defaultBudget, HighWatermark: defaultHighWatermark,
 			MetricsInterval: defaultMetricsInterval, Releases: defaultReleases, Headroom: defaultHeadroom, RoomRate: defaultRoomRate},
 	}

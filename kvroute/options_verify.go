@@ -30,9 +30,8 @@ const (
 	VerifyContent VerificationMode = "content"
 )
 
-// defaultBlockSize is Verification.BlockSize's default (vLLM's
-// --block-size on CUDA), and the fingerprint's block size when partial
-// reads are off.
+// defaultBlockSize is the fingerprint's block size for a decode engine
+// whose block size is unknown (vLLM's --block-size default on CUDA).
 const defaultBlockSize = 16
 
 // Verification is how reuse is verified.
@@ -42,12 +41,17 @@ type Verification struct {
 	// falls back to content verification with all of its refusals; the
 	// fallback is logged once and counted in Stats.TokenFallbacks.
 	Mode VerificationMode
-	// BlockSize is the decode engines' KV block size (vLLM's --block-size),
-	// which token verification needs to attach only a verified prefix of a
-	// handle: remote_num_tokens is lowered to a multiple of it and every KV
-	// group's remote_block_ids is cut from the front (default 16, vLLM's
-	// --block-size on CUDA). A handle whose block count does not fit the size
-	// is never cut (counted in Stats.PartialRefused).
+	// BlockSize is the KV block size (vLLM's --block-size) of engines that
+	// do not report theirs. The router reads each engine's from its
+	// /metrics (vllm:cache_config_info) and uses it for that engine's
+	// handles: their block-count check, and the partial reads of token
+	// verification, which attach only a verified prefix of a handle
+	// (remote_num_tokens lowered to a multiple of the size, every KV group's
+	// remote_block_ids cut from the front). An engine that reports another
+	// size is used at its own (logged once). Default 0: none; an engine that
+	// reports no size then has its handles' block counts unchecked and
+	// never read in part. A handle whose block count does not fit the size
+	// is never cut (Stats.PartialRefused), nor used (Stats.UnvalidatedHandles).
 	BlockSize int
 }
 
@@ -68,14 +72,7 @@ func resolveVerification(c *config) {
 	if _, ok := verifications[c.verification]; !ok {
 		c.fail("WithVerification", "Mode %q is not a mode; use kvroute.VerifyTokens or kvroute.VerifyContent", v.Mode)
 	}
-	switch {
-	case v.BlockSize < 0:
-		c.blockSize = 0
-	case v.BlockSize == 0:
-		c.blockSize = defaultBlockSize
-	default:
-		c.blockSize = v.BlockSize
-	}
+	c.blockSize, c.noPartial = max(v.BlockSize, 0), v.BlockSize < 0
 }
 
 // DecodeMemory is what the router does with the decode engines' KV memory

@@ -61,7 +61,8 @@ func (rl *releaser) releasable(e entry.Entry) (entry.Entry, bool) {
 	if !rl.mem.cfg.on {
 		return entry.Entry{}, false
 	}
-	hi, err := kvhandle.Check(e.Handle, rl.blockSize)
+	// No block-count check: a release reads nothing (remote_num_tokens 0).
+	hi, err := kvhandle.Check(e.Handle, 0)
 	if err != nil || hi.PushMode {
 		rl.mem.stats.unreleasable.Add(1)
 		return entry.Entry{}, false

@@ -53,8 +53,9 @@ const (
 	MissUnverified MissReason = "unverified"
 	// MissPartialRefused: only a prefix of the handle's tokens matched and
 	// the handle cannot be read partially (dcp_size > 1, KV groups of
-	// unequal length, a block count that does not fit WithVerification's BlockSize, or
-	// a negative BlockSize (WithVerification)).
+	// unequal length as a hybrid model's, a block count that does not fit
+	// its decode engine's block size, that size unknown, or a negative
+	// BlockSize (WithVerification)).
 	MissPartialRefused MissReason = "partial_refused"
 	// MissEndpointGone: a handle was found whose decode endpoint is no
 	// longer among the Router's decode endpoints (SetEndpoints removed it):

@@ -173,7 +173,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		prompt := toytok.Chat(req.Messages)
 		gen := toyReplyIDs
 		tokens := len(prompt) + len(gen) - 1
-		handle := toytok.Handle(n, tokens, kvroute.Defaults().Verification.BlockSize)
+		handle := toytok.Handle(n, tokens, kvroutetest.DefaultBlockSize)
 		te.handles.Add(1)
 		te.handleBytes.Add(int64(len(handle)))
 		te.handleTokens.Add(int64(tokens))

@@ -56,7 +56,7 @@ func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefille
 		p.handle, p.releasing, p.why = w.rel, true, w.relWhy
 	}
 	if h.handle != nil {
-		ph, err := kvhandle.ForHit(h.handle, t.r.cfg.blockSize)
+		ph, err := kvhandle.ForHit(h.handle, t.r.shapes.size(ctx, t.r.decode.find(f.e.Endpoint)))
 		if err != nil {
 			if errors.Is(err, kvhandle.ErrInvalid) {
 				t.r.invalidHandle(PhaseLookup, f.e.Endpoint, err)
@@ -148,10 +148,21 @@ func (p *prefiller) pick(ctx context.Context) (*endpoint, error) {
 	if p.attached && p.h.v.renderer != nil {
 		return p.h.v.renderer, nil
 	}
-	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, p.tried)
+	// Engines whose handles did not fit their block size serve without
+	// reuse (shape.go): a turn without a handle to attach keeps off them,
+	// and when only they are left the decode engine prefills by itself.
+	var noReuse []string
+	if !p.attached {
+		noReuse = t.r.shapes.avoided(t.r.prefill)
+	}
+	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, slices.Concat(p.tried, noReuse))
 	if errors.Is(err, ErrNoEndpoint) && len(p.tried) > len(tr.badP) {
 		p.tried = append(p.tried[:0], tr.badP...) // every engine failed once: try them again
-		ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, p.tried)
+		ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, slices.Concat(p.tried, noReuse))
+	}
+	if errors.Is(err, ErrNoEndpoint) && len(noReuse) > 0 {
+		tr.local, t.rec.LocalFallback = true, true
+		return nil, nil
 	}
 	if errors.Is(err, ErrNoEndpoint) && len(tr.badP) > 0 {
 		// Only engines whose prefix cache may hold the KV of a mismatched

@@ -63,8 +63,15 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 		p.t.lacks(p.t.r.learned.noHandle(ep.url, p.t.req.Path, PhasePrefill))
 		return nil, p.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := kvhandle.Check(h, t.r.cfg.blockSize)
-	if err != nil {
+	hi, err := t.r.shapes.check(ctx, ep, h)
+	switch {
+	case errors.Is(err, kvhandle.ErrBlockCount):
+		// Its blocks do not fit the engine's block size (counted and
+		// logged by shapes): never sent to D, and never a failure of the
+		// turn: D prefills by itself, a plain request.
+		p.tries.local, t.rec.LocalFallback = true, true
+		return nil, nil
+	case err != nil:
 		if errors.Is(err, kvhandle.ErrInvalid) {
 			t.r.invalidHandle(PhasePrefill, ep.url, err)
 		}

@@ -55,9 +55,12 @@ type pressure struct {
 
 // engineMetrics is one reading of an engine's /metrics.
 type engineMetrics struct {
-	start                time.Time // process_start_time_seconds; zero when absent
-	capacity             int64
-	blockSize            int
+	start     time.Time // process_start_time_seconds; zero when absent
+	capacity  int64
+	blockSize int
+	// size is the block size the engine's handles follow (shape.go):
+	// effective_attention_block_size, else block_size; 0 when unknown.
+	size                 int
 	usage                float64
 	usages               int // usage samples summed
 	waiting              int
@@ -158,6 +161,9 @@ func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 	}
 	if em.cacheInfo {
 		p.capacity, p.blockSize = em.capacity, em.blockSize
+		if em.size > 0 {
+			p.blockSize = em.size // the size its handles' blocks follow
+		}
 	}
 	capacity, bs := p.capacity, p.blockSize
 	p.mu.Unlock()
@@ -167,20 +173,29 @@ func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 	if !em.start.IsZero() {
 		m.restarts.saw(e, now, em.start)
 	}
+	if m.shapes != nil {
+		m.shapes.saw(e, em)
+	}
 }
 
 // fetch GETs e's /metrics and parses it for e's rank.
 func (m *decodeMemory) fetch(ctx context.Context, e *endpoint) (engineMetrics, error) {
+	return fetchMetrics(ctx, m.client, m.apiKey, e, m.clock)
+}
+
+// fetchMetrics GETs e's /metrics, within restartCheckTimeout, and parses
+// it for e's rank at clock's time.
+func fetchMetrics(ctx context.Context, client *transport.Client, apiKey string, e *endpoint, clock func() time.Time) (engineMetrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
 	defer cancel()
 	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
 	if err != nil {
 		return engineMetrics{}, err
 	}
-	if m.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+m.apiKey)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	resp, err := m.client.Do(req, transport.Deadlines{})
+	resp, err := client.Do(req, transport.Deadlines{})
 	if err != nil {
 		return engineMetrics{}, err
 	}
@@ -189,7 +204,7 @@ func (m *decodeMemory) fetch(ctx context.Context, e *endpoint) (engineMetrics, e
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 		return engineMetrics{}, errors.New(resp.Status)
 	}
-	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank, m.clock()), nil
+	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank, clock()), nil
 }
 
 // parseMetrics reads Prometheus' text format for the metrics above, of
@@ -246,7 +261,8 @@ func parseMetrics(r io.Reader, rank int, now time.Time) engineMetrics {
 		m.usage, m.usages, m.badUsage = legacy.usage, legacy.usages, legacy.badUsage
 	}
 	if m.badCapacity {
-		m.capacity, m.blockSize, m.cacheInfo = 0, 0, false
+		// The cache configuration is left out whole, its block size too.
+		m.capacity, m.blockSize, m.cacheInfo, m.size = 0, 0, false, 0
 	}
 	return m
 }
@@ -255,7 +271,22 @@ func parseMetrics(r io.Reader, rank int, now time.Time) engineMetrics {
 // kv_cache_size_tokens, else num_gpu_blocks less the null block ×
 // block_size. An implausible value makes the whole capacity of the
 // reading unknown (badCapacity): a sum without one rank would be too small.
+// It also reads the block size the engine's handles follow (size):
+// effective_attention_block_size, the full-attention groups' block size
+// (set by vLLM's EngineCore after the KV cache is made; None when the
+// groups differ or before), else block_size (CacheConfig.metrics_info).
 func (m *engineMetrics) cacheSample(labels []byte, now time.Time) {
+	for _, key := range [...]string{"effective_attention_block_size", "block_size"} {
+		raw := string(labelOr(labels, key))
+		v, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			continue // absent, or None
+		}
+		if plausible.Check(plausible.BlockSize, float64(v), now) == "" {
+			m.size = int(v)
+			break
+		}
+	}
 	num := func(key string, metric plausible.Metric) (int64, bool) {
 		raw := string(labelOr(labels, key))
 		if raw == "" {

@@ -65,16 +65,15 @@ const (
 
 // releaser sends the release requests of the holds over budget.
 type releaser struct {
-	mem       *decodeMemory
-	store     Store
-	prefill   *pool
-	decode    *pool
-	bufs      *bufpool.Bytes
-	blockSize int
-	timeout   time.Duration // WithTimeouts' Prefill
-	sem       chan struct{} // release requests in flight
-	waiting   atomic.Int64  // orphans' releases queued (orphan.go)
-	mu        sync.Mutex
+	mem     *decodeMemory
+	store   Store
+	prefill *pool
+	decode  *pool
+	bufs    *bufpool.Bytes
+	timeout time.Duration // WithTimeouts' Prefill
+	sem     chan struct{} // release requests in flight
+	waiting atomic.Int64  // orphans' releases queued (orphan.go)
+	mu      sync.Mutex
 	// running: engines whose holds a goroutine is releasing; again: the
 	// engine went over its budget again meanwhile. One goroutine per
 	// engine at most, however slow the release requests.
@@ -252,7 +251,7 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 		st.releaseSkipped.Add(1)
 		return
 	}
-	h, err := kvhandle.Release(e.Handle, rl.blockSize)
+	h, err := kvhandle.Release(e.Handle, 0) // reads nothing: no block-count check
 	ep := rl.pick()
 	if err != nil || ep == nil || e.Model == "" {
 		// A handle vLLM would not read, no prefill engine, or an entry of

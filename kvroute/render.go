@@ -112,7 +112,7 @@ func (p *tokenProof) pickRenderer(ctx context.Context) (*endpoint, error) {
 	now := r.cfg.clock()
 	// Engines the conversation avoids (poison.go) neither render nor
 	// prefill it.
-	skipped := append(r.renders.skipped(now), p.avoid...)
+	skipped := append(append(r.renders.skipped(now), p.avoid...), r.shapes.avoided(r.prefill)...)
 	for range 3 {
 		ep, err := r.prefill.pick(ctx, r.selector, t.req, "", t.req.hint, skipped)
 		if errors.Is(err, ErrNoEndpoint) && len(skipped) > 0 {

@@ -51,6 +51,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 			return
 		}
 	}
+	ids.blockSize = r.shapes.known(r.decode.find(in.decode))
 	fp, later := t.proof.seal(tokens, ids)
 	// The fingerprint is built in a pooled buffer, copied into the entry.
 	defer t.bufs.put(fp)
@@ -126,12 +127,14 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
 		return 0, false
 	}
-	hi, err := kvhandle.Check(handle, r.cfg.blockSize)
+	hi, err := r.shapes.check(context.Background(), r.decode.find(in.decode), handle)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
 		if errors.Is(err, kvhandle.ErrInvalid) {
 			t.rec.StoreRefusal = RefuseInvalidHandle
-			r.invalidHandle(PhaseDecode, in.decode, err)
+			if !errors.Is(err, kvhandle.ErrBlockCount) { // counted and logged by shapes
+				r.invalidHandle(PhaseDecode, in.decode, err)
+			}
 		}
 		return 0, false
 	}

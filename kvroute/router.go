@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/sse"
 	"github.com/bidikv/bidikv/threshold"
 	"github.com/bidikv/bidikv/transport"
@@ -32,6 +33,7 @@ type Router struct {
 	handles  handles       // the Store's side (store.go)
 	renders  renderers     // the prefill engines' renderers (renderer.go)
 	restarts restarts      // the decode engines' processes (restart.go)
+	shapes   shapes        // the engines' block sizes (shape.go)
 	poison   poisoned      // prefill engines conversations avoid (poison.go)
 	mem      *decodeMemory // decode memory management (memory.go)
 	closers  []func() error
@@ -92,12 +94,22 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
+	r.shapes = shapes{configured: cfg.blockSize, client: r.client, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log}
 	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log,
-		forget: r.learned.forget}
+		forget: func(url string) { r.learned.forget(url); r.shapes.forget(r.decode.find(url)) }}
 	if r.mem, err = newDecodeMemory(r); err != nil {
 		return nil, fmt.Errorf("%w: WithDecodeMemory: %v", ErrInvalidConfig, err)
 	}
 	r.handles.mem = r.mem
+	r.mem.shapes = &r.shapes
+	r.shapes.learnt = func(url string, size int) {
+		if r.mem.cfg.on && r.mem.cfg.interval >= 0 {
+			return // the pressure readings tell the ledger both
+		}
+		// The capacity stays the configured one (the management does not
+		// read it); the block size counts the holds' blocks.
+		r.mem.ledger.SetCapacity(url, budget.Capacity{BlockSize: size})
+	}
 	if r.mem.cfg.on {
 		r.decode.press = r.mem.press
 	}

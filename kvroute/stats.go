@@ -87,6 +87,14 @@ type Stats struct {
 	// turn fails as without a handle), a decode engine's (not retained) or
 	// a retained one (not attached).
 	InvalidHandles int64
+	// UnvalidatedHandles counts the handles among InvalidHandles that
+	// held fewer blocks than remote_num_tokens needs at their engine's
+	// block size (EndpointStatus.BlockSize): the engine reports a size its
+	// handles do not follow, or the configured size is not the engine's.
+	// The turn is served without reuse (P's: the decode engine prefills
+	// by itself; D's: not retained), and the engine serves without reuse
+	// for a while (EndpointStatus.NoReuse).
+	UnvalidatedHandles int64
 	// RestartedHandles counts retained handles dropped because their
 	// decode engine restarted since it issued them (MissRestarted);
 	// DecodeRestarts counts the restarts noticed (a new
@@ -180,7 +188,7 @@ type counters struct {
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics                                                                   atomic.Int64
+	implausibleMetrics, unvalidatedHandles                                               atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -224,6 +232,7 @@ func (c *counters) snapshot() Stats {
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 		BufferedStreams:          c.buffered.Load(),
 		ImplausibleMetrics:       c.implausibleMetrics.Load(),
+		UnvalidatedHandles:       c.unvalidatedHandles.Load(),
 
 		ReleasedSuperseded: c.releasedSuperseded.Load(),
 		ReleasedUnusable:   c.releasedUnusable.Load(),

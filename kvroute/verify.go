@@ -73,6 +73,9 @@ type verified struct {
 type tokenIDs struct {
 	prompt, generated []uint32
 	ok                bool
+	// blockSize is the decode engine's (0: unknown): the fingerprint's
+	// blocks are its blocks, where a partial read cuts.
+	blockSize int
 }
 
 // wait delivers a fingerprint that comes after seal returned: it calls
@@ -124,12 +127,14 @@ func verifyHandle(ctx context.Context, t *turn, f *found) (hit, MissReason) {
 	if v.tokens >= f.e.Tokens {
 		return hit{handle: f.e.Handle, v: v}, ""
 	}
-	bs := r.cfg.blockSize
-	if bs == 0 {
+	// Cut at the block size of the decode engine whose blocks the handle
+	// names; unknown (or partial reads off): not cut.
+	bs := r.shapes.size(ctx, r.decode.find(f.e.Endpoint))
+	if bs == 0 || r.cfg.noPartial {
 		r.stats.partialRefused.Add(1)
 		return hit{}, MissPartialRefused
 	}
-	n := v.tokens - v.tokens%bs // a block-aligned R' (fingerprint blocks may be smaller)
+	n := v.tokens - v.tokens%bs // a block-aligned R' (fingerprint blocks may be smaller or larger)
 	cut, err := kvhandle.Cut(f.e.Handle, n, bs)
 	if err != nil || n == 0 {
 		r.stats.partialRefused.Add(1)

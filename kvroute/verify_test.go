@@ -200,25 +200,6 @@ func TestTokenIDsAskedByClient(t *testing.T) {
 	assert.True(t, strings.Contains(string(res.raw), `"prompt_token_ids"`) && strings.Contains(string(res.raw), `"token_ids"`), "%s", res.raw)
 }
 
-// A router block size that does not fit the engines' refuses partial reads
-// instead of reading the wrong blocks.
-func TestBlockSizeMismatchRefusesPartialReads(t *testing.T) {
-	opts := []kvroutetest.Option{kvroutetest.WithReasoning(true)}
-	c := kvroutetest.NewCluster(t, 1, 1, opts...)
-	rec := &recorder{}
-	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithVerification(kvroute.Verification{BlockSize: 32}))
-	url := serve(t, r)
-	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
-	recs := runTurns(t, url, rec, conv, 4, opts, nil)
-	for _, tr := range recs[1:] {
-		assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)
-		assert.Equal(t, kvroute.MissPartialRefused, tr.MissReason)
-	}
-	assert.Positive(t, r.Stats().PartialRefused)
-	assert.Zero(t, c.Prefill[0].Stats().WrongOutputs)
-	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
-}
-
 // A model with several KV groups: a verified prefix cuts every group's
 // block list from the front, and the answers stay right (a group left
 // uncut would read the wrong blocks).

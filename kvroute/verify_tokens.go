@@ -127,8 +127,8 @@ func (p *tokenProof) end() {
 func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wait) {
 	t := p.t
 	r := t.r
-	bs := r.cfg.blockSize
-	if bs == 0 {
+	bs := ids.blockSize
+	if bs <= 0 {
 		bs = defaultBlockSize
 	}
 	if !t.req.api.tokenIDs {

@@ -56,6 +56,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/durflag"
 	"github.com/bidikv/bidikv/kvroute/capability"
 )
 
@@ -89,14 +90,17 @@ func parseAttackFlags(args []string, help io.Writer) (attackConfig, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, flagError(fs, err, help)
 	}
+	if err := durflag.Check(fs, args, "baseline", "during", "readers-wait"); err != nil {
+		return c, err
+	}
 	for _, a := range strings.Split(*attacks, ",") {
 		if a = strings.TrimSpace(a); !slices.Contains(allAttacks, a) {
 			return c, fmt.Errorf("--attacks: unknown attack %q; use %s", a, strings.Join(allAttacks, ", "))
 		}
 		c.attacks = append(c.attacks, a)
 	}
-	if c.baseline <= 0 || c.during <= 0 || c.idleConns < 1 || c.readers < 1 || c.nofile < 0 {
-		return c, errors.New("--baseline, --during, --idle-conns and --readers must be positive, --nofile not negative")
+	if c.idleConns < 1 || c.readers < 1 || c.nofile < 0 {
+		return c, errors.New("--idle-conns and --readers must be positive, --nofile not negative")
 	}
 	return c, nil
 }

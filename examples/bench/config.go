@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/bidikv/bidikv/internal/durflag"
 )
 
 type config struct {
@@ -60,6 +62,9 @@ func parseFlags(args []string, help io.Writer) (config, error) {
 	fs.DurationVar(&c.timeout, "request-timeout", 10*time.Minute, "limit per request")
 	if err := fs.Parse(args); err != nil {
 		return config{}, flagError(fs, err, help)
+	}
+	if err := durflag.Check(fs, args, "request-timeout"); err != nil {
+		return config{}, err
 	}
 	switch {
 	case c.input == "":

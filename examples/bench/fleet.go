@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/durflag"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -78,6 +79,9 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, flagError(fs, err, help)
 	}
+	if err := durflag.Check(fs, args, "sample", "timeout"); err != nil {
+		return c, err
+	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -88,8 +92,6 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	switch {
 	case c.sessions < 1 || c.prefill < 1 || c.decode < 1 || c.maxTurns < 1:
 		return c, errors.New("--sessions, --prefill, --decode and --max-turns must be at least 1")
-	case c.window < 0 || c.sample <= 0 || c.timeout <= 0:
-		return c, errors.New("--window must not be negative, --sample and --timeout positive")
 	case c.budget <= 0 || c.budget > 1:
 		return c, errors.New("--budget must be in (0, 1]")
 	case !(c.toolShare >= 0 && c.toolShare <= 1):

@@ -29,6 +29,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/bidikv/bidikv/internal/durflag"
 )
 
 // defaultTrace is the committed copy, from the repository root or from
@@ -74,6 +76,9 @@ func parseReplayFlags(args []string, help io.Writer) (replayFlags, error) {
 	if err := fs.Parse(rest); err != nil {
 		return c, flagError(fs, err, help)
 	}
+	if err := durflag.Check(fs, rest, "ttl"); err != nil {
+		return c, err
+	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -84,8 +89,8 @@ func parseReplayFlags(args []string, help io.Writer) (replayFlags, error) {
 		}
 		c.budgets = append(c.budgets, v)
 	}
-	if c.ttl <= 0 || c.limit < 0 {
-		return c, errors.New("--ttl must be positive and --limit not negative")
+	if c.limit < 0 {
+		return c, errors.New("--limit must not be negative")
 	}
 	if c.trace == "" {
 		for _, p := range defaultTraces {

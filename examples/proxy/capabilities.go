@@ -13,6 +13,9 @@ import (
 type engineFacts struct {
 	role, url string
 	rep       *capability.Report // nil: not probed yet
+	// status is what a router's turns showed of the engine (nil: no
+	// router): its block size and whether it serves without reuse.
+	status *kvroute.EndpointStatus
 }
 
 // Severities of a gap.
@@ -90,24 +93,7 @@ func (c *config) gaps(engines []engineFacts) []gap {
 				strings.Join(ps, ", "), strings.Join(ds, ", "))
 		}
 	}
-	if bs := blockSizes(all); len(bs) > 1 {
-		add(gapWarn, "the same --block-size on every engine", "the engines report different block sizes (%s)", strings.Join(bs, ", "))
-	}
-	if c.blockSize > 0 {
-		for _, e := range decode {
-			switch b := e.rep.BlockSize; {
-			case b == 0 || b == c.blockSize:
-			case b > c.blockSize:
-				add(gapError, fmt.Sprintf("--block-size %d", b),
-					"--block-size %d, but decode engine %s has block_size %d: every handle has fewer blocks than %d-token blocks need, so every handle is refused (bidikv_invalid_handles_total)",
-					c.blockSize, e.url, b, c.blockSize)
-			default:
-				add(gapError, fmt.Sprintf("--block-size %d", b),
-					"--block-size %d, but decode engine %s has block_size %d: handles too short for the engine pass the block-count check, and partial reuse cuts them at the wrong blocks",
-					c.blockSize, e.url, b)
-			}
-		}
-	}
+	c.blockSizeGaps(all, add)
 
 	// Verification by tokens: the prefill engines render.
 	if c.verification == string(kvroute.VerifyTokens) {
@@ -183,6 +169,37 @@ func (c *config) gaps(engines []engineFacts) []gap {
 		}
 	}
 	return out
+}
+
+// blockSizeGaps adds the gaps of the engines' block sizes. The router
+// reads each engine's from its /metrics and checks its handles at it;
+// --block-size stands in for an engine that reports none, and yields to
+// one that reports another. An engine whose handles did not fit its size
+// serves without reuse (learned from turns: st).
+func (c *config) blockSizeGaps(engines []engineFacts, add func(severity, fix, format string, args ...any)) {
+	if bs := blockSizes(engines); len(bs) > 1 {
+		add(gapNote, "the same --block-size on every engine, unless the engines' vLLM transfers between block sizes",
+			"the engines report different block sizes (%s): each engine's handles are checked at its own, and the transfers between them need vLLM's support for different block sizes on P and D", strings.Join(bs, ", "))
+	}
+	for _, e := range engines {
+		switch b := e.rep.BlockSize; {
+		case b > 0 && c.blockSize > 0 && b != c.blockSize:
+			add(gapWarn, "--block-size 0 (the default: each engine's own, read from its /metrics)",
+				"--block-size %d, but %s engine %s reports block_size %d: its own is used for its handles",
+				c.blockSize, e.role, e.url, b)
+		case b == 0 && c.blockSize == 0:
+			add(gapNote, "run the engine without --disable-log-stats (vllm:cache_config_info), or give its --block-size to --block-size",
+				"%s engine %s reports no block size (no vllm:cache_config_info on /metrics): its handles' block counts are not checked and none is reused in part", e.role, e.url)
+		}
+		if e.status != nil && e.status.NoReuse != "" {
+			fix := "give the engine's --block-size to --block-size"
+			if e.status.BlockSizeSource == "engine" {
+				fix = "check the engine: its handles do not follow the block size its /metrics report"
+			}
+			add(gapWarn, fix, "%s engine %s serves without reuse: its handles do not fit block size %d (%s)",
+				e.role, e.url, e.status.BlockSize, e.status.NoReuse)
+		}
+	}
 }
 
 // apiTitle names an API as the docs do.

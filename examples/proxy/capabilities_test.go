@@ -59,8 +59,7 @@ func TestStartupCapabilities(t *testing.T) {
 		`fix="start the engine with ` + "`vllm serve ... --enable-scale-out`",
 		`level=WARN msg="engines: --decode-local: decode engine ` + d.URL() + ` runs without prefix caching`,
 		`fix="start the engine without --no-enable-prefix-caching, or drop --decode-local"`,
-		`level=ERROR msg="engines: --block-size 16, but decode engine ` + d.URL() + ` has block_size 32: every handle has fewer blocks`,
-		`fix="--block-size 32"`,
+		`level=INFO msg="engines: the engines report different block sizes (16 on ` + cl.Prefill[0].URL() + `, 32 on ` + d.URL() + `): each engine's handles are checked at its own`,
 		`level=WARN msg="engines: streamed Messages turns (Claude Code) are never reused: vLLM's Messages streams carry no kv_transfer_params" fix="--decode-stream buffered`,
 		`level=INFO msg="engines: streamed chat and completions turns are reused only when the decode engines put the handle on a stream's final chunk (vLLM PR #40186)`,
 	} {

@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/durflag"
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // errUsage wraps every command-line error, so main can exit with status 2.
@@ -249,7 +251,7 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.BoolVar(&c.reuse, "reuse", true, "bidirectional KV reuse; false: plain one-way P→D disaggregation")
 	fs.StringVar(&c.keyMode, "key-mode", keyContent, "how turns are matched: content (the conversation itself) or conversation-id (conversation_id body field / X-Session-ID header, as the reference proxy)")
 	fs.StringVar(&c.verification, "verification", string(kvroute.VerifyTokens), "how reuse is proven safe: tokens (the engines render the new prompt and the router compares token ids; exact; every API) or content (the history must be resent unchanged; needs no engine support, but cannot see chat-template or tokenizer effects; reuses chat turns, completions turns only at clean token seams, never Responses or Messages)")
-	fs.IntVar(&c.blockSize, "block-size", kvroute.Defaults().Verification.BlockSize, "the decode engines' --block-size, for reusing a verified prefix of a handle (0: reuse whole handles only)")
+	fs.IntVar(&c.blockSize, "block-size", kvroute.Defaults().Verification.BlockSize, "the KV block size of engines whose /metrics report none (vLLM run with --disable-log-stats): the proxy reads each engine's own (vllm:cache_config_info) and checks and cuts its handles at it; an engine that reports another size is used at its own, with a warning (0: none; such engines' handles are then reused whole only, their block counts unchecked)")
 	fs.BoolVar(&c.localFallback, "local-prefill-fallback", false, "when P returns no handle, let D prefill locally instead of failing with 502")
 	fs.BoolVar(&c.decodeLocal, "decode-local", false, "let a cost model answer a short turn on the decode engine that holds the conversation, as a plain request (needs prefix caching on the decode engines and --verification tokens)")
 	fs.Var(decodeStream{&c.bufferStreams}, "decode-stream", "engine: streams pass through as the decode engine sends them; buffered: a streamed chat, completions or Messages turn whose decode engine's streams carry no handle (stock vLLM) decodes non-streaming and is sent as the API's stream once the answer is complete, so that later turns reuse KV: the first token arrives with the last (for headless agents); buffered:API[,API] for some APIs only (chat, completions, messages)")
@@ -296,12 +298,16 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 		extra(fs)
 	}
 
-	if err := fs.Parse(expandLists(args)); err != nil {
+	args = expandLists(args)
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			writeHelp(help, fs, head)
 			return nil, err
 		}
 		return nil, parseError(fs, err)
+	}
+	if err := durflag.Check(fs, args, positiveDurations...); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
@@ -386,6 +392,26 @@ func (c *config) endpoints(prefillPairs, decodePairs bool) error {
 			return err
 		}
 	}
+	if err := canonical("prefill", c.prefillURLs); err != nil {
+		return err
+	}
+	return canonical("decode", c.decodeURLs)
+}
+
+// canonical rewrites each engine address of --flag in place as its base
+// URL, as the router parses it (transport.ParseEndpoint): host:port means
+// http://host:port, a trailing slash goes. Every part of the proxy (the
+// router, /ready and the health checks, the doctor, metrics labels) then
+// names and reaches an engine by the same URL. An address the router
+// cannot use is an error naming the flag.
+func canonical(flag string, urls []string) error {
+	for i, u := range urls {
+		ep, err := transport.ParseEndpoint(u)
+		if err != nil {
+			return fmt.Errorf("%w: --%s: %v", errUsage, flag, err)
+		}
+		urls[i] = ep.URL.String()
+	}
 	return nil
 }
 
@@ -415,25 +441,11 @@ func (c *config) validate() error {
 	case c.decodeLocal && c.verification != string(kvroute.VerifyTokens):
 		return fmt.Errorf("%w: --decode-local needs --verification tokens: a turn goes decode-local only with a handle verified by tokens, so with --verification %s it never would", errUsage, c.verification)
 	case c.blockSize < 0:
-		return fmt.Errorf("%w: --block-size must not be negative", errUsage)
-	case c.renderTimeout <= 0:
-		return fmt.Errorf("%w: --render-timeout must be positive", errUsage)
-	case c.restartCheck < 0:
-		return fmt.Errorf("%w: --restart-check must not be negative (0 turns the reads off)", errUsage)
+		return fmt.Errorf("%w: --block-size %d: must not be negative (0: each engine's own, read from its /metrics)", errUsage, c.blockSize)
 	case c.keyMode != keyContent && c.keyMode != keyConversationID:
 		return fmt.Errorf("%w: --key-mode %q: use %s or %s", errUsage, c.keyMode, keyContent, keyConversationID)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return fmt.Errorf("%w: --log-format %q: use text or json", errUsage, c.logFormat)
-	case c.shutdownGrace < 0:
-		return fmt.Errorf("%w: --shutdown-grace must not be negative", errUsage)
-	case c.healthInterval <= 0 || c.healthTimeout <= 0:
-		return fmt.Errorf("%w: --health-interval and --health-timeout must be positive", errUsage)
-	case c.readHeaderTimeout <= 0:
-		return fmt.Errorf("%w: --read-header-timeout must be positive", errUsage)
-	case c.idleConnTimeout <= 0 || c.readBodyTimeout <= 0:
-		return fmt.Errorf("%w: --idle-conn-timeout and --read-body-timeout must be positive", errUsage)
-	case c.writeTimeout < 0:
-		return fmt.Errorf("%w: --client-write-timeout must not be negative", errUsage)
 	case c.maxHeaderBytes < 4096:
 		return fmt.Errorf("%w: --max-header-bytes must be at least 4096", errUsage)
 	case c.maxTurns <= 0:
@@ -493,7 +505,7 @@ func (c *config) routerOptions() []kvroute.Option {
 		kvroute.WithLimits(kvroute.Limits{Body: c.maxBodyBytes, ObjectMembers: c.maxObjectMembers, ChargeAnswer: c.chargeAnswer}),
 		kvroute.WithTimeouts(kvroute.Timeouts{Prefill: none(c.prefillTimeout), FirstByte: none(c.firstByteTimeout),
 			Idle: none(c.idleTimeout), Render: c.renderTimeout, Buffered: none(c.bufferedTimeout)}),
-		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: none(c.blockSize)}),
+		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerificationMode(c.verification), BlockSize: c.blockSize}),
 		kvroute.WithHealth(kvroute.Health{RestartCheck: none(c.restartCheck)}),
 		kvroute.WithDecodeMemory(c.decodeMemory()),
 	}

@@ -36,7 +36,9 @@ func TestParseConfig(t *testing.T) {
 		{"bracketed IPv6", []string{"--decoder-hosts", "[::1]", "--decoder-ports", "8"},
 			[]string{"http://localhost:8100"}, []string{"http://[::1]:8"}},
 		{"URL lists", []string{"--prefill", "http://p1:1", "http://p2:2", "--decode", "d:3"},
-			[]string{"http://p1:1", "http://p2:2"}, []string{"d:3"}},
+			[]string{"http://p1:1", "http://p2:2"}, []string{"http://d:3"}},
+		{"addresses as the router reads them", []string{"--prefill", "127.0.0.1:8100/", "https://p:2/engine-a/", "--decode", "[::1]:8200"},
+			[]string{"http://127.0.0.1:8100", "https://p:2/engine-a"}, []string{"http://[::1]:8200"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -57,6 +59,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"decoder count mismatch", "1 --decoder-hosts but 2 --decoder-ports", []string{"--decoder-ports", "1", "2"}},
 		{"bad port", `"x" is not a port`, []string{"--decoder-ports", "x"}},
 		{"URLs and pairs", "use either --prefill or", []string{"--prefill", "p:1", "--prefiller-hosts", "a"}},
+		{"scheme", `--decode: transport: invalid endpoint "ftp://d:1": scheme must be http or https`, []string{"--decode", "ftp://d:1"}},
+		{"numeric host", `--prefill: transport: invalid endpoint "8100": numeric-only host`, []string{"--prefill", "8100"}},
 		{"unknown flag", "unknown flag --nope", []string{"--nope"}},
 		{"stray argument", `unexpected argument "x"`, []string{"--port", "1", "x"}},
 		{"log level", "--log-level", []string{"--log-level", "loud"}},

@@ -46,8 +46,6 @@ func (d *dnsConfig) check(staticPrefill, staticDecode bool) error {
 		return fmt.Errorf("%w: use either --prefill-dns or --prefill/--prefiller-hosts/--prefiller-ports, not both", errUsage)
 	case d.decode != "" && staticDecode:
 		return fmt.Errorf("%w: use either --decode-dns or --decode/--decoder-hosts/--decoder-ports, not both", errUsage)
-	case d.refresh <= 0:
-		return fmt.Errorf("%w: --dns-refresh must be positive", errUsage)
 	case d.prefillDP < 1 || d.decodeDP < 1:
 		return fmt.Errorf("%w: --prefill-dp-size and --decode-dp-size must be at least 1", errUsage)
 	case d.prefillDP > 1 && d.prefill == "" || d.decodeDP > 1 && d.decode == "":

@@ -49,17 +49,20 @@ cannot (or a reused answer differed), 2 a bad command line; with --strict, 1 on
 any gap. The proxy's flags below are the ones it checks (and --probe uses).
 `
 
+// flags adds the doctor's own flags to fs.
+func (o *doctorOptions) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.probe, "probe", false, "also run a short conversation per API and mode through an in-process router: later turns must reuse KV and equal the same turn with reuse off (temperature 0)")
+	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
+	fs.BoolVar(&o.strict, "strict", false, "exit 1 on any gap, not only when reuse cannot work at all")
+	fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
+	fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
+	fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
+}
+
 // runDoctor is `bidikv-proxy doctor`.
 func runDoctor(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o := doctorOptions{}
-	cfg, err := parseCommand("bidikv-proxy doctor", doctorUsage, args, getenv, stdout, func(fs *flag.FlagSet) {
-		fs.BoolVar(&o.probe, "probe", false, "also run a short conversation per API and mode through an in-process router: later turns must reuse KV and equal the same turn with reuse off (temperature 0)")
-		fs.BoolVar(&o.json, "json", false, "print the report as JSON")
-		fs.BoolVar(&o.strict, "strict", false, "exit 1 on any gap, not only when reuse cannot work at all")
-		fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
-		fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
-		fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
-	})
+	cfg, err := parseCommand("bidikv-proxy doctor", doctorUsage, args, getenv, stdout, o.flags)
 	if err != nil {
 		return err
 	}
@@ -238,8 +241,12 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 			nd++
 		}
 	}
-	fmt.Fprintf(w, "bidikv-proxy doctor: %s and %s; --verification %s, --block-size %d, --recompute-threshold %d\n",
-		plural(np, "prefill engine"), plural(nd, "decode engine"), c.verification, c.blockSize, c.recomputeThresh)
+	bs := strconv.Itoa(c.blockSize)
+	if c.blockSize == 0 {
+		bs = "0 (each engine's own)"
+	}
+	fmt.Fprintf(w, "bidikv-proxy doctor: %s and %s; --verification %s, --block-size %s, --recompute-threshold %d\n",
+		plural(np, "prefill engine"), plural(nd, "decode engine"), c.verification, bs, c.recomputeThresh)
 	for _, g := range groupEngines(d.engines) {
 		fmt.Fprintln(w)
 		for _, e := range g {
@@ -256,6 +263,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 		}
 		head, _, _ := strings.Cut(rep.Summary(), "; works:")
 		fmt.Fprintf(w, "  %s\n", printable(head))
+		fmt.Fprintf(w, "  %s\n", printable(c.blockSizeLine(g[0])))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, n := range capability.Fold(rep.Facts()) {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", n.Name, mark(n.Fact.State), printable(n.Fact.Why))
@@ -305,6 +313,31 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 		}
 	}
 	fmt.Fprintf(w, "\n%s\n", printable(d.verdict))
+}
+
+// blockSizeLine says at which block size the router checks and cuts e's
+// handles, where it comes from, and whether e serves without reuse.
+func (c *config) blockSizeLine(e engineFacts) string {
+	var s string
+	switch b := e.rep.BlockSize; {
+	case b > 0 && c.blockSize > 0 && b != c.blockSize:
+		s = fmt.Sprintf("block size %d, the engine's (--block-size %d yields to it)", b, c.blockSize)
+	case b > 0:
+		s = fmt.Sprintf("block size %d, the engine's: its handles are checked and cut at it", b)
+	case c.blockSize > 0:
+		s = fmt.Sprintf("block size %d, from --block-size (the engine reports none)", c.blockSize)
+	default:
+		s = "block size unknown (the engine reports none, --block-size 0): its handles are reused whole only, their block counts unchecked"
+	}
+	if st := e.status; st != nil {
+		if st.KVGroups > 1 {
+			s += fmt.Sprintf("; %d KV groups in its handles", st.KVGroups)
+		}
+		if st.NoReuse != "" {
+			s += "; serves without reuse: " + st.NoReuse
+		}
+	}
+	return s
 }
 
 // printable is a string the doctor prints that may hold an engine's words
@@ -358,6 +391,9 @@ func groupEngines(engines []engineFacts) [][]engineFacts {
 		}
 		var b strings.Builder
 		b.WriteString(e.rep.VLLMVersion + "|" + e.rep.Model + "|" + fmt.Sprint(e.rep.BlockSize, e.rep.NumGPUBlocks, e.rep.KVCacheTokens, e.rep.DataParallel))
+		if e.status != nil {
+			b.WriteString(fmt.Sprint("|", e.status.KVGroups, e.status.NoReuse))
+		}
 		for _, n := range e.rep.Facts() {
 			b.WriteString("|" + n.Name + "=" + string(n.Fact.State) + ":" + n.Fact.Why)
 		}
@@ -391,6 +427,13 @@ func (d *diagnosis) jsonForm() any {
 		Role         string             `json:"role"`
 		Endpoint     string             `json:"endpoint"`
 		Capabilities *capability.Report `json:"capabilities"`
+		// What the --probe router's turns showed: the block size its
+		// handles were checked at and where it came from, its KV groups,
+		// why it serves without reuse.
+		BlockSize       int    `json:"block_size,omitempty"`
+		BlockSizeSource string `json:"block_size_source,omitempty"`
+		KVGroups        int    `json:"kv_groups,omitempty"`
+		NoReuse         string `json:"no_reuse,omitempty"`
 	}
 	type apiJSON struct {
 		API           string `json:"api"`
@@ -431,7 +474,11 @@ func (d *diagnosis) jsonForm() any {
 		Verdict   string `json:"verdict"`
 	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: d.noCompute}
 	for _, e := range d.engines {
-		out.Engines = append(out.Engines, engineJSON{e.role, e.url, e.rep})
+		ej := engineJSON{Role: e.role, Endpoint: e.url, Capabilities: e.rep}
+		if st := e.status; st != nil {
+			ej.BlockSize, ej.BlockSizeSource, ej.KVGroups, ej.NoReuse = st.BlockSize, st.BlockSizeSource, st.KVGroups, st.NoReuse
+		}
+		out.Engines = append(out.Engines, ej)
 	}
 	for _, v := range d.views {
 		out.APIs = append(out.APIs, apiJSON{string(v.api), v.verification, string(v.handles), string(v.streams),

@@ -138,10 +138,18 @@ func TestDoctorConfigurations(t *testing.T) {
 			gaps:  []string{"--decode-local: decode engine"}, fixes: []string{"start the engine without --no-enable-prefix-caching, or drop --decode-local"}},
 		{name: "prefix caching off on P only: fine", p: []kvroutetest.Option{kvroutetest.WithPrefixCaching(false)}, args: []string{"--decode-local"},
 			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + no}},
-		{name: "mismatched block size", both: []kvroutetest.Option{kvroutetest.WithBlockSize(32)}, fail: true,
-			gaps: []string{"--block-size 16, but decode engine"}, fixes: []string{"--block-size 32"}},
+		{name: "probe: engines of block size 64, default flags", both: []kvroutetest.Option{kvroutetest.WithBlockSize(64), kvroutetest.WithStreamHandles(true)},
+			args:    []string{"--probe"},
+			reuse:   map[string]string{"chat": ok + "/" + ok, "completions": ok + "/" + ok, "responses": ok + "/" + ok, "messages": ok + "/" + no},
+			notGaps: []string{"block size", "block_size"},
+			probe:   map[string][3]int{"chat body": {3, 2, 2}, "chat stream": {3, 2, 2}, "completions body": {3, 2, 2}, "responses body": {3, 2, 2}, "messages body": {3, 2, 2}}},
+		{name: "--block-size other than the engines'", both: []kvroutetest.Option{kvroutetest.WithBlockSize(32)}, args: []string{"--block-size", "16"},
+			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + no},
+			gaps:  []string{"warn: --block-size 16, but decode engine", "reports block_size 32: its own is used for its handles"},
+			fixes: []string{"--block-size 0 (the default: each engine's own, read from its /metrics)"}},
 		{name: "block size matched by the flag", both: []kvroutetest.Option{kvroutetest.WithBlockSize(32)}, args: []string{"--block-size", "32"},
-			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + no}},
+			reuse:   map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + no},
+			notGaps: []string{"block size", "block_size"}},
 		{name: "P and D block sizes differ", p: []kvroutetest.Option{kvroutetest.WithBlockSize(32)},
 			gaps: []string{"the engines report different block sizes"}, fixes: []string{"the same --block-size on every engine"},
 			reuse: map[string]string{"chat": ok + "/" + unk, "completions": ok + "/" + unk, "responses": ok + "/" + ok, "messages": ok + "/" + no}},
@@ -231,8 +239,9 @@ func TestDoctorText(t *testing.T) {
 	require.NoError(t, err, stderr.String())
 	out := stdout.String()
 	for _, want := range []string{
-		"bidikv-proxy doctor: 1 prefill engine and 1 decode engine; --verification tokens, --block-size 16, --recompute-threshold 64\n",
-		"prefill " + p.URL() + "\ndecode " + d.URL() + "\n  vLLM " + kvroutetest.DefaultVersion + ", model sim-model, KV 131k tokens (8193 blocks of 16)\n",
+		"bidikv-proxy doctor: 1 prefill engine and 1 decode engine; --verification tokens, --block-size 0 (each engine's own), --recompute-threshold 64\n",
+		"prefill " + p.URL() + "\ndecode " + d.URL() + "\n  vLLM " + kvroutetest.DefaultVersion + ", model sim-model, KV 131k tokens (8193 blocks of 16)\n" +
+			"  block size 16, the engine's: its handles are checked and cut at it\n",
 		"  render                      NO       404: route not registered (vllm serve without --enable-scale-out)\n",
 		"  tokenize                    ok       POST /tokenize: 200\n",
 		"per API\n  API          verification  handles  stream handles  reuse  streamed reuse  why not\n",

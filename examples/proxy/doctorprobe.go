@@ -121,12 +121,24 @@ func (c *config) probeConversations(ctx context.Context, rt http.RoundTripper, e
 			r.ttftOn, r.ttftOff = median(onT), median(offT)
 			runs = append(runs, r)
 			if ctx.Err() != nil {
+				routed(engines, on)
 				return runs
 			}
 		}
 	}
 	_ = log
+	routed(engines, on)
 	return runs
+}
+
+// routed records in engines what the router's turns showed of each: the
+// block size its handles were checked at, and whether it serves without
+// reuse.
+func routed(engines []engineFacts, r *kvroute.Router) {
+	status := routerStatus(r)
+	for i := range engines {
+		engines[i].status = status(engines[i].role, engines[i].url)
+	}
 }
 
 // probeRouter builds an in-process router over the configured engines

@@ -52,6 +52,15 @@ var helpGroups = []struct {
 	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens"}},
 }
 
+// positiveDurations are the duration flags whose 0 means nothing: they
+// take a positive value. Every other duration flag's 0 means none (no
+// bound, no reads, at once); no duration flag takes a negative value
+// (durflag.Check, TestDurationFlags).
+var positiveDurations = []string{
+	"retention-ttl", "decoder-kv-blocks-ttl", "render-timeout", "read-header-timeout", "idle-conn-timeout",
+	"read-body-timeout", "health-interval", "health-timeout", "dns-refresh", "probe-engine-timeout", "probe-timeout",
+}
+
 // writeHelp writes the synopsis and fs's flags by group, each flag once
 // with its aliases.
 func writeHelp(w io.Writer, fs *flag.FlagSet, head string) {

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/internal/durflag"
 )
 
 // TestHelp: --help exits 0 (flag.ErrHelp, which main maps to 0) with a
@@ -60,12 +63,7 @@ func TestHelpListsEveryFlagOnce(t *testing.T) {
 	var fs *flag.FlagSet
 	_, _ = parseCommand("x", "", []string{"--help"}, noEnv, io.Discard, func(f *flag.FlagSet) {
 		fs = f
-		f.Bool("probe", false, "")
-		f.Bool("json", false, "")
-		f.Bool("strict", false, "")
-		f.Duration("probe-engine-timeout", 0, "")
-		f.Duration("probe-timeout", 0, "")
-		f.Int("probe-max-tokens", 0, "")
+		(&doctorOptions{}).flags(f)
 	})
 	seen := map[string]int{}
 	for _, g := range helpGroups {
@@ -145,4 +143,46 @@ func TestByteSizes(t *testing.T) {
 	assert.Equal(t, 16<<10, c.maxHeaderBytes)
 	_, err = parseConfig([]string{"--max-body-bytes", "64MiB", "--max-buffered-bytes", "32MiB"}, noEnv, io.Discard)
 	assert.ErrorContains(t, err, "--max-buffered-bytes 33554432 is below --max-body-bytes 67108864")
+}
+
+// Issue 29.3: one rule for every duration flag of the proxy and the
+// doctor, found by their type (a flag added later is covered): a negative
+// value is refused, its error naming the flag and the value as written;
+// 0 is refused by the flags whose 0 means nothing (positiveDurations) and
+// taken by the others (none: no bound, no reads, at once).
+func TestDurationFlags(t *testing.T) {
+	var fs *flag.FlagSet
+	_, _ = parseCommand("x", "", []string{"--help"}, noEnv, io.Discard, func(f *flag.FlagSet) {
+		fs = f
+		(&doctorOptions{}).flags(f)
+	})
+	names := durflag.Names(fs)
+	require.GreaterOrEqual(t, len(names), 19, names)
+	for _, p := range positiveDurations {
+		assert.Contains(t, names, p, "positiveDurations names a flag that is not a duration")
+	}
+	engines := []string{"--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1"}
+	parse := func(args ...string) error {
+		_, err := parseCommand("x", "", append(slices.Clone(engines), args...), noEnv, io.Discard, (&doctorOptions{}).flags)
+		return err
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			for _, v := range []string{"-5s", "-1500ms", "-1ns"} {
+				err := parse("--"+name, v)
+				require.Error(t, err)
+				assert.ErrorIs(t, err, errUsage)
+				assert.Equal(t, "bidikv-proxy: invalid command line: --"+name+" "+v+": must not be negative", err.Error())
+				err = parse("--" + name + "=" + v)
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "--"+name+" "+v+": must not be negative")
+			}
+			err := parse("--"+name, "0s")
+			if slices.Contains(positiveDurations, name) {
+				assert.EqualError(t, err, "bidikv-proxy: invalid command line: --"+name+" 0s: must be positive")
+			} else if err != nil {
+				assert.NotContains(t, err.Error(), "--"+name+" ", "0 means none for --%s", name)
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -26,6 +28,8 @@ type engine struct {
 	role, url string
 	up        atomic.Bool
 	probed    atomic.Bool // up has been set at least once
+	// reason is why the last probe found the engine down ("" when up).
+	reason atomic.Pointer[string]
 	// caps is the engine's last capability report (nil before the first
 	// probe that reached it); logged is the summary last logged.
 	caps   atomic.Pointer[capability.Report]
@@ -46,9 +50,10 @@ type health struct {
 	// every engine's facts.
 	capOpts []capability.Option
 	onCaps  func([]engineFacts)
-	// learned returns what the router's turns showed of an engine
-	// (kvroute.EndpointStatus.Learned), laid over each probe's report.
-	learned func(role, url string) []capability.Named
+	// status returns the router's view of an engine (nil: none): what its
+	// turns showed (EndpointStatus.Learned, laid over each probe's
+	// report), its block size and whether it serves without reuse.
+	status func(role, url string) *kvroute.EndpointStatus
 }
 
 func newHealth(client *http.Client, prefill, decode []string, timeout time.Duration, log *slog.Logger) *health {
@@ -83,7 +88,7 @@ func (h *health) check(ctx context.Context) (prefillUp, decodeUp bool) {
 func (h *health) probe(parent context.Context, e *engine) {
 	ctx, cancel := context.WithTimeout(parent, h.timeout)
 	defer cancel()
-	up := false
+	up, why := false, ""
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url+"/health", nil)
 	if err == nil {
 		var resp *http.Response
@@ -91,21 +96,32 @@ func (h *health) probe(parent context.Context, e *engine) {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 			_ = resp.Body.Close()
 			up = resp.StatusCode == http.StatusOK
+			if !up {
+				why = "GET /health answered " + resp.Status
+			}
+		}
+	}
+	if err != nil {
+		why = "GET /health: " + err.Error()
+		if errors.Is(err, context.DeadlineExceeded) {
+			why = "GET /health: no answer within --health-timeout " + h.timeout.String()
 		}
 	}
 	if !up && parent.Err() != nil {
 		return // the caller went away: no verdict
 	}
+	e.reason.Store(&why)
 	was := e.up.Swap(up)
 	first := !e.probed.Swap(true)
 	if first || was != up {
 		if !first || !up {
 			level := slog.LevelInfo
+			attrs := []slog.Attr{slog.String("role", e.role), slog.String("endpoint", e.url), slog.Bool("up", up)}
 			if !up {
 				level = slog.LevelWarn
+				attrs = append(attrs, slog.String("reason", why))
 			}
-			h.log.LogAttrs(ctx, level, "engine health changed",
-				slog.String("role", e.role), slog.String("endpoint", e.url), slog.Bool("up", up))
+			h.log.LogAttrs(ctx, level, "engine health changed", attrs...)
 		}
 		if h.onChange != nil {
 			h.onChange(e, up)
@@ -160,8 +176,9 @@ func (h *health) refreshEngine(ctx context.Context, e *engine) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	if h.learned != nil && rep.Reachable {
-		if fs := h.learned(e.role, e.url); len(fs) > 0 {
+	if h.status != nil && rep.Reachable {
+		if st := h.status(e.role, e.url); st != nil && len(st.Learned) > 0 {
+			fs := st.Learned
 			// What turns showed stays in the report until a restart
 			// (Refresh probes a restarted engine afresh, and the router
 			// forgets what it learned of it).
@@ -187,12 +204,23 @@ func (h *health) refreshEngine(ctx context.Context, e *engine) bool {
 	return true
 }
 
+// down returns why e's last probe found it down ("" when up or not probed).
+func (e *engine) down() string {
+	if p := e.reason.Load(); p != nil && !e.up.Load() {
+		return *p
+	}
+	return ""
+}
+
 // facts returns every engine's role, URL and last report.
 func (h *health) facts() []engineFacts {
 	engines := h.list()
 	out := make([]engineFacts, len(engines))
 	for i, e := range engines {
 		out[i] = engineFacts{role: e.role, url: e.url, rep: e.caps.Load()}
+		if h.status != nil {
+			out[i].status = h.status(e.role, e.url)
+		}
 	}
 	return out
 }

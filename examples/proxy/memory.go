@@ -53,8 +53,6 @@ func (m *memoryConfig) check() error {
 		return fmt.Errorf("%w: --decode-high-watermark %v: use a share in (0, 1], or a negative value for never", errUsage, m.watermark)
 	case m.capacity < 0:
 		return fmt.Errorf("%w: --decode-kv-capacity %d is negative", errUsage, m.capacity)
-	case m.interval < 0:
-		return fmt.Errorf("%w: --decode-metrics-interval %v is negative", errUsage, m.interval)
 	case m.releases < 1:
 		return fmt.Errorf("%w: --decode-memory-releases %d: at least 1", errUsage, m.releases)
 	}

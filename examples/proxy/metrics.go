@@ -161,6 +161,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.LocalFailures }),
 		stat("invalid_handles_total", "KV handles refused because vLLM could not read them correctly (block ids, port, counts, types, duplicate members).",
 			func(s kvroute.Stats) int64 { return s.InvalidHandles }),
+		stat("unvalidated_handles_total", "KV handles (among invalid_handles_total) with fewer blocks than their engine's block size needs: the turn was served without reuse and the engine serves without reuse for a while (/ready no_reuse); the engine reports a block size its handles do not follow, or --block-size is not the engine's.",
+			func(s kvroute.Stats) int64 { return s.UnvalidatedHandles }),
 		stat("restarted_handles_total", "Retained handles dropped because their decode engine restarted since it issued them.",
 			func(s kvroute.Stats) int64 { return s.RestartedHandles }),
 		stat("decode_restarts_total", "Decode engine restarts noticed (a new process_start_time_seconds or engine id).",

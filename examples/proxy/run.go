@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		h.capOpts = append(h.capOpts, capability.WithAPIKey(cfg.upstreamAPIKey))
 	}
 	h.onCaps = cfg.warnGaps(ctx, log)
-	h.learned = routerLearned(router)
+	h.status = routerStatus(router)
 	m.watchEngines(h)
 	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
 	if err != nil {
@@ -251,17 +251,19 @@ func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	log.LogAttrs(ctx, level, "turn", attrs...)
 }
 
-// routerLearned returns the health loop's learned: the facts the router's
-// turns showed of the engine at url in role.
-func routerLearned(r *kvroute.Router) func(role, url string) []capability.Named {
-	return func(role, url string) []capability.Named {
+// routerStatus returns the health loop's status: the router's view of the
+// engine at url in role (the first of its data-parallel ranks), nil when
+// it routes to none there.
+func routerStatus(r *kvroute.Router) func(role, url string) *kvroute.EndpointStatus {
+	return func(role, url string) *kvroute.EndpointStatus {
 		phase := kvroute.PhaseDecode
 		if role == rolePrefill {
 			phase = kvroute.PhasePrefill
 		}
 		for _, st := range r.Endpoints(phase) {
-			if strings.TrimRight(st.URL, "/") == url {
-				return st.Learned
+			base, _, _ := strings.Cut(st.URL, " (rank ")
+			if strings.TrimRight(base, "/") == url {
+				return &st
 			}
 		}
 		return nil

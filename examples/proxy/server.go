@@ -261,25 +261,47 @@ func (s *server) live(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, `{"status":"ok"}`)
 }
 
+// engineState is one engine in /ready: its health and what the router
+// knows of it.
+type engineState struct {
+	Role     string `json:"role"`
+	Endpoint string `json:"endpoint"`
+	Up       bool   `json:"up"`
+	// Reason says why the engine is down (its /health probe's error or
+	// status); empty when it is up.
+	Reason string `json:"reason,omitempty"`
+	// BlockSize is the KV block size the router checks the engine's
+	// handles at, and where it comes from: "engine" (its /metrics) or
+	// "configured" (--block-size); 0 while unknown.
+	BlockSize       int    `json:"block_size,omitempty"`
+	BlockSizeSource string `json:"block_size_source,omitempty"`
+	// KVGroups is the number of KV-cache groups in its last handle.
+	KVGroups int `json:"kv_groups,omitempty"`
+	// NoReuse says why the engine serves without reuse now: its handles
+	// did not fit its block size (bidikv_unvalidated_handles_total).
+	NoReuse string `json:"no_reuse,omitempty"`
+	// Capabilities is the last capability probe's report (null before
+	// the first that reached the engine).
+	Capabilities *capability.Report `json:"capabilities"`
+}
+
 // ready probes the engines now: 200 when at least one prefill and one
-// decode engine answer their /health, else 503.
+// decode engine answer their /health, else 503; each engine is listed
+// with why it is down and how the router sees it.
 func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	p, d := s.health.check(r.Context())
 	status := http.StatusOK
 	if !p || !d {
 		status = http.StatusServiceUnavailable
 	}
-	type engineState struct {
-		Role     string `json:"role"`
-		Endpoint string `json:"endpoint"`
-		Up       bool   `json:"up"`
-		// Capabilities is the last capability probe's report (null before
-		// the first that reached the engine).
-		Capabilities *capability.Report `json:"capabilities"`
-	}
+	routed := routerStatus(s.router)
 	var engines []engineState
 	for _, e := range s.health.list() {
-		engines = append(engines, engineState{Role: e.role, Endpoint: e.url, Up: e.up.Load(), Capabilities: e.caps.Load()})
+		es := engineState{Role: e.role, Endpoint: e.url, Up: e.up.Load(), Reason: e.down(), Capabilities: e.caps.Load()}
+		if st := routed(e.role, e.url); st != nil {
+			es.BlockSize, es.BlockSizeSource, es.KVGroups, es.NoReuse = st.BlockSize, st.BlockSizeSource, st.KVGroups, st.NoReuse
+		}
+		engines = append(engines, es)
 	}
 	b, _ := json.Marshal(struct {
 		Ready   bool          `json:"ready"`

@@ -155,6 +155,8 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	fs.BoolVar(&o.cfg.PrefillHandleOnLengthOnly, "prefill-handle-on-length-only", false, "older engines: P emits its handle only on the length cap, not on a stop")
 	fs.BoolVar(&o.cfg.DecodeRecompute, "decode-recompute", false, "kv_recompute_threshold guards D's pull too (vLLM PR #55801): D computes short prompts locally")
 	fs.IntVar(&o.cfg.KVGroups, "kv-groups", 1, "number of KV-cache groups (one block-id list each in handles)")
+	fs.IntVar(&o.cfg.GroupBlockSize, "kv-group-block-size", 0, "hybrid model: block size of the KV groups after the first, a multiple of --block-size, as vLLM gives a group of smaller pages (0: --block-size)")
+	fs.IntVar(&o.cfg.SlidingWindow, "sliding-window", 0, "hybrid model: the KV groups after the first hold sliding-window layers of this many tokens, and handles carry only their in-window tail (0: full attention)")
 	fs.Float64Var(&o.cfg.DriftRate, "drift-rate", 0, "probability per reply of a non-canonical token split (BPE drift), 0 to 1")
 	fs.Float64Var(&o.cfg.ToolCallRate, "tool-call-rate", o.cfg.ToolCallRate, "probability per reply under tool_choice auto (the default with tools) that the reply ends in a tool call, as a model served with --enable-auto-tool-choice (0 to 1; 0: never)")
 	fs.StringVar(&o.cfg.Template, "template", o.cfg.Template, "chat template family: chatml (Qwen3-like) or llama3 (trims content)")

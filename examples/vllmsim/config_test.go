@@ -81,16 +81,15 @@ func TestParseFlagsKVTransferDefaults(t *testing.T) {
 
 	// the connector's settings are read from kv_connector_extra_config
 	// only, kv_load_failure_policy from the top level only
-	var stderr strings.Builder
 	o, err = parseFlags([]string{"--kv-transfer-config",
 		`{"kv_connector":"NixlConnector","kv_role":"kv_both","bidirectional_kv_xfer":true,"kv_lease_duration":5,` +
-			`"kv_connector_extra_config":{"kv_load_failure_policy":"recompute"}}`}, &stderr)
+			`"kv_connector_extra_config":{"kv_load_failure_policy":"recompute"}}`}, io.Discard)
 	require.NoError(t, err)
 	assert.False(t, o.cfg.Bidirectional, "ignored at the top level")
 	assert.Equal(t, 30*time.Second, o.cfg.LeaseDuration)
 	assert.Equal(t, sim.PolicyFail, o.cfg.KVLoadFailurePolicy)
 	for _, key := range []string{"bidirectional_kv_xfer at the top level", "kv_lease_duration at the top level", "kv_load_failure_policy in kv_connector_extra_config"} {
-		assert.Contains(t, stderr.String(), key)
+		assert.Contains(t, strings.Join(o.warnings, "\n"), key)
 	}
 
 	for name, kvc := range map[string]string{
@@ -207,4 +206,26 @@ func TestParseFlagsKVRole(t *testing.T) {
 	assert.ErrorContains(t, err, `--kv-transfer-config: Unsupported kv_role: kv_prefill.`)
 	_, err = parseFlags([]string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_connector_extra_config":{"bidirectional_kv_xfer":true}}`}, io.Discard)
 	assert.ErrorContains(t, err, `Please specify kv_role when kv_connector is set`)
+}
+
+// A hybrid model, as vLLM runs one with full-attention and
+// sliding-window layers: two KV groups, the second of larger blocks and a
+// window. A group block size that is not a multiple of --block-size, or a
+// window without a second group, is refused (vLLM multiplies a group's
+// block size by its page ratio).
+func TestParseFlagsHybrid(t *testing.T) {
+	o, err := parseFlags([]string{"--block-size", "64", "--kv-groups", "2", "--kv-group-block-size", "128", "--sliding-window", "200"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 2, o.cfg.KVGroups)
+	assert.Equal(t, 128, o.cfg.GroupBlockSize)
+	assert.Equal(t, 200, o.cfg.SlidingWindow)
+	for _, args := range [][]string{
+		{"--block-size", "64", "--kv-groups", "2", "--kv-group-block-size", "96"},
+		{"--sliding-window", "200"},
+	} {
+		o, err := parseFlags(args, io.Discard)
+		require.NoError(t, err)
+		_, err = sim.New(o.cfg)
+		assert.ErrorIs(t, err, sim.ErrInvalidConfig, args)
+	}
 }

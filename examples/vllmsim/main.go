@@ -14,7 +14,9 @@
 // --max-num-seqs (default 1024), --tensor-parallel-size, --profile
 // (qwen3-32b, glm-5-fp8), --speed, --stream-handles, --reasoning,
 // --inline-reasoning, --reasoning-field (reasoning, reasoning_content, both),
-// --drift-rate, --tool-call-rate (default 0.5), --kv-groups, --prefill-handle-on-length-only,
+// --drift-rate, --tool-call-rate (default 0.5), --kv-groups, --kv-group-block-size and
+// --sliding-window (a hybrid model: the groups after the first hold
+// sliding-window layers in larger blocks), --prefill-handle-on-length-only,
 // --decode-recompute, --template (chatml, llama3), --chat-template-content-format (string,
 // openai), --render-api (enabled, disabled, absent), --data-parallel-size
 // (default 1), --strict-rank, --fingerprint-mode (full, hash, custom, none;

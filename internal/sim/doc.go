@@ -84,7 +84,11 @@
 // Reads are positional per KV group (the last
 // len(local) blocks of each group); a group shorter than what the reader
 // allocates trips the worker assert, which answers 500 and restarts the
-// engine (Stats.AssertFailures). A prefix-cache hit on KV that differs from
+// engine (Stats.AssertFailures). A hybrid model (hybrid.go:
+// Config.GroupBlockSize, Config.SlidingWindow) has groups after the first
+// of larger blocks whose handle lists hold only the window's tail, as
+// vLLM's get_exchange_clipped_blocks sends them; /metrics reports only the
+// first group's block size. A prefix-cache hit on KV that differs from
 // the model-seed chain counts in Stats.PoisonedHits.
 //
 // Data-parallel ranks (rank.go, Config.DPSize) follow vLLM's engine cores:

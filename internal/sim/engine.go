@@ -79,6 +79,14 @@ type Config struct {
 	// one list of block ids per group, all of equal length, and a reader
 	// checks and reads every group.
 	KVGroups int
+	// GroupBlockSize and SlidingWindow make a hybrid model of KVGroups
+	// groups (hybrid.go): the groups after the first hold sliding-window
+	// layers of SlidingWindow tokens (0: full attention) in blocks of
+	// GroupBlockSize tokens (0: BlockSize; else a multiple of it, as vLLM
+	// raises the block size of a group with smaller pages). Their handle
+	// lists are shorter than the first group's: blocks of their size,
+	// clipped to the window's tail.
+	GroupBlockSize, SlidingWindow int
 	// DriftRate is the probability per reply (0 to 1, decided from the KV,
 	// so Reference reproduces it) that one content word is emitted as two
 	// tokens whose text re-tokenizes to one (BPE drift).
@@ -251,6 +259,12 @@ func (c *Config) validate() error {
 		return bad("speed %v must be >= 0", c.Speed)
 	case c.KVGroups < 0:
 		return bad("kv groups %d must be >= 0", c.KVGroups)
+	case c.GroupBlockSize < 0 || c.GroupBlockSize%c.BlockSize != 0:
+		return bad("group block size %d must be a multiple of the block size %d (vLLM raises a group's block size by its page ratio)", c.GroupBlockSize, c.BlockSize)
+	case c.SlidingWindow < 0:
+		return bad("sliding window %d must be >= 0", c.SlidingWindow)
+	case c.hybrid() && c.KVGroups < 2:
+		return bad("a group block size or sliding window needs at least 2 KV groups (the first is full attention)")
 	case c.DriftRate < 0 || c.DriftRate > 1:
 		return bad("drift rate %v must be between 0 and 1", c.DriftRate)
 	case !(c.ToolCallRate >= 0 && c.ToolCallRate <= 1):

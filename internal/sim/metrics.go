@@ -115,7 +115,11 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 
 // cacheConfigInfo is vLLM's CacheConfig.metrics_info() for the engine, as
 // label pairs in CacheConfig's field order (current main): str() of each
-// value, so True, None, 0.9, [].
+// value, so True, None, 0.9, []. A hybrid model (hybrid.go) reports its
+// full-attention group's block size as block_size and
+// effective_attention_block_size (EngineCore's
+// _initialize_effective_attention_block_size: the one full-attention block
+// size); its other groups' sizes appear nowhere on /metrics.
 func (c *Config) cacheConfigInfo() []string {
 	py := func(b bool) string {
 		if b {
@@ -124,6 +128,10 @@ func (c *Config) cacheConfigInfo() []string {
 		return "False"
 	}
 	bs := strconv.Itoa(c.BlockSize)
+	window := "None"
+	if c.SlidingWindow > 0 {
+		window = strconv.Itoa(c.SlidingWindow) // the model's, duplicated in CacheConfig
+	}
 	return []string{
 		"block_size", bs,
 		"user_specified_block_size", py(c.BlockSize != 16),
@@ -134,7 +142,7 @@ func (c *Config) cacheConfigInfo() []string {
 		"cache_dtype", "auto",
 		"is_attention_free", "False",
 		"num_gpu_blocks_override", "None",
-		"sliding_window", "None",
+		"sliding_window", window,
 		"enable_prefix_caching", py(c.PrefixCaching),
 		"prefix_caching_hash_algo", "sha256",
 		"attn_group_size", "None",

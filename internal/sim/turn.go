@@ -307,8 +307,12 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 			return nil, 0, fmt.Errorf("%w: %d KV groups in the handle, %d local", errAssert, len(p.Groups), e.groups())
 		}
 		for g, ids := range p.Groups {
-			if len(ids) < numLocal {
-				return nil, 0, fmt.Errorf("%w: group %d: len(local) %d > len(remote) %d", errAssert, g, numLocal, len(ids))
+			need := numLocal
+			if g > 0 && e.cfg.hybrid() {
+				need = e.cfg.hybridLocal(g, t.hit, count) // hybrid.go
+			}
+			if len(ids) < need {
+				return nil, 0, fmt.Errorf("%w: group %d: len(local) %d > len(remote) %d", errAssert, g, need, len(ids))
 			}
 		}
 	}
@@ -325,6 +329,12 @@ func (e *Engine) pull(ctx context.Context, t *turn) (data [][]uint64, first int,
 		return nil, 0, errDeclined
 	}
 	for g, ids := range p.Groups {
+		if g > 0 && e.cfg.hybrid() {
+			if err := e.readHybrid(ctx, peer, p, g, t.hit, count, first, data); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
 		// positional: the last numLocal blocks, as vLLM trims
 		gd, err := peer.Read(ctx, p.EngineID, p.RequestID, ids[len(ids)-numLocal:], count*b2i(g == 0))
 		if err != nil {
@@ -384,6 +394,10 @@ func (e *Engine) complete(t *turn) json.RawMessage {
 	groups := make([][]int, e.groups())
 	for g := range groups {
 		groups[g] = t.seq.ids()
+		if g > 0 && e.cfg.hybrid() {
+			groups[g] = e.hybridGroup(t.pool, groups[g], g) // hybrid.go
+			continue
+		}
 		for i := range groups[g] {
 			groups[g][i] = t.pool.groupID(groups[g][i], g)
 		}

@@ -97,6 +97,13 @@ func (m *metricsFacts) line(line string, now time.Time) {
 		m.cacheInfo = true
 		m.prefixCaching = labels["enable_prefix_caching"]
 		m.blockSize, m.numGPUBlocks, m.kvTokens = int(bs), int(blocks), tokens
+		// The block size the engine's handles follow: its full-attention
+		// groups' (EngineCore's _initialize_effective_attention_block_size;
+		// None when they differ, absent on older engines), else block_size.
+		if v, err := strconv.ParseInt(labels["effective_attention_block_size"], 10, 64); err == nil &&
+			plausible.Check(plausible.BlockSize, float64(v), now) == "" {
+			m.blockSize = int(v)
+		}
 	}
 }
 

@@ -49,9 +49,10 @@ type Report struct {
 	// Metrics is GET /metrics with vllm:cache_config_info.
 	Metrics Fact `json:"metrics"`
 	// BlockSize, NumGPUBlocks and KVCacheTokens are the KV pool of one
-	// data-parallel rank (vllm:cache_config_info: block_size,
-	// num_gpu_blocks, kv_cache_size_tokens or else their product); 0
-	// when unknown.
+	// data-parallel rank (vllm:cache_config_info: block_size, or
+	// effective_attention_block_size where the engine reports one, the
+	// block size its handles follow; num_gpu_blocks; kv_cache_size_tokens
+	// or else their product); 0 when unknown.
 	BlockSize     int   `json:"block_size,omitempty"`
 	NumGPUBlocks  int   `json:"num_gpu_blocks,omitempty"`
 	KVCacheTokens int64 `json:"kv_cache_tokens,omitempty"`

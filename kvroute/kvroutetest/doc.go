@@ -90,7 +90,10 @@
 // (WithKVGroups). Lowering remote_num_tokens is exact only with every group
 // cut from the front to ceil(R'/B) blocks; an uncut list reads the wrong
 // blocks silently; a group shorter than what the reader allocates answers
-// 500 and restarts the engine (Stats.AssertFailures). Pulled blocks are
+// 500 and restarts the engine (Stats.AssertFailures). WithHybrid makes a
+// hybrid model: a second group of sliding-window layers in larger blocks,
+// whose lists hold only the window's tail, so they differ in length from
+// the first's and cannot be cut. Pulled blocks are
 // cached under the reader's token hashes, so a bad read shows later as
 // Stats.PoisonedHits. WithDecodeRecompute makes kv_recompute_threshold guard
 // D's pull too.

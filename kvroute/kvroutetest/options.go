@@ -303,6 +303,22 @@ func WithToolCallRate(p float64) Option {
 // nothing held, no notification sent), as a dead worker's process would be.
 func WithKVGroups(n int) Option { return optionFunc(func(c *config) { c.sim.KVGroups = n }) }
 
+// WithHybrid makes a hybrid model, as vLLM runs one with full-attention and
+// sliding-window layers: two KV-cache groups, the first of full attention
+// at the block size (WithBlockSize; what vllm:cache_config_info reports),
+// the second of sliding-window layers of window tokens in blocks of
+// groupBlockSize tokens (a multiple of the block size: vLLM raises the
+// block size of a group with smaller pages). A handle's second list holds
+// only the window's tail (cdiv(window, groupBlockSize) + 1 ids), so the
+// groups differ in length and a handle cannot be read in part; a reader
+// reads each group's tail, and a list cut at the wrong end reads the
+// wrong blocks (a wrong answer).
+func WithHybrid(groupBlockSize, window int) Option {
+	return optionFunc(func(c *config) {
+		c.sim.KVGroups, c.sim.GroupBlockSize, c.sim.SlidingWindow = 2, groupBlockSize, window
+	})
+}
+
 // WithPrefillHandleOnLengthOnly(true) is an older engine's P, which emits its
 // handle only when the request stopped on max_tokens. Default false: as
 // current vLLM, P emits it on any normal finish (length or a stop: EOS or a

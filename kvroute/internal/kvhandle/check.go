@@ -26,6 +26,12 @@ import (
 // present with a type or value vLLM cannot use.
 var ErrInvalid = errors.New("kvroute: invalid KV handle")
 
+// ErrBlockCount is wrapped, with ErrInvalid, by Check's error for a handle
+// whose longest group holds fewer blocks than remote_num_tokens needs at
+// the block size Check was given: either the handle is wrong or the block
+// size is not the engine's.
+var ErrBlockCount = errors.New("fewer blocks than remote_num_tokens needs")
+
 // ErrUnusable is Check's error for a handle an engine ignores.
 var ErrUnusable = errors.New("handle lacks remote_engine_id, remote_request_id, remote_host, remote_port or remote_block_ids")
 
@@ -40,15 +46,24 @@ const maxCount = math.MaxInt32
 type Info struct {
 	Tokens   int  // remote_num_tokens, 0 when absent
 	PushMode bool // transfer_mode "push": not usable bidirectionally
+	Groups   int  // KV-cache groups in remote_block_ids (1 for a flat list)
 }
 
-// handleError is a Check error about one member.
+// handleError is a Check error about one member; count marks the
+// block-count check's (ErrBlockCount).
 type handleError struct {
 	key, why string
+	count    bool
 }
 
 func (e *handleError) Error() string { return ErrInvalid.Error() + ": " + e.key + " " + e.why }
-func (e *handleError) Unwrap() error { return ErrInvalid }
+
+func (e *handleError) Unwrap() []error {
+	if e.count {
+		return []error{ErrInvalid, ErrBlockCount}
+	}
+	return []error{ErrInvalid}
+}
 
 // invalid returns the error for member key, which vLLM could not read.
 func invalid(key, format string, args ...any) error {
@@ -84,9 +99,13 @@ func InvalidMember(err error) string {
 //     null;
 //   - remote_blocks_expiry_time other than a finite number or null;
 //   - with blockSize > 0 and remote_num_tokens R > 0: fewer than
-//     ceil(R/blockSize) blocks in its longest group (the full-attention
-//     groups hold one block per blockSize tokens; sliding-window groups,
-//     shorter, keep only the window's tail).
+//     ceil(R/blockSize) blocks in its longest group (also ErrBlockCount).
+//     blockSize is the block size of the engine that emitted the handle,
+//     whose full-attention group holds one block per blockSize tokens;
+//     sliding-window groups keep only the window's tail and state (Mamba)
+//     groups one slot (vLLM's get_exchange_clipped_blocks), so they are
+//     shorter. 0 skips the check (the size is unknown, or the handle
+//     only releases: remote_num_tokens 0 reads nothing).
 //
 // It does not copy raw.
 func Check(raw []byte, blockSize int) (Info, error) {
@@ -108,17 +127,20 @@ func Check(raw []byte, blockSize int) (Info, error) {
 	if !ok || jsonraw.IsNull(blocks) {
 		return hi, ErrUnusable
 	}
-	longest, err := blockGroups(blocks)
+	longest, groups, err := blockGroups(blocks)
 	if err != nil {
 		return hi, err
 	}
 	if longest == 0 {
 		return hi, ErrUnusable
 	}
+	hi.Groups = groups
 	if blockSize > 0 && hi.Tokens > 0 {
 		if need := (hi.Tokens + blockSize - 1) / blockSize; longest < need {
-			return hi, invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d; check WithBlockSize)",
+			err := invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d)",
 				longest, hi.Tokens, blockSize, need)
+			err.(*handleError).count = true
+			return hi, err
 		}
 	}
 	return hi, nil
@@ -189,15 +211,17 @@ func checkCounts(obj jsonraw.Object, hi *Info) error {
 }
 
 // blockGroups checks remote_block_ids (a list of integer lists, or a flat
-// list of integers) and returns the length of its longest group.
-func blockGroups(v []byte) (int, error) {
+// list of integers) and returns the length of its longest group and the
+// number of groups.
+func blockGroups(v []byte) (longest, groups int, err error) {
 	if len(v) == 0 || v[0] != '[' {
-		return 0, invalid("remote_block_ids", "is not a list")
+		return 0, 0, invalid("remote_block_ids", "is not a list")
 	}
-	nested, flat, longest, n := false, false, 0, 0
-	err := jsonraw.Elements(v, func(e []byte) error {
+	nested, flat, n := false, false, 0
+	err = jsonraw.Elements(v, func(e []byte) error {
 		if len(e) > 0 && e[0] == '[' {
 			nested = true
+			groups++
 			k := 0
 			err := jsonraw.Elements(e, func(id []byte) error {
 				if !blockID(id) {
@@ -221,15 +245,15 @@ func blockGroups(v []byte) (int, error) {
 	})
 	switch {
 	case errors.Is(err, ErrInvalid):
-		return 0, err
+		return 0, 0, err
 	case err != nil:
-		return 0, invalid("remote_block_ids", "is not a list")
+		return 0, 0, invalid("remote_block_ids", "is not a list")
 	case nested && flat:
-		return 0, invalid("remote_block_ids", "mixes block ids and groups")
+		return 0, 0, invalid("remote_block_ids", "mixes block ids and groups")
 	case flat:
-		return n, nil
+		return n, 1, nil
 	}
-	return longest, nil
+	return longest, groups, nil
 }
 
 // blockID reports whether e is an integer literal from 0 to MaxBlockID.

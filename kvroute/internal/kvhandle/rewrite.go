@@ -65,7 +65,7 @@ func Release(dHandle []byte, blockSize int) ([]byte, error) {
 var (
 	ErrPartialDCP    = errors.New("handle has dcp_size > 1: decode-context-parallel blocks cannot be cut from the front")
 	ErrPartialGroups = errors.New("handle's KV groups differ in length (sliding-window or state groups cannot be cut from the front)")
-	ErrPartialBlocks = errors.New("handle's block count does not match remote_num_tokens at the configured block size (check WithBlockSize)")
+	ErrPartialBlocks = errors.New("handle's block count does not match remote_num_tokens at its engine's block size")
 	ErrPartialFlat   = errors.New("handle has no remote_block_ids list")
 )
 
