@@ -48,6 +48,18 @@ type scanner struct {
 	// it without being read again, and idKnownHit records that it was.
 	idKnown    []byte
 	idKnownHit bool
+
+	// With listKey set (ResetLists), the value of the top-level member
+	// whose raw key is listKey is read for its shape (lists) while
+	// validated, when it is an array of integer arrays or of integers up
+	// to listLimit; listMember is its index among the top-level members
+	// (-1: none read) and listSeen the number of top-level members with
+	// that raw key.
+	listKey    string
+	listLimit  uint64
+	lists      Lists
+	listMember int
+	listSeen   int
 }
 
 func isSpace(c byte) bool {
@@ -286,9 +298,12 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		i = skipSpace(d, i+1)
 		valStart := i
 		var valEnd int
-		if s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey {
+		switch {
+		case s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey:
 			valEnd, err = s.idValue(i, member)
-		} else {
+		case s.listKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.listKey:
+			valEnd, err = s.listValue(i, member)
+		default:
 			valEnd, err = s.value(i)
 		}
 		if err != nil {

@@ -88,40 +88,55 @@ func InvalidMember(err error) string {
 //     groups hold one block per blockSize tokens; sliding-window groups,
 //     shorter, keep only the window's tail).
 //
-// It does not copy raw.
+// It does not copy raw, and reads it in one pass: the block lists are
+// validated, counted and bounded as the document is validated, without a
+// call per block id.
 func Check(raw []byte, blockSize int) (Info, error) {
-	var hi Info
-	obj, err := jsonraw.Parse(raw)
+	hi, _, err := check(raw, blockSize)
+	return hi, err
+}
+
+// check is Check; it also returns the parsed handle.
+func check(raw []byte, blockSize int) (Info, jsonraw.Object, error) {
+	var (
+		hi  Info
+		obj jsonraw.Object
+	)
+	lists, member, err := obj.ResetLists(raw, "remote_block_ids", MaxBlockID)
 	if err != nil {
-		return hi, invalid("kv_transfer_params", "is not a JSON object")
+		return hi, obj, invalid("kv_transfer_params", "is not a JSON object")
 	}
 	if k, dup := obj.Duplicate(); dup {
-		return hi, invalid(k, "is given twice")
+		return hi, obj, invalid(k, "is given twice")
 	}
 	if err := checkPeer(obj, &hi); err != nil {
-		return hi, err
+		return hi, obj, err
 	}
 	if err := checkCounts(obj, &hi); err != nil {
-		return hi, err
+		return hi, obj, err
 	}
 	blocks, ok := obj.Get("remote_block_ids")
 	if !ok || jsonraw.IsNull(blocks) {
-		return hi, ErrUnusable
+		return hi, obj, ErrUnusable
 	}
-	longest, err := blockGroups(blocks)
-	if err != nil {
-		return hi, err
+	if member < 0 {
+		// Not read while parsing: a key spelled with escapes, or a value
+		// of another shape.
+		if lists, err = blockGroups(blocks); err != nil {
+			return hi, obj, err
+		}
 	}
+	longest := lists.Longest
 	if longest == 0 {
-		return hi, ErrUnusable
+		return hi, obj, ErrUnusable
 	}
 	if blockSize > 0 && hi.Tokens > 0 {
 		if need := (hi.Tokens + blockSize - 1) / blockSize; longest < need {
-			return hi, invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d; check WithBlockSize)",
+			return hi, obj, invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d; check WithBlockSize)",
 				longest, hi.Tokens, blockSize, need)
 		}
 	}
-	return hi, nil
+	return hi, obj, nil
 }
 
 // checkPeer checks the role flags, the remote engine's identity and
@@ -188,63 +203,18 @@ func checkCounts(obj jsonraw.Object, hi *Info) error {
 	return nil
 }
 
-// blockGroups checks remote_block_ids (a list of integer lists, or a flat
-// list of integers) and returns the length of its longest group.
-func blockGroups(v []byte) (int, error) {
+// blockGroups checks remote_block_ids: a list of integer lists (one per KV
+// group), or a flat list of integers (very old engines), every id from 0
+// to MaxBlockID written with digits only; it returns the lists' shape.
+func blockGroups(v []byte) (jsonraw.Lists, error) {
 	if len(v) == 0 || v[0] != '[' {
-		return 0, invalid("remote_block_ids", "is not a list")
+		return jsonraw.Lists{}, invalid("remote_block_ids", "is not a list")
 	}
-	nested, flat, longest, n := false, false, 0, 0
-	err := jsonraw.Elements(v, func(e []byte) error {
-		if len(e) > 0 && e[0] == '[' {
-			nested = true
-			k := 0
-			err := jsonraw.Elements(e, func(id []byte) error {
-				if !blockID(id) {
-					return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", id, MaxBlockID)
-				}
-				k++
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			longest = max(longest, k)
-			return nil
-		}
-		flat = true
-		if !blockID(e) {
-			return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", e, MaxBlockID)
-		}
-		n++
-		return nil
-	})
-	switch {
-	case errors.Is(err, ErrInvalid):
-		return 0, err
-	case err != nil:
-		return 0, invalid("remote_block_ids", "is not a list")
-	case nested && flat:
-		return 0, invalid("remote_block_ids", "mixes block ids and groups")
-	case flat:
-		return n, nil
+	sh, ok := jsonraw.IntLists(v, MaxBlockID)
+	if !ok {
+		return sh, invalid("remote_block_ids", "is not a list of KV groups of block ids from 0 to %d", MaxBlockID)
 	}
-	return longest, nil
-}
-
-// blockID reports whether e is an integer literal from 0 to MaxBlockID.
-func blockID(e []byte) bool {
-	if len(e) == 0 || len(e) > 10 || (len(e) > 1 && e[0] == '0') {
-		return false
-	}
-	var v uint64
-	for _, c := range e {
-		if c < '0' || c > '9' {
-			return false
-		}
-		v = v*10 + uint64(c-'0')
-	}
-	return v <= MaxBlockID
+	return sh, nil
 }
 
 // finiteNumber reports whether v is a JSON number that is finite as a

@@ -34,10 +34,7 @@ func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
 // do_remote_prefill false), then the extra members, every other key
 // verbatim.
 func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte, error) {
-	if _, err := Check(dHandle, blockSize); err != nil {
-		return nil, err
-	}
-	obj, err := jsonraw.Parse(dHandle)
+	_, obj, err := check(dHandle, blockSize)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,123 @@
+package kvhandle
+
+import (
+	"errors"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
+)
+
+// The per-element validation Check did before it read block lists in one
+// pass, kept as the oracle of FuzzCheckHandle: Check must accept and
+// refuse exactly what it did, with the same sentinel, member and Info.
+
+// checkElements is the former Check.
+func checkElements(raw []byte, blockSize int) (Info, error) {
+	var hi Info
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return hi, invalid("kv_transfer_params", "is not a JSON object")
+	}
+	if k, dup := obj.Duplicate(); dup {
+		return hi, invalid(k, "is given twice")
+	}
+	if err := checkPeer(obj, &hi); err != nil {
+		return hi, err
+	}
+	if err := checkCounts(obj, &hi); err != nil {
+		return hi, err
+	}
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || jsonraw.IsNull(blocks) {
+		return hi, ErrUnusable
+	}
+	longest, err := blockGroupsElements(blocks)
+	if err != nil {
+		return hi, err
+	}
+	if longest == 0 {
+		return hi, ErrUnusable
+	}
+	if blockSize > 0 && hi.Tokens > 0 {
+		if need := (hi.Tokens + blockSize - 1) / blockSize; longest < need {
+			return hi, invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d; check WithBlockSize)",
+				longest, hi.Tokens, blockSize, need)
+		}
+	}
+	return hi, nil
+}
+
+// blockGroupsElements is the former blockGroups: one callback per group
+// and per block id.
+func blockGroupsElements(v []byte) (int, error) {
+	if len(v) == 0 || v[0] != '[' {
+		return 0, invalid("remote_block_ids", "is not a list")
+	}
+	nested, flat, longest, n := false, false, 0, 0
+	err := jsonraw.Elements(v, func(e []byte) error {
+		if len(e) > 0 && e[0] == '[' {
+			nested = true
+			k := 0
+			err := jsonraw.Elements(e, func(id []byte) error {
+				if !blockID(id) {
+					return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", id, MaxBlockID)
+				}
+				k++
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			longest = max(longest, k)
+			return nil
+		}
+		flat = true
+		if !blockID(e) {
+			return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", e, MaxBlockID)
+		}
+		n++
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return 0, err
+	case err != nil:
+		return 0, invalid("remote_block_ids", "is not a list")
+	case nested && flat:
+		return 0, invalid("remote_block_ids", "mixes block ids and groups")
+	case flat:
+		return n, nil
+	}
+	return longest, nil
+}
+
+// blockID reports whether e is an integer literal from 0 to MaxBlockID.
+func blockID(e []byte) bool {
+	if len(e) == 0 || len(e) > 10 || (len(e) > 1 && e[0] == '0') {
+		return false
+	}
+	var v uint64
+	for _, c := range e {
+		if c < '0' || c > '9' {
+			return false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v <= MaxBlockID
+}
+
+// sameVerdict reports how Check's verdict on a handle differs from the
+// former per-element check's ("" when it does not): acceptance, the
+// sentinel wrapped, the member named, and the Info read.
+func sameVerdict(hi Info, err error, old Info, oldErr error) string {
+	switch {
+	case (err == nil) != (oldErr == nil):
+		return "one accepts, the other refuses"
+	case errors.Is(err, ErrInvalid) != errors.Is(oldErr, ErrInvalid) || errors.Is(err, ErrUnusable) != errors.Is(oldErr, ErrUnusable):
+		return "different sentinels"
+	case InvalidMember(err) != InvalidMember(oldErr):
+		return "different members"
+	case err == nil && hi != old:
+		return "different Info"
+	}
+	return ""
+}
