@@ -128,18 +128,27 @@ func intListsOracle(v []byte, limit uint64, literal *regexp.Regexp) (jsonraw.Lis
 }
 
 // BenchmarkIntLists reads the block ids of a 100k-token handle: 6,250
-// five-digit ids in one list.
+// five-digit ids in one list, in the tight loop over runs of short
+// integers (runs) and, with a limit below the one that takes, element by
+// element (elements).
 func BenchmarkIntLists(b *testing.B) {
 	ids := make([]string, 6250)
 	for i := range ids {
 		ids[i] = strconv.Itoa(10000 + 7*i)
 	}
 	v := []byte(`[[` + strings.Join(ids, ",") + `]]`)
-	b.SetBytes(int64(len(v)))
-	for b.Loop() {
-		if sh, ok := jsonraw.IntLists(v, math.MaxInt32); !ok || sh.Longest != len(ids) {
-			b.Fatal(sh, ok)
-		}
+	for _, c := range []struct {
+		name  string
+		limit uint64
+	}{{"runs", math.MaxInt32}, {"elements", 9_999_998}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(v)))
+			for b.Loop() {
+				if sh, ok := jsonraw.IntLists(v, c.limit); !ok || sh.Longest != len(ids) {
+					b.Fatal(sh, ok)
+				}
+			}
+		})
 	}
 }
 

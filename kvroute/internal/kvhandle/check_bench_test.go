@@ -1,7 +1,6 @@
 package kvhandle
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -16,63 +15,59 @@ var benchHandles = []struct {
 }{{"25k", 25000}, {"100k", 100000}}
 
 // BenchmarkCheck checks a real-size D handle, as the router does for
-// every handle it captures or attaches.
+// every handle it captures or attaches: onepass is Check, elements the
+// former per-element check (checkElements).
+//
+//	go test -run '^$' -bench 'Check|ForHit' -count 10 ./kvroute/internal/kvhandle
 func BenchmarkCheck(b *testing.B) {
-	for _, c := range benchHandles {
-		h := toytok.Handle(7, c.tokens, defaultBlockSize)
-		b.Run(c.name, func(b *testing.B) {
-			b.SetBytes(int64(len(h)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := Check(h, defaultBlockSize); err != nil {
-					b.Fatal(err)
+	for _, impl := range []struct {
+		name  string
+		check func([]byte, int) (Info, error)
+	}{{"onepass", Check}, {"elements", checkElements}} {
+		for _, c := range benchHandles {
+			h := toytok.Handle(7, c.tokens, defaultBlockSize)
+			b.Run(impl.name+"/"+c.name, func(b *testing.B) {
+				b.SetBytes(int64(len(h)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := impl.check(h, defaultBlockSize); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
-// BenchmarkCheckParts compares Check's one pass with its parts before:
-// the parse of the handle, and the per-element walk of its block list.
-func BenchmarkCheckParts(b *testing.B) {
-	for _, c := range benchHandles {
-		h := toytok.Handle(7, c.tokens, defaultBlockSize)
+// BenchmarkForHit turns a retained real-size handle into message 2:
+// onepass is ForHit, elements the former way (checkElements, then a
+// second parse to edit).
+func BenchmarkForHit(b *testing.B) {
+	former := func(h []byte) ([]byte, error) {
+		if _, err := checkElements(h, defaultBlockSize); err != nil {
+			return nil, err
+		}
 		obj, err := jsonraw.Parse(h)
 		if err != nil {
-			b.Fatal(err)
+			return nil, err
 		}
-		blocks, _ := obj.Get("remote_block_ids")
-		b.Run(fmt.Sprintf("parse/%s", c.name), func(b *testing.B) {
-			b.SetBytes(int64(len(h)))
-			for b.Loop() {
-				if _, err := jsonraw.Parse(h); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.Run(fmt.Sprintf("elements/%s", c.name), func(b *testing.B) {
-			b.SetBytes(int64(len(blocks)))
-			for b.Loop() {
-				if _, err := blockGroupsElements(blocks); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		return obj.Edit(nil, jsonraw.Member{Key: "do_remote_decode", Value: jsonTrue}, jsonraw.Member{Key: "do_remote_prefill", Value: jsonFalse}), nil
 	}
-}
-
-// BenchmarkForHit turns a retained real-size handle into message 2.
-func BenchmarkForHit(b *testing.B) {
-	for _, c := range benchHandles {
-		h := toytok.Handle(7, c.tokens, defaultBlockSize)
-		b.Run(c.name, func(b *testing.B) {
-			b.SetBytes(int64(len(h)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := ForHit(h, defaultBlockSize); err != nil {
-					b.Fatal(err)
+	for _, impl := range []struct {
+		name string
+		hit  func([]byte) ([]byte, error)
+	}{{"onepass", func(h []byte) ([]byte, error) { return ForHit(h, defaultBlockSize) }}, {"elements", former}} {
+		for _, c := range benchHandles {
+			h := toytok.Handle(7, c.tokens, defaultBlockSize)
+			b.Run(impl.name+"/"+c.name, func(b *testing.B) {
+				b.SetBytes(int64(len(h)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := impl.hit(h); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
