@@ -70,6 +70,25 @@ func intLists(d []byte, i int, limit uint64) (sh Lists, end int, ok bool) {
 // A document is accepted or rejected, with the same error, exactly as by
 // Reset.
 func (o *Object) ResetLists(data []byte, key string, limit uint64) (Lists, int, error) {
+	return o.ResetListsKnown(data, key, limit, Known{})
+}
+
+// Known is an array of integer arrays or of integers that a caller wrote
+// or read before: data[Start:End] of the document it is given with, a
+// complete array IntLists accepts with shape Lists, none of whose integers
+// is above Max. The zero Known is none.
+type Known struct {
+	Start, End int
+	Lists      Lists
+	Max        uint64
+}
+
+// ResetListsKnown is ResetLists with a Known: when the member ResetLists
+// reads starts at known.Start, and known.Max is at most limit, the value
+// is taken to end at known.End with known's shape, without being read
+// again. A document is accepted or rejected, with the same error, exactly
+// as by Reset, provided known is what it says; known is not checked.
+func (o *Object) ResetListsKnown(data []byte, key string, limit uint64, known Known) (Lists, int, error) {
 	members := o.members[:0]
 	*o = Object{}
 	i := skipSpace(data, 0)
@@ -78,6 +97,9 @@ func (o *Object) ResetLists(data []byte, key string, limit uint64) (Lists, int, 
 		return Lists{}, -1, o.Reset(data)
 	}
 	s := scanner{data: data, listKey: key, listLimit: limit, listMember: -1}
+	if known.End > known.Start && known.End <= len(data) && known.Max <= limit {
+		s.listKnown = known
+	}
 	members, end, err := indexObject(&s, data, i, members)
 	if err != nil {
 		o.members = members
@@ -106,6 +128,10 @@ func (o *Object) ResetLists(data []byte, key string, limit uint64) (Lists, int, 
 // reports any error just as Reset does.
 func (s *scanner) listValue(i, member int) (int, error) {
 	s.listSeen++
+	if k := s.listKnown; s.listSeen == 1 && k.End > 0 && i == k.Start {
+		s.lists, s.listMember = k.Lists, member
+		return k.End, nil
+	}
 	if s.listSeen == 1 && s.depth+2 <= maxDepth {
 		if sh, end, ok := intLists(s.data, i, s.listLimit); ok {
 			s.lists, s.listMember = sh, member

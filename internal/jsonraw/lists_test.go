@@ -225,5 +225,20 @@ func FuzzResetLists(f *testing.F) {
 		if !ok || ref != sh {
 			t.Fatalf("read %+v, encoding/json %+v (%v)", sh, ref, ok)
 		}
+		// Given as known, the same value is taken with the same result;
+		// a known at another place, or above the limit, changes nothing.
+		start, end := a.ValueSpan(m)
+		for _, kn := range []jsonraw.Known{
+			{Start: start, End: end, Lists: sh, Max: math.MaxInt32},
+			{Start: start + 1, End: end, Lists: jsonraw.Lists{Lists: 99}},
+			{Start: start, End: end, Lists: jsonraw.Lists{Lists: 99}, Max: math.MaxInt32 + 1},
+		} {
+			var c jsonraw.Object
+			ksh, km, err := c.ResetListsKnown(data, "k", math.MaxInt32, kn)
+			if err != nil || km != m || ksh != sh {
+				t.Fatalf("with %+v: %+v, %d, %v; want %+v, %d", kn, ksh, km, err, sh, m)
+			}
+			sameMembers(t, c, a)
+		}
 	})
 }

@@ -126,6 +126,14 @@ func (o Object) Member(i int) (key string, value []byte) {
 	return o.keyOf(m), o.data[m.valStart:m.valEnd:m.valEnd]
 }
 
+// ValueSpan returns where the raw value of the i-th member is in the
+// document: Member's value is Bytes()[start:end]. It panics if i is out of
+// range.
+func (o Object) ValueSpan(i int) (start, end int) {
+	m := &o.members[i]
+	return m.valStart, m.valEnd
+}
+
 func (o Object) keyOf(m *span) string {
 	if m.escaped {
 		return m.key

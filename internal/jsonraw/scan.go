@@ -60,6 +60,7 @@ type scanner struct {
 	lists      Lists
 	listMember int
 	listSeen   int
+	listKnown  Known // ResetListsKnown's, the zero Known for none
 }
 
 func isSpace(c byte) bool {

@@ -40,6 +40,18 @@ const maxCount = math.MaxInt32
 type Info struct {
 	Tokens   int  // remote_num_tokens, 0 when absent
 	PushMode bool // transfer_mode "push": not usable bidirectionally
+	// Blocks is where remote_block_ids is in the handle, with its shape
+	// (the zero Known when Check did not read it in its pass): what the
+	// store entry needs to compact the handle without reading it again.
+	Blocks jsonraw.Known
+
+	engineID []byte // remote_engine_id as written
+}
+
+// EngineID returns the handle's remote_engine_id.
+func (hi Info) EngineID() string {
+	s, _ := jsonraw.String(hi.engineID)
+	return s
 }
 
 // handleError is a Check error about one member.
@@ -92,17 +104,25 @@ func InvalidMember(err error) string {
 // validated, counted and bounded as the document is validated, without a
 // call per block id.
 func Check(raw []byte, blockSize int) (Info, error) {
-	hi, _, err := check(raw, blockSize)
+	hi, _, err := check(raw, blockSize, jsonraw.Known{})
 	return hi, err
 }
 
-// check is Check; it also returns the parsed handle.
-func check(raw []byte, blockSize int) (Info, jsonraw.Object, error) {
+// CheckKnown is Check for a handle whose remote_block_ids the router
+// wrote itself, as known says (a store entry's expansion: Entry.Blocks):
+// that list is not read again, every other rule applies.
+func CheckKnown(raw []byte, blockSize int, known jsonraw.Known) (Info, error) {
+	hi, _, err := check(raw, blockSize, known)
+	return hi, err
+}
+
+// check is CheckKnown; it also returns the parsed handle.
+func check(raw []byte, blockSize int, known jsonraw.Known) (Info, jsonraw.Object, error) {
 	var (
 		hi  Info
 		obj jsonraw.Object
 	)
-	lists, member, err := obj.ResetLists(raw, "remote_block_ids", MaxBlockID)
+	lists, member, err := obj.ResetListsKnown(raw, "remote_block_ids", MaxBlockID, known)
 	if err != nil {
 		return hi, obj, invalid("kv_transfer_params", "is not a JSON object")
 	}
@@ -125,6 +145,9 @@ func check(raw []byte, blockSize int) (Info, jsonraw.Object, error) {
 		if lists, err = blockGroups(blocks); err != nil {
 			return hi, obj, err
 		}
+	} else {
+		start, end := obj.ValueSpan(member)
+		hi.Blocks = jsonraw.Known{Start: start, End: end, Lists: lists, Max: MaxBlockID}
 	}
 	longest := lists.Longest
 	if longest == 0 {
@@ -157,6 +180,9 @@ func checkPeer(obj jsonraw.Object, hi *Info) error {
 		// A parsed value that opens with a quote is a string; "" is empty.
 		if len(v) < 3 || v[0] != '"' {
 			return invalid(k, "is not a non-empty string")
+		}
+		if k == "remote_engine_id" {
+			hi.engineID = v
 		}
 	}
 	port, ok := obj.Get("remote_port")
@@ -229,10 +255,22 @@ func finiteNumber(v []byte) bool {
 
 // EngineID returns the remote_engine_id of a handle, "" when it has none.
 func EngineID(h []byte) string {
-	v, ok := jsonraw.Lookup(h, "remote_engine_id")
-	if !ok {
+	return EngineIDKnown(h, jsonraw.Known{})
+}
+
+// EngineIDKnown is EngineID for a handle whose remote_block_ids the router
+// wrote itself, as known says: that list is not read again.
+func EngineIDKnown(h []byte, known jsonraw.Known) string {
+	if known.End == 0 {
+		v, _ := jsonraw.Lookup(h, "remote_engine_id")
+		s, _ := jsonraw.String(v)
+		return s
+	}
+	var obj jsonraw.Object
+	if _, _, err := obj.ResetListsKnown(h, "remote_block_ids", MaxBlockID, known); err != nil {
 		return ""
 	}
+	v, _ := obj.Get("remote_engine_id")
 	s, _ := jsonraw.String(v)
 	return s
 }

@@ -59,6 +59,18 @@ func FuzzCheckHandle(f *testing.F) {
 		if diff := sameVerdict(hi, err, old, oldErr); diff != "" {
 			t.Fatalf("Check and the per-element check differ (%s) on %s: %+v, %v; %+v, %v", diff, raw, hi, err, old, oldErr)
 		}
+		if err == nil {
+			if bad := knownBlocks(raw, hi); bad != "" {
+				t.Fatalf("Check's Blocks %+v: %s: %s", hi.Blocks, bad, raw)
+			}
+			// Given back as known, the list gives the same verdict.
+			if khi, kerr := CheckKnown(raw, blockSize, hi.Blocks); kerr != nil || khi.Tokens != hi.Tokens || khi.EngineID() != hi.EngineID() {
+				t.Fatalf("CheckKnown with Check's Blocks: %+v, %v", khi, kerr)
+			}
+			if got := EngineIDKnown(raw, hi.Blocks); got != hi.EngineID() || got != EngineID(raw) {
+				t.Fatalf("engine ids %q, %q, %q", got, hi.EngineID(), EngineID(raw))
+			}
+		}
 		verdict, tokens, skip := oracleHandle(raw, blockSize)
 		if skip {
 			return

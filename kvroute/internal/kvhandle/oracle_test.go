@@ -116,8 +116,30 @@ func sameVerdict(hi Info, err error, old Info, oldErr error) string {
 		return "different sentinels"
 	case InvalidMember(err) != InvalidMember(oldErr):
 		return "different members"
-	case err == nil && hi != old:
+	case err == nil && (hi.Tokens != old.Tokens || hi.PushMode != old.PushMode):
 		return "different Info"
+	}
+	return ""
+}
+
+// knownBlocks reports what is wrong with the Blocks Check reported for an
+// accepted handle ("" when nothing): the span must hold remote_block_ids
+// with the shape given.
+func knownBlocks(raw []byte, hi Info) string {
+	k := hi.Blocks
+	if k.End == 0 {
+		return ""
+	}
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return "not an object"
+	}
+	v, _ := obj.Get("remote_block_ids")
+	if k.Start < 0 || k.End > len(raw) || string(raw[k.Start:k.End]) != string(v) {
+		return "the span is not remote_block_ids"
+	}
+	if sh, ok := jsonraw.IntLists(v, MaxBlockID); !ok || sh != k.Lists || k.Max != MaxBlockID {
+		return "another shape"
 	}
 	return ""
 }

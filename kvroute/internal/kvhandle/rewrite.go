@@ -26,15 +26,21 @@ var errStop = errors.New("stop")
 // flags forced, every other key verbatim. The handle is checked again
 // (Check): an entry may come from another router sharing the store.
 func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
-	return asMessage2(dHandle, blockSize)
+	return asMessage2(dHandle, blockSize, jsonraw.Known{})
+}
+
+// ForHitKnown is ForHit for a handle whose remote_block_ids the router
+// wrote itself, as known says (CheckKnown).
+func ForHitKnown(dHandle []byte, blockSize int, known jsonraw.Known) ([]byte, error) {
+	return asMessage2(dHandle, blockSize, known)
 }
 
 // asMessage2 checks a retained decode handle again and returns it with the
 // two role flags forced for a prefill leg (do_remote_decode true,
 // do_remote_prefill false), then the extra members, every other key
 // verbatim.
-func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte, error) {
-	_, obj, err := check(dHandle, blockSize)
+func asMessage2(dHandle []byte, blockSize int, known jsonraw.Known, extra ...jsonraw.Member) ([]byte, error) {
+	_, obj, err := check(dHandle, blockSize, known)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +60,13 @@ func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte,
 // engine needs to reach the decode engine (Check refuses a handle without
 // them). Like ForHit, the handle is checked again.
 func Release(dHandle []byte, blockSize int) ([]byte, error) {
-	return asMessage2(dHandle, blockSize, jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero})
+	return ReleaseKnown(dHandle, blockSize, jsonraw.Known{})
+}
+
+// ReleaseKnown is Release for a handle whose remote_block_ids the router
+// wrote itself, as known says (CheckKnown).
+func ReleaseKnown(dHandle []byte, blockSize int, known jsonraw.Known) ([]byte, error) {
+	return asMessage2(dHandle, blockSize, known, jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero})
 }
 
 // Why a handle cannot be read partially (TurnRecord.MissReason detail and
