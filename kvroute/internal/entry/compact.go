@@ -20,6 +20,89 @@ func compactHandle(dst, h []byte, bufs *bufpool.Bytes) ([]byte, bool) {
 	return compactHandleCheck(dst, h, bufs, false)
 }
 
+// compactKnown is compactHandle for a handle whose remote_block_ids is at
+// known (kvhandle.Check's Info.Blocks: integer lists without leading
+// zeros): the list is read once, its varint deltas written as its digits
+// are read, without parsing the handle or converting the ids into a
+// slice first. ok is false (dst unchanged) when the list is not written
+// as expansion writes it (whitespace): the general path then decides.
+func compactKnown(dst, h []byte, known jsonraw.Known) ([]byte, bool) {
+	if known.End <= known.Start || known.End > len(h) || known.Max >= 1<<62 {
+		return dst, false
+	}
+	v := h[known.Start:known.End]
+	n := len(dst)
+	dst = appendBytes(dst, h[:known.Start])
+	dst = appendBytes(dst, h[known.End:])
+	groups, i := 1, 0
+	if known.Lists.Nested {
+		groups, i = known.Lists.Lists, 1
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, 0)
+	}
+	dst = binary.AppendUvarint(dst, uint64(groups))
+	var prev int64
+	for g := range groups {
+		if g > 0 {
+			if i >= len(v) || v[i] != ',' {
+				return dst[:n], false
+			}
+			i++
+		}
+		end := bytes.IndexByte(v[i:], ']') + i
+		if i >= len(v) || v[i] != '[' || end < i {
+			return dst[:n], false
+		}
+		var ok bool
+		if dst, prev, ok = appendDeltas(dst, v[i+1:end], prev); !ok {
+			return dst[:n], false
+		}
+		i = end + 1
+	}
+	if known.Lists.Nested {
+		if i >= len(v) || v[i] != ']' {
+			return dst[:n], false
+		}
+		i++
+	}
+	if i != len(v) {
+		return dst[:n], false
+	}
+	return dst, true
+}
+
+// appendDeltas appends the count of the ids in g, the text of one list
+// between its brackets ("12,345,6"), then each id less the one before it
+// (prev, carried from list to list) as varints. ok is false for any other
+// text than digits and single commas.
+func appendDeltas(dst, g []byte, prev int64) (_ []byte, last int64, ok bool) {
+	if len(g) == 0 {
+		return append(dst, 0), prev, true
+	}
+	dst = binary.AppendUvarint(dst, uint64(bytes.Count(g, []byte{','})+1))
+	for i := 0; ; {
+		var id int64
+		j := i
+		for j < len(g) && g[j]-'0' <= 9 {
+			id = id*10 + int64(g[j]-'0')
+			j++
+		}
+		if j == i || j-i > 18 {
+			return dst, prev, false
+		}
+		dst = binary.AppendVarint(dst, id-prev)
+		prev = id
+		if j == len(g) {
+			return dst, prev, true
+		}
+		if g[j] != ',' {
+			return dst, prev, false
+		}
+		i = j + 1
+	}
+}
+
 // compactHandleCheck is compactHandle; expand forces the check by
 // expansion even when the list's length shows its text is the one
 // expansion writes (the test oracle).
@@ -167,20 +250,31 @@ func decimalLen(v uint32) int {
 // appendExpanded appends the handle stored by compactHandle in b to dst
 // (nil: a new slice sized for the handle).
 func appendExpanded(dst, b []byte) ([]byte, error) {
+	out, _, err := appendExpandedKnown(dst, b)
+	return out, err
+}
+
+// appendExpandedKnown is appendExpanded; it also returns where the list it
+// wrote is in the result, with its shape and largest id (the zero Known
+// when an id is negative: such a list is no block list).
+func appendExpandedKnown(dst, b []byte) ([]byte, jsonraw.Known, error) {
 	r := entryReader{b: b}
 	head, tail := r.bytes(), r.bytes()
 	nested := r.byte() == 1
 	groups := r.uvarint()
+	var known jsonraw.Known
 	if r.bad || groups > uint64(len(r.b)) || (!nested && groups != 1) {
-		return nil, ErrBad
+		return nil, known, ErrBad
 	}
 	out := dst
 	if out == nil {
 		out = make([]byte, 0, len(head)+len(tail)+7*len(r.b)+8)
 	}
 	out = append(out, head...)
+	known.Start = len(out)
 	out = append(out, '[')
 	var prev int64
+	negative := false
 	for g := range groups {
 		if g > 0 {
 			out = append(out, ',')
@@ -190,7 +284,7 @@ func appendExpanded(dst, b []byte) ([]byte, error) {
 		}
 		n := r.uvarint()
 		if r.bad || n > uint64(len(r.b)) {
-			return nil, ErrBad
+			return nil, jsonraw.Known{}, ErrBad
 		}
 		for i := range n {
 			if i > 0 {
@@ -198,15 +292,24 @@ func appendExpanded(dst, b []byte) ([]byte, error) {
 			}
 			prev += r.varint()
 			out = strconv.AppendInt(out, prev, 10)
+			negative = negative || prev < 0
+			known.Max = max(known.Max, uint64(prev))
 		}
 		if nested {
 			out = append(out, ']')
 		}
+		known.Lists.Longest = max(known.Lists.Longest, int(n))
 	}
 	if r.bad || len(r.b) != 0 {
-		return nil, ErrBad
+		return nil, jsonraw.Known{}, ErrBad
 	}
 	out = append(out, ']')
-	return append(out, tail...), nil
+	known.End = len(out)
+	if nested && groups > 0 {
+		known.Lists.Nested, known.Lists.Lists = true, int(groups)
+	}
+	if negative {
+		known = jsonraw.Known{}
+	}
+	return append(out, tail...), known, nil
 }
-

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
@@ -38,6 +39,13 @@ type Entry struct {
 	// Expanded: Handle was expanded into a buffer from Decode's
 	// pool, which the caller puts back when done with it.
 	Expanded bool
+	// Blocks is where Handle's remote_block_ids is, with its shape and
+	// largest id, when known: given to Encode (kvhandle.Check's
+	// Info.Blocks), it compacts the handle without reading it again;
+	// from Decode, it is the list the expansion wrote, which the
+	// handle's check (kvhandle.CheckKnown) need not read again. Not
+	// stored.
+	Blocks jsonraw.Known
 }
 
 // Entry encodings: version 1 had no flags and no fingerprint; version 2
@@ -67,8 +75,9 @@ func (e Entry) EncodedSize() int {
 // Encode serialises e compactly into dst[:0]: a version byte, varints, the
 // endpoint, the check, a flag byte and the fingerprint, the turn number,
 // the model and the API code, then the handle
-// JSON as is, or compacted (compactHandle, whose check expands it into a
-// buffer from pool; nil: a new one).
+// JSON as is, or compacted: in one pass over its block list when e.Blocks
+// says where it is (compactKnown), else by compactHandle, whose check
+// expands it into a buffer from pool (nil: a new one).
 func (e Entry) Encode(dst []byte, bufs *bufpool.Bytes) []byte {
 	b := append(dst[:0], entryVersion)
 	b = binary.AppendVarint(b, e.Created.UnixNano())
@@ -88,6 +97,10 @@ func (e Entry) Encode(dst []byte, bufs *bufpool.Bytes) []byte {
 	b = binary.AppendUvarint(b, uint64(max(e.Turn, 0)))
 	b = appendBytes(b, []byte(e.Model))
 	b = append(b, e.API)
+	if c, ok := compactKnown(b, e.Handle, e.Blocks); ok {
+		c[at] |= flagCompactBlocks
+		return c
+	}
 	if c, ok := compactHandle(b, e.Handle, bufs); ok {
 		c[at] |= flagCompactBlocks
 		return c
@@ -189,14 +202,14 @@ func Decode(b []byte, bufs *bufpool.Bytes) (Entry, error) {
 			// About five bytes of JSON per byte of varint deltas.
 			dst = bufs.Get(6*len(r.b) + 64)[:0]
 		}
-		h, err := appendExpanded(dst, r.b)
+		h, known, err := appendExpandedKnown(dst, r.b)
 		if err != nil {
 			if bufs != nil {
 				bufs.Put(dst)
 			}
 			return Entry{}, err
 		}
-		e.Handle, e.Expanded = h, bufs != nil
+		e.Handle, e.Expanded, e.Blocks = h, bufs != nil, known
 	}
 	e.Created = time.Unix(0, created)
 	e.Raw = b
