@@ -74,7 +74,7 @@ func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReas
 	default:
 		return nil, 0
 	}
-	h, err := kvhandle.Release(f.e.Handle, r.cfg.blockSize)
+	h, err := kvhandle.ReleaseKnown(f.e.Handle, r.cfg.blockSize, f.e.Blocks)
 	if err != nil {
 		if f.key != "" {
 			f.putBack(ctx, t)

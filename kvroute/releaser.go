@@ -249,7 +249,7 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 		st.releaseSkipped.Add(1)
 		return
 	}
-	h, err := kvhandle.Release(e.Handle, rl.blockSize)
+	h, err := kvhandle.ReleaseKnown(e.Handle, rl.blockSize, e.Blocks)
 	ep := rl.pick()
 	if err != nil || ep == nil || e.Model == "" {
 		// A handle vLLM would not read, no prefill engine, or an entry of
