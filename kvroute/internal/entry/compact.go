@@ -3,6 +3,8 @@ package entry
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
+	"slices"
 	"strconv"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -286,15 +288,11 @@ func appendExpandedKnown(dst, b []byte) ([]byte, jsonraw.Known, error) {
 		if r.bad || n > uint64(len(r.b)) {
 			return nil, jsonraw.Known{}, ErrBad
 		}
-		for i := range n {
-			if i > 0 {
-				out = append(out, ',')
-			}
-			prev += r.varint()
-			out = strconv.AppendInt(out, prev, 10)
-			negative = negative || prev < 0
-			known.Max = max(known.Max, uint64(prev))
+		var ok bool
+		if out, prev, ok = appendIDs(out, &r, n, prev, &known.Max); !ok {
+			return nil, jsonraw.Known{}, ErrBad
 		}
+		negative = negative || known.Max > math.MaxInt64
 		if nested {
 			out = append(out, ']')
 		}
@@ -312,4 +310,80 @@ func appendExpandedKnown(dst, b []byte) ([]byte, jsonraw.Known, error) {
 		known = jsonraw.Known{}
 	}
 	return append(out, tail...), known, nil
+}
+
+// appendIDs appends the n ids that follow in r, each a varint delta from
+// the one before (prev), in decimal and separated by commas; it returns
+// the last id, and raises *maxID to the largest, as a uint64 (a negative
+// id is above math.MaxInt64). The common one-byte delta is read inline and
+// the digits written in place, without a call per id.
+func appendIDs(out []byte, r *entryReader, n uint64, prev int64, maxID *uint64) ([]byte, int64, bool) {
+	b := r.b
+	k := 0
+	var top uint64
+	for i := range n {
+		var delta int64
+		if k < len(b) && b[k] < 0x80 {
+			ux := uint64(b[k])
+			k++
+			delta = int64(ux >> 1)
+			if ux&1 != 0 {
+				delta = ^delta
+			}
+		} else {
+			v, m := binary.Varint(b[k:])
+			if m <= 0 {
+				return out, prev, false
+			}
+			delta, k = v, k+m
+		}
+		prev += delta
+		if cap(out)-len(out) < 24 {
+			out = slices.Grow(out, 24+11*int(n-i))
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		if prev < 0 {
+			out = strconv.AppendInt(out, prev, 10)
+			top = math.MaxUint64
+			continue
+		}
+		top = max(top, uint64(prev))
+		out = appendDecimal(out, uint64(prev))
+	}
+	r.b = b[k:]
+	*maxID = max(*maxID, top)
+	return out, prev, true
+}
+
+// digitPairs holds "00" to "99".
+const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
+	"8081828384858687888990919293949596979899"
+
+// appendDecimal appends v in decimal, writing its digits in place two at
+// a time from the last (out has room for them).
+func appendDecimal(out []byte, v uint64) []byte {
+	if v >= 1_000_000_000 {
+		return strconv.AppendUint(out, v, 10)
+	}
+	n := decimalLen(uint32(v))
+	end := len(out) + n
+	out = out[:end]
+	d := out[end-n : end]
+	i := n
+	for v >= 100 {
+		q := v / 100
+		r := 2 * (v - 100*q)
+		i -= 2
+		d[i+1], d[i] = digitPairs[r+1], digitPairs[r]
+		v = q
+	}
+	if v >= 10 {
+		d[1], d[0] = digitPairs[2*v+1], digitPairs[2*v]
+	} else {
+		d[0] = byte('0' + v)
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -251,4 +252,30 @@ func FuzzCompactKnown(f *testing.F) {
 			t.Fatalf("%q: compacted, and Decode does not know its list", h)
 		}
 	})
+}
+
+// BenchmarkDecode decodes the entry of a real-size handle (toytok's, one
+// id per 16 tokens), expanding its block list into a pooled buffer.
+func BenchmarkDecode(b *testing.B) {
+	for _, tokens := range []int{25000, 100000} {
+		h := toytok.Handle(3, tokens, 16)
+		raw := Entry{Created: time.Unix(1, 0), Endpoint: "http://d", Tokens: tokens, Handle: h}.Encode(nil, nil)
+		var bufs bufpool.Bytes
+		b.Run(fmt.Sprintf("%dk", tokens/1000), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				e, err := Decode(raw, &bufs)
+				if err != nil || len(e.Handle) != len(h) {
+					b.Fatal(err)
+				}
+				bufs.Put(e.Handle)
+			}
+		})
+	}
+}
+
+func TestAppendDecimal(t *testing.T) {
+	for _, v := range []uint64{0, 7, 9, 10, 42, 99, 100, 101, 999, 1000, 65535, 99999, 100000, 1234567, 99999999, 100000000, 999999999, 1000000000, 2147483647, math.MaxUint32, math.MaxUint64} {
+		assert.Equal(t, "x"+strconv.FormatUint(v, 10), string(appendDecimal(append(make([]byte, 0, 32), 'x'), v)))
+	}
 }
