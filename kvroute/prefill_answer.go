@@ -48,7 +48,9 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
-	obj, err := jsonraw.Parse(b)
+	// The handle's block list is read as the answer is validated.
+	var obj jsonraw.Object
+	blocks, err := kvhandle.ResetAnswer(&obj, b)
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
 	}
@@ -63,7 +65,7 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 		p.t.lacks(p.t.r.learned.noHandle(ep.url, p.t.req.Path, PhasePrefill))
 		return nil, p.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := kvhandle.Check(h, t.r.cfg.blockSize)
+	hi, err := kvhandle.CheckKnown(h, t.r.cfg.blockSize, blocks)
 	if err != nil {
 		if errors.Is(err, kvhandle.ErrInvalid) {
 			t.r.invalidHandle(PhasePrefill, ep.url, err)

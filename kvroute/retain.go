@@ -25,6 +25,9 @@ type retainIn struct {
 	added, asked bool
 	streamed     bool // D's answer is a stream (not a buffered turn's body)
 	turn         int  // the conversation's turn number (found.turn)
+	// blocks is where D's handle's block list is, when the parse of D's
+	// answer read it (kvhandle.ResetAnswer).
+	blocks jsonraw.Known
 }
 
 // retain stores D's handle for the next turn, or records why not: when the
@@ -127,7 +130,7 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (kvhandle.Inf
 		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
 		return kvhandle.Info{}, false
 	}
-	hi, err := kvhandle.Check(handle, r.cfg.blockSize)
+	hi, err := kvhandle.CheckKnown(handle, r.cfg.blockSize, in.blocks)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
 		if errors.Is(err, kvhandle.ErrInvalid) {

@@ -121,6 +121,48 @@ func (o *Object) ResetListsKnown(data []byte, key string, limit uint64, known Kn
 	return s.lists, member, nil
 }
 
+// ResetListsIn is ResetLists for the member key of the object that is the
+// value of the top-level member parent (both keys spelled literally): the
+// list, read in the same pass that validates the document, is returned as
+// a Known in data (Max is limit), with the index of parent's member. The
+// Known is the zero Known, and the index -1, when no list was read so:
+// none there, another shape, or key spelled literally more than once in
+// parent members. A member of parent's value that names key with escapes
+// is not looked at: a caller that must refuse a member named twice checks
+// that value's Duplicate (kvhandle.Check does). A document is accepted or
+// rejected, with the same error, exactly as by Reset.
+func (o *Object) ResetListsIn(data []byte, parent, key string, limit uint64) (Known, int, error) {
+	members := o.members[:0]
+	*o = Object{}
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		o.members = members
+		return Known{}, -1, o.Reset(data)
+	}
+	s := scanner{data: data, listParent: parent, listKey: key, listLimit: limit, listMember: -1}
+	members, end, err := indexObject(&s, data, i, members)
+	if err != nil {
+		o.members = members
+		return Known{}, -1, err
+	}
+	o.data, o.open, o.close, o.members = data, i, end-1, members
+	if s.listMember < 0 || s.listSeen > 1 {
+		return Known{}, -1, nil
+	}
+	return Known{Start: s.listStart, End: s.listEnd, Lists: s.lists, Max: limit}, s.listMember, nil
+}
+
+// Index returns the index of the member Get returns for key (the last
+// of that name), -1 when there is none.
+func (o Object) Index(key string) int {
+	for i := len(o.members) - 1; i >= 0; i-- {
+		if o.keyIs(&o.members[i], key) {
+			return i
+		}
+	}
+	return -1
+}
+
 // listValue validates the value at data[i] of the member ResetLists
 // reads, reading its shape when it is an array of integer arrays or of
 // integers: such a value is read once, and any other (a malformed one
@@ -134,7 +176,10 @@ func (s *scanner) listValue(i, member int) (int, error) {
 	}
 	if s.listSeen == 1 && s.depth+2 <= maxDepth {
 		if sh, end, ok := intLists(s.data, i, s.listLimit); ok {
-			s.lists, s.listMember = sh, member
+			s.lists, s.listMember, s.listStart, s.listEnd = sh, member, i, end
+			if s.listParent != "" {
+				s.listMember = -2 // the parent's index is set once its value ends
+			}
 			return end, nil
 		}
 	}

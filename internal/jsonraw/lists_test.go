@@ -242,3 +242,103 @@ func FuzzResetLists(f *testing.F) {
 		}
 	})
 }
+
+func TestResetListsIn(t *testing.T) {
+	for _, c := range []struct {
+		doc    string
+		parent int
+		list   string
+	}{
+		{`{"id":1,"kv":{"a":"x","k":[[1,2,3]],"b":2},"z":[1]}`, 1, `[[1,2,3]]`},
+		{`{"kv":{"k":[5,6]}}`, 0, `[5,6]`},
+		{`{"k":[[1]],"kv":{"x":1}}`, -1, ``},
+		{`{"kv":{"k":[[1]],"k":[[2]]}}`, -1, ``},
+		{`{"kv":{"k":[[1]]},"kv":{"k":[[2]]}}`, -1, ``},
+		{`{"kv":{"k":[[1]]},"kv":{}}`, 0, `[[1]]`},
+		{`{"kv":{"o":{"k":[[1]]}}}`, -1, ``},
+		{`{"kv":[{"k":[[1]]}]}`, -1, ``},
+		{`{"kv":{"k":[[-1]]}}`, -1, ``},
+		{`{"\u006bv":{"k":[[1]]}}`, -1, ``},
+	} {
+		var o jsonraw.Object
+		k, pm, err := o.ResetListsIn([]byte(c.doc), "kv", "k", math.MaxInt32)
+		require.NoError(t, err, c.doc)
+		assert.Equal(t, c.parent, pm, c.doc)
+		if pm >= 0 {
+			assert.Equal(t, c.list, c.doc[k.Start:k.End], c.doc)
+			sh, _ := jsonraw.IntLists([]byte(c.list), math.MaxInt32)
+			assert.Equal(t, sh, k.Lists, c.doc)
+			assert.Equal(t, uint64(math.MaxInt32), k.Max)
+		} else {
+			assert.Zero(t, k, c.doc)
+		}
+	}
+	var o jsonraw.Object
+	o2, _ := jsonraw.Parse([]byte(`{"kv":{},"a":1,"kv":{"k":[]}}`))
+	assert.Equal(t, 2, o2.Index("kv"))
+	assert.Equal(t, -1, o2.Index("b"))
+	_, pm, err := o.ResetListsIn([]byte(`{"kv":{"k":[[1,2]}`), "kv", "k", 9)
+	assert.Error(t, err)
+	assert.Equal(t, -1, pm)
+}
+
+// FuzzResetListsIn: ResetListsIn accepts and refuses what Reset does,
+// with the same error and members; a list it reports is, byte for byte,
+// the member key of the value of the parent member it names, with the
+// shape IntLists reads; and the one literal spelling of both keys holding
+// such a list is always read.
+func FuzzResetListsIn(f *testing.F) {
+	for _, s := range []string{
+		`{"p":{"k":[[1,2,3]]}}`, `{"a":"x","p":{"x":1,"k":[ [1 , 22] ,[333]]},"k":[[9]]}`, `{"p":{"k":[[1,2]}}`,
+		`{"p":{"k":[[01]]}}`, `{"p":{"k":[[1]],"k":[[2]]}}`, `{"p":{"k":[1,2]},"p":{}}`, `[1]`, `{"p":[{"k":[[1]]}]}`,
+		`{"p":{"k":[[1]],"\u006b":[[2]]}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	literal := regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var a, b jsonraw.Object
+		k, pm, err := a.ResetListsIn(data, "p", "k", math.MaxInt32)
+		want := b.Reset(data)
+		if (err == nil) != (want == nil) || (err != nil && err.Error() != want.Error()) {
+			t.Fatalf("ResetListsIn err %v, Reset err %v", err, want)
+		}
+		if err != nil {
+			return
+		}
+		sameMembers(t, a, b)
+		if pm < 0 {
+			if k != (jsonraw.Known{}) {
+				t.Fatalf("a Known without a member: %+v", k)
+			}
+			if bytes.Count(data, []byte(`"p"`)) == 1 && bytes.Count(data, []byte(`"k"`)) == 1 && bytes.Count(data, []byte{'{'}) == 2 && !bytes.Contains(data, []byte(`\`)) {
+				if pv, ok := a.Get("p"); ok {
+					if po, err := jsonraw.Parse(pv); err == nil {
+						if v, ok := po.Get("k"); ok {
+							if _, ok := intListsOracle(v, math.MaxInt32, literal); ok {
+								t.Fatalf("list not read: %q", data)
+							}
+						}
+					}
+				}
+			}
+			return
+		}
+		key, pv := a.Member(pm)
+		po, err := jsonraw.Parse(pv)
+		if key != "p" || err != nil {
+			t.Fatalf("member %d is %q (%v)", pm, key, err)
+		}
+		v, _ := po.Get("k")
+		if dup, twice := po.Duplicate(); twice && dup == "k" {
+			return // the literal spelling's list, not necessarily the last
+		}
+		if string(v) != string(data[k.Start:k.End]) {
+			t.Fatalf("Known %q, the member holds %q", data[k.Start:k.End], v)
+		}
+		ref, ok := intListsOracle(v, math.MaxInt32, literal)
+		if !ok || ref != k.Lists {
+			t.Fatalf("read %+v, encoding/json %+v (%v)", k.Lists, ref, ok)
+		}
+	})
+}

@@ -61,6 +61,13 @@ type scanner struct {
 	listMember int
 	listSeen   int
 	listKnown  Known // ResetListsKnown's, the zero Known for none
+	// With listParent set (ResetListsIn), the member listKey is looked
+	// for in the object that is the value of the top-level member
+	// listParent (inParent while that value is scanned), and listMember
+	// is listParent's index; listStart and listEnd locate the list read.
+	listParent         string
+	inParent           bool
+	listStart, listEnd int
 }
 
 func isSpace(c byte) bool {
@@ -302,8 +309,15 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		switch {
 		case s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey:
 			valEnd, err = s.idValue(i, member)
-		case s.listKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.listKey:
+		case s.listKey != "" && !escaped && s.listDepth(d[keyStart+1:keyEnd-1]):
 			valEnd, err = s.listValue(i, member)
+		case s.listParent != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.listParent:
+			s.inParent = true
+			valEnd, err = s.value(i)
+			s.inParent = false
+			if s.listMember == -2 {
+				s.listMember = member // the list was read in this member's value
+			}
 		default:
 			valEnd, err = s.value(i)
 		}
@@ -327,6 +341,19 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		start = i
 		i = skipSpace(d, i)
 	}
+}
+
+// listDepth reports whether key, a raw key at the current depth, is the
+// member ResetLists (depth 1) or ResetListsIn (depth 2, in listParent's
+// value) reads.
+func (s *scanner) listDepth(key []byte) bool {
+	if string(key) != s.listKey {
+		return false
+	}
+	if s.listParent == "" {
+		return s.depth == 1
+	}
+	return s.inParent && s.depth == 2
 }
 
 // array validates the array starting at data[i] == '[', calling fn (if not

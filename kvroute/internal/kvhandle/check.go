@@ -109,8 +109,9 @@ func Check(raw []byte, blockSize int) (Info, error) {
 }
 
 // CheckKnown is Check for a handle whose remote_block_ids the router
-// wrote itself, as known says (a store entry's expansion: Entry.Blocks):
-// that list is not read again, every other rule applies.
+// wrote or read itself, as known says (a store entry's expansion:
+// Entry.Blocks; the answer's parse: ResetAnswer): that list is not read
+// again, every other rule applies.
 func CheckKnown(raw []byte, blockSize int, known jsonraw.Known) (Info, error) {
 	hi, _, err := check(raw, blockSize, known)
 	return hi, err
@@ -273,4 +274,20 @@ func EngineIDKnown(h []byte, known jsonraw.Known) string {
 	v, _ := obj.Get("remote_engine_id")
 	s, _ := jsonraw.String(v)
 	return s
+}
+
+// ResetAnswer is obj.Reset(b) for an engine's answer or stream event b
+// that also reads, in the same pass, the block list of its top-level
+// handle (the member Key): it returns where that list is in the handle
+// obj.Get(Key) returns, for CheckKnown, or the zero Known when it read
+// none (no handle, a list of another shape, or a member named twice).
+func ResetAnswer(obj *jsonraw.Object, b []byte) (jsonraw.Known, error) {
+	known, parent, err := obj.ResetListsIn(b, Key, "remote_block_ids", MaxBlockID)
+	if err != nil || parent < 0 || parent != obj.Index(Key) {
+		return jsonraw.Known{}, err
+	}
+	start, _ := obj.ValueSpan(parent)
+	known.Start -= start
+	known.End -= start
+	return known, nil
 }

@@ -59,6 +59,17 @@ func FuzzCheckHandle(f *testing.F) {
 		if diff := sameVerdict(hi, err, old, oldErr); diff != "" {
 			t.Fatalf("Check and the per-element check differ (%s) on %s: %+v, %v; %+v, %v", diff, raw, hi, err, old, oldErr)
 		}
+		// Read from an answer that carries it, the list gives the same
+		// verdict (ResetAnswer, then CheckKnown).
+		answer := append(append([]byte(`{"id":"x","kv_transfer_params":`), raw...), '}')
+		var obj jsonraw.Object
+		if known, aerr := ResetAnswer(&obj, answer); aerr == nil {
+			h, _ := obj.Get(Key)
+			ahi, aerr := CheckKnown(h, blockSize, known)
+			if diff := sameVerdict(ahi, aerr, hi, err); diff != "" {
+				t.Fatalf("the answer's Known %+v gives another verdict (%s) on %s: %v; Check %v", known, diff, raw, aerr, err)
+			}
+		}
 		if err == nil {
 			if bad := knownBlocks(raw, hi); bad != "" {
 				t.Fatalf("Check's Blocks %+v: %s: %s", hi.Blocks, bad, raw)
