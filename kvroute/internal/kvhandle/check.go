@@ -1,6 +1,7 @@
 package kvhandle
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -130,14 +131,15 @@ func check(raw []byte, blockSize int, known jsonraw.Known) (Info, jsonraw.Object
 	if k, dup := obj.Duplicate(); dup {
 		return hi, obj, invalid(k, "is given twice")
 	}
-	if err := checkPeer(obj, &hi); err != nil {
+	m := readMembers(obj)
+	if err := checkPeer(&m, &hi); err != nil {
 		return hi, obj, err
 	}
-	if err := checkCounts(obj, &hi); err != nil {
+	if err := checkCounts(&m, &hi); err != nil {
 		return hi, obj, err
 	}
-	blocks, ok := obj.Get("remote_block_ids")
-	if !ok || jsonraw.IsNull(blocks) {
+	blocks := m.blocks
+	if null(blocks) {
 		return hi, obj, ErrUnusable
 	}
 	if member < 0 {
@@ -163,58 +165,112 @@ func check(raw []byte, blockSize int, known jsonraw.Known) (Info, jsonraw.Object
 	return hi, obj, nil
 }
 
+// handleMembers are the values of the members of a handle that Check reads,
+// read in one pass (nil: absent; the last of a name, as Get).
+type handleMembers struct {
+	decode, prefill, engineID, requestID, host, port, mode []byte
+	tokens, tp, dcp, pp, expiry, blocks                    []byte
+}
+
+// readMembers reads the members Check looks at.
+func readMembers(obj jsonraw.Object) handleMembers {
+	var m handleMembers
+	for i := range obj.Len() {
+		k, v := obj.Member(i)
+		switch k {
+		case "do_remote_decode":
+			m.decode = v
+		case "do_remote_prefill":
+			m.prefill = v
+		case "remote_engine_id":
+			m.engineID = v
+		case "remote_request_id":
+			m.requestID = v
+		case "remote_host":
+			m.host = v
+		case "remote_port":
+			m.port = v
+		case "transfer_mode":
+			m.mode = v
+		case "remote_num_tokens":
+			m.tokens = v
+		case "tp_size":
+			m.tp = v
+		case "dcp_size":
+			m.dcp = v
+		case "pp_size":
+			m.pp = v
+		case "remote_blocks_expiry_time":
+			m.expiry = v
+		case "remote_block_ids":
+			m.blocks = v
+		}
+	}
+	return m
+}
+
+// null reports whether a member is absent or null.
+func null(v []byte) bool { return v == nil || jsonraw.IsNull(v) }
+
 // checkPeer checks the role flags, the remote engine's identity and
 // address, and the transfer mode.
-func checkPeer(obj jsonraw.Object, hi *Info) error {
-	for _, k := range [...]string{"do_remote_decode", "do_remote_prefill"} {
-		if v, ok := obj.Get(k); ok && !jsonraw.IsNull(v) {
-			if _, isBool := jsonraw.Bool(v); !isBool {
-				return invalid(k, "is not a boolean")
+func checkPeer(m *handleMembers, hi *Info) error {
+	for _, f := range [...]struct {
+		key string
+		v   []byte
+	}{{"do_remote_decode", m.decode}, {"do_remote_prefill", m.prefill}} {
+		if !null(f.v) {
+			if _, isBool := jsonraw.Bool(f.v); !isBool {
+				return invalid(f.key, "is not a boolean")
 			}
 		}
 	}
-	for _, k := range [...]string{"remote_engine_id", "remote_request_id", "remote_host"} {
-		v, ok := obj.Get(k)
-		if !ok || jsonraw.IsNull(v) {
+	for _, f := range [...]struct {
+		key string
+		v   []byte
+	}{{"remote_engine_id", m.engineID}, {"remote_request_id", m.requestID}, {"remote_host", m.host}} {
+		if null(f.v) {
 			return ErrUnusable
 		}
 		// A parsed value that opens with a quote is a string; "" is empty.
-		if len(v) < 3 || v[0] != '"' {
-			return invalid(k, "is not a non-empty string")
-		}
-		if k == "remote_engine_id" {
-			hi.engineID = v
+		if len(f.v) < 3 || f.v[0] != '"' {
+			return invalid(f.key, "is not a non-empty string")
 		}
 	}
-	port, ok := obj.Get("remote_port")
-	if !ok || jsonraw.IsNull(port) {
+	hi.engineID = m.engineID
+	if null(m.port) {
 		return ErrUnusable
 	}
-	if p, isInt := jsonraw.Int(port); !isInt || p < 1 || p > 65535 {
+	if p, isInt := jsonraw.Int(m.port); !isInt || p < 1 || p > 65535 {
 		return invalid("remote_port", "is not a port from 1 to 65535")
 	}
-	if v, ok := obj.Get("transfer_mode"); ok && !jsonraw.IsNull(v) {
-		s, isStr := jsonraw.String(v)
-		if !isStr {
+	if !null(m.mode) {
+		// A parsed value that opens with a quote is a string.
+		if m.mode[0] != '"' {
 			return invalid("transfer_mode", "is not a string")
 		}
-		hi.PushMode = s == "push"
+		hi.PushMode = string(m.mode) == `"push"` || (bytes.IndexByte(m.mode, '\\') >= 0 && stringIs(m.mode, "push"))
 	}
 	return nil
 }
 
+// stringIs reports whether the JSON string v decodes to s.
+func stringIs(v []byte, s string) bool {
+	d, ok := jsonraw.String(v)
+	return ok && d == s
+}
+
 // checkCounts checks the counts and the expiry time.
-func checkCounts(obj jsonraw.Object, hi *Info) error {
-	counts := [...]struct {
+func checkCounts(m *handleMembers, hi *Info) error {
+	for _, c := range [...]struct {
 		key string
+		v   []byte
 		min int64
-	}{{"remote_num_tokens", 0}, {"tp_size", 1}, {"dcp_size", 1}, {"pp_size", 1}}
-	for _, c := range counts {
-		v, ok := obj.Get(c.key)
-		if !ok || jsonraw.IsNull(v) {
+	}{{"remote_num_tokens", m.tokens, 0}, {"tp_size", m.tp, 1}, {"dcp_size", m.dcp, 1}, {"pp_size", m.pp, 1}} {
+		if null(c.v) {
 			continue
 		}
-		n, isInt := jsonraw.Int(v)
+		n, isInt := jsonraw.Int(c.v)
 		if !isInt || n < c.min || n > maxCount {
 			return invalid(c.key, "is not an integer from %d to %d", c.min, maxCount)
 		}
@@ -222,10 +278,8 @@ func checkCounts(obj jsonraw.Object, hi *Info) error {
 			hi.Tokens = int(n)
 		}
 	}
-	if v, ok := obj.Get("remote_blocks_expiry_time"); ok && !jsonraw.IsNull(v) {
-		if !finiteNumber(v) {
-			return invalid("remote_blocks_expiry_time", "is not a finite number")
-		}
+	if !null(m.expiry) && !finiteNumber(m.expiry) {
+		return invalid("remote_blocks_expiry_time", "is not a finite number")
 	}
 	return nil
 }

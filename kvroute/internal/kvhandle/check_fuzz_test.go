@@ -56,7 +56,7 @@ func FuzzCheckHandle(f *testing.F) {
 		blockSize := int(bs % 65)
 		hi, err := Check(raw, blockSize)
 		old, oldErr := checkElements(raw, blockSize)
-		if diff := sameVerdict(hi, err, old, oldErr); diff != "" {
+		if diff := sameVerdict(raw, hi, err, old, oldErr); diff != "" {
 			t.Fatalf("Check and the per-element check differ (%s) on %s: %+v, %v; %+v, %v", diff, raw, hi, err, old, oldErr)
 		}
 		// Read from an answer that carries it, the list gives the same
@@ -66,7 +66,7 @@ func FuzzCheckHandle(f *testing.F) {
 		if known, aerr := ResetAnswer(&obj, answer); aerr == nil {
 			h, _ := obj.Get(Key)
 			ahi, aerr := CheckKnown(h, blockSize, known)
-			if diff := sameVerdict(ahi, aerr, hi, err); diff != "" {
+			if diff := sameVerdict(raw, ahi, aerr, hi, err); diff != "" {
 				t.Fatalf("the answer's Known %+v gives another verdict (%s) on %s: %v; Check %v", known, diff, raw, aerr, err)
 			}
 		}

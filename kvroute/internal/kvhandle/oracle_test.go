@@ -6,8 +6,9 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
-// The per-element validation Check did before it read block lists in one
-// pass, kept as the oracle of FuzzCheckHandle: Check must accept and
+// The validation Check did before it read block lists in one pass (with a
+// callback per block id) and its members in one pass (with a Get per
+// member), kept as the oracle of FuzzCheckHandle: Check must accept and
 // refuse exactly what it did, with the same sentinel, member and Info.
 
 // checkElements is the former Check.
@@ -20,10 +21,10 @@ func checkElements(raw []byte, blockSize int) (Info, error) {
 	if k, dup := obj.Duplicate(); dup {
 		return hi, invalid(k, "is given twice")
 	}
-	if err := checkPeer(obj, &hi); err != nil {
+	if err := checkPeerGet(obj, &hi); err != nil {
 		return hi, err
 	}
-	if err := checkCounts(obj, &hi); err != nil {
+	if err := checkCountsGet(obj, &hi); err != nil {
 		return hi, err
 	}
 	blocks, ok := obj.Get("remote_block_ids")
@@ -44,6 +45,68 @@ func checkElements(raw []byte, blockSize int) (Info, error) {
 		}
 	}
 	return hi, nil
+}
+
+// checkPeerGet is the former checkPeer: a Get per member.
+func checkPeerGet(obj jsonraw.Object, hi *Info) error {
+	for _, k := range [...]string{"do_remote_decode", "do_remote_prefill"} {
+		if v, ok := obj.Get(k); ok && !jsonraw.IsNull(v) {
+			if _, isBool := jsonraw.Bool(v); !isBool {
+				return invalid(k, "is not a boolean")
+			}
+		}
+	}
+	for _, k := range [...]string{"remote_engine_id", "remote_request_id", "remote_host"} {
+		v, ok := obj.Get(k)
+		if !ok || jsonraw.IsNull(v) {
+			return ErrUnusable
+		}
+		if len(v) < 3 || v[0] != '"' {
+			return invalid(k, "is not a non-empty string")
+		}
+	}
+	port, ok := obj.Get("remote_port")
+	if !ok || jsonraw.IsNull(port) {
+		return ErrUnusable
+	}
+	if p, isInt := jsonraw.Int(port); !isInt || p < 1 || p > 65535 {
+		return invalid("remote_port", "is not a port from 1 to 65535")
+	}
+	if v, ok := obj.Get("transfer_mode"); ok && !jsonraw.IsNull(v) {
+		s, isStr := jsonraw.String(v)
+		if !isStr {
+			return invalid("transfer_mode", "is not a string")
+		}
+		hi.PushMode = s == "push"
+	}
+	return nil
+}
+
+// checkCountsGet is the former checkCounts: a Get per member.
+func checkCountsGet(obj jsonraw.Object, hi *Info) error {
+	counts := [...]struct {
+		key string
+		min int64
+	}{{"remote_num_tokens", 0}, {"tp_size", 1}, {"dcp_size", 1}, {"pp_size", 1}}
+	for _, c := range counts {
+		v, ok := obj.Get(c.key)
+		if !ok || jsonraw.IsNull(v) {
+			continue
+		}
+		n, isInt := jsonraw.Int(v)
+		if !isInt || n < c.min || n > maxCount {
+			return invalid(c.key, "is not an integer from %d to %d", c.min, maxCount)
+		}
+		if c.key == "remote_num_tokens" {
+			hi.Tokens = int(n)
+		}
+	}
+	if v, ok := obj.Get("remote_blocks_expiry_time"); ok && !jsonraw.IsNull(v) {
+		if !finiteNumber(v) {
+			return invalid("remote_blocks_expiry_time", "is not a finite number")
+		}
+	}
+	return nil
 }
 
 // blockGroupsElements is the former blockGroups: one callback per group
@@ -108,7 +171,7 @@ func blockID(e []byte) bool {
 // sameVerdict reports how Check's verdict on a handle differs from the
 // former per-element check's ("" when it does not): acceptance, the
 // sentinel wrapped, the member named, and the Info read.
-func sameVerdict(hi Info, err error, old Info, oldErr error) string {
+func sameVerdict(raw []byte, hi Info, err error, old Info, oldErr error) string {
 	switch {
 	case (err == nil) != (oldErr == nil):
 		return "one accepts, the other refuses"
@@ -116,7 +179,7 @@ func sameVerdict(hi Info, err error, old Info, oldErr error) string {
 		return "different sentinels"
 	case InvalidMember(err) != InvalidMember(oldErr):
 		return "different members"
-	case err == nil && (hi.Tokens != old.Tokens || hi.PushMode != old.PushMode):
+	case err == nil && (hi.Tokens != old.Tokens || hi.PushMode != old.PushMode || hi.EngineID() != EngineID(raw)):
 		return "different Info"
 	}
 	return ""
