@@ -2,6 +2,7 @@ package kvhandle
 
 import (
 	"errors"
+	"strconv"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
@@ -205,4 +206,84 @@ func knownBlocks(raw []byte, hi Info) string {
 		return "another shape"
 	}
 	return ""
+}
+
+// cutElements is the former Cut: a callback per group and per block id.
+func cutElements(raw []byte, tokens, blockSize int) ([]byte, error) {
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
+		if n, ok := jsonraw.Int(v); !ok || n > 1 {
+			return nil, ErrPartialDCP
+		}
+	}
+	rv, _ := obj.Get("remote_num_tokens")
+	r, ok := jsonraw.Int(rv)
+	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
+		return nil, ErrUnusable
+	}
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || len(blocks) == 0 || blocks[0] != '[' {
+		return nil, ErrPartialFlat
+	}
+	c := cutter{want: int((r + int64(blockSize) - 1) / int64(blockSize)), keep: (tokens + blockSize - 1) / blockSize}
+	nested := false
+	_ = jsonraw.Elements(blocks, func(e []byte) error {
+		nested = len(e) > 0 && e[0] == '['
+		return errStop
+	})
+	var out []byte
+	if !nested {
+		out, err = c.groupElements(make([]byte, 0, len(blocks)), blocks)
+	} else {
+		out = append(make([]byte, 0, len(blocks)), '[')
+		g := 0
+		err = jsonraw.Elements(blocks, func(group []byte) error {
+			if len(group) == 0 || group[0] != '[' {
+				return ErrPartialGroups
+			}
+			if g > 0 {
+				out = append(out, ',')
+			}
+			g++
+			var err error
+			out, err = c.groupElements(out, group)
+			if errors.Is(err, ErrPartialBlocks) && g > 1 {
+				return ErrPartialGroups
+			}
+			return err
+		})
+		out = append(out, ']')
+	}
+	if err != nil {
+		return nil, err
+	}
+	return obj.Edit(nil,
+		jsonraw.Member{Key: "remote_num_tokens", Value: []byte(strconv.Itoa(tokens))},
+		jsonraw.Member{Key: "remote_block_ids", Value: out}), nil
+}
+
+// groupElements is the former cutter.group.
+func (c cutter) groupElements(dst, group []byte) ([]byte, error) {
+	n := 0
+	dst = append(dst, '[')
+	err := jsonraw.Elements(group, func(e []byte) error {
+		if n < c.keep {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, e...)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n != c.want {
+		return nil, ErrPartialBlocks
+	}
+	return append(dst, ']'), nil
 }
