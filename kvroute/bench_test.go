@@ -181,7 +181,14 @@ func BenchmarkStreamPassThrough(b *testing.B) {
 	for i := range streamEvents {
 		fmt.Fprintf(&stream, "data: {\"id\":\"cmpl-d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok%d\"},\"finish_reason\":null}]}\n\n", i)
 	}
-	stream.WriteString("data: {\"id\":\"cmpl-d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}],\"kv_transfer_params\":" + cannedDHandle + "}\n\ndata: [DONE]\n\n")
+	req := newBenchConv("stream ", 1<<10).body()
+	prompt, err := toytok.PromptTokens(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// D holds the prompt and the events' tokens (a real-size handle).
+	stream.WriteString("data: {\"id\":\"cmpl-d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}],\"kv_transfer_params\":" +
+		string(toytok.Handle(1, prompt+streamEvents, cannedBlockSize)) + "}\n\ndata: [DONE]\n\n")
 	body := stream.String()
 	ds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -190,7 +197,6 @@ func BenchmarkStreamPassThrough(b *testing.B) {
 	}))
 	b.Cleanup(ds.Close)
 	r := benchRouter(b, p, ds.URL)
-	req := newBenchConv("stream ", 1<<10).body()
 
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)

@@ -42,23 +42,28 @@ import (
 // cannedEngines starts a prefill and a decode server on 127.0.0.1 that
 // answer at once with fixed bytes: P a one-token completion with a P
 // handle, D a three-event stream whose final chunk carries a D handle
-// (as engines with vLLM PR #40186 send).
+// (as engines with vLLM PR #40186 send). The handles are the size vLLM's
+// are (cannedBlocks): the prompt's length is counted with the toy
+// tokenizer (toytok.PromptTokens, without decoding the body into values).
 func cannedEngines(tb testing.TB) (prefill, decode string) {
 	tb.Helper()
 	var seq atomic.Int64
 	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		cannedPrefill(w, seq.Add(1))
+		cannedPrefill(w, r, seq.Add(1))
 	})
 	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		prompt, ok := cannedPrompt(w, r)
+		if !ok {
+			return
+		}
 		n := seq.Add(1)
+		handle := toytok.Handle(n, prompt+len(toyReplyIDs)-1, cannedBlockSize)
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := http.NewResponseController(w)
 		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n", n)
 		_ = fl.Flush()
 		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Done, the tests pass.\"},\"finish_reason\":null}]}\n\n", n)
-		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":null}],\"kv_transfer_params\":{\"do_remote_prefill\":false,\"do_remote_decode\":true,\"remote_block_ids\":[[11,12,13,14,15,16,17,18]],\"remote_engine_id\":\"d-engine\",\"remote_request_id\":\"d-%d\",\"remote_host\":\"10.0.0.2\",\"remote_port\":5601,\"tp_size\":1,\"remote_num_tokens\":128,\"remote_blocks_expiry_time\":12345.5}}\n\ndata: [DONE]\n\n", n, n)
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-d%d\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim-model\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":null}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", n, handle)
 	})
 	ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 	tb.Cleanup(ps.Close)
@@ -66,11 +71,35 @@ func cannedEngines(tb testing.TB) (prefill, decode string) {
 	return ps.URL, ds.URL
 }
 
-// cannedPrefill writes the canned prefill engine's answer: one token and a
-// P handle.
-func cannedPrefill(w http.ResponseWriter, n int64) {
+// cannedBlockSize is the canned engines' block size (vLLM's default on CUDA).
+var cannedBlockSize = kvroutetest.DefaultBlockSize
+
+// cannedPrompt reads a chat request and returns its prompt's length in
+// toy tokens; on a body it cannot read it answers 400.
+func cannedPrompt(w http.ResponseWriter, r *http.Request) (int, bool) {
+	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength+1, 512)))
+	_, err := buf.ReadFrom(r.Body)
+	body := buf.Bytes()
+	if err == nil {
+		var n int
+		if n, err = toytok.PromptTokens(body); err == nil {
+			return n, true
+		}
+	}
+	http.Error(w, err.Error(), http.StatusBadRequest)
+	return 0, false
+}
+
+// cannedPrefill answers a prefill request as the canned prefill engine
+// does: one token and a P handle holding the prompt's blocks.
+func cannedPrefill(w http.ResponseWriter, r *http.Request, n int64) {
+	prompt, ok := cannedPrompt(w, r)
+	if !ok {
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
+	fmt.Fprintf(w, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d},"kv_transfer_params":%s}`,
+		n, prompt, prompt+1, toytok.PrefillHandle(n, prompt, cannedBlockSize))
 }
 
 // The token-aware canned engines (tokenEngines) share internal/toytok's
@@ -149,8 +178,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 	var seq atomic.Int64
 	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != kvroute.PathChatCompletions+"/render" {
-			_, _ = io.Copy(io.Discard, r.Body)
-			cannedPrefill(w, seq.Add(1))
+			cannedPrefill(w, r, seq.Add(1))
 			return
 		}
 		req, ok := toytok.ReadRequest(w, r)
@@ -173,7 +201,7 @@ func (te *tokenEngines) handlers() (prefill, decode http.Handler) {
 		prompt := toytok.Chat(req.Messages)
 		gen := toyReplyIDs
 		tokens := len(prompt) + len(gen) - 1
-		handle := toytok.Handle(n, tokens, kvroutetest.DefaultBlockSize)
+		handle := toytok.Handle(n, tokens, cannedBlockSize)
 		te.handles.Add(1)
 		te.handleBytes.Add(int64(len(handle)))
 		te.handleTokens.Add(int64(tokens))
@@ -438,28 +466,17 @@ func BenchmarkOverhead(b *testing.B) {
 //
 //	go test -run '^$' -bench RetainedBytes -benchtime 2000x ./kvroute
 //
-// The sub-benchmarks:
+// The sub-benchmarks run the token-aware canned engines in both modes (in
+// content mode the router asks for no token ids and D sends none), so that
+// both retain D's real-size handle, one block id per 16 tokens:
 //
-//   - content/hist=1KB: WithVerification(VerifyContent), the canned engines
-//     (a fixed 274-byte handle of 8 block ids).
-//   - tokens/hist=1KB: WithVerification(VerifyTokens), the token-aware
-//     canned engines (about 280 tokens: 18 block ids and a fingerprint of
-//     18 hashes).
-//   - content/hist=100KB and tokens/hist=100KB: a conversation of about
-//     26k tokens, the token-aware engines in both modes (in content mode
-//     the router does not ask for token ids and D sends none), so that both
-//     retain D's real-size handle of ~1,600 block ids; token mode adds the
-//     ~13 KB fingerprint.
+//   - {content,tokens}/hist=1KB: about 280 tokens, 18 block ids (and in
+//     token mode a fingerprint of 18 hashes).
+//   - {content,tokens}/hist=100KB: about 26k tokens, ~1,600 block ids (and
+//     in token mode the ~13 KB fingerprint).
 func BenchmarkRetainedBytes(b *testing.B) {
-	b.Run("content/hist=1KB", func(b *testing.B) {
-		p, d := cannedEngines(b)
-		benchmarkRetained(b, p, d, kvroute.VerifyContent, 1<<10, func() (float64, float64) { return float64(len(cannedDHandle)), 128 })
-	})
 	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		for _, hist := range []int{1 << 10, 100 << 10} {
-			if mode == kvroute.VerifyContent && hist == 1<<10 {
-				continue
-			}
 			b.Run(fmt.Sprintf("%s/hist=%dKB", mode, hist>>10), func(b *testing.B) {
 				te := newTokenEngines(b)
 				benchmarkRetained(b, te.prefill, te.decode, mode, hist, te.meanHandle)
@@ -539,9 +556,9 @@ func benchmarkRetained(b *testing.B, p, d string, mode kvroute.VerificationMode,
 	runtime.KeepAlive(r)
 }
 
-// cannedDHandle is the D handle the canned decode engine sends (with a
-// request id of typical length).
-const cannedDHandle = `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[11,12,13,14,15,16,17,18]],"remote_engine_id":"d-engine","remote_request_id":"d-12345","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":128,"remote_blocks_expiry_time":12345.5}`
+// cannedDHandle is a D handle as the canned decode engine sends it, for a
+// turn of 128 tokens.
+var cannedDHandle = string(toytok.Handle(12345, 128, cannedBlockSize))
 
 // benchDo runs one streaming turn through Do and drains it.
 func benchDo(b *testing.B, r *kvroute.Router, body []byte) {

@@ -56,7 +56,7 @@ func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefille
 		p.handle, p.releasing, p.why = w.rel, true, w.relWhy
 	}
 	if h.handle != nil {
-		ph, err := kvhandle.ForHit(h.handle, t.r.shapes.size(ctx, t.r.decode.find(f.e.Endpoint)))
+		ph, err := kvhandle.ForHitKnown(h.handle, t.r.shapes.size(ctx, t.r.decode.find(f.e.Endpoint)), h.known)
 		if err != nil {
 			if errors.Is(err, kvhandle.ErrInvalid) {
 				t.r.invalidHandle(PhaseLookup, f.e.Endpoint, err)

@@ -48,7 +48,9 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}
 	}
-	obj, err := jsonraw.Parse(b)
+	// The handle's block list is read as the answer is validated.
+	var obj jsonraw.Object
+	blocks, err := kvhandle.ResetAnswer(&obj, b)
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New("response is not a JSON object")}
 	}
@@ -63,7 +65,7 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 		p.t.lacks(p.t.r.learned.noHandle(ep.url, p.t.req.Path, PhasePrefill))
 		return nil, p.noHandle(ep, resp.StatusCode, errors.New("the answer has none"))
 	}
-	hi, err := t.r.shapes.check(ctx, ep, h)
+	hi, err := t.r.shapes.check(ctx, ep, h, blocks)
 	switch {
 	case errors.Is(err, kvhandle.ErrBlockCount):
 		// Its blocks do not fit the engine's block size (counted and

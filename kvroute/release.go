@@ -74,7 +74,7 @@ func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReas
 	default:
 		return nil, 0
 	}
-	h, err := kvhandle.Release(f.e.Handle, 0) // reads nothing: no block-count check
+	h, err := kvhandle.ReleaseKnown(f.e.Handle, 0, f.e.Blocks) // reads nothing: no block-count check
 	if err != nil {
 		if f.key != "" {
 			f.putBack(ctx, t)

@@ -251,7 +251,7 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 		st.releaseSkipped.Add(1)
 		return
 	}
-	h, err := kvhandle.Release(e.Handle, 0) // reads nothing: no block-count check
+	h, err := kvhandle.ReleaseKnown(e.Handle, 0, e.Blocks) // reads nothing: no block-count check
 	ep := rl.pick()
 	if err != nil || ep == nil || e.Model == "" {
 		// A handle vLLM would not read, no prefill engine, or an entry of

@@ -240,7 +240,9 @@ func (r *Response) retainOnce() {
 		ids.prompt, ids.generated, ids.ok = r.capture.IDs()
 		r.t.bufs.promptIDs = ids.prompt
 	}
-	retain(r.t, r.in, r.capture.Handle(), r.capture.Reply(), ids)
+	in := r.in
+	in.blocks = r.capture.HandleBlocks()
+	retain(r.t, in, r.capture.Handle(), r.capture.Reply(), ids)
 	// The capture's handle buffer goes back to the pool once the handle
 	// is retained (the store holds its own encoding). This runs on the
 	// goroutine that calls Next, the only one the capture writes the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -49,7 +50,9 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 	if err != nil {
 		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: err}
 	}
-	obj, perr := jsonraw.Parse(b)
+	// D's handle's block list is read as the answer is validated.
+	var obj jsonraw.Object
+	blocks, perr := kvhandle.ResetAnswer(&obj, b)
 	isObject := perr == nil
 	if !isObject && !errors.Is(perr, jsonraw.ErrNotObject) {
 		return &UpstreamError{Phase: PhaseDecode, Endpoint: r.ep.url, Status: r.StatusCode, Err: fmt.Errorf("%w: not JSON", errUnsafeAnswer)}
@@ -87,7 +90,9 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 		return nil
 	}
 	r.leave()
-	retain(r.t, r.in, handle, r.t.req.api.impl.bodyReply(obj), ids)
+	in := r.in
+	in.blocks = blocks
+	retain(r.t, in, handle, r.t.req.api.impl.bodyReply(obj), ids)
 	if buf != nil {
 		r.buf = buf
 		buf.start(r)

@@ -108,12 +108,12 @@ func baseEngineID(id string) string {
 	return id
 }
 
-// sawEngineID records the engine id of a handle the decode engine at url
-// just returned, and reports a restart when it differs from the one
-// before.
-func (r *restarts) sawEngineID(url string, handle []byte) {
+// sawEngineID records the engine id (remote_engine_id) of a handle the
+// decode engine at url just returned, and reports a restart when it
+// differs from the one before.
+func (r *restarts) sawEngineID(url, engineID string) {
 	ep := r.decode.find(url)
-	id := baseEngineID(kvhandle.EngineID(handle))
+	id := baseEngineID(engineID)
 	if ep == nil || id == "" {
 		return
 	}
@@ -152,7 +152,7 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 		return "" // MissEndpointGone's business
 	}
 	l := &ep.life
-	id := baseEngineID(kvhandle.EngineID(e.Handle))
+	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
 	l.mu.Lock()
 	known := l.engineID
 	l.mu.Unlock()
@@ -339,7 +339,7 @@ func (r *restarts) restartedSince(e *entry.Entry) bool {
 		return false
 	}
 	l := &ep.life
-	id := baseEngineID(kvhandle.EngineID(e.Handle))
+	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))

@@ -25,6 +25,9 @@ type retainIn struct {
 	added, asked bool
 	streamed     bool // D's answer is a stream (not a buffered turn's body)
 	turn         int  // the conversation's turn number (found.turn)
+	// blocks is where D's handle's block list is, when the parse of D's
+	// answer read it (kvhandle.ResetAnswer).
+	blocks jsonraw.Known
 }
 
 // retain stores D's handle for the next turn, or records why not: when the
@@ -35,7 +38,7 @@ type retainIn struct {
 // next turn at once finds the handle.
 func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	r := t.r
-	tokens, ok := retainable(t, in, handle, reply)
+	hi, ok := retainable(t, in, handle, reply)
 	if !ok {
 		// D holds whatever handle it answered with: not kept, it is
 		// released (orphan.go).
@@ -52,7 +55,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		}
 	}
 	ids.blockSize = r.shapes.known(r.decode.find(in.decode))
-	fp, later := t.proof.seal(tokens, ids)
+	fp, later := t.proof.seal(hi.Tokens, ids)
 	// The fingerprint is built in a pooled buffer, copied into the entry.
 	defer t.bufs.put(fp)
 	ret, err := r.ident.Key(t.req, in.cands, reply)
@@ -70,8 +73,9 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		orphaned(t, in.decode, handle, releaseRefused)
 		return
 	}
-	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: tokens, Check: ret.Check,
-		ContentOK: ret.Refusal == "", FP: fp, Handle: handle,
+	// The store entry compacts the handle where Check found its list.
+	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: hi.Tokens, Check: ret.Check,
+		ContentOK: ret.Refusal == "", FP: fp, Handle: handle, Blocks: hi.Blocks,
 		Turn: max(in.turn, 1), ToolCalls: toolCalls(reply), Model: t.req.model(), API: apiCode(t.req.Path)}
 	tenant := t.req.tenant
 	if later == nil {
@@ -101,22 +105,22 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	t.rec.StoreRefusal, t.rec.Stored = refusal, stored
 }
 
-// retainable checks D's handle before anything is keyed: it returns the
-// handle's remote_num_tokens and true, or records why the turn retains
-// nothing.
-func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
+// retainable checks D's handle before anything is keyed: it returns what
+// Check read of it (remote_num_tokens, where its block list is) and true,
+// or records why the turn retains nothing.
+func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (kvhandle.Info, bool) {
 	r := t.r
 	switch {
 	case !r.cfg.reuse:
 		t.rec.StoreRefusal = RefuseReuseOff
-		return 0, false
+		return kvhandle.Info{}, false
 	case in.decodeLocal:
 		// A plain request: no handle expected, the earlier one stays.
 		t.rec.StoreRefusal = RefuseDecodeLocal
-		return 0, false
+		return kvhandle.Info{}, false
 	case handle == nil:
 		noDecodeHandle(t, in, reply)
-		return 0, false
+		return kvhandle.Info{}, false
 	}
 	if in.streamed {
 		r.learned.sawStream(in.decode, t.req.Path, true)
@@ -125,9 +129,9 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 	}
 	if !finishedNormally(reply.FinishReason) {
 		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
-		return 0, false
+		return kvhandle.Info{}, false
 	}
-	hi, err := r.shapes.check(context.Background(), r.decode.find(in.decode), handle)
+	hi, err := r.shapes.check(context.Background(), r.decode.find(in.decode), handle, in.blocks)
 	if err != nil {
 		t.rec.StoreRefusal = RefuseUnusableHandle
 		if errors.Is(err, kvhandle.ErrInvalid) {
@@ -136,15 +140,15 @@ func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (int, bool) {
 				r.invalidHandle(PhaseDecode, in.decode, err)
 			}
 		}
-		return 0, false
+		return kvhandle.Info{}, false
 	}
-	r.restarts.sawEngineID(in.decode, handle)
+	r.restarts.sawEngineID(in.decode, hi.EngineID())
 	if hi.PushMode {
 		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
-		return 0, false
+		return hi, false
 	}
-	return hi.Tokens, true
+	return hi, true
 }
 
 // noDecodeHandle records a decode answer without a handle: none expected

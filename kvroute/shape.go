@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"context"
 	"errors"
 	"log/slog"
@@ -170,12 +171,13 @@ func (s *shapes) saw(e *endpoint, em engineMetrics) {
 }
 
 // check checks handle, emitted by e, at e's block size (reading it
-// first when it is due): kvhandle.Check's answer. A handle that does not
+// first when it is due), its block list read already as known says:
+// kvhandle.CheckKnown's answer. A handle that does not
 // fit the size is recorded (misfits); one that passes records e's KV
 // groups.
-func (s *shapes) check(ctx context.Context, e *endpoint, handle []byte) (kvhandle.Info, error) {
+func (s *shapes) check(ctx context.Context, e *endpoint, handle []byte, known jsonraw.Known) (kvhandle.Info, error) {
 	size := s.size(ctx, e)
-	hi, err := kvhandle.Check(handle, size)
+	hi, err := kvhandle.CheckKnown(handle, size, known)
 	switch {
 	case err == nil && size > 0:
 		s.fits(e, hi.Groups)

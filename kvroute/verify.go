@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/threshold"
@@ -89,6 +90,7 @@ type wait func(store func(fingerprint.Fingerprint) (Refusal, bool)) (refusal Ref
 // verified prefix, and how it was verified; handle nil when none is.
 type hit struct {
 	handle []byte
+	known  jsonraw.Known // where the store entry's expansion wrote handle's block list (none once cut)
 	v      verified
 }
 
@@ -125,7 +127,7 @@ func verifyHandle(ctx context.Context, t *turn, f *found) (hit, MissReason) {
 		return hit{}, MissThreshold
 	}
 	if v.tokens >= f.e.Tokens {
-		return hit{handle: f.e.Handle, v: v}, ""
+		return hit{handle: f.e.Handle, known: f.e.Blocks, v: v}, ""
 	}
 	// Cut at the block size of the decode engine whose blocks the handle
 	// names; unknown (or partial reads off): not cut.

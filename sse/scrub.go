@@ -88,7 +88,11 @@ func scrub(dst, data []byte, valid bool) ([]byte, bool, error) {
 		}
 		return data, false, nil
 	}
-	out, changed, err := jsonraw.Prune(dst, data, decideHandle)
+	prune := jsonraw.Prune
+	if valid {
+		prune = jsonraw.PruneValid // validated once already: not again
+	}
+	out, changed, err := prune(dst, data, decideHandle)
 	switch {
 	case errors.Is(err, jsonraw.ErrRefused):
 		return nil, false, fmt.Errorf("%w: a handle's member outside kv_transfer_params", ErrMalformedData)

@@ -30,6 +30,14 @@ package main
 //     one core busy all the time);
 //   - the hit rate (X-Bidikv-Reuse) and turns per second.
 //
+// With --compare DIR, the proxy binary in DIR (another build, such as the
+// commit before a change) runs as more targets in the same rotation, one
+// per mode, over the same engines and conversations: its rows are marked
+// with --compare-label, and each row of the build under test gives the
+// median over repeats of its router CPU per turn divided by the other
+// build's in the same repeat (adjacent runs, so that a shared machine's
+// drifting load cancels out).
+//
 // With --pin-router and --pin-rest (taskset CPU lists) the proxies run on
 // CPUs of their own and the engines and the client on the others, so that
 // the knee (where turns per second stop growing with concurrency) shows
@@ -70,6 +78,9 @@ type ovhConfig struct {
 	// CPU lists for taskset: the proxies on pinRouter, the engines and this
 	// client on pinRest (both empty: no pinning).
 	pinRouter, pinRest string
+	// compare is a directory with another build's proxy, run as more
+	// targets labelled compareLabel ("" : none).
+	compare, compareLabel string
 }
 
 func parseOverheadFlags(args []string, help io.Writer) (ovhConfig, error) {
@@ -86,6 +97,8 @@ func parseOverheadFlags(args []string, help io.Writer) (ovhConfig, error) {
 	fs.IntVar(&c.minTurns, "min-turns", 500, "turns per run at least (and at least 16 per client)")
 	fs.StringVar(&c.pinRouter, "pin-router", "", "CPUs (a taskset list) for the proxies; needs --pin-rest: the engines and the client run there, so that the router has cores of its own and the knee shows which side saturates")
 	fs.StringVar(&c.pinRest, "pin-rest", "", "CPUs (a taskset list) for the engines and this client, with --pin-router")
+	fs.StringVar(&c.compare, "compare", "", "directory with another build's proxy binary (such as the commit before a change), run in the same rotation over the same engines, for side-by-side rows and per-repeat CPU ratios")
+	fs.StringVar(&c.compareLabel, "compare-label", "compare", "label of the --compare build's rows")
 	if err := fs.Parse(args); err != nil {
 		return c, flagError(fs, err, help)
 	}
@@ -163,6 +176,9 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	start := func(name string, args ...string) (*child, error) {
 		path := filepath.Join(bin, name)
+		if name == "proxy@" {
+			name, path = "proxy", filepath.Join(c.compare, "proxy")
+		}
 		if cpus := c.pinRest; cpus != "" {
 			if name == "proxy" {
 				cpus = c.pinRouter
@@ -186,13 +202,24 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	proxies := map[string]*child{}
-	for _, m := range c.modes {
-		p, err := start("proxy", "--port", "0", "--prefill", pe.url, "--decode", de.url, "--verification", m,
-			"--log-level", "error", "--health-interval", "1m")
-		if err != nil {
-			return err
+	targets := []string{"direct"}
+	for _, build := range []string{"proxy", "proxy@"} {
+		if build == "proxy@" && c.compare == "" {
+			break
 		}
-		proxies[m] = p
+		for _, m := range c.modes {
+			p, err := start(build, "--port", "0", "--prefill", pe.url, "--decode", de.url, "--verification", m,
+				"--log-level", "error", "--health-interval", "1m")
+			if err != nil {
+				return err
+			}
+			tg := m
+			if build == "proxy@" {
+				tg = m + "@" + c.compareLabel
+			}
+			proxies[tg] = p
+			targets = append(targets, tg)
+		}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -213,11 +240,10 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				// At least two conversations a client, so that the hit rate
 				// nears 7/8.
 				turns := max(c.minTurns, c.turns*(10<<10)/hist, 16*conc)
-				targets := append([]string{"direct"}, c.modes...)
 				// Rotate the order from one repeat to the next.
 				k := rep % len(targets)
-				targets = append(targets[k:], targets[:k]...)
-				for _, tg := range targets {
+				order := append(slices.Clone(targets[k:]), targets[:k]...)
+				for _, tg := range order {
 					var r ovhRun
 					var err error
 					if tg == "direct" {
@@ -236,9 +262,13 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	fmt.Fprintf(stdout, "load average at end %s\n\n", loadAvg())
-	fmt.Fprintln(stdout, "| mode | history | conc | added TTFT p50 | added TTFT p99 | router CPU/turn | router busy | allocs/turn | alloc/turn (x body) | hit rate | turns/s proxy (direct) | engine CPU/turn proxy (direct) |")
-	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, m := range c.modes {
+	ratioHead, ratioSep := "", ""
+	if c.compare != "" {
+		ratioHead, ratioSep = " CPU/turn vs "+c.compareLabel+" |", "---|"
+	}
+	fmt.Fprintln(stdout, "| mode | history | conc | added TTFT p50 | added TTFT p99 | router CPU/turn | router busy | allocs/turn | alloc/turn (x body) | hit rate | turns/s proxy (direct) | engine CPU/turn proxy (direct) |"+ratioHead)
+	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|---|---|---|---|---|"+ratioSep)
+	for _, m := range targets[1:] {
 		for _, hist := range c.hists {
 			for _, conc := range c.concs {
 				px, dr := results[key{m, hist, conc}], results[key{"direct", hist, conc}]
@@ -250,7 +280,19 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				}
 				body := med(px, func(r ovhRun) float64 { return r.bodyBytes })
 				alloc := med(px, func(r ovhRun) float64 { return r.allocBytes })
-				fmt.Fprintf(stdout, "| %s | %d KB | %d | %.3f ms | %.2f ms | %.3f ms | %.0f%% | %.0f | %.1f KB (%.2fx) | %.3f | %.0f (%.0f) | %.3f ms (%.3f ms) |\n",
+				ratio := ""
+				if cp, ok := results[key{m + "@" + c.compareLabel, hist, conc}]; ok && c.compare != "" {
+					rs := make([]float64, 0, len(px))
+					for i := range min(len(px), len(cp)) {
+						if cp[i].routerCPU > 0 {
+							rs = append(rs, px[i].routerCPU/cp[i].routerCPU)
+						}
+					}
+					ratio = fmt.Sprintf(" %.2f |", median(rs))
+				} else if c.compare != "" {
+					ratio = " – |"
+				}
+				fmt.Fprintf(stdout, "| %s | %d KB | %d | %.3f ms | %.2f ms | %.3f ms | %.0f%% | %.0f | %.1f KB (%.2fx) | %.3f | %.0f (%.0f) | %.3f ms (%.3f ms) |%s\n",
 					m, hist>>10, conc, median(added50), median(added99),
 					med(px, func(r ovhRun) float64 { return r.routerCPU }),
 					med(px, func(r ovhRun) float64 { return r.routerCPU * r.rate / 10 }),
@@ -258,7 +300,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 					alloc/1024, alloc/body,
 					med(px, func(r ovhRun) float64 { return r.hitRate }),
 					med(px, func(r ovhRun) float64 { return r.rate }), med(dr, func(r ovhRun) float64 { return r.rate }),
-					med(px, func(r ovhRun) float64 { return r.engineCPU }), med(dr, func(r ovhRun) float64 { return r.engineCPU }))
+					med(px, func(r ovhRun) float64 { return r.engineCPU }), med(dr, func(r ovhRun) float64 { return r.engineCPU }), ratio)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/bidikv/bidikv/internal/toytok"
 )
@@ -19,12 +20,16 @@ import (
 //
 //   - prefill: POST /v1/chat/completions gets a one-token completion with
 //     a P handle; POST /v1/chat/completions/render gets the prompt's ids
-//     under a toy tokenizer (internal/toytok), the only request it tokenizes.
+//     under a toy tokenizer (internal/toytok).
 //   - decode: a three-event stream ("Done, the tests pass.") whose final
 //     chunk carries a D handle. With return_token_ids the first chunk
-//     carries the prompt's toy ids and the others the reply's, and the
-//     handle's remote_num_tokens covers them; without it the request is
-//     not decoded at all and the handle says 5000 tokens.
+//     carries the prompt's toy ids and the others the reply's.
+//
+// Handles are the size vLLM's are: P's holds the prompt's blocks and D's
+// the prompt's and reply's less the last token, one block id per
+// --block-size tokens (16 by default, the router's default) in each of
+// --kv-groups lists, counted with the toy tokenizer (toytok.PromptTokens,
+// which reads the body without decoding it into values).
 //
 // An honest next turn (the messages, the reply, a new user message)
 // renders to ids that begin with the handle's, so token verification
@@ -32,16 +37,28 @@ import (
 const (
 	// cannedReply is the decode engine's reply.
 	cannedReply = "Done, the tests pass."
-	// cannedBlockSize is the block size of canned D handles (kvroute's
-	// default).
-	cannedBlockSize = 16
 )
 
+// cannedKV is the canned engines' KV layout: the block size and KV groups
+// of their handles.
+type cannedKV struct{ blockSize, groups int }
+
 // cannedHandler returns the canned engine of role "prefill" or "decode".
-func cannedHandler(role, model string) (http.Handler, error) {
+func cannedHandler(role, model string, kv cannedKV) (http.Handler, error) {
+	if kv.blockSize < 1 || kv.groups < 1 {
+		return nil, fmt.Errorf("canned engine: block size %d and KV groups %d must be at least 1", kv.blockSize, kv.groups)
+	}
 	var seq atomic.Int64
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	// The block size as vLLM exports it, so that the router checks the
+	// canned handles' block counts as it checks a real engine's.
+	start := time.Now().Unix()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(w, "process_start_time_seconds %d\n", start)
+		fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n", kv.blockSize, toytok.PoolBlocks)
+	})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"vllmsim"}]}`, model)
@@ -49,9 +66,20 @@ func cannedHandler(role, model string) (http.Handler, error) {
 	switch role {
 	case "prefill":
 		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			prompt, err := toytok.PromptTokens(body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
 			n := seq.Add(1)
-			writeJSON(w, fmt.Appendf(nil, `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3,4,5,6,7]],"remote_engine_id":"p-engine","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, model, n))
+			handle := toytok.GroupHandle(n, prompt, kv.blockSize, kv.groups, true)
+			out := fmt.Appendf(make([]byte, 0, len(handle)+512), `{"id":"cmpl-p%d","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d},"kv_transfer_params":`,
+				n, model, prompt, prompt+1)
+			writeJSON(w, append(append(out, handle...), '}'))
 		})
 		mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) {
 			req, ok := toytok.ReadRequest(w, r)
@@ -69,13 +97,17 @@ func cannedHandler(role, model string) (http.Handler, error) {
 				return
 			}
 			var req toytok.Request
+			prompt := 0
 			if bytes.Contains(body, []byte(`"return_token_ids"`)) {
-				if err := json.Unmarshal(body, &req); err != nil {
-					http.Error(w, err.Error(), http.StatusBadRequest)
-					return
-				}
+				err = json.Unmarshal(body, &req)
+			} else {
+				prompt, err = toytok.PromptTokens(body)
 			}
-			cannedStream(w, seq.Add(1), model, req)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			cannedStream(w, seq.Add(1), model, req, prompt, kv)
 		})
 	default:
 		return nil, fmt.Errorf("--canned %q: use prefill or decode", role)
@@ -84,16 +116,18 @@ func cannedHandler(role, model string) (http.Handler, error) {
 }
 
 // cannedStream writes the canned decode stream: the first event flushed
-// alone, the content and final events together.
-func cannedStream(w http.ResponseWriter, n int64, model string, req toytok.Request) {
-	var prompt, gen []uint32
-	tokens := 5000
+// alone, the content and final events together. promptTokens is the
+// prompt's length when req (without return_token_ids) was not decoded.
+func cannedStream(w http.ResponseWriter, n int64, model string, req toytok.Request, promptTokens int, kv cannedKV) {
+	var prompt []uint32
+	gen := toytok.Reply(cannedReply)
 	if req.ReturnTokenIDs {
 		prompt = toytok.Chat(req.Messages)
-		gen = toytok.Reply(cannedReply)
-		tokens = len(prompt) + len(gen) - 1
+		promptTokens = len(prompt)
 	}
-	handle := toytok.Handle(n, tokens, cannedBlockSize)
+	// D holds the prompt and the reply but its last token (vLLM's
+	// num_computed_tokens at the finish).
+	handle := toytok.GroupHandle(n, promptTokens+len(gen)-1, kv.blockSize, kv.groups, false)
 
 	w.Header().Set("Content-Type", "text/event-stream")
 	out := make([]byte, 0, 7*len(prompt)+len(handle)+1024)

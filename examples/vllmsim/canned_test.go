@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute"
 )
 
@@ -22,9 +23,9 @@ import (
 func TestCannedThroughRouter(t *testing.T) {
 	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		t.Run(string(mode), func(t *testing.T) {
-			p, err := cannedHandler("prefill", "sim-model")
+			p, err := cannedHandler("prefill", "sim-model", cannedKV{16, 1})
 			require.NoError(t, err)
-			d, err := cannedHandler("decode", "sim-model")
+			d, err := cannedHandler("decode", "sim-model", cannedKV{16, 1})
 			require.NoError(t, err)
 			ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 			defer ps.Close()
@@ -60,11 +61,51 @@ func TestCannedThroughRouter(t *testing.T) {
 }
 
 func TestCannedRole(t *testing.T) {
-	_, err := cannedHandler("both", "m")
+	_, err := cannedHandler("both", "m", cannedKV{16, 1})
 	assert.Error(t, err)
 	_, err = parseFlags([]string{"--canned", "both"}, io.Discard)
 	assert.Error(t, err)
 	o, err := parseFlags([]string{"--canned", "decode"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "decode", o.canned)
+}
+
+// The canned engines' handles are the size vLLM's are: one block id per
+// block of the prompt (P) or of the prompt and the reply but its last
+// token (D), in each KV group, at the configured block size.
+func TestCannedHandleSizes(t *testing.T) {
+	msgs := []toytok.Message{{Role: "system", Content: "You are a coding agent."}, {Role: "user", Content: strings.Repeat("Fix the build, please. ", 400)}}
+	prompt := len(toytok.Chat(msgs))
+	held := prompt + len(toytok.Reply(cannedReply)) - 1
+	for _, kv := range []cannedKV{{16, 1}, {64, 2}} {
+		for _, c := range []struct {
+			role   string
+			extra  string
+			tokens int
+		}{{"prefill", "", prompt}, {"decode", "", held}, {"decode", `,"return_token_ids":true`, held}} {
+			h, err := cannedHandler(c.role, "m", kv)
+			require.NoError(t, err)
+			mb, _ := json.Marshal(msgs)
+			body := `{"model":"m","messages":` + string(mb) + `,"stream":true` + c.extra + `}`
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+			out := rec.Body.String()
+			i := strings.LastIndex(out, `"kv_transfer_params":`)
+			require.Positive(t, i)
+			var wrap struct {
+				KV struct {
+					Blocks [][]int `json:"remote_block_ids"`
+					Tokens int     `json:"remote_num_tokens"`
+				} `json:"kv_transfer_params"`
+			}
+			dec := json.NewDecoder(strings.NewReader("{" + out[i:]))
+			require.NoError(t, dec.Decode(&wrap))
+			assert.Equal(t, c.tokens, wrap.KV.Tokens, "%s %+v", c.role, kv)
+			require.Len(t, wrap.KV.Blocks, kv.groups)
+			for _, g := range wrap.KV.Blocks {
+				assert.Len(t, g, (c.tokens+kv.blockSize-1)/kv.blockSize, "%s %+v", c.role, kv)
+			}
+		}
+	}
 }

@@ -169,7 +169,7 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	fs.StringVar(&o.sideHost, "side-channel-host", "127.0.0.1", "side-channel host (VLLM_NIXL_SIDE_CHANNEL_HOST), also put in handles")
 	fs.IntVar(&o.sidePort, "side-channel-port", 5600, "side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT) of data-parallel rank 0; rank k listens on it + k (0: any free run of ports)")
 	fs.BoolVar(&o.verbose, "verbose", false, "log engine events to stderr")
-	fs.StringVar(&o.canned, "canned", "", "for router overhead runs only: prefill or decode, answer at once with fixed bytes and a toy tokenizer, simulating nothing (no KV, no side channel; see examples/bench --overhead)")
+	fs.StringVar(&o.canned, "canned", "", "for router overhead runs only: prefill or decode, answer at once with fixed bytes and a toy tokenizer, simulating nothing (no KV, no side channel; see examples/bench --overhead); handles hold one block id per --block-size tokens in each of --kv-groups lists, as vLLM's do")
 	if seen != nil {
 		seen(fs)
 	}

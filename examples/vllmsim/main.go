@@ -67,7 +67,10 @@
 // With --canned prefill or --canned decode it simulates nothing: it answers
 // at once with fixed bytes (and a toy tokenizer for render calls and
 // return_token_ids), for router overhead runs only (examples/bench
-// --overhead); its ready line is "vllmsim: serving http://ADDR canned ROLE".
+// --overhead); its handles are the size vLLM's are (one block id per
+// --block-size tokens of the prompt, and for D of the reply, in each of
+// --kv-groups lists); its ready line is "vllmsim: serving http://ADDR
+// canned ROLE".
 //
 // It stops on SIGINT or SIGTERM.
 package main

@@ -1,8 +1,8 @@
 package jsonraw
 
 // intern converts a raw (escape-free) key to a string without allocating for
-// the keys of OpenAI-style request bodies and messages and of Anthropic's
-// messages and answers.
+// the keys of OpenAI-style request bodies and messages, of Anthropic's
+// messages and answers, and of vLLM's KV transfer handles.
 func intern(b []byte) string {
 	switch string(b) {
 	case "role":
@@ -95,6 +95,33 @@ func intern(b []byte) string {
 		return "input_tokens"
 	case "output_tokens":
 		return "output_tokens"
+	// vLLM's KV transfer handles (kv_transfer_params).
+	case "do_remote_decode":
+		return "do_remote_decode"
+	case "do_remote_prefill":
+		return "do_remote_prefill"
+	case "remote_block_ids":
+		return "remote_block_ids"
+	case "remote_engine_id":
+		return "remote_engine_id"
+	case "remote_request_id":
+		return "remote_request_id"
+	case "remote_host":
+		return "remote_host"
+	case "remote_port":
+		return "remote_port"
+	case "tp_size":
+		return "tp_size"
+	case "dcp_size":
+		return "dcp_size"
+	case "pp_size":
+		return "pp_size"
+	case "remote_num_tokens":
+		return "remote_num_tokens"
+	case "remote_blocks_expiry_time":
+		return "remote_blocks_expiry_time"
+	case "transfer_mode":
+		return "transfer_mode"
 	}
 	return string(b)
 }

@@ -27,7 +27,15 @@ type span struct {
 
 // needsDecode reports whether the quoted key q differs from its decoding.
 func needsDecode(q []byte, escaped bool) bool {
-	return escaped || !utf8.Valid(q)
+	if escaped {
+		return true
+	}
+	for _, c := range q {
+		if c >= utf8.RuneSelf {
+			return !utf8.Valid(q)
+		}
+	}
+	return false
 }
 
 // Parse validates data as a whole JSON document and indexes the members of
@@ -126,6 +134,14 @@ func (o Object) Member(i int) (key string, value []byte) {
 	return o.keyOf(m), o.data[m.valStart:m.valEnd:m.valEnd]
 }
 
+// ValueSpan returns where the raw value of the i-th member is in the
+// document: Member's value is Bytes()[start:end]. It panics if i is out of
+// range.
+func (o Object) ValueSpan(i int) (start, end int) {
+	m := &o.members[i]
+	return m.valStart, m.valEnd
+}
+
 func (o Object) keyOf(m *span) string {
 	if m.escaped {
 		return m.key
@@ -156,6 +172,36 @@ func (o Object) Get(key string) (value []byte, ok bool) {
 // more than once, and whether there is one. It allocates only to return a
 // name it found.
 func (o Object) Duplicate() (string, bool) {
+	if len(o.members) > dupTable/2 {
+		return o.duplicateEach()
+	}
+	// Each name in a small open-addressed table of earlier members, by
+	// a hash of its decoded bytes: the same member is found as by
+	// comparing each with every earlier one.
+	var table [dupTable]uint8 // member index + 1, 0: empty
+	for i := range o.members {
+		mi := &o.members[i]
+		for slot := o.keyHash(mi) % dupTable; ; slot = (slot + 1) % dupTable {
+			j := table[slot]
+			if j == 0 {
+				table[slot] = uint8(i + 1)
+				break
+			}
+			if o.sameKey(mi, &o.members[j-1]) {
+				return o.keyOf(mi), true
+			}
+		}
+	}
+	return "", false
+}
+
+// dupTable is the size of Duplicate's table: objects of up to half as
+// many members use it.
+const dupTable = 128
+
+// duplicateEach is Duplicate for a large object: each member's name
+// compared with every earlier one's.
+func (o Object) duplicateEach() (string, bool) {
 	for i := 1; i < len(o.members); i++ {
 		mi := &o.members[i]
 		for j := range i {
@@ -165,6 +211,21 @@ func (o Object) Duplicate() (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// keyHash is FNV-1a of m's decoded name.
+func (o Object) keyHash(m *span) uint32 {
+	h := uint32(2166136261)
+	if m.escaped {
+		for i := 0; i < len(m.key); i++ {
+			h = (h ^ uint32(m.key[i])) * 16777619
+		}
+		return h
+	}
+	for _, c := range o.data[m.keyStart+1 : m.keyEnd-1] {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return h
 }
 
 // sameKey reports whether two members' keys decode to the same name.

@@ -190,3 +190,28 @@ func FuzzPrune(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPruneValid: on valid JSON, PruneValid gives what Prune gives; on
+// anything else it never panics.
+func FuzzPruneValid(f *testing.F) {
+	for _, s := range []string{
+		`{"a":1}`, `{"b":[{"a":{"c":1}},{"a":2,"d":3}],"a":4}`, `[{"\u0061":1},{"\u0061":{"r":1}}]`,
+		` { "x" : 1 , "a" : [ [1,2] , [ ] ] } `, `{"a":[[1,2],["]"]],"b":[1,{"a":1}]}`, `{"r":1}`, `[[[[{"a":1e999}]]]]`,
+		`{"k":{"a":[[10000,10001],[3]],"e":"x"},"z":[true,null,1.5]}`, `{"a":[1,2`, `[1,"]"]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out, changed, err := jsonraw.PruneValid(nil, data, cutA)
+		if !json.Valid(data) {
+			return
+		}
+		want, wantChanged, wantErr := jsonraw.Prune(nil, data, cutA)
+		if (err == nil) != (wantErr == nil) || errors.Is(err, jsonraw.ErrRefused) != errors.Is(wantErr, jsonraw.ErrRefused) {
+			t.Fatalf("%q: PruneValid err %v, Prune err %v", data, err, wantErr)
+		}
+		if changed != wantChanged || !bytes.Equal(out, want) {
+			t.Fatalf("%q: PruneValid %q %v, Prune %q %v", data, out, changed, want, wantChanged)
+		}
+	})
+}

@@ -31,6 +31,9 @@ type scanner struct {
 	// trusted skips the validation of string contents: the input is known
 	// to be valid JSON, so only the closing quote needs to be found.
 	trusted bool
+	// valid (PruneValid) also skips an array that holds no string, object
+	// or array by its closing bracket.
+	valid bool
 	// maxMembers, when positive, bounds the members of every object
 	// (ParseLimited).
 	maxMembers int
@@ -48,6 +51,26 @@ type scanner struct {
 	// it without being read again, and idKnownHit records that it was.
 	idKnown    []byte
 	idKnownHit bool
+
+	// With listKey set (ResetLists), the value of the top-level member
+	// whose raw key is listKey is read for its shape (lists) while
+	// validated, when it is an array of integer arrays or of integers up
+	// to listLimit; listMember is its index among the top-level members
+	// (-1: none read) and listSeen the number of top-level members with
+	// that raw key.
+	listKey    string
+	listLimit  uint64
+	lists      Lists
+	listMember int
+	listSeen   int
+	listKnown  Known // ResetListsKnown's, the zero Known for none
+	// With listParent set (ResetListsIn), the member listKey is looked
+	// for in the object that is the value of the top-level member
+	// listParent (inParent while that value is scanned), and listMember
+	// is listParent's index; listStart and listEnd locate the list read.
+	listParent         string
+	inParent           bool
+	listStart, listEnd int
 }
 
 func isSpace(c byte) bool {
@@ -286,9 +309,19 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 		i = skipSpace(d, i+1)
 		valStart := i
 		var valEnd int
-		if s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey {
+		switch {
+		case s.idKey != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.idKey:
 			valEnd, err = s.idValue(i, member)
-		} else {
+		case s.listKey != "" && !escaped && s.listDepth(d[keyStart+1:keyEnd-1]):
+			valEnd, err = s.listValue(i, member)
+		case s.listParent != "" && s.depth == 1 && !escaped && string(d[keyStart+1:keyEnd-1]) == s.listParent:
+			s.inParent = true
+			valEnd, err = s.value(i)
+			s.inParent = false
+			if s.listMember == -2 {
+				s.listMember = member // the list was read in this member's value
+			}
+		default:
 			valEnd, err = s.value(i)
 		}
 		if err != nil {
@@ -313,9 +346,27 @@ func (s *scanner) object(i int, fn memberFunc) (int, error) {
 	}
 }
 
+// listDepth reports whether key, a raw key at the current depth, is the
+// member ResetLists (depth 1) or ResetListsIn (depth 2, in listParent's
+// value) reads.
+func (s *scanner) listDepth(key []byte) bool {
+	if string(key) != s.listKey {
+		return false
+	}
+	if s.listParent == "" {
+		return s.depth == 1
+	}
+	return s.inParent && s.depth == 2
+}
+
 // array validates the array starting at data[i] == '[', calling fn (if not
 // nil) with the span of each element.
 func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error) {
+	if s.valid && fn == nil {
+		if end, ok := skipFlatArray(s.data, i); ok {
+			return end, nil
+		}
+	}
 	if err := s.push(i); err != nil {
 		return i, err
 	}
@@ -349,6 +400,22 @@ func (s *scanner) array(i int, fn func(valStart, valEnd int) error) (int, error)
 		}
 		i = skipSpace(d, i+1)
 	}
+}
+
+// skipFlatArray returns the index after the valid array at data[i] ==
+// '[' when the array holds no string, object or array (numbers, literals):
+// its closing bracket is then the first one, found with the byte searches
+// of the bytes package rather than byte by byte.
+func skipFlatArray(d []byte, i int) (int, bool) {
+	j := bytes.IndexByte(d[i+1:], ']')
+	if j < 0 {
+		return i, false
+	}
+	in := d[i+1 : i+1+j]
+	if bytes.IndexByte(in, '[') >= 0 || bytes.IndexByte(in, '"') >= 0 || bytes.IndexByte(in, '{') >= 0 {
+		return i, false
+	}
+	return i + 2 + j, true
 }
 
 // idValue validates the value at data[i] of the member with the key

@@ -15,10 +15,13 @@ package toytok
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
 const (
@@ -120,17 +123,108 @@ func ReadRequest(w http.ResponseWriter, r *http.Request) (Request, bool) {
 	return req, true
 }
 
+// PoolBlocks is the size of the canned engines' KV block pool: their block
+// ids are below it (vLLM's ids index the engine's pool, 0 to
+// num_gpu_blocks-1; 100,000 blocks of 16 tokens are 1.6M tokens, an 8B
+// model on an 80 GB GPU).
+const PoolBlocks = 100000
+
 // Handle is the canned decode engine's kv_transfer_params for its n-th
-// turn holding tokens tokens in blocks of blockSize: NIXL's shape, one KV
-// group of ceil(tokens/blockSize) block ids that differ from turn to turn.
+// turn holding tokens tokens in blocks of blockSize, as vLLM's NIXL
+// connector emits it (nixl/pull_scheduler.py request_finished): every key
+// in its order, one KV group of ceil(tokens/blockSize) block ids (a dense
+// model), ids in the pool that differ from turn to turn.
 func Handle(n int64, tokens, blockSize int) []byte {
+	return GroupHandle(n, tokens, blockSize, 1, false)
+}
+
+// PrefillHandle is the canned prefill engine's kv_transfer_params for its
+// n-th request, whose prompt is tokens tokens: do_remote_prefill true, the
+// prompt's ceil(tokens/blockSize) blocks, remote_num_tokens the computed
+// tokens (the prompt: the sampled token has no KV yet) and no expiry
+// time, as vLLM's connector emits it for a prefill node.
+func PrefillHandle(n int64, tokens, blockSize int) []byte {
+	return GroupHandle(n, tokens, blockSize, 1, true)
+}
+
+// GroupHandle is Handle (prefill false) or PrefillHandle with groups KV
+// groups, each a full-attention group of ceil(tokens/blockSize) blocks of
+// its own (one pool serves every group).
+func GroupHandle(n int64, tokens, blockSize, groups int, prefill bool) []byte {
 	blocks := (tokens + blockSize - 1) / blockSize
-	h := []byte(`{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[`)
-	for i := range blocks {
-		if i > 0 {
+	h := make([]byte, 0, 6*blocks*groups+400)
+	role, expiry := "d", "12345.5"
+	if prefill {
+		role, expiry = "p", "null"
+		h = append(h, `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[`...)
+	} else {
+		h = append(h, `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[`...)
+	}
+	const first = PoolBlocks / 10 // five-digit ids, the common width
+	next := n * int64(blocks*groups)
+	for g := range groups {
+		if g > 0 {
 			h = append(h, ',')
 		}
-		h = strconv.AppendInt(h, 10000+(n*int64(blocks)+int64(i))%90000, 10)
+		h = append(h, '[')
+		for i := range blocks {
+			if i > 0 {
+				h = append(h, ',')
+			}
+			h = strconv.AppendInt(h, first+next%(PoolBlocks-first), 10)
+			next++
+		}
+		h = append(h, ']')
 	}
-	return fmt.Appendf(h, `]],"remote_engine_id":"d-engine","remote_request_id":"d-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":12345.5}`, n, tokens)
+	return fmt.Appendf(h, `],"remote_engine_id":"%s-engine","remote_request_id":"%s-%d","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"dcp_size":1,"pp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":%s,"transfer_mode":"pull"}`,
+		role, role, n, tokens, expiry)
+}
+
+// PromptTokens returns the number of ids Chat renders the messages of a
+// chat request body to, without decoding the body into values: what a
+// canned engine that does not return token ids needs for its handle's
+// size. It fails on a body that is not a JSON object with a messages list
+// of objects whose role and content are strings (or absent).
+func PromptTokens(body []byte) (int, error) {
+	obj, err := jsonraw.Parse(body)
+	if err != nil {
+		return 0, err
+	}
+	msgs, ok := obj.Get("messages")
+	if !ok {
+		return 0, errors.New("toytok: no messages")
+	}
+	n := 1 // the generation prompt
+	err = jsonraw.Elements(msgs, func(m []byte) error {
+		c, ok := jsonraw.Lookup(m, "content")
+		if ok && !jsonraw.IsNull(c) {
+			var p pieceCounter
+			if !jsonraw.StringPiecesTrusted(c, p.add) {
+				return errors.New("toytok: content is not a string")
+			}
+			n += p.n
+		}
+		n += 2
+		return nil
+	})
+	return n, err
+}
+
+// pieceCounter counts the ids Text appends for text given in pieces.
+type pieceCounter struct {
+	n   int // pieces begun
+	run int // non-space bytes since the last space
+}
+
+func (p *pieceCounter) add(b []byte) {
+	for _, c := range b {
+		if space(c) {
+			p.run = 0
+			continue
+		}
+		if p.run%Piece == 0 {
+			p.n++
+		}
+		p.run++
+	}
 }

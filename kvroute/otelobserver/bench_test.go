@@ -14,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/otelobserver"
 	"github.com/bidikv/bidikv/transport"
@@ -22,23 +23,35 @@ import (
 // cannedReply is the canned decode engine's answer.
 const cannedReply = "Done, the tests pass."
 
+// blockSize is the canned engines' block size, the router's default.
+var blockSize = kvroute.Defaults().Verification.BlockSize
+
+// promptTokens reads a chat request and returns its prompt's length in
+// internal/toytok's toy tokens (0 for a body it cannot read).
+func promptTokens(w http.ResponseWriter, r *http.Request) int {
+	body, _ := io.ReadAll(r.Body)
+	n, _ := toytok.PromptTokens(body)
+	return n
+}
+
 // cannedEngines starts zero-latency prefill and decode engines on
 // 127.0.0.1: P answers one token and a handle, D streams the reply and a
-// handle on its final chunk.
+// handle on its final chunk; handles hold one block id per block of what
+// the engine computed, as vLLM's do.
 func cannedEngines(b *testing.B) (prefill, decode string) {
 	var seq atomic.Int64
 	p := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		prompt := promptTokens(w, r)
 		n := seq.Add(1)
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"p%d","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2,3]],"remote_engine_id":"p","remote_request_id":"p-%d","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`, n, n)
+		fmt.Fprintf(w, `{"id":"p%d","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"kv_transfer_params":%s}`, n, toytok.PrefillHandle(n, prompt, blockSize))
 	})
 	d := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		prompt := promptTokens(w, r)
 		n := seq.Add(1)
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprintf(w, "data: {\"id\":\"d%d\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"%s\"},\"finish_reason\":null}]}\n\n", n, cannedReply)
-		fmt.Fprintf(w, "data: {\"id\":\"d%d\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"kv_transfer_params\":{\"do_remote_prefill\":false,\"do_remote_decode\":true,\"remote_block_ids\":[[11,12,13,14,15,16,17,18]],\"remote_engine_id\":\"d\",\"remote_request_id\":\"d-%d\",\"remote_host\":\"10.0.0.2\",\"remote_port\":5601,\"tp_size\":1,\"remote_num_tokens\":5000}}\n\ndata: [DONE]\n\n", n, n)
+		fmt.Fprintf(w, "data: {\"id\":\"d%d\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", n, toytok.Handle(n, prompt+len(toytok.Reply(cannedReply))-1, blockSize))
 	})
 	ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 	b.Cleanup(ps.Close)

@@ -10,14 +10,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
 )
 
-const (
-	plainChunk  = `data: {"id":"chatcmpl-8b1c","object":"chat.completion.chunk","created":1733000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
-	handleChunk = `data: {"id":"chatcmpl-8b1c","object":"chat.completion.chunk","created":1733000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[12,13,14,15]],"remote_engine_id":"a1b2","remote_request_id":"cmpl-1","remote_host":"10.0.0.7","remote_port":5600,"tp_size":1,"remote_num_tokens":321,"remote_blocks_expiry_time":91234.5}}` + "\n\n"
-)
+const plainChunk = `data: {"id":"chatcmpl-8b1c","object":"chat.completion.chunk","created":1733000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+
+// handleChunk is a final chunk with a D handle of 25,000 tokens: 1,563
+// block ids, as vLLM's handles carry one per 16-token block.
+var handleChunk = `data: {"id":"chatcmpl-8b1c","object":"chat.completion.chunk","created":1733000000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop"}],"kv_transfer_params":` +
+	string(toytok.Handle(1, 25000, 16)) + "}\n\n"
 
 // cycle repeats its data forever.
 type cycle struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/sse"
 )
 
@@ -40,10 +41,13 @@ type Chunks struct {
 	obj    jsonraw.Object
 	out    []byte
 	handle []byte
-	usage  []byte
-	finish string
-	stop   []byte
-	done   bool
+	// handleBlocks is where handle's block list is, when the parse of its
+	// event read it.
+	handleBlocks jsonraw.Known
+	usage        []byte
+	finish       string
+	stop         []byte
+	done         bool
 
 	asm assembler
 
@@ -101,6 +105,7 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 		// inspected from its index (D's first chunk in token mode: the
 		// prompt's ids are converted in the same pass).
 		var perr error
+		var blocks jsonraw.Known
 		idMember := -1
 		var ids []uint32
 		if c.tokens && !c.sawPromptIDs {
@@ -117,7 +122,8 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 				c.promptIDs = ids[:0] // scratch; kept for its room
 			}
 		} else {
-			perr = c.obj.Reset(d)
+			// A handle's block list is read in the pass that validates.
+			blocks, perr = kvhandle.ResetAnswer(&c.obj, d)
 		}
 		switch {
 		case perr == nil:
@@ -129,6 +135,7 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 				c.inspectMember(c.obj.Member(i))
 			}
 			if v, ok := c.obj.Get(sse.HandleKey); ok && !jsonraw.IsNull(v) {
+				c.handleBlocks = blocks
 				if c.useHandleBuf {
 					c.handleBuf = append(c.handleBuf[:0], v...)
 					c.handle = c.handleBuf
@@ -166,6 +173,16 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 // buffer: valid until the next Forward that sees a handle, or until
 // ReleaseHandleBuffer.
 func (c *Chunks) Handle() []byte { return c.handle }
+
+// HandleBlocks returns where Handle's block list is, when the parse of the
+// event that carried it read it (kvhandle.ResetAnswer), else the zero
+// Known.
+func (c *Chunks) HandleBlocks() jsonraw.Known {
+	if c.handle == nil {
+		return jsonraw.Known{}
+	}
+	return c.handleBlocks
+}
 
 // UseHandleBuffer makes the Chunks copy each handle it sees into buf
 // (from buf[:0], into a larger slice when it does not fit) rather than into

@@ -6,7 +6,10 @@
 // collects and strips token ids.
 package capture
 
-import "github.com/bidikv/bidikv/sse"
+import (
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/sse"
+)
 
 // Stream is the capture of one decode stream.
 type Stream interface {
@@ -17,6 +20,9 @@ type Stream interface {
 	Done() bool
 	// Handle returns the decode handle seen, nil when none.
 	Handle() []byte
+	// HandleBlocks returns where Handle's block list is, when the event's
+	// parse read it (kvhandle.ResetAnswer), else the zero Known.
+	HandleBlocks() jsonraw.Known
 	// Reply returns the reply reassembled so far.
 	Reply() *Reply
 	// IDs returns the prompt's and the generated token ids, ok when the

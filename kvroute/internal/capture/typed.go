@@ -40,6 +40,9 @@ func (s *Typed) Done() bool { return s.done }
 // Handle returns the decode handle seen, nil when none.
 func (s *Typed) Handle() []byte { return s.handle }
 
+// HandleBlocks returns the zero Known: the handle is checked in full.
+func (s *Typed) HandleBlocks() jsonraw.Known { return jsonraw.Known{} }
+
 // IDs returns no token ids: these APIs' engines send none.
 func (s *Typed) IDs() ([]uint32, []uint32, bool) { return nil, nil, false }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 )
@@ -130,21 +134,33 @@ func TestEntryHoldFields(t *testing.T) {
 	assert.ErrorIs(t, err, ErrBad, "a later version is refused, not misread")
 }
 
-// BenchmarkCompactHandle is compactHandle on a 26k-token handle: 1,637
-// block ids in one group.
+// BenchmarkCompactHandle compacts real-size handles (toytok's, one id
+// per 16 tokens): parse is compactHandle, which finds the list itself,
+// known compactKnown, given where it is (Check's Info.Blocks).
 func BenchmarkCompactHandle(b *testing.B) {
-	h := []byte(`{"do_remote_prefill":true,"remote_engine_id":"d","remote_block_ids":[[`)
-	for i := range 1637 {
-		if i > 0 {
-			h = append(h, ',')
-		}
-		h = fmt.Appendf(h, "%d", 1000+i*3)
-	}
-	h = append(h, `]],"remote_host":"127.0.0.1","remote_port":1,"remote_num_tokens":26176}`...)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, ok := compactHandle(nil, h, nil); !ok {
-			b.Fatal("not compacted")
+	for _, tokens := range []int{25000, 100000} {
+		h := toytok.Handle(3, tokens, 16)
+		var obj jsonraw.Object
+		sh, m, err := obj.ResetLists(h, "remote_block_ids", math.MaxInt32)
+		require.NoError(b, err)
+		start, end := obj.ValueSpan(m)
+		known := jsonraw.Known{Start: start, End: end, Lists: sh, Max: math.MaxInt32}
+		dst := make([]byte, 0, len(h)+64) // as Encode's pooled buffer
+		for _, c := range []struct {
+			name    string
+			compact func() bool
+		}{
+			{"parse", func() bool { _, ok := compactHandle(dst[:0], h, nil); return ok }},
+			{"known", func() bool { _, ok := compactKnown(dst[:0], h, known); return ok }},
+		} {
+			b.Run(fmt.Sprintf("%s/%dk", c.name, tokens/1000), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if !c.compact() {
+						b.Fatal("not compacted")
+					}
+				}
+			})
 		}
 	}
 }
@@ -178,4 +194,88 @@ func FuzzCompactHandle(f *testing.F) {
 			t.Fatalf("%q expands to %q (%v)", h, back, err)
 		}
 	})
+}
+
+// FuzzCompactKnown: given where a checked handle's block list is
+// (kvhandle.Check's Info.Blocks), compaction reads it once and writes
+// what expands to the handle (the general path's bytes when that takes the
+// same list), or leaves it to that path; and Decode reports where the
+// list it expands is, with its shape and largest id.
+func FuzzCompactKnown(f *testing.F) {
+	for _, s := range []string{
+		`{"do_remote_prefill":false,"remote_block_ids":[[11,12,13,14],[7,3]],"remote_engine_id":"d","remote_num_tokens":60}`,
+		`{"remote_block_ids":[5,6,7],"x":1}`, `{"remote_block_ids":[],"x":1}`, `{"remote_block_ids":[[]]}`, `{"remote_block_ids":[[],[]]}`,
+		`{"remote_block_ids": [[1, 2, 3]]}`, `{"remote_block_ids":[[1,2],[3] ]}`, `{"remote_block_ids":[ [1,2]]}`,
+		`{"remote_block_ids":[[0,10,2147483647]],"b":[[1]]}`, `{"a":[[1,2]],"remote_block_ids":[[1,2]]}`,
+		string(toytok.GroupHandle(5, 3000, 16, 2, false)),
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, h []byte) {
+		var obj jsonraw.Object
+		sh, m, err := obj.ResetLists(h, "remote_block_ids", math.MaxInt32)
+		if err != nil || m < 0 {
+			return
+		}
+		start, end := obj.ValueSpan(m)
+		known := jsonraw.Known{Start: start, End: end, Lists: sh, Max: math.MaxInt32}
+		got, ok := compactKnown([]byte{7}, h, known)
+		want, wantOK := compactHandleCheck([]byte{7}, h, nil, true)
+		if ok {
+			// The general path may take an earlier copy of the list's
+			// text: both expand to h.
+			back, err := appendExpanded(nil, got[1:])
+			if !wantOK || err != nil || !bytes.Equal(back, h) || (bytes.Index(h, h[start:end]) == start && !bytes.Equal(got, want)) {
+				t.Fatalf("%q: compacted %q (expands to %q, %v), the general path %v %q", h, got, back, err, wantOK, want)
+			}
+		}
+		if !ok && !bytes.Equal(got, []byte{7}) {
+			t.Fatalf("%q: dst changed when not compacted: %q", h, got)
+		}
+		if wantOK && !ok && !bytes.ContainsAny(h[start:end], " \t\r\n") {
+			t.Fatalf("%q: left to the general path, which compacts it", h)
+		}
+		e := Entry{Created: time.Unix(1, 0), Endpoint: "d", Handle: h, Blocks: known}
+		d, err := Decode(e.Encode(nil, nil), nil)
+		if err != nil || !bytes.Equal(d.Handle, h) {
+			t.Fatalf("%q: decoded %q, %v", h, d.Handle, err)
+		}
+		if k := d.Blocks; k.End > 0 {
+			ksh, ok := jsonraw.IntLists(d.Handle[k.Start:k.End], math.MaxUint32)
+			if !ok || ksh != k.Lists || k.Start != start || k.End != end {
+				t.Fatalf("%q: Decode's Blocks %+v, the list %q reads %+v %v", h, k, d.Handle[k.Start:k.End], ksh, ok)
+			}
+			if k2, ok := jsonraw.IntLists(d.Handle[k.Start:k.End], k.Max); !ok || k2 != k.Lists {
+				t.Fatalf("%q: an id above Max %d", h, k.Max)
+			}
+		} else if wantOK {
+			t.Fatalf("%q: compacted, and Decode does not know its list", h)
+		}
+	})
+}
+
+// BenchmarkDecode decodes the entry of a real-size handle (toytok's, one
+// id per 16 tokens), expanding its block list into a pooled buffer.
+func BenchmarkDecode(b *testing.B) {
+	for _, tokens := range []int{25000, 100000} {
+		h := toytok.Handle(3, tokens, 16)
+		raw := Entry{Created: time.Unix(1, 0), Endpoint: "http://d", Tokens: tokens, Handle: h}.Encode(nil, nil)
+		var bufs bufpool.Bytes
+		b.Run(fmt.Sprintf("%dk", tokens/1000), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				e, err := Decode(raw, &bufs)
+				if err != nil || len(e.Handle) != len(h) {
+					b.Fatal(err)
+				}
+				bufs.Put(e.Handle)
+			}
+		})
+	}
+}
+
+func TestAppendDecimal(t *testing.T) {
+	for _, v := range []uint64{0, 7, 9, 10, 42, 99, 100, 101, 999, 1000, 65535, 99999, 100000, 1234567, 99999999, 100000000, 999999999, 1000000000, 2147483647, math.MaxUint32, math.MaxUint64} {
+		assert.Equal(t, "x"+strconv.FormatUint(v, 10), string(appendDecimal(append(make([]byte, 0, 32), 'x'), v)))
+	}
 }

@@ -1,6 +1,7 @@
 package kvhandle
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -47,6 +48,18 @@ type Info struct {
 	Tokens   int  // remote_num_tokens, 0 when absent
 	PushMode bool // transfer_mode "push": not usable bidirectionally
 	Groups   int  // KV-cache groups in remote_block_ids (1 for a flat list)
+	// Blocks is where remote_block_ids is in the handle, with its shape
+	// (the zero Known when Check did not read it in its pass): what the
+	// store entry needs to compact the handle without reading it again.
+	Blocks jsonraw.Known
+
+	engineID []byte // remote_engine_id as written
+}
+
+// EngineID returns the handle's remote_engine_id.
+func (hi Info) EngineID() string {
+	s, _ := jsonraw.String(hi.engineID)
+	return s
 }
 
 // handleError is a Check error about one member; count marks the
@@ -107,94 +120,179 @@ func InvalidMember(err error) string {
 //     shorter. 0 skips the check (the size is unknown, or the handle
 //     only releases: remote_num_tokens 0 reads nothing).
 //
-// It does not copy raw.
+// It does not copy raw, and reads it in one pass: the block lists are
+// validated, counted and bounded as the document is validated, without a
+// call per block id.
 func Check(raw []byte, blockSize int) (Info, error) {
-	var hi Info
-	obj, err := jsonraw.Parse(raw)
+	hi, _, err := check(raw, blockSize, jsonraw.Known{})
+	return hi, err
+}
+
+// CheckKnown is Check for a handle whose remote_block_ids the router
+// wrote or read itself, as known says (a store entry's expansion:
+// Entry.Blocks; the answer's parse: ResetAnswer): that list is not read
+// again, every other rule applies.
+func CheckKnown(raw []byte, blockSize int, known jsonraw.Known) (Info, error) {
+	hi, _, err := check(raw, blockSize, known)
+	return hi, err
+}
+
+// check is CheckKnown; it also returns the parsed handle.
+func check(raw []byte, blockSize int, known jsonraw.Known) (Info, jsonraw.Object, error) {
+	var (
+		hi  Info
+		obj jsonraw.Object
+	)
+	lists, member, err := obj.ResetListsKnown(raw, "remote_block_ids", MaxBlockID, known)
 	if err != nil {
-		return hi, invalid("kv_transfer_params", "is not a JSON object")
+		return hi, obj, invalid("kv_transfer_params", "is not a JSON object")
 	}
 	if k, dup := obj.Duplicate(); dup {
-		return hi, invalid(k, "is given twice")
+		return hi, obj, invalid(k, "is given twice")
 	}
-	if err := checkPeer(obj, &hi); err != nil {
-		return hi, err
+	m := readMembers(obj)
+	if err := checkPeer(&m, &hi); err != nil {
+		return hi, obj, err
 	}
-	if err := checkCounts(obj, &hi); err != nil {
-		return hi, err
+	if err := checkCounts(&m, &hi); err != nil {
+		return hi, obj, err
 	}
-	blocks, ok := obj.Get("remote_block_ids")
-	if !ok || jsonraw.IsNull(blocks) {
-		return hi, ErrUnusable
+	blocks := m.blocks
+	if null(blocks) {
+		return hi, obj, ErrUnusable
 	}
-	longest, groups, err := blockGroups(blocks)
-	if err != nil {
-		return hi, err
+	if member < 0 {
+		// Not read while parsing: a key spelled with escapes, or a value
+		// of another shape.
+		if lists, err = blockGroups(blocks); err != nil {
+			return hi, obj, err
+		}
+	} else {
+		start, end := obj.ValueSpan(member)
+		hi.Blocks = jsonraw.Known{Start: start, End: end, Lists: lists, Max: MaxBlockID}
 	}
+	longest := lists.Longest
 	if longest == 0 {
-		return hi, ErrUnusable
+		return hi, obj, ErrUnusable
 	}
-	hi.Groups = groups
+	hi.Groups = max(lists.Lists, 1) // a flat list is one group
 	if blockSize > 0 && hi.Tokens > 0 {
 		if need := (hi.Tokens + blockSize - 1) / blockSize; longest < need {
 			err := invalid("remote_block_ids", "holds %d blocks, fewer than remote_num_tokens %d needs at block size %d (%d)",
 				longest, hi.Tokens, blockSize, need)
 			err.(*handleError).count = true
-			return hi, err
+			return hi, obj, err
 		}
 	}
-	return hi, nil
+	return hi, obj, nil
 }
+
+// handleMembers are the values of the members of a handle that Check reads,
+// read in one pass (nil: absent; the last of a name, as Get).
+type handleMembers struct {
+	decode, prefill, engineID, requestID, host, port, mode []byte
+	tokens, tp, dcp, pp, expiry, blocks                    []byte
+}
+
+// readMembers reads the members Check looks at.
+func readMembers(obj jsonraw.Object) handleMembers {
+	var m handleMembers
+	for i := range obj.Len() {
+		k, v := obj.Member(i)
+		switch k {
+		case "do_remote_decode":
+			m.decode = v
+		case "do_remote_prefill":
+			m.prefill = v
+		case "remote_engine_id":
+			m.engineID = v
+		case "remote_request_id":
+			m.requestID = v
+		case "remote_host":
+			m.host = v
+		case "remote_port":
+			m.port = v
+		case "transfer_mode":
+			m.mode = v
+		case "remote_num_tokens":
+			m.tokens = v
+		case "tp_size":
+			m.tp = v
+		case "dcp_size":
+			m.dcp = v
+		case "pp_size":
+			m.pp = v
+		case "remote_blocks_expiry_time":
+			m.expiry = v
+		case "remote_block_ids":
+			m.blocks = v
+		}
+	}
+	return m
+}
+
+// null reports whether a member is absent or null.
+func null(v []byte) bool { return v == nil || jsonraw.IsNull(v) }
 
 // checkPeer checks the role flags, the remote engine's identity and
 // address, and the transfer mode.
-func checkPeer(obj jsonraw.Object, hi *Info) error {
-	for _, k := range [...]string{"do_remote_decode", "do_remote_prefill"} {
-		if v, ok := obj.Get(k); ok && !jsonraw.IsNull(v) {
-			if _, isBool := jsonraw.Bool(v); !isBool {
-				return invalid(k, "is not a boolean")
+func checkPeer(m *handleMembers, hi *Info) error {
+	for _, f := range [...]struct {
+		key string
+		v   []byte
+	}{{"do_remote_decode", m.decode}, {"do_remote_prefill", m.prefill}} {
+		if !null(f.v) {
+			if _, isBool := jsonraw.Bool(f.v); !isBool {
+				return invalid(f.key, "is not a boolean")
 			}
 		}
 	}
-	for _, k := range [...]string{"remote_engine_id", "remote_request_id", "remote_host"} {
-		v, ok := obj.Get(k)
-		if !ok || jsonraw.IsNull(v) {
+	for _, f := range [...]struct {
+		key string
+		v   []byte
+	}{{"remote_engine_id", m.engineID}, {"remote_request_id", m.requestID}, {"remote_host", m.host}} {
+		if null(f.v) {
 			return ErrUnusable
 		}
 		// A parsed value that opens with a quote is a string; "" is empty.
-		if len(v) < 3 || v[0] != '"' {
-			return invalid(k, "is not a non-empty string")
+		if len(f.v) < 3 || f.v[0] != '"' {
+			return invalid(f.key, "is not a non-empty string")
 		}
 	}
-	port, ok := obj.Get("remote_port")
-	if !ok || jsonraw.IsNull(port) {
+	hi.engineID = m.engineID
+	if null(m.port) {
 		return ErrUnusable
 	}
-	if p, isInt := jsonraw.Int(port); !isInt || p < 1 || p > 65535 {
+	if p, isInt := jsonraw.Int(m.port); !isInt || p < 1 || p > 65535 {
 		return invalid("remote_port", "is not a port from 1 to 65535")
 	}
-	if v, ok := obj.Get("transfer_mode"); ok && !jsonraw.IsNull(v) {
-		s, isStr := jsonraw.String(v)
-		if !isStr {
+	if !null(m.mode) {
+		// A parsed value that opens with a quote is a string.
+		if m.mode[0] != '"' {
 			return invalid("transfer_mode", "is not a string")
 		}
-		hi.PushMode = s == "push"
+		hi.PushMode = string(m.mode) == `"push"` || (bytes.IndexByte(m.mode, '\\') >= 0 && stringIs(m.mode, "push"))
 	}
 	return nil
 }
 
+// stringIs reports whether the JSON string v decodes to s.
+func stringIs(v []byte, s string) bool {
+	d, ok := jsonraw.String(v)
+	return ok && d == s
+}
+
 // checkCounts checks the counts and the expiry time.
-func checkCounts(obj jsonraw.Object, hi *Info) error {
-	counts := [...]struct {
+func checkCounts(m *handleMembers, hi *Info) error {
+	for _, c := range [...]struct {
 		key string
+		v   []byte
 		min int64
-	}{{"remote_num_tokens", 0}, {"tp_size", 1}, {"dcp_size", 1}, {"pp_size", 1}}
-	for _, c := range counts {
-		v, ok := obj.Get(c.key)
-		if !ok || jsonraw.IsNull(v) {
+	}{{"remote_num_tokens", m.tokens, 0}, {"tp_size", m.tp, 1}, {"dcp_size", m.dcp, 1}, {"pp_size", m.pp, 1}} {
+		if null(c.v) {
 			continue
 		}
-		n, isInt := jsonraw.Int(v)
+		n, isInt := jsonraw.Int(c.v)
 		if !isInt || n < c.min || n > maxCount {
 			return invalid(c.key, "is not an integer from %d to %d", c.min, maxCount)
 		}
@@ -202,73 +300,24 @@ func checkCounts(obj jsonraw.Object, hi *Info) error {
 			hi.Tokens = int(n)
 		}
 	}
-	if v, ok := obj.Get("remote_blocks_expiry_time"); ok && !jsonraw.IsNull(v) {
-		if !finiteNumber(v) {
-			return invalid("remote_blocks_expiry_time", "is not a finite number")
-		}
+	if !null(m.expiry) && !finiteNumber(m.expiry) {
+		return invalid("remote_blocks_expiry_time", "is not a finite number")
 	}
 	return nil
 }
 
-// blockGroups checks remote_block_ids (a list of integer lists, or a flat
-// list of integers) and returns the length of its longest group and the
-// number of groups.
-func blockGroups(v []byte) (longest, groups int, err error) {
+// blockGroups checks remote_block_ids: a list of integer lists (one per KV
+// group), or a flat list of integers (very old engines), every id from 0
+// to MaxBlockID written with digits only; it returns the lists' shape.
+func blockGroups(v []byte) (jsonraw.Lists, error) {
 	if len(v) == 0 || v[0] != '[' {
-		return 0, 0, invalid("remote_block_ids", "is not a list")
+		return jsonraw.Lists{}, invalid("remote_block_ids", "is not a list")
 	}
-	nested, flat, n := false, false, 0
-	err = jsonraw.Elements(v, func(e []byte) error {
-		if len(e) > 0 && e[0] == '[' {
-			nested = true
-			groups++
-			k := 0
-			err := jsonraw.Elements(e, func(id []byte) error {
-				if !blockID(id) {
-					return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", id, MaxBlockID)
-				}
-				k++
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			longest = max(longest, k)
-			return nil
-		}
-		flat = true
-		if !blockID(e) {
-			return invalid("remote_block_ids", "holds %.24q, not a block id from 0 to %d", e, MaxBlockID)
-		}
-		n++
-		return nil
-	})
-	switch {
-	case errors.Is(err, ErrInvalid):
-		return 0, 0, err
-	case err != nil:
-		return 0, 0, invalid("remote_block_ids", "is not a list")
-	case nested && flat:
-		return 0, 0, invalid("remote_block_ids", "mixes block ids and groups")
-	case flat:
-		return n, 1, nil
+	sh, ok := jsonraw.IntLists(v, MaxBlockID)
+	if !ok {
+		return sh, invalid("remote_block_ids", "is not a list of KV groups of block ids from 0 to %d", MaxBlockID)
 	}
-	return longest, groups, nil
-}
-
-// blockID reports whether e is an integer literal from 0 to MaxBlockID.
-func blockID(e []byte) bool {
-	if len(e) == 0 || len(e) > 10 || (len(e) > 1 && e[0] == '0') {
-		return false
-	}
-	var v uint64
-	for _, c := range e {
-		if c < '0' || c > '9' {
-			return false
-		}
-		v = v*10 + uint64(c-'0')
-	}
-	return v <= MaxBlockID
+	return sh, nil
 }
 
 // finiteNumber reports whether v is a JSON number that is finite as a
@@ -283,10 +332,38 @@ func finiteNumber(v []byte) bool {
 
 // EngineID returns the remote_engine_id of a handle, "" when it has none.
 func EngineID(h []byte) string {
-	v, ok := jsonraw.Lookup(h, "remote_engine_id")
-	if !ok {
+	return EngineIDKnown(h, jsonraw.Known{})
+}
+
+// EngineIDKnown is EngineID for a handle whose remote_block_ids the router
+// wrote itself, as known says: that list is not read again.
+func EngineIDKnown(h []byte, known jsonraw.Known) string {
+	if known.End == 0 {
+		v, _ := jsonraw.Lookup(h, "remote_engine_id")
+		s, _ := jsonraw.String(v)
+		return s
+	}
+	var obj jsonraw.Object
+	if _, _, err := obj.ResetListsKnown(h, "remote_block_ids", MaxBlockID, known); err != nil {
 		return ""
 	}
+	v, _ := obj.Get("remote_engine_id")
 	s, _ := jsonraw.String(v)
 	return s
+}
+
+// ResetAnswer is obj.Reset(b) for an engine's answer or stream event b
+// that also reads, in the same pass, the block list of its top-level
+// handle (the member Key): it returns where that list is in the handle
+// obj.Get(Key) returns, for CheckKnown, or the zero Known when it read
+// none (no handle, a list of another shape, or a member named twice).
+func ResetAnswer(obj *jsonraw.Object, b []byte) (jsonraw.Known, error) {
+	known, parent, err := obj.ResetListsIn(b, Key, "remote_block_ids", MaxBlockID)
+	if err != nil || parent < 0 || parent != obj.Index(Key) {
+		return jsonraw.Known{}, err
+	}
+	start, _ := obj.ValueSpan(parent)
+	known.Start -= start
+	known.End -= start
+	return known, nil
 }

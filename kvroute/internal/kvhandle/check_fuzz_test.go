@@ -10,15 +10,17 @@ import (
 	"testing"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/internal/toytok"
 )
 
-// FuzzCheckHandle feeds engine handles to checkHandle and compares its
-// verdict with an independent oracle: encoding/json with UseNumber, as
-// vLLM's Python json reads a handle (the last of duplicate keys wins;
-// numbers are kept as written), and the rules of checkHandle's doc spelled
-// out again. Nothing may panic; an accepted handle must be one the oracle
-// accepts with the same remote_num_tokens, and a refused one one it
-// refuses.
+// FuzzCheckHandle feeds engine handles to Check and compares its verdict
+// with two oracles: the former per-element check (checkElements), whose
+// verdict it must give exactly (acceptance, sentinel, member, Info); and
+// an independent one, encoding/json with UseNumber, as vLLM's Python json
+// reads a handle (the last of duplicate keys wins; numbers are kept as
+// written), and the rules of Check's doc spelled out again. Nothing may
+// panic; an accepted handle must be one the oracle accepts with the same
+// remote_num_tokens, and a refused one one it refuses.
 func FuzzCheckHandle(f *testing.F) {
 	valid := `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[11,12,13,14,15,16,17]],"remote_engine_id":"d","remote_request_id":"r","remote_host":"10.0.0.2","remote_port":5601,"tp_size":1,"remote_num_tokens":100,"remote_blocks_expiry_time":12345.5,"dcp_size":1,"pp_size":1,"transfer_mode":"pull"}`
 	for _, s := range []string{
@@ -30,6 +32,18 @@ func FuzzCheckHandle(f *testing.F) {
 		strings.Replace(valid, "100", "1000", 1),
 		strings.Replace(valid, `"tp_size":1`, `"tp_size":1,"tp_size":0`, 1),
 		strings.Replace(valid, `"remote_port"`, `"\u0072emote_port"`, 1),
+		strings.Replace(valid, `"remote_block_ids"`, `"remote\u005fblock_ids"`, 1),
+		strings.Replace(valid, "[[11,", "[[2147483647,", 1),
+		strings.Replace(valid, "[[11,", "[[2147483648,", 1),
+		strings.Replace(valid, "[[11,", "[[011,", 1),
+		strings.Replace(valid, "[[11,", "[ [ 11 ,", 1),
+		strings.Replace(valid, "[[11,", "[[11],[", 1),
+		strings.Replace(valid, "[[11,", "[11,[", 1),
+		strings.Replace(valid, "[[11,", "[[[11],", 1),
+		strings.Replace(valid, "]]", "],[]]", 1),
+		strings.Replace(valid, "[[11,12,13,14,15,16,17]]", "[[]]", 1),
+		string(toytok.Handle(3, 1000, 16)),
+		string(toytok.GroupHandle(3, 1000, 16, 2, true)),
 		`{"remote_block_ids":[1,2],"remote_engine_id":"p","remote_request_id":"q","remote_host":"h","remote_port":1}`,
 		`{"remote_block_ids":[[1],[2,3]],"remote_engine_id":"p","remote_request_id":"q","remote_host":"h","remote_port":1,"remote_num_tokens":32}`,
 		`{"remote_block_ids":[],"remote_engine_id":"p","remote_request_id":"q","remote_host":"h","remote_port":1}`,
@@ -41,6 +55,33 @@ func FuzzCheckHandle(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte, bs uint8) {
 		blockSize := int(bs % 65)
 		hi, err := Check(raw, blockSize)
+		old, oldErr := checkElements(raw, blockSize)
+		if diff := sameVerdict(raw, hi, err, old, oldErr); diff != "" {
+			t.Fatalf("Check and the per-element check differ (%s) on %s: %+v, %v; %+v, %v", diff, raw, hi, err, old, oldErr)
+		}
+		// Read from an answer that carries it, the list gives the same
+		// verdict (ResetAnswer, then CheckKnown).
+		answer := append(append([]byte(`{"id":"x","kv_transfer_params":`), raw...), '}')
+		var obj jsonraw.Object
+		if known, aerr := ResetAnswer(&obj, answer); aerr == nil {
+			h, _ := obj.Get(Key)
+			ahi, aerr := CheckKnown(h, blockSize, known)
+			if diff := sameVerdict(raw, ahi, aerr, hi, err); diff != "" {
+				t.Fatalf("the answer's Known %+v gives another verdict (%s) on %s: %v; Check %v", known, diff, raw, aerr, err)
+			}
+		}
+		if err == nil {
+			if bad := knownBlocks(raw, hi); bad != "" {
+				t.Fatalf("Check's Blocks %+v: %s: %s", hi.Blocks, bad, raw)
+			}
+			// Given back as known, the list gives the same verdict.
+			if khi, kerr := CheckKnown(raw, blockSize, hi.Blocks); kerr != nil || khi.Tokens != hi.Tokens || khi.EngineID() != hi.EngineID() {
+				t.Fatalf("CheckKnown with Check's Blocks: %+v, %v", khi, kerr)
+			}
+			if got := EngineIDKnown(raw, hi.Blocks); got != hi.EngineID() || got != EngineID(raw) {
+				t.Fatalf("engine ids %q, %q, %q", got, hi.EngineID(), EngineID(raw))
+			}
+		}
 		verdict, tokens, skip := oracleHandle(raw, blockSize)
 		if skip {
 			return

@@ -1,6 +1,7 @@
 package kvhandle
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/internal/toytok"
 )
 
 const defaultBlockSize = 16
@@ -82,4 +84,30 @@ func BenchmarkCutHandle(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(len(raw)), "handle-B")
+}
+
+// FuzzCut compares Cut with the former per-element cut: the same handle
+// or the same error, for any handle text, cut and block size.
+func FuzzCut(f *testing.F) {
+	h := func(r int, groups string) string {
+		return `{"remote_block_ids":[` + groups + `],"remote_engine_id":"e","remote_request_id":"q","remote_host":"h","remote_port":1,"remote_num_tokens":` + itoa(r) + `}`
+	}
+	for _, s := range []string{
+		h(40, "[10,11,12]"), h(40, "[10,11,12],[20,21,22]"), h(40, "[10,11,12],[20]"), h(40, "10,11,12"), h(40, "[10, 11,12]"),
+		h(40, "[10,11],[20,21]"), h(40, "[10,[11],12]"), h(40, "[1.5,11,12]"), h(40, "[]"), h(40, " [10,11,12]"),
+		h(40, `[10,11,12],"x"`), string(toytok.GroupHandle(3, 1000, 16, 2, false)),
+	} {
+		f.Add([]byte(s), uint16(32), uint8(16))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, tokens uint16, bs uint8) {
+		blockSize := int(bs%64) + 1
+		got, err := Cut(raw, int(tokens), blockSize)
+		want, wantErr := cutElements(raw, int(tokens), blockSize)
+		if (err == nil) != (wantErr == nil) || (err != nil && !errors.Is(err, wantErr) && err.Error() != wantErr.Error()) {
+			t.Fatalf("Cut(%q, %d, %d): %v; per element: %v", raw, tokens, blockSize, err, wantErr)
+		}
+		if string(got) != string(want) {
+			t.Fatalf("Cut(%q, %d, %d) = %q; per element %q", raw, tokens, blockSize, got, want)
+		}
+	})
 }

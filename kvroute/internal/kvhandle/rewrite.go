@@ -1,6 +1,7 @@
 package kvhandle
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 
@@ -26,18 +27,21 @@ var errStop = errors.New("stop")
 // flags forced, every other key verbatim. The handle is checked again
 // (Check): an entry may come from another router sharing the store.
 func ForHit(dHandle []byte, blockSize int) ([]byte, error) {
-	return asMessage2(dHandle, blockSize)
+	return asMessage2(dHandle, blockSize, jsonraw.Known{})
+}
+
+// ForHitKnown is ForHit for a handle whose remote_block_ids the router
+// wrote itself, as known says (CheckKnown).
+func ForHitKnown(dHandle []byte, blockSize int, known jsonraw.Known) ([]byte, error) {
+	return asMessage2(dHandle, blockSize, known)
 }
 
 // asMessage2 checks a retained decode handle again and returns it with the
 // two role flags forced for a prefill leg (do_remote_decode true,
 // do_remote_prefill false), then the extra members, every other key
 // verbatim.
-func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte, error) {
-	if _, err := Check(dHandle, blockSize); err != nil {
-		return nil, err
-	}
-	obj, err := jsonraw.Parse(dHandle)
+func asMessage2(dHandle []byte, blockSize int, known jsonraw.Known, extra ...jsonraw.Member) ([]byte, error) {
+	_, obj, err := check(dHandle, blockSize, known)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +61,13 @@ func asMessage2(dHandle []byte, blockSize int, extra ...jsonraw.Member) ([]byte,
 // engine needs to reach the decode engine (Check refuses a handle without
 // them). Like ForHit, the handle is checked again.
 func Release(dHandle []byte, blockSize int) ([]byte, error) {
-	return asMessage2(dHandle, blockSize, jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero})
+	return ReleaseKnown(dHandle, blockSize, jsonraw.Known{})
+}
+
+// ReleaseKnown is Release for a handle whose remote_block_ids the router
+// wrote itself, as known says (CheckKnown).
+func ReleaseKnown(dHandle []byte, blockSize int, known jsonraw.Known) ([]byte, error) {
+	return asMessage2(dHandle, blockSize, known, jsonraw.Member{Key: "remote_num_tokens", Value: jsonZero})
 }
 
 // Why a handle cannot be read partially (TurnRecord.MissReason detail and
@@ -112,6 +122,9 @@ type cutter struct{ want, keep int }
 // blocks appends the cut remote_block_ids: nested [[...], ...] per group,
 // or the flat [...] of very old engines (one group).
 func (c cutter) blocks(out, blocks []byte) ([]byte, error) {
+	if cut, err, ok := c.plainBlocks(out, blocks); ok {
+		return cut, err
+	}
 	nested := false
 	_ = jsonraw.Elements(blocks, func(e []byte) error {
 		nested = len(e) > 0 && e[0] == '['
@@ -165,4 +178,71 @@ func (c cutter) group(dst, group []byte) ([]byte, error) {
 		return nil, ErrPartialBlocks
 	}
 	return append(dst, ']'), nil
+}
+
+// plainBlocks is blocks for lists written as the engines and the store
+// entry write them, digits and commas only ("[[1,2],[3,4]]"): each group
+// read once, its ids counted between commas, its first keep copied as
+// they are. ok is false for any other text (spaces, other elements), which
+// the general path then cuts.
+func (c cutter) plainBlocks(out, blocks []byte) (_ []byte, _ error, ok bool) {
+	if len(blocks) < 2 || blocks[0] != '[' {
+		return out, nil, false
+	}
+	if blocks[1] != '[' {
+		return c.plainGroup(out, blocks)
+	}
+	n := len(out)
+	out = append(out, '[')
+	for g, i := 0, 1; ; g++ {
+		j := bytes.IndexByte(blocks[i:], ']')
+		if j < 0 || blocks[i] != '[' {
+			return out[:n], nil, false
+		}
+		var err error
+		if out, err, ok = c.plainGroup(out, blocks[i:i+j+1]); !ok {
+			return out[:n], nil, false
+		}
+		if err != nil {
+			if errors.Is(err, ErrPartialBlocks) && g > 0 {
+				err = ErrPartialGroups
+			}
+			return nil, err, true
+		}
+		i += j + 1
+		switch {
+		case i == len(blocks)-1 && blocks[i] == ']':
+			return append(out, ']'), nil, true
+		case i < len(blocks)-1 && blocks[i] == ',':
+			out = append(out, ',')
+			i++
+		default:
+			return out[:n], nil, false
+		}
+	}
+}
+
+// plainGroup is group for a list of digits and commas only: ok is false
+// (out unchanged) for any other text.
+func (c cutter) plainGroup(out, group []byte) (_ []byte, _ error, ok bool) {
+	inner := group[1 : len(group)-1]
+	ids, end := 0, len(inner)
+	if len(inner) > 0 {
+		ids = 1
+	}
+	for k, ch := range inner {
+		if ch == ',' {
+			if ids == c.keep {
+				end = k
+			}
+			ids++
+		} else if ch-'0' > 9 {
+			return out, nil, false
+		}
+	}
+	if ids != c.want {
+		return nil, ErrPartialBlocks, true
+	}
+	out = append(out, '[')
+	return append(append(out, inner[:end]...), ']'), nil, true
 }
