@@ -79,7 +79,8 @@ type Selection struct {
 }
 
 // Selector chooses the endpoint for one leg of a turn. It returns an index
-// into s.Candidates. A Selector is called concurrently.
+// into s.Candidates. A Selector is called concurrently. It is a public
+// seam (ARCHITECTURE.md, Seams), given with WithSelector (ExampleSelector).
 type Selector interface {
 	Select(ctx context.Context, s *Selection) (int, error)
 }

@@ -147,7 +147,9 @@ type ValueFunc func(h Held, waited time.Duration, model float64) float64
 // framework that knows a session ended or a tool is running), or to
 // measure a policy against one that knows the future (the fleet
 // benchmark's --clairvoyant). nil keeps the gap model's value. Budget
-// only.
+// only. It is kvroute's decode-memory release order: a Budget built with
+// it and given as kvroute.DecodeMemory.Ledger releases the holds over
+// the budget in f's order (kvroute's ExampleDecodeMemory).
 func WithValue(f ValueFunc) Option {
 	return budgetOption("WithValue", func(c *config) { c.value = f })
 }
