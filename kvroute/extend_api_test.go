@@ -21,7 +21,7 @@ import (
 // knows of it: routing, both legs, the capture, the Identifier's anchor,
 // retention and the error shape come from the descriptor.
 var echoAPI = &api{
-	code:          5,
+	code:          254, // a test-only code, far from the registry's
 	kind:          twoLegs,
 	path:          "/v1/echo",
 	prefillSet:    []jsonraw.Member{{Key: "stream", Value: jsonFalse}, {Key: "max_tokens", Value: jsonOne}},
