@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
-	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/retention/budget"
 )
 
@@ -24,23 +23,14 @@ func largestFirst(h budget.Held, waited time.Duration, model float64) float64 {
 // conversation's hold takes them over, and the largest hold, the second
 // conversation's, is released; its next turn is a miss.
 func ExampleDecodeMemory() {
-	reg := kvroutetest.NewRegistry()
-	p, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer p.Close()
-	d, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer d.Close()
+	p, d, stop := startEngines(1)
+	defer stop()
 
 	ledger, err := budget.New(budget.WithValue(largestFirst))
 	if err != nil {
 		log.Fatal(err)
 	}
-	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()),
+	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d[0].URL()),
 		kvroute.WithDecodeMemory(kvroute.DecodeMemory{
 			Ledger:   ledger, // the registration line; it takes Budget and Capacity
 			Budget:   0.5,
@@ -53,7 +43,6 @@ func ExampleDecodeMemory() {
 	}
 	defer router.Close()
 
-	const system = "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."
 	task := []string{
 		"The test TestParse fails with an index out of range.",
 		"Rename the package util to textutil everywhere, then run go vet and the whole test suite and report what changed.",
@@ -61,7 +50,7 @@ func ExampleDecodeMemory() {
 	}
 	var convs [][]map[string]string
 	for _, text := range task {
-		messages := []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": text}}
+		messages := []map[string]string{{"role": "system", "content": agentPrompt}, {"role": "user", "content": text}}
 		reply, _, _ := ask(router, messages, 8)
 		convs = append(convs, append(messages, map[string]string{"role": "assistant", "content": reply},
 			map[string]string{"role": "user", "content": "Go on."}))

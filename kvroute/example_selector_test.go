@@ -6,7 +6,6 @@ import (
 	"log"
 
 	"github.com/bidikv/bidikv/kvroute"
-	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
 // fewestHeld places a new conversation's decode leg on the decode engine
@@ -34,21 +33,9 @@ func (f *fewestHeld) Select(ctx context.Context, s *kvroute.Selection) (int, err
 // Three conversations open on two decode engines: each goes where fewer
 // tokens are held, and a conversation's next turn stays where its KV is.
 func ExampleSelector() {
-	reg := kvroutetest.NewRegistry()
-	p, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer p.Close()
-	var decode []string
-	for range 2 {
-		d, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-		if err != nil {
-			log.Fatal(err)
-		}
-		defer d.Close()
-		decode = append(decode, d.URL())
-	}
+	p, d, stop := startEngines(2)
+	defer stop()
+	decode := []string{d[0].URL(), d[1].URL()}
 	var last kvroute.TurnRecord
 	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(decode...),
 		kvroute.WithSelector(&fewestHeld{}), // the registration line
@@ -68,10 +55,9 @@ func ExampleSelector() {
 		"Rename the package util to textutil everywhere, then run go vet and the whole test suite and report what changed.",
 		"Why is the build slow?",
 	}
-	const system = "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."
 	var first []map[string]string
 	for i, text := range task {
-		messages := []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": text}}
+		messages := []map[string]string{{"role": "system", "content": agentPrompt}, {"role": "user", "content": text}}
 		reply, _, _ := ask(router, messages, 8)
 		fmt.Printf("conversation %d: %s; %s\n", i+1, engine[last.DecodeEndpoint], held())
 		if i == 0 {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute"
-	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
 // mapStore is a Store that keeps handles in a map under a mutex, with a
@@ -72,20 +71,11 @@ var _ kvroute.Store = (*mapStore)(nil)
 // turn takes its conversation's handle and puts the next one back, so the
 // store holds one live handle per conversation.
 func ExampleStore() {
-	reg := kvroutetest.NewRegistry()
-	p, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer p.Close()
-	d, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer d.Close()
+	p, d, stop := startEngines(1)
+	defer stop()
 
 	store := newMapStore(time.Now)
-	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()),
+	router, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d[0].URL()),
 		kvroute.WithStore(store)) // the registration line
 	if err != nil {
 		log.Fatal(err)
@@ -93,7 +83,7 @@ func ExampleStore() {
 	defer router.Close()
 
 	messages := []map[string]string{
-		{"role": "system", "content": "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."},
+		{"role": "system", "content": agentPrompt},
 		{"role": "user", "content": "The test TestParse fails with an index out of range."},
 	}
 	for turn := 1; turn <= 3; turn++ {
