@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"strings"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -8,13 +9,25 @@ import (
 )
 
 // api describes one HTTP API a Router serves: a file per API (api_*.go)
-// and one entry in apis. The turn reads the descriptor and never branches
-// on the API. What every API does differently is behaviour of its impl
+// and one entry in apis. It is a contributor-only seam: unexported, so
+// only a change to kvroute adds an API (ARCHITECTURE.md, Extension
+// points); a program in front of the Router sees the APIs through APIs.
+// The turn reads the descriptor and never branches on the API, only on
+// its kind. What every API does differently is behaviour of its impl
 // (validation, reading a reply from a body); what only some have are small
 // optional interfaces of the impl: tokenizer (vLLM's /tokenize renders
 // it), promptIDer (a prompt given as token ids), renderFilter (texts the
 // engine drops before rendering).
 type api struct {
+	// code is the API's persisted code: every retained entry keeps the
+	// code of the API its turn was served on (entry.Entry.API), in the
+	// Store, Redis included, and a release request reads it back. It is
+	// never renumbered nor reused: TestAPICodes pins the codes given.
+	code byte
+	// kind is twoLegs (a prefill and a decode leg, the handle retained)
+	// or passThrough (one leg to a decode engine: the members below
+	// about legs, handles and conversations are then unused).
+	kind apiKind
 	path string
 	// below: the paths below path take its error shape (Anthropic's
 	// count_tokens).
@@ -52,6 +65,25 @@ type api struct {
 	impl        apiImpl
 }
 
+// apiKind is how a Router serves an API.
+type apiKind uint8
+
+const (
+	// twoLegs is a generation API: a prefill leg on a prefill engine, a
+	// decode leg with its handle on a decode engine, and the decode
+	// engine's handle retained for the next turn (Do).
+	twoLegs apiKind = iota + 1
+	// passThrough is an API forwarded as it is (forward): one leg, the
+	// client's body less kv_transfer_params and conversation_id, to a
+	// decode engine the Selector picks; no prefill, no handle, nothing
+	// retained. Its answer reaches the client as every answer does
+	// (Response: headers and body scrubbed of handles), and its turn is
+	// recorded with Reuse ReuseOff and the decode engine that answered.
+	// Its impl embeds forwarded. /v1/embeddings would be one
+	// (extend_passthrough_test.go).
+	passThrough
+)
+
 // apiImpl is what every API does its own way.
 type apiImpl interface {
 	// validate checks the parsed body of a request, returning errors that
@@ -60,6 +92,25 @@ type apiImpl interface {
 	// bodyReply reads what the decode engine produced from a
 	// non-streaming answer, validated by jsonraw.Parse.
 	bodyReply(obj jsonraw.Object) *Reply
+}
+
+// forwarded is the part of apiImpl a pass-through API's impl embeds: the
+// router reads no reply from its answers.
+type forwarded struct{}
+
+func (forwarded) bodyReply(jsonraw.Object) *Reply { return &Reply{} }
+
+// forward runs the turn of a pass-through API: its one leg goes to a
+// decode engine as a decode leg without a handle does (decode: the
+// Selector picks the engine, a leg that failed before anything reached the
+// client goes to another one), and the engine's answer is the turn's.
+func forward(ctx context.Context, t *turn) (*Response, error) {
+	t.rec.Reuse = ReuseOff
+	resp, err := decode(ctx, t, prefilled{}, "", &tries{}, retainIn{noPrefill: true})
+	if err != nil {
+		return nil, t.fail(PhaseDecode, err)
+	}
+	return resp, nil
 }
 
 // tokenizer is an API whose prompts vLLM's /tokenize can render: the body
@@ -87,8 +138,18 @@ type renderFilter interface {
 
 // apis is the registry: the APIs a Router serves, which drive its routing
 // (ServeHTTP), its error shapes (ErrorBody, Response.ErrorEvent) and a front
-// end's route table (APIs).
+// end's route table (APIs). Its order is the order APIs lists them in;
+// what is persisted is each API's code, never its place here.
 var apis = []*api{chatAPI, completionsAPI, responsesAPI, messagesAPI}
+
+// apiCode is the code an entry keeps of the API its turn was served on
+// (api.code; 0: unknown).
+func apiCode(path string) byte {
+	if a, ok := apiFor(path); ok {
+		return a.code
+	}
+	return 0
+}
 
 // apiFor returns the API a Router serves at path.
 func apiFor(path string) (*api, bool) {

@@ -4,6 +4,8 @@ import "github.com/bidikv/bidikv/internal/jsonraw"
 
 // chatAPI is POST /v1/chat/completions.
 var chatAPI = &api{
+	code:          1,
+	kind:          twoLegs,
 	path:          PathChatCompletions,
 	prefillSet:    oneTokenLeg,
 	prefillDrop:   openAIPrefillDrop,

@@ -8,6 +8,8 @@ import (
 // completionsAPI is POST /v1/completions. The render answer is a list,
 // one object per prompt.
 var completionsAPI = &api{
+	code:          2,
+	kind:          twoLegs,
 	path:          PathCompletions,
 	prefillSet:    oneTokenLeg,
 	prefillDrop:   openAIPrefillDrop,

@@ -19,6 +19,8 @@ const PathMessages = "/v1/messages"
 // fingerprints each turn's rendered prompt (POST /v1/messages/render).
 // Errors use Anthropic's shape.
 var messagesAPI = &api{
+	code:        4,
+	kind:        twoLegs,
 	path:        PathMessages,
 	below:       true,
 	prefillSet:  messagesPrefillSet,

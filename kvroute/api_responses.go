@@ -18,6 +18,8 @@ const PathResponses = "/v1/responses"
 // separate prefill and decode servers: previous_response_id and background
 // are refused with 400, and the prefill leg never stores.
 var responsesAPI = &api{
+	code:          3,
+	kind:          twoLegs,
 	path:          PathResponses,
 	prefillSet:    responsesPrefillSet,
 	prefillDrop:   commonPrefillDrop,

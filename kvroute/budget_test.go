@@ -297,6 +297,8 @@ func countHits(rec *recorder) int {
 func TestDecodeMemoryOptions(t *testing.T) {
 	l, err := budget.New()
 	require.NoError(t, err)
+	own, err := budget.New(budget.WithFraction(0.5), budget.WithCapacity(1<<20))
+	require.NoError(t, err)
 	for _, tc := range []struct {
 		m     kvroute.DecodeMemory
 		field string
@@ -308,7 +310,8 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		{kvroute.DecodeMemory{Releases: -1}, "Releases"},
 		{kvroute.DecodeMemory{Headroom: 1}, "Headroom"},
 		{kvroute.DecodeMemory{Headroom: math.NaN()}, "Headroom"},
-		{kvroute.DecodeMemory{Ledger: l, Budget: 0.3}, "Ledger"},
+		{kvroute.DecodeMemory{Ledger: own, Budget: 0.3}, "Ledger"},
+		{kvroute.DecodeMemory{Ledger: own, Capacity: 1 << 20}, "Ledger"},
 	} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(tc.m))
 		require.Error(t, err, "%+v", tc.m)
@@ -317,11 +320,49 @@ func TestDecodeMemoryOptions(t *testing.T) {
 		assert.Contains(t, err.Error(), "WithDecodeMemory")
 		assert.Contains(t, err.Error(), tc.field)
 	}
-	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1, Headroom: -1}, {Ledger: l}} {
+	for _, m := range []kvroute.DecodeMemory{{}, {Budget: -1}, {Budget: 1, Capacity: 1 << 20, HighWatermark: -1, MetricsInterval: -1, Releases: 1, Headroom: -1}, {Ledger: l}, {Ledger: own, Budget: -1}} {
 		r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(m))
 		require.NoError(t, err, "%+v", m)
 		require.NoError(t, r.Close())
 	}
+}
+
+// A Ledger given to the Router takes the Router's Budget and Capacity
+// where its maker left budget.WithFraction and budget.WithCapacity at
+// their defaults: budget.New() alone holds up to the Router's 0.9 of an
+// engine's capacity, not the package's 0.5. A Ledger built with its own
+// keeps them.
+func TestLedgerInheritsBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   []budget.Option
+		m      kvroute.DecodeMemory
+		budget int64 // of an engine of 1000 tokens
+	}{
+		{"defaults", nil, kvroute.DecodeMemory{}, 900},
+		{"the router's Budget", nil, kvroute.DecodeMemory{Budget: 0.3}, 300},
+		{"the ledger's own", []budget.Option{budget.WithFraction(0.5)}, kvroute.DecodeMemory{}, 500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := budget.New(tc.opts...)
+			require.NoError(t, err)
+			tc.m.Ledger, tc.m.MetricsInterval = l, -1
+			r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"), kvroute.WithDecodeMemory(tc.m))
+			require.NoError(t, err)
+			defer r.Close()
+			l.SetCapacity("d", budget.Capacity{Tokens: 1000})
+			_, got := l.Held("d", time.Now())
+			assert.Equal(t, tc.budget, got)
+		})
+	}
+	// The Router's Capacity, for engines that report none.
+	l, err := budget.New()
+	require.NoError(t, err)
+	r, err := kvroute.New(kvroute.WithPrefill("127.0.0.1:1"), kvroute.WithDecode("127.0.0.1:2"),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Ledger: l, Capacity: 2000, MetricsInterval: -1}))
+	require.NoError(t, err)
+	defer r.Close()
+	assert.Equal(t, int64(2000), l.Capacity("d"))
 }
 
 // Issue 23.3: the router feeds the ledger's gap model from what it sees:

@@ -30,6 +30,9 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	if err := read(ctx, t); err != nil { // read.go
 		return nil, t.fail(PhaseLookup, err)
 	}
+	if t.req.api.kind == passThrough {
+		return forward(ctx, t) // api.go: one leg to a decode engine, nothing retained
+	}
 	lctx, endLookup := t.trace.phase(ctx, PhaseLookup, "")
 	f := lookup(lctx, t)                      // lookup.go: the handle the request continues, taken from the Store
 	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back

@@ -37,7 +37,7 @@ func Example() {
 	defer router.Close()
 
 	messages := []map[string]string{
-		{"role": "system", "content": "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."},
+		{"role": "system", "content": agentPrompt},
 		{"role": "user", "content": "The test TestParse fails with an index out of range."},
 	}
 	for turn := 1; turn <= 2; turn++ {
@@ -99,6 +99,32 @@ func ExampleWithVerification() {
 	// turn 1: miss, answer identical to a single engine: true
 	// turn 2: hit, answer identical to a single engine: true
 	//   handle held 103 tokens; 80 verified by render; attached 80 (partial: true)
+}
+
+// agentPrompt is the system prompt of the examples' conversations: long
+// enough for their KV to be worth a pull.
+const agentPrompt = "You are a careful coding agent. Read the failing test, find the cause, fix it with the smallest change, run the tests again and report what you changed and why in one short paragraph."
+
+// startEngines starts a simulated prefill engine and n decode engines that
+// share a registry, as the engines of one deployment reach each other;
+// stop closes them.
+func startEngines(n int) (p *kvroutetest.Engine, d []*kvroutetest.Engine, stop func()) {
+	reg := kvroutetest.NewRegistry()
+	all := make([]*kvroutetest.Engine, 0, n+1)
+	stop = func() {
+		for _, e := range all {
+			e.Close()
+		}
+	}
+	for range n + 1 {
+		e, err := kvroutetest.StartEngine(kvroutetest.WithRegistry(reg))
+		if err != nil {
+			stop()
+			log.Fatal(err)
+		}
+		all = append(all, e)
+	}
+	return all[0], all[1:], stop
 }
 
 // ask runs one chat turn through the router and reports the reply, the

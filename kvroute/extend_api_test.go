@@ -12,13 +12,17 @@ import (
 )
 
 // Extension example: a fifth API is one file (this one) and one
-// registration line (the entry in apis; here, in the test). echoAPI is a
+// registration line (the entry in apis; here, in the test). Its
+// descriptor names a code of its own (persisted in every entry its turns
+// retain) and its kind, two legs. echoAPI is a
 // made-up API, POST /v1/echo with {"model","system","prompt"}, answered
 // {"text","finish_reason"}; its errors take Anthropic's shape, to show
 // that the error shape follows the descriptor. Nothing else in the router
 // knows of it: routing, both legs, the capture, the Identifier's anchor,
 // retention and the error shape come from the descriptor.
 var echoAPI = &api{
+	code:          254, // a test-only code, far from the registry's
+	kind:          twoLegs,
 	path:          "/v1/echo",
 	prefillSet:    []jsonraw.Member{{Key: "stream", Value: jsonFalse}, {Key: "max_tokens", Value: jsonOne}},
 	prefillDrop:   commonPrefillDrop,
@@ -54,6 +58,7 @@ func (echo) bodyReply(obj jsonraw.Object) *Reply {
 func TestExtendFifthAPI(t *testing.T) {
 	apis = append(apis, echoAPI) // the registration line
 	t.Cleanup(func() { apis = apis[:len(apis)-1] })
+	checkRegistry(t)
 
 	e := newToyEngine(t, func(string, map[string]json.RawMessage) []byte {
 		return []byte(`{"text":"hi back","finish_reason":"stop"}`)

@@ -16,7 +16,9 @@ import (
 // A minimal engine for the extension examples (extend_*_test.go), which
 // test the seams from inside the package: a prefill leg (its handle with
 // do_remote_decode true) gets one token and P's handle, a decode leg gets
-// answer's body and a handle of D's. It records every request it got.
+// answer's body and, when it carried P's handle, a handle of D's (a
+// request without one gets none, as from vLLM). An answer of nil is an
+// engine error (500). It records every request it got.
 type toyEngine struct {
 	url    string
 	answer func(path string, body map[string]json.RawMessage) []byte // the decode leg's body, without a handle
@@ -60,6 +62,15 @@ func (e *toyEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := e.answer(r.URL.Path, body)
+	if out == nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(`{"error":{"message":"engine failure","type":"InternalServerError","code":500}}`))
+		return
+	}
+	if _, sent := body[kvKey]; !sent {
+		_, _ = w.Write(out)
+		return
+	}
 	_, _ = w.Write(append(out[:len(out)-1:len(out)-1], []byte(`,"kv_transfer_params":`+strings.Replace(toyHandle, `"do_remote_prefill":true`, `"do_remote_prefill":false`, 1)+`}`)...))
 }
 
@@ -74,6 +85,13 @@ func (e *toyEngine) last(prefill bool) toyLeg {
 		}
 	}
 	return toyLeg{}
+}
+
+// count returns the number of requests the engine got.
+func (e *toyEngine) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.legs)
 }
 
 // toyRouter serves a Router over one toy engine, as prefill and decode,

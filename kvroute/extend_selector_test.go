@@ -3,6 +3,7 @@ package kvroute_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,4 +55,54 @@ func TestExtendSelector(t *testing.T) {
 	}
 	assert.Empty(t, c.Prefill[1].Requests(), "the other engines stay idle")
 	assert.Empty(t, c.Decode[2].Requests())
+}
+
+// heldSeen is a Selector that records what the decode candidates showed of
+// the Router's holds, and then chooses as LeastLoaded does.
+type heldSeen struct {
+	kvroute.LeastLoaded
+	mu   sync.Mutex
+	seen map[string][2]int64 // URL: HeldTokens, BudgetTokens
+}
+
+func (h *heldSeen) Select(ctx context.Context, s *kvroute.Selection) (int, error) {
+	if s.Phase == kvroute.PhaseDecode {
+		h.mu.Lock()
+		for _, c := range s.Candidates {
+			h.seen[c.URL] = [2]int64{c.HeldTokens, c.BudgetTokens}
+		}
+		h.mu.Unlock()
+	}
+	return h.LeastLoaded.Select(ctx, s)
+}
+
+// A Selector sees each decode candidate's held tokens and budget as the
+// Router's ledger has them (Router.DecodeKV): it needs no ledger of its
+// own.
+func TestSelectorSeesHeldTokens(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 2)
+	sel := &heldSeen{seen: map[string][2]int64{}}
+	r := newRouter(t, c, kvroute.WithSelector(sel),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Capacity: 1_000_000, MetricsInterval: -1}))
+	url := serve(t, r)
+	for i := range 3 {
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8, messages: []message{{Role: "system", Content: systemPrompt}}}
+		conv.say(userText(i))
+		before := r.DecodeKV()
+		res := post(t, url, conv.path, conv.body(), nil)
+		require.Equal(t, http.StatusOK, res.status)
+		sel.mu.Lock()
+		for _, kv := range before {
+			assert.Equal(t, [2]int64{kv.HeldTokens, kv.Budget}, sel.seen[kv.Endpoint], "turn %d, %s", i, kv.Endpoint)
+			if kv.HeldTokens > 0 {
+				assert.Equal(t, int64(900_000), kv.Budget, "the Router's Budget (0.9) of Capacity")
+			}
+		}
+		sel.mu.Unlock()
+	}
+	var held int64
+	for _, kv := range r.DecodeKV() {
+		held += kv.HeldTokens
+	}
+	assert.Positive(t, held)
 }

@@ -1,9 +1,7 @@
 package kvroute_test
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,54 +12,9 @@ import (
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
-// Extension example: a Store is one file (this one) and one registration
-// line (WithStore). mapStore keeps handles in a map under a mutex, with the
-// router's clock for expiry; it copies what Put is given, as the Store
-// contract says, and passes kvroutetest.TestStore.
-type mapStore struct {
-	now  func() time.Time
-	mu   sync.Mutex
-	vals map[string]mapValue
-}
-
-type mapValue struct {
-	b       []byte
-	expires time.Time
-}
-
-func newMapStore(now func() time.Time) *mapStore {
-	return &mapStore{now: now, vals: map[string]mapValue{}}
-}
-
-func (s *mapStore) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if ttl <= 0 {
-		return kvroute.ErrInvalidConfig // any error: a ttl <= 0 is refused
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.vals[key] = mapValue{b: append([]byte(nil), value...), expires: s.now().Add(ttl)}
-	return nil
-}
-
-func (s *mapStore) Take(ctx context.Context, key string) ([]byte, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, false, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, ok := s.vals[key]
-	delete(s.vals, key)
-	if !ok || !s.now().Before(v.expires) {
-		return nil, false, nil
-	}
-	return v.b, true, nil
-}
-
-var _ kvroute.Store = (*mapStore)(nil)
-
+// Extension example: a Store is one file and one registration line
+// (WithStore): mapStore (example_store_test.go) keeps handles in a map and
+// passes kvroutetest.TestStore.
 func TestExtendStore(t *testing.T) {
 	kvroutetest.TestStore(t, func(*testing.T) kvroute.Store { return newMapStore(time.Now) })
 

@@ -17,7 +17,9 @@ import (
 // Migration: it was an alias of sse.Reply, which moved into kvroute.
 type Reply = capture.Reply
 
-// Identifier maps turns to retention keys.
+// Identifier maps turns to retention keys. It is a public seam
+// (ARCHITECTURE.md, Seams), given with WithIdentifier; ContinuationKeys
+// is the default.
 //
 // Lookup runs before the prefill leg and returns the keys under which a
 // handle that the request may continue is stored, most specific first; the

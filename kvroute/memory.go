@@ -57,11 +57,17 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
 		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log,
 		limits: roomLimits{rate: c.memory.roomRate}}
-	if m.ledger == nil {
-		opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
-		if c.blockSize > 0 {
-			opts = append(opts, budget.WithBlockSize(c.blockSize))
+	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
+	if c.blockSize > 0 {
+		opts = append(opts, budget.WithBlockSize(c.blockSize))
+	}
+	if m.ledger != nil {
+		// A given ledger keeps what its maker set, and takes the
+		// router's settings for the rest (DecodeMemory.Ledger).
+		if err := m.ledger.Inherit(opts...); err != nil {
+			return nil, err
 		}
+	} else {
 		l, err := budget.New(opts...)
 		if err != nil {
 			return nil, err

@@ -9,7 +9,8 @@ import (
 // Observer receives one TurnRecord per turn, when the turn ends: after the
 // last byte of a stream, after a non-streaming body, or on failure. It is
 // called synchronously on the goroutine that ended the turn and must not
-// block; it must not keep rec after returning.
+// block; it must not keep rec after returning. It is a public seam
+// (ARCHITECTURE.md, Seams), given with WithObserver.
 type Observer interface {
 	ObserveTurn(rec *TurnRecord)
 }

@@ -205,9 +205,13 @@ type DecodeMemory struct {
 	Releases int
 	// Ledger is the ledger the Router keeps its holds and its learned
 	// model of the pauses between turns in. Give one to read its Usage
-	// and Snapshot (the proxy's /metrics do); its own options then rule
-	// (budget.WithFraction, budget.WithCapacity), so Budget and Capacity
-	// must be 0, or Budget negative (off: the ledger only counts). A
+	// and Snapshot (the proxy's /metrics do), or to choose which holds go
+	// first (budget.WithValue: a decode-memory release order). A Ledger
+	// built without budget.WithFraction or budget.WithCapacity takes
+	// Budget and Capacity (their defaults when 0) as if it had been built
+	// with them (budget.Budget.Inherit), so budget.New() alone keeps the
+	// Router's 0.9, not the package's 0.5; a Ledger built with its own
+	// keeps it, and Budget or Capacity set here as well is an error. A
 	// Ledger serves one Router. Default nil: a ledger of
 	// budget.WithFraction(Budget) and budget.WithCapacity(Capacity).
 	Ledger *budget.Budget
@@ -261,8 +265,10 @@ func resolveDecodeMemory(c *config) {
 		c.fail("WithDecodeMemory", "RoomRate is NaN; use a share of the capacity a minute, 0 for the default (%v) or a negative value for no limit", defaultRoomRate)
 	case m.Headroom != m.Headroom || m.Headroom >= 1:
 		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
-	case m.Ledger != nil && (m.Budget > 0 || m.Capacity != 0):
-		c.fail("WithDecodeMemory", "Budget and Capacity are the Ledger's options (budget.WithFraction, budget.WithCapacity) when a Ledger is given; leave them 0")
+	case m.Ledger != nil && m.Budget > 0 && m.Ledger.Given("WithFraction"):
+		c.fail("WithDecodeMemory", "Budget %v and the Ledger's own budget.WithFraction are both set; set one of them (a Ledger built without it takes Budget)", m.Budget)
+	case m.Ledger != nil && m.Capacity != 0 && m.Ledger.Given("WithCapacity"):
+		c.fail("WithDecodeMemory", "Capacity %d and the Ledger's own budget.WithCapacity are both set; set one of them (a Ledger built without it takes Capacity)", m.Capacity)
 	}
 	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
 		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,

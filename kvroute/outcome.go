@@ -31,7 +31,7 @@ type EndpointEventKind string
 const (
 	ReuseHit  ReuseOutcome = "hit"  // a retained handle was attached to the prefill request
 	ReuseMiss ReuseOutcome = "miss" // no usable handle: the prefill engine computed everything it lacked
-	ReuseOff  ReuseOutcome = "off"  // reuse disabled (WithReuse(false))
+	ReuseOff  ReuseOutcome = "off"  // reuse disabled (WithReuse(false)), or an API the router passes through to one engine
 )
 
 // Miss reasons reported in TurnRecord.MissReason.
@@ -121,7 +121,7 @@ const RefuseTokenOnly Refusal = "token_verification_only"
 // besides the Identifier's own reasons (the Refuse* constants of
 // ContinuationKeys and of token verification).
 const (
-	RefuseReuseOff        Refusal = "reuse_off"        // WithReuse(false)
+	RefuseReuseOff        Refusal = "reuse_off"        // WithReuse(false), or an API the router passes through
 	RefuseNoHandle        Refusal = "no_handle"        // a non-streaming answer without a handle
 	RefuseNoStreamHandle  Refusal = "no_stream_handle" // a stream without a handle (stock vLLM)
 	RefuseUnusableHandle  Refusal = "unusable_handle"  // a handle an engine would not act on

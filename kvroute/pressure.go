@@ -94,10 +94,11 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 	if capacity <= 0 {
 		capacity = m.cfg.capacity // DecodeMemory's Capacity, for an engine that reports none
 	}
+	held, budget := m.ledger.Held(e.url, now)
+	c.HeldTokens, c.BudgetTokens = held, budget
 	if at.IsZero() {
 		return // not read yet
 	}
-	held, budget := m.ledger.Held(e.url, now)
 	if capacity <= 0 && budget <= 0 {
 		return // capacity unknown (its /metrics, Capacity, the Ledger's): placement as before
 	}

@@ -336,14 +336,3 @@ func (rl *releaser) pick() *endpoint {
 	}
 	return best
 }
-
-// apiCode is the code an entry keeps of the API its turn was served on:
-// its place in apis, from 1 (0: unknown).
-func apiCode(path string) byte {
-	for i, a := range apis {
-		if a.path == path {
-			return byte(i + 1)
-		}
-	}
-	return 0
-}

@@ -111,7 +111,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (kvhandle.Info, bool) {
 	r := t.r
 	switch {
-	case !r.cfg.reuse:
+	case !r.cfg.reuse || t.req.api.kind == passThrough:
 		t.rec.StoreRefusal = RefuseReuseOff
 		return kvhandle.Info{}, false
 	case in.decodeLocal:

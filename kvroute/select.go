@@ -45,6 +45,15 @@ type Candidate struct {
 	// Preempting: LeastLoaded sends no conversation there while another
 	// candidate is not crowded, its affinity included.
 	Crowded bool
+	// HeldTokens is what this Router's retained handles pin on a decode
+	// engine, in whole blocks × its block size (the ledger's
+	// budget.Budget.Held, as Router.DecodeKV reports it), and
+	// BudgetTokens what they may pin there (WithDecodeMemory's Budget ×
+	// its capacity; 0: no budget, its capacity unknown or no hold there
+	// yet). Zero for prefill engines and with the management off (a
+	// negative Budget). A Selector reads them here; it needs no ledger of
+	// its own.
+	HeldTokens, BudgetTokens int64
 }
 
 // Selection is one choice of endpoint for one leg of a turn.
@@ -70,7 +79,8 @@ type Selection struct {
 }
 
 // Selector chooses the endpoint for one leg of a turn. It returns an index
-// into s.Candidates. A Selector is called concurrently.
+// into s.Candidates. A Selector is called concurrently. It is a public
+// seam (ARCHITECTURE.md, Seams), given with WithSelector (ExampleSelector).
 type Selector interface {
 	Select(ctx context.Context, s *Selection) (int, error)
 }

@@ -16,7 +16,8 @@ import (
 // Store retains decode handles between turns. Package retention has an
 // in-memory Store (the default), retention/redisstore one shared by router
 // replicas; kvroutetest.TestStore checks any implementation against this
-// contract.
+// contract. It is a public seam (ARCHITECTURE.md, Seams): a Store of one's
+// own is given with WithStore (ExampleStore).
 //
 // Values are opaque bytes produced by the Router (a small header, the
 // decode engine's kv_transfer_params, its token fingerprint); a Store must

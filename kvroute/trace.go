@@ -9,7 +9,8 @@ import (
 // per turn, one per phase, and the trace context on every engine request,
 // so that engines that trace (vLLM with --otlp-traces-endpoint) join the
 // turn's trace. The module kvroute/otelobserver implements it with
-// OpenTelemetry; kvroute itself depends on no tracing library.
+// OpenTelemetry; kvroute itself depends on no tracing library. It is a
+// public seam (ARCHITECTURE.md, Seams), given with WithTracer.
 //
 // The router calls a Tracer on the goroutines that run the turn (Do's, then
 // the one reading a stream), never concurrently for one turn. Every

@@ -13,7 +13,10 @@ import (
 // Verification is the seam between the turn and how it proves that a
 // retained handle's KV is the KV the next prompt needs (docs/kvroute.md,
 // Verification). A mode is one file that implements proof and one entry
-// in verifications; the flow never asks which mode runs.
+// in verifications; the flow never asks which mode runs. It is a
+// contributor-only seam (ARCHITECTURE.md, Seams): proof is unexported, so
+// only a change to kvroute adds a mode; WithVerification chooses among
+// those registered.
 
 // proof is one turn's verification in a mode: it prepares the check of the
 // candidate the lookup found, checks the prompt against the handle, and

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -146,7 +147,9 @@ type ValueFunc func(h Held, waited time.Duration, model float64) float64
 // framework that knows a session ended or a tool is running), or to
 // measure a policy against one that knows the future (the fleet
 // benchmark's --clairvoyant). nil keeps the gap model's value. Budget
-// only.
+// only. It is kvroute's decode-memory release order: a Budget built with
+// it and given as kvroute.DecodeMemory.Ledger releases the holds over
+// the budget in f's order (kvroute's ExampleDecodeMemory).
 func WithValue(f ValueFunc) Option {
 	return budgetOption("WithValue", func(c *config) { c.value = f })
 }
@@ -170,5 +173,45 @@ func (c config) validate() error {
 	case c.refresh <= 0:
 		return fmt.Errorf("%w: WithRefresh(%v): must be positive (default %v)", ErrInvalidConfig, c.refresh, DefaultRefresh)
 	}
+	return nil
+}
+
+// Given reports whether b's maker gave the Budget option named name
+// ("WithFraction", "WithCapacity", "WithBlockSize" or "WithValue") to
+// [New] or [Budget.Inherit], rather than leaving its default.
+func (b *Budget) Given(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Contains(b.cfg.budgetOnly, name)
+}
+
+// Inherit gives b each Budget option of opts ([WithFraction],
+// [WithCapacity], [WithBlockSize], [WithValue]) that it was not given
+// ([Budget.Given]), and keeps those it was: a program that builds a Budget
+// to read it and hands it to a router has the router's settings fill in
+// what it left at the defaults (kvroute's DecodeMemory.Ledger inherits the
+// router's Budget and Capacity so). What Inherit gives counts as given.
+// Holds already added keep the block count of their time. An option out
+// of range or a [Model] option fails, wrapping [ErrInvalidConfig], and
+// changes nothing.
+func (b *Budget) Inherit(opts ...Option) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.cfg
+	c.budgetOnly = slices.Clone(c.budgetOnly)
+	for _, o := range opts {
+		probe := defaultConfig()
+		o.apply(&probe)
+		if len(probe.budgetOnly) != 1 {
+			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue)", ErrInvalidConfig)
+		}
+		if !slices.Contains(c.budgetOnly, probe.budgetOnly[0]) {
+			o.apply(&c)
+		}
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	b.cfg = c
 	return nil
 }

@@ -89,3 +89,44 @@ func TestFeaturesDefaults(t *testing.T) {
 	assert.Greater(t, m.Probability(budget.Features{Turn: 1}, 0, ttl), 0.9)
 	assert.Less(t, m.Probability(budget.Features{Turn: 6}, 0, ttl), 0.1)
 }
+
+// A Budget handed to a router takes the router's settings where its maker
+// left the defaults (Inherit), and keeps those its maker gave.
+func TestInherit(t *testing.T) {
+	budgetOf := func(b *budget.Budget) int64 {
+		_, bud := b.Held("d", t0)
+		return bud
+	}
+	hold := budget.Hold{Key: "k", Engine: "d", Tokens: 10, Created: t0, Expires: t0.Add(ttl)}
+
+	b, err := budget.New()
+	require.NoError(t, err)
+	require.NoError(t, b.Add(hold))
+	assert.False(t, b.Given("WithFraction"))
+	require.NoError(t, b.Inherit(budget.WithFraction(0.9), budget.WithCapacity(1000)))
+	assert.Equal(t, int64(900), budgetOf(b), "the default fraction (0.5) gives way")
+	assert.True(t, b.Given("WithFraction"), "what Inherit gave counts as given")
+	require.NoError(t, b.Inherit(budget.WithFraction(0.2)))
+	assert.Equal(t, int64(900), budgetOf(b))
+
+	b, err = budget.New(budget.WithFraction(0.5))
+	require.NoError(t, err)
+	require.NoError(t, b.Add(hold))
+	assert.True(t, b.Given("WithFraction"))
+	assert.False(t, b.Given("WithCapacity"))
+	require.NoError(t, b.Inherit(budget.WithFraction(0.9), budget.WithCapacity(1000)))
+	assert.Equal(t, int64(500), budgetOf(b), "the maker's fraction rules, the capacity is inherited")
+
+	b, err = budget.New()
+	require.NoError(t, err)
+	require.NoError(t, b.Add(hold))
+	for _, opts := range [][]budget.Option{
+		{budget.WithCapacity(1000), budget.WithHorizon(time.Minute)}, // a Model option
+		{budget.WithCapacity(1000), budget.WithFraction(0)},          // out of range
+	} {
+		err := b.Inherit(opts...)
+		assert.ErrorIs(t, err, budget.ErrInvalidConfig)
+		assert.Zero(t, budgetOf(b), "nothing changed")
+		assert.False(t, b.Given("WithCapacity"))
+	}
+}

@@ -33,7 +33,7 @@ type Entry struct {
 	Turn      int
 	ToolCalls bool
 	Model     string
-	API       byte // an API code of the router's (0: unknown)
+	API       byte // the code of the router's API descriptor (kvroute's api.code: persisted, never renumbered; 0: unknown)
 
 	Raw []byte // the stored value, for putting it back
 	// Expanded: Handle was expanded into a buffer from Decode's
