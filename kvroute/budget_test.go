@@ -228,7 +228,7 @@ func TestBudgetReplicasShareStore(t *testing.T) {
 	require.NoError(t, err)
 	var routers []*kvroute.Router
 	var srvs []string
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	for range 2 {
 		r, err := kvroute.New(kvroute.WithPrefill(pURL), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithClock(clk.Now),
 			kvroute.WithStore(store), kvroute.WithObserver(rec), kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}),
@@ -280,11 +280,9 @@ func TestBudgetReplicasShareStore(t *testing.T) {
 
 // countHits is how many turns attached a handle (D's hold then ends by
 // P's read, also a notification).
-func countHits(rec *recorder) int {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
+func countHits(rec *kvroutetest.Records) int {
 	n := 0
-	for _, tr := range rec.recs {
+	for _, tr := range rec.All() {
 		if tr.Reuse == kvroute.ReuseHit {
 			n++
 		}
