@@ -1,9 +1,8 @@
 package kvroutetest
 
 import (
-	"sync"
-
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/internal/observed"
 )
 
 // Records is a kvroute.Observer and kvroute.EndpointObserver that keeps
@@ -14,9 +13,8 @@ import (
 // (Take), which also keeps the records of a long run from piling up. It is
 // safe for concurrent use; the zero value is ready.
 type Records struct {
-	mu     sync.Mutex
-	recs   []kvroute.TurnRecord
-	events []kvroute.EndpointEvent
+	turns  observed.Log[kvroute.TurnRecord]
+	events observed.Log[kvroute.EndpointEvent]
 }
 
 var (
@@ -25,62 +23,25 @@ var (
 )
 
 // ObserveTurn implements kvroute.Observer.
-func (o *Records) ObserveTurn(rec *kvroute.TurnRecord) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.recs = append(o.recs, *rec)
-}
+func (o *Records) ObserveTurn(rec *kvroute.TurnRecord) { o.turns.Add(rec) }
 
 // ObserveEndpoint implements kvroute.EndpointObserver.
-func (o *Records) ObserveEndpoint(ev kvroute.EndpointEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.events = append(o.events, ev)
-}
+func (o *Records) ObserveEndpoint(ev kvroute.EndpointEvent) { o.events.Add(&ev) }
 
 // Take returns and forgets the last record of request id (and forgets any
 // earlier one of the same id), false when no turn of that id was observed
 // (or it was taken already).
 func (o *Records) Take(id string) (kvroute.TurnRecord, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var rec kvroute.TurnRecord
-	found := false
-	kept := o.recs[:0]
-	for _, r := range o.recs {
-		if r.RequestID == id {
-			rec, found = r, true
-			continue
-		}
-		kept = append(kept, r)
-	}
-	clear(o.recs[len(kept):]) // no record is held past its forgetting
-	o.recs = kept
-	return rec, found
+	return o.turns.Take(func(rec *kvroute.TurnRecord) bool { return rec.RequestID == id })
 }
 
 // Last returns the record of the turn observed last (and not taken), the
 // zero TurnRecord when there is none.
-func (o *Records) Last() kvroute.TurnRecord {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.recs) == 0 {
-		return kvroute.TurnRecord{}
-	}
-	return o.recs[len(o.recs)-1]
-}
+func (o *Records) Last() kvroute.TurnRecord { return o.turns.Last() }
 
 // All returns a copy of the records observed and not taken, in the order
 // they were observed.
-func (o *Records) All() []kvroute.TurnRecord {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return append([]kvroute.TurnRecord(nil), o.recs...)
-}
+func (o *Records) All() []kvroute.TurnRecord { return o.turns.All() }
 
 // Endpoints returns a copy of the endpoint events observed, in order.
-func (o *Records) Endpoints() []kvroute.EndpointEvent {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return append([]kvroute.EndpointEvent(nil), o.events...)
-}
+func (o *Records) Endpoints() []kvroute.EndpointEvent { return o.events.All() }

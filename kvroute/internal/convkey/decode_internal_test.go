@@ -64,7 +64,7 @@ func TestTaggedStringIsTheDecoding(t *testing.T) {
 	for _, s := range []string{
 		"", "plain", `quote " and backslash \ and slash /`, "tab\tnewline\ncr\r", "\x00\x1f\x7f",
 		"café", "日本語", "😀 astral", "<html>&amp;", "\u2028\u2029",
-		long,                            // one run longer than a chunk
+		long,                             // one run longer than a chunk
 		strings.Repeat("a\n", hashChunk), // short runs filling many chunks
 		"é" + long + "\n" + long[:hashChunk/2+1] + "\t" + long[:hashChunk/2-1] + "\"", // runs around a chunk's half
 		"bad \xff UTF-8 \xc3", // invalid bytes decode to U+FFFD

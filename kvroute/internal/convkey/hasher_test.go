@@ -139,8 +139,8 @@ func TestDigestKey(t *testing.T) {
 func TestCompact(t *testing.T) {
 	for in, want := range map[string]string{
 		"{ \"a\" : [1, 2],\n\t\"b\" : \" x \" }": `{"a":[1,2],"b":" x "}`,
-		`"\u0061"`:                                `"\u0061"`,
-		`{"a"`:                                    `{"a"`,
+		`"\u0061"`:                               `"\u0061"`,
+		`{"a"`:                                   `{"a"`,
 	} {
 		var buf bytes.Buffer
 		assert.Equal(t, want, string(convkey.Compact(&buf, []byte(in))), "%q", in)
