@@ -71,7 +71,7 @@ func TestChainerReuse(t *testing.T) {
 // its properties; its digests are not pinned.
 func TestChainerAnchor(t *testing.T) {
 	var zero [32]byte
-	step := func(prev, anchor [32]byte, m string) (sum, next [32]byte) {
+	step := func(t *testing.T, prev, anchor [32]byte, m string) (sum, next [32]byte) {
 		t.Helper()
 		next = anchor
 		sum, role, err := convkey.NewChainer().Message(prev, []byte(m), &next)
@@ -82,40 +82,43 @@ func TestChainerAnchor(t *testing.T) {
 	}
 	prev := sum(t, sysMsg)
 	t.Run("it leaves the chain as it is", func(t *testing.T) {
-		got, _ := step(prev, zero, userMsg)
+		got, _ := step(t, prev, zero, userMsg)
 		assert.Equal(t, chain(t, convkey.NewChainer(), prev, userMsg)[0], got)
 	})
 	t.Run("it moves with each message", func(t *testing.T) {
-		_, a1 := step(prev, zero, userMsg)
+		_, a1 := step(t, prev, zero, userMsg)
 		assert.NotEqual(t, zero, a1)
-		_, a2 := step(prev, a1, userMsg)
+		_, a2 := step(t, prev, a1, userMsg)
 		assert.NotEqual(t, a1, a2)
 	})
-	t.Run("it does not depend on the chain", func(t *testing.T) {
-		_, a := step(prev, zero, userMsg)
-		_, b := step(zero, zero, userMsg)
-		assert.Equal(t, a, b)
-	})
-	t.Run("equal messages, equal anchors", func(t *testing.T) {
-		_, a := step(prev, zero, userMsg)
-		_, b := step(prev, zero, userSpelled)
-		assert.Equal(t, a, b)
-	})
-	t.Run("other messages, other anchors", func(t *testing.T) {
-		_, a := step(prev, zero, userMsg)
-		_, b := step(prev, zero, replyMsg)
-		assert.NotEqual(t, a, b)
-	})
-	t.Run("another origin, another anchor", func(t *testing.T) {
-		_, a := step(prev, zero, userMsg)
-		_, b := step(prev, prev, userMsg)
-		assert.NotEqual(t, a, b)
-	})
+	// Two steps, from a chain digest and an anchor, over a message: their
+	// anchors are equal exactly when the anchor before and the message's
+	// meaning are.
+	type from struct {
+		prev, anchor [32]byte
+		m            string
+	}
+	for _, tc := range []struct {
+		name  string
+		a, b  from
+		equal bool
+	}{
+		{"it does not depend on the chain", from{prev, zero, userMsg}, from{zero, zero, userMsg}, true},
+		{"equal messages, equal anchors", from{prev, zero, userMsg}, from{prev, zero, userSpelled}, true},
+		{"other messages, other anchors", from{prev, zero, userMsg}, from{prev, zero, replyMsg}, false},
+		{"another origin, another anchor", from{prev, zero, userMsg}, from{prev, prev, userMsg}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, a := step(t, tc.a.prev, tc.a.anchor, tc.a.m)
+			_, b := step(t, tc.b.prev, tc.b.anchor, tc.b.m)
+			assert.Equal(t, tc.equal, a == b)
+		})
+	}
 	t.Run("order and length of the start", func(t *testing.T) {
 		anchorOf := func(msgs ...string) [32]byte {
 			a := zero
 			for _, m := range msgs {
-				_, a = step(zero, a, m)
+				_, a = step(t, zero, a, m)
 			}
 			return a
 		}
@@ -130,7 +133,7 @@ func TestChainerAnchor(t *testing.T) {
 		for _, m := range []string{sysMsg, userMsg, replyMsg} {
 			_, _, err := c.Message(prev, []byte(m), &a)
 			require.NoError(t, err)
-			_, b = step(prev, b, m)
+			_, b = step(t, prev, b, m)
 			assert.Equal(t, b, a, "%s", m)
 			// A message hashed without an anchor in between changes none.
 			_, _, err = c.Message(prev, []byte(replyMsg), nil)
