@@ -180,7 +180,7 @@ func TestAgentAPIs(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithObserver(rec))
 			url := serve(t, r)
 			conv := &agentConv{path: tc.path, stream: tc.stream, base: tc.base()}
@@ -195,7 +195,7 @@ func TestAgentAPIs(t *testing.T) {
 				ref, err := kvroutetest.Reference(tc.path, body)
 				require.NoError(t, err)
 				assert.Equal(t, ref.Text, text, "turn %d differs from the single engine", turn)
-				tr := rec.last()
+				tr := rec.Last()
 				if turn == 0 || !tc.reuses {
 					assert.Equal(t, kvroute.ReuseMiss, tr.Reuse, "turn %d", turn)
 				} else {
@@ -394,7 +394,7 @@ func TestAgentAnchorIgnoresBillingHeader(t *testing.T) {
 // the single engine's.
 func TestClaudeCodeBillingHeaderHits(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	url := serve(t, newRouter(t, c, kvroute.WithObserver(rec)))
 	conv := &agentConv{path: kvroute.PathMessages, base: claudeBase()}
 	system := conv.base["system"].([]any)
@@ -408,7 +408,7 @@ func TestClaudeCodeBillingHeaderHits(t *testing.T) {
 		ref, err := kvroutetest.Reference(kvroute.PathMessages, body)
 		require.NoError(t, err)
 		assert.Equal(t, ref.Text, text, "turn %d", turn)
-		tr := rec.last()
+		tr := rec.Last()
 		if turn == 0 {
 			assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)
 		} else {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -81,10 +82,9 @@ func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int, opts .
 	} else {
 		p, d = cannedEngines(b)
 	}
-	var last kvroute.TurnRecord
-	// Do calls the Observer on this goroutine, inside WriteTo.
+	obs := &kvroutetest.Records{}
 	r := benchRouter(b, p, d, append([]kvroute.Option{kvroute.WithVerification(kvroute.Verification{Mode: mode}),
-		kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec }))}, opts...)...)
+		kvroute.WithObserver(obs)}, opts...)...)
 	var conv *benchConv
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -99,6 +99,8 @@ func benchmarkTurn(b *testing.B, mode kvroute.VerificationMode, hist int, opts .
 			b.Fatal(err)
 		}
 		_ = resp.Close()
+		// Taken, so that the records do not pile up over the loop.
+		last, _ := obs.Take(obs.Last().RequestID)
 		if err := checkTurn(&last, mode, i%turnsPerConv == 0); err != nil {
 			b.Fatalf("turn %d: %v", i, err)
 		}

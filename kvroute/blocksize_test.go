@@ -78,7 +78,7 @@ func TestEngineBlockSizesLearned(t *testing.T) {
 		t.Run(fmt.Sprintf("engine %d configured %d", c.engine, c.configured), func(t *testing.T) {
 			opts := []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithBlockSize(c.engine)}
 			cl := kvroutetest.NewCluster(t, 1, 1, opts...)
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, cl, kvroute.WithObserver(rec), kvroute.WithVerification(kvroute.Verification{BlockSize: c.configured}))
 			url := serve(t, r)
 			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -117,7 +117,7 @@ func TestEngineBlockSizesLearned(t *testing.T) {
 func TestBlockSizeMisfitServesWithoutReuse(t *testing.T) {
 	opts := []kvroutetest.Option{kvroutetest.WithBlockSize(64)}
 	cl := kvroutetest.NewCluster(t, 1, 1, opts...)
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(noCacheInfo(t, cl.Prefill[0])), kvroute.WithDecode(noCacheInfo(t, cl.Decode[0])),
 		kvroute.WithObserver(rec), kvroute.WithVerification(kvroute.Verification{BlockSize: 16}))
 	require.NoError(t, err)
@@ -151,7 +151,7 @@ func TestHybridEngines(t *testing.T) {
 		t.Run(fmt.Sprintf("reasoning=%v", reasoning), func(t *testing.T) {
 			opts := []kvroutetest.Option{kvroutetest.WithBlockSize(64), kvroutetest.WithHybrid(128, 200), kvroutetest.WithReasoning(reasoning)}
 			cl := kvroutetest.NewCluster(t, 1, 1, opts...)
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, cl, kvroute.WithObserver(rec))
 			url := serve(t, r)
 			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}

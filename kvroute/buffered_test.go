@@ -129,7 +129,7 @@ func TestBufferedStreams(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, tc.engine...)
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithThreshold(0),
 				kvroute.WithDecodeMemory(kvroute.DecodeMemory{BufferStreams: tc.buffer}))
 			url := serve(t, r)
@@ -153,7 +153,7 @@ func TestBufferedStreams(t *testing.T) {
 				if tc.extra["stream_options"] != nil {
 					assert.True(t, got.usage, "turn %d: the usage chunk", turn)
 				}
-				tr := rec.last()
+				tr := rec.Last()
 				assert.Equal(t, tc.buffered[turn], tr.Buffered, "turn %d buffered", turn)
 				want := kvroute.ReuseMiss
 				if tc.hits[turn] {

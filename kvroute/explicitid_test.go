@@ -123,7 +123,7 @@ func TestConversationIDCannotPoison(t *testing.T) {
 	for _, tc := range explicitCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, append([]kvroutetest.Option{kvroutetest.WithStreamHandles(true)}, tc.engine...)...)
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}), kvroute.WithVerification(kvroute.Verification{Mode: tc.mode}), kvroute.WithObserver(obs))
 			url := serve(t, r)
 			tenantA := http.Header{"Authorization": {"Bearer key-a"}, "X-Session-Id": {"c1"}}
@@ -137,9 +137,9 @@ func TestConversationIDCannotPoison(t *testing.T) {
 				assert.Equal(t, ref.Text, tc.text(t, res.raw, tc.stream), "the answer differs from a single engine's")
 			}
 			turn(tc.first(), tenantA)
-			t.Logf("turn 1: stored %v %s", obs.last().Stored, obs.last().StoreRefusal)
+			t.Logf("turn 1: stored %v %s", obs.Last().Stored, obs.Last().StoreRefusal)
 			turn(tc.attack(), tenantA)
-			assert.NotEqual(t, kvroute.ReuseHit, obs.last().Reuse, "a prompt that does not continue the conversation got its KV")
+			assert.NotEqual(t, kvroute.ReuseHit, obs.Last().Reuse, "a prompt that does not continue the conversation got its KV")
 			turn(tc.attack(), tenantB)
 			for _, e := range append(c.Prefill, c.Decode...) {
 				st := e.Stats()
@@ -161,7 +161,7 @@ func TestConversationIDStillReuses(t *testing.T) {
 		for i := range 4 {
 			g.turn(i, false)
 			if i > 0 {
-				assert.Equal(t, kvroute.ReuseHit, g.obs.last().Reuse, "turn %d: %s", i, g.obs.last().MissReason)
+				assert.Equal(t, kvroute.ReuseHit, g.obs.Last().Reuse, "turn %d: %s", i, g.obs.Last().MissReason)
 			}
 		}
 		g.finish()

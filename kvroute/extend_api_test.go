@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/observed"
 )
 
 // Extension example: a fifth API is one file (this one) and one
@@ -63,8 +64,8 @@ func TestExtendFifthAPI(t *testing.T) {
 	e := newToyEngine(t, func(string, map[string]json.RawMessage) []byte {
 		return []byte(`{"text":"hi back","finish_reason":"stop"}`)
 	})
-	obs := &recordOf{}
-	_, url := toyRouter(t, e, WithObserver(obs))
+	obs := &observed.Log[TurnRecord]{}
+	_, url := toyRouter(t, e, WithObserver(ObserverFunc(obs.Add)))
 
 	status, h, body := toyPost(t, url, "/v1/echo", `{"model":"m","system":"be brief","prompt":"hi","max_tokens":9,"stream":false}`)
 	require.Equal(t, http.StatusOK, status, "%s", body)
@@ -79,7 +80,7 @@ func TestExtendFifthAPI(t *testing.T) {
 	assert.JSONEq(t, `9`, string(d.body["max_tokens"]), "the decode leg is the client's body")
 	assert.Contains(t, string(d.body[kvKey]), `"remote_engine_id":"toy"`, "with P's handle")
 
-	rec := obs.last()
+	rec := obs.Last()
 	assert.Equal(t, RefuseTokenOnly, rec.StoreRefusal, "ContinuationKeys keys it by its anchor (head and turns), for token verification only")
 
 	status, _, body = toyPost(t, url, "/v1/echo", `{"model":"m","prompt":7}`)

@@ -117,21 +117,3 @@ func toyPost(t *testing.T, url, path, body string) (int, http.Header, []byte) {
 	require.NoError(t, err)
 	return resp.StatusCode, resp.Header, b
 }
-
-// recordOf keeps the Router's last TurnRecord.
-type recordOf struct {
-	mu  sync.Mutex
-	rec TurnRecord
-}
-
-func (o *recordOf) ObserveTurn(rec *TurnRecord) {
-	o.mu.Lock()
-	o.rec = *rec
-	o.mu.Unlock()
-}
-
-func (o *recordOf) last() TurnRecord {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.rec
-}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/observed"
 )
 
 // Extension example: a pass-through API is one file (this one) and one
@@ -55,8 +56,8 @@ func TestExtendPassThroughAPI(t *testing.T) {
 		// scrubbed, as every answer is.
 		return []byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,-0.25],"kv_transfer_params":{"note":"x"}}],"model":"m","usage":{"prompt_tokens":2,"total_tokens":2}}`)
 	})
-	obs := &recordOf{}
-	r, err := New(WithPrefill(p.url), WithDecode(d.url), WithHealth(Health{RestartCheck: -1}), WithObserver(obs))
+	obs := &observed.Log[TurnRecord]{}
+	r, err := New(WithPrefill(p.url), WithDecode(d.url), WithHealth(Health{RestartCheck: -1}), WithObserver(ObserverFunc(obs.Add)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	srv := httptest.NewServer(r)
@@ -75,7 +76,7 @@ func TestExtendPassThroughAPI(t *testing.T) {
 	assert.NotContains(t, leg.body, "conversation_id")
 	assert.NotContains(t, leg.body, "return_token_ids")
 
-	rec := obs.last()
+	rec := obs.Last()
 	assert.Equal(t, "/v1/embeddings", rec.Path)
 	assert.Equal(t, ReuseOff, rec.Reuse)
 	assert.Equal(t, d.url, rec.DecodeEndpoint)
@@ -93,7 +94,7 @@ func TestExtendPassThroughAPI(t *testing.T) {
 	fail.Store(true)
 	status, _, _ = toyPost(t, srv.URL, "/v1/embeddings", `{"model":"m","input":"hi"}`)
 	assert.Equal(t, http.StatusBadGateway, status)
-	rec = obs.last()
+	rec = obs.Last()
 	assert.Equal(t, PhaseDecode, rec.ErrPhase, "the leg is a decode engine's")
 	assert.Equal(t, d.url, rec.DecodeEndpoint)
 	assert.Zero(t, p.count())

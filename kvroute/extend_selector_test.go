@@ -41,7 +41,7 @@ func firstFit(limit int) kvroute.Selector {
 
 func TestExtendSelector(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 3, 3)
-	rec := &lastTurn{}
+	rec := &kvroutetest.Records{}
 	url := serve(t, newRouter(t, c, kvroute.WithSelector(firstFit(4)), kvroute.WithObserver(rec))) // the registration line
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8}
 	for i := range 4 {
@@ -50,8 +50,8 @@ func TestExtendSelector(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.status)
 		conv.hear(res.text)
 		// One turn at a time: every leg fits the first engine.
-		assert.Equal(t, c.Prefill[0].URL(), rec.last().PrefillEndpoint, "turn %d", i)
-		assert.Equal(t, c.Decode[0].URL(), rec.last().DecodeEndpoint, "turn %d", i)
+		assert.Equal(t, c.Prefill[0].URL(), rec.Last().PrefillEndpoint, "turn %d", i)
+		assert.Equal(t, c.Decode[0].URL(), rec.Last().DecodeEndpoint, "turn %d", i)
 	}
 	assert.Empty(t, c.Prefill[1].Requests(), "the other engines stay idle")
 	assert.Empty(t, c.Decode[2].Requests())

@@ -20,7 +20,7 @@ func TestExtendStore(t *testing.T) {
 
 	c := kvroutetest.NewCluster(t, 1, 1)
 	store := newMapStore(time.Now)
-	rec := &lastTurn{}
+	rec := &kvroutetest.Records{}
 	url := serve(t, newRouter(t, c, kvroute.WithStore(store), kvroute.WithObserver(rec), kvroute.WithThreshold(0))) // the registration line
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8}
 	for i := range 3 {
@@ -29,9 +29,9 @@ func TestExtendStore(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.status)
 		conv.hear(res.text)
 		if i > 0 {
-			assert.Equal(t, kvroute.ReuseHit, rec.last().Reuse, "turn %d reuses the handle the map kept (%s)", i, rec.last().MissReason)
+			assert.Equal(t, kvroute.ReuseHit, rec.Last().Reuse, "turn %d reuses the handle the map kept (%s)", i, rec.Last().MissReason)
 		}
-		assert.True(t, rec.last().Stored)
+		assert.True(t, rec.Last().Stored)
 	}
 	store.mu.Lock()
 	assert.Len(t, store.vals, 1, "the conversation's live handle")

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
+	"github.com/bidikv/bidikv/kvroute/internal/observed"
 )
 
 // Extension example: a verification mode is one file (this one) and one
@@ -54,20 +55,20 @@ func TestExtendVerificationMode(t *testing.T) {
 	e := newToyEngine(t, func(string, map[string]json.RawMessage) []byte {
 		return []byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}`)
 	})
-	obs := &recordOf{}
-	_, url := toyRouter(t, e, WithObserver(obs), WithVerification(Verification{Mode: verifyLength}), WithThreshold(0))
+	obs := &observed.Log[TurnRecord]{}
+	_, url := toyRouter(t, e, WithObserver(ObserverFunc(obs.Add)), WithVerification(Verification{Mode: verifyLength}), WithThreshold(0))
 
 	first := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 	status, h, body := toyPost(t, url, PathChatCompletions, first)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, "miss", h.Get("X-Bidikv-Reuse"))
-	require.True(t, obs.last().Stored, "sealed and retained: %+v", obs.last())
+	require.True(t, obs.Last().Stored, "sealed and retained: %+v", obs.Last())
 
 	next := `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"and then?"}]}`
 	status, h, body = toyPost(t, url, PathChatCompletions, next)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, "hit", h.Get("X-Bidikv-Reuse"))
-	rec := obs.last()
+	rec := obs.Last()
 	assert.Equal(t, verifyLength, rec.Verification)
 	assert.Equal(t, 64, rec.ReusableTokens, "the handle whole")
 	assert.Contains(t, string(e.last(true).body[kvKey]), `"remote_engine_id":"toy"`, "P pulls the retained handle")

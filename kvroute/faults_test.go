@@ -215,8 +215,8 @@ func TestPrefillLeaseExpired(t *testing.T) {
 				}
 				g.turn(i, false)
 				if i%3 == 0 {
-					assert.Equal(t, kvroute.ReuseMiss, g.obs.last().Reuse, "turn %d was redone as a miss", i)
-					assert.Equal(t, 2, g.obs.last().PrefillAttempts, "turn %d", i)
+					assert.Equal(t, kvroute.ReuseMiss, g.obs.Last().Reuse, "turn %d was redone as a miss", i)
+					assert.Equal(t, 2, g.obs.Last().PrefillAttempts, "turn %d", i)
 				}
 			}
 			g.finish()
@@ -245,7 +245,7 @@ func TestRetryAfter(t *testing.T) {
 	var mu sync.Mutex
 	var waits []time.Duration
 	policy := transport.RetryPolicy{NewTimer: func() backoff.Timer { return &instantTimer{mu: &mu, waits: &waits} }}
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(busy, c.Prefill[1].URL()), kvroute.WithDecode(c.Decode[0].URL()),
 		kvroute.WithFailover(kvroute.Failover{PrefillRetry: policy}), kvroute.WithObserver(obs), kvroute.WithSelector(&kvroutetest.RoundRobin{}))
 	require.NoError(t, err)
@@ -256,8 +256,8 @@ func TestRetryAfter(t *testing.T) {
 	res := post(t, u, conv.path, conv.body(), nil)
 	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 	assert.Equal(t, reference(t, conv.path, conv.body()), res.text)
-	assert.Equal(t, 2, obs.last().PrefillAttempts)
-	assert.Equal(t, c.Prefill[1].URL(), obs.last().PrefillEndpoint)
+	assert.Equal(t, 2, obs.Last().PrefillAttempts)
+	assert.Equal(t, c.Prefill[1].URL(), obs.Last().PrefillEndpoint)
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, []time.Duration{2 * time.Second}, waits, "the wait honours Retry-After")

@@ -193,7 +193,7 @@ func TestInvalidDecodeHandlesRefused(t *testing.T) {
 			t.Run(fmt.Sprintf("%s stream=%v", v.name, stream), func(t *testing.T) {
 				c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 				front := &handleFront{target: c.Decode[0].URL(), rewrite: v.rewrite}
-				obs := &lastTurn{}
+				obs := &kvroutetest.Records{}
 				r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(newServer(t, front)), kvroute.WithObserver(obs))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = r.Close() })
@@ -207,19 +207,19 @@ func TestInvalidDecodeHandlesRefused(t *testing.T) {
 					assert.Equal(t, reference(t, conv.path, body), res.text, "turn %d", i)
 					conv.hear(res.text)
 					if i == 0 && v.rewrite != nil {
-						assert.Equal(t, kvroute.RefuseInvalidHandle, obs.last().StoreRefusal)
-						assert.False(t, obs.last().Stored)
+						assert.Equal(t, kvroute.RefuseInvalidHandle, obs.Last().StoreRefusal)
+						assert.False(t, obs.Last().Stored)
 					}
 				}
 				attached := attachedHandles(t, c.Prefill[0])
 				if v.rewrite == nil {
-					assert.Equal(t, kvroute.ReuseHit, obs.last().Reuse, "the valid handle is reused")
+					assert.Equal(t, kvroute.ReuseHit, obs.Last().Reuse, "the valid handle is reused")
 					assert.Len(t, attached, 1)
 					assert.Zero(t, r.Stats().InvalidHandles)
 					return
 				}
 				assert.Empty(t, attached, "an invalid handle reached a prefill engine")
-				assert.Equal(t, kvroute.MissNotFound, obs.last().MissReason)
+				assert.Equal(t, kvroute.MissNotFound, obs.Last().MissReason)
 				assert.Equal(t, int64(2), r.Stats().InvalidHandles, "one per turn")
 				for _, e := range append(c.Prefill, c.Decode...) {
 					st := e.Stats()

@@ -147,7 +147,7 @@ func streamAnswer(w http.ResponseWriter, content, handle string) {
 
 // fakeRouter is a router over one fake engine that serves both legs, in
 // content verification (the fake sends no token ids) with no threshold.
-func fakeRouter(t testing.TB, f *fakeEngine, obs *lastTurn, opts ...kvroute.Option) *kvroute.Router {
+func fakeRouter(t testing.TB, f *fakeEngine, obs *kvroutetest.Records, opts ...kvroute.Option) *kvroute.Router {
 	t.Helper()
 	base := []kvroute.Option{kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), kvroute.WithObserver(obs),
 		kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyContent}), kvroute.WithThreshold(0)}
@@ -237,7 +237,7 @@ func TestPrefillLegFinishesOnLength(t *testing.T) {
 			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
 				c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 				old := &oldPrefill{target: c.Prefill[0].URL()}
-				obs := &lastTurn{}
+				obs := &kvroutetest.Records{}
 				r, err := kvroute.New(kvroute.WithPrefill(newServer(t, old)), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithObserver(obs))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = r.Close() })
@@ -282,7 +282,7 @@ func TestNoDecodeHandleCounted(t *testing.T) {
 	t.Run("non-streaming", func(t *testing.T) {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", "")) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		logs := &countHandler{}
 		r := fakeRouter(t, f, obs, kvroute.WithLogger(slog.New(logs)))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
@@ -291,8 +291,8 @@ func TestNoDecodeHandleCounted(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int32(1), logs.n.Load(), "warned once")
 		assert.Equal(t, int64(2), r.Stats().NoDecodeHandle)
-		assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
-		assert.Equal(t, kvroute.RefuseNoHandle, obs.last().StoreRefusal)
+		assert.Equal(t, kvroute.PhaseDecode, obs.Last().NoHandle)
+		assert.Equal(t, kvroute.RefuseNoHandle, obs.Last().StoreRefusal)
 	})
 	t.Run("stream of an engine that sends handles", func(t *testing.T) {
 		f := newFake(t)
@@ -304,41 +304,41 @@ func TestNoDecodeHandleCounted(t *testing.T) {
 			}
 			streamAnswer(w, "hello", h)
 		}
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
 		require.NoError(t, err)
-		assert.True(t, obs.last().Stored)
+		assert.True(t, obs.Last().Stored)
 		_, err = doTurn(t, r, chatBody(true, "another conversation"), nil)
 		require.NoError(t, err)
 		st := r.Stats()
 		assert.Equal(t, int64(1), st.NoDecodeHandle)
 		assert.Zero(t, st.NoStreamHandle)
-		assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
+		assert.Equal(t, kvroute.PhaseDecode, obs.Last().NoHandle)
 	})
 	t.Run("stock stream", func(t *testing.T) {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { streamAnswer(w, "hello", "") }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
 		require.NoError(t, err)
 		st := r.Stats()
 		assert.Zero(t, st.NoDecodeHandle)
 		assert.Equal(t, int64(1), st.NoStreamHandle)
-		assert.Equal(t, kvroute.Phase(""), obs.last().NoHandle)
+		assert.Equal(t, kvroute.Phase(""), obs.Last().NoHandle)
 	})
 	t.Run("prefill", func(t *testing.T) {
 		f := newFake(t)
 		f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, prefillAnswer("", "")) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs, kvroute.WithFailover(kvroute.Failover{LocalPrefill: true}))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
 		st := r.Stats()
 		assert.Equal(t, int64(1), st.NoPrefillHandle)
 		assert.Zero(t, st.NoDecodeHandle, "D got no handle and owes none")
-		assert.Equal(t, kvroute.PhasePrefill, obs.last().NoHandle)
+		assert.Equal(t, kvroute.PhasePrefill, obs.Last().NoHandle)
 	})
 }
 
@@ -362,14 +362,14 @@ func TestUnconfirmedHits(t *testing.T) {
 			f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
 				writeJSON(w, prefillAnswer(testPHandle, tc.usage))
 			}
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := fakeRouter(t, f, obs)
 			_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 			require.NoError(t, err)
-			assert.False(t, obs.last().Unconfirmed, "a miss attaches nothing")
+			assert.False(t, obs.Last().Unconfirmed, "a miss attaches nothing")
 			_, err = doTurn(t, r, chatBody(false, "hi", "hello", "more"), nil)
 			require.NoError(t, err)
-			rec := obs.last()
+			rec := obs.Last()
 			require.Equal(t, kvroute.ReuseHit, rec.Reuse, "%+v", rec)
 			assert.Equal(t, tc.cached, rec.CachedTokens)
 			assert.Equal(t, tc.unconfirmed, rec.Unconfirmed)
@@ -388,19 +388,19 @@ func TestPushHandles(t *testing.T) {
 	t.Run("decode", func(t *testing.T) {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", push)) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
-		assert.Equal(t, kvroute.RefusePushHandle, obs.last().StoreRefusal)
-		assert.False(t, obs.last().Stored)
+		assert.Equal(t, kvroute.RefusePushHandle, obs.Last().StoreRefusal)
+		assert.False(t, obs.Last().Stored)
 		assert.Equal(t, int64(1), r.Stats().PushHandles)
 		assert.Zero(t, r.Stats().Stored)
 	})
 	t.Run("prefill", func(t *testing.T) {
 		f := newFake(t)
 		f.prefill = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, prefillAnswer(push, "")) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.ErrorIs(t, err, kvroute.ErrNoHandle)
@@ -408,7 +408,7 @@ func TestPushHandles(t *testing.T) {
 		st := r.Stats()
 		assert.Equal(t, int64(1), st.PushHandles)
 		assert.Equal(t, int64(1), st.NoPrefillHandle)
-		assert.Equal(t, kvroute.PhasePrefill, obs.last().NoHandle)
+		assert.Equal(t, kvroute.PhasePrefill, obs.Last().NoHandle)
 		for _, req := range f.requests() {
 			assert.Equal(t, "prefill", req.role, "no decode leg with a push handle")
 		}
@@ -425,14 +425,14 @@ func TestHandlesFailClosed(t *testing.T) {
 		} {
 			f := newFake(t)
 			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, body) }
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := fakeRouter(t, f, obs)
 			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
 			assert.Equal(t, http.StatusBadGateway, res.status, "%s", body)
 			assert.NotContains(t, string(res.raw), "kv_transfer_params")
-			assert.Equal(t, kvroute.PhaseDecode, obs.last().ErrPhase)
+			assert.Equal(t, kvroute.PhaseDecode, obs.Last().ErrPhase)
 			var ue *kvroute.UpstreamError
-			require.ErrorAs(t, obs.last().Err, &ue)
+			require.ErrorAs(t, obs.Last().Err, &ue)
 			assert.Equal(t, kvroute.PhaseDecode, ue.Phase)
 			decodes := 0
 			for _, req := range f.requests() {
@@ -450,7 +450,7 @@ func TestHandlesFailClosed(t *testing.T) {
 		} {
 			f := newFake(t)
 			f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, body) }
-			r := fakeRouter(t, f, &lastTurn{})
+			r := fakeRouter(t, f, &kvroutetest.Records{})
 			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
 			assert.Equal(t, http.StatusOK, res.status)
 			assert.Equal(t, want, string(res.raw))
@@ -461,12 +461,12 @@ func TestHandlesFailClosed(t *testing.T) {
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
 			writeJSON(w, `{"id":"d","choices":[{"index":0,"kv_transfer_params":`+testDHandle+`,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"kv_transfer_params":`+testDHandle+`}`)
 		}
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		res := post(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
 		require.Equal(t, http.StatusOK, res.status)
 		assert.Equal(t, "hello", res.text)
-		assert.True(t, obs.last().Stored)
+		assert.True(t, obs.Last().Stored)
 	})
 	t.Run("stream comment, id and nested", func(t *testing.T) {
 		f := newFake(t)
@@ -476,12 +476,12 @@ func TestHandlesFailClosed(t *testing.T) {
 			fmt.Fprintf(w, "id: kv_transfer_params\ndata: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":null,\"kv_transfer_params\":%s}]}\n\n", testDHandle)
 			fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", testDHandle)
 		}
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		res := post(t, serve(t, r), kvroute.PathChatCompletions, chatBody(true, "hi"), nil)
 		require.Equal(t, http.StatusOK, res.status)
 		assert.Equal(t, "hello", res.text)
-		assert.True(t, obs.last().Stored)
+		assert.True(t, obs.Last().Stored)
 	})
 	t.Run("error bodies", func(t *testing.T) {
 		echo := `{"error":{"message":"[{'loc': ('body', 'kv_transfer_params'), 'input': {'remote_host': '10.0.0.2'}}]","type":"BadRequestError","code":400}}`
@@ -497,7 +497,7 @@ func TestHandlesFailClosed(t *testing.T) {
 			} else {
 				f.decode = bad
 			}
-			r := fakeRouter(t, f, &lastTurn{})
+			r := fakeRouter(t, f, &kvroutetest.Records{})
 			res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
 			assert.Equal(t, http.StatusBadRequest, res.status, phase)
 			assert.NotContains(t, string(res.raw), "kv_transfer_params", phase)
@@ -554,16 +554,16 @@ func TestLargeHandleEndToEnd(t *testing.T) {
 					writeJSON(w, decodeAnswer("hello", big))
 				}
 			}
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := fakeRouter(t, f, obs)
 			out, err := doTurn(t, r, chatBody(stream, "hi"), nil)
 			require.NoError(t, err)
 			assert.Contains(t, string(out), "hello")
 			assert.NotContains(t, string(out), "kv_transfer_params")
-			require.True(t, obs.last().Stored, "refusal %q", obs.last().StoreRefusal)
+			require.True(t, obs.Last().Stored, "refusal %q", obs.Last().StoreRefusal)
 			_, err = doTurn(t, r, chatBody(stream, "hi", "hello", "more"), nil)
 			require.NoError(t, err)
-			require.Equal(t, kvroute.ReuseHit, obs.last().Reuse)
+			require.Equal(t, kvroute.ReuseHit, obs.Last().Reuse)
 			reqs := f.requests()
 			p := reqs[len(reqs)-2]
 			require.Equal(t, "prefill", p.role)
@@ -579,13 +579,13 @@ func TestLargeHandleEndToEnd(t *testing.T) {
 	t.Run("bounds are options", func(t *testing.T) {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", big)) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		logs := &countHandler{}
 		r := fakeRouter(t, f, obs, kvroute.WithLimits(kvroute.Limits{Entry: 64 << 10}), kvroute.WithLogger(slog.New(logs)))
 		for i := range 3 {
 			_, err := doTurn(t, r, chatBody(false, fmt.Sprintf("hi %d", i)), nil)
 			require.NoError(t, err)
-			assert.Equal(t, kvroute.RefuseHandleTooLarge, obs.last().StoreRefusal)
+			assert.Equal(t, kvroute.RefuseHandleTooLarge, obs.Last().StoreRefusal)
 		}
 		assert.Equal(t, int64(3), r.Stats().TooLarge)
 		assert.Equal(t, int32(1), logs.n.Load(), "warned once, not every turn")
@@ -594,7 +594,7 @@ func TestLargeHandleEndToEnd(t *testing.T) {
 		r = fakeRouter(t, f, obs, kvroute.WithLimits(kvroute.Limits{Event: 1 << 20}))
 		_, err := doTurn(t, r, chatBody(true, "hi"), nil)
 		require.Error(t, err)
-		assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
+		assert.Equal(t, kvroute.PhaseStream, obs.Last().ErrPhase)
 
 		for _, o := range []kvroute.Option{kvroute.WithLimits(kvroute.Limits{Event: -1}), kvroute.WithLimits(kvroute.Limits{Entry: -1})} {
 			_, err := kvroute.New(kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), o)
@@ -620,7 +620,7 @@ func TestRequestIDBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(t)
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := fakeRouter(t, f, obs)
 			resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions,
 				Header: http.Header{"X-Request-Id": {tc.id}}, Body: chatBody(false, "hi")})
@@ -634,8 +634,8 @@ func TestRequestIDBounded(t *testing.T) {
 				assert.True(t, strings.HasPrefix(got, "bidikv-"), got)
 			}
 			assert.Equal(t, got, resp.Header.Get("X-Request-Id"))
-			assert.Equal(t, got, obs.last().RequestID)
-			engineID := obs.last().EngineRequestID
+			assert.Equal(t, got, obs.Last().RequestID)
+			engineID := obs.Last().EngineRequestID
 			if tc.kept {
 				assert.Regexp(t, `^`+regexp.QuoteMeta(tc.id)+`-[0-9a-f]{16}$`, engineID, "the client's id, made unique for the engines")
 			} else {
@@ -655,11 +655,11 @@ func TestRequestIDBounded(t *testing.T) {
 func TestTurnRecordReuseSemantics(t *testing.T) {
 	t.Run("validation failure", func(t *testing.T) {
 		f := newFake(t)
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		_, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: []byte("{nope")})
 		require.ErrorIs(t, err, kvroute.ErrBadRequest)
-		rec := obs.last()
+		rec := obs.Last()
 		assert.Empty(t, rec.Reuse)
 		assert.Empty(t, rec.MissReason)
 		assert.Equal(t, kvroute.PhaseLookup, rec.ErrPhase)
@@ -667,21 +667,21 @@ func TestTurnRecordReuseSemantics(t *testing.T) {
 	})
 	t.Run("closed router", func(t *testing.T) {
 		f := newFake(t)
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		require.NoError(t, r.Close())
 		_, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathChatCompletions, Header: http.Header{}, Body: chatBody(false, "hi")})
 		require.ErrorIs(t, err, kvroute.ErrClosed)
-		assert.Empty(t, obs.last().Reuse)
-		assert.Equal(t, kvroute.PhaseLookup, obs.last().ErrPhase)
+		assert.Empty(t, obs.Last().Reuse)
+		assert.Equal(t, kvroute.PhaseLookup, obs.Last().ErrPhase)
 	})
 	t.Run("reuse off", func(t *testing.T) {
 		f := newFake(t)
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs, kvroute.WithReuse(false))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
-		assert.Equal(t, kvroute.ReuseOff, obs.last().Reuse)
+		assert.Equal(t, kvroute.ReuseOff, obs.Last().Reuse)
 	})
 	first := []struct {
 		name  string
@@ -698,22 +698,22 @@ func TestTurnRecordReuseSemantics(t *testing.T) {
 	for _, tc := range first {
 		t.Run("first turn "+tc.name, func(t *testing.T) {
 			f := newFake(t)
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := fakeRouter(t, f, obs, kvroute.WithIdentifier(tc.ident))
 			resp, err := r.Do(context.Background(), &kvroute.Request{Path: tc.path, Header: http.Header{}, Body: []byte(tc.body)})
 			require.NoError(t, err)
 			require.NoError(t, resp.Close())
-			assert.Equal(t, kvroute.ReuseMiss, obs.last().Reuse)
-			assert.Equal(t, kvroute.MissNotFound, obs.last().MissReason)
+			assert.Equal(t, kvroute.ReuseMiss, obs.Last().Reuse)
+			assert.Equal(t, kvroute.MissNotFound, obs.Last().MissReason)
 		})
 	}
 	t.Run("identifier error", func(t *testing.T) {
 		f := newFake(t)
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs, kvroute.WithIdentifier(failingIdentifier{}))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
-		assert.Equal(t, kvroute.MissNoKey, obs.last().MissReason)
+		assert.Equal(t, kvroute.MissNoKey, obs.Last().MissReason)
 	})
 }
 
@@ -732,7 +732,7 @@ func TestMalformedStreamEventFailsClosed(t *testing.T) {
 		_, _ = io.WriteString(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":null}]}\n\n")
 		_, _ = io.WriteString(w, "data: {\"kv_transfer_params\":{\"remote_host\":\"10.0.0.2\"\n\n")
 	}
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r := fakeRouter(t, f, obs)
 	res := send(t, serve(t, r), kvroute.PathChatCompletions, chatBody(true, "hi"), nil)
 	require.Equal(t, http.StatusOK, res.status)
@@ -740,7 +740,7 @@ func TestMalformedStreamEventFailsClosed(t *testing.T) {
 	assert.NotEmpty(t, s.errData)
 	assert.False(t, s.done)
 	assert.NotContains(t, string(res.raw), "10.0.0.2")
-	assert.Equal(t, kvroute.PhaseStream, obs.last().ErrPhase)
+	assert.Equal(t, kvroute.PhaseStream, obs.Last().ErrPhase)
 }
 
 // Issue 12.4, token mode: the first event of a 1M-token stream carries the
@@ -767,7 +767,7 @@ func TestLargeContextTokenMode(t *testing.T) {
 		fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"token_ids\":[42],\"finish_reason\":null}]}\n\n")
 		fmt.Fprintf(w, "data: {\"id\":\"d\",\"choices\":[{\"index\":0,\"delta\":{},\"token_ids\":[2],\"finish_reason\":\"stop\"}],\"kv_transfer_params\":%s}\n\ndata: [DONE]\n\n", big)
 	}
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(f.url), kvroute.WithDecode(f.url), kvroute.WithObserver(obs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
@@ -776,7 +776,7 @@ func TestLargeContextTokenMode(t *testing.T) {
 	assert.Contains(t, string(out), "hello")
 	assert.NotContains(t, string(out), "prompt_token_ids", "ids the client did not ask for are stripped")
 	assert.NotContains(t, string(out), "kv_transfer_params")
-	rec := obs.last()
+	rec := obs.Last()
 	require.True(t, rec.Stored, "refusal %q", rec.StoreRefusal)
 	assert.Zero(t, r.Stats().TokenFallbacks, "retained with its token fingerprint")
 }
@@ -788,7 +788,7 @@ func TestNoDecodeHandleSimulated(t *testing.T) {
 	reg := kvroutetest.NewRegistry()
 	p := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg))
 	d := kvroutetest.NewEngine(t, kvroutetest.WithRegistry(reg), kvroutetest.WithBidirectional(false))
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(obs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
@@ -799,8 +799,8 @@ func TestNoDecodeHandleSimulated(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 	assert.Equal(t, reference(t, conv.path, conv.body()), res.text)
 	assert.Equal(t, int64(1), r.Stats().NoDecodeHandle)
-	assert.Equal(t, kvroute.PhaseDecode, obs.last().NoHandle)
-	assert.False(t, obs.last().Stored)
+	assert.Equal(t, kvroute.PhaseDecode, obs.Last().NoHandle)
+	assert.False(t, obs.Last().Stored)
 }
 
 // Issue 12.1 against the simulator's older engine (P emits its handle only
@@ -842,7 +842,7 @@ func TestContentModeCompletionShaping(t *testing.T) {
 	f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) {
 		writeJSON(w, `{"id":"d","object":"text_completion","choices":[{"index":0,"text":`+mustJSON(reply)+`,"finish_reason":"stop"}],"kv_transfer_params":`+testDHandle+`}`)
 	}
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r := fakeRouter(t, f, obs)
 	p1 := strings.Repeat("history ", 40) + "Q:"
 	turn := func(prompt string, extra map[string]any) kvroute.TurnRecord {
@@ -854,7 +854,7 @@ func TestContentModeCompletionShaping(t *testing.T) {
 		resp, err := r.Do(context.Background(), &kvroute.Request{Path: kvroute.PathCompletions, Header: http.Header{}, Body: []byte(mustJSON(m))})
 		require.NoError(t, err)
 		require.NoError(t, resp.Close())
-		return obs.last()
+		return obs.Last()
 	}
 	for _, tc := range []struct {
 		name         string

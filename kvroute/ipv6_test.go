@@ -25,7 +25,7 @@ func TestIPv6Loopback(t *testing.T) {
 	for _, e := range append(append([]*kvroutetest.Engine(nil), c.Prefill...), c.Decode...) {
 		require.True(t, strings.HasPrefix(e.URL(), "http://[::1]:"), e.URL())
 	}
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(obs))
 	srv := httptest.NewUnstartedServer(leakGuard{t: t, h: r})
 	srv.Listener.Close()

@@ -49,7 +49,7 @@ func TestRetainedBlockIDsOutOfRangeRefused(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 			mem, err := retention.NewMemory()
 			require.NoError(t, err)
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(c.Decode[0].URL()),
 				kvroute.WithStore(&corruptStore{Store: mem, id: id}), kvroute.WithObserver(obs))
 			require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestRetainedBlockIDsOutOfRangeRefused(t *testing.T) {
 				assert.Equal(t, reference(t, conv.path, body), res.text, "turn %d", i)
 				conv.hear(res.text)
 			}
-			assert.Equal(t, kvroute.MissBadEntry, obs.last().MissReason)
+			assert.Equal(t, kvroute.MissBadEntry, obs.Last().MissReason)
 			assert.Equal(t, int64(1), r.Stats().InvalidHandles)
 			assert.Empty(t, attachedHandles(t, c.Prefill[0]), "an out-of-range block id reached a prefill engine")
 		})

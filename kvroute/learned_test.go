@@ -97,14 +97,14 @@ func TestCapabilitiesLearned(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, tc.engine...)
-			obs := &lastTurn{}
+			obs := &kvroutetest.Records{}
 			r := newRouter(t, c, append([]kvroute.Option{kvroute.WithObserver(obs), kvroute.WithThreshold(0)}, tc.opts...)...)
 			url := serve(t, r)
 			for i := range tc.turns {
 				res := send(t, url, tc.path, learnedBody(t, tc.path, tc.stream, i, tc.extra), nil)
 				require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 			}
-			assert.Equal(t, tc.missing, obs.last().Missing, "the last turn's missing capability")
+			assert.Equal(t, tc.missing, obs.Last().Missing, "the last turn's missing capability")
 			assert.Equal(t, orEmpty(tc.prefill), learnedStates(t, r, kvroute.PhasePrefill), "learned of the prefill engine")
 			assert.Equal(t, orEmpty(tc.decode), learnedStates(t, r, kvroute.PhaseDecode), "learned of the decode engine")
 			if tc.missing == "no_stream_handle" {
@@ -114,11 +114,11 @@ func TestCapabilitiesLearned(t *testing.T) {
 	}
 	t.Run("no token ids", func(t *testing.T) {
 		f := newFake(t) // its decode answers carry no token ids
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs, kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}))
 		_, err := doTurn(t, r, chatBody(false, "hi"), nil)
 		require.NoError(t, err)
-		assert.Equal(t, "no_token_ids", obs.last().Missing)
+		assert.Equal(t, "no_token_ids", obs.Last().Missing)
 		assert.Equal(t, int64(1), r.Stats().TokenFallbacks)
 	})
 }

@@ -40,7 +40,7 @@ func TestDecodeLocalTurns(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithStreamHandles(true))
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true, KVBytesPerToken: 1000}),
 				kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{MaxLocalSuffix: 400})))
 			url := serve(t, r)
@@ -145,7 +145,7 @@ func TestDecodeLocalBurstBounded(t *testing.T) {
 	rt := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(rt.CloseIdleConnections)
 	g := &gate{rt: rt, open: make(chan struct{})}
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithTransport(g),
 		kvroute.WithThresholdPolicy(localModel(t, threshold.CostConfig{MaxLocalInFlight: 2})))
 	url := serve(t, r)
@@ -205,7 +205,7 @@ func (l *learner) Observe(o threshold.Observation) {
 // a path for, with the path, token counts and times on its clock.
 func TestDecodeLocalObserved(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	l := &learner{CostModel: localModel(t, threshold.CostConfig{})}
 	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithThresholdPolicy(l))
 	url := serve(t, r)

@@ -207,12 +207,12 @@ func TestUnreleasableHandlesSentNowhere(t *testing.T) {
 	} {
 		f := newFake(t)
 		f.decode = func(w http.ResponseWriter, _ map[string]json.RawMessage) { writeJSON(w, decodeAnswer("hello", h)) }
-		obs := &lastTurn{}
+		obs := &kvroutetest.Records{}
 		r := fakeRouter(t, f, obs)
 		srv := serve(t, r)
 		res := post(t, srv, kvroute.PathChatCompletions, chatBody(false, "hi"), nil)
 		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
-		assert.False(t, obs.last().Stored)
+		assert.False(t, obs.Last().Stored)
 		settle(t, r, func(s kvroute.Stats) bool { return s.Unreleasable > 0 })
 		assert.Zero(t, orphanTotal(r.Stats()))
 		f.mu.Lock()

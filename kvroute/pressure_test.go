@@ -68,7 +68,7 @@ func TestPlacementByPressure(t *testing.T) {
 		clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 		c := kvroutetest.NewCluster(t, 1, 2, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
 			kvroutetest.WithNumBlocks(budgetBlocks))
-		rec := &recorder{}
+		rec := &kvroutetest.Records{}
 		r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{HighWatermark: 0.05}))
 		url := serve(t, r)
 		convs := []*conversation{}
@@ -77,7 +77,7 @@ func TestPlacementByPressure(t *testing.T) {
 			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 			conv.say(userText(i + 1))
 			conv.hear(releaseTurn(t, url, conv.path, conv.body(), nil))
-			engines = append(engines, rec.last().DecodeEndpoint)
+			engines = append(engines, rec.Last().DecodeEndpoint)
 			convs = append(convs, conv)
 			if i == 0 {
 				knowCapacity(t, r)
@@ -86,7 +86,7 @@ func TestPlacementByPressure(t *testing.T) {
 		assert.NotEqual(t, engines[0], engines[1], "the new conversation went to the engine with room")
 		convs[0].say(userText(3))
 		releaseTurn(t, url, convs[0].path, convs[0].body(), nil)
-		assert.Equal(t, kvroute.ReuseHit, rec.last().Reuse, "%s", rec.last().MissReason)
+		assert.Equal(t, kvroute.ReuseHit, rec.Last().Reuse, "%s", rec.Last().MissReason)
 		for _, d := range c.Decode {
 			assert.Zero(t, d.Stats().WrongOutputs)
 		}

@@ -114,13 +114,13 @@ func TestReleaseThroughPrefillLeg(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk))
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, append([]kvroute.Option{kvroute.WithObserver(rec)}, tc.opts...)...)
 			url := serve(t, r)
 			d, p := c.Decode[0], c.Prefill[0]
 			conv := tc.first()
 			reply := releaseTurn(t, url, conv.path, conv.body(), tc.header)
-			require.True(t, rec.last().Stored, "turn 1 retained nothing: %s", rec.last().StoreRefusal)
+			require.True(t, rec.Last().Stored, "turn 1 retained nothing: %s", rec.Last().StoreRefusal)
 			knowCapacity(t, r)
 			held := d.Stats()
 			require.Positive(t, held.UsedBlocks, "D holds turn 1's blocks")
@@ -128,7 +128,7 @@ func TestReleaseThroughPrefillLeg(t *testing.T) {
 			clk.Advance(tc.wait)
 
 			releaseTurn(t, url, conv.path, tc.second(conv, reply), tc.header)
-			tr := rec.last()
+			tr := rec.Last()
 			assert.Equal(t, tc.miss, tr.MissReason)
 			assert.True(t, tr.Released, "the turn released the hold it replaced")
 			assert.True(t, tr.Stored)
@@ -186,7 +186,7 @@ func TestReleaseFailureLapsesAtTTL(t *testing.T) {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk))
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithThreshold(4096))
 			url := serve(t, r)
 			d := c.Decode[0]
@@ -201,7 +201,7 @@ func TestReleaseFailureLapsesAtTTL(t *testing.T) {
 			conv.hear(reply)
 			conv.say(userText(2))
 			releaseTurn(t, url, conv.path, conv.body(), nil)
-			tr := rec.last()
+			tr := rec.Last()
 			assert.False(t, tr.Released)
 			assert.Equal(t, 2, tr.PrefillAttempts)
 			assert.True(t, tr.Stored)
@@ -222,7 +222,7 @@ func TestReleaseFailureLapsesAtTTL(t *testing.T) {
 // blocks are gone): it is dropped and counted.
 func TestReleaseSkipsRestartedEngine(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithThreshold(4096))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -232,7 +232,7 @@ func TestReleaseSkipsRestartedEngine(t *testing.T) {
 	c.Decode[0].Restart()
 	conv.say(userText(2))
 	releaseTurn(t, url, conv.path, conv.body(), nil)
-	tr := rec.last()
+	tr := rec.Last()
 	assert.Equal(t, kvroute.MissRestarted, tr.MissReason)
 	assert.False(t, tr.Released)
 	s := r.Stats()

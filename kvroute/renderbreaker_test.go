@@ -163,7 +163,7 @@ func TestRenderBreakerTrialNotWaited(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
 	bad := newBadRenderer(t, c.Prefill[0].URL(), true)
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(bad.url), kvroute.WithDecode(c.Decode[0].URL()),
 		kvroute.WithTimeouts(kvroute.Timeouts{Render: time.Minute}), kvroute.WithClock(clk.Now), kvroute.WithObserver(obs))
 	require.NoError(t, err)
@@ -175,7 +175,7 @@ func TestRenderBreakerTrialNotWaited(t *testing.T) {
 		conv.say(fmt.Sprintf("Conversation %d: %s", i, userText(i)))
 		res := send(t, url, kvroute.PathResponses, conv.body(), nil)
 		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
-		return obs.last()
+		return obs.Last()
 	}
 	// Three failing renders open the breaker.
 	bad.mu.Lock()

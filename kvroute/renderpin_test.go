@@ -58,7 +58,7 @@ func TestRenderMismatchRedone(t *testing.T) {
 					// Every positional read happens, however short (the
 					// engines' kv_recompute_threshold at 0).
 					c := kvroutetest.NewCluster(t, prefills, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithRecomputeThreshold(0))
-					obs := &lastTurn{}
+					obs := &kvroutetest.Records{}
 					opts := []kvroute.Option{kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithObserver(obs), kvroute.WithThreshold(0)}
 					// The first prefill engine has the stale renderer: the
 					// selector picks it first for every render.
@@ -96,7 +96,7 @@ func TestRenderMismatchRedone(t *testing.T) {
 						conv.prompt = strings.Replace(conv.prompt, original, edited, 1)
 					}
 					ask(2)
-					rec := obs.last()
+					rec := obs.Last()
 					assert.Equal(t, kvroute.MissRenderMismatch, rec.MissReason)
 					assert.Equal(t, int64(1), r.Stats().RenderMismatches)
 					defer func() { assert.Equal(t, int64(3), r.Stats().AvoidedEngineTurns, "turns 3 to 5 kept off the engine") }()

@@ -89,7 +89,7 @@ func TestDecodeRestartNeverAttachesOldHandles(t *testing.T) {
 				if !tc.metrics {
 					dURL = noMetrics(t, dURL)
 				}
-				obs := &lastTurn{}
+				obs := &kvroutetest.Records{}
 				ropts := []kvroute.Option{kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(dURL), kvroute.WithObserver(obs)}
 				if clk != nil {
 					ropts = append(ropts, kvroute.WithClock(clk.Now))
@@ -112,7 +112,7 @@ func TestDecodeRestartNeverAttachesOldHandles(t *testing.T) {
 				}
 				turn(conv, 1)
 				turn(conv, 2)
-				require.Equal(t, kvroute.ReuseHit, obs.last().Reuse, "turn 2 reuses turn 1 (%s)", obs.last().MissReason)
+				require.Equal(t, kvroute.ReuseHit, obs.Last().Reuse, "turn 2 reuses turn 1 (%s)", obs.Last().MissReason)
 
 				if tc.gap {
 					// The engine goes down: another client's turn fails.
@@ -132,12 +132,12 @@ func TestDecodeRestartNeverAttachesOldHandles(t *testing.T) {
 				turn(other, 1)
 
 				turn(conv, 3)
-				rec := obs.last()
+				rec := obs.Last()
 				assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
 				assert.Equal(t, tc.reason, rec.MissReason)
 				assert.Equal(t, 1, rec.PrefillAttempts, "the old handle never reached a prefill engine")
 				turn(conv, 4)
-				assert.Equal(t, kvroute.ReuseHit, obs.last().Reuse, "handles of the new process are reused (%s)", obs.last().MissReason)
+				assert.Equal(t, kvroute.ReuseHit, obs.Last().Reuse, "handles of the new process are reused (%s)", obs.Last().MissReason)
 
 				st := r.Stats()
 				assert.Positive(t, st.RestartedHandles)
@@ -175,7 +175,7 @@ func TestRestartCheckUnreadable(t *testing.T) {
 		}
 		rp.ServeHTTP(w, r)
 	}))
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(front), kvroute.WithObserver(obs), kvroute.WithClock(clk.Now))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
@@ -189,7 +189,7 @@ func TestRestartCheckUnreadable(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
 		assert.Equal(t, reference(t, conv.path, body), res.text)
 		conv.hear(res.text)
-		return obs.last()
+		return obs.Last()
 	}
 	ask(1)
 	broken.Store(true)

@@ -31,36 +31,11 @@ func (t *tally) add(o *tally) {
 	t.expiredReads += o.expiredReads
 }
 
-// lastTurn records the router's last TurnRecord and endpoint events.
-type lastTurn struct {
-	mu     sync.Mutex
-	rec    kvroute.TurnRecord
-	events []kvroute.EndpointEvent
-}
-
-func (l *lastTurn) ObserveTurn(rec *kvroute.TurnRecord) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.rec = *rec
-}
-
-func (l *lastTurn) ObserveEndpoint(ev kvroute.EndpointEvent) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, ev)
-}
-
-func (l *lastTurn) last() kvroute.TurnRecord {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.rec
-}
-
-func (l *lastTurn) kinds() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// endpointKinds returns the endpoint events obs saw, each as its kind and
+// endpoint.
+func endpointKinds(obs *kvroutetest.Records) []string {
 	var out []string
-	for _, ev := range l.events {
+	for _, ev := range obs.Endpoints() {
 		out = append(out, string(ev.Kind)+" "+ev.Endpoint)
 	}
 	return out
@@ -72,13 +47,13 @@ type rig struct {
 	c    *kvroutetest.Cluster
 	r    *kvroute.Router
 	url  string
-	obs  *lastTurn
+	obs  *kvroutetest.Records
 	conv *conversation
 	n    tally
 }
 
 func newRig(t *testing.T, c *kvroutetest.Cluster, stream bool, opts ...kvroute.Option) *rig {
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r := newRouter(t, c, append([]kvroute.Option{kvroute.WithObserver(obs)}, opts...)...)
 	g := &rig{t: t, c: c, r: r, url: serve(t, r), obs: obs}
 	g.conv = &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -97,8 +72,8 @@ func (g *rig) engine(url string) *kvroutetest.Engine {
 }
 
 // lastDecode and lastPrefill are the engines of the last successful turn.
-func (g *rig) lastDecode() *kvroutetest.Engine  { return g.engine(g.obs.last().DecodeEndpoint) }
-func (g *rig) lastPrefill() *kvroutetest.Engine { return g.engine(g.obs.last().PrefillEndpoint) }
+func (g *rig) lastDecode() *kvroutetest.Engine  { return g.engine(g.obs.Last().DecodeEndpoint) }
+func (g *rig) lastPrefill() *kvroutetest.Engine { return g.engine(g.obs.Last().PrefillEndpoint) }
 
 // turn sends the conversation's next turn and checks the answer against
 // the single-engine reference; mayFail allows a clear error instead.

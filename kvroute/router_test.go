@@ -234,13 +234,8 @@ func TestConcurrentFollowUps(t *testing.T) {
 func TestRetentionTTL(t *testing.T) {
 	clock := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithClock(clock))
-	var recs []kvroute.TurnRecord
-	var mu sync.Mutex
-	r := newRouter(t, c, kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) {
-		mu.Lock()
-		recs = append(recs, *rec)
-		mu.Unlock()
-	})))
+	obs := &kvroutetest.Records{}
+	r := newRouter(t, c, kvroute.WithObserver(obs))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	conv.say(userText(1))
@@ -254,8 +249,7 @@ func TestRetentionTTL(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.status)
 	assert.Equal(t, reference(t, kvroute.PathChatCompletions, body), res.text)
 	assert.Equal(t, kvroute.ReuseMiss, kvroute.ReuseOutcome(res.header.Get("X-Bidikv-Reuse")))
-	mu.Lock()
-	defer mu.Unlock()
+	recs := obs.All()
 	require.Len(t, recs, 2)
 	assert.Equal(t, kvroute.MissExpired, recs[1].MissReason)
 	for _, e := range []*kvroutetest.Engine{c.Prefill[0], c.Decode[0]} {

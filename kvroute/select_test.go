@@ -106,7 +106,7 @@ func TestEjection(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		g.turn(i, false)
 	}
-	assert.Contains(t, g.obs.kinds(), string(kvroute.EndpointEjected)+" "+bad.URL())
+	assert.Contains(t, endpointKinds(g.obs), string(kvroute.EndpointEjected)+" "+bad.URL())
 	var st kvroute.EndpointStatus
 	for _, s := range g.r.Endpoints(kvroute.PhaseDecode) {
 		if s.URL == bad.URL() {
@@ -126,7 +126,7 @@ func TestEjection(t *testing.T) {
 		g.turn(i, false)
 	}
 	assert.Greater(t, len(bad.Requests()), before, "re-admitted after the backoff")
-	assert.Contains(t, g.obs.kinds(), string(kvroute.EndpointReadmitted)+" "+bad.URL())
+	assert.Contains(t, endpointKinds(g.obs), string(kvroute.EndpointReadmitted)+" "+bad.URL())
 	g.finish()
 }
 
@@ -216,15 +216,15 @@ func TestSetEndpointsEmpty(t *testing.T) {
 // the store.
 func TestGoneDecodeHandle(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 2)
-	obs := &lastTurn{}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithObserver(obs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	g := &rig{t: t, c: c, r: r, url: serve(t, r), obs: obs}
 	g.conv = &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	g.turn(0, false)
-	require.Equal(t, c.Decode[0].URL(), obs.last().DecodeEndpoint)
-	require.True(t, obs.last().Stored)
+	require.Equal(t, c.Decode[0].URL(), obs.Last().DecodeEndpoint)
+	require.True(t, obs.Last().Stored)
 
 	d1, err := transport.ParseEndpoint(c.Decode[1].URL())
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestGoneDecodeHandle(t *testing.T) {
 	pulled := c.Prefill[0].Stats().TokensPulledIn
 	failed := c.Prefill[0].Stats().LoadFailures
 	g.turn(1, false)
-	rec := obs.last()
+	rec := obs.Last()
 	assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
 	assert.Equal(t, kvroute.MissEndpointGone, rec.MissReason)
 	assert.Equal(t, c.Decode[1].URL(), rec.DecodeEndpoint)

@@ -84,7 +84,7 @@ func TestStreamCutMidEvent(t *testing.T) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				_, _ = io.WriteString(w, tt.sent+tt.partial)
 			}
-			r := fakeRouter(t, f, &lastTurn{})
+			r := fakeRouter(t, f, &kvroutetest.Records{})
 			res := send(t, serve(t, r), tt.path, []byte(tt.request), nil)
 			require.Equal(t, http.StatusOK, res.status)
 			raw := string(res.raw)

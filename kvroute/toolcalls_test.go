@@ -308,7 +308,7 @@ func TestToolCallTurnsReuse(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithToolCallRate(1))
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			url := serve(t, newRouter(t, c, append([]kvroute.Option{kvroute.WithObserver(rec)}, tc.opts...)...))
 			client := &toolClient{path: tc.path, stream: tc.stream}
 			var last *toolReply
@@ -330,7 +330,7 @@ func TestToolCallTurnsReuse(t *testing.T) {
 				assert.Equal(t, map[string]string{kvroute.PathChatCompletions: "tool_calls", kvroute.PathMessages: "tool_use",
 					kvroute.PathResponses: "completed"}[tc.path], got.finish, "turn %d", turn)
 
-				tr := rec.last()
+				tr := rec.Last()
 				assert.True(t, tr.Stored, "turn %d: the tool-call turn is retained (%s)", turn, tr.StoreRefusal)
 				if turn == 0 {
 					assert.Equal(t, kvroute.ReuseMiss, tr.Reuse)

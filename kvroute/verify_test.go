@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,27 +17,9 @@ import (
 	"github.com/bidikv/bidikv/transport"
 )
 
-// recorder keeps every TurnRecord.
-type recorder struct {
-	mu   sync.Mutex
-	recs []kvroute.TurnRecord
-}
-
-func (r *recorder) ObserveTurn(rec *kvroute.TurnRecord) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, *rec)
-}
-
-func (r *recorder) last() kvroute.TurnRecord {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.recs[len(r.recs)-1]
-}
-
 // runTurns runs a conversation of n turns and checks every answer against
 // the single-engine reference; it returns the turn records.
-func runTurns(t *testing.T, url string, rec *recorder, conv *conversation, n int, ref []kvroutetest.Option, mutate func(turn int, c *conversation)) []kvroute.TurnRecord {
+func runTurns(t *testing.T, url string, rec *kvroutetest.Records, conv *conversation, n int, ref []kvroutetest.Option, mutate func(turn int, c *conversation)) []kvroute.TurnRecord {
 	t.Helper()
 	var out []kvroute.TurnRecord
 	for i := 0; i < n; i++ {
@@ -53,7 +34,7 @@ func runTurns(t *testing.T, url string, rec *recorder, conv *conversation, n int
 		want, err := kvroutetest.Reference(conv.path, body, ref...)
 		require.NoError(t, err)
 		assert.Equal(t, want.Text, res.text, "turn %d differs from the single-engine answer", i)
-		out = append(out, rec.last())
+		out = append(out, rec.Last())
 		conv.hear(res.text)
 	}
 	return out
@@ -64,7 +45,7 @@ func TestTokenVerificationHonestContinuation(t *testing.T) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
 				c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
-				rec := &recorder{}
+				rec := &kvroutetest.Records{}
 				r := newRouter(t, c, kvroute.WithObserver(rec))
 				url := serve(t, r)
 				conv := &conversation{path: path, stream: stream, maxTok: 24}
@@ -101,7 +82,7 @@ func TestTokenVerificationReasoning(t *testing.T) {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			opts := []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithStreamHandles(true)}
 			c := kvroutetest.NewCluster(t, 1, 1, opts...)
-			rec := &recorder{}
+			rec := &kvroutetest.Records{}
 			r := newRouter(t, c, kvroute.WithObserver(rec))
 			url := serve(t, r)
 			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 64,
@@ -126,7 +107,7 @@ func TestTokenVerificationReasoning(t *testing.T) {
 // An edit in the middle of the history: the unedited prefix is reused.
 func TestTokenVerificationEditedHistory(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1)
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(rec))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 24,
@@ -151,7 +132,7 @@ func TestTokenVerificationEditedHistory(t *testing.T) {
 func TestTokenVerificationFallbacks(t *testing.T) {
 	t.Run("tokenize", func(t *testing.T) {
 		c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithRenderRoutes(false))
-		rec := &recorder{}
+		rec := &kvroutetest.Records{}
 		r := newRouter(t, c, kvroute.WithObserver(rec))
 		url := serve(t, r)
 		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 24, messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -161,7 +142,7 @@ func TestTokenVerificationFallbacks(t *testing.T) {
 	})
 	t.Run("content", func(t *testing.T) {
 		c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithRenderRoutes(false))
-		rec := &recorder{}
+		rec := &kvroutetest.Records{}
 		r := newRouter(t, c, kvroute.WithObserver(rec))
 		url := serve(t, r)
 		// documents: /tokenize ignores them, so it cannot verify.
@@ -175,7 +156,7 @@ func TestTokenVerificationFallbacks(t *testing.T) {
 	t.Run("reasoning without a renderer", func(t *testing.T) {
 		opts := []kvroutetest.Option{kvroutetest.WithRenderer(false), kvroutetest.WithReasoning(true)}
 		c := kvroutetest.NewCluster(t, 1, 1, opts...)
-		rec := &recorder{}
+		rec := &kvroutetest.Records{}
 		r := newRouter(t, c, kvroute.WithObserver(rec))
 		url := serve(t, r)
 		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}},
@@ -206,7 +187,7 @@ func TestTokenIDsAskedByClient(t *testing.T) {
 func TestTokenVerificationKVGroups(t *testing.T) {
 	opts := []kvroutetest.Option{kvroutetest.WithReasoning(true), kvroutetest.WithKVGroups(2), kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0)}
 	c := kvroutetest.NewCluster(t, 1, 1, opts...)
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(rec))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 64, messages: []message{{Role: "system", Content: systemPrompt}}}
@@ -240,7 +221,7 @@ func TestTokenVerificationKVGroups(t *testing.T) {
 // answer is the single engine's.
 func TestTokenVerificationPromptIDs(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithPrefixCaching(false), kvroutetest.WithRecomputeThreshold(0))
-	rec := &recorder{}
+	rec := &kvroutetest.Records{}
 	r := newRouter(t, c, kvroute.WithObserver(rec))
 	url := serve(t, r)
 	sys, err := kvroutetest.Reference(kvroute.PathCompletions, []byte(`{"model":"sim-model","max_tokens":1,"prompt":`+strconvQuote(systemPrompt)+`}`))
@@ -257,7 +238,7 @@ func TestTokenVerificationPromptIDs(t *testing.T) {
 		want, err := kvroutetest.Reference(kvroute.PathCompletions, body)
 		require.NoError(t, err)
 		assert.Equal(t, want.Text, res.text, "turn %d", turn)
-		tr := rec.last()
+		tr := rec.Last()
 		if turn > 0 {
 			require.Equal(t, kvroute.ReuseHit, tr.Reuse, "turn %d: %s", turn, tr.MissReason)
 			assert.Equal(t, kvroute.TokensFromPrompt, tr.TokenSource)
@@ -284,13 +265,13 @@ func TestTokenHitsTakeRenderedPromptIDs(t *testing.T) {
 		t.Run(fmt.Sprintf("spaced=%v", spaced), func(t *testing.T) {
 			te := newTokenEngines(t)
 			te.spacedPromptIDs.Store(spaced)
-			var last kvroute.TurnRecord
+			obs := &kvroutetest.Records{}
 			rt, err := transport.NewTransport()
 			require.NoError(t, err)
 			t.Cleanup(rt.CloseIdleConnections)
 			r, err := kvroute.New(kvroute.WithPrefill(te.prefill), kvroute.WithDecode(te.decode), kvroute.WithTransport(rt),
 				kvroute.WithVerification(kvroute.Verification{Mode: kvroute.VerifyTokens}),
-				kvroute.WithObserver(kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) { last = *rec })))
+				kvroute.WithObserver(obs))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = r.Close() })
 			const turns = 2 * turnsPerConv
@@ -307,6 +288,7 @@ func TestTokenHitsTakeRenderedPromptIDs(t *testing.T) {
 				require.NoError(t, err)
 				require.NoError(t, resp.Close())
 				assert.NotContains(t, out.String(), "token_ids")
+				last := obs.Last()
 				require.NoError(t, checkTurn(&last, kvroute.VerifyTokens, i%turnsPerConv == 0), "turn %d", i)
 				if i%turnsPerConv != 0 {
 					hits++

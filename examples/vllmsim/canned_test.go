@@ -14,6 +14,7 @@ import (
 
 	"github.com/bidikv/bidikv/internal/toytok"
 	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
 // TestCannedThroughRouter runs a four-turn conversation through a router
@@ -30,9 +31,9 @@ func TestCannedThroughRouter(t *testing.T) {
 			ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 			defer ps.Close()
 			defer ds.Close()
-			var rec kvroute.TurnRecord
+			obs := &kvroutetest.Records{}
 			r, err := kvroute.New(kvroute.WithPrefill(ps.URL), kvroute.WithDecode(ds.URL), kvroute.WithVerification(kvroute.Verification{Mode: mode}),
-				kvroute.WithObserver(kvroute.ObserverFunc(func(tr *kvroute.TurnRecord) { rec = *tr })))
+				kvroute.WithObserver(obs))
 			require.NoError(t, err)
 			defer r.Close()
 			msgs := []map[string]string{{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": strings.Repeat("Fix the build, please. ", 100)}}
@@ -43,6 +44,7 @@ func TestCannedThroughRouter(t *testing.T) {
 				_, err = resp.WriteTo(io.Discard)
 				require.NoError(t, err)
 				require.NoError(t, resp.Close())
+				rec := obs.Last()
 				require.NoError(t, rec.Err)
 				assert.True(t, rec.Stored, "turn %d retained (%s)", turn, rec.StoreRefusal)
 				if turn > 0 {

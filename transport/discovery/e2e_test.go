@@ -104,23 +104,6 @@ func (g *guard) remove(url string) {
 	g.removed[url] = true
 }
 
-// records counts the turns' reuse outcomes.
-type records struct {
-	mu   sync.Mutex
-	miss map[kvroute.MissReason]int
-	hits int
-}
-
-func (r *records) ObserveTurn(rec *kvroute.TurnRecord) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec.Reuse == kvroute.ReuseHit {
-		r.hits++
-	} else {
-		r.miss[rec.MissReason]++
-	}
-}
-
 // chat is one conversation through the router.
 type chat struct {
 	id       int
@@ -184,7 +167,7 @@ func TestScaleThroughDNS(t *testing.T) {
 		require.Len(t, initial[ph], 2)
 	}
 	g := &guard{next: &kvroute.LeastLoaded{MaxInFlight: 64}, removed: map[string]bool{}}
-	obs := &records{miss: map[kvroute.MissReason]int{}}
+	obs := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithEndpoints(kvroute.PhasePrefill, initial[kvroute.PhasePrefill]...),
 		kvroute.WithEndpoints(kvroute.PhaseDecode, initial[kvroute.PhaseDecode]...), kvroute.WithSelector(g), kvroute.WithObserver(obs))
 	require.NoError(t, err)
@@ -309,11 +292,17 @@ func TestScaleThroughDNS(t *testing.T) {
 		assert.Zero(t, e.Stats().LoadFailures, "%s failed a KV read", e.URL())
 		assert.Zero(t, e.Stats().WrongOutputs)
 	}
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	assert.Positive(t, obs.hits, "reuse kept working across the changes")
-	assert.Equal(t, int(st.GoneHandles), obs.miss[kvroute.MissEndpointGone])
-	t.Logf("turns %d, hits %d, misses %v, gone handles %d", turns, obs.hits, obs.miss, st.GoneHandles)
+	hits, miss := 0, map[kvroute.MissReason]int{}
+	for _, rec := range obs.All() {
+		if rec.Reuse == kvroute.ReuseHit {
+			hits++
+		} else {
+			miss[rec.MissReason]++
+		}
+	}
+	assert.Positive(t, hits, "reuse kept working across the changes")
+	assert.Equal(t, int(st.GoneHandles), miss[kvroute.MissEndpointGone])
+	t.Logf("turns %d, hits %d, misses %v, gone handles %d", turns, hits, miss, st.GoneHandles)
 }
 
 // TestInFlightTurnFinishes checks that a stream open on a decode engine

@@ -232,8 +232,8 @@ func BenchmarkCaptureTokenIDs(b *testing.B) {
 		for b.Loop() {
 			c := capture.NewChunks(capture.WithTokenIDs(true))
 			out, err := c.Forward(e)
-			if err != nil || len(c.PromptTokenIDs()) != promptIDsLen || len(out) > 512 {
-				b.Fatalf("%v: %d ids, %d bytes out", err, len(c.PromptTokenIDs()), len(out))
+			if err != nil || len(promptIDs(c)) != promptIDsLen || len(out) > 512 {
+				b.Fatalf("%v: %d ids, %d bytes out", err, len(promptIDs(c)), len(out))
 			}
 		}
 	})
@@ -255,8 +255,8 @@ func BenchmarkCaptureTokenIDs(b *testing.B) {
 			c := capture.NewChunks(capture.WithTokenIDs(true))
 			c.ExpectPromptIDs(raw, ids)
 			out, err := c.Forward(e)
-			if err != nil || !c.PromptIDsExpected() || len(c.PromptTokenIDs()) != promptIDsLen || len(out) > 512 {
-				b.Fatalf("%v: %d ids, %d bytes out", err, len(c.PromptTokenIDs()), len(out))
+			if err != nil || !c.PromptIDsExpected() || len(promptIDs(c)) != promptIDsLen || len(out) > 512 {
+				b.Fatalf("%v: %d ids, %d bytes out", err, len(promptIDs(c)), len(out))
 			}
 		}
 	})

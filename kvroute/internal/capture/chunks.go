@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -24,50 +23,40 @@ func (f optionFunc) apply(c *Chunks) { f(c) }
 // Chunks.Reply. It is off by default, which keeps Forward free of
 // allocations for events that carry no handle.
 func WithReply() Option {
-	return optionFunc(func(c *Chunks) { c.reply = true })
+	return optionFunc(func(c *Chunks) { c.reply.fragments = true })
+}
+
+// WithTokenIDs makes the Chunks collect the token ids of choice 0: the
+// prompt's (prompt_token_ids, top level or in the choice) and the generated
+// ones (the choice's token_ids, concatenated over the stream's chunks), for
+// Chunks.IDs. With strip, Forward also removes those members from every
+// event, so that a client that did not ask for token ids never sees them.
+func WithTokenIDs(strip bool) Option {
+	return optionFunc(func(c *Chunks) { c.ids.on, c.stripIDs = true, strip })
 }
 
 // Chunks inspects the events of a vLLM /v1/chat/completions or
 // /v1/completions stream on their way to the client. For each event,
 // Forward returns the bytes to forward, with every kv_transfer_params
-// member removed at any depth (ScrubEvent, see Forward); the Chunks keeps
-// the last non-null value of the top-level member, and records the finish
-// reason of choice 0, the usage and whether the "[DONE]" event was seen.
+// member removed at any depth (ScrubEvent, see Forward), and hands what
+// it reads to the collectors it holds: the decode handle (the last
+// non-null top-level kv_transfer_params), choice 0's reply, finish and
+// stop reasons, and its token ids. The Chunks itself owns the event's
+// parse and output buffers, the last usage member and whether the
+// "[DONE]" event was seen.
 //
 // A Chunks serves one stream and is not safe for concurrent use.
 type Chunks struct {
-	reply bool
+	obj   jsonraw.Object
+	out   []byte
+	usage []byte
+	done  bool
 
-	obj    jsonraw.Object
-	out    []byte
-	handle []byte
-	// handleBlocks is where handle's block list is, when the parse of its
-	// event read it.
-	handleBlocks jsonraw.Known
-	usage        []byte
-	finish       string
-	stop         []byte
-	done         bool
-
-	asm assembler
-
-	tokens, stripTokens     bool
-	strip                   stripScratch
-	promptIDs, genIDs       []uint32
-	sawPromptIDs, sawGenIDs bool
-	badIDs                  bool
-	// knownRaw and knownIDs (ExpectPromptIDs): the prompt's ids the
-	// caller already has and their JSON text, until the first data event;
-	// knownUsed records that the stream's prompt ids were taken as them,
-	// and spare keeps the Chunks's own slice meanwhile.
-	knownRaw  []byte
-	knownIDs  []uint32
-	knownUsed bool
-	spare     []uint32
-	// handleBuf (UseHandleBuffer) is where the handle is copied, when
-	// useHandleBuf is set.
-	handleBuf    []byte
-	useHandleBuf bool
+	handle   handleCopy
+	reply    assembler
+	ids      tokenIDs
+	stripIDs bool // WithTokenIDs(true): token ids removed from every event
+	strip    stripScratch
 }
 
 // NewChunks returns a Chunks for one stream.
@@ -100,7 +89,7 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 	done := e.HasData && string(d) == "[DONE]"
 	data, edited := d, false
 	if e.HasData && !done && len(d) > 0 {
-		strip := c.stripTokens && mayHoldTokenIDs(d)
+		strip := c.stripIDs && mayHoldTokenIDs(d)
 		// Every event's data is validated and indexed once, and then
 		// inspected from its index (D's first chunk in token mode: the
 		// prompt's ids are converted in the same pass).
@@ -108,19 +97,11 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 		var blocks jsonraw.Known
 		idMember := -1
 		var ids []uint32
-		if c.tokens && !c.sawPromptIDs {
+		if c.ids.on && !c.ids.sawPrompt {
 			// The first chunk's prompt ids (chat: a top-level member) are
 			// converted in the same pass that validates them, or, when
 			// their text is the one the caller expects, not read at all.
-			var same bool
-			ids, idMember, same, perr = c.obj.ResetIDsKnown(d, PromptTokenIDsKey, c.promptIDs, c.knownRaw)
-			switch {
-			case same:
-				c.takeKnown()
-				ids = c.knownIDs
-			case idMember < 0:
-				c.promptIDs = ids[:0] // scratch; kept for its room
-			}
+			ids, idMember, perr = c.ids.reset(&c.obj, d)
 		} else {
 			// A handle's block list is read in the pass that validates.
 			blocks, perr = kvhandle.ResetAnswer(&c.obj, d)
@@ -129,19 +110,13 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 		case perr == nil:
 			for i := range c.obj.Len() {
 				if i == idMember {
-					c.promptIDsParsed(ids)
+					c.ids.parsed(ids)
 					continue
 				}
 				c.inspectMember(c.obj.Member(i))
 			}
 			if v, ok := c.obj.Get(sse.HandleKey); ok && !jsonraw.IsNull(v) {
-				c.handleBlocks = blocks
-				if c.useHandleBuf {
-					c.handleBuf = append(c.handleBuf[:0], v...)
-					c.handle = c.handleBuf
-				} else {
-					c.handle = bytes.Clone(v)
-				}
+				c.handle.take(v, blocks)
 			}
 			if strip {
 				data = c.strip.strip(c.obj, false)
@@ -152,8 +127,7 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 		}
 	}
 	if e.HasData {
-		// The caller's text is compared with the first data only.
-		c.knownRaw, c.knownIDs = nil, nil
+		c.ids.dataSeen()
 	}
 	if done {
 		c.done = true
@@ -168,46 +142,6 @@ func (c *Chunks) Forward(e sse.Event) ([]byte, error) {
 	return out, nil
 }
 
-// Handle returns a copy of the last non-null kv_transfer_params value seen,
-// as raw JSON, or nil. With UseHandleBuffer, the copy is in the Chunks's
-// buffer: valid until the next Forward that sees a handle, or until
-// ReleaseHandleBuffer.
-func (c *Chunks) Handle() []byte { return c.handle }
-
-// HandleBlocks returns where Handle's block list is, when the parse of the
-// event that carried it read it (kvhandle.ResetAnswer), else the zero
-// Known.
-func (c *Chunks) HandleBlocks() jsonraw.Known {
-	if c.handle == nil {
-		return jsonraw.Known{}
-	}
-	return c.handleBlocks
-}
-
-// UseHandleBuffer makes the Chunks copy each handle it sees into buf
-// (from buf[:0], into a larger slice when it does not fit) rather than into
-// a new slice, so that a caller can reuse one buffer across streams. Take
-// the buffer back with ReleaseHandleBuffer.
-func (c *Chunks) UseHandleBuffer(buf []byte) {
-	c.handleBuf, c.useHandleBuf = buf[:0], true
-}
-
-// ReleaseHandleBuffer returns the buffer given to UseHandleBuffer, or the
-// larger one the Chunks moved to, and stops using it: Handle returns nil
-// until another handle is seen, and later handles are copied into new
-// slices. It returns nil without UseHandleBuffer.
-func (c *Chunks) ReleaseHandleBuffer() []byte {
-	b := c.handleBuf
-	if c.useHandleBuf && c.handle != nil {
-		c.handle = nil // it aliases b
-	}
-	c.handleBuf, c.useHandleBuf = nil, false
-	return b
-}
-
-// FinishReason returns the last non-null finish_reason of choice 0, or "".
-func (c *Chunks) FinishReason() string { return c.finish }
-
 // Done reports whether the "data: [DONE]" event was seen.
 func (c *Chunks) Done() bool { return c.done }
 
@@ -216,8 +150,69 @@ func (c *Chunks) Done() bool { return c.done }
 // call to Forward.
 func (c *Chunks) Usage() []byte { return c.usage }
 
-// inspectMember records the finish reason, usage, reply fragments and
-// token ids of one top-level member of a chunk.
+// Handle returns a copy of the last non-null kv_transfer_params value seen,
+// as raw JSON, or nil. With UseHandleBuffer, the copy is in the Chunks's
+// buffer: valid until the next Forward that sees a handle, or until
+// ReleaseHandleBuffer.
+func (c *Chunks) Handle() []byte { return c.handle.bytes() }
+
+// HandleBlocks returns where Handle's block list is, when the parse of the
+// event that carried it read it (kvhandle.ResetAnswer), else the zero
+// Known.
+func (c *Chunks) HandleBlocks() jsonraw.Known { return c.handle.blockList() }
+
+// UseHandleBuffer makes the Chunks copy each handle it sees into buf
+// (from buf[:0], into a larger slice when it does not fit) rather than into
+// a new slice, so that a caller can reuse one buffer across streams. Take
+// the buffer back with ReleaseHandleBuffer.
+func (c *Chunks) UseHandleBuffer(buf []byte) { c.handle.use(buf) }
+
+// ReleaseHandleBuffer returns the buffer given to UseHandleBuffer, or the
+// larger one the Chunks moved to, and stops using it: Handle returns nil
+// until another handle is seen, and later handles are copied into new
+// slices. It returns nil without UseHandleBuffer.
+func (c *Chunks) ReleaseHandleBuffer() []byte { return c.handle.release() }
+
+// Reply returns the reply reassembled so far. Content, Reasoning and
+// ToolCalls stay empty unless the Chunks was made WithReply; FinishReason
+// (the last non-null finish_reason of choice 0) and StopReason are always
+// kept.
+func (c *Chunks) Reply() *Reply { return c.reply.reply() }
+
+// IDs returns choice 0's token ids seen so far, collected by a Chunks made
+// WithTokenIDs: the prompt's (nil when the engine sent none), the generated
+// ones in order, and ok when the engine sent both and both could be read.
+func (c *Chunks) IDs() (prompt, generated []uint32, ok bool) { return c.ids.ids() }
+
+// UseIDBuffer makes the Chunks parse the prompt's token ids into buf
+// (from buf[:0]; a larger slice is allocated when they do not fit), so a
+// caller can reuse one slice across streams; IDs then returns buf's array.
+// It has no effect once the prompt's ids were seen.
+func (c *Chunks) UseIDBuffer(buf []uint32) { c.ids.useBuffer(buf) }
+
+// ExpectPromptIDs gives the Chunks the prompt's token ids the caller
+// already has (ids) with the JSON text they were converted from (raw: an
+// array of ids as a render answer spells it, from '[' to ']', which the
+// caller has validated and converted to ids in full, for example with
+// AppendTokenIDs). When the stream's first data event carries a
+// prompt_token_ids (top level, or in choice 0) whose value is byte for
+// byte raw, the value is not read again: IDs then returns ids itself as
+// the prompt's, not a copy, and PromptIDsExpected reports it. Any other
+// value (one id or one space different) is parsed as without this call.
+// The Chunks keeps raw and ids only until that first data event: the
+// caller must leave raw unchanged until Forward has returned for an event
+// with data (or the Chunks is no longer used), and ids unchanged while it
+// uses IDs. It has no effect once the prompt's ids were seen, without
+// WithTokenIDs, or for no ids.
+func (c *Chunks) ExpectPromptIDs(raw []byte, ids []uint32) { c.ids.expect(raw, ids) }
+
+// PromptIDsExpected reports whether the prompt's token ids were those given
+// to ExpectPromptIDs, taken without being parsed.
+func (c *Chunks) PromptIDsExpected() bool { return c.ids.expected() }
+
+// inspectMember hands one top-level member of a chunk to its collector:
+// the finish reason, reply fragments and token ids of choice 0, the usage,
+// the prompt's token ids.
 func (c *Chunks) inspectMember(key string, v []byte) {
 	switch key {
 	case "choices":
@@ -227,13 +222,14 @@ func (c *Chunks) inspectMember(key string, v []byte) {
 			c.usage = append(c.usage[:0], v...)
 		}
 	case PromptTokenIDsKey:
-		if c.tokens {
-			c.addPromptIDs(v)
+		if c.ids.on {
+			c.ids.addPrompt(v)
 		}
 	}
 }
 
-// choices handles the choice with index 0 (or, without an index, the first).
+// choices hands the choice with index 0 (or, without an index, the first)
+// to the reply and token-id collectors.
 func (c *Chunks) choices(arr []byte) {
 	pos := 0
 	_ = jsonraw.Elements(arr, func(choice []byte) error {
@@ -266,43 +262,15 @@ func (c *Chunks) choices(arr []byte) {
 		} else if !first {
 			return nil
 		}
-		if finish != nil && !jsonraw.IsNull(finish) {
-			c.finish = finishReason(finish)
-			c.stop = append(c.stop[:0], stop...)
-			if stop == nil {
-				c.stop = nil
-			}
-		}
-		if c.reply {
-			c.asm.add(delta, text)
-		}
-		if c.tokens {
+		c.reply.choice(delta, text, finish, stop)
+		if c.ids.on {
 			if promptIDs != nil {
-				c.addPromptIDs(promptIDs)
+				c.ids.addPrompt(promptIDs)
 			}
 			if genIDs != nil {
-				c.addGenIDs(genIDs)
+				c.ids.addGen(genIDs)
 			}
 		}
 		return nil
 	})
-}
-
-// finishReason decodes a finish_reason without allocating for the values
-// vLLM uses.
-func finishReason(v []byte) string {
-	switch string(v) {
-	case `"stop"`:
-		return "stop"
-	case `"length"`:
-		return "length"
-	case `"tool_calls"`:
-		return "tool_calls"
-	case `"abort"`:
-		return "abort"
-	case `"error"`:
-		return "error"
-	}
-	s, _ := jsonraw.String(v)
-	return s
 }

@@ -170,7 +170,7 @@ func TestCaptureMetadata(t *testing.T) {
 		"data: [DONE]\n\n"
 	c := capture.NewChunks()
 	assert.Equal(t, stream, forwardAll(t, c, stream))
-	assert.Equal(t, "stop", c.FinishReason(), "choice with index 0, not the first element")
+	assert.Equal(t, "stop", c.Reply().FinishReason, "choice with index 0, not the first element")
 	assert.Equal(t, `{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}`, string(c.Usage()))
 	assert.True(t, c.Done())
 	assert.Equal(t, &capture.Reply{FinishReason: "stop"}, c.Reply(), "no reassembly without WithReply")

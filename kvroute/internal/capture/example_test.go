@@ -41,7 +41,7 @@ func Example() {
 	}
 	fmt.Print(rec.Body.String())
 	fmt.Println("handle:", string(c.Handle()))
-	fmt.Println("finish:", c.FinishReason(), "done:", c.Done(), "reply:", c.Reply().Content)
+	fmt.Println("finish:", c.Reply().FinishReason, "done:", c.Done(), "reply:", c.Reply().Content)
 	// Output:
 	// data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
 	//

@@ -56,8 +56,8 @@ func TestCaptureFailsClosedWithTokenIDs(t *testing.T) {
 	out, err := c.Forward(e)
 	require.NoError(t, err)
 	assert.Equal(t, `data: {"choices":[{"index":0}]}`+"\n\n", string(out))
-	assert.Equal(t, []uint32{1, 2}, c.PromptTokenIDs())
-	assert.Equal(t, []uint32{5}, c.TokenIDs())
+	assert.Equal(t, []uint32{1, 2}, promptIDs(c))
+	assert.Equal(t, []uint32{5}, genIDs(c))
 }
 
 // A final event far over the old 1 MiB bound (a 1M-token handle with two KV
@@ -134,5 +134,5 @@ func TestCaptureStripsEventAfterEvent(t *testing.T) {
 		assert.Equal(t, "data: "+string(want)+"\n\n", got[i], "event %d", i)
 		assert.NotContains(t, got[i], "token_ids", "event %d", i)
 	}
-	assert.Equal(t, []uint32{9, 10, 11, 12, 16}, c.TokenIDs())
+	assert.Equal(t, []uint32{9, 10, 11, 12, 16}, genIDs(c))
 }

@@ -97,9 +97,9 @@ func TestCaptureTokenIDs(t *testing.T) {
 			require.NoError(t, err)
 			out.Write(b)
 		}
-		assert.Equal(t, []uint32{1, 2, 3}, c.PromptTokenIDs())
-		assert.Equal(t, []uint32{4, 5, 6, 7}, c.TokenIDs())
-		assert.True(t, c.HasTokenIDs())
+		assert.Equal(t, []uint32{1, 2, 3}, promptIDs(c))
+		assert.Equal(t, []uint32{4, 5, 6, 7}, genIDs(c))
+		assert.True(t, hasIDs(c))
 		assert.Equal(t, `{"remote_engine_id":"d"}`, string(c.Handle()))
 		assert.NotContains(t, out.String(), "kv_transfer_params")
 		if strip {
@@ -114,7 +114,7 @@ func TestCaptureTokenIDs(t *testing.T) {
 		d := `{"choices":[{"index":0,"token_ids":[1,"x"]}],"prompt_token_ids":[1]}`
 		_, err := c.Forward(sse.Event{Raw: []byte("data: " + d + "\n\n"), Data: []byte(d), HasData: true})
 		require.NoError(t, err)
-		assert.False(t, c.HasTokenIDs(), "ids that cannot be read are no ids")
+		assert.False(t, hasIDs(c), "ids that cannot be read are no ids")
 	})
 }
 
@@ -140,19 +140,19 @@ func TestCaptureUseIDBuffer(t *testing.T) {
 	}
 	buf := make([]uint32, 0, 8)
 	c := capture.NewChunks(capture.WithTokenIDs(true))
-	assert.Nil(t, c.PromptTokenIDs(), "none seen")
+	assert.Nil(t, promptIDs(c), "none seen")
 	c.UseIDBuffer(buf)
-	assert.Nil(t, c.PromptTokenIDs(), "none seen, buffer or not")
+	assert.Nil(t, promptIDs(c), "none seen, buffer or not")
 	_, err := c.Forward(chunk("[1,2,3]"))
 	require.NoError(t, err)
-	assert.Equal(t, []uint32{1, 2, 3}, c.PromptTokenIDs())
-	assert.Same(t, &buf[:1][0], &c.PromptTokenIDs()[0], "parsed into the buffer")
+	assert.Equal(t, []uint32{1, 2, 3}, promptIDs(c))
+	assert.Same(t, &buf[:1][0], &promptIDs(c)[0], "parsed into the buffer")
 
 	c = capture.NewChunks(capture.WithTokenIDs(true))
 	c.UseIDBuffer(make([]uint32, 0, 1))
 	_, err = c.Forward(chunk("[4,5,6,7]"))
 	require.NoError(t, err)
-	assert.Equal(t, []uint32{4, 5, 6, 7}, c.PromptTokenIDs(), "grown past a small buffer")
+	assert.Equal(t, []uint32{4, 5, 6, 7}, promptIDs(c), "grown past a small buffer")
 }
 
 // FuzzCapturePromptIDs checks the prompt ids a Capture converts while it
@@ -215,9 +215,9 @@ func FuzzCapturePromptIDs(f *testing.F) {
 				_ = read(o.Member(i))
 			}
 		}
-		got := c.PromptTokenIDs()
-		if (got != nil) != saw || c.HasTokenIDs() != (saw && !bad) {
-			t.Fatalf("%q: ids %v (has %v), reference %v saw %v bad %v", data, got, c.HasTokenIDs(), ref, saw, bad)
+		got := promptIDs(c)
+		if (got != nil) != saw || hasIDs(c) != (saw && !bad) {
+			t.Fatalf("%q: ids %v (has %v), reference %v saw %v bad %v", data, got, hasIDs(c), ref, saw, bad)
 		}
 		if saw && !bad {
 			require.Equal(t, ref, got, "%q", data)
@@ -260,13 +260,13 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 			out, err := cp.Forward(chunk(c.data))
 			require.Equal(t, wantErr, err, name)
 			require.Equal(t, string(wantOut), string(out), name)
-			require.Equal(t, ref.PromptTokenIDs(), cp.PromptTokenIDs(), name)
+			require.Equal(t, promptIDs(ref), promptIDs(cp), name)
 			if c.want != nil {
-				assert.Equal(t, c.want, cp.PromptTokenIDs(), name)
+				assert.Equal(t, c.want, promptIDs(cp), name)
 			}
 			assert.Equal(t, c.expected, cp.PromptIDsExpected(), name)
 			if c.expected {
-				assert.Same(t, &known[0], &cp.PromptTokenIDs()[0], "%s: the caller's ids, not a copy", name)
+				assert.Same(t, &known[0], &promptIDs(cp)[0], "%s: the caller's ids, not a copy", name)
 			}
 			require.Equal(t, []uint32{151644, 872, 198, 9707}, known, "%s: the caller's ids are never written", name)
 		}
@@ -280,7 +280,7 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 			_, err := cp.Forward(chunk(d))
 			require.Error(t, err, d)
 			assert.Equal(t, wantErr.Error(), err.Error(), d)
-			assert.Equal(t, ref.PromptTokenIDs(), cp.PromptTokenIDs(), d)
+			assert.Equal(t, promptIDs(ref), promptIDs(cp), d)
 		}
 	})
 	t.Run("first data event only", func(t *testing.T) {
@@ -294,16 +294,16 @@ func TestCaptureExpectPromptIDs(t *testing.T) {
 		// may reuse it): the ids are parsed.
 		_, err = cp.Forward(chunk(top(`[151644,872,198,9707]`)))
 		require.NoError(t, err)
-		assert.Equal(t, known, cp.PromptTokenIDs())
+		assert.Equal(t, known, promptIDs(cp))
 		assert.False(t, cp.PromptIDsExpected())
-		assert.NotSame(t, &known[0], &cp.PromptTokenIDs()[0])
+		assert.NotSame(t, &known[0], &promptIDs(cp)[0])
 	})
 	t.Run("without WithTokenIDs", func(t *testing.T) {
 		cp := capture.NewChunks()
 		cp.ExpectPromptIDs(raw, known)
 		_, err := cp.Forward(chunk(top(`[151644,872,198,9707]`)))
 		require.NoError(t, err)
-		assert.Nil(t, cp.PromptTokenIDs())
+		assert.Nil(t, promptIDs(cp))
 		assert.False(t, cp.PromptIDsExpected())
 	})
 }
@@ -370,9 +370,9 @@ func FuzzCaptureExpectPromptIDs(f *testing.F) {
 		if !bytes.Equal(raw, rawCopy) || !slices.Equal(known, knownCopy) {
 			t.Fatal("the expected text or ids were changed")
 		}
-		got, want := cp.PromptTokenIDs(), ref.PromptTokenIDs()
-		if (got == nil) != (want == nil) || !slices.Equal(got, want) || cp.HasTokenIDs() != ref.HasTokenIDs() {
-			t.Fatalf("%q: ids %v (has %v), without the expectation %v (has %v)", data, got, cp.HasTokenIDs(), want, ref.HasTokenIDs())
+		got, want := promptIDs(cp), promptIDs(ref)
+		if (got == nil) != (want == nil) || !slices.Equal(got, want) || hasIDs(cp) != hasIDs(ref) {
+			t.Fatalf("%q: ids %v (has %v), without the expectation %v (has %v)", data, got, hasIDs(cp), want, hasIDs(ref))
 		}
 		if cp.PromptIDsExpected() {
 			if !bytes.Contains(data, raw) {
@@ -383,4 +383,25 @@ func FuzzCaptureExpectPromptIDs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// promptIDs returns the prompt's token ids c collected (the first result
+// of IDs).
+func promptIDs(c *capture.Chunks) []uint32 {
+	p, _, _ := c.IDs()
+	return p
+}
+
+// genIDs returns the generated token ids c collected (the second result of
+// IDs).
+func genIDs(c *capture.Chunks) []uint32 {
+	_, g, _ := c.IDs()
+	return g
+}
+
+// hasIDs reports whether c collected both the prompt's and the generated
+// token ids (the third result of IDs).
+func hasIDs(c *capture.Chunks) bool {
+	_, _, ok := c.IDs()
+	return ok
 }

@@ -33,33 +33,55 @@ type Reply struct {
 	Incomplete bool
 }
 
-// Reply returns the reply reassembled so far. Content, Reasoning and
-// ToolCalls stay empty unless the Chunks was made WithReply; FinishReason
-// and StopReason are always kept.
-func (c *Chunks) Reply() *Reply {
-	r := &Reply{
-		Content:      string(c.asm.content),
-		Reasoning:    string(c.asm.reasoning),
-		FinishReason: c.finish,
-		StopReason:   c.stop,
-		Incomplete:   c.asm.incomplete,
-	}
-	if len(c.asm.calls) > 0 {
-		var incomplete bool
-		r.ToolCalls, incomplete = c.asm.toolCalls()
-		r.Incomplete = r.Incomplete || incomplete
-	}
-	return r
-}
-
-// assembler accumulates the reply fragments of choice 0.
+// assembler reassembles the Reply of a chunk stream's choice 0. It owns
+// the last non-null finish and stop reasons (always kept) and, for a
+// Chunks made WithReply, the fragments: content, reasoning and tool calls
+// merged by index.
 type assembler struct {
+	fragments bool // WithReply: keep content, reasoning and tool calls
+	finish    string
+	stop      []byte
+
 	content    []byte
 	reasoning  []byte
 	calls      []toolCall
 	incomplete bool
 }
 
+// choice records choice 0's members of one chunk (raw JSON values, nil
+// when absent): delta of a chat chunk, text of a completions chunk, and
+// the finish and stop reasons.
+func (a *assembler) choice(delta, text, finish, stop []byte) {
+	if finish != nil && !jsonraw.IsNull(finish) {
+		a.finish = finishReason(finish)
+		a.stop = append(a.stop[:0], stop...)
+		if stop == nil {
+			a.stop = nil
+		}
+	}
+	if a.fragments {
+		a.add(delta, text)
+	}
+}
+
+// reply returns the reply reassembled so far.
+func (a *assembler) reply() *Reply {
+	r := &Reply{
+		Content:      string(a.content),
+		Reasoning:    string(a.reasoning),
+		FinishReason: a.finish,
+		StopReason:   a.stop,
+		Incomplete:   a.incomplete,
+	}
+	if len(a.calls) > 0 {
+		var incomplete bool
+		r.ToolCalls, incomplete = a.toolCalls()
+		r.Incomplete = r.Incomplete || incomplete
+	}
+	return r
+}
+
+// toolCall is one tool call, merged from the fragments with its index.
 type toolCall struct {
 	index     int64
 	id        []byte
@@ -194,4 +216,23 @@ func (a *assembler) toolCalls() ([]byte, bool) {
 		out = append(out, "}}"...)
 	}
 	return append(out, ']'), incomplete
+}
+
+// finishReason decodes a finish_reason without allocating for the values
+// vLLM uses.
+func finishReason(v []byte) string {
+	switch string(v) {
+	case `"stop"`:
+		return "stop"
+	case `"length"`:
+		return "length"
+	case `"tool_calls"`:
+		return "tool_calls"
+	case `"abort"`:
+		return "abort"
+	case `"error"`:
+		return "error"
+	}
+	s, _ := jsonraw.String(v)
+	return s
 }

@@ -34,9 +34,3 @@ var (
 	_ Stream = (*Chunks)(nil)
 	_ Stream = (*Typed)(nil)
 )
-
-// IDs returns the prompt's and the generated token ids, ok when the engine
-// sent both (PromptTokenIDs, TokenIDs, HasTokenIDs).
-func (c *Chunks) IDs() ([]uint32, []uint32, bool) {
-	return c.PromptTokenIDs(), c.TokenIDs(), c.HasTokenIDs()
-}
