@@ -49,6 +49,8 @@ type metrics struct {
 	inflight   prometheus.Gauge
 	stalled    prometheus.Counter
 	endpointUp *prometheus.GaugeVec // role, endpoint
+
+	fields *fieldFamilies // the record's other fields, from its turn tags
 }
 
 func newMetrics() *metrics {
@@ -110,7 +112,9 @@ func newMetrics() *metrics {
 		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "endpoint_up",
 			Help: "1 when the engine's last /health probe answered 200, else 0."},
 			[]string{"role", "endpoint"}),
+		fields: newFieldFamilies(seconds),
 	}
+	m.reg.MustRegister(m.fields.collectors()...)
 	m.reg.MustRegister(m.turns, m.hits, m.misses, m.errors, m.stored, m.refusals, m.fallbacks, m.bytes, m.missing, m.buffered,
 		m.ttft, m.prefill, m.firstByte, m.duration, m.handleAge, m.reusable, m.estimate, m.inflight, m.stalled, m.endpointUp, m.rejected,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "reuse_hit_ratio",
@@ -297,6 +301,7 @@ func (m *metrics) observe(rec *kvroute.TurnRecord) {
 		m.rejected.WithLabelValues(statusLabel(kvroute.HTTPStatus(rec.Err)), rejectReason(rec.Err)).Inc()
 		return
 	}
+	m.fields.observe(rec)
 	reuse := labelShape(string(rec.Reuse))
 	if rec.Reuse == "" {
 		reuse = "none"

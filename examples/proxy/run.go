@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/bidikv/bidikv/internal/turnfields"
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/retention"
@@ -218,37 +220,29 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 // logTurn logs one turn at debug level (warn when it failed on the
 // proxy's or an engine's side; a client's error, such as a malformed
 // request, stays at debug: clients must not be able to flood the log),
-// with ids and timings only: never prompts, bodies or credentials.
+// with ids and timings only: never prompts, bodies or credentials. The
+// attributes are the record's fields as their turn tags declare them.
 func logTurn(ctx context.Context, log *slog.Logger, rec *kvroute.TurnRecord) {
 	level := slog.LevelDebug
-	attrs := []slog.Attr{
-		slog.String("request_id", rec.RequestID), slog.String("engine_request_id", rec.EngineRequestID),
-		slog.String("path", rec.Path), slog.Bool("stream", rec.Stream),
-		slog.String("reuse", string(rec.Reuse)), slog.String("miss_reason", string(rec.MissReason)),
-		slog.String("choice", string(rec.Choice)), slog.Duration("estimated_ttft", rec.EstimatedTTFT),
-		slog.Int("reusable_tokens", rec.ReusableTokens), slog.Duration("handle_age", rec.HandleAge),
-		slog.String("prefill_endpoint", rec.PrefillEndpoint), slog.String("decode_endpoint", rec.DecodeEndpoint),
-		slog.Int("prefill_attempts", rec.PrefillAttempts),
-		slog.Duration("prefill", rec.Prefill), slog.Duration("first_byte", rec.FirstByte),
-		slog.Duration("ttft", rec.TTFT), slog.Duration("total", rec.Total), slog.Int64("bytes", rec.Bytes),
-		slog.Bool("stored", rec.Stored), slog.String("store_refusal", string(rec.StoreRefusal)),
+	if rec.Err != nil && kvroute.HTTPStatus(rec.Err) >= 500 {
+		level = slog.LevelWarn
 	}
-	if rec.Buffered {
-		attrs = append(attrs, slog.Bool("buffered", true)) // --decode-stream buffered
+	if !log.Enabled(ctx, level) {
+		return
 	}
-	if rec.Missing != "" {
-		attrs = append(attrs, slog.String("missing", rec.Missing))
+	log.LogAttrs(ctx, level, "turn", turnFields.Attrs(make([]slog.Attr, 0, 40), rec)...)
+}
+
+// turnFields is the shown fields of kvroute.TurnRecord, read once from
+// its tags (an immutable table, as a compiled pattern would be).
+var turnFields = mustTurnFields()
+
+func mustTurnFields() *turnfields.Table {
+	tb, err := turnfields.For(reflect.TypeFor[kvroute.TurnRecord]())
+	if err != nil {
+		panic(err) // a tag of kvroute's own: TestTurnFieldsShown fails first
 	}
-	if rec.Released {
-		attrs = append(attrs, slog.Bool("released", true)) // the old hold, why: miss_reason
-	}
-	if rec.Err != nil {
-		if kvroute.HTTPStatus(rec.Err) >= 500 {
-			level = slog.LevelWarn
-		}
-		attrs = append(attrs, slog.String("phase", string(rec.ErrPhase)), slog.String("err", rec.Err.Error()))
-	}
-	log.LogAttrs(ctx, level, "turn", attrs...)
+	return tb
 }
 
 // routerStatus returns the health loop's status: the router's view of the

@@ -27,7 +27,8 @@
 // kvroute.TurnRecord: the reuse outcome and miss reason, the reusable,
 // verified, handle, prompt and cached tokens, the engines, attempts, TTFT
 // and first byte, what was retained, and the failed phase (the span's
-// status is then Error). Phase spans carry the engine (bidikv.endpoint,
+// status is then Error); every other field of the record is set as
+// bidikv.<key> (durations bidikv.<key>_ms), by the key of its turn tag. Phase spans carry the engine (bidikv.endpoint,
 // server.address, server.port) and, when they fail, the error and the
 // engine's status (http.response.status_code). A cancelled phase (the client
 // went away) is marked bidikv.canceled, not Error.

@@ -28,6 +28,8 @@ type Observer struct {
 	fields []string // the propagator's headers, replaced on every engine request
 	m      instruments
 	starts phaseStarts
+
+	turnFields recordFields // the record's fields without an Attr of their own
 }
 
 var (
@@ -108,6 +110,10 @@ func New(opts ...Option) (*Observer, error) {
 		tracer: c.tp.Tracer(ScopeName),
 		prop:   c.prop,
 		fields: c.prop.Fields(),
+	}
+	var err error
+	if o.turnFields, err = newRecordFields(); err != nil {
+		return nil, err // kvroute's own tags: TestRecordFieldsOnSpan fails first
 	}
 	if err := o.m.init(c.mp.Meter(ScopeName)); err != nil {
 		return nil, fmt.Errorf("%w: WithMeterProvider: %v", ErrInvalidConfig, err)

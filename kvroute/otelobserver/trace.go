@@ -29,7 +29,7 @@ func (o *Observer) StartTurn(ctx context.Context, req *kvroute.Request) (context
 	}
 	ctx, span := o.tracer.Start(ctx, SpanTurn, trace.WithSpanKind(kind),
 		trace.WithAttributes(AttrRoute.String(req.Path)))
-	return ctx, func(rec *kvroute.TurnRecord) { endTurn(span, rec) }
+	return ctx, func(rec *kvroute.TurnRecord) { o.endTurn(span, rec) }
 }
 
 // StartPhase starts a phase's span within ctx. It implements
@@ -146,7 +146,7 @@ func setError(span trace.Span, err error, phase bool) {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // endTurn sets the record's attributes on the turn's span and ends it.
-func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
+func (o *Observer) endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 	if !span.IsRecording() {
 		span.End()
 		return
@@ -214,6 +214,7 @@ func endTurn(span trace.Span, rec *kvroute.TurnRecord) {
 	if rec.Err != nil {
 		attrs = append(attrs, AttrErrorPhase.String(string(rec.ErrPhase)))
 	}
+	attrs = o.turnFields.attrs(attrs, rec)
 	span.SetAttributes(attrs...)
 	setError(span, rec.Err, false)
 	span.End()
