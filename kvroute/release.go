@@ -56,7 +56,7 @@ func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReas
 	switch {
 	case f.key != "":
 		why = releaseSuperseded
-		if !supersedes(t.rec.MissReason) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+		if !supersedes(w.miss) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
 			f.putBack(ctx, t)
 			return nil, 0
 		}
