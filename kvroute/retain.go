@@ -99,7 +99,7 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 		}
 	}
 	ids := a.ids
-	ids.blockSize = r.shapes.known(r.decode.find(a.decode))
+	ids.blockSize, ids.prefill = r.shapes.known(r.decode.find(a.decode)), rt.prefill
 	fp, later := t.proof.seal(hi.Tokens, ids)
 	// The fingerprint is built in a pooled buffer, copied into the entry.
 	defer t.bufs.put(fp)

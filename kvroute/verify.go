@@ -81,6 +81,9 @@ type tokenIDs struct {
 	// blockSize is the decode engine's (0: unknown): the fingerprint's
 	// blocks are its blocks, where a partial read cuts.
 	blockSize int
+	// prefill is the engine of the turn's last prefill attempt ("" when
+	// none), which seal asks whether it lacks the render route.
+	prefill string
 }
 
 // wait delivers a fingerprint that comes after seal returned: it calls

@@ -140,7 +140,7 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 			rendered := t.bufs.rendered
 			if len(rendered) == 0 {
 				noRender(r, t.req.Path)
-				if r.renders.caps.missingAny(t.rec.PrefillEndpoint, t.req.api.render) {
+				if r.renders.caps.missingAny(ids.prefill, t.req.api.render) {
 					t.lacks(missingRenderRoute)
 				}
 				return nil, nil
