@@ -44,7 +44,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	lctx, endLookup := t.trace.phase(ctx, PhaseLookup, "")
 	f := lookup(lctx, t)                      // lookup.go: the handle the request continues, taken from the Store
 	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back
-	w := choosePath(lctx, t, &f, h)           // path.go: pull, decode-local or recompute
+	w := choosePath(t, &f, h)                 // path.go: pull, decode-local or recompute
 	w.rel, w.relWhy = release(lctx, t, &f, w) // release.go: a handle not attached, released or put back
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose

@@ -1,10 +1,6 @@
 package kvroute
 
-import (
-	"context"
-
-	"github.com/bidikv/bidikv/threshold"
-)
+import "github.com/bidikv/bidikv/threshold"
 
 // Decode-local turns (WithDecodeMemory's Local).
 //
@@ -60,10 +56,10 @@ type chosen struct {
 
 // choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
 // tokens, whether to attach it (PathPull), answer on its decode engine
-// (PathLocal) or recompute (PathRecompute). A decode-local turn puts the
-// handle back under its key (it stays the candidate); a recomputed one is
-// the release phase's.
-func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
+// (PathLocal) or recompute (PathRecompute). What becomes of a handle
+// not attached is the release phase's: a decode-local turn's goes back
+// under its key (it stays the candidate).
+func choosePath(t *turn, f *found, h hit) way {
 	r := t.r
 	w := way{h: h, miss: h.miss, prompt: h.v.prompt}
 	if r.chooser == nil || h.handle == nil || h.v.prompt <= 0 || h.v.matched <= 0 {
@@ -85,8 +81,7 @@ func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
 	}
 	switch c.Path {
 	case threshold.PathLocal:
-		r.stats.choseLocal.Add(1)
-		f.putBack(ctx, t)
+		r.stats.choseLocal.Add(1) // the release phase puts the handle back: it stays the candidate
 		t.rec.Reuse = ReuseLocal
 		w.h, w.local = hit{}, ep
 		return w
