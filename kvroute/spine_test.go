@@ -203,3 +203,29 @@ func TestTurnSpineClosed(t *testing.T) {
 	require.NoError(t, s.r.Close())
 	assert.ErrorIs(t, s.next(true).Err, kvroute.ErrClosed)
 }
+
+// TestTurnSpineObserved: a streamed turn that pulls its handle is reported
+// to a learning Chooser when it ends with what its phases handed on,
+// which the record shows too: the path, the decode engine, the prompt's
+// and the verified tokens, the prefill phase's time.
+func TestTurnSpineObserved(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
+	l := &learner{CostModel: localModel(t, threshold.CostConfig{MaxLocalSuffix: 400})}
+	s := newSpine(t, c, true, kvroute.WithDecodeMemory(kvroute.DecodeMemory{Local: true}), kvroute.WithThresholdPolicy(l))
+	require.True(t, s.next(false).Stored)
+	s.conv.say(strings.Repeat("go test output line with a failing assertion ", 60))
+	rec := s.next(false)
+	require.Equal(t, threshold.PathPull, rec.Choice)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.Len(t, l.obs, 1, "turn 2 had a verified handle")
+	o := l.obs[0]
+	assert.Equal(t, threshold.PathPull, o.Path)
+	assert.Equal(t, rec.DecodeEndpoint, o.Decode)
+	assert.Equal(t, rec.PromptTokens, o.PromptTokens)
+	assert.Equal(t, rec.VerifiedTokens, o.ReusableTokens)
+	assert.Positive(t, o.Prefill)
+	assert.Equal(t, rec.Prefill, o.Prefill)
+	assert.Positive(t, o.DecodeFirst)
+	assert.LessOrEqual(t, o.DecodeFirst, rec.TTFT)
+}
