@@ -104,13 +104,14 @@ func (forwarded) bodyReply(jsonraw.Object) *Reply { return &Reply{} }
 // decode engine as a decode leg without a handle does (decode: the
 // Selector picks the engine, a leg that failed before anything reached the
 // client goes to another one), and the engine's answer is the turn's.
-func forward(ctx context.Context, t *turn) (*Response, error) {
-	t.rec.Reuse = ReuseOff
-	resp, err := decode(ctx, t, prefilled{}, "", &tries{}, retainIn{noPrefill: true})
+func forward(ctx context.Context, rt *retainer) (*Response, error) {
+	rt.t.rec.Reuse = ReuseOff
+	rt.local = true // no prefill leg: no handle is expected
+	resp, err := decode(ctx, rt.t, prefilled{reuse: ReuseOff}, "", &rt.tries)
 	if err != nil {
-		return nil, t.fail(PhaseDecode, err)
+		return nil, rt.end(PhaseDecode, err)
 	}
-	return resp, nil
+	return resp.to(rt), nil
 }
 
 // tokenizer is an API whose prompts vLLM's /tokenize can render: the body

@@ -189,8 +189,8 @@ func (b *buffered) writeTo(r *Response, w io.Writer) (int64, error) {
 	return cw.n, err
 }
 
-// end ends the turn once: the handle was retained when the answer was
-// read.
+// end ends the turn once: the answer was reported to the retainer when
+// Do handed it on (Response.to).
 func (b *buffered) end(r *Response) {
 	if b.ended {
 		return
@@ -199,7 +199,7 @@ func (b *buffered) end(r *Response) {
 	if r.err == nil {
 		r.err = io.EOF
 	}
-	r.t.finish()
+	r.rt.end("", nil)
 }
 
 // countingWriter counts what goes to w and flushes w as the stream's

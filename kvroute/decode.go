@@ -64,7 +64,7 @@ func (t *turn) askIDs() bool {
 // the same handle, to another decode engine, as long as P's lease still
 // has expiryGuard left. Any other failure is returned; Do decides whether
 // to redo the turn.
-func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *tries, in retainIn) (*Response, error) {
+func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *tries) (*Response, error) {
 	r := t.r
 	streamed := newDecodeLeg(t.req, p.handle, t.askIDs(), nil)
 	var last error
@@ -85,13 +85,13 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 		}
 		tr.decodeLegs++
 		if p.handle != nil && r.cfg.clock().Sub(p.done) > r.cfg.lease-expiryGuard {
-			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: t.rec.PrefillEndpoint, Err: errLeaseExpired}
+			return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: p.endpoint, Err: errLeaseExpired}
 		}
 		leg := streamed
 		if b := bufferFor(t, ep, p.handle); b != nil {
 			leg = newDecodeLeg(t.req, p.handle, t.askIDs(), b)
 		}
-		resp, err := send(ctx, t, ep, leg, in)
+		resp, err := send(ctx, t, ep, leg, p)
 		if err == nil {
 			return resp, nil
 		}
@@ -110,14 +110,15 @@ func decode(ctx context.Context, t *turn, p prefilled, affinity string, tr *trie
 	}
 }
 
-// decodeLocal sends a decode-local turn to ep, the decode engine that
+// decodeLocal sends a decode-local turn to w.local, the decode engine that
 // holds its conversation, as a plain request: no kv_transfer_params at
 // all. The Chooser's reservation ends with the engine's first event (or
 // body).
-func decodeLocal(ctx context.Context, t *turn, ep *endpoint, tr *tries, in retainIn) (*Response, error) {
-	defer t.choice.Release()
+func decodeLocal(ctx context.Context, t *turn, w way, tr *tries) (*Response, error) {
+	defer w.chose.Release()
+	ep := w.local
 	tr.decodeLegs++
-	resp, err := send(ctx, t, ep, newDecodeLeg(t.req, nil, t.askIDs(), nil), in)
+	resp, err := send(ctx, t, ep, newDecodeLeg(t.req, nil, t.askIDs(), nil), prefilled{reuse: ReuseLocal, prompt: w.prompt})
 	if err == nil {
 		return resp, nil
 	}
@@ -128,10 +129,12 @@ func decodeLocal(ctx context.Context, t *turn, ep *endpoint, tr *tries, in retai
 	return nil, err
 }
 
-// send sends one decode leg to ep within its trace phase.
-func send(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn) (*Response, error) {
+// send sends one decode leg to ep within its trace phase; p is what the
+// prefill phase handed on (nothing of a decode-local leg's but its reuse
+// and prompt).
+func send(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled) (*Response, error) {
 	dctx := t.trace.startDecode(ctx, ep.url)
-	resp, err := open(dctx, t, ep, leg, in)
+	resp, err := open(dctx, t, ep, leg, p)
 	t.trace.decodeDone(dctx, resp != nil && resp.stream, ep.url, err)
 	return resp, err
 }

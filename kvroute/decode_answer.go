@@ -16,11 +16,11 @@ import (
 
 // open sends one decode leg to ep and wraps D's answer. A stream's first
 // event is read before it returns, so that a stream that breaks at once
-// can still be retried: nothing has reached the caller yet.
-func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn) (*Response, error) {
+// can still be retried: nothing has reached the caller yet. p says what
+// X-Bidikv-Reuse tells the client and the prompt's tokens.
+func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled) (*Response, error) {
 	r := t.r
 	t.rec.DecodeEndpoint = ep.url
-	in.decode, in.added, in.asked = ep.url, leg.added, leg.asked
 	// No context of its own: closing the body transport.Client.Do
 	// returns (Response.release) cancels the exchange's context.
 	hreq, err := t.legs.request(ctx, PhaseDecode, ep, leg.body)
@@ -28,9 +28,8 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		return nil, err
 	}
 	ep.inflight.Add(1)
-	live := r.mem.arrive(t, ep)
+	live := r.mem.arrive(t, ep, p.prompt)
 	sent := r.cfg.clock()
-	t.dSent = sent
 	dl := transport.Deadlines{FirstByte: r.cfg.firstByteTimeout, Idle: r.cfg.idleTimeout}
 	if leg.buf != nil {
 		// The engine answers when it has decoded the whole turn.
@@ -43,11 +42,12 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)
-	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, in: in, ep: ep, live: live, body: resp.Body}
+	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, live: live, body: resp.Body,
+		sent: sent, added: leg.added, asked: leg.asked}
 	transport.CopyHeader(out.Header, resp.Header)
 	dropUnsafeHeaders(out.Header)
 	// The router's two headers in one backing array (canonical names).
-	own := []string{t.id, string(t.rec.Reuse)}
+	own := []string{t.id, string(p.reuse)}
 	out.Header[headerRequestID] = own[0:1:1]
 	out.Header[headerReuse] = own[1:2:2]
 	if resp.StatusCode/100 != 2 {
@@ -74,15 +74,14 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 // openStream sets up the capture of D's stream and reads its first event.
 func (o *Response) openStream(resp *http.Response) error {
 	t, bufs := o.t, &o.t.bufs
-	ids := o.in.added || o.in.asked
+	ids := o.added || o.asked
 	o.stream = true
-	o.in.streamed = true
 	o.Header.Del("Content-Length")
 	// A pooled buffer as large as the last stream needed (D's first chunk
 	// carries the prompt's ids in token mode); Next returns it at the
 	// stream's end.
 	o.reader = sse.NewReader(resp.Body, t.r.maxEvent, sse.WithBuffer(bufs.streamBuffer()))
-	o.capture = t.req.api.newStream(ids, o.in.added)
+	o.capture = t.req.api.newStream(ids, o.added)
 	if ib, ok := o.capture.(interface{ UseIDBuffer([]uint32) }); ok && ids {
 		// The prompt's ids go into a pooled slice as large as the last
 		// prompt's, returned when the turn ends.

@@ -49,13 +49,6 @@ const (
 	missingBidirectional = "no_bidirectional"
 )
 
-// lacks records the first capability the turn found missing.
-func (t *turn) lacks(reason string) {
-	if t.rec.Missing == "" {
-		t.rec.Missing = reason
-	}
-}
-
 // learned holds the facts learned of each engine, by endpoint URL.
 type learned struct {
 	mu      sync.Mutex
@@ -261,17 +254,16 @@ func apiName(path string) string {
 // noStreamHandle counts and records a stream that ended normally without
 // a handle where the turn gave the decode engine P's, and warns once per
 // API the first time an engine is seen to send none.
-func noStreamHandle(t *turn, in retainIn) {
+func noStreamHandle(t *turn, decode string) {
 	r := t.r
 	r.stats.noStreamHandle.Add(1)
-	t.rec.StoreRefusal = RefuseNoStreamHandle
 	t.lacks(missingStreamHandle)
-	if !r.learned.sawStream(in.decode, t.req.Path, false) {
+	if !r.learned.sawStream(decode, t.req.Path, false) {
 		return
 	}
 	msg := "kvroute: the decode engine's " + apiName(t.req.Path) + " streams carry no kv_transfer_params (stock vLLM without PR #40186); streamed turns there cannot reuse KV. Use engines with PR #40186, non-streaming requests, or WithDecodeMemory's BufferStreams (proxy: --decode-stream buffered)."
 	if !t.req.api.streamHandles {
 		msg = "kvroute: vLLM's " + apiName(t.req.Path) + " streams never carry kv_transfer_params; streamed turns there (Claude Code's) cannot reuse KV. Use non-streaming requests, or WithDecodeMemory's BufferStreams (proxy: --decode-stream buffered)."
 	}
-	r.log.once(context.Background(), "no_stream_handle:"+t.req.Path, msg, slog.String("endpoint", in.decode))
+	r.log.once(context.Background(), "no_stream_handle:"+t.req.Path, msg, slog.String("endpoint", decode))
 }

@@ -156,14 +156,16 @@ const defaultGeneration = 1024
 // neither P's answer nor the turn's verification counted them.
 const bytesPerToken = 4
 
-// arrive counts t's decode leg live on ep until its answer is whole (the
+// arrive counts t's decode leg live on ep (prompt: its prompt's tokens as
+// P's answer or the turn's verification counted them, 0 when neither did)
+// until its answer is whole (the
 // retain then counts what D holds of it as a hold) or its Response is
 // released (Response.leave), as what it can take there (room.go,
 // liveTokens), and has room made on the engine when its holds and live
 // legs no longer fit, once a turn (room.go, makeRoom). A leg the engine
 // will reject counts nothing and makes no room (Stats.RoomRejected). It
 // returns the tokens counted.
-func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
+func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 	if !m.cfg.on {
 		return 0
 	}
@@ -171,7 +173,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
 	ep.mem.mu.Lock()
 	maxLen := ep.mem.maxModelLen
 	ep.mem.mu.Unlock()
-	tokens, admit := liveTokens(t, maxLen, c)
+	tokens, admit := liveTokens(t, prompt, maxLen, c)
 	if !admit {
 		m.stats.roomRejected.Add(1)
 		return 0

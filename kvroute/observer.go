@@ -136,4 +136,16 @@ type TurnRecord struct {
 
 	Err      error `turn:"err,error"`  // the turn's error, nil on success
 	ErrPhase Phase `turn:"phase,enum"` // where it failed
+
+	// calls counts the turn's retain and end calls, which a test asserts
+	// run exactly once a turn (spine_test.go).
+	calls struct{ retain, end int }
+}
+
+// lacks records the first engine capability the turn found missing
+// (TurnRecord.Missing): the one write to the record that reads it.
+func (t *turn) lacks(reason string) {
+	if t.rec.Missing == "" {
+		t.rec.Missing = reason
+	}
 }

@@ -1,10 +1,6 @@
 package kvroute
 
-import (
-	"context"
-
-	"github.com/bidikv/bidikv/threshold"
-)
+import "github.com/bidikv/bidikv/threshold"
 
 // Decode-local turns (WithDecodeMemory's Local).
 //
@@ -35,34 +31,48 @@ const RefuseDecodeLocal Refusal = "decode_local"
 
 // way is the path phase's result: the handle the prefill leg carries
 // (none for decode-local and recompute turns), or the decode engine a
-// decode-local turn goes to; and, from the release phase (release.go),
-// the handle the first prefill attempt carries to release a hold the
-// turn does not attach.
+// decode-local turn goes to; why no handle is attached, what the prompt
+// counts in tokens and the Chooser's decision, handed on from verify; and,
+// from the release phase (release.go), the handle the first prefill
+// attempt carries to release a hold the turn does not attach.
 type way struct {
 	h      hit
 	local  *endpoint
+	miss   MissReason // why h attaches none ("" when it attaches one, or for a decode-local turn)
+	prompt int        // the prompt's tokens as verification counted them, 0 when unknown
+	chose  chosen
 	rel    []byte
 	relWhy releaseReason
 }
 
+// chosen is the Chooser's decision for a turn (asked: it was asked) and
+// what it was asked of the prompt: what the learning Chooser observes when
+// the turn ends (do.go, observe).
+type chosen struct {
+	threshold.Choice
+	asked           bool
+	prompt, matched int // the prompt's tokens, and those the handle's match
+}
+
 // choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
 // tokens, whether to attach it (PathPull), answer on its decode engine
-// (PathLocal) or recompute (PathRecompute). A decode-local turn puts the
-// handle back under its key (it stays the candidate); a recomputed one is
-// the release phase's.
-func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
+// (PathLocal) or recompute (PathRecompute). What becomes of a handle
+// not attached is the release phase's: a decode-local turn's goes back
+// under its key (it stays the candidate).
+func choosePath(t *turn, f *found, h hit) way {
 	r := t.r
+	w := way{h: h, miss: h.miss, prompt: h.v.prompt}
 	if r.chooser == nil || h.handle == nil || h.v.prompt <= 0 || h.v.matched <= 0 {
-		return way{h: h}
+		return w
 	}
 	ep := r.decode.eligible(f.e.Endpoint)
 	if ep == nil {
-		return way{h: h} // the engine holding the blocks is gone or ejected: pull elsewhere
+		return w // the engine holding the blocks is gone or ejected: pull elsewhere
 	}
 	in := threshold.Turn{PromptTokens: h.v.prompt, ReusableTokens: h.v.matched,
 		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load()), HandleAge: f.age, RetentionTTL: r.cfg.retentionTTL}
 	c := r.chooser.Choose(in)
-	t.choice, t.chose = c, true
+	w.chose = chosen{Choice: c, asked: true, prompt: h.v.prompt, matched: h.v.matched}
 	t.rec.Choice = c.Path
 	t.rec.EstimatedTTFT = c.Estimate
 	t.rec.LocalRefusal = c.Refusal
@@ -71,15 +81,16 @@ func choosePath(ctx context.Context, t *turn, f *found, h hit) way {
 	}
 	switch c.Path {
 	case threshold.PathLocal:
-		r.stats.choseLocal.Add(1)
-		f.putBack(ctx, t)
+		r.stats.choseLocal.Add(1) // the release phase puts the handle back: it stays the candidate
 		t.rec.Reuse = ReuseLocal
-		return way{local: ep}
+		w.h, w.local = hit{}, ep
+		return w
 	case threshold.PathRecompute:
 		r.stats.choseRecompute.Add(1)
 		t.miss(MissCostModel) // the release phase releases the handle or puts it back
-		return way{}
+		w.h, w.miss = hit{}, MissCostModel
+		return w
 	}
 	r.stats.chosePull.Add(1)
-	return way{h: h}
+	return w
 }

@@ -16,7 +16,8 @@ import (
 
 // tries is what the turn's legs learned across its attempts, which a redo
 // keeps: the engines to avoid, the decode legs started, and whether D
-// prefills by itself.
+// prefills by itself. It is part of the turn's retainer, which Do owns;
+// Do hands it to the prefill and decode phases, which add what they learn.
 type tries struct {
 	// avoidP are prefill engines of legs a redo abandoned; badP those the
 	// turn must not use again: their prefill computed other prompt tokens
@@ -35,12 +36,19 @@ type tries struct {
 
 // prefilled is the prefill phase's result: P's handle (nil when D prefills
 // by itself), when P answered (its lease on the blocks runs from then),
-// and whether the leg that succeeded carried the retained handle.
+// and whether the leg that succeeded carried the retained handle; what the
+// decode leg tells the client of the turn's reuse (X-Bidikv-Reuse) and
+// counts live of the prompt; the engine of the last attempt and how long
+// the phase took, for the retain phase and the learning Chooser.
 type prefilled struct {
-	handle []byte
-	url    string // P's URL ("" when D prefills by itself)
-	done   time.Time
-	hit    bool
+	handle   []byte
+	url      string // P's URL ("" when D prefills by itself)
+	done     time.Time
+	hit      bool
+	reuse    ReuseOutcome  // ReuseHit when the leg that succeeded carried the retained handle, else ReuseMiss or ReuseOff
+	prompt   int           // the prompt's tokens: P's count, else the way's (0: unknown)
+	endpoint string        // the engine of the phase's last attempt (TurnRecord.PrefillEndpoint), "" when none
+	took     time.Duration // the phase, from its first attempt to P's answer (TurnRecord.Prefill)
 }
 
 // prefill sends the prefill leg, retrying safe failures on other engines.
@@ -77,11 +85,22 @@ func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefille
 		return prefilled{}, err
 	}
 	done := t.r.cfg.clock()
-	t.rec.Prefill = done.Sub(start)
-	if tr.local {
-		return prefilled{done: done}, nil
+	out := prefilled{done: done, reuse: ReuseMiss, prompt: w.prompt, endpoint: p.endpoint, took: done.Sub(start)}
+	t.rec.Prefill = out.took
+	switch {
+	case p.attached:
+		out.reuse = ReuseHit
+	case !t.r.cfg.reuse:
+		out.reuse = ReuseOff
 	}
-	return prefilled{handle: p.got, url: p.url, done: done, hit: p.attached}, nil
+	if p.prompt > 0 {
+		out.prompt = p.prompt
+	}
+	if tr.local {
+		return out, nil
+	}
+	out.handle, out.url, out.hit = p.got, p.url, p.attached
+	return out, nil
 }
 
 // errReleaseFailed: the prefill attempt that carried a release handle
@@ -103,6 +122,8 @@ type prefiller struct {
 	tried     []string
 	got       []byte // P's handle
 	url       string // the engine that gave it
+	endpoint  string // the engine of the last attempt
+	prompt    int    // the prompt's tokens as the last of P's answers that counted them said (0: none did)
 }
 
 // attempt is one attempt of transport.Retry.
@@ -114,6 +135,7 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	}
 	t.rec.PrefillAttempts++
 	t.rec.PrefillEndpoint = ep.url
+	p.endpoint = ep.url
 	attachedTokens := 0
 	if p.attached {
 		attachedTokens = p.h.v.tokens
@@ -170,6 +192,7 @@ func (p *prefiller) pick(ctx context.Context) (*endpoint, error) {
 		if p.attached {
 			p.f.putBack(ctx, t)
 			t.miss(MissRenderMismatch)
+			p.attached = false
 		}
 		tr.local, t.rec.LocalFallback = true, true
 		return nil, nil

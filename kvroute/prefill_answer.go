@@ -154,7 +154,7 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 	}
 	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
 		if n, ok := jsonraw.Int(v); ok && n > 0 {
-			t.prompt = int(n) // the decode leg's live tokens (memory.go)
+			p.prompt = int(n) // the decode leg's live tokens (memory.go)
 		}
 	}
 	details, ok := jsonraw.Lookup(usage, "prompt_tokens_details")

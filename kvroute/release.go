@@ -43,45 +43,53 @@ import (
 // and not counted against the engine, as for a hit.
 
 // release decides what becomes of a handle the turn took and does not
-// attach (w attaches none and is no decode-local turn): it returns the
-// handle rewritten to release the decode engine's hold, which the first
-// prefill attempt carries, and why; or it puts the handle back and
-// returns nil.
+// attach (w attaches none): it returns the handle rewritten to release
+// the decode engine's hold, which the first prefill attempt carries, and
+// why; or it puts the handle back (a decode-local turn's among them: it
+// stays the candidate) and returns nil.
 func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReason) {
-	if w.h.handle != nil || w.local != nil {
-		return nil, 0 // attached, or decode-local (put back: it stays the candidate)
+	h, why, back := releaseOf(t, f, w)
+	if back {
+		f.putBack(ctx, t)
+	}
+	return h, why
+}
+
+// releaseOf is release's decision: the release handle and why, or
+// whether the handle goes back to the Store (back).
+func releaseOf(t *turn, f *found, w way) (h []byte, why releaseReason, back bool) {
+	switch {
+	case w.h.handle != nil:
+		return nil, 0, false // attached
+	case w.local != nil:
+		return nil, 0, f.key != "" // decode-local: it stays the candidate
 	}
 	r := t.r
-	var why releaseReason
 	switch {
 	case f.key != "":
 		why = releaseSuperseded
-		if !supersedes(t.rec.MissReason) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
-			f.putBack(ctx, t)
-			return nil, 0
+		if !supersedes(w.miss) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			return nil, 0, true
 		}
 	case f.expired:
 		// Dropped as before unless it may still be held and releasing it
 		// cannot fail the leg for what the router knows of the engine.
 		why = releaseUnusable
 		if f.age >= r.cfg.decoderTTL || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
-			return nil, 0
+			return nil, 0, false
 		}
 		if r.restarts.restartedSince(&f.e) {
 			r.stats.releaseSkipped.Add(1)
-			return nil, 0
+			return nil, 0, false
 		}
 	default:
-		return nil, 0
+		return nil, 0, false
 	}
 	h, err := kvhandle.ReleaseKnown(f.e.Handle, 0, f.e.Blocks) // reads nothing: no block-count check
 	if err != nil {
-		if f.key != "" {
-			f.putBack(ctx, t)
-		}
-		return nil, 0
+		return nil, 0, f.key != ""
 	}
-	return h, why
+	return h, why, false
 }
 
 // supersedes reports whether a handle not attached for reason is dead

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/sse"
@@ -32,21 +33,28 @@ type Response struct {
 	// Body is the whole body of a non-streaming response; nil for a stream.
 	Body []byte
 
-	t          *turn
-	in         retainIn // what the retain phase needs of the turn's legs
-	ep         *endpoint
-	live       int64 // the leg's tokens counted live on ep (memory.go)
-	left       sync.Once
-	body       io.ReadCloser
-	stream     bool
-	reader     *sse.Reader
-	capture    capture.Stream
-	retained   bool
-	pending    sse.Event // the first event, read by Do
-	hasPending bool
-	first      bool
-	err        error
-	once       sync.Once
+	t *turn
+	// rt is the turn's retainer, which Do hands on (to): the Response
+	// reports to it once D's answer is whole (kept) and ends the turn
+	// through it (end).
+	rt           *retainer
+	ep           *endpoint
+	live         int64     // the leg's tokens counted live on ep (memory.go)
+	sent         time.Time // when the leg was sent
+	added, asked bool      // the leg asked D for token ids: on the client's behalf, or the client itself
+	got          answer    // a body's answer, reported when Do hands on the retainer
+	reported     bool      // a stream's answer was reported (keep)
+	left         sync.Once
+	body         io.ReadCloser
+	stream       bool
+	reader       *sse.Reader
+	capture      capture.Stream
+	pending      sse.Event // the first event, read by Do
+	hasPending   bool
+	first        bool
+	ttft         time.Duration // Do's start to the first event handed to the caller
+	err          error
+	once         sync.Once
 	// renderText: the capture compares D's first data event with the
 	// render answer's id text, which Next releases after that event.
 	renderText bool
@@ -97,7 +105,7 @@ func (r *Response) Next() ([]byte, error) {
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			if r.capture.Done() {
-				r.end(nil)
+				r.stop(nil)
 				r.err = io.EOF
 				r.recycle()
 				return nil, io.EOF
@@ -105,7 +113,7 @@ func (r *Response) Next() ([]byte, error) {
 			err = ErrStreamCut
 		}
 		r.err = r.streamError(err)
-		r.end(r.err)
+		r.stop(r.err)
 		return nil, r.err
 	}
 	out, ferr := r.capture.Forward(ev)
@@ -117,17 +125,18 @@ func (r *Response) Next() ([]byte, error) {
 	if ferr != nil {
 		// Data that may hold a handle but is not JSON: never forward it.
 		r.err = r.streamError(ferr)
-		r.end(r.err)
+		r.stop(r.err)
 		return nil, r.err
 	}
 	if r.capture.Done() {
 		// Retain before the client sees data: [DONE], so that a client
 		// that sends its next turn at once finds the handle.
-		r.retainOnce()
+		r.keep()
 	}
 	if !r.first {
 		r.first = true
-		r.t.rec.TTFT = r.t.since()
+		r.ttft = r.t.since()
+		r.t.rec.TTFT = r.ttft
 	}
 	r.t.rec.Bytes += int64(len(out))
 	return out, nil
@@ -207,8 +216,8 @@ func (r *Response) Close() error {
 	r.charge.giveBack()
 	if r.stream && r.err == nil {
 		r.err = ErrStreamCut
-		r.t.rec.StoreRefusal = RefuseClosedEarly
-		r.end(context.Canceled)
+		r.rt.refused(RefuseClosedEarly)
+		r.stop(context.Canceled)
 	}
 	r.release()
 	return nil
@@ -227,22 +236,43 @@ func (r *Response) recycle() {
 	r.t.bufs.recycleStream(b)
 }
 
-// retainOnce retains D's handle from the stream's capture, the first time
-// it is called.
-func (r *Response) retainOnce() {
-	if r.retained {
+// to hands the Response the turn's retainer rt (Do calls it with the
+// Response decode returned). A body's answer is reported to it at once
+// and, unless it is written as a buffered stream, ends the turn; a stream
+// reports its answer and ends the turn as it is read (Next, Close).
+func (r *Response) to(rt *retainer) *Response {
+	r.rt, rt.resp = rt, r
+	if r.stream {
+		return r
+	}
+	a := r.got
+	r.got = answer{}
+	rt.kept(a)
+	if r.buf != nil {
+		r.buf.start(r)
+		return r
+	}
+	r.t.rec.TTFT = r.t.since()
+	r.t.rec.Bytes = int64(len(r.Body))
+	rt.end("", nil)
+	return r
+}
+
+// keep reports D's answer to the retainer once the stream's capture has
+// seen its final event, the first time it is called.
+func (r *Response) keep() {
+	if r.reported {
 		return
 	}
-	r.retained = true
+	r.reported = true
 	r.leave()
-	var ids tokenIDs
-	if r.in.added || r.in.asked {
-		ids.prompt, ids.generated, ids.ok = r.capture.IDs()
-		r.t.bufs.promptIDs = ids.prompt
+	a := answer{decode: r.ep.url, added: r.added, asked: r.asked, streamed: true}
+	if r.added || r.asked {
+		a.ids.prompt, a.ids.generated, a.ids.ok = r.capture.IDs()
+		r.t.bufs.promptIDs = a.ids.prompt
 	}
-	in := r.in
-	in.blocks = r.capture.HandleBlocks()
-	retain(r.t, in, r.capture.Handle(), r.capture.Reply(), ids)
+	a.handle, a.blocks, a.reply = r.capture.Handle(), r.capture.HandleBlocks(), r.capture.Reply()
+	r.rt.kept(a)
 	// The capture's handle buffer goes back to the pool once the handle
 	// is retained (the store holds its own encoding). This runs on the
 	// goroutine that calls Next, the only one the capture writes the
@@ -272,26 +302,15 @@ func (r *Response) leave() {
 	r.left.Do(func() { r.ep.mem.live.Add(-r.live) })
 }
 
-// end finishes a stream: retains D's handle when the stream completed,
-// reports the turn.
-func (r *Response) end(err error) {
-	t := r.t
-	if err == nil {
-		r.retainOnce()
-	} else {
-		if t.rec.StoreRefusal == "" {
-			t.rec.StoreRefusal = RefuseStreamError
-		}
-		if !errors.Is(err, context.Canceled) {
-			t.r.hp.failed(r.ep, err)
-			t.rec.Err = err
-			t.rec.ErrPhase = PhaseStream
-			t.r.stats.failures.Add(1)
-		}
+// stop ends a stream and with it the turn: whole (err nil; its answer was
+// reported when the capture saw its final event), broken, or closed by the
+// caller (context.Canceled).
+func (r *Response) stop(err error) {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		r.t.r.hp.failed(r.ep, err)
 	}
 	r.release()
-	t.trace.endPhases(err)
-	t.finish()
+	r.rt.end(PhaseStream, err)
 }
 
 // errUnsafeAnswer fails a decode answer that cannot be forwarded safely:

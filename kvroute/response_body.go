@@ -18,9 +18,10 @@ import (
 // removed, at any depth; an answer that is not JSON, or holds members
 // only handles have elsewhere, fails closed.
 //
-// For a buffered stream (buf), the answer must be one the API's stream can
-// be written from before anything of it is retained, and the turn ends
-// when the stream has been written.
+// What the retain phase needs of the answer waits in r.got until Do hands
+// the Response the turn's retainer (to). For a buffered stream (buf), the
+// answer must be one the API's stream can be written from before anything
+// of it is retained, and the turn ends when the stream has been written.
 //
 // The answer's bytes are charged to WithLimits' ChargeAnswer as they are
 // held (answerCharge); a failed read gives them back at once, a read
@@ -63,11 +64,11 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 		if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
 			handle = append([]byte(nil), h...)
 		}
-		if r.in.added || r.in.asked {
+		if r.added || r.asked {
 			ids = bodyTokenIDs(obj, &r.t.bufs)
 			r.t.bufs.promptIDs = ids.prompt
 		}
-		if r.in.added {
+		if r.added {
 			// The client did not ask for token ids: they never reach it.
 			b, _ = capture.StripTokenIDs(b)
 		}
@@ -85,27 +86,13 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 	r.Header.Del("Content-Length")
 	if !isObject {
 		// Valid JSON but not an object: nothing to capture.
-		r.t.rec.StoreRefusal = RefuseNotJSON
-		r.finishBody()
+		r.got = answer{notJSON: true}
 		return nil
 	}
-	r.leave()
-	in := r.in
-	in.blocks = blocks
-	retain(r.t, in, handle, r.t.req.api.impl.bodyReply(obj), ids)
-	if buf != nil {
-		r.buf = buf
-		buf.start(r)
-		return nil
-	}
-	r.finishBody()
+	r.got = answer{decode: r.ep.url, added: r.added, asked: r.asked, handle: handle, blocks: blocks,
+		reply: r.t.req.api.impl.bodyReply(obj), ids: ids}
+	r.buf = buf
 	return nil
-}
-
-func (r *Response) finishBody() {
-	r.t.rec.TTFT = r.t.since()
-	r.t.rec.Bytes = int64(len(r.Body))
-	r.t.finish()
 }
 
 // bodyTokenIDs reads the token ids of a non-streaming answer: the prompt's

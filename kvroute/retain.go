@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/capability"
@@ -13,78 +14,119 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 )
 
-// retainIn is what the retain phase needs of the phases before it: the
-// Identifier's candidates (for Key), how the turn ran (decode-local, or D
-// prefilling by itself: no handle is expected), the decode engine that
-// answered, and whether its leg asked for token ids.
-type retainIn struct {
-	cands        Candidates
-	decodeLocal  bool
-	noPrefill    bool
-	decode       string
-	added, asked bool
-	streamed     bool // D's answer is a stream (not a buffered turn's body)
-	turn         int  // the conversation's turn number (found.turn)
-	// blocks is where D's handle's block list is, when the parse of D's
-	// answer read it (kvhandle.ResetAnswer).
-	blocks jsonraw.Known
+// retainer is the one value Do owns for a turn (do.go builds it): what
+// the legs learned across attempts (tries, which a redo keeps), how the
+// turn ran, what the retain phase needs of the phases before it, and what
+// the learning Chooser observes when the turn ends. Do hands it to the
+// Response, which reports to it once D's answer is whole (kept) and when
+// the turn is over (end, do.go); Do's own failures end the turn there too.
+type retainer struct {
+	t *turn
+	tries
+	cands       Candidates    // the Identifier's, for Key
+	conv        int           // the conversation's turn number (found.turn)
+	decodeLocal bool          // the answer is a decode-local leg's: no handle is expected
+	prefill     string        // the engine of the turn's last prefill attempt
+	took        time.Duration // the last prefill phase, from its first attempt to P's answer
+	chose       chosen        // the Chooser's decision (path.go), released when the turn ends
+	resp        *Response     // the answer Do handed on, nil before
+	// retained: kept ran; refusal is why the turn retains nothing ("" when
+	// it stored, or kept has not run).
+	retained bool
+	refusal  Refusal
+	ended    bool // end ran
+	failed   bool // the turn ended with an error it reports (TurnRecord.Err)
 }
 
-// retain stores D's handle for the next turn, or records why not: when the
-// turn ended normally, under the key the Identifier derives from the
-// request and the reply, with the fingerprint the turn's verification
-// seals. It runs when a non-streaming answer is read, and for a stream
-// before the client sees its final event, so that a client that sends its
-// next turn at once finds the handle.
-func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
+// answer is what a Response reports to the retain phase once D's answer is
+// whole: the decode engine and how its leg ran, D's handle (nil: none) and
+// where the parse of D's answer found its block list, the reply, and the
+// token ids the answer carried.
+type answer struct {
+	decode       string
+	added, asked bool // the leg asked D for token ids: on the client's behalf, or the client itself
+	streamed     bool // D's answer is a stream (not a buffered turn's body)
+	notJSON      bool // D's body was JSON but not an object: nothing to capture
+	handle       []byte
+	blocks       jsonraw.Known
+	reply        *Reply
+	ids          tokenIDs
+}
+
+// kept is the retain phase, run once a turn, when D's answer is whole: it
+// stores D's handle for the next turn or records why not.
+func (rt *retainer) kept(a answer) {
+	rt.t.rec.calls.retain++
+	if rt.retained {
+		return
+	}
+	rt.retained = true
+	why, stored := retain(rt, a)
+	rt.refusal = why
+	rt.t.rec.StoreRefusal, rt.t.rec.Stored = why, stored
+}
+
+// refused records why the turn's retain came to nothing when its stream
+// ended early or broke after D's answer was reported (or before), over
+// what kept recorded.
+func (rt *retainer) refused(why Refusal) {
+	rt.refusal = why
+	rt.t.rec.StoreRefusal = why
+}
+
+// retain stores D's handle for the next turn and returns "" and true, or
+// why it did not: when the turn ended normally, under the key the
+// Identifier derives from the request and the reply, with the fingerprint
+// the turn's verification seals. It runs when a non-streaming answer has
+// been read, and for a stream before the client sees its final event, so
+// that a client that sends its next turn at once finds the handle.
+func retain(rt *retainer, a answer) (Refusal, bool) {
+	t := rt.t
 	r := t.r
-	hi, ok := retainable(t, in, handle, reply)
+	hi, why, ok := retainable(rt, a)
 	if !ok {
 		// D holds whatever handle it answered with: not kept, it is
 		// released (orphan.go).
-		orphaned(t, in.decode, handle, releaseRefused)
-		return
+		orphaned(t, a.decode, a.handle, releaseRefused)
+		return why, false
 	}
 	if v, ok := t.req.Field("n"); ok && !jsonraw.IsNull(v) {
 		if n, ok := lenientInt(v); !ok || n != 1 {
 			// Which choice's tokens D's blocks hold is unknown.
-			t.rec.StoreRefusal = RefuseN
 			r.stats.refusals.Add(1)
-			orphaned(t, in.decode, handle, releaseNChoices)
-			return
+			orphaned(t, a.decode, a.handle, releaseNChoices)
+			return RefuseN, false
 		}
 	}
-	ids.blockSize = r.shapes.known(r.decode.find(in.decode))
+	ids := a.ids
+	ids.blockSize, ids.prefill = r.shapes.known(r.decode.find(a.decode)), rt.prefill
 	fp, later := t.proof.seal(hi.Tokens, ids)
 	// The fingerprint is built in a pooled buffer, copied into the entry.
 	defer t.bufs.put(fp)
-	ret, err := r.ident.Key(t.req, in.cands, reply)
+	ret, err := r.ident.Key(t.req, rt.cands, a.reply)
 	switch {
 	case err != nil:
-		t.rec.StoreRefusal = RefuseIdentifierError
 		r.stats.refusals.Add(1)
-		orphaned(t, in.decode, handle, releaseRefused)
-		return
+		orphaned(t, a.decode, a.handle, releaseRefused)
+		return RefuseIdentifierError, false
 	case ret.Key == "" || (ret.Refusal != "" && fp == nil && later == nil):
 		// A refusal with a key: the turn may be retained, but only for
 		// token verification.
-		t.rec.StoreRefusal = ret.Refusal
 		r.stats.refusals.Add(1)
-		orphaned(t, in.decode, handle, releaseRefused)
-		return
+		orphaned(t, a.decode, a.handle, releaseRefused)
+		return ret.Refusal, false
 	}
 	// The store entry compacts the handle where Check found its list.
-	e := entry.Entry{Created: r.cfg.clock(), Endpoint: in.decode, Tokens: hi.Tokens, Check: ret.Check,
-		ContentOK: ret.Refusal == "", FP: fp, Handle: handle, Blocks: hi.Blocks,
-		Turn: max(in.turn, 1), ToolCalls: toolCalls(reply), Model: t.req.model(), API: apiCode(t.req.Path)}
+	e := entry.Entry{Created: r.cfg.clock(), Endpoint: a.decode, Tokens: hi.Tokens, Check: ret.Check,
+		ContentOK: ret.Refusal == "", FP: fp, Handle: a.handle, Blocks: hi.Blocks,
+		Turn: max(rt.conv, 1), ToolCalls: toolCalls(a.reply), Model: t.req.model(), API: apiCode(t.req.Path)}
 	tenant := t.req.tenant
 	if later == nil {
-		t.rec.StoreRefusal, t.rec.Stored = r.handles.retain(t.values, ret.Key, tenant, e, t.id)
-		return
+		return r.handles.retain(t.values, ret.Key, tenant, e, t.id)
 	}
 	// The fingerprint comes later, perhaps after the turn: the entry
 	// keeps copies of the turn's buffers.
-	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(handle)
+	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(a.handle)
 	key, id, values := ret.Key, t.id, t.values
 	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
 		if fp == nil {
@@ -96,93 +138,91 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 		return r.handles.retain(values, key, tenant, e, id)
 	})
 	if pending {
-		t.rec.StoreRefusal = RefuseRenderPending
-		return
+		return RefuseRenderPending, false
 	}
-	if refusal == RefuseUnrendered && r.renders.caps.missingAny(t.rec.PrefillEndpoint, t.req.api.render) {
+	if refusal == RefuseUnrendered && r.renders.caps.missingAny(rt.prefill, t.req.api.render) {
 		t.lacks(missingRenderRoute)
 	}
-	t.rec.StoreRefusal, t.rec.Stored = refusal, stored
+	return refusal, stored
 }
 
 // retainable checks D's handle before anything is keyed: it returns what
 // Check read of it (remote_num_tokens, where its block list is) and true,
-// or records why the turn retains nothing.
-func retainable(t *turn, in retainIn, handle []byte, reply *Reply) (kvhandle.Info, bool) {
+// or why the turn retains nothing.
+func retainable(rt *retainer, a answer) (kvhandle.Info, Refusal, bool) {
+	t := rt.t
 	r := t.r
 	switch {
+	case a.notJSON:
+		return kvhandle.Info{}, RefuseNotJSON, false
 	case !r.cfg.reuse || t.req.api.kind == passThrough:
-		t.rec.StoreRefusal = RefuseReuseOff
-		return kvhandle.Info{}, false
-	case in.decodeLocal:
+		return kvhandle.Info{}, RefuseReuseOff, false
+	case rt.decodeLocal:
 		// A plain request: no handle expected, the earlier one stays.
-		t.rec.StoreRefusal = RefuseDecodeLocal
-		return kvhandle.Info{}, false
-	case handle == nil:
-		noDecodeHandle(t, in, reply)
-		return kvhandle.Info{}, false
+		return kvhandle.Info{}, RefuseDecodeLocal, false
+	case a.handle == nil:
+		return kvhandle.Info{}, noDecodeHandle(rt, a), false
 	}
-	if in.streamed {
-		r.learned.sawStream(in.decode, t.req.Path, true)
+	if a.streamed {
+		r.learned.sawStream(a.decode, t.req.Path, true)
 	} else {
-		r.learned.sawHandle(in.decode)
+		r.learned.sawHandle(a.decode)
 	}
-	if !finishedNormally(reply.FinishReason) {
-		t.rec.StoreRefusal = refuseFinishPrefix + Refusal(reply.FinishReason)
-		return kvhandle.Info{}, false
+	if !finishedNormally(a.reply.FinishReason) {
+		return kvhandle.Info{}, refuseFinishPrefix + Refusal(a.reply.FinishReason), false
 	}
-	hi, err := r.shapes.check(context.Background(), r.decode.find(in.decode), handle, in.blocks)
+	hi, err := r.shapes.check(context.Background(), r.decode.find(a.decode), a.handle, a.blocks)
 	if err != nil {
-		t.rec.StoreRefusal = RefuseUnusableHandle
+		why := RefuseUnusableHandle
 		if errors.Is(err, kvhandle.ErrInvalid) {
-			t.rec.StoreRefusal = RefuseInvalidHandle
+			why = RefuseInvalidHandle
 			if !errors.Is(err, kvhandle.ErrBlockCount) { // counted and logged by shapes
-				r.invalidHandle(PhaseDecode, in.decode, err)
+				r.invalidHandle(PhaseDecode, a.decode, err)
 			}
 		}
-		return kvhandle.Info{}, false
+		return kvhandle.Info{}, why, false
 	}
-	r.restarts.sawEngineID(in.decode, hi.EngineID())
+	r.restarts.sawEngineID(a.decode, hi.EngineID())
 	if hi.PushMode {
-		t.rec.StoreRefusal = RefusePushHandle
 		r.stats.pushHandles.Add(1)
-		return hi, false
+		return hi, RefusePushHandle, false
 	}
-	return hi, true
+	return hi, "", true
 }
 
-// noDecodeHandle records a decode answer without a handle: none expected
-// (D prefilled by itself, or did not finish normally), a stream of an API
-// or engine that carries none (learned.go), or an engine that should have
-// sent one.
-func noDecodeHandle(t *turn, in retainIn, reply *Reply) {
+// noDecodeHandle returns why a decode answer without a handle retains
+// nothing: none expected (D prefilled by itself, or did not finish
+// normally), a stream of an API or engine that carries none (learned.go),
+// or an engine that should have sent one.
+func noDecodeHandle(rt *retainer, a answer) Refusal {
+	t := rt.t
 	r := t.r
 	// D emits a handle when it finished normally and was sent P's (a
 	// plain request, the local fallback, gets none). A complete stream
 	// whose reply names no finish reason (Messages streams end with
 	// message_stop) finished normally.
-	normal := finishedNormally(reply.FinishReason)
-	expected := !in.noPrefill && normal
+	normal := finishedNormally(a.reply.FinishReason)
+	expected := !rt.local && normal
 	switch {
-	case in.streamed && (in.noPrefill || !(normal || reply.FinishReason == "")):
-		t.rec.StoreRefusal = RefuseNoStreamHandle
-	case in.streamed && (!t.req.api.streamHandles || r.learned.streams(in.decode, t.req.Path) != capability.Present):
+	case a.streamed && (rt.local || !(normal || a.reply.FinishReason == "")):
+		return RefuseNoStreamHandle
+	case a.streamed && (!t.req.api.streamHandles || r.learned.streams(a.decode, t.req.Path) != capability.Present):
 		// The API's streams never carry one (vLLM's Messages), or the
 		// engine's never did (stock vLLM without PR #40186).
-		noStreamHandle(t, in)
-	default:
-		t.rec.StoreRefusal = RefuseNoHandle
-		if expected {
-			r.stats.noDecodeHandle.Add(1)
-			t.rec.NoHandle = PhaseDecode
-			if !in.streamed {
-				t.lacks(r.learned.noHandle(in.decode, t.req.Path, PhaseDecode))
-			}
-			r.log.once(context.Background(), "no_decode_handle:"+in.decode,
-				"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
-				slog.String("endpoint", in.decode))
-		}
+		noStreamHandle(t, a.decode)
+		return RefuseNoStreamHandle
 	}
+	if expected {
+		r.stats.noDecodeHandle.Add(1)
+		t.rec.NoHandle = PhaseDecode
+		if !a.streamed {
+			t.lacks(r.learned.noHandle(a.decode, t.req.Path, PhaseDecode))
+		}
+		r.log.once(context.Background(), "no_decode_handle:"+a.decode,
+			"kvroute: a decode engine finished a turn without kv_transfer_params; nothing is retained (is kv_connector_extra_config.bidirectional_kv_xfer on?)",
+			slog.String("endpoint", a.decode))
+	}
+	return RefuseNoHandle
 }
 
 // finishedNormally reports whether a reply's finish reason, in chat's

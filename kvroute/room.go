@@ -31,17 +31,14 @@ import (
 
 // liveTokens is what t's decode leg may take on an engine of max_model_len
 // maxLen and capacity tokens (0: unknown): its prompt (as P's answer or
-// the turn's verification counted it, else its body's bytes /
+// the turn's verification counted it, counted; else its body's bytes /
 // bytesPerToken) and what it may generate (max_completion_tokens,
 // max_tokens or Responses' max_output_tokens, else defaultGeneration),
 // clipped to maxLen, else to capacity. admit is false for a request the
 // engine will reject: its limit over maxLen, or with a prompt counted
 // exactly, prompt and limit together.
-func liveTokens(t *turn, maxLen, capacity int64) (tokens int64, admit bool) {
-	prompt, exact := int64(t.prompt), true
-	if prompt <= 0 {
-		prompt = int64(t.rec.PromptTokens)
-	}
+func liveTokens(t *turn, counted int, maxLen, capacity int64) (tokens int64, admit bool) {
+	prompt, exact := int64(counted), true
 	if prompt <= 0 {
 		prompt, exact = int64(len(t.req.Body)/bytesPerToken), false
 	}

@@ -6,15 +6,14 @@ import (
 	"encoding/hex"
 	"net/http"
 	"time"
-
-	"github.com/bidikv/bidikv/threshold"
 )
 
 // turn is what the phases of one Do call share: the request, the ids the
-// client and the engines see, the record they report into, the trace, how
-// engine requests are built, the pooled buffers the turn owns and its
+// client and the engines see, the record they report into (which only
+// the turn's end reads: the observer path), the trace, how engine
+// requests are built, the pooled buffers the turn owns and its
 // verification. Phases hand each other results (found, hit, way, ...),
-// never fields of the turn; finish ends it once.
+// never fields of the turn; the retainer Do owns ends it once (do.go).
 type turn struct {
 	r      *Router
 	req    *Request
@@ -26,19 +25,9 @@ type turn struct {
 	trace  turnTrace
 	bufs   turnBufs
 	proof  proof // the turn's verification (verify.go)
-	// choice is the Chooser's decision (WithDecodeMemory's Local), released when
-	// the turn ends; dSent is when the last decode leg was sent, for a
-	// learning Chooser.
-	choice threshold.Choice
-	chose  bool
-	dSent  time.Time
-	done   bool
 	// sampling is the decode engine whose streams of the API this turn's
 	// stream shows (buffered.go), released when the turn ends.
 	sampling string
-	// prompt is the prompt's tokens as P's answer counted them (0:
-	// unknown), for the decode leg's live tokens (memory.go).
-	prompt int
 	// roomMade: a decode leg of the turn had room made on its engine
 	// (memory.go, arrive): its other legs make none.
 	roomMade bool
@@ -120,59 +109,4 @@ func (t *turn) since() time.Duration { return t.r.cfg.clock().Sub(t.start) }
 func (t *turn) miss(reason MissReason) {
 	t.rec.Reuse = ReuseMiss
 	t.rec.MissReason = reason
-}
-
-// fail ends the turn with err and reports it.
-func (t *turn) fail(phase Phase, err error) error {
-	t.rec.Err = err
-	t.rec.ErrPhase = phase
-	t.r.stats.failures.Add(1)
-	t.finish()
-	return err
-}
-
-// finish ends the turn once: the Chooser's reservation, the learning
-// Chooser's observation, the Observer, the trace, and every pooled buffer
-// the turn still holds.
-func (t *turn) finish() {
-	if t.done {
-		return
-	}
-	t.done = true
-	t.rec.Total = t.since()
-	t.choice.Release()
-	if t.sampling != "" {
-		t.r.learned.unsample(t.sampling, t.req.Path)
-	}
-	if e, ok := t.proof.(interface{ end() }); ok {
-		e.end()
-	}
-	t.observe()
-	if o := t.r.cfg.observer; o != nil {
-		o.ObserveTurn(&t.rec)
-	}
-	t.trace.finish(&t.rec)
-	if t.bufs.release() {
-		t.r.stats.renderedPromptIDs.Add(1)
-	}
-}
-
-// observe reports the finished turn's engine times to a learning Chooser:
-// streaming turns only, whose first event is the first token (a
-// non-streaming answer arrives whole, after the last one).
-func (t *turn) observe() {
-	l := t.r.learner
-	if l == nil || !t.chose || !t.stream || t.rec.Buffered || t.rec.Err != nil || t.rec.TTFT <= 0 || t.dSent.IsZero() {
-		return
-	}
-	first := t.rec.TTFT - t.dSent.Sub(t.start)
-	if first <= 0 {
-		return
-	}
-	o := threshold.Observation{Path: t.rec.Choice, Decode: t.rec.DecodeEndpoint,
-		PromptTokens: t.rec.PromptTokens, ReusableTokens: t.rec.VerifiedTokens, DecodeFirst: first}
-	if o.Path != threshold.PathLocal {
-		o.Prefill = t.rec.Prefill
-	}
-	l.Observe(o)
 }

@@ -28,7 +28,8 @@ type proof interface {
 	prepare(ctx context.Context, f *found) MissReason
 	// check compares the request's prompt with what f's handle holds and
 	// returns the verified prefix in tokens (f.e.Tokens: all of it), or
-	// why none is: a result in a verified.
+	// why none is: a result in a verified (for a miss, only its prompt,
+	// when the check counted it).
 	check(f *found) (verified, MissReason)
 	// seal returns the fingerprint of the first tokens positions of D's
 	// blocks after the turn (ids: the token ids D's answer carried), built
@@ -80,6 +81,9 @@ type tokenIDs struct {
 	// blockSize is the decode engine's (0: unknown): the fingerprint's
 	// blocks are its blocks, where a partial read cuts.
 	blockSize int
+	// prefill is the engine of the turn's last prefill attempt ("" when
+	// none), which seal asks whether it lacks the render route.
+	prefill string
 }
 
 // wait delivers a fingerprint that comes after seal returned: it calls
@@ -90,11 +94,13 @@ type tokenIDs struct {
 type wait func(store func(fingerprint.Fingerprint) (Refusal, bool)) (refusal Refusal, stored, pending bool)
 
 // hit is the verify phase's result: the handle to attach, cut to the
-// verified prefix, and how it was verified; handle nil when none is.
+// verified prefix, and how it was verified; handle nil when none is, and
+// miss says why (v.prompt still counts the prompt when verification did).
 type hit struct {
 	handle []byte
 	known  jsonraw.Known // where the store entry's expansion wrote handle's block list (none once cut)
 	v      verified
+	miss   MissReason
 }
 
 // verify decides whether the handle f holds may be attached to this
@@ -105,10 +111,10 @@ func verify(ctx context.Context, t *turn, f *found) hit {
 	if f.key == "" {
 		return hit{}
 	}
-	h, reason := verifyHandle(ctx, t, f)
-	if reason != "" {
-		t.miss(reason)
-		return hit{}
+	h := verifyHandle(ctx, t, f)
+	if h.miss != "" {
+		t.miss(h.miss)
+		return h
 	}
 	t.rec.Reuse = ReuseHit
 	t.rec.HandleAge = f.age
@@ -116,28 +122,31 @@ func verify(ctx context.Context, t *turn, f *found) hit {
 }
 
 // verifyHandle is verify's decision.
-func verifyHandle(ctx context.Context, t *turn, f *found) (hit, MissReason) {
+func verifyHandle(ctx context.Context, t *turn, f *found) hit {
 	r := t.r
 	if reason := t.proof.prepare(ctx, f); reason != "" {
-		return hit{}, reason
+		return hit{miss: reason}
 	}
 	v, reason := t.proof.check(f)
 	if reason != "" {
-		return hit{}, reason
+		return hit{miss: reason, v: verified{prompt: v.prompt}}
 	}
+	missed := hit{v: verified{prompt: v.prompt}}
 	t.rec.ReusableTokens = v.tokens
 	if !r.policy.Reuse(threshold.Input{RemoteTokens: v.tokens}) {
-		return hit{}, MissThreshold
+		missed.miss = MissThreshold
+		return missed
 	}
 	if v.tokens >= f.e.Tokens {
-		return hit{handle: f.e.Handle, known: f.e.Blocks, v: v}, ""
+		return hit{handle: f.e.Handle, known: f.e.Blocks, v: v}
 	}
 	// Cut at the block size of the decode engine whose blocks the handle
 	// names; unknown (or partial reads off): not cut.
 	bs := r.shapes.size(ctx, r.decode.find(f.e.Endpoint))
+	missed.miss = MissPartialRefused
 	if bs == 0 || r.cfg.noPartial {
 		r.stats.partialRefused.Add(1)
-		return hit{}, MissPartialRefused
+		return missed
 	}
 	n := v.tokens - v.tokens%bs // a block-aligned R' (fingerprint blocks may be smaller or larger)
 	cut, err := kvhandle.Cut(f.e.Handle, n, bs)
@@ -147,14 +156,15 @@ func verifyHandle(ctx context.Context, t *turn, f *found) (hit, MissReason) {
 			r.log.once(ctx, "partial:"+err.Error(), "kvroute: a handle cannot be read partially; such turns run as plain prefills",
 				slog.String("reason", err.Error()))
 		}
-		return hit{}, MissPartialRefused
+		return missed
 	}
 	t.rec.ReusableTokens = n
 	if !r.policy.Reuse(threshold.Input{RemoteTokens: n}) {
-		return hit{}, MissThreshold
+		missed.miss = MissThreshold
+		return missed
 	}
 	v.tokens = n
 	t.rec.Partial = true
 	r.stats.partialHits.Add(1)
-	return hit{handle: cut, v: v}, ""
+	return hit{handle: cut, v: v}
 }

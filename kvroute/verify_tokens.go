@@ -91,9 +91,10 @@ func (p *tokenProof) check(f *found) (verified, MissReason) {
 		return p.content.check(f)
 	}
 	t := p.t
+	counted := verified{prompt: len(p.tokens)} // a miss's: the prompt's tokens, for the decode leg's live tokens
 	cp, err := f.e.FP.VerifyPrefix(p.tokens)
 	if err != nil {
-		return verified{}, MissBadEntry
+		return counted, MissBadEntry
 	}
 	n := cp.Tokens()
 	// The chain over the verified tokens, for this turn's own fingerprint
@@ -101,7 +102,7 @@ func (p *tokenProof) check(f *found) (verified, MissReason) {
 	p.prefix = cp
 	t.rec.VerifiedTokens = n
 	if n == 0 {
-		return verified{}, MissMismatch
+		return counted, MissMismatch
 	}
 	return verified{tokens: n, matched: n, prompt: len(p.tokens), ids: p.tokens, renderer: p.renderer}, ""
 }
@@ -139,7 +140,7 @@ func (p *tokenProof) seal(tokens int, ids tokenIDs) (fingerprint.Fingerprint, wa
 			rendered := t.bufs.rendered
 			if len(rendered) == 0 {
 				noRender(r, t.req.Path)
-				if r.renders.caps.missingAny(t.rec.PrefillEndpoint, t.req.api.render) {
+				if r.renders.caps.missingAny(ids.prefill, t.req.api.render) {
 					t.lacks(missingRenderRoute)
 				}
 				return nil, nil
