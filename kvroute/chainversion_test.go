@@ -52,9 +52,9 @@ func TestChainVersion1EntriesRefused(t *testing.T) {
 }
 
 // TestChainVersion1HintAnchorRefused: a chat turn with a conversation
-// hint was anchored on the hint alone; under version 1 its anchor is not
-// looked up any more, so that an entry with a version 1 check is not
-// found (and were it found, its check would be refused).
+// hint is anchored on the hint, not on the chain; the anchor version 1
+// gave it is not looked up any more, so that an entry with a version 1
+// check is not found (and were it found, its check would be refused).
 func TestChainVersion1HintAnchorRefused(t *testing.T) {
 	const (
 		v1Anchor = "a:c1a6757f437a95a773f2fbcdbfd7279b9d72e75f99f76aa079790aa84277beb6"
