@@ -39,7 +39,7 @@ func anchorBase(req *Request, kind string) *convkey.Hasher {
 // chatAnchorFrom returns the anchor key of a chat request whose
 // conversation start (chainConversation's second result) is start.
 func chatAnchorFrom(req *Request, start [32]byte) string {
-	h := anchorBase(req, "chat")
+	h := anchorBase(req, "chat.v2") // the chain's version (chainConversation)
 	if hint := conversationHint(req); hint != "" {
 		h.Field("hint", []byte(hint))
 		return convkey.DigestKey("a", req.keys.SumPut(h))

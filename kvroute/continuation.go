@@ -430,7 +430,9 @@ func shapingDigest(req *Request, kind string, fields []string) [32]byte {
 // system or developer message, hashed in the same pass.
 func chainConversation(req *Request, visit func(cur [32]byte, role string)) ([32]byte, [32]byte, error) {
 	msgs, _ := req.Field("messages")
-	cur := shapingDigest(req, "chat", chatShaping)
+	// chat.v2: messages chained by their digests (convkey.Chainer), so
+	// that entries keyed by the former chain are never taken for its.
+	cur := shapingDigest(req, "chat.v2", chatShaping)
 	var start [32]byte
 	open := true
 	c := req.keys.Chainer()

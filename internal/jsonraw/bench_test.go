@@ -82,3 +82,36 @@ func BenchmarkWalkMessages100KB(b *testing.B) {
 		}
 	}
 }
+
+// historyBody is a chat request as bench --overhead sends it: a short
+// system prompt and one user message of about size bytes of code-like
+// words, a line break (an escape) every 16 words.
+func historyBody(size int) []byte {
+	var b strings.Builder
+	words := []string{" func", " return", " err", " nil", " struct", " handle", " decode", " prefill", " stream", " token"}
+	for i := 0; b.Len() < size; i++ {
+		if i%16 == 15 {
+			b.WriteString(`\n`)
+		}
+		b.WriteString(words[i%len(words)])
+	}
+	return []byte(`{"model":"sim-model","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"` +
+		b.String() + `"}],"max_tokens":8,"stream":true}`)
+}
+
+// BenchmarkParseHistory validates and indexes a request whose history
+// is one long message (the router's parse of every request).
+func BenchmarkParseHistory(b *testing.B) {
+	for _, size := range []int{100 << 10, 400 << 10} {
+		b.Run(strconv.Itoa(size>>10)+"KB", func(b *testing.B) {
+			body := historyBody(size)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := jsonraw.Parse(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package jsonraw
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 )
 
 const (
@@ -10,17 +11,18 @@ const (
 	msb = 0x8080808080808080
 )
 
-// plain8 reports whether none of the eight bytes in x is a quote, a
-// backslash or a control character (< 0x20).
-func plain8(x uint64) bool {
+// special8 has the top bit set of the first byte of x (in little-endian
+// order) that is a quote, a backslash or a control character (< 0x20), and
+// of no byte before it; of later bytes it may be set falsely (borrows cross
+// from a flagged byte). It is zero when there is no such byte.
+func special8(x uint64) uint64 {
 	// Bytes >= 0x80 never match; mask them out so the borrow tricks below
 	// only see ASCII.
-	ascii := ^x & msb
 	y := x & ^uint64(msb)
-	lt20 := (y - lsb*0x20) & ascii
-	quote := ((y ^ lsb*'"') - lsb) & ascii
-	bslash := ((y ^ lsb*'\\') - lsb) & ascii
-	return (lt20|quote|bslash)&msb == 0
+	lt20 := y - lsb*0x20
+	quote := (y ^ lsb*'"') - lsb
+	bslash := (y ^ lsb*'\\') - lsb
+	return (lt20 | quote | bslash) & ^x & msb
 }
 
 // scanner validates JSON values in data. Each method takes the index where
@@ -197,8 +199,13 @@ func (s *scanner) str(i int) (end int, escaped bool, err error) {
 	d := s.data
 	i++
 	for {
-		// Fast path over plain bytes, eight at a time.
-		for i+8 <= len(d) && plain8(binary.LittleEndian.Uint64(d[i:])) {
+		// Fast path over plain bytes, eight at a time, to the first byte
+		// that is not (special8 flags it exactly).
+		for i+8 <= len(d) {
+			if m := special8(binary.LittleEndian.Uint64(d[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
 		}
 		for i < len(d) {

@@ -15,7 +15,7 @@ var errStop = errors.New("stop")
 // canonicalContent maps content to one form, returned as a tag byte and
 // the bytes that follow it (aliasing v or scratch, which is returned for
 // reuse); for tag 't' the bytes are a raw JSON string, hashed as its
-// decoding without building it (hasher.taggedString). vLLM turns string content
+// decoding without building it (Hasher.writeText). vLLM turns string content
 // into a list of one text part and null into no parts, then hands the
 // template either the parts (its "openai" content format, where a template
 // concatenates text parts) or their texts joined with newlines ("string"
@@ -98,17 +98,13 @@ func isText(typ []byte) bool {
 }
 
 // writeMessage hashes one message in canonical form: content is tag
-// followed by body. A text body (tag 't') is the JSON string of a request's
+// followed by the digest of body (Hasher.content). A text body (tag 't') is the JSON string of a request's
 // content, hashed as its decoding; text is set when body is the text itself
 // (a reply D sent, which may begin with a quote like any text), hashed as
 // is.
 func writeMessage(d *Hasher, role string, tag byte, body []byte, text bool, name, toolCallID string, toolCalls []byte, extra [][2][]byte) {
 	d.FieldString("role", role)
-	if tag == 't' && !text && len(body) > 0 && body[0] == '"' {
-		d.taggedString("content", tag, body)
-	} else {
-		d.tagged("content", int(tag), body)
-	}
+	d.content("content", tag, body, tag == 't' && !text && len(body) > 0 && body[0] == '"')
 	d.FieldString("name", name)
 	d.FieldString("tool_call_id", toolCallID)
 	writeToolCalls(d, toolCalls)

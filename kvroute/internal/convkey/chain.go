@@ -30,9 +30,11 @@ func NewChainer() *Chainer {
 	return &Chainer{d: Hasher{h: sha256.New()}}
 }
 
-// Message returns sha256(prev || canonical(m)) and m's role. With anchor
-// not nil it also replaces *anchor by sha256(*anchor || canonical(m)), from
-// the same pass over m.
+// Message returns the chain of prev and m, sha256(prev || digest(m)), and
+// m's role, where digest(m) is the digest of m in canonical form (the
+// content's own digest in it: Hasher.content). With anchor not nil it also
+// replaces *anchor by the chain of *anchor and m, from the same digest: m
+// is read and hashed once.
 func (c *Chainer) Message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, string, error) {
 	var (
 		role, name, toolCallID []byte
@@ -77,27 +79,24 @@ func (c *Chainer) Message(prev [32]byte, m []byte, anchor *[32]byte) ([32]byte, 
 	}
 	d := &c.d
 	d.h.Reset()
-	d.WriteDigest(prev)
-	if anchor != nil {
-		if d.a == nil {
-			d.a = sha256.New()
-		}
-		d.a.Reset()
-		copy(d.tmp[:], anchor[:])
-		d.a.Write(d.tmp[:32])
-		d.both = true
-	}
 	slices.SortFunc(extra, func(a, b [2][]byte) int { return bytes.Compare(a[0], b[0]) })
 	var tag byte
 	var body []byte
 	tag, body, c.scratch = canonicalContent(content, c.scratch)
 	writeMessage(d, rs, tag, body, false, ns, ts, toolCalls, extra)
-	d.both = false
-	sum := d.Sum()
+	md := d.Sum()
 	if anchor != nil {
-		copy(anchor[:], d.a.Sum(d.tmp[:0]))
+		*anchor = chain(d, *anchor, md)
 	}
-	return sum, rs, nil
+	return chain(d, prev, md), rs, nil
+}
+
+// chain returns sha256(prev || md), hashed with d.
+func chain(d *Hasher, prev, md [32]byte) [32]byte {
+	d.h.Reset()
+	d.WriteDigest(prev)
+	d.WriteDigest(md)
+	return d.Sum()
 }
 
 // rawString returns v if it is a JSON string, else nil (a value that is

@@ -34,17 +34,17 @@ func appendU4(b []byte, r rune) []byte {
 	return append(b, '\\', 'u', hexdig[r>>12&0xf], hexdig[r>>8&0xf], hexdig[r>>4&0xf], hexdig[r&0xf])
 }
 
-// stringSum is the digest of the JSON string q hashed by taggedString.
+// stringSum is the digest of the JSON string q hashed as a content field.
 func stringSum(q []byte) [32]byte {
 	d := New()
-	d.taggedString("content", 't', q)
+	d.content("content", 't', q, true)
 	return d.Sum()
 }
 
-// textSum is the digest of the text s hashed as a tagged field.
+// textSum is the digest of the text s hashed as a content field.
 func textSum(s string) [32]byte {
 	d := New()
-	d.tagged("content", 't', []byte(s))
+	d.content("content", 't', []byte(s), false)
 	return d.Sum()
 }
 
@@ -109,7 +109,7 @@ func TestTaggedStringDoesNotBuildTheText(t *testing.T) {
 	hash := func(q []byte) func() {
 		return func() {
 			d.Reset()
-			d.taggedString("content", 't', q)
+			d.content("content", 't', q, true)
 			_ = d.Sum()
 		}
 	}

@@ -12,63 +12,57 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 )
 
-// Hasher feeds one digest, or two with both set, the same bytes, and
-// frames fields without allocating.
+// Hasher feeds a digest and frames fields without allocating.
 type Hasher struct {
-	h, a  hash.Hash
-	both  bool
+	h     hash.Hash
 	tmp   [2*binary.MaxVarintLen64 + 64]byte
-	chunk []byte // taggedString's, allocated on first use
+	chunk []byte  // writeText's, allocated on first use
+	sub   *Hasher // a message's content digest, allocated on first use
 }
 
 func (d *Hasher) Write(p []byte) (int, error) {
 	d.h.Write(p)
-	if d.both {
-		d.a.Write(p)
-	}
 	return len(p), nil
 }
 
 // Field writes a length-prefixed name and value, so no two different
 // sequences of fields hash the same input.
 func (d *Hasher) Field(name string, v []byte) {
-	d.tagged(name, -1, v)
-}
-
-// tagged is field for the value tag followed by v (tag < 0: v alone).
-func (d *Hasher) tagged(name string, tag int, v []byte) {
-	l := len(v)
-	if tag >= 0 {
-		l++
-	}
-	d.lengthPrefix(name, l)
-	if tag >= 0 {
-		d.tmp[0] = byte(tag)
-		d.Write(d.tmp[:1])
-	}
+	d.lengthPrefix(name, len(v))
 	d.Write(v)
 }
 
-// taggedString is tagged for the decoding of the JSON string q: strings
-// without escapes are hashed from q's bytes; the others are decoded twice,
-// piece by piece, once for their length and once into the digest, so no
-// copy of the text is made.
-func (d *Hasher) taggedString(name string, tag byte, q []byte) {
+// content writes the field name whose value is tag followed by the digest
+// of body (contentDigest): a message's content, however long, is read once
+// and needs no length known before it is hashed.
+func (d *Hasher) content(name string, tag byte, body []byte, quoted bool) {
+	if d.sub == nil {
+		d.sub = New()
+	}
+	s := d.sub
+	s.Reset()
+	if quoted {
+		s.writeText(body)
+	} else {
+		s.Write(body)
+	}
+	d.lengthPrefix(name, 1+sha256.Size)
+	d.tmp[0] = tag
+	s.h.Sum(d.tmp[:1])
+	d.Write(d.tmp[:1+sha256.Size])
+}
+
+// writeText writes the decoding of the JSON string q: a string without
+// escapes is hashed from q's bytes; the others are decoded piece by piece
+// (the runs between escapes), gathered in chunks so that the digest gets
+// few large writes, with no copy of the whole text. A q that is not a
+// string writes nothing, as jsonraw.String's "".
+func (d *Hasher) writeText(q []byte) {
 	inner := q[1 : len(q)-1]
 	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
-		d.tagged(name, int(tag), inner)
+		d.Write(inner)
 		return
 	}
-	n := 0
-	if !jsonraw.StringPiecesTrusted(q, func(p []byte) { n += len(p) }) {
-		d.tagged(name, int(tag), nil) // not a string: as jsonraw.String's ""
-		return
-	}
-	d.lengthPrefix(name, n+1)
-	d.tmp[0] = tag
-	d.Write(d.tmp[:1])
-	// The pieces are short (the runs between escapes): gather them in
-	// chunks, so the digest gets few large writes.
 	if d.chunk == nil {
 		d.chunk = make([]byte, 0, hashChunk)
 	}
@@ -162,11 +156,18 @@ func DigestKey(prefix string, sum [32]byte) string {
 // Reset empties the Hasher for a new digest.
 func (d *Hasher) Reset() {
 	d.h.Reset()
-	d.both = false
 }
 
-// WriteReply hashes a reply the decode engine produced (its content and
-// tool calls) as the assistant message the next request will send.
+// WriteReply writes the digest of a reply the decode engine produced (its
+// content and tool calls) as the digest of the assistant message the next
+// request will send (Chainer.Message): after the digest of the
+// conversation before it, it gives the chain with the reply.
 func WriteReply(d *Hasher, content string, toolCalls []byte) {
-	writeMessage(d, "assistant", 't', []byte(content), true, "", "", toolCalls, nil)
+	if d.sub == nil {
+		d.sub = New()
+	}
+	m := d.sub
+	m.Reset()
+	writeMessage(m, "assistant", 't', []byte(content), true, "", "", toolCalls, nil)
+	d.WriteDigest(m.Sum())
 }
