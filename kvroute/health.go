@@ -3,7 +3,6 @@ package kvroute
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/bidikv/bidikv/kvroute/capability"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -169,7 +169,7 @@ func (h *health) success() bool {
 
 // startProbes starts the active health checks, if configured, and returns
 // the function that stops them and waits for the goroutine to end.
-func startProbes(hp *healthPolicy, client *transport.Client, apiKey string, pools ...*pool) func() error {
+func startProbes(hp *healthPolicy, client *upstream.Client, pools ...*pool) func() error {
 	iv := hp.cfg.probeInterval
 	if iv <= 0 {
 		return nil
@@ -193,7 +193,7 @@ func startProbes(hp *healthPolicy, client *transport.Client, apiKey string, pool
 			var wg sync.WaitGroup
 			for _, p := range pools {
 				for _, e := range p.list() {
-					wg.Go(func() { probe(ctx, hp, client, apiKey, e, timeout) })
+					wg.Go(func() { probe(ctx, hp, client, e, timeout) })
 				}
 			}
 			wg.Wait()
@@ -210,23 +210,12 @@ func startProbes(hp *healthPolicy, client *transport.Client, apiKey string, pool
 var errProbe = errors.New("kvroute: health probe failed")
 
 // probe sends one GET /health to e and records the outcome.
-func probe(ctx context.Context, hp *healthPolicy, client *transport.Client, apiKey string, e *endpoint, timeout time.Duration) {
+func probe(ctx context.Context, hp *healthPolicy, client *upstream.Client, e *endpoint, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/health", nil)
-	if err != nil {
-		return
-	}
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	resp, err := client.Do(req, transport.Deadlines{})
-	if err == nil {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			err = errProbe
-		}
+	status, err := client.Call(ctx, e.ep, upstream.Call{Path: "/health", Limit: 4096}, nil)
+	if status != 0 && status != http.StatusOK {
+		err = errProbe
 	}
 	if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
 		return // the router is closing

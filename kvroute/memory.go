@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // Decode memory as a managed budget (WithDecodeMemory; docs/kvroute.md,
@@ -39,8 +39,7 @@ type decodeMemory struct {
 	saved    func(tokens int) time.Duration
 	clock    func() time.Time
 	ttl      time.Duration // the retention TTL: how long a hold can be attached
-	client   *transport.Client
-	apiKey   string
+	client   *upstream.Client
 	restarts *restarts
 	shapes   *shapes // told the block size a reading finds
 	stats    *counters
@@ -55,7 +54,7 @@ type decodeMemory struct {
 func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	c := &r.cfg
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
-		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log,
+		client: r.client.Client, restarts: &r.restarts, stats: &r.stats, log: &r.log,
 		limits: roomLimits{rate: c.memory.roomRate}}
 	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
 	if c.blockSize > 0 {

@@ -4,18 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"math"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/plausible"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // A decode engine's pressure. The router reads each decode engine's
@@ -181,31 +179,18 @@ func (m *decodeMemory) read(ctx context.Context, e *endpoint) {
 
 // fetch GETs e's /metrics and parses it for e's rank.
 func (m *decodeMemory) fetch(ctx context.Context, e *endpoint) (engineMetrics, error) {
-	return fetchMetrics(ctx, m.client, m.apiKey, e, m.clock)
+	return fetchMetrics(ctx, m.client, e, m.clock)
 }
 
 // fetchMetrics GETs e's /metrics, within restartCheckTimeout, and parses
 // it for e's rank at clock's time.
-func fetchMetrics(ctx context.Context, client *transport.Client, apiKey string, e *endpoint, clock func() time.Time) (engineMetrics, error) {
-	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
-	defer cancel()
-	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
-	if err != nil {
-		return engineMetrics{}, err
-	}
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	resp, err := client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return engineMetrics{}, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-		return engineMetrics{}, errors.New(resp.Status)
-	}
-	return parseMetrics(io.LimitReader(resp.Body, maxMetricsBytes), e.ep.Rank, clock()), nil
+func fetchMetrics(ctx context.Context, client *upstream.Client, e *endpoint, clock func() time.Time) (engineMetrics, error) {
+	var m engineMetrics
+	_, err := client.Call(ctx, e.ep, metricsCall, func(r io.Reader) error {
+		m = parseMetrics(r, e.ep.Rank, clock())
+		return nil
+	})
+	return m, err
 }
 
 // parseMetrics reads Prometheus' text format for the metrics above, of

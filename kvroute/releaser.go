@@ -1,12 +1,10 @@
 package kvroute
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -17,8 +15,8 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // Release requests. Where no turn is coming to carry a hold's release
@@ -265,7 +263,7 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 	if err != nil || status != http.StatusOK {
 		st.releaseFailures.Add(1)
 		msg := "status " + strconv.Itoa(status)
-		if err != nil {
+		if status == 0 {
 			msg = err.Error()
 		}
 		rl.mem.log.once(ctx, "release_failed:"+ep.url, "kvroute: a release request failed; the hold lapses at its TTL (logged once per prefill engine)",
@@ -301,27 +299,10 @@ func (rl *releaser) post(ctx context.Context, ep *endpoint, e entry.Entry, handl
 	if timeout <= 0 {
 		timeout = releaseTimeout // WithTimeouts' Prefill none: a release is bounded all the same
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", releaseUserAgent)
-	req.Header.Set(headerRequestID, "bidikv-release-"+hex.EncodeToString(id[:]))
-	if rl.mem.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+rl.mem.apiKey)
-	}
-	resp, err := rl.mem.client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-	return resp.StatusCode, nil
+	return rl.mem.client.Call(ctx, ep.ep, upstream.Call{Method: http.MethodPost, Path: path, Body: body,
+		ID: "bidikv-release-" + hex.EncodeToString(id[:]), UserAgent: releaseUserAgent, Timeout: timeout, Limit: upstream.MaxErrorBody}, nil)
 }
 
 // pick returns the eligible prefill engine with the fewest requests open,

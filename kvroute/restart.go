@@ -19,7 +19,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/kvroute/internal/plausible"
-	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 )
 
 // Decode engine restarts. A decode engine that restarted no longer holds
@@ -54,13 +54,15 @@ const restartCheckTimeout = 2 * time.Second
 // maxMetricsBytes bounds the /metrics page read.
 const maxMetricsBytes = 16 << 20
 
+// metricsCall is a read of an engine's /metrics.
+var metricsCall = upstream.Call{Path: "/metrics", Timeout: restartCheckTimeout, Limit: maxMetricsBytes}
+
 // restarts is what the Router knows of its decode engines' processes, and
 // how it learns more (restart.go).
 type restarts struct {
 	decode *pool
-	client *transport.Client
+	client *upstream.Client
 	maxAge time.Duration // WithRestartCheck
-	apiKey string        // WithUpstreamAPIKey
 	clock  func() time.Time
 	stats  *counters
 	log    *logger
@@ -262,26 +264,19 @@ func (r *restarts) record(ep *endpoint, now, start time.Time, ok bool) {
 // fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
 // ok is false when the engine answered without it.
 func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartCheckTimeout)
-	defer cancel()
-	req, err := ep.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
-	if err != nil {
+	var page []byte
+	status, err := r.client.Call(context.WithoutCancel(ctx), ep.ep, metricsCall, func(rd io.Reader) (err error) {
+		page, err = io.ReadAll(rd)
+		return err
+	})
+	if status == 0 {
 		return time.Time{}, false, err
 	}
-	if r.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.apiKey)
-	}
-	resp, err := r.client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+	if status != http.StatusOK {
 		r.noStartMetric(ep.url)
 		return time.Time{}, false, nil
 	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, maxMetricsBytes))
+	sc := bufio.NewScanner(bytes.NewReader(page))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
 		v, found := bytes.CutPrefix(sc.Bytes(), []byte("process_start_time_seconds "))

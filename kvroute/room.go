@@ -9,8 +9,8 @@ import (
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/capability"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // What room a decode leg may make on arrival (memory.go, arrive). A leg
@@ -187,22 +187,12 @@ func readModelLen(ctx context.Context, m *decodeMemory, e *endpoint, start time.
 	if known {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, restartCheckTimeout)
-	defer cancel()
-	req, err := e.ep.NewRequest(ctx, http.MethodGet, "/v1/models", nil)
-	if err != nil {
-		return
-	}
-	if m.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+m.apiKey)
-	}
-	resp, err := m.client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBytes))
-	if err != nil || resp.StatusCode != http.StatusOK {
+	var body []byte
+	status, err := m.client.Call(ctx, e.ep, upstream.Call{Path: "/v1/models", Timeout: restartCheckTimeout, Limit: maxModelsBytes}, func(r io.Reader) (err error) {
+		body, err = io.ReadAll(r)
+		return err
+	})
+	if err != nil || status != http.StatusOK {
 		return
 	}
 	if n, ok := capability.MaxModelLen(body); ok {

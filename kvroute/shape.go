@@ -1,7 +1,6 @@
 package kvroute
 
 import (
-	"github.com/bidikv/bidikv/internal/jsonraw"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,8 +10,9 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 )
 
 // Engines' KV block sizes. A handle's remote_block_ids name blocks of the
@@ -79,8 +79,7 @@ type shape struct {
 // shapes is the Router's knowledge of its engines' block sizes.
 type shapes struct {
 	configured int // WithVerification's BlockSize; 0: none
-	client     *transport.Client
-	apiKey     string
+	client     *upstream.Client
 	clock      func() time.Time
 	stats      *counters
 	log        *logger
@@ -135,7 +134,7 @@ func (s *shapes) known(e *endpoint) int {
 // readNow reads e's /metrics once (with the reads of e already running).
 func (s *shapes) readNow(ctx context.Context, e *endpoint) {
 	_, _, _ = s.reads.Do(string(e.phase)+" "+e.url, func() (any, error) {
-		em, err := fetchMetrics(ctx, s.client, s.apiKey, e, s.clock)
+		em, err := fetchMetrics(ctx, s.client, e, s.clock)
 		s.record(e, em, err == nil)
 		return nil, nil
 	})

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -87,7 +89,7 @@ func Probe(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, opt
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	p := &prober{rt: rt, ep: ep, key: cfg.apiKey}
+	p := newProber(rt, ep, cfg)
 	r := &Report{Endpoint: ep.String(), ProbedAt: cfg.now()}
 
 	// Phase 1: what the engine is.
@@ -156,7 +158,7 @@ func Refresh(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, p
 		o.apply(&cfg)
 	}
 	mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-	ans := (&prober{rt: rt, ep: ep, key: cfg.apiKey}).do(mctx, http.MethodGet, "/metrics", nil, maxMetrics)
+	ans := newProber(rt, ep, cfg).do(mctx, http.MethodGet, "/metrics", nil, maxMetrics)
 	cancel()
 	if ans.status != http.StatusOK {
 		return Probe(ctx, rt, ep, opts...), true
@@ -170,11 +172,15 @@ func Refresh(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, p
 	return &next, false
 }
 
-// prober sends the probe's requests.
+// prober sends the probe's requests, through the engine client kvroute
+// sends its own with (package upstream).
 type prober struct {
-	rt  http.RoundTripper
-	ep  transport.Endpoint
-	key string
+	client *upstream.Client
+	ep     transport.Endpoint
+}
+
+func newProber(rt http.RoundTripper, ep transport.Endpoint, cfg config) *prober {
+	return &prober{client: upstream.New(transport.NewClient(rt), cfg.apiKey, cfg.now), ep: ep}
 }
 
 // answer is one request's outcome: a status and at most the bounded body,
@@ -205,38 +211,29 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// do sends one request and returns the answer, whatever its status: an
+// answer other than 2xx keeps its body as the client drained it (at most
+// upstream.MaxErrorBody, as much as maxAnswer).
 func (p *prober) do(ctx context.Context, method, path string, body []byte, limit int64) answer {
 	a := answer{what: method + " " + path}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := p.ep.NewRequest(ctx, method, path, rd)
-	if err != nil {
-		a.err = err
-		return a
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("Accept-Encoding", "identity")
-	req.Header.Set("User-Agent", UserAgent)
-	if p.key != "" {
-		req.Header.Set("Authorization", "Bearer "+p.key)
-	}
-	resp, err := p.rt.RoundTrip(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
+	status, err := p.client.Call(ctx, p.ep, upstream.Call{Method: method, Path: path, Body: body, UserAgent: UserAgent, Limit: limit},
+		func(r io.Reader) (err error) {
+			a.body, err = io.ReadAll(r)
+			return err
+		})
+	a.status = status
+	var se *upstream.StatusError
+	switch {
+	case errors.As(err, &se):
+		a.body = se.Body
+	case err != nil && ctx.Err() != nil:
+		a.err = ctx.Err()
+	case err != nil && status == 0:
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the cause, as the RoundTripper gave it
 		}
 		a.err = err
-		return a
-	}
-	defer resp.Body.Close()
-	a.status = resp.StatusCode
-	a.body, err = io.ReadAll(io.LimitReader(resp.Body, limit))
-	if err != nil && ctx.Err() != nil {
-		a.err = ctx.Err()
 	}
 	return a
 }
