@@ -242,7 +242,7 @@ func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, boo
 // outcome.
 func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) {
 	st := rl.mem.stats
-	if rl.mem.restarts.restartedSince(&e) || rl.decode.find(e.Endpoint) == nil {
+	if rl.mem.meter.restarts.restartedSince(&e) || rl.decode.find(e.Endpoint) == nil {
 		// Its blocks are gone, or its engine left the pool (a scaled-down
 		// Deployment): P could not reach it, and the request would fail
 		// on P as a failed KV read.

@@ -110,7 +110,7 @@ func (p *tokenProof) pickRenderer(ctx context.Context) (*endpoint, error) {
 	t := p.t
 	r := t.r
 	now := r.cfg.clock()
-	// Engines the conversation avoids (poison.go) neither render nor
+	// Engines the conversation avoids (internal/distrust) neither render nor
 	// prefill it.
 	skipped := append(append(r.renders.skipped(now), p.avoid...), r.shapes.avoided(r.prefill)...)
 	for range 3 {

@@ -1,25 +1,16 @@
 package kvroute
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"math"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/kvroute/internal/plausible"
-	"github.com/bidikv/bidikv/kvroute/internal/upstream"
+	"github.com/bidikv/bidikv/kvroute/internal/metricspage"
 )
 
 // Decode engine restarts. A decode engine that restarted no longer holds
@@ -48,26 +39,16 @@ import (
 // Engine start times are compared with the router's clock, so the two
 // must agree (NTP) to well within the time an engine takes to start.
 
-// restartCheckTimeout bounds one GET /metrics.
-const restartCheckTimeout = 2 * time.Second
-
-// maxMetricsBytes bounds the /metrics page read.
-const maxMetricsBytes = 16 << 20
-
-// metricsCall is a read of an engine's /metrics.
-var metricsCall = upstream.Call{Path: "/metrics", Timeout: restartCheckTimeout, Limit: maxMetricsBytes}
-
 // restarts is what the Router knows of its decode engines' processes, and
 // how it learns more (restart.go).
 type restarts struct {
 	decode *pool
-	client *upstream.Client
+	meter  *meter        // the one reader of /metrics (pressure.go)
 	maxAge time.Duration // WithRestartCheck
 	clock  func() time.Time
 	stats  *counters
 	log    *logger
-	reads  singleflight.Group // /metrics reads, by URL
-	forget func(url string)   // drops what turns showed of a restarted engine (learned.go)
+	forget func(url string) // drops what turns showed of a restarted engine (learned.go)
 }
 
 // life is what the router knows of one decode engine's process.
@@ -197,43 +178,46 @@ func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
 	case fresh:
 		return nil
 	}
-	_, err, _ := r.reads.Do(ep.url, func() (any, error) {
-		start, ok, err := r.fetchStart(ctx, ep)
-		if err != nil {
-			l.mu.Lock()
-			l.checked, l.unread = r.clock(), true
-			if l.checked.After(l.gap) {
-				l.gap = l.checked
-			}
-			l.mu.Unlock()
-			return nil, err
+	if err := r.meter.read(ctx, ep); err != nil {
+		l.mu.Lock()
+		l.checked, l.unread = r.clock(), true
+		if l.checked.After(l.gap) {
+			l.gap = l.checked
 		}
-		r.record(ep, now, start, ok)
-		return nil, nil
-	})
-	return err
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Lock()
+	none := l.noMetric
+	l.mu.Unlock()
+	if none {
+		r.noStartMetric(ep.url)
+	}
+	return nil
 }
 
-// saw records the process_start_time_seconds a pressure reading of ep's
-// /metrics (pressure.go) found at now. It can only tell a restart sooner:
-// a start other than the one known is recorded as the restart check's
-// own reading would record it; it does not count as the check's reading
-// (the check still reads before it attaches a handle when its own reading
-// is older than WithHealth's RestartCheck), so that a background reading
-// never makes a handle attachable that the check alone would not.
-func (r *restarts) saw(ep *endpoint, now, start time.Time) {
+// answered records what a read of ep's /metrics begun at now found: page,
+// or nil when the engine answered other than 2xx. Whoever asked for the
+// reading (the check, pressure or block sizes: the meter, pressure.go),
+// it is the check's own: made at now, as fresh as the check's reading
+// would be.
+func (r *restarts) answered(ep *endpoint, now time.Time, page *metricspage.Page) {
 	if r.maxAge <= 0 {
 		return
 	}
-	l := &ep.life
-	l.mu.Lock()
-	if now.Before(l.checked) || start.Equal(l.start) || l.start.IsZero() {
-		l.mu.Unlock()
-		return // older than the check's reading, nothing new, or nothing to compare with
+	switch {
+	case page == nil || (page.Start.IsZero() && !page.BadStart):
+		r.record(ep, now, time.Time{}, false)
+	case page.BadStart:
+		// The last plausible start stands (none: as if the engine
+		// served no start time).
+		ep.life.mu.Lock()
+		last := ep.life.start
+		ep.life.mu.Unlock()
+		r.record(ep, now, last, !last.IsZero())
+	default:
+		r.record(ep, now, page.Start, true)
 	}
-	l.start = start
-	l.mu.Unlock()
-	r.restarted(ep.url, "process_start_time_seconds")
 }
 
 // record records a successful read of ep's /metrics made at now, which
@@ -259,49 +243,6 @@ func (r *restarts) record(ep *endpoint, now, start time.Time, ok bool) {
 	if changed {
 		r.restarted(ep.url, "process_start_time_seconds")
 	}
-}
-
-// fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
-// ok is false when the engine answered without it.
-func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
-	var page []byte
-	status, err := r.client.Call(context.WithoutCancel(ctx), ep.ep, metricsCall, func(rd io.Reader) (err error) {
-		page, err = io.ReadAll(rd)
-		return err
-	})
-	if status == 0 {
-		return time.Time{}, false, err
-	}
-	if status != http.StatusOK {
-		r.noStartMetric(ep.url)
-		return time.Time{}, false, nil
-	}
-	sc := bufio.NewScanner(bytes.NewReader(page))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		v, found := bytes.CutPrefix(sc.Bytes(), []byte("process_start_time_seconds "))
-		if !found {
-			continue
-		}
-		raw := string(bytes.TrimSpace(v))
-		f, err := strconv.ParseFloat(raw, 64)
-		if err != nil || f <= 0 || math.IsInf(f, 0) {
-			break
-		}
-		if why := plausible.Check(plausible.Start, f, r.clock()); why != "" {
-			// The last plausible start stands (none: as if the engine
-			// served no start time).
-			r.implausible(ep.url, []string{plausible.Reading(plausible.Start, raw, why)})
-			ep.life.mu.Lock()
-			last := ep.life.start
-			ep.life.mu.Unlock()
-			return last, !last.IsZero(), nil
-		}
-		sec, frac := math.Modf(f)
-		return time.Unix(int64(sec), int64(frac*1e9)), true, nil
-	}
-	r.noStartMetric(ep.url)
-	return time.Time{}, false, nil
 }
 
 // implausible counts a reading of the decode engine at url's /metrics with

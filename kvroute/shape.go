@@ -8,11 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 )
 
 // Engines' KV block sizes. A handle's remote_block_ids name blocks of the
@@ -78,12 +75,11 @@ type shape struct {
 
 // shapes is the Router's knowledge of its engines' block sizes.
 type shapes struct {
-	configured int // WithVerification's BlockSize; 0: none
-	client     *upstream.Client
+	configured int    // WithVerification's BlockSize; 0: none
+	meter      *meter // the one reader of /metrics (pressure.go)
 	clock      func() time.Time
 	stats      *counters
 	log        *logger
-	reads      singleflight.Group // /metrics reads, by role and URL
 	// learnt is told a decode engine's block size, read (the ledger's
 	// block counts).
 	learnt func(url string, size int)
@@ -112,7 +108,7 @@ func (s *shapes) size(ctx context.Context, e *endpoint) int {
 	}
 	if s.due(e, s.clock()) {
 		// The read is shared: one turn going away does not cut it.
-		s.readNow(context.WithoutCancel(ctx), e)
+		_ = s.meter.read(ctx, e)
 	}
 	return s.known(e)
 }
@@ -131,41 +127,26 @@ func (s *shapes) known(e *endpoint) int {
 	return s.configured
 }
 
-// readNow reads e's /metrics once (with the reads of e already running).
-func (s *shapes) readNow(ctx context.Context, e *endpoint) {
-	_, _, _ = s.reads.Do(string(e.phase)+" "+e.url, func() (any, error) {
-		em, err := fetchMetrics(ctx, s.client, e, s.clock)
-		s.record(e, em, err == nil)
-		return nil, nil
-	})
-}
-
-// record records a reading of e's /metrics (ok: it answered) made now.
-func (s *shapes) record(e *endpoint, em engineMetrics, ok bool) {
+// record records a reading of e's /metrics (ok: it answered, with the
+// block size size; 0 when it has none) made now.
+func (s *shapes) record(e *endpoint, size int, ok bool) {
 	now := s.clock()
 	e.kv.mu.Lock()
 	e.kv.read = now
 	if ok {
-		e.kv.noInfo = em.size == 0
+		e.kv.noInfo = size == 0
 	}
-	if em.size > 0 {
-		e.kv.size = em.size
+	if size > 0 {
+		e.kv.size = size
 	}
 	e.kv.mu.Unlock()
-	if em.size > 0 && s.configured > 0 && em.size != s.configured {
-		s.log.once(context.Background(), "block_size:"+e.url+":"+strconv.Itoa(em.size),
+	if size > 0 && s.configured > 0 && size != s.configured {
+		s.log.once(context.Background(), "block_size:"+e.url+":"+strconv.Itoa(size),
 			"kvroute: an engine reports another block size than WithVerification's BlockSize; its own is used for its handles",
-			slog.String("endpoint", e.url), slog.Int("engine_block_size", em.size), slog.Int("configured", s.configured))
+			slog.String("endpoint", e.url), slog.Int("engine_block_size", size), slog.Int("configured", s.configured))
 	}
-	if em.size > 0 && e.phase == PhaseDecode && s.learnt != nil {
-		s.learnt(e.url, em.size)
-	}
-}
-
-// saw records what another reading of e's /metrics found (pressure.go).
-func (s *shapes) saw(e *endpoint, em engineMetrics) {
-	if em.size > 0 {
-		s.record(e, em, true)
+	if size > 0 && e.phase == PhaseDecode && s.learnt != nil {
+		s.learnt(e.url, size)
 	}
 }
 

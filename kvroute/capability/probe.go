@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/metricspage"
 	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -216,7 +217,7 @@ func errText(err error) string {
 // upstream.MaxErrorBody, as much as maxAnswer).
 func (p *prober) do(ctx context.Context, method, path string, body []byte, limit int64) answer {
 	a := answer{what: method + " " + path}
-	status, err := p.client.Call(ctx, p.ep, upstream.Call{Method: method, Path: path, Body: body, UserAgent: UserAgent, Limit: limit},
+	status, err := p.client.Call(ctx, p.ep, upstream.Call{Method: method, Path: path, Body: body, UserAgent: UserAgent, Identity: true, Limit: limit},
 		func(r io.Reader) (err error) {
 			a.body, err = io.ReadAll(r)
 			return err
@@ -395,17 +396,21 @@ func (r *Report) readMetrics(a answer) {
 		r.PrefixCaching = unknown(r.Metrics.Why)
 		return
 	}
-	m := parseMetrics(bytes.NewReader(a.body), r.ProbedAt)
-	r.Implausible = m.implausible
-	if !m.start.IsZero() || len(m.implausible) == 0 {
-		r.ProcessStart = m.start // else the last plausible one (Refresh) stays
+	m := metricspage.Parse(bytes.NewReader(a.body), -1, r.ProbedAt)
+	r.Implausible = m.Absurd
+	if !m.Start.IsZero() || len(m.Absurd) == 0 {
+		r.ProcessStart = m.Start // else the last plausible one (Refresh) stays
+		if !m.Start.IsZero() {
+			r.ProcessStart = m.Start.UTC()
+		}
 	}
 	note := ""
-	if len(m.implausible) > 0 {
-		note = " (implausible values ignored: " + strings.Join(m.implausible, ", ") + ")"
+	if len(m.Absurd) > 0 {
+		note = " (implausible values ignored: " + strings.Join(m.Absurd, ", ") + ")"
 	}
-	if !m.cacheInfo {
-		if r.BlockSize > 0 && len(m.implausible) > 0 {
+	c, cacheInfo := m.First()
+	if !cacheInfo {
+		if r.BlockSize > 0 && len(m.Absurd) > 0 {
 			// Refresh: the configuration read before stands.
 			r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
 			return
@@ -415,11 +420,12 @@ func (r *Report) readMetrics(a answer) {
 		return
 	}
 	r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
-	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = m.blockSize, m.numGPUBlocks, m.kvTokens, m.ranks
+	// The block size the engine's handles follow, its first rank's.
+	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = c.Size, c.GPUBlocks, c.KVTokens, len(m.Caches)
 	if r.KVCacheTokens == 0 && r.BlockSize > 0 && r.NumGPUBlocks > 1 {
 		r.KVCacheTokens = int64(r.NumGPUBlocks-1) * int64(r.BlockSize) // num_gpu_blocks counts the null block
 	}
-	switch m.prefixCaching {
+	switch c.PrefixCaching {
 	case "True":
 		r.PrefixCaching = present("vllm:cache_config_info enable_prefix_caching=True")
 	case "False":

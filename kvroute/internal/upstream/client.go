@@ -138,6 +138,10 @@ type Call struct {
 	// UserAgent names the request in the engine's access log; Go's default
 	// when empty.
 	UserAgent string
+	// Identity sends "Accept-Encoding: identity" (for a RoundTripper that
+	// would otherwise ask for a compressed answer); none is sent when
+	// false.
+	Identity bool
 	// Timeout bounds the whole exchange; 0: the context alone.
 	Timeout time.Duration
 	// Limit is the most of a 2xx answer's body handed to read; the rest
@@ -145,8 +149,8 @@ type Call struct {
 	Limit int64
 }
 
-// Call sends call to ep (pinned to its rank) with the headers of Header
-// and "Accept-Encoding: identity", and hands the body of a 2xx answer, at
+// Call sends call to ep (pinned to its rank) with the headers of Header,
+// and hands the body of a 2xx answer, at
 // most call.Limit bytes, to read (nil: it is read and dropped). It returns
 // the answer's status (0 when none came) and read's error; an answer other
 // than 2xx is a *StatusError.
@@ -169,7 +173,9 @@ func (c *Client) Call(ctx context.Context, ep transport.Endpoint, call Call, rea
 		return 0, err
 	}
 	Header(req.Header, call.ID, c.apiKey, call.Body != nil)
-	req.Header.Set("Accept-Encoding", "identity")
+	if call.Identity {
+		req.Header.Set("Accept-Encoding", "identity")
+	}
 	if call.UserAgent != "" {
 		req.Header.Set("User-Agent", call.UserAgent)
 	}

@@ -55,14 +55,15 @@ func start(t *testing.T, e *engine) (*upstream.Client, transport.Endpoint) {
 }
 
 // A Call carries the credential, its request id, its user agent, asks for
-// identity encoding, names the rank, and hands read the 2xx body up to
+// identity encoding when told (and for no encoding otherwise: an engine
+// sees no Accept-Encoding a client did not send), names the rank, and hands read the 2xx body up to
 // its Limit.
 func TestCallHeadersAndLimit(t *testing.T) {
 	e := &engine{status: http.StatusOK, body: strings.Repeat("x", 100)}
 	c, ep := start(t, e)
 	var got []byte
 	status, err := c.Call(t.Context(), ep, upstream.Call{Method: http.MethodPost, Path: "/v1/completions", Body: []byte(`{}`),
-		ID: "id-1", UserAgent: "ua", Limit: 10}, func(r io.Reader) (err error) {
+		ID: "id-1", UserAgent: "ua", Identity: true, Limit: 10}, func(r io.Reader) (err error) {
 		got, err = io.ReadAll(r)
 		return err
 	})
@@ -86,6 +87,7 @@ func TestCallHeadersAndLimit(t *testing.T) {
 	assert.Equal(t, http.MethodGet, req.Method)
 	assert.Empty(t, req.Header.Get("Content-Type"), "no body, no content type")
 	assert.Empty(t, req.Header.Values(upstream.HeaderRequestID), "no id, no header")
+	assert.Empty(t, req.Header.Get("Accept-Encoding"), "no encoding asked for")
 }
 
 // An answer other than 2xx is a *StatusError: its status, its body up to
