@@ -311,7 +311,7 @@ func (rl *releaser) pick() *endpoint {
 	now := rl.prefill.hp.now()
 	var best *endpoint
 	for _, e := range rl.prefill.list() {
-		if e.health.eligible(now) && (best == nil || e.inflight.Load() < best.inflight.Load()) {
+		if e.health.Eligible(now) && (best == nil || e.inflight.Load() < best.inflight.Load()) {
 			best = e
 		}
 	}
