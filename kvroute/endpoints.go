@@ -27,7 +27,7 @@ type endpoint struct {
 	phase    Phase
 	inflight atomic.Int64
 	health   enginepool.Health // passive health: ejection and re-admission
-	life     life              // a decode engine's process (restart.go)
+	life     enginepool.Life   // a decode engine's process (restart.go)
 	mem      pressure          // a decode engine's memory pressure (pressure.go)
 	kv       shape             // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
@@ -364,7 +364,7 @@ func (hp *healthPolicy) notify(ev EndpointEvent) {
 // gap in what the router knows of its process (restart.go).
 func (hp *healthPolicy) failed(e *endpoint, err error) {
 	if e.phase == PhaseDecode {
-		e.life.markGap(hp.now())
+		e.life.MarkGap(hp.now())
 	}
 	if hp.cfg.ejectAfter <= 0 {
 		return

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/enginepool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/kvroute/internal/metricspage"
@@ -51,61 +51,16 @@ type restarts struct {
 	forget func(url string) // drops what turns showed of a restarted engine (learned.go)
 }
 
-// life is what the router knows of one decode engine's process.
-type life struct {
-	mu       sync.Mutex
-	engineID string    // the engine id of its latest handle, without "_dp<k>"
-	start    time.Time // process_start_time_seconds; zero when unknown
-	checked  time.Time // when /metrics was last read (router clock); zero: never
-	gap      time.Time // the last failure to reach the engine; zero: none
-	noMetric bool      // its last /metrics had no process_start_time_seconds
-	// unread: the last read of /metrics failed, at checked; it is not
-	// tried again (and the engine's handles are not attached) until the
-	// reading is as old as WithHealth's RestartCheck, so that an engine that does
-	// not answer costs one read per interval, not one per turn.
-	unread bool
-}
-
-// markGap records a failure to reach the engine at now.
-func (l *life) markGap(now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.After(l.gap) {
-		l.gap = now
-	}
-}
-
-// baseEngineID strips vLLM's data-parallel suffix "_dp<k>" from id: the
-// ranks of one engine share the rest, which a restart changes.
-func baseEngineID(id string) string {
-	for i := len(id) - 1; i >= 0; i-- {
-		c := id[i]
-		if c >= '0' && c <= '9' {
-			continue
-		}
-		if i < len(id)-1 && i > 2 && id[i-2:i+1] == "_dp" {
-			return id[:i-2]
-		}
-		break
-	}
-	return id
-}
-
 // sawEngineID records the engine id (remote_engine_id) of a handle the
 // decode engine at url just returned, and reports a restart when it
 // differs from the one before.
 func (r *restarts) sawEngineID(url, engineID string) {
 	ep := r.decode.find(url)
-	id := baseEngineID(engineID)
+	id := enginepool.BaseEngineID(engineID)
 	if ep == nil || id == "" {
 		return
 	}
-	l := &ep.life
-	l.mu.Lock()
-	prev := l.engineID
-	l.engineID = id
-	l.mu.Unlock()
-	if prev != "" && prev != id {
+	if ep.life.SawEngineID(id) {
 		r.restarted(url, "a new engine id in its handles")
 	}
 }
@@ -134,12 +89,7 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 	if ep == nil {
 		return "" // MissEndpointGone's business
 	}
-	l := &ep.life
-	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
-	l.mu.Lock()
-	known := l.engineID
-	l.mu.Unlock()
-	if known != "" && id != "" && id != known {
+	if ep.life.OtherID(enginepool.BaseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))) {
 		return MissRestarted
 	}
 	if r.maxAge > 0 {
@@ -149,14 +99,9 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 			return MissEngineUnconfirmed
 		}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.start.IsZero() && e.Created.Before(l.start) {
-		return MissRestarted
-	}
-	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.Created.Before(l.gap) {
-		// No start time to tell a restart from a network failure: a
-		// handle from before the engine was unreachable may be dead.
+	if ep.life.StartedAfter(e.Created) {
+		// A start after it, or, with no start time to tell a restart
+		// from a network failure, a gap after it: the handle may be dead.
 		return MissRestarted
 	}
 	return ""
@@ -166,12 +111,7 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 // older than WithHealth's RestartCheck or predates a failure to reach it; turns
 // that need it at once share one request.
 func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
-	now := r.clock()
-	l := &ep.life
-	l.mu.Lock()
-	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.maxAge
-	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
-	l.mu.Unlock()
+	fresh, unread := ep.life.Fresh(r.clock(), r.maxAge)
 	switch {
 	case unread:
 		return errUnconfirmed
@@ -179,18 +119,10 @@ func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
 		return nil
 	}
 	if err := r.meter.read(ctx, ep); err != nil {
-		l.mu.Lock()
-		l.checked, l.unread = r.clock(), true
-		if l.checked.After(l.gap) {
-			l.gap = l.checked
-		}
-		l.mu.Unlock()
+		ep.life.Unreadable(r.clock())
 		return err
 	}
-	l.mu.Lock()
-	none := l.noMetric
-	l.mu.Unlock()
-	if none {
+	if ep.life.NoMetric() {
 		r.noStartMetric(ep.url)
 	}
 	return nil
@@ -211,9 +143,7 @@ func (r *restarts) answered(ep *endpoint, now time.Time, page *metricspage.Page)
 	case page.BadStart:
 		// The last plausible start stands (none: as if the engine
 		// served no start time).
-		ep.life.mu.Lock()
-		last := ep.life.start
-		ep.life.mu.Unlock()
+		last := ep.life.Start()
 		r.record(ep, now, last, !last.IsZero())
 	default:
 		r.record(ep, now, page.Start, true)
@@ -223,24 +153,7 @@ func (r *restarts) answered(ep *endpoint, now time.Time, page *metricspage.Page)
 // record records a successful read of ep's /metrics made at now, which
 // had process_start_time_seconds start (ok) or none.
 func (r *restarts) record(ep *endpoint, now, start time.Time, ok bool) {
-	l := &ep.life
-	l.mu.Lock()
-	if now.Before(l.checked) {
-		l.mu.Unlock()
-		return // a later reading is already recorded
-	}
-	l.checked, l.unread = now, false
-	l.noMetric = !ok
-	changed := false
-	if ok {
-		changed = !l.start.IsZero() && !start.Equal(l.start)
-		l.start = start
-		if !l.gap.After(now) {
-			l.gap = time.Time{} // the reading explains the gap
-		}
-	}
-	l.mu.Unlock()
-	if changed {
+	if ep.life.Record(now, start, ok) {
 		r.restarted(ep.url, "process_start_time_seconds")
 	}
 }
@@ -274,9 +187,5 @@ func (r *restarts) restartedSince(e *entry.Entry) bool {
 	if ep == nil {
 		return false
 	}
-	l := &ep.life
-	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))
+	return ep.life.RestartedSince(e.Created, enginepool.BaseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks)))
 }

@@ -1,8 +1,10 @@
 // Package enginepool holds the per-engine state of kvroute's engine pools that
 // keeps its own rules: an endpoint's passive health (failures counted,
-// ejection with exponential backoff, re-admission) and the loop of active
-// health probes. kvroute's endpoints hold one Health each; its pools
-// decide with Eligible which endpoints selection considers.
+// ejection with exponential backoff, re-admission), the loop of active
+// health probes, and what is known of a decode engine's process for
+// restart detection (Life). kvroute's endpoints hold one Health and one
+// Life each; its pools decide with Eligible which endpoints selection
+// considers, its restart check with Life whether a handle may be attached.
 package enginepool
 
 import (
