@@ -27,7 +27,7 @@ import (
 //   - makes room for a decode leg arriving at an engine its holds fill,
 //     within what the request can use and its principal's rate (below; the rate: internal/decodemem);
 //   - releases every decode handle it receives and does not keep
-//     (orphan.go);
+//     (releaser.go, orphans);
 //   - shows the selector each engine's pressure (pressure.go).
 
 // decodeMemory is the Router's management of what its retained handles

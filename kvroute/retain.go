@@ -41,7 +41,7 @@ func retain(t *turn, in retainIn, handle []byte, reply *Reply, ids tokenIDs) {
 	hi, ok := retainable(t, in, handle, reply)
 	if !ok {
 		// D holds whatever handle it answered with: not kept, it is
-		// released (orphan.go).
+		// released (releaser.go, orphans).
 		orphaned(t, in.decode, handle, releaseRefused)
 		return
 	}
