@@ -39,7 +39,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, in retainIn
 	resp, err := r.client.do(hreq, PhaseDecode, ep, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
-		ep.mem.live.Add(-live)
+		ep.mem.Live.Add(-live)
 		return nil, err
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/capability"
+	"github.com/bidikv/bidikv/kvroute/internal/decodemem"
 	"github.com/bidikv/bidikv/kvroute/internal/enginepool"
 	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
@@ -26,10 +27,10 @@ type endpoint struct {
 	url      string
 	phase    Phase
 	inflight atomic.Int64
-	health   enginepool.Health // passive health: ejection and re-admission
-	life     enginepool.Life   // a decode engine's process (restart.go)
-	mem      pressure          // a decode engine's memory pressure (pressure.go)
-	kv       shape             // its block size and KV groups (shape.go)
+	health   enginepool.Health  // passive health: ejection and re-admission
+	life     enginepool.Life    // a decode engine's process (restart.go)
+	mem      decodemem.Pressure // a decode engine's memory pressure (pressure.go)
+	kv       shape              // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]

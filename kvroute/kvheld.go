@@ -56,13 +56,11 @@ func (r *Router) DecodeKV() []DecodeKV {
 	var out []DecodeKV
 	for _, e := range r.decode.list() {
 		d := DecodeKV{Endpoint: e.url}
-		p := &e.mem
-		p.mu.Lock()
-		if !p.at.IsZero() {
-			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.usage, p.waiting, int64(p.preemptions), p.at
+		p := e.mem.Snapshot()
+		if !p.At.IsZero() {
+			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.Usage, p.Waiting, int64(p.Preemptions), p.At
 		}
-		d.MaxModelLen = p.maxModelLen
-		p.mu.Unlock()
+		d.MaxModelLen = p.MaxModelLen
 		out = append(out, d)
 	}
 	var gone []DecodeKV

@@ -168,9 +168,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
 		return 0
 	}
 	c := m.ledger.Capacity(ep.url)
-	ep.mem.mu.Lock()
-	maxLen := ep.mem.maxModelLen
-	ep.mem.mu.Unlock()
+	maxLen := ep.mem.Snapshot().MaxModelLen
 	tokens, admit := liveTokens(t, maxLen, c)
 	if !admit {
 		m.stats.roomRejected.Add(1)
@@ -179,7 +177,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint) int64 {
 	if tokens <= 0 {
 		return 0
 	}
-	live := ep.mem.live.Add(tokens)
+	live := ep.mem.Live.Add(tokens)
 	if m.cfg.headroom < 0 || t.roomMade || c <= 0 {
 		return tokens
 	}
@@ -211,7 +209,7 @@ func (m *decodeMemory) room(ep *endpoint) int {
 		return 0
 	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(ep.mem.live.Load()-m.limit(c)+budget, 0))
+	return int(max(ep.mem.Live.Load()-m.limit(c)+budget, 0))
 }
 
 // returned records that a turn looked key up: its conversation came

@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -29,28 +27,8 @@ import (
 // The capacity sets the engine's budget; the rest is what the Selector
 // sees (Candidate), for an engine whose capacity is known (else placement
 // is as without the management). The same reading tells the restart check the
-// engine's process_start_time_seconds (restart.go).
-
-// pressure is what the router last read of a decode engine's metrics.
-type pressure struct {
-	mu          sync.Mutex
-	at          time.Time // when it was read (router clock); zero: never
-	tried       time.Time // when a read last began: a failed one waits the interval too
-	capacity    int64     // KV tokens; 0 unknown
-	blockSize   int
-	usage       float64 // 0 to 1; -1 unknown
-	waiting     int
-	preemptions float64 // the counter
-	preempted   bool    // the counter grew since the reading before
-	held        int64   // the ledger's held tokens on the engine when read
-	reading     atomic.Bool
-	lenReading  atomic.Bool  // a read of its /v1/models is running (readModelLen, below)
-	live        atomic.Int64 // tokens of the decode legs in flight (memory.go, arrive)
-	// maxModelLen is the engine's max_model_len (its GET /v1/models; 0
-	// unknown), read when its process started at lenStart (readModelLen, below).
-	maxModelLen int64
-	lenStart    time.Time
-}
+// engine's process_start_time_seconds (restart.go). What was read is kept
+// per engine in its decodemem.Pressure.
 
 // press fills c with e's pressure, and has e's metrics read again when
 // its reading is stale.
@@ -59,14 +37,8 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 		return
 	}
 	now := m.clock()
-	p := &e.mem
-	p.mu.Lock()
-	at, usage, waiting, preempted, capacity, heldThen := p.at, p.usage, p.waiting, p.preempted, p.capacity, p.held
-	last := at
-	if p.tried.After(last) {
-		last = p.tried
-	}
-	p.mu.Unlock()
+	p := e.mem.Snapshot()
+	at, last, usage, waiting, preempted, capacity, heldThen := p.At, p.Last, p.Usage, p.Waiting, p.Preempted, p.Capacity, p.Held
 	if m.cfg.interval > 0 && (last.IsZero() || now.Sub(last) >= m.cfg.interval || now.Before(last)) {
 		m.refresh(e, now)
 	}
@@ -91,22 +63,17 @@ func (m *decodeMemory) press(e *endpoint, c *Candidate) {
 
 // refresh reads e's /metrics in the background, unless a read is running.
 func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
-	if m.cfg.interval < 0 || !e.mem.reading.CompareAndSwap(false, true) {
+	if m.cfg.interval < 0 || !e.mem.Reading.CompareAndSwap(false, true) {
 		return
 	}
-	e.mem.mu.Lock()
-	e.mem.tried = now
-	e.mem.mu.Unlock()
+	e.mem.Try(now)
 	if !m.bg.run(func(ctx context.Context) {
-		defer e.mem.reading.Store(false)
-		e.mem.mu.Lock()
-		read := !e.mem.at.Before(now) // by another's read since (the meter's)
-		e.mem.mu.Unlock()
-		if !read {
+		defer e.mem.Reading.Store(false)
+		if !e.mem.ReadSince(now) { // else read by another's ask since (the meter's)
 			_ = m.meter.read(ctx, e)
 		}
 	}) {
-		e.mem.reading.Store(false)
+		e.mem.Reading.Store(false)
 	}
 }
 
@@ -116,37 +83,11 @@ func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
 // answered are counted on top of its usage (press), perhaps twice, never
 // missed.
 func (m *decodeMemory) record(e *endpoint, now time.Time, held int64, page *metricspage.Page) {
-	if start := page.Start; e.mem.lenReading.CompareAndSwap(false, true) &&
-		!m.bg.run(func(ctx context.Context) { defer e.mem.lenReading.Store(false); readModelLen(ctx, m, e, start) }) {
-		e.mem.lenReading.Store(false)
+	if start := page.Start; e.mem.LenReading.CompareAndSwap(false, true) &&
+		!m.bg.run(func(ctx context.Context) { defer e.mem.LenReading.Store(false); readModelLen(ctx, m, e, start) }) {
+		e.mem.LenReading.Store(false)
 	}
-	p := &e.mem
-	p.mu.Lock()
-	if p.at.IsZero() {
-		p.usage = -1 // unknown until a good reading
-	}
-	p.at, p.held = now, held
-	if !page.BadUsage {
-		p.usage = -1
-		if page.Usages > 0 {
-			p.usage = page.Usage / float64(page.Usages)
-		}
-	}
-	if !page.BadWaiting {
-		p.waiting = page.Waiting
-	}
-	p.preempted = page.Preempts && p.preemptions > 0 && page.Preemptions > p.preemptions
-	if page.Preempts {
-		p.preemptions = page.Preemptions
-	}
-	if tokens, bs, ok := page.Capacity(); ok {
-		p.capacity, p.blockSize = tokens, bs
-		if size := page.Size(); size > 0 {
-			p.blockSize = size // the size its handles' blocks follow
-		}
-	}
-	capacity, bs := p.capacity, p.blockSize
-	p.mu.Unlock()
+	capacity, bs := e.mem.Record(now, held, page)
 	if capacity > 0 {
 		m.ledger.SetCapacity(e.url, budget.Capacity{Tokens: capacity, BlockSize: bs})
 	}
@@ -226,11 +167,7 @@ const maxModelsBytes = 1 << 20
 // unknown or the engine restarted since it was read (start: its
 // process_start_time_seconds now, zero when unknown).
 func readModelLen(ctx context.Context, m *decodeMemory, e *endpoint, start time.Time) {
-	p := &e.mem
-	p.mu.Lock()
-	known := p.maxModelLen > 0 && (start.IsZero() || start.Equal(p.lenStart))
-	p.mu.Unlock()
-	if known {
+	if e.mem.ModelLenKnown(start) {
 		return
 	}
 	var body []byte
@@ -242,8 +179,6 @@ func readModelLen(ctx context.Context, m *decodeMemory, e *endpoint, start time.
 		return
 	}
 	if n, ok := capability.MaxModelLen(body); ok {
-		p.mu.Lock()
-		p.maxModelLen, p.lenStart = int64(n), start
-		p.mu.Unlock()
+		e.mem.SetModelLen(int64(n), start)
 	}
 }

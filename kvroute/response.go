@@ -269,7 +269,7 @@ func (r *Response) release() {
 // what it still holds of it is the hold the retain adds to the ledger, not
 // live work), or when the Response is released.
 func (r *Response) leave() {
-	r.left.Do(func() { r.ep.mem.live.Add(-r.live) })
+	r.left.Do(func() { r.ep.mem.Live.Add(-r.live) })
 }
 
 // end finishes a stream: retains D's handle when the stream completed,

@@ -1,6 +1,7 @@
 // Package decodemem holds parts of kvroute's decode memory management
 // (DecodeMemory) that keep their own state: what each principal may
-// release of other tenants' holds on arrival (RoomLimits).
+// release of other tenants' holds on arrival (RoomLimits), and what was
+// last read of each decode engine's pressure (Pressure).
 package decodemem
 
 import (
