@@ -30,7 +30,7 @@ type endpoint struct {
 	health   enginepool.Health  // passive health: ejection and re-admission
 	life     enginepool.Life    // a decode engine's process (restart.go)
 	mem      decodemem.Pressure // a decode engine's memory pressure (pressure.go)
-	kv       shape              // its block size and KV groups (shape.go)
+	kv       enginepool.Shape   // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -59,20 +58,6 @@ const (
 	sizeFromConfigured = "configured"
 )
 
-// shape is what the router knows of one engine's KV layout.
-type shape struct {
-	mu     sync.Mutex
-	size   int       // the block size its /metrics reported; 0 unknown
-	read   time.Time // when its last read ended (router clock); zero: read at the next use
-	noInfo bool      // its last /metrics had no cache configuration
-	groups int       // the KV groups of its last handle that fitted its size
-	// misfit is the block size a handle of the engine did not fit (0:
-	// none), since misfitAt, and why.
-	misfit   int
-	misfitAt time.Time
-	why      string
-}
-
 // shapes is the Router's knowledge of its engines' block sizes.
 type shapes struct {
 	configured int    // WithVerification's BlockSize; 0: none
@@ -87,16 +72,7 @@ type shapes struct {
 
 // due reports whether e's block size is to be read now.
 func (s *shapes) due(e *endpoint, now time.Time) bool {
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.size > 0 && e.kv.misfit != e.kv.size {
-		return false
-	}
-	wait := shapeRetry
-	if e.kv.noInfo {
-		wait = shapeNoInfo
-	}
-	return e.kv.read.IsZero() || now.Sub(e.kv.read) >= wait || now.Before(e.kv.read)
+	return e.kv.Due(now, shapeRetry, shapeNoInfo)
 }
 
 // size returns the block size of e's handles (0: unknown), reading e's
@@ -119,10 +95,8 @@ func (s *shapes) known(e *endpoint) int {
 	if e == nil {
 		return s.configured
 	}
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.size > 0 {
-		return e.kv.size
+	if size, _ := e.kv.Size(); size > 0 {
+		return size
 	}
 	return s.configured
 }
@@ -130,16 +104,7 @@ func (s *shapes) known(e *endpoint) int {
 // record records a reading of e's /metrics (ok: it answered, with the
 // block size size; 0 when it has none) made now.
 func (s *shapes) record(e *endpoint, size int, ok bool) {
-	now := s.clock()
-	e.kv.mu.Lock()
-	e.kv.read = now
-	if ok {
-		e.kv.noInfo = size == 0
-	}
-	if size > 0 {
-		e.kv.size = size
-	}
-	e.kv.mu.Unlock()
+	e.kv.Record(s.clock(), size, ok)
 	if size > 0 && s.configured > 0 && size != s.configured {
 		s.log.once(context.Background(), "block_size:"+e.url+":"+strconv.Itoa(size),
 			"kvroute: an engine reports another block size than WithVerification's BlockSize; its own is used for its handles",
@@ -173,10 +138,7 @@ func (s *shapes) fits(e *endpoint, groups int) {
 	if e == nil {
 		return
 	}
-	e.kv.mu.Lock()
-	e.kv.groups = groups
-	e.kv.misfit, e.kv.why = 0, ""
-	e.kv.mu.Unlock()
+	e.kv.Fits(groups)
 }
 
 // misfits records that a handle of e did not fit size, its block size:
@@ -188,13 +150,7 @@ func (s *shapes) misfits(e *endpoint, size int, err error) {
 	if e == nil {
 		return
 	}
-	now := s.clock()
-	e.kv.mu.Lock()
-	e.kv.misfit, e.kv.misfitAt, e.kv.why = size, now, err.Error()
-	if now.Sub(e.kv.read) >= shapeRetry {
-		e.kv.read = time.Time{}
-	}
-	e.kv.mu.Unlock()
+	e.kv.Misfits(size, err.Error(), s.clock(), shapeRetry)
 	s.log.once(context.Background(), "misfit:"+e.url+":"+strconv.Itoa(size),
 		"kvroute: an engine's KV handle holds fewer blocks than its block size needs; the turn is served without reuse, and the engine serves without reuse until it reports another block size or a minute passes",
 		slog.String("phase", string(e.phase)), slog.String("endpoint", e.url), slog.Int("block_size", size), slog.String("err", err.Error()))
@@ -204,14 +160,7 @@ func (s *shapes) misfits(e *endpoint, size int, err error) {
 // a handle of e did not fit the block size e still has, within
 // shapeNoReuse.
 func (s *shapes) noReuse(e *endpoint) string {
-	size := s.known(e)
-	now := s.clock()
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.misfit == 0 || e.kv.misfit != size || now.Sub(e.kv.misfitAt) >= shapeNoReuse || now.Before(e.kv.misfitAt) {
-		return ""
-	}
-	return e.kv.why
+	return e.kv.NoReuse(s.known(e), s.clock(), shapeNoReuse)
 }
 
 // forget drops what is known of the engine at url (a restart: it may run
@@ -220,17 +169,13 @@ func (s *shapes) forget(e *endpoint) {
 	if e == nil {
 		return
 	}
-	e.kv.mu.Lock()
-	e.kv.size, e.kv.read, e.kv.groups, e.kv.misfit, e.kv.why = 0, time.Time{}, 0, 0, ""
-	e.kv.mu.Unlock()
+	e.kv.Forget()
 }
 
 // status fills st with e's block size, where it comes from, its KV groups
 // and why it serves without reuse.
 func (s *shapes) status(e *endpoint, st *EndpointStatus) {
-	e.kv.mu.Lock()
-	reported, groups := e.kv.size, e.kv.groups
-	e.kv.mu.Unlock()
+	reported, groups := e.kv.Size()
 	switch {
 	case reported > 0:
 		st.BlockSize, st.BlockSizeSource = reported, sizeFromEngine

@@ -1,9 +1,9 @@
 // Package enginepool holds the per-engine state of kvroute's engine pools that
 // keeps its own rules: an endpoint's passive health (failures counted,
 // ejection with exponential backoff, re-admission), the loop of active
-// health probes, and what is known of a decode engine's process for
-// restart detection (Life). kvroute's endpoints hold one Health and one
-// Life each; its pools decide with Eligible which endpoints selection
+// health probes, what is known of a decode engine's process for restart
+// detection (Life) and of an engine's KV layout (Shape). kvroute's
+// endpoints hold one Health, Life and Shape each; its pools decide with Eligible which endpoints selection
 // considers, its restart check with Life whether a handle may be attached.
 package enginepool
 
