@@ -27,7 +27,7 @@ FUZZTIME ?= 20s
 # default, 60s each, once made the smoke run of one target take 10 minutes
 # on a loaded machine); a failing input is still minimized and written.
 FUZZMINTIME ?= 60s
-FUZZ_PKGS := ./internal/jsonraw ./kvroute/internal/streamsynth ./sse ./transport ./transport/discovery ./kvroute ./kvroute/internal/kvhandle ./kvroute/internal/fingerprint ./kvroute/internal/entry ./kvroute/internal/capture ./kvroute/internal/convkey ./retention/budget
+FUZZ_PKGS := ./internal/jsonraw ./kvroute/internal/streamsynth ./sse ./transport ./transport/discovery ./kvroute ./kvroute/internal/kvhandle ./kvroute/internal/fingerprint ./kvroute/internal/entry ./kvroute/internal/capture ./kvroute/internal/convkey ./kvroute/internal/metricspage ./retention/budget
 fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=30000x FUZZMINTIME=100x
 fuzz:

@@ -2,13 +2,13 @@ package kvroute
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"sync"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -152,15 +152,11 @@ func (r *renderers) detached(ctx context.Context, ep *endpoint, path string, bod
 	hreq.Header = h
 	hreq.ContentLength = int64(body.size())
 	hreq.GetBody = func() (io.ReadCloser, error) { return body.reader(ref) }
-	resp, err := r.client.Do(hreq, transport.Deadlines{})
+	resp, err := r.client.send(hreq, PhaseVerify, ep, transport.Deadlines{})
 	if err != nil {
-		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}
+		return nil, upstream.Answered(err), err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
-	}
 	b, err := readSized(resp.Body, resp.ContentLength, r.maxBody, nil)
 	if err != nil {
 		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: err}

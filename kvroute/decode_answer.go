@@ -35,11 +35,11 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled
 		// The engine answers when it has decoded the whole turn.
 		dl.FirstByte = r.cfg.bufferedTimeout
 	}
-	resp, err := r.client.Do(hreq, dl)
+	resp, err := r.client.do(hreq, PhaseDecode, ep, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
-		ep.mem.live.Add(-live)
-		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Err: err}
+		ep.mem.Live.Add(-live)
+		return nil, err
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)
 	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, live: live, body: resp.Body,
@@ -50,10 +50,9 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled
 	own := []string{t.id, string(p.reuse)}
 	out.Header[headerRequestID] = own[0:1:1]
 	out.Header[headerReuse] = own[1:2:2]
-	if resp.StatusCode/100 != 2 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if err := r.client.check(resp, PhaseDecode, ep); err != nil {
 		out.release()
-		return nil, &UpstreamError{Phase: PhaseDecode, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
+		return nil, err
 	}
 	if !identityEncoded(resp.Header) {
 		out.release()

@@ -2,13 +2,20 @@ package kvroute
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/bidikv/bidikv/kvroute/capability"
+	"github.com/bidikv/bidikv/kvroute/internal/decodemem"
+	"github.com/bidikv/bidikv/kvroute/internal/enginepool"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -20,10 +27,10 @@ type endpoint struct {
 	url      string
 	phase    Phase
 	inflight atomic.Int64
-	health   health
-	life     life     // a decode engine's process (restart.go)
-	mem      pressure // a decode engine's memory pressure (pressure.go)
-	kv       shape    // its block size and KV groups (shape.go)
+	health   enginepool.Health  // passive health: ejection and re-admission
+	life     enginepool.Life    // a decode engine's process (restart.go)
+	mem      decodemem.Pressure // a decode engine's memory pressure (pressure.go)
+	kv       enginepool.Shape   // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
 	// replaced, never modified, when a path is added.
 	urls atomic.Pointer[map[string]*url.URL]
@@ -151,7 +158,7 @@ func (p *pool) pick(ctx context.Context, sel Selector, req *Request, affinity, h
 	eps := epsBuf[:0]
 	for _, healthy := range [...]bool{true, false} {
 		for _, e := range all {
-			if slices.Contains(exclude, e.url) || (healthy && !e.health.eligible(now)) {
+			if slices.Contains(exclude, e.url) || (healthy && !e.health.Eligible(now)) {
 				continue
 			}
 			cands = append(cands, Candidate{URL: e.url, InFlight: int(e.inflight.Load()), Weight: e.ep.Weight, Rank: e.ep.Rank, Healthy: healthy})
@@ -194,7 +201,7 @@ type pickSelection struct {
 func (p *pool) hasOther(exclude []string) bool {
 	now := p.hp.now()
 	for _, e := range p.list() {
-		if !slices.Contains(exclude, e.url) && e.health.eligible(now) {
+		if !slices.Contains(exclude, e.url) && e.health.Eligible(now) {
 			return true
 		}
 	}
@@ -204,7 +211,7 @@ func (p *pool) hasOther(exclude []string) bool {
 // eligible returns the current endpoint whose URL is url when it is not
 // ejected, else nil.
 func (p *pool) eligible(url string) *endpoint {
-	if e := p.find(url); e != nil && e.health.eligible(p.hp.now()) {
+	if e := p.find(url); e != nil && e.health.Eligible(p.hp.now()) {
 		return e
 	}
 	return nil
@@ -268,13 +275,153 @@ func (r *Router) Endpoints(phase Phase) []EndpointStatus {
 	now := r.hp.now()
 	var out []EndpointStatus
 	for _, e := range p.list() {
-		fails, until := e.health.state()
+		fails, until := e.health.State()
 		out = append(out, EndpointStatus{
 			Endpoint: e.ep, URL: e.url, InFlight: int(e.inflight.Load()),
-			Healthy: e.health.eligible(now), Failures: fails, EjectedUntil: until,
+			Healthy: e.health.Eligible(now), Failures: fails, EjectedUntil: until,
 			Learned: r.learned.facts(e.url, r.renders.caps.missingOn(e.url)),
 		})
 		r.shapes.status(e, &out[len(out)-1])
 	}
 	return out
+}
+
+// EndpointEvent is a change of an endpoint's state.
+type EndpointEvent struct {
+	Phase    Phase  // PhasePrefill or PhaseDecode
+	Endpoint string // the endpoint's URL, with " (rank N)" when pinned
+	Kind     EndpointEventKind
+	// Failures is the count of consecutive failures (EndpointEjected).
+	Failures int
+	// Until is when an ejected endpoint becomes eligible again.
+	Until time.Time
+	// Err is the failure that ejected it; it never holds request content.
+	Err error
+}
+
+// EndpointObserver is an optional interface of an Observer (WithObserver):
+// when the Observer implements it, the router reports endpoint ejections,
+// re-admissions, additions and removals. ObserveEndpoint is called
+// synchronously and must not block.
+type EndpointObserver interface {
+	ObserveEndpoint(ev EndpointEvent)
+}
+
+// EndpointStatus is a snapshot of one endpoint, from Router.Endpoints.
+type EndpointStatus struct {
+	Endpoint transport.Endpoint
+	// URL identifies the endpoint as Candidate.URL does.
+	URL      string
+	InFlight int
+	// Healthy reports whether selection considers it (not ejected, or its
+	// ejection has run out).
+	Healthy bool
+	// Failures counts consecutive failures.
+	Failures int
+	// EjectedUntil is the end of the current or last ejection.
+	EjectedUntil time.Time
+	// Learned is what real turns showed of the engine's capabilities,
+	// under kvroute/capability's names (capability.Report.Learn takes
+	// them): stream handles per API and bidirectional transfer of a decode
+	// engine, render routes, /tokenize and per-API handles of a prefill
+	// engine; what turns have not shown is left out. A restart the router
+	// notices drops what was learned of a decode engine.
+	Learned []capability.Named
+	// BlockSize is the KV block size the router uses for the engine's
+	// handles (their block-count check, partial reads, fingerprints):
+	// the one the engine's /metrics reports (BlockSizeSource "engine"),
+	// else WithVerification's BlockSize ("configured"); 0 while unknown
+	// (not read yet, or reported nowhere), and then its handles' block
+	// counts are not checked nor read in part.
+	BlockSize       int
+	BlockSizeSource string
+	// KVGroups is the number of KV-cache groups in the engine's last
+	// handle that fitted its block size (one for a dense or MLA model,
+	// more for hybrid ones); 0 until then.
+	KVGroups int
+	// NoReuse says why the engine serves without reuse now ("" when it
+	// does not): a handle of it did not fit its block size (Stats.
+	// UnvalidatedHandles), so its turns run as plain requests on the
+	// decode engine until it reports another size or a minute passes.
+	NoReuse string
+}
+
+// healthPolicy is the router-wide part of health tracking.
+type healthPolicy struct {
+	cfg      endpointConfig
+	clock    func() time.Time
+	observer EndpointObserver
+}
+
+func (hp *healthPolicy) now() time.Time { return hp.clock() }
+
+func (hp *healthPolicy) notify(ev EndpointEvent) {
+	if hp.observer != nil {
+		hp.observer.ObserveEndpoint(ev)
+	}
+}
+
+// failed records a failed request on e. On a decode engine it is also a
+// gap in what the router knows of its process (restart.go).
+func (hp *healthPolicy) failed(e *endpoint, err error) {
+	if e.phase == PhaseDecode {
+		e.life.MarkGap(hp.now())
+	}
+	if hp.cfg.ejectAfter <= 0 {
+		return
+	}
+	ej := enginepool.Ejection{After: hp.cfg.ejectAfter, Backoff: hp.cfg.ejectBackoff, MaxDelay: hp.cfg.maxEjectBackoff}
+	if fails, until, ok := e.health.Failure(ej, hp.now()); ok {
+		hp.notify(EndpointEvent{Phase: e.phase, Endpoint: e.url, Kind: EndpointEjected, Failures: fails, Until: until, Err: err})
+	}
+}
+
+// succeeded records a successful request on e.
+func (hp *healthPolicy) succeeded(e *endpoint) {
+	if e.health.Success() {
+		hp.notify(EndpointEvent{Phase: e.phase, Endpoint: e.url, Kind: EndpointReadmitted})
+	}
+}
+
+// startProbes starts the active health checks, if configured, and returns
+// the function that stops them and waits for the goroutine to end.
+func startProbes(hp *healthPolicy, client *upstream.Client, pools ...*pool) func() error {
+	iv := hp.cfg.probeInterval
+	if iv <= 0 {
+		return nil
+	}
+	timeout := hp.cfg.probeTimeout
+	if timeout <= 0 {
+		timeout = iv
+	}
+	return enginepool.StartProbes(iv, func(ctx context.Context) {
+		var wg sync.WaitGroup
+		for _, p := range pools {
+			for _, e := range p.list() {
+				wg.Go(func() { probe(ctx, hp, client, e, timeout) })
+			}
+		}
+		wg.Wait()
+	})
+}
+
+// errProbe is the failure recorded for a /health answer other than 200.
+var errProbe = errors.New("kvroute: health probe failed")
+
+// probe sends one GET /health to e and records the outcome.
+func probe(ctx context.Context, hp *healthPolicy, client *upstream.Client, e *endpoint, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	status, err := client.Call(ctx, e.ep, upstream.Call{Path: "/health", Limit: 4096}, nil)
+	if status != 0 && status != http.StatusOK {
+		err = errProbe
+	}
+	if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
+		return // the router is closing
+	}
+	if err != nil {
+		hp.failed(e, err)
+		return
+	}
+	hp.succeeded(e)
 }

@@ -21,7 +21,7 @@ func ConversationHintForTest(req *Request) string { return conversationHint(req)
 func LiveTokens(r *Router) []int64 {
 	var out []int64
 	for _, e := range r.decode.list() {
-		out = append(out, e.mem.live.Load())
+		out = append(out, e.mem.Live.Load())
 	}
 	return out
 }

@@ -263,6 +263,34 @@ func TestRetryAfter(t *testing.T) {
 	assert.Equal(t, []time.Duration{2 * time.Second}, waits, "the wait honours Retry-After")
 }
 
+// TestDecodeRetryAfter: a decode engine's 503 reaches the client with the
+// engine's own Retry-After, as a prefill engine's does: every answer other
+// than 2xx goes through the one engine client (package upstream).
+func TestDecodeRetryAfter(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1)
+	target, err := url.Parse(c.Decode[0].URL())
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	busy := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == kvroute.PathChatCompletions {
+			w.Header().Set("Retry-After", "9")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":{"message":"busy","type":"server_error","code":503}}`))
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(busy))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 8, messages: []message{{Role: "system", Content: systemPrompt}}}
+	conv.say(userText(1))
+	res := post(t, serve(t, r), conv.path, conv.body(), nil)
+	assert.Equal(t, http.StatusServiceUnavailable, res.status, "%s", res.raw)
+	assert.Equal(t, "9", res.header.Get("Retry-After"), "the decode engine's own")
+}
+
 // TestNoEngineLeft checks the clear error when every engine is down.
 func TestNoEngineLeft(t *testing.T) {
 	for _, phase := range []kvroute.Phase{kvroute.PhasePrefill, kvroute.PhaseDecode} {

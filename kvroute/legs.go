@@ -6,11 +6,60 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
-// maxErrorBody bounds how much of an engine's error body is kept.
-const maxErrorBody = 64 << 10
+// engineClient is the Router's one client of its engines (package
+// upstream: the credential, request ids, deadlines, bounded reads, an
+// answer other than 2xx drained) with kvroute's error: a failed exchange,
+// or an answer other than 2xx, is the *UpstreamError of the leg's phase on
+// its engine.
+type engineClient struct{ *upstream.Client }
+
+// send sends req, one leg of phase, to ep within d: an error is the leg's
+// *UpstreamError. The caller closes the answer's Body.
+func (c engineClient) send(req *http.Request, phase Phase, ep *endpoint, d transport.Deadlines) (*http.Response, error) {
+	resp, err := c.Send(req, d)
+	if err != nil {
+		return nil, upstreamError(phase, ep, err)
+	}
+	return resp, nil
+}
+
+// do is send without the check of the answer's status, for a leg that
+// acts on the answer's headers first, then calls check.
+func (c engineClient) do(req *http.Request, phase Phase, ep *endpoint, d transport.Deadlines) (*http.Response, error) {
+	resp, err := c.Do(req, d)
+	if err != nil {
+		return nil, upstreamError(phase, ep, err)
+	}
+	return resp, nil
+}
+
+// check returns the *UpstreamError of an answer other than 2xx (its body
+// drained, bounded), nil for a 2xx one. The caller closes the Body.
+func (c engineClient) check(resp *http.Response, phase Phase, ep *endpoint) error {
+	if err := c.Check(resp); err != nil {
+		return upstreamError(phase, ep, err)
+	}
+	return nil
+}
+
+// upstreamError is err, from the engine client, as phase's *UpstreamError
+// on ep: an answer other than 2xx with its status, its body as a client
+// may read it (clientSafe) and its Retry-After.
+func upstreamError(phase Phase, ep *endpoint, err error) *UpstreamError {
+	ue := &UpstreamError{Phase: phase, Endpoint: ep.url, Err: err}
+	var se *upstream.StatusError
+	if errors.As(err, &se) {
+		ue.Status, ue.retryAfter = se.Status, se.RetryAfter
+		if se.Body != nil {
+			ue.Body = clientSafe(se.Body)
+		}
+	}
+	return ue
+}
 
 // legBody is an upstream request body as pieces sent in order: the
 // client's bytes with the edited members spliced in (jsonraw.EditPieces),
@@ -108,14 +157,7 @@ func (l *legs) header() http.Header {
 		return l.hdr
 	}
 	h := transport.RequestHeader(l.req.Header)
-	// One backing array for the values set here.
-	vals := []string{"application/json", l.id, ""}
-	h["Content-Type"] = vals[0:1:1]
-	h[headerRequestID] = vals[1:2:2]
-	if l.apiKey != "" {
-		vals[2] = "Bearer " + l.apiKey
-		h["Authorization"] = vals[2:3:3]
-	}
+	upstream.Header(h, l.id, l.apiKey, true)
 	l.hdr = h
 	return h
 }

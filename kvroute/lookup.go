@@ -14,7 +14,7 @@ import (
 // none).
 type found struct {
 	cands Candidates
-	avoid []string // prefill engines whose prefix cache may hold a mismatched pull (poison.go)
+	avoid []string // prefill engines whose prefix cache may hold a mismatched pull (internal/distrust)
 	key   string
 	e     entry.Entry
 	age   time.Duration
@@ -47,7 +47,7 @@ func lookup(ctx context.Context, t *turn) found {
 		t.miss(MissNoKey)
 		return f
 	}
-	if f.avoid = r.poison.avoid(cands.Keys, r.cfg.clock()); len(f.avoid) > 0 {
+	if f.avoid = r.poison.Avoid(cands.Keys, r.cfg.clock()); len(f.avoid) > 0 {
 		r.stats.avoidedEngineTurns.Add(1)
 	}
 	for _, k := range cands.Keys {

@@ -2,13 +2,16 @@ package kvroute
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/internal/jsonraw"
+	"github.com/bidikv/bidikv/kvroute/internal/decodemem"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // Decode memory as a managed budget (WithDecodeMemory; docs/kvroute.md,
@@ -23,9 +26,9 @@ import (
 //   - when its holds on an engine go over the budget, releases those
 //     worth least with release requests, in the background (releaser);
 //   - makes room for a decode leg arriving at an engine its holds fill,
-//     within what the request can use and its principal's rate (room.go);
+//     within what the request can use and its principal's rate (below; the rate: internal/decodemem);
 //   - releases every decode handle it receives and does not keep
-//     (orphan.go);
+//     (releaser.go, orphans);
 //   - shows the selector each engine's pressure (pressure.go).
 
 // decodeMemory is the Router's management of what its retained handles
@@ -36,18 +39,16 @@ type decodeMemory struct {
 	ledger *budget.Budget
 	// saved estimates the prefill time a hit on a hold of tokens saves:
 	// the cost model's, else one microsecond a token.
-	saved    func(tokens int) time.Duration
-	clock    func() time.Time
-	ttl      time.Duration // the retention TTL: how long a hold can be attached
-	client   *transport.Client
-	apiKey   string
-	restarts *restarts
-	shapes   *shapes // told the block size a reading finds
-	stats    *counters
-	log      *logger
-	bg       background
-	rel      releaser
-	limits   roomLimits // DecodeMemory's RoomRate, by principal
+	saved  func(tokens int) time.Duration
+	clock  func() time.Time
+	ttl    time.Duration // the retention TTL: how long a hold can be attached
+	client *upstream.Client
+	meter  *meter // the one reader of /metrics (pressure.go)
+	stats  *counters
+	log    *logger
+	bg     background
+	rel    releaser
+	limits decodemem.RoomLimits // DecodeMemory's RoomRate, by principal
 }
 
 // newDecodeMemory makes the Router's decode memory management (off:
@@ -55,8 +56,8 @@ type decodeMemory struct {
 func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	c := &r.cfg
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
-		client: r.client, apiKey: c.apiKey, restarts: &r.restarts, stats: &r.stats, log: &r.log,
-		limits: roomLimits{rate: c.memory.roomRate}}
+		client: r.client.Client, meter: &r.meter, stats: &r.stats, log: &r.log,
+		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}}
 	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
 	if c.blockSize > 0 {
 		opts = append(opts, budget.WithBlockSize(c.blockSize))
@@ -116,7 +117,7 @@ func (m *decodeMemory) managed(engine string) bool {
 // hold is what the ledger records of a retained entry: its class
 // (tenant and model), turn and tool calls predict its conversation's
 // next turn; it is held from created until the entry's retention ends,
-// for the tenant (its Owner: room.go, makeRoom).
+// for the tenant (its Owner: makeRoom, below).
 func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Time) budget.Hold {
 	return budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
 		Features: budget.Features{Class: tenant + "\x00" + e.Model, Turn: e.Turn, ToolCalls: e.ToolCalls},
@@ -140,7 +141,7 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 
 // Making room on arrival. The budget caps what holds may take; under it
 // they also yield to live work. Each decode leg counts its live tokens on
-// its engine while it runs (room.go, liveTokens: its prompt and what it
+// its engine while it runs (liveTokens, below: its prompt and what it
 // may generate, within the engine's max_model_len), and when the engine's
 // holds and live legs pass its capacity less DecodeMemory's Headroom, the
 // releaser releases the holds worth least until the live legs fit (room;
@@ -160,9 +161,9 @@ const bytesPerToken = 4
 // P's answer or the turn's verification counted them, 0 when neither did)
 // until its answer is whole (the
 // retain then counts what D holds of it as a hold) or its Response is
-// released (Response.leave), as what it can take there (room.go,
-// liveTokens), and has room made on the engine when its holds and live
-// legs no longer fit, once a turn (room.go, makeRoom). A leg the engine
+// released (Response.leave), as what it can take there (liveTokens,
+// below), and has room made on the engine when its holds and live
+// legs no longer fit, once a turn (makeRoom, below). A leg the engine
 // will reject counts nothing and makes no room (Stats.RoomRejected). It
 // returns the tokens counted.
 func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
@@ -170,9 +171,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 		return 0
 	}
 	c := m.ledger.Capacity(ep.url)
-	ep.mem.mu.Lock()
-	maxLen := ep.mem.maxModelLen
-	ep.mem.mu.Unlock()
+	maxLen := ep.mem.Snapshot().MaxModelLen
 	tokens, admit := liveTokens(t, prompt, maxLen, c)
 	if !admit {
 		m.stats.roomRejected.Add(1)
@@ -181,7 +180,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 	if tokens <= 0 {
 		return 0
 	}
-	live := ep.mem.live.Add(tokens)
+	live := ep.mem.Live.Add(tokens)
 	if m.cfg.headroom < 0 || t.roomMade || c <= 0 {
 		return tokens
 	}
@@ -213,7 +212,7 @@ func (m *decodeMemory) room(ep *endpoint) int {
 		return 0
 	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(ep.mem.live.Load()-m.limit(c)+budget, 0))
+	return int(max(ep.mem.Live.Load()-m.limit(c)+budget, 0))
 }
 
 // returned records that a turn looked key up: its conversation came
@@ -255,4 +254,172 @@ func (b *background) stop() {
 	b.mu.Unlock()
 	b.cancel()
 	b.wg.Wait()
+}
+
+// What room a decode leg may make on arrival (memory.go, arrive). A leg
+// is counted as what it can really take on its engine: its prompt and
+// what it may generate, clipped to the engine's max_model_len (read from
+// its GET /v1/models beside its /metrics; else its KV capacity). A request
+// the engine will reject makes none: vLLM answers 400 when a request's
+// max_tokens (chat: max_completion_tokens when given) is over
+// max_model_len, or its prompt plus max_tokens is (TokenizeParams in
+// vllm/renderers/params.py, with max_output_tokens from the request's
+// build_tok_params). A turn makes room once, whatever legs it sends
+// (turn.roomMade). And what one principal's requests release of other
+// tenants' holds is rate-limited (DecodeMemory's RoomRate): a share of
+// the engine's capacity per minute; its own tenant's holds are released
+// for it without limit. So a client that asks for more than it uses
+// (a huge max_tokens, again and again) cannot drain the holds of every
+// tenant on an engine.
+
+// liveTokens is what t's decode leg may take on an engine of max_model_len
+// maxLen and capacity tokens (0: unknown): its prompt (as P's answer or
+// the turn's verification counted it, counted; else its body's bytes /
+// bytesPerToken) and what it may generate (max_completion_tokens,
+// max_tokens or Responses' max_output_tokens, else defaultGeneration),
+// clipped to maxLen, else to capacity. admit is false for a request the
+// engine will reject: its limit over maxLen, or with a prompt counted
+// exactly, prompt and limit together.
+func liveTokens(t *turn, counted int, maxLen, capacity int64) (tokens int64, admit bool) {
+	prompt, exact := int64(counted), true
+	if prompt <= 0 {
+		prompt, exact = int64(len(t.req.Body)/bytesPerToken), false
+	}
+	gen, asked := int64(defaultGeneration), false
+	for _, k := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
+		if v, ok := t.req.Field(k); ok {
+			if n, ok := jsonraw.Int(v); ok && n > 0 {
+				gen, asked = n, true
+				break
+			}
+		}
+	}
+	if maxLen > 0 && asked && (gen > maxLen || (exact && prompt+gen > maxLen)) {
+		return 0, false
+	}
+	tokens = prompt + min(gen, 1<<40)
+	if limit := maxLen; limit > 0 || capacity > 0 {
+		if limit <= 0 {
+			limit = capacity
+		}
+		tokens = min(tokens, limit)
+	}
+	return tokens, true
+}
+
+// makeRoom chooses the holds to release so that t's decode leg fits on ep,
+// an engine of capacity tokens: the ledger's victims for the room the
+// engine's live legs need, of which other tenants' holds only up to the
+// turn's principal's allowance.
+func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.Time) []budget.Victim {
+	principal := t.req.Principal()
+	allow := m.limits.Allowance(principal, capacity, now)
+	var limited bool
+	victims := m.rel.chosen.choose(func() (v []budget.Victim) {
+		v, limited = m.ledger.VictimsFor(ep.url, m.room(ep), t.req.tenant, allow, now)
+		return v
+	})
+	if limited {
+		m.stats.roomLimited.Add(1)
+	}
+	var others int64
+	for _, v := range victims {
+		if v.Other {
+			others += int64(v.Tokens)
+		}
+	}
+	m.limits.Charge(principal, others, capacity, now)
+	return victims
+}
+
+// DecodeKV is the KV one decode engine holds for the live handles this
+// Router retained (stored, not yet attached to a prefill request nor
+// released, and not past the retention TTL), with its budget and the
+// pressure the router last read (WithDecodeMemory). It is the memory the
+// retention TTL trades against the hit rate. A handle the Store dropped
+// early (evicted, or replaced by a later turn of the same conversation)
+// is counted until its TTL; other Router replicas' handles are not
+// counted.
+type DecodeKV struct {
+	// Endpoint is the decode endpoint (its URL).
+	Endpoint string
+	// Handles is the number of live retained handles on it.
+	Handles int
+	// Tokens is their remote_num_tokens, summed.
+	Tokens int64
+	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
+	Bytes int64
+	// HeldTokens is the memory they pin, in whole blocks × the engine's
+	// block size: what counts against the budget.
+	HeldTokens int64
+	// Capacity is the engine's KV capacity in tokens (its /metrics, or
+	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it
+	// this Router's holds may take (WithDecodeMemory's Budget), 0 when
+	// there is none.
+	Capacity, Budget int64
+	// MaxModelLen is the engine's max_model_len (its GET /v1/models, read
+	// beside its /metrics), 0 when unknown: the most a request may take
+	// there, prompt and max_tokens together.
+	MaxModelLen int64
+	// Ages counts the handles by age, in the buckets of budget.AgeBounds
+	// (up to 15 s, 30 s, 1, 2, 4 and 8 min) and one for older ones.
+	Ages [7]int
+	// KVUsage, Waiting and Preemptions are the engine's
+	// vllm:kv_cache_usage_perc (0 to 1; -1 when it reports none),
+	// vllm:num_requests_waiting and vllm:num_preemptions_total at the
+	// router's last reading of its /metrics, at MetricsRead (zero: never
+	// read).
+	KVUsage     float64
+	Waiting     int
+	Preemptions int64
+	MetricsRead time.Time
+}
+
+// DecodeKV returns, for every decode endpoint, the KV it holds for this
+// Router's live retained handles, in the endpoints' order. Endpoints that
+// were removed but still hold handles follow.
+func (r *Router) DecodeKV() []DecodeKV {
+	now := r.cfg.clock()
+	var out []DecodeKV
+	for _, e := range r.decode.list() {
+		d := DecodeKV{Endpoint: e.url}
+		p := e.mem.Snapshot()
+		if !p.At.IsZero() {
+			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.Usage, p.Waiting, int64(p.Preemptions), p.At
+		}
+		d.MaxModelLen = p.MaxModelLen
+		out = append(out, d)
+	}
+	var gone []DecodeKV
+	for _, u := range r.mem.ledger.Usage(now) {
+		d := DecodeKV{Endpoint: u.Engine}
+		i := slices.IndexFunc(out, func(d DecodeKV) bool { return d.Endpoint == u.Engine })
+		if i >= 0 {
+			d = out[i]
+		} else if u.Holds == 0 {
+			continue
+		}
+		d.Handles, d.Tokens, d.HeldTokens = u.Holds, u.Tokens, u.HeldTokens
+		d.Capacity, d.Budget = u.Capacity, u.Budget
+		copy(d.Ages[:], u.Ages[:])
+		if i >= 0 {
+			out[i] = d
+		} else {
+			gone = append(gone, d)
+		}
+	}
+	slices.SortFunc(gone, func(a, b DecodeKV) int {
+		if a.Endpoint < b.Endpoint {
+			return -1
+		}
+		if a.Endpoint > b.Endpoint {
+			return 1
+		}
+		return 0
+	})
+	out = append(out, gone...)
+	for i := range out {
+		out[i].Bytes = out[i].Tokens * r.cfg.kvBytesPerToken
+	}
+	return out
 }

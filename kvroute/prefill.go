@@ -23,7 +23,7 @@ type tries struct {
 	// turn must not use again: their prefill computed other prompt tokens
 	// than the render said, after pulling the attached KV, which their
 	// prefix cache may now hold under the tokens they computed (and those
-	// the conversation avoids for that reason, poison.go).
+	// the conversation avoids for that reason, internal/distrust).
 	avoidP, badP []string
 	avoidD       []string // decode engines that failed this turn
 	decodeLegs   int      // decode legs started
@@ -214,7 +214,7 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		t.miss(MissRenderMismatch)
 		p.handle, p.attached = kvhandle.Miss, false
 		p.tries.badP = append(p.tries.badP, ep.url)
-		r.poison.add(p.f.cands.Keys, ep.url, r.cfg.clock())
+		r.poison.Add(p.f.cands.Keys, ep.url, r.cfg.clock())
 		p.tried = append(p.tried, ep.url)
 		return 0, transport.Permanent(err)
 	}

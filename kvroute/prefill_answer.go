@@ -3,7 +3,6 @@ package kvroute
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -31,19 +30,11 @@ func (p *prefiller) once(ctx context.Context, ep *endpoint, body legBody, attach
 	if err != nil {
 		return nil, err
 	}
-	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.prefillTimeout})
+	resp, err := t.r.client.send(hreq, PhasePrefill, ep, transport.Deadlines{Total: t.r.cfg.prefillTimeout})
 	if err != nil {
-		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Err: err}
+		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		ue := &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Body: clientSafe(b), Err: errors.New(http.StatusText(resp.StatusCode))}
-		if d, ok := transport.RetryAfter(resp.Header, t.r.cfg.clock()); ok {
-			ue.retryAfter = d
-		}
-		return nil, ue
-	}
 	b, err := readSized(resp.Body, resp.ContentLength, t.r.cfg.maxBodyBytes, nil)
 	if err != nil {
 		return nil, &UpstreamError{Phase: PhasePrefill, Endpoint: ep.url, Status: resp.StatusCode, Err: err}

@@ -2,6 +2,10 @@ package kvroute_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,4 +95,52 @@ func TestPlacementByPressure(t *testing.T) {
 			assert.Zero(t, d.Stats().WrongOutputs)
 		}
 	}
+}
+
+// One reader of /metrics: with restart detection and decode memory both
+// on, at the same interval, a decode engine's /metrics is read once per
+// interval however many turns ask for it (the restart check before each
+// attach, the pressure reading at each placement, the block size of its
+// handles): each counts the one reading as its own.
+func TestOneMetricsReadPerInterval(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := restartCluster(t, true, kvroutetest.WithClock(clk))
+	u, err := url.Parse(c.Decode[0].URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var reads atomic.Int32
+	front := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			reads.Add(1)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	obs := &kvroutetest.Records{}
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(front), kvroute.WithObserver(obs), kvroute.WithClock(clk.Now),
+		kvroute.WithHealth(kvroute.Health{RestartCheck: time.Second}), kvroute.WithDecodeMemory(kvroute.DecodeMemory{MetricsInterval: time.Second}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	srv := serve(t, r)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+	turn := 0
+	for interval := range 3 {
+		for range 4 {
+			turn++
+			conv.say(userText(turn))
+			body := conv.body()
+			res := post(t, srv, conv.path, body, nil)
+			require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+			assert.Equal(t, reference(t, conv.path, body), res.text)
+			conv.hear(res.text)
+			if turn > 1 {
+				assert.Equal(t, kvroute.ReuseHit, obs.Last().Reuse, "turn %d: %s", turn, obs.Last().MissReason)
+			}
+		}
+		want := int32(interval + 1)
+		require.Eventually(t, func() bool { return reads.Load() >= want }, 5*time.Second, time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a second read, if any, would be running by now
+		assert.Equal(t, want, reads.Load(), "interval %d: one read of /metrics", interval)
+		clk.Advance(time.Second)
+	}
+	assert.Positive(t, r.DecodeKV()[0].Capacity, "the pressure reading took the one read")
 }

@@ -223,12 +223,17 @@ func TestReleaseFailureLapsesAtTTL(t *testing.T) {
 func TestReleaseSkipsRestartedEngine(t *testing.T) {
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true))
 	rec := &kvroutetest.Records{}
-	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithThreshold(4096))
+	const check = 20 * time.Millisecond
+	r := newRouter(t, c, kvroute.WithObserver(rec), kvroute.WithThreshold(4096), kvroute.WithHealth(kvroute.Health{RestartCheck: check}))
 	url := serve(t, r)
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
 	conv.say(userText(1))
 	conv.hear(releaseTurn(t, url, conv.path, conv.body(), nil))
 	knowCapacity(t, r)
+	// A restart takes longer than RestartCheck (the simulator's is
+	// instant): the reading of turn 1 (pressure's, the restart check's
+	// too) is too old to vouch for the engine's process when turn 2 comes.
+	time.Sleep(2 * check)
 	c.Decode[0].Restart()
 	conv.say(userText(2))
 	releaseTurn(t, url, conv.path, conv.body(), nil)

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -17,8 +16,8 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention/budget"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // Release requests. Where no turn is coming to carry a hold's release
@@ -52,7 +51,7 @@ const (
 	// releaseRoom: a hold in the way of a decode leg arriving at its
 	// engine, worth least (memory.go, arrive).
 	releaseRoom
-	// Orphans (orphan.go): decode handles the router received and does
+	// Orphans (below): decode handles the router received and does
 	// not keep. releaseNChoices: an answer of n > 1 choices;
 	// releaseRefused: a turn not retained; releaseStoreError: a Put that
 	// failed; releaseOverwritten: a retained handle under the key a turn
@@ -72,7 +71,7 @@ type releaser struct {
 	bufs    *bufpool.Bytes
 	timeout time.Duration // WithTimeouts' Prefill
 	sem     chan struct{} // release requests in flight
-	waiting atomic.Int64  // orphans' releases queued (orphan.go)
+	waiting atomic.Int64  // orphans' releases queued (orphaned, below)
 	mu      sync.Mutex
 	// running: engines whose holds a goroutine is releasing; again: the
 	// engine went over its budget again meanwhile. One goroutine per
@@ -244,7 +243,7 @@ func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, boo
 // outcome.
 func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) {
 	st := rl.mem.stats
-	if rl.mem.restarts.restartedSince(&e) || rl.decode.find(e.Endpoint) == nil {
+	if rl.mem.meter.restarts.restartedSince(&e) || rl.decode.find(e.Endpoint) == nil {
 		// Its blocks are gone, or its engine left the pool (a scaled-down
 		// Deployment): P could not reach it, and the request would fail
 		// on P as a failed KV read.
@@ -265,7 +264,7 @@ func (rl *releaser) send(ctx context.Context, e entry.Entry, why releaseReason) 
 	if err != nil || status != http.StatusOK {
 		st.releaseFailures.Add(1)
 		msg := "status " + strconv.Itoa(status)
-		if err != nil {
+		if status == 0 {
 			msg = err.Error()
 		}
 		rl.mem.log.once(ctx, "release_failed:"+ep.url, "kvroute: a release request failed; the hold lapses at its TTL (logged once per prefill engine)",
@@ -301,27 +300,10 @@ func (rl *releaser) post(ctx context.Context, ep *endpoint, e entry.Entry, handl
 	if timeout <= 0 {
 		timeout = releaseTimeout // WithTimeouts' Prefill none: a release is bounded all the same
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := ep.ep.NewRequest(ctx, http.MethodPost, path, bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", releaseUserAgent)
-	req.Header.Set(headerRequestID, "bidikv-release-"+hex.EncodeToString(id[:]))
-	if rl.mem.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+rl.mem.apiKey)
-	}
-	resp, err := rl.mem.client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-	return resp.StatusCode, nil
+	return rl.mem.client.Call(ctx, ep.ep, upstream.Call{Method: http.MethodPost, Path: path, Body: body,
+		ID: "bidikv-release-" + hex.EncodeToString(id[:]), UserAgent: releaseUserAgent, Timeout: timeout, Limit: upstream.MaxErrorBody}, nil)
 }
 
 // pick returns the eligible prefill engine with the fewest requests open,
@@ -330,9 +312,139 @@ func (rl *releaser) pick() *endpoint {
 	now := rl.prefill.hp.now()
 	var best *endpoint
 	for _, e := range rl.prefill.list() {
-		if e.health.eligible(now) && (best == nil || e.inflight.Load() < best.inflight.Load()) {
+		if e.health.Eligible(now) && (best == nil || e.inflight.Load() < best.inflight.Load()) {
 			best = e
 		}
 	}
 	return best
+}
+
+// Orphan holds. A vLLM decode engine holds the blocks of every request
+// that carried P's handle and finished normally, whether or not the
+// router keeps the handle it answers with (the protocol's "Decode
+// memory"). A handle the router receives and does not keep is an orphan:
+// nothing would ever attach or release it, and the engine would pin its
+// blocks for its TTL (480 s) while the ledger counts none of them. So
+// every such handle is released at once by a release request
+// (above: a one-token prefill request carrying the handle with
+// remote_num_tokens 0), in the background, bounded by DecodeMemory's
+// Releases, never on the turn's path, and counted by reason:
+//
+//   - an answer of n > 1 choices (releaseNChoices): which choice's tokens
+//     the blocks hold is unknown (retain.go);
+//   - a turn not retained (releaseRefused): a finish the router does not
+//     retain, the Identifier's refusal, no render to seal the entry with,
+//     an entry too large for the Store, reuse off;
+//   - a Put that failed (releaseStoreError): released once a Take shows
+//     that the Store does not hold it, since a failed Put may have stored
+//     the value all the same (a Redis SET whose answer was lost), and a
+//     handle in the Store may be attached by a later turn;
+//   - a retained handle under the key a turn retains its own under
+//     (releaseOverwritten; store.go, supersede): two turns of one
+//     conversation at once, each of which looked the key up before the
+//     other retained. A Put would overwrite it silently.
+//
+// A handle vLLM would misread or ignore, or one of push mode, is sent
+// nowhere (Stats.Unreleasable), nor is anything with the management off
+// (DecodeMemory's Budget negative: every hold is kept to the TTL).
+
+// maxWaitingReleases bounds the orphans' release requests waiting for one
+// of DecodeMemory's Releases: past it (a prefill engine that stopped
+// answering while orphans keep coming), an orphan's hold lapses at its
+// TTL and counts in Stats.ReleaseFailures.
+const maxWaitingReleases = 1024
+
+// orphaned has the hold of handle, which the turn's decode leg on engine
+// answered with and the turn does not keep, released for why.
+func orphaned(t *turn, engine string, handle []byte, why releaseReason) {
+	if handle == nil {
+		return
+	}
+	e := entry.Entry{Created: t.r.cfg.clock(), Endpoint: engine, Handle: handle, Model: t.req.model(), API: apiCode(t.req.Path)}
+	t.r.mem.rel.orphan(e, why)
+}
+
+// releasable returns a copy of e for a release in the background, or
+// false, counted, when its handle is not one to send anywhere: vLLM would
+// misread or ignore it (kvhandle.Check), or it is of push mode.
+func (rl *releaser) releasable(e entry.Entry) (entry.Entry, bool) {
+	if !rl.mem.cfg.on {
+		return entry.Entry{}, false
+	}
+	// No block-count check: a release reads nothing (remote_num_tokens 0).
+	hi, err := kvhandle.Check(e.Handle, 0)
+	if err != nil || hi.PushMode {
+		rl.mem.stats.unreleasable.Add(1)
+		return entry.Entry{}, false
+	}
+	return entry.Entry{Created: e.Created, Endpoint: e.Endpoint, Tokens: hi.Tokens, Handle: bytes.Clone(e.Handle),
+		Model: e.Model, API: e.API}, true
+}
+
+// orphan releases e's hold for why, in the background; e's buffers are
+// copied first (they may be the turn's).
+func (rl *releaser) orphan(e entry.Entry, why releaseReason) {
+	if e, ok := rl.releasable(e); ok {
+		rl.queue(why, func(context.Context) (entry.Entry, bool) { return e, true })
+	}
+}
+
+// unstored releases the hold of e, whose value val a Put under key failed
+// to store, once a Take shows that the Store does not hold it (or takes
+// it back): a failed Put may have stored it all the same. A Store that
+// cannot answer the Take leaves the hold to its TTL (Stats.Unreleasable).
+// An entry stored under key since (another turn's, or another router's)
+// goes back untouched.
+func (rl *releaser) unstored(key string, e entry.Entry, val []byte) {
+	e, ok := rl.releasable(e)
+	if !ok {
+		return
+	}
+	val = bytes.Clone(val)
+	rl.queue(releaseStoreError, func(ctx context.Context) (entry.Entry, bool) {
+		sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		defer cancel()
+		v, ok, err := rl.store.Take(sctx, key)
+		switch {
+		case err != nil:
+			rl.mem.stats.unreleasable.Add(1)
+			return entry.Entry{}, false
+		case ok && !bytes.Equal(v, val):
+			if other, err := entry.Decode(v, nil); err == nil {
+				if left := rl.mem.ttl - rl.mem.clock().Sub(other.Created); left > 0 {
+					_ = rl.store.Put(sctx, key, v, left)
+				}
+			}
+		}
+		return e, true
+	})
+}
+
+// queue runs a release for why in the background: get returns the entry
+// to release, or false for none; the request then waits for one of
+// DecodeMemory's Releases.
+func (rl *releaser) queue(why releaseReason, get func(ctx context.Context) (entry.Entry, bool)) {
+	if rl.waiting.Add(1) > maxWaitingReleases {
+		rl.waiting.Add(-1)
+		rl.mem.stats.releaseFailures.Add(1)
+		rl.mem.log.once(context.Background(), "release_backlog", "kvroute: too many release requests waiting for the prefill engines; holds not released lapse at their TTL (logged once)",
+			slog.Int("waiting", maxWaitingReleases))
+		return
+	}
+	if !rl.mem.bg.run(func(ctx context.Context) {
+		defer rl.waiting.Add(-1)
+		e, ok := get(ctx)
+		if !ok {
+			return
+		}
+		select {
+		case rl.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-rl.sem }()
+		rl.send(ctx, e, why)
+	}) {
+		rl.waiting.Add(-1)
+	}
 }

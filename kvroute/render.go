@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -110,7 +110,7 @@ func (p *tokenProof) pickRenderer(ctx context.Context) (*endpoint, error) {
 	t := p.t
 	r := t.r
 	now := r.cfg.clock()
-	// Engines the conversation avoids (poison.go) neither render nor
+	// Engines the conversation avoids (internal/distrust) neither render nor
 	// prefill it.
 	skipped := append(append(r.renders.skipped(now), p.avoid...), r.shapes.avoided(r.prefill)...)
 	for range 3 {
@@ -175,15 +175,11 @@ func (p *tokenProof) renderCall(ctx context.Context, ep *endpoint, path string, 
 	if err != nil {
 		return nil, 0, err
 	}
-	resp, err := t.r.client.Do(hreq, transport.Deadlines{Total: t.r.cfg.renderTimeout})
+	resp, err := t.r.client.send(hreq, PhaseVerify, ep, transport.Deadlines{Total: t.r.cfg.renderTimeout})
 	if err != nil {
-		return nil, 0, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Err: err}
+		return nil, upstream.Answered(err), err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-		return nil, resp.StatusCode, &UpstreamError{Phase: PhaseVerify, Endpoint: ep.url, Status: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
-	}
 	// Read into a pooled buffer (the ids are copied out of it).
 	var b []byte
 	if l := resp.ContentLength; l > 0 && l <= t.r.cfg.maxBodyBytes {

@@ -51,7 +51,7 @@ var errRenderSkipped = errors.New("kvroute: every prefill engine's renderer is f
 type renderers struct {
 	caps    renderCaps
 	prefill *pool
-	client  *transport.Client
+	client  engineClient
 	clock   func() time.Time
 	maxBody int64 // WithLimits' Body: a render answer's bound
 	stats   *counters

@@ -1,25 +1,16 @@
 package kvroute
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"math"
-	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
+	"github.com/bidikv/bidikv/kvroute/internal/enginepool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/kvroute/internal/plausible"
-	"github.com/bidikv/bidikv/transport"
+	"github.com/bidikv/bidikv/kvroute/internal/metricspage"
 )
 
 // Decode engine restarts. A decode engine that restarted no longer holds
@@ -48,64 +39,16 @@ import (
 // Engine start times are compared with the router's clock, so the two
 // must agree (NTP) to well within the time an engine takes to start.
 
-// restartCheckTimeout bounds one GET /metrics.
-const restartCheckTimeout = 2 * time.Second
-
-// maxMetricsBytes bounds the /metrics page read.
-const maxMetricsBytes = 16 << 20
-
 // restarts is what the Router knows of its decode engines' processes, and
 // how it learns more (restart.go).
 type restarts struct {
 	decode *pool
-	client *transport.Client
+	meter  *meter        // the one reader of /metrics (pressure.go)
 	maxAge time.Duration // WithRestartCheck
-	apiKey string        // WithUpstreamAPIKey
 	clock  func() time.Time
 	stats  *counters
 	log    *logger
-	reads  singleflight.Group // /metrics reads, by URL
-	forget func(url string)   // drops what turns showed of a restarted engine (learned.go)
-}
-
-// life is what the router knows of one decode engine's process.
-type life struct {
-	mu       sync.Mutex
-	engineID string    // the engine id of its latest handle, without "_dp<k>"
-	start    time.Time // process_start_time_seconds; zero when unknown
-	checked  time.Time // when /metrics was last read (router clock); zero: never
-	gap      time.Time // the last failure to reach the engine; zero: none
-	noMetric bool      // its last /metrics had no process_start_time_seconds
-	// unread: the last read of /metrics failed, at checked; it is not
-	// tried again (and the engine's handles are not attached) until the
-	// reading is as old as WithHealth's RestartCheck, so that an engine that does
-	// not answer costs one read per interval, not one per turn.
-	unread bool
-}
-
-// markGap records a failure to reach the engine at now.
-func (l *life) markGap(now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.After(l.gap) {
-		l.gap = now
-	}
-}
-
-// baseEngineID strips vLLM's data-parallel suffix "_dp<k>" from id: the
-// ranks of one engine share the rest, which a restart changes.
-func baseEngineID(id string) string {
-	for i := len(id) - 1; i >= 0; i-- {
-		c := id[i]
-		if c >= '0' && c <= '9' {
-			continue
-		}
-		if i < len(id)-1 && i > 2 && id[i-2:i+1] == "_dp" {
-			return id[:i-2]
-		}
-		break
-	}
-	return id
+	forget func(url string) // drops what turns showed of a restarted engine (learned.go)
 }
 
 // sawEngineID records the engine id (remote_engine_id) of a handle the
@@ -113,16 +56,11 @@ func baseEngineID(id string) string {
 // differs from the one before.
 func (r *restarts) sawEngineID(url, engineID string) {
 	ep := r.decode.find(url)
-	id := baseEngineID(engineID)
+	id := enginepool.BaseEngineID(engineID)
 	if ep == nil || id == "" {
 		return
 	}
-	l := &ep.life
-	l.mu.Lock()
-	prev := l.engineID
-	l.engineID = id
-	l.mu.Unlock()
-	if prev != "" && prev != id {
+	if ep.life.SawEngineID(id) {
 		r.restarted(url, "a new engine id in its handles")
 	}
 }
@@ -151,12 +89,7 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 	if ep == nil {
 		return "" // MissEndpointGone's business
 	}
-	l := &ep.life
-	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
-	l.mu.Lock()
-	known := l.engineID
-	l.mu.Unlock()
-	if known != "" && id != "" && id != known {
+	if ep.life.OtherID(enginepool.BaseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))) {
 		return MissRestarted
 	}
 	if r.maxAge > 0 {
@@ -166,14 +99,9 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 			return MissEngineUnconfirmed
 		}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.start.IsZero() && e.Created.Before(l.start) {
-		return MissRestarted
-	}
-	if (l.start.IsZero() || l.noMetric) && !l.gap.IsZero() && e.Created.Before(l.gap) {
-		// No start time to tell a restart from a network failure: a
-		// handle from before the engine was unreachable may be dead.
+	if ep.life.StartedAfter(e.Created) {
+		// A start after it, or, with no start time to tell a restart
+		// from a network failure, a gap after it: the handle may be dead.
 		return MissRestarted
 	}
 	return ""
@@ -183,130 +111,51 @@ func (r *restarts) check(ctx context.Context, e *entry.Entry) MissReason {
 // older than WithHealth's RestartCheck or predates a failure to reach it; turns
 // that need it at once share one request.
 func (r *restarts) readStart(ctx context.Context, ep *endpoint) error {
-	now := r.clock()
-	l := &ep.life
-	l.mu.Lock()
-	recent := !l.checked.IsZero() && now.Sub(l.checked) < r.maxAge
-	fresh, unread := recent && !l.gap.After(l.checked), recent && l.unread
-	l.mu.Unlock()
+	fresh, unread := ep.life.Fresh(r.clock(), r.maxAge)
 	switch {
 	case unread:
 		return errUnconfirmed
 	case fresh:
 		return nil
 	}
-	_, err, _ := r.reads.Do(ep.url, func() (any, error) {
-		start, ok, err := r.fetchStart(ctx, ep)
-		if err != nil {
-			l.mu.Lock()
-			l.checked, l.unread = r.clock(), true
-			if l.checked.After(l.gap) {
-				l.gap = l.checked
-			}
-			l.mu.Unlock()
-			return nil, err
-		}
-		r.record(ep, now, start, ok)
-		return nil, nil
-	})
-	return err
+	if err := r.meter.read(ctx, ep); err != nil {
+		ep.life.Unreadable(r.clock())
+		return err
+	}
+	if ep.life.NoMetric() {
+		r.noStartMetric(ep.url)
+	}
+	return nil
 }
 
-// saw records the process_start_time_seconds a pressure reading of ep's
-// /metrics (pressure.go) found at now. It can only tell a restart sooner:
-// a start other than the one known is recorded as the restart check's
-// own reading would record it; it does not count as the check's reading
-// (the check still reads before it attaches a handle when its own reading
-// is older than WithHealth's RestartCheck), so that a background reading
-// never makes a handle attachable that the check alone would not.
-func (r *restarts) saw(ep *endpoint, now, start time.Time) {
+// answered records what a read of ep's /metrics begun at now found: page,
+// or nil when the engine answered other than 2xx. Whoever asked for the
+// reading (the check, pressure or block sizes: the meter, pressure.go),
+// it is the check's own: made at now, as fresh as the check's reading
+// would be.
+func (r *restarts) answered(ep *endpoint, now time.Time, page *metricspage.Page) {
 	if r.maxAge <= 0 {
 		return
 	}
-	l := &ep.life
-	l.mu.Lock()
-	if now.Before(l.checked) || start.Equal(l.start) || l.start.IsZero() {
-		l.mu.Unlock()
-		return // older than the check's reading, nothing new, or nothing to compare with
+	switch {
+	case page == nil || (page.Start.IsZero() && !page.BadStart):
+		r.record(ep, now, time.Time{}, false)
+	case page.BadStart:
+		// The last plausible start stands (none: as if the engine
+		// served no start time).
+		last := ep.life.Start()
+		r.record(ep, now, last, !last.IsZero())
+	default:
+		r.record(ep, now, page.Start, true)
 	}
-	l.start = start
-	l.mu.Unlock()
-	r.restarted(ep.url, "process_start_time_seconds")
 }
 
 // record records a successful read of ep's /metrics made at now, which
 // had process_start_time_seconds start (ok) or none.
 func (r *restarts) record(ep *endpoint, now, start time.Time, ok bool) {
-	l := &ep.life
-	l.mu.Lock()
-	if now.Before(l.checked) {
-		l.mu.Unlock()
-		return // a later reading is already recorded
-	}
-	l.checked, l.unread = now, false
-	l.noMetric = !ok
-	changed := false
-	if ok {
-		changed = !l.start.IsZero() && !start.Equal(l.start)
-		l.start = start
-		if !l.gap.After(now) {
-			l.gap = time.Time{} // the reading explains the gap
-		}
-	}
-	l.mu.Unlock()
-	if changed {
+	if ep.life.Record(now, start, ok) {
 		r.restarted(ep.url, "process_start_time_seconds")
 	}
-}
-
-// fetchStart GETs ep's /metrics and returns its process_start_time_seconds;
-// ok is false when the engine answered without it.
-func (r *restarts) fetchStart(ctx context.Context, ep *endpoint) (start time.Time, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartCheckTimeout)
-	defer cancel()
-	req, err := ep.ep.NewRequest(ctx, http.MethodGet, "/metrics", nil)
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	if r.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.apiKey)
-	}
-	resp, err := r.client.Do(req, transport.Deadlines{})
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
-		r.noStartMetric(ep.url)
-		return time.Time{}, false, nil
-	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, maxMetricsBytes))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		v, found := bytes.CutPrefix(sc.Bytes(), []byte("process_start_time_seconds "))
-		if !found {
-			continue
-		}
-		raw := string(bytes.TrimSpace(v))
-		f, err := strconv.ParseFloat(raw, 64)
-		if err != nil || f <= 0 || math.IsInf(f, 0) {
-			break
-		}
-		if why := plausible.Check(plausible.Start, f, r.clock()); why != "" {
-			// The last plausible start stands (none: as if the engine
-			// served no start time).
-			r.implausible(ep.url, []string{plausible.Reading(plausible.Start, raw, why)})
-			ep.life.mu.Lock()
-			last := ep.life.start
-			ep.life.mu.Unlock()
-			return last, !last.IsZero(), nil
-		}
-		sec, frac := math.Modf(f)
-		return time.Unix(int64(sec), int64(frac*1e9)), true, nil
-	}
-	r.noStartMetric(ep.url)
-	return time.Time{}, false, nil
 }
 
 // implausible counts a reading of the decode engine at url's /metrics with
@@ -338,9 +187,5 @@ func (r *restarts) restartedSince(e *entry.Entry) bool {
 	if ep == nil {
 		return false
 	}
-	l := &ep.life
-	id := baseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return (l.engineID != "" && id != "" && id != l.engineID) || (!l.start.IsZero() && e.Created.Before(l.start))
+	return ep.life.RestartedSince(e.Created, enginepool.BaseEngineID(kvhandle.EngineIDKnown(e.Handle, e.Blocks)))
 }

@@ -193,6 +193,9 @@ func TestRestartCheckUnreadable(t *testing.T) {
 	}
 	ask(1)
 	broken.Store(true)
+	// Turn 1's reading (its handle's block size: the one reader of
+	// /metrics) is the check's too until it is as old as RestartCheck.
+	clk.Advance(kvroute.Defaults().Health.RestartCheck)
 	assert.Equal(t, kvroute.MissEngineUnconfirmed, ask(2).MissReason)
 	before := reads.Load()
 	// Within the check interval the engine is not read again.

@@ -86,7 +86,7 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 	hi, why, ok := retainable(rt, a)
 	if !ok {
 		// D holds whatever handle it answered with: not kept, it is
-		// released (orphan.go).
+		// released (releaser.go, orphans).
 		orphaned(t, a.decode, a.handle, releaseRefused)
 		return why, false
 	}

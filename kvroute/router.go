@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/bidikv/bidikv/kvroute/internal/distrust"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/sse"
@@ -19,7 +21,7 @@ import (
 // safe for concurrent use.
 type Router struct {
 	cfg      config
-	client   *transport.Client
+	client   engineClient // the one client of the engines (legs.go)
 	log      logger
 	policy   threshold.Policy
 	chooser  threshold.Chooser // WithDecodeLocal: chooses each verified turn's path
@@ -30,12 +32,13 @@ type Router struct {
 	prefill  *pool
 	decode   *pool
 	hp       *healthPolicy
-	handles  handles       // the Store's side (store.go)
-	renders  renderers     // the prefill engines' renderers (renderer.go)
-	restarts restarts      // the decode engines' processes (restart.go)
-	shapes   shapes        // the engines' block sizes (shape.go)
-	poison   poisoned      // prefill engines conversations avoid (poison.go)
-	mem      *decodeMemory // decode memory management (memory.go)
+	handles  handles          // the Store's side (store.go)
+	renders  renderers        // the prefill engines' renderers (renderer.go)
+	restarts restarts         // the decode engines' processes (restart.go)
+	shapes   shapes           // the engines' block sizes (shape.go)
+	meter    meter            // the one reader of the engines' /metrics (pressure.go)
+	poison   distrust.Avoided // prefill engines conversations avoid (internal/distrust)
+	mem      *decodeMemory    // decode memory management (memory.go)
 	closers  []func() error
 
 	closed atomic.Bool
@@ -94,14 +97,15 @@ func New(opts ...Option) (*Router, error) {
 	}
 	r.renders = renderers{prefill: r.prefill, client: r.client, clock: cfg.clock, maxBody: cfg.maxBodyBytes, stats: &r.stats, log: &r.log}
 	r.renders.bgCtx, r.renders.bgCancel = context.WithCancel(context.Background())
-	r.shapes = shapes{configured: cfg.blockSize, client: r.client, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log}
-	r.restarts = restarts{decode: r.decode, client: r.client, maxAge: cfg.restartCheck, apiKey: cfg.apiKey, clock: cfg.clock, stats: &r.stats, log: &r.log,
+	r.meter = meter{client: r.client.Client, clock: cfg.clock, restarts: &r.restarts, shapes: &r.shapes}
+	r.shapes = shapes{configured: cfg.blockSize, meter: &r.meter, clock: cfg.clock, stats: &r.stats, log: &r.log}
+	r.restarts = restarts{decode: r.decode, meter: &r.meter, maxAge: cfg.restartCheck, clock: cfg.clock, stats: &r.stats, log: &r.log,
 		forget: func(url string) { r.learned.forget(url); r.shapes.forget(r.decode.find(url)) }}
 	if r.mem, err = newDecodeMemory(r); err != nil {
 		return nil, fmt.Errorf("%w: WithDecodeMemory: %v", ErrInvalidConfig, err)
 	}
 	r.handles.mem = r.mem
-	r.mem.shapes = &r.shapes
+	r.meter.mem = r.mem
 	r.shapes.learnt = func(url string, size int) {
 		if r.mem.cfg.on && r.mem.cfg.interval >= 0 {
 			return // the pressure readings tell the ledger both
@@ -114,7 +118,7 @@ func New(opts ...Option) (*Router, error) {
 		r.decode.press = r.mem.press
 	}
 	r.closers = append([]func() error{r.renders.close, r.mem.close}, r.closers...)
-	if stop := startProbes(r.hp, r.client, cfg.apiKey, r.prefill, r.decode); stop != nil {
+	if stop := startProbes(r.hp, r.client.Client, r.prefill, r.decode); stop != nil {
 		// Stop the probes before the transport's connections are closed.
 		r.closers = append([]func() error{stop}, r.closers...)
 	}
@@ -133,7 +137,7 @@ func (r *Router) connect() error {
 		rt = t
 		r.closers = append(r.closers, func() error { t.CloseIdleConnections(); return nil })
 	}
-	r.client = transport.NewClient(rt)
+	r.client = engineClient{upstream.New(transport.NewClient(rt), cfg.apiKey, cfg.clock)}
 	r.maxEvent = sse.WithMaxEventSize(cfg.maxEventBytes)
 	store := cfg.store
 	if store == nil {

@@ -1,18 +1,14 @@
 package kvroute
 
 import (
-	"github.com/bidikv/bidikv/internal/jsonraw"
 	"context"
 	"errors"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
+	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // Engines' KV block sizes. A handle's remote_block_ids name blocks of the
@@ -62,29 +58,13 @@ const (
 	sizeFromConfigured = "configured"
 )
 
-// shape is what the router knows of one engine's KV layout.
-type shape struct {
-	mu     sync.Mutex
-	size   int       // the block size its /metrics reported; 0 unknown
-	read   time.Time // when its last read ended (router clock); zero: read at the next use
-	noInfo bool      // its last /metrics had no cache configuration
-	groups int       // the KV groups of its last handle that fitted its size
-	// misfit is the block size a handle of the engine did not fit (0:
-	// none), since misfitAt, and why.
-	misfit   int
-	misfitAt time.Time
-	why      string
-}
-
 // shapes is the Router's knowledge of its engines' block sizes.
 type shapes struct {
-	configured int // WithVerification's BlockSize; 0: none
-	client     *transport.Client
-	apiKey     string
+	configured int    // WithVerification's BlockSize; 0: none
+	meter      *meter // the one reader of /metrics (pressure.go)
 	clock      func() time.Time
 	stats      *counters
 	log        *logger
-	reads      singleflight.Group // /metrics reads, by role and URL
 	// learnt is told a decode engine's block size, read (the ledger's
 	// block counts).
 	learnt func(url string, size int)
@@ -92,16 +72,7 @@ type shapes struct {
 
 // due reports whether e's block size is to be read now.
 func (s *shapes) due(e *endpoint, now time.Time) bool {
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.size > 0 && e.kv.misfit != e.kv.size {
-		return false
-	}
-	wait := shapeRetry
-	if e.kv.noInfo {
-		wait = shapeNoInfo
-	}
-	return e.kv.read.IsZero() || now.Sub(e.kv.read) >= wait || now.Before(e.kv.read)
+	return e.kv.Due(now, shapeRetry, shapeNoInfo)
 }
 
 // size returns the block size of e's handles (0: unknown), reading e's
@@ -113,7 +84,7 @@ func (s *shapes) size(ctx context.Context, e *endpoint) int {
 	}
 	if s.due(e, s.clock()) {
 		// The read is shared: one turn going away does not cut it.
-		s.readNow(context.WithoutCancel(ctx), e)
+		_ = s.meter.read(ctx, e)
 	}
 	return s.known(e)
 }
@@ -124,49 +95,23 @@ func (s *shapes) known(e *endpoint) int {
 	if e == nil {
 		return s.configured
 	}
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.size > 0 {
-		return e.kv.size
+	if size, _ := e.kv.Size(); size > 0 {
+		return size
 	}
 	return s.configured
 }
 
-// readNow reads e's /metrics once (with the reads of e already running).
-func (s *shapes) readNow(ctx context.Context, e *endpoint) {
-	_, _, _ = s.reads.Do(string(e.phase)+" "+e.url, func() (any, error) {
-		em, err := fetchMetrics(ctx, s.client, s.apiKey, e, s.clock)
-		s.record(e, em, err == nil)
-		return nil, nil
-	})
-}
-
-// record records a reading of e's /metrics (ok: it answered) made now.
-func (s *shapes) record(e *endpoint, em engineMetrics, ok bool) {
-	now := s.clock()
-	e.kv.mu.Lock()
-	e.kv.read = now
-	if ok {
-		e.kv.noInfo = em.size == 0
-	}
-	if em.size > 0 {
-		e.kv.size = em.size
-	}
-	e.kv.mu.Unlock()
-	if em.size > 0 && s.configured > 0 && em.size != s.configured {
-		s.log.once(context.Background(), "block_size:"+e.url+":"+strconv.Itoa(em.size),
+// record records a reading of e's /metrics (ok: it answered, with the
+// block size size; 0 when it has none) made now.
+func (s *shapes) record(e *endpoint, size int, ok bool) {
+	e.kv.Record(s.clock(), size, ok)
+	if size > 0 && s.configured > 0 && size != s.configured {
+		s.log.once(context.Background(), "block_size:"+e.url+":"+strconv.Itoa(size),
 			"kvroute: an engine reports another block size than WithVerification's BlockSize; its own is used for its handles",
-			slog.String("endpoint", e.url), slog.Int("engine_block_size", em.size), slog.Int("configured", s.configured))
+			slog.String("endpoint", e.url), slog.Int("engine_block_size", size), slog.Int("configured", s.configured))
 	}
-	if em.size > 0 && e.phase == PhaseDecode && s.learnt != nil {
-		s.learnt(e.url, em.size)
-	}
-}
-
-// saw records what another reading of e's /metrics found (pressure.go).
-func (s *shapes) saw(e *endpoint, em engineMetrics) {
-	if em.size > 0 {
-		s.record(e, em, true)
+	if size > 0 && e.phase == PhaseDecode && s.learnt != nil {
+		s.learnt(e.url, size)
 	}
 }
 
@@ -193,10 +138,7 @@ func (s *shapes) fits(e *endpoint, groups int) {
 	if e == nil {
 		return
 	}
-	e.kv.mu.Lock()
-	e.kv.groups = groups
-	e.kv.misfit, e.kv.why = 0, ""
-	e.kv.mu.Unlock()
+	e.kv.Fits(groups)
 }
 
 // misfits records that a handle of e did not fit size, its block size:
@@ -208,13 +150,7 @@ func (s *shapes) misfits(e *endpoint, size int, err error) {
 	if e == nil {
 		return
 	}
-	now := s.clock()
-	e.kv.mu.Lock()
-	e.kv.misfit, e.kv.misfitAt, e.kv.why = size, now, err.Error()
-	if now.Sub(e.kv.read) >= shapeRetry {
-		e.kv.read = time.Time{}
-	}
-	e.kv.mu.Unlock()
+	e.kv.Misfits(size, err.Error(), s.clock(), shapeRetry)
 	s.log.once(context.Background(), "misfit:"+e.url+":"+strconv.Itoa(size),
 		"kvroute: an engine's KV handle holds fewer blocks than its block size needs; the turn is served without reuse, and the engine serves without reuse until it reports another block size or a minute passes",
 		slog.String("phase", string(e.phase)), slog.String("endpoint", e.url), slog.Int("block_size", size), slog.String("err", err.Error()))
@@ -224,14 +160,7 @@ func (s *shapes) misfits(e *endpoint, size int, err error) {
 // a handle of e did not fit the block size e still has, within
 // shapeNoReuse.
 func (s *shapes) noReuse(e *endpoint) string {
-	size := s.known(e)
-	now := s.clock()
-	e.kv.mu.Lock()
-	defer e.kv.mu.Unlock()
-	if e.kv.misfit == 0 || e.kv.misfit != size || now.Sub(e.kv.misfitAt) >= shapeNoReuse || now.Before(e.kv.misfitAt) {
-		return ""
-	}
-	return e.kv.why
+	return e.kv.NoReuse(s.known(e), s.clock(), shapeNoReuse)
 }
 
 // forget drops what is known of the engine at url (a restart: it may run
@@ -240,17 +169,13 @@ func (s *shapes) forget(e *endpoint) {
 	if e == nil {
 		return
 	}
-	e.kv.mu.Lock()
-	e.kv.size, e.kv.read, e.kv.groups, e.kv.misfit, e.kv.why = 0, time.Time{}, 0, 0, ""
-	e.kv.mu.Unlock()
+	e.kv.Forget()
 }
 
 // status fills st with e's block size, where it comes from, its KV groups
 // and why it serves without reuse.
 func (s *shapes) status(e *endpoint, st *EndpointStatus) {
-	e.kv.mu.Lock()
-	reported, groups := e.kv.size, e.kv.groups
-	e.kv.mu.Unlock()
+	reported, groups := e.kv.Size()
 	switch {
 	case reported > 0:
 		st.BlockSize, st.BlockSizeSource = reported, sizeFromEngine

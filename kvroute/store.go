@@ -98,7 +98,7 @@ func (h *handles) take(ctx context.Context, key, requestID string) ([]byte, bool
 // from now, for the conversation's next attempt. tenant is the turn's.
 // An entry stored under key since e was taken (a later turn of the
 // conversation's) is not overwritten: it stays, and e's hold is released
-// (orphan.go).
+// (releaser.go, orphans).
 func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entry, age time.Duration, requestID string) {
 	left := h.ttl - age
 	if left <= 0 {

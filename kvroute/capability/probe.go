@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/bidikv/bidikv/kvroute/internal/metricspage"
+	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -87,7 +90,7 @@ func Probe(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, opt
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	p := &prober{rt: rt, ep: ep, key: cfg.apiKey}
+	p := newProber(rt, ep, cfg)
 	r := &Report{Endpoint: ep.String(), ProbedAt: cfg.now()}
 
 	// Phase 1: what the engine is.
@@ -156,7 +159,7 @@ func Refresh(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, p
 		o.apply(&cfg)
 	}
 	mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-	ans := (&prober{rt: rt, ep: ep, key: cfg.apiKey}).do(mctx, http.MethodGet, "/metrics", nil, maxMetrics)
+	ans := newProber(rt, ep, cfg).do(mctx, http.MethodGet, "/metrics", nil, maxMetrics)
 	cancel()
 	if ans.status != http.StatusOK {
 		return Probe(ctx, rt, ep, opts...), true
@@ -170,11 +173,15 @@ func Refresh(ctx context.Context, rt http.RoundTripper, ep transport.Endpoint, p
 	return &next, false
 }
 
-// prober sends the probe's requests.
+// prober sends the probe's requests, through the engine client kvroute
+// sends its own with (package upstream).
 type prober struct {
-	rt  http.RoundTripper
-	ep  transport.Endpoint
-	key string
+	client *upstream.Client
+	ep     transport.Endpoint
+}
+
+func newProber(rt http.RoundTripper, ep transport.Endpoint, cfg config) *prober {
+	return &prober{client: upstream.New(transport.NewClient(rt), cfg.apiKey, cfg.now), ep: ep}
 }
 
 // answer is one request's outcome: a status and at most the bounded body,
@@ -205,38 +212,29 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// do sends one request and returns the answer, whatever its status: an
+// answer other than 2xx keeps its body as the client drained it (at most
+// upstream.MaxErrorBody, as much as maxAnswer).
 func (p *prober) do(ctx context.Context, method, path string, body []byte, limit int64) answer {
 	a := answer{what: method + " " + path}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := p.ep.NewRequest(ctx, method, path, rd)
-	if err != nil {
-		a.err = err
-		return a
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("Accept-Encoding", "identity")
-	req.Header.Set("User-Agent", UserAgent)
-	if p.key != "" {
-		req.Header.Set("Authorization", "Bearer "+p.key)
-	}
-	resp, err := p.rt.RoundTrip(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
+	status, err := p.client.Call(ctx, p.ep, upstream.Call{Method: method, Path: path, Body: body, UserAgent: UserAgent, Identity: true, Limit: limit},
+		func(r io.Reader) (err error) {
+			a.body, err = io.ReadAll(r)
+			return err
+		})
+	a.status = status
+	var se *upstream.StatusError
+	switch {
+	case errors.As(err, &se):
+		a.body = se.Body
+	case err != nil && ctx.Err() != nil:
+		a.err = ctx.Err()
+	case err != nil && status == 0:
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the cause, as the RoundTripper gave it
 		}
 		a.err = err
-		return a
-	}
-	defer resp.Body.Close()
-	a.status = resp.StatusCode
-	a.body, err = io.ReadAll(io.LimitReader(resp.Body, limit))
-	if err != nil && ctx.Err() != nil {
-		a.err = ctx.Err()
 	}
 	return a
 }
@@ -398,17 +396,21 @@ func (r *Report) readMetrics(a answer) {
 		r.PrefixCaching = unknown(r.Metrics.Why)
 		return
 	}
-	m := parseMetrics(bytes.NewReader(a.body), r.ProbedAt)
-	r.Implausible = m.implausible
-	if !m.start.IsZero() || len(m.implausible) == 0 {
-		r.ProcessStart = m.start // else the last plausible one (Refresh) stays
+	m := metricspage.Parse(bytes.NewReader(a.body), -1, r.ProbedAt)
+	r.Implausible = m.Absurd
+	if !m.Start.IsZero() || len(m.Absurd) == 0 {
+		r.ProcessStart = m.Start // else the last plausible one (Refresh) stays
+		if !m.Start.IsZero() {
+			r.ProcessStart = m.Start.UTC()
+		}
 	}
 	note := ""
-	if len(m.implausible) > 0 {
-		note = " (implausible values ignored: " + strings.Join(m.implausible, ", ") + ")"
+	if len(m.Absurd) > 0 {
+		note = " (implausible values ignored: " + strings.Join(m.Absurd, ", ") + ")"
 	}
-	if !m.cacheInfo {
-		if r.BlockSize > 0 && len(m.implausible) > 0 {
+	c, cacheInfo := m.First()
+	if !cacheInfo {
+		if r.BlockSize > 0 && len(m.Absurd) > 0 {
 			// Refresh: the configuration read before stands.
 			r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
 			return
@@ -418,11 +420,12 @@ func (r *Report) readMetrics(a answer) {
 		return
 	}
 	r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
-	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = m.blockSize, m.numGPUBlocks, m.kvTokens, m.ranks
+	// The block size the engine's handles follow, its first rank's.
+	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = c.Size, c.GPUBlocks, c.KVTokens, len(m.Caches)
 	if r.KVCacheTokens == 0 && r.BlockSize > 0 && r.NumGPUBlocks > 1 {
 		r.KVCacheTokens = int64(r.NumGPUBlocks-1) * int64(r.BlockSize) // num_gpu_blocks counts the null block
 	}
-	switch m.prefixCaching {
+	switch c.PrefixCaching {
 	case "True":
 		r.PrefixCaching = present("vllm:cache_config_info enable_prefix_caching=True")
 	case "False":

@@ -1,4 +1,4 @@
-package kvroute
+package metricspage
 
 import (
 	"fmt"
@@ -31,7 +31,7 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blo
 // simNow is when simMetrics is read.
 var simNow = time.Unix(1718557342, 0).Add(time.Hour)
 
-// parseMetrics reads a rank's samples, or sums them over the ranks; the
+// Parse reads a rank's samples, or sums them over the ranks; the
 // capacity is kv_cache_size_tokens, else num_gpu_blocks less the null
 // block × block_size.
 func TestParseMetrics(t *testing.T) {
@@ -46,21 +46,22 @@ func TestParseMetrics(t *testing.T) {
 		{1, 0.75, 1, 5, 1024},
 		{-1, 1.0 / 2 * (0.25 + 0.75) * 2, 4, 7, 2048},
 	} {
-		m := parseMetrics(strings.NewReader(simMetrics), tc.rank, simNow)
-		usage := m.usage / float64(m.usages)
+		m := Parse(strings.NewReader(simMetrics), tc.rank, simNow)
+		usage := m.Usage / float64(m.Usages)
 		if tc.rank < 0 {
-			usage = m.usage // summed: the caller averages
+			usage = m.Usage // summed: the caller averages
 		}
-		if usage != tc.usage || m.waiting != tc.waiting || m.preemptions != tc.preemptions || m.capacity != tc.capacity ||
-			m.blockSize != 16 || !m.cacheInfo || !m.pressures {
+		capacity, blockSize, cacheInfo := m.Capacity()
+		if usage != tc.usage || m.Waiting != tc.waiting || m.Preemptions != tc.preemptions || capacity != tc.capacity ||
+			blockSize != 16 || !cacheInfo || !m.Preempts {
 			t.Errorf("rank %d: %+v", tc.rank, m)
 		}
-		if d := m.start.Sub(time.Unix(1718557342, 130000000)); d < -time.Millisecond || d > time.Millisecond {
-			t.Errorf("start %v", m.start)
+		if d := m.Start.Sub(time.Unix(1718557342, 130000000)); d < -time.Millisecond || d > time.Millisecond {
+			t.Errorf("start %v", m.Start)
 		}
 	}
-	legacy := parseMetrics(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0, simNow)
-	if legacy.usages != 1 || legacy.usage != 0.5 {
+	legacy := Parse(strings.NewReader(`vllm:gpu_cache_usage_perc{engine="0"} 0.5`), 0, simNow)
+	if legacy.Usages != 1 || legacy.Usage != 0.5 {
 		t.Errorf("legacy usage: %+v", legacy)
 	}
 }
@@ -73,11 +74,12 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add(`vllm:kv_cache_usage_perc{engine="0\\"} 0.5`, 0)
 	f.Add("process_start_time_seconds NaN\nvllm:num_requests_waiting -1e308", 0)
 	f.Fuzz(func(t *testing.T, page string, rank int) {
-		m := parseMetrics(strings.NewReader(page), rank, simNow)
-		if math.IsNaN(m.usage) || math.IsInf(m.usage, 0) || math.IsNaN(m.preemptions) || math.IsInf(m.preemptions, 0) {
+		m := Parse(strings.NewReader(page), rank, simNow)
+		if math.IsNaN(m.Usage) || math.IsInf(m.Usage, 0) || math.IsNaN(m.Preemptions) || math.IsInf(m.Preemptions, 0) {
 			t.Fatalf("non-finite figures: %+v", m)
 		}
-		if m.capacity < 0 || (m.cacheInfo && (m.capacity == 0 || m.blockSize <= 0)) {
+		capacity, blockSize, cacheInfo := m.Capacity()
+		if capacity < 0 || (cacheInfo && (capacity == 0 || blockSize <= 0)) {
 			t.Fatalf("capacity: %+v", m)
 		}
 	})
@@ -94,12 +96,13 @@ vllm:num_preemptions_total{engine="0"} -3
 vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="1024"} 1.0
 vllm:cache_config_info{block_size="8",engine="1",num_gpu_blocks="2305843009213693954"} 1.0
 `, simNow.Add(time.Hour).Unix())
-	m := parseMetrics(strings.NewReader(page), -1, simNow)
-	if !m.start.IsZero() || !m.badUsage || !m.badWaiting || m.pressures || m.cacheInfo || m.capacity != 0 || len(m.absurd) != 5 {
+	m := Parse(strings.NewReader(page), -1, simNow)
+	capacity, _, cacheInfo := m.Capacity()
+	if !m.Start.IsZero() || !m.BadUsage || !m.BadWaiting || m.Preempts || cacheInfo || capacity != 0 || len(m.Absurd) != 5 {
 		t.Errorf("%+v", m)
 	}
-	tiny := parseMetrics(strings.NewReader(`vllm:cache_config_info{block_size="16",kv_cache_size_tokens="8"} 1.0`), 0, simNow)
-	if tiny.cacheInfo || len(tiny.absurd) != 1 {
+	tiny := Parse(strings.NewReader(`vllm:cache_config_info{block_size="16",kv_cache_size_tokens="8"} 1.0`), 0, simNow)
+	if _, _, cacheInfo := tiny.Capacity(); cacheInfo || len(tiny.Absurd) != 1 {
 		t.Errorf("a capacity of 8 tokens: %+v", tiny)
 	}
 }

@@ -1,4 +1,4 @@
-package kvroute
+package enginepool
 
 import (
 	"testing"
@@ -17,6 +17,6 @@ func TestBaseEngineID(t *testing.T) {
 		"1f5f6e0d-uuid-like-id": "1f5f6e0d-uuid-like-id",
 		"":                      "",
 	} {
-		assert.Equal(t, want, baseEngineID(in), in)
+		assert.Equal(t, want, BaseEngineID(in), in)
 	}
 }

@@ -1,14 +1,7 @@
-package kvroute
-
-import (
-	"slices"
-	"sync"
-	"time"
-)
-
-// Prefill engines a conversation must avoid. When a prefill engine
+// Package distrust remembers the prefill engines a conversation must
+// avoid. When a prefill engine
 // computed other prompt tokens than its render answered within the
-// attached prefix (prefiller.checkIDs), it had already pulled D's blocks as
+// attached prefix (kvroute's prefiller.checkIDs), it had already pulled D's blocks as
 // the prefix of its own prompt, and with prefix caching it keeps them under
 // the hashes of the tokens it computed: any later request whose prompt
 // begins with those tokens, on that engine, reads them. The router cannot
@@ -19,51 +12,58 @@ import (
 // when no other prefill engine is left) for poisonTTL after the last turn
 // that did. Requests of other conversations (another tenant sending the
 // same prompt, or another router sharing the store) are not covered.
+package distrust
 
-// poisonTTL is how long a conversation avoids a prefill engine after its
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// TTL is how long a conversation avoids a prefill engine after its
 // last turn that did: a guess at how long the engine's prefix cache keeps
 // idle blocks.
-const poisonTTL = time.Hour
+const TTL = time.Hour
 
-// maxPoisoned bounds the conversations remembered; the oldest go first.
-const maxPoisoned = 4096
+// MaxKept bounds the conversations remembered; the oldest go first.
+const MaxKept = 4096
 
-// poisoned maps retention keys to the prefill engines their conversations
-// avoid.
-type poisoned struct {
+// Avoided maps retention keys to the prefill engines their conversations
+// avoid. The zero value is empty and ready; it is safe for concurrent use.
+type Avoided struct {
 	mu sync.Mutex
-	m  map[string]*poisonEntry
+	m  map[string]*entry
 }
 
-type poisonEntry struct {
+type entry struct {
 	endpoints []string
 	until     time.Time
 }
 
-// add makes the conversations of keys avoid endpoint.
-func (p *poisoned) add(keys []string, endpoint string, now time.Time) {
+// Add makes the conversations of keys avoid endpoint.
+func (p *Avoided) Add(keys []string, endpoint string, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
-		p.m = map[string]*poisonEntry{}
+		p.m = map[string]*entry{}
 	}
 	for _, k := range keys {
 		e := p.m[k]
 		if e == nil {
 			p.evict(now)
-			e = &poisonEntry{}
+			e = &entry{}
 			p.m[k] = e
 		}
 		if !slices.Contains(e.endpoints, endpoint) {
 			e.endpoints = append(e.endpoints, endpoint)
 		}
-		e.until = now.Add(poisonTTL)
+		e.until = now.Add(TTL)
 	}
 }
 
-// avoid returns the endpoints the conversations of keys avoid, and keeps
-// them avoided for poisonTTL from now.
-func (p *poisoned) avoid(keys []string, now time.Time) []string {
+// Avoid returns the endpoints the conversations of keys avoid, and keeps
+// them avoided for TTL from now.
+func (p *Avoided) Avoid(keys []string, now time.Time) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []string
@@ -76,7 +76,7 @@ func (p *poisoned) avoid(keys []string, now time.Time) []string {
 			delete(p.m, k)
 			continue
 		}
-		e.until = now.Add(poisonTTL)
+		e.until = now.Add(TTL)
 		for _, ep := range e.endpoints {
 			if !slices.Contains(out, ep) {
 				out = append(out, ep)
@@ -88,8 +88,8 @@ func (p *poisoned) avoid(keys []string, now time.Time) []string {
 
 // evict makes room for one entry: the expired ones go, then the one that
 // expires first. p.mu held.
-func (p *poisoned) evict(now time.Time) {
-	if len(p.m) < maxPoisoned {
+func (p *Avoided) evict(now time.Time) {
+	if len(p.m) < MaxKept {
 		return
 	}
 	var first string
@@ -103,7 +103,7 @@ func (p *poisoned) evict(now time.Time) {
 			first, firstUntil = k, e.until
 		}
 	}
-	if len(p.m) >= maxPoisoned {
+	if len(p.m) >= MaxKept {
 		delete(p.m, first)
 	}
 }
