@@ -15,7 +15,7 @@
 // Router.Do runs one turn as a sequence of phases, each in its own file
 // (ARCHITECTURE.md draws them):
 //
-//  1. Read (read.go): the request is validated; its principal, tenant and
+//  1. Read (request.go): the request is validated; its principal, tenant and
 //     conversation hint fixed.
 //  2. Look up (lookup.go): the Identifier names the keys the request may
 //     continue; the first handle found is taken from the Store atomically,
@@ -23,7 +23,7 @@
 //  3. Verify (verify.go): the handle is attached only when the prompt
 //     begins with what its blocks hold, cut to the verified prefix, and
 //     only when the threshold.Policy finds those tokens worth a pull.
-//  4. Choose the path (path.go): pull, recompute, or answer on the decode
+//  4. Choose the path (lookup.go): pull, recompute, or answer on the decode
 //     engine that holds the conversation (WithDecodeMemory's Local).
 //  5. Prefill (prefill.go): the client's body goes to P with max_tokens 1
 //     and the retained handle, or the miss handle; P answers its own.

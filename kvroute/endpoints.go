@@ -28,7 +28,7 @@ type endpoint struct {
 	phase    Phase
 	inflight atomic.Int64
 	health   enginepool.Health  // passive health: ejection and re-admission
-	life     enginepool.Life    // a decode engine's process (restart.go)
+	life     enginepool.Life    // a decode engine's process (pressure.go)
 	mem      decodemem.Pressure // a decode engine's memory pressure (pressure.go)
 	kv       enginepool.Shape   // its block size and KV groups (shape.go)
 	// urls caches the request URL of each path (pathURL): a map that is
@@ -362,7 +362,7 @@ func (hp *healthPolicy) notify(ev EndpointEvent) {
 }
 
 // failed records a failed request on e. On a decode engine it is also a
-// gap in what the router knows of its process (restart.go).
+// gap in what the router knows of its process (pressure.go).
 func (hp *healthPolicy) failed(e *endpoint, err error) {
 	if e.phase == PhaseDecode {
 		e.life.MarkGap(hp.now())

@@ -17,7 +17,7 @@ import (
 // or not (a handle after a normal finish, or none); a prefill engine takes
 // kv_transfer_params on Responses and Messages or not (a one-token answer
 // with or without a handle). The render routes a prefill engine does not
-// serve are the renderers' (renderer.go: 404 or 501, not asked again for
+// serve are the renderers' (verify_tokens.go: 404 or 501, not asked again for
 // a while), reported with these. Router.Endpoints reports them
 // (EndpointStatus.Learned), under kvroute/capability's names, for a
 // program that merges them into its capability reports

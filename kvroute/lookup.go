@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/threshold"
 )
 
 // found is what the lookup phase found for a request: the Identifier's
@@ -23,7 +25,7 @@ type found struct {
 	turn int
 	// expired: the handle taken (f.e; key "") was past the retention
 	// TTL: never attached, perhaps still held by its decode engine
-	// (release.go).
+	// (lookup.go).
 	expired bool
 }
 
@@ -119,4 +121,193 @@ func take(ctx context.Context, t *turn, f *found, key string, v []byte) MissReas
 // its retention time: a request never destroys a handle it does not use.
 func (f *found) putBack(ctx context.Context, t *turn) {
 	t.r.handles.putBack(ctx, f.key, t.req.tenant, &f.e, f.age, t.id)
+}
+
+// Decode-local turns (WithDecodeMemory's Local).
+//
+// A turn whose retained handle was verified by tokens may skip the prefill
+// engine: sent as a plain request (no kv_transfer_params at all) to the
+// decode engine that holds the conversation, it computes only the new
+// suffix from that engine's prefix cache, which the retained blocks keep
+// warm. Such a turn retains no new handle and does not consume the old
+// one: the handle is put back, so it stays the candidate for the next long
+// turn and is verified as usual. No other shape is sent to a decode engine
+// without P's handle: do_remote_prefill true with no blocks kills current
+// engines' cores, and do_remote_prefill false leaks the blocks of the
+// handle it returns. The threshold.Chooser decides per turn.
+
+// ReuseLocal is TurnRecord.Reuse (and X-Bidikv-Reuse) of a decode-local
+// turn: the decode engine holding the conversation answered it from its own
+// prefix cache; the retained handle was put back, not used.
+const ReuseLocal ReuseOutcome = "local"
+
+// MissCostModel: the Chooser estimated recomputing the prompt faster than
+// pulling the retained KV; the handle was put back.
+const MissCostModel MissReason = "cost_model"
+
+// RefuseDecodeLocal is TurnRecord.StoreRefusal of a decode-local turn: a
+// plain request returns no handle, and the conversation's earlier handle
+// stays retained.
+const RefuseDecodeLocal Refusal = "decode_local"
+
+// way is the path phase's result: the handle the prefill leg carries
+// (none for decode-local and recompute turns), or the decode engine a
+// decode-local turn goes to; why no handle is attached, what the prompt
+// counts in tokens and the Chooser's decision, handed on from verify; and,
+// from the release phase (lookup.go), the handle the first prefill
+// attempt carries to release a hold the turn does not attach.
+type way struct {
+	h      hit
+	local  *endpoint
+	miss   MissReason // why h attaches none ("" when it attaches one, or for a decode-local turn)
+	prompt int        // the prompt's tokens as verification counted them, 0 when unknown
+	chose  chosen
+	rel    []byte
+	relWhy releaseReason
+}
+
+// chosen is the Chooser's decision for a turn (asked: it was asked) and
+// what it was asked of the prompt: what the learning Chooser observes when
+// the turn ends (do.go, observe).
+type chosen struct {
+	threshold.Choice
+	asked           bool
+	prompt, matched int // the prompt's tokens, and those the handle's match
+}
+
+// choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
+// tokens, whether to attach it (PathPull), answer on its decode engine
+// (PathLocal) or recompute (PathRecompute). What becomes of a handle
+// not attached is the release phase's: a decode-local turn's goes back
+// under its key (it stays the candidate).
+func choosePath(t *turn, f *found, h hit) way {
+	r := t.r
+	w := way{h: h, miss: h.miss, prompt: h.v.prompt}
+	if r.chooser == nil || h.handle == nil || h.v.prompt <= 0 || h.v.matched <= 0 {
+		return w
+	}
+	ep := r.decode.eligible(f.e.Endpoint)
+	if ep == nil {
+		return w // the engine holding the blocks is gone or ejected: pull elsewhere
+	}
+	in := threshold.Turn{PromptTokens: h.v.prompt, ReusableTokens: h.v.matched,
+		Decode: ep.url, DecodeInFlight: int(ep.inflight.Load()), HandleAge: f.age, RetentionTTL: r.cfg.retentionTTL}
+	c := r.chooser.Choose(in)
+	w.chose = chosen{Choice: c, asked: true, prompt: h.v.prompt, matched: h.v.matched}
+	t.rec.Choice = c.Path
+	t.rec.EstimatedTTFT = c.Estimate
+	t.rec.LocalRefusal = c.Refusal
+	if c.Refusal == threshold.RefuseLocalBusy {
+		r.stats.localBusy.Add(1)
+	}
+	switch c.Path {
+	case threshold.PathLocal:
+		r.stats.choseLocal.Add(1) // the release phase puts the handle back: it stays the candidate
+		t.rec.Reuse = ReuseLocal
+		w.h, w.local = hit{}, ep
+		return w
+	case threshold.PathRecompute:
+		r.stats.choseRecompute.Add(1)
+		t.miss(MissCostModel) // the release phase releases the handle or puts it back
+		w.h, w.miss = hit{}, MissCostModel
+		return w
+	}
+	r.stats.chosePull.Add(1)
+	return w
+}
+
+// The release phase. A vLLM decode engine frees a hold early only when a
+// prefill request carrying its handle is scheduled: P then tells D to free
+// the blocks, whether it pulls them or not. A handle the turn took and
+// does not attach is therefore released through the turn's own prefill
+// leg, at no extra request: its first attempt carries the handle with
+// remote_num_tokens 0 (kvhandle.Release) instead of the miss handle, so
+// that P counts nothing to pull, takes the notify-only path and computes
+// the prompt as on a miss (its answer is a miss's), while D frees the
+// hold at that moment instead of at its TTL.
+//
+// The rule: the turn releases the handle it took when it replaces it.
+// That is when the turn goes through a prefill leg (it will retain D's
+// new handle for the conversation: under the same key with a
+// conversation id, under a longer one, which the conversation's next
+// turn looks up first, by content) and the handle was not attached for
+// what it holds, which no later turn of the conversation changes: too
+// few verified tokens (MissThreshold; an edited or compacted history), no
+// common prefix (MissMismatch), a partial read the handle's blocks do not
+// allow (MissPartialRefused), or the cost model's choice to recompute
+// (MissCostModel). A handle found past the retention TTL (MissExpired)
+// while its decode engine still holds it (the decoder TTL has not run
+// out) is released the same way: it can never be attached.
+//
+// Not released, put back as before: the handle of a decode-local turn
+// (it stores no new handle: the old one stays the candidate and stays
+// held), one that could not be verified (MissUnverified: it may be
+// later), and any whose decode engine is not listed, is ejected, or whose
+// capacity is unknown (the management then keeps today's behaviour).
+// Handles of a restarted decode engine are dropped, not released
+// (pointless: the blocks are gone; Stats.ReleaseSkipped). A retry of the
+// prefill leg is a plain miss: the release handle goes to one attempt,
+// and a failed one is counted (Stats.ReleaseFailures) and lapses at the
+// TTL. The leg's answer never depends on it: P computes its prompt as a
+// miss would; a 500 of a failed notification is retried as a plain miss
+// and not counted against the engine, as for a hit.
+
+// release decides what becomes of a handle the turn took and does not
+// attach (w attaches none): it returns the handle rewritten to release
+// the decode engine's hold, which the first prefill attempt carries, and
+// why; or it puts the handle back (a decode-local turn's among them: it
+// stays the candidate) and returns nil.
+func release(ctx context.Context, t *turn, f *found, w way) ([]byte, releaseReason) {
+	h, why, back := releaseOf(t, f, w)
+	if back {
+		f.putBack(ctx, t)
+	}
+	return h, why
+}
+
+// releaseOf is release's decision: the release handle and why, or
+// whether the handle goes back to the Store (back).
+func releaseOf(t *turn, f *found, w way) (h []byte, why releaseReason, back bool) {
+	switch {
+	case w.h.handle != nil:
+		return nil, 0, false // attached
+	case w.local != nil:
+		return nil, 0, f.key != "" // decode-local: it stays the candidate
+	}
+	r := t.r
+	switch {
+	case f.key != "":
+		why = releaseSuperseded
+		if !supersedes(w.miss) || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			return nil, 0, true
+		}
+	case f.expired:
+		// Dropped as before unless it may still be held and releasing it
+		// cannot fail the leg for what the router knows of the engine.
+		why = releaseUnusable
+		if f.age >= r.cfg.decoderTTL || !r.mem.managed(f.e.Endpoint) || r.decode.eligible(f.e.Endpoint) == nil {
+			return nil, 0, false
+		}
+		if r.restarts.restartedSince(&f.e) {
+			r.stats.releaseSkipped.Add(1)
+			return nil, 0, false
+		}
+	default:
+		return nil, 0, false
+	}
+	h, err := kvhandle.ReleaseKnown(f.e.Handle, 0, f.e.Blocks) // reads nothing: no block-count check
+	if err != nil {
+		return nil, 0, f.key != ""
+	}
+	return h, why, false
+}
+
+// supersedes reports whether a handle not attached for reason is dead
+// once the turn retains its own (the release rule above).
+func supersedes(reason MissReason) bool {
+	switch reason {
+	case MissThreshold, MissMismatch, MissPartialRefused, MissCostModel:
+		return true
+	}
+	return false
 }

@@ -22,7 +22,7 @@ import (
 // which conversations come back, and:
 //
 //   - releases a handle a turn took and does not attach, when the turn
-//     replaces it, through the turn's own prefill leg (release.go);
+//     replaces it, through the turn's own prefill leg (lookup.go);
 //   - when its holds on an engine go over the budget, releases those
 //     worth least with release requests, in the background (releaser);
 //   - makes room for a decode leg arriving at an engine its holds fill,

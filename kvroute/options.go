@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -338,4 +339,136 @@ func WithTracer(tr Tracer) Option {
 		}
 		c.tracer = tr
 	})
+}
+
+// Limits bound the bytes a turn takes, so that its memory follows what the
+// client and the engines actually sent (docs/kvroute.md, Memory).
+type Limits struct {
+	// Body bounds a request body accepted by ServeHTTP (a larger one gets
+	// 413) and a non-streaming upstream body read by Do (default 32 MiB).
+	Body int64
+	// Event bounds one event of a decode stream (default 16 MiB: the final
+	// chunk of a 1M-token context carries a kv_transfer_params of 62,500
+	// block ids in each of two KV groups, about 1 MB, and its token ids).
+	// A longer event ends the stream with an error (an *UpstreamError in
+	// PhaseStream wrapping sse.ErrEventTooLarge) and nothing is retained.
+	Event int
+	// Entry bounds one retained entry: the decode handle, its token
+	// fingerprint and the Identifier's check (default 8 MiB, also the
+	// value bound of the default store; a 1M-token context with two KV
+	// groups needs about 1.6 MB). A larger one is not retained
+	// (TurnRecord.StoreRefusal "handle_too_large", Stats.TooLarge; logged
+	// once). A Store passed with WithStore keeps its own bound; a Put it
+	// refuses with an error wrapping retention.ErrTooLarge is counted the
+	// same way.
+	Entry int
+	// ObjectMembers bounds the members of every object in a request body,
+	// at any depth, duplicate keys included (default 10,000: far above
+	// what the APIs' requests hold, such as a JSON schema's properties or
+	// a logit_bias map, far below what an 18 MB body of one-character
+	// members would make the router index). A body with a larger object is
+	// refused with 400 before the router indexes it, so that the memory a
+	// turn takes stays proportional to its body.
+	ObjectMembers int
+	// ChargeAnswer, when set, is charged the bytes of every decode answer
+	// the router holds in memory: a non-streaming answer, and a buffered
+	// stream's (WithDecodeMemory's BufferStreams); a stream passed through
+	// is not held and not charged. It is called with the turn's context
+	// and n > 0 bytes, before they are held: the answer's Content-Length
+	// at once when the engine declares one, else each read's bytes as
+	// they arrive; it reports whether they fit. When they do not, the
+	// answer is dropped (its decode engine keeps a hold it made until its
+	// TTL) and the turn fails with an error HTTPStatus maps to 503, with
+	// RetryAfter's default, and is not redone. Everything charged to a
+	// turn is given back once, as one call with the negated total, when
+	// the answer is dropped or the Response closed. Nil (the default):
+	// answers are bounded by Body alone.
+	ChargeAnswer func(ctx context.Context, n int64) bool
+}
+
+// WithLimits sets the limits. A zero field keeps its default
+// (Defaults); a negative one is an error.
+func WithLimits(l Limits) Option {
+	return optionFunc(func(c *config) { c.limits = l })
+}
+
+func resolveLimits(c *config) {
+	d, l := Defaults().Limits, c.limits
+	c.positive("WithLimits", "Body", l.Body)
+	c.positive("WithLimits", "Event", int64(l.Event))
+	c.positive("WithLimits", "Entry", int64(l.Entry))
+	c.positive("WithLimits", "ObjectMembers", int64(l.ObjectMembers))
+	c.maxBodyBytes = orDefault(l.Body, d.Body)
+	c.maxEventBytes = orDefault(l.Event, d.Event)
+	c.maxEntryBytes = orDefault(l.Entry, d.Entry)
+	c.maxMembers = orDefault(l.ObjectMembers, d.ObjectMembers)
+}
+
+// Health is how the router learns that an endpoint is failing and that a
+// decode engine restarted: passive ejection after consecutive failures,
+// active probes, and reads of a decode engine's process start.
+type Health struct {
+	// EjectAfter is how many consecutive failed requests (connection
+	// errors, timeouts, 5xx answers, broken streams) eject an endpoint
+	// from selection (default 3; negative: never). An ejected endpoint is
+	// left out for an exponential backoff from EjectBackoff (default 1 s)
+	// doubling up to MaxEjectBackoff (default 30 s), with jitter. When the
+	// time is up it is tried again; a success re-admits it and resets the
+	// backoff, a failure ejects it for the next interval. When every
+	// endpoint of a phase is ejected, selection falls back to all of them.
+	EjectAfter                    int
+	EjectBackoff, MaxEjectBackoff time.Duration
+	// ProbeInterval turns on active health checking (default 0: no
+	// probes): every interval, each endpoint gets GET /health (with its
+	// rank header), bounded by ProbeTimeout (0: the interval). A 200
+	// re-admits an ejected endpoint at once; any other answer counts as a
+	// failure. The probes run on one goroutine that Close stops.
+	ProbeInterval, ProbeTimeout time.Duration
+	// RestartCheck is how old the router's reading of a decode engine's
+	// process_start_time_seconds (GET /metrics) may be when it attaches
+	// one of the engine's handles (default 1 s); an older one is read
+	// again first, on the turn's lookup, at most once per interval per
+	// engine (concurrent turns share the read). A handle issued before
+	// the engine's current process started is never attached (docs/kvroute.md,
+	// Failure paths). Negative turns the reads off: restarts are then
+	// noticed only by a new engine id in the engine's handles or by a
+	// failure to reach it, so an engine with a fixed engine id that
+	// restarts between two turns without the router seeing it fail is not
+	// noticed.
+	RestartCheck time.Duration
+}
+
+// WithHealth sets how endpoint health and decode engine restarts are
+// tracked. A zero field keeps its default (Defaults); a negative
+// EjectAfter disables ejection, a negative ProbeInterval probes nothing, a
+// negative RestartCheck turns the reads of /metrics off; other negative
+// fields are errors.
+func WithHealth(h Health) Option {
+	return optionFunc(func(c *config) { c.health = h })
+}
+
+// endpointConfig is the resolved Health and the endpoints of WithEndpoints.
+type endpointConfig struct {
+	prefill, decode []transport.Endpoint
+	ejectAfter      int
+	ejectBackoff    time.Duration
+	maxEjectBackoff time.Duration
+	probeInterval   time.Duration
+	probeTimeout    time.Duration
+}
+
+func resolveHealth(c *config) {
+	d, h, e := Defaults().Health, c.health, &c.ends
+	c.positive("WithHealth", "EjectBackoff", int64(h.EjectBackoff))
+	c.positive("WithHealth", "MaxEjectBackoff", int64(h.MaxEjectBackoff))
+	c.positive("WithHealth", "ProbeTimeout", int64(h.ProbeTimeout))
+	e.ejectAfter = max(orDefault(h.EjectAfter, d.EjectAfter), 0)
+	e.ejectBackoff = orDefault(h.EjectBackoff, d.EjectBackoff)
+	e.maxEjectBackoff = orDefault(h.MaxEjectBackoff, d.MaxEjectBackoff)
+	e.probeInterval = max(h.ProbeInterval, 0)
+	e.probeTimeout = h.ProbeTimeout
+	c.restartCheck = orNone(h.RestartCheck, d.RestartCheck)
+	if e.ejectAfter > 0 && e.maxEjectBackoff < e.ejectBackoff {
+		c.fail("WithHealth", "MaxEjectBackoff %v is shorter than EjectBackoff %v", e.maxEjectBackoff, e.ejectBackoff)
+	}
 }

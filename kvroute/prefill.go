@@ -52,7 +52,7 @@ type prefilled struct {
 }
 
 // prefill sends the prefill leg, retrying safe failures on other engines.
-// The retained handle w.h, or the release handle w.rel (release.go), goes
+// The retained handle w.h, or the release handle w.rel (lookup.go), goes
 // to the first attempt only: every retry is a plain miss, so a consumed
 // handle is never resent. A leg whose engine
 // computed other prompt tokens than it rendered is redone once as a plain

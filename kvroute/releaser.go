@@ -41,7 +41,7 @@ type releaseReason int
 
 const (
 	// releaseSuperseded: a turn took the handle and did not attach it; its
-	// own new handle replaces it (release.go).
+	// own new handle replaces it (lookup.go).
 	releaseSuperseded releaseReason = iota
 	// releaseUnusable: a handle found past the retention TTL, while its
 	// decode engine still holds it.

@@ -28,7 +28,7 @@ type retainer struct {
 	decodeLocal bool          // the answer is a decode-local leg's: no handle is expected
 	prefill     string        // the engine of the turn's last prefill attempt
 	took        time.Duration // the last prefill phase, from its first attempt to P's answer
-	chose       chosen        // the Chooser's decision (path.go), released when the turn ends
+	chose       chosen        // the Chooser's decision (lookup.go), released when the turn ends
 	resp        *Response     // the answer Do handed on, nil before
 	// retained: kept ran; refusal is why the turn retains nothing ("" when
 	// it stored, or kept has not run).

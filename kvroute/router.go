@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/bidikv/bidikv/kvroute/internal/distrust"
@@ -33,8 +34,8 @@ type Router struct {
 	decode   *pool
 	hp       *healthPolicy
 	handles  handles          // the Store's side (store.go)
-	renders  renderers        // the prefill engines' renderers (renderer.go)
-	restarts restarts         // the decode engines' processes (restart.go)
+	renders  renderers        // the prefill engines' renderers (verify_tokens.go)
+	restarts restarts         // the decode engines' processes (pressure.go)
 	shapes   shapes           // the engines' block sizes (shape.go)
 	meter    meter            // the one reader of the engines' /metrics (pressure.go)
 	poison   distrust.Avoided // prefill engines conversations avoid (internal/distrust)
@@ -46,7 +47,7 @@ type Router struct {
 
 	learned learned // what turns showed of the engines (learned.go)
 
-	bufs     buffers          // the pools every turn's buffers come from (buffers.go)
+	bufs     buffers          // the pools every turn's buffers come from (handler.go)
 	maxEvent sse.ReaderOption // sse.WithMaxEventSize(cfg.maxEventBytes), made once
 }
 
@@ -194,3 +195,19 @@ func (r *Router) Close() error {
 
 // Stats returns the Router's counters since New.
 func (r *Router) Stats() Stats { return r.stats.snapshot() }
+
+// logger is the Router's logger (WithLogger): it never logs prompts,
+// bodies or credentials, and a warning that would repeat on every turn is
+// logged once per key.
+type logger struct {
+	*slog.Logger
+	seen sync.Map // once's keys
+}
+
+// once logs msg at warning level the first time key is seen.
+func (l *logger) once(ctx context.Context, key, msg string, attrs ...slog.Attr) {
+	if _, loaded := l.seen.LoadOrStore(key, struct{}{}); loaded {
+		return
+	}
+	l.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+}

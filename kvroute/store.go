@@ -10,6 +10,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute/internal/bufpool"
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
+	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/retention"
 )
 
@@ -268,4 +269,25 @@ func (l *keyLocks) lock(key string) func() {
 		}
 		l.mu.Unlock()
 	}
+}
+
+// The kv_transfer_params member name.
+const kvKey = kvhandle.Key
+
+var (
+	jsonTrue  = []byte("true")
+	jsonFalse = []byte("false")
+	jsonOne   = []byte("1")
+)
+
+var errStop = errors.New("stop")
+
+// invalidHandle counts a handle checkHandle refused as invalid, in phase
+// (PhasePrefill: P's handle; PhaseDecode: D's, not retained; PhaseLookup:
+// a retained one, not attached), and logs it once per phase and member.
+func (r *Router) invalidHandle(phase Phase, endpoint string, err error) {
+	r.stats.invalidHandles.Add(1)
+	r.log.once(context.Background(), "invalid_handle:"+string(phase)+":"+kvhandle.InvalidMember(err),
+		"kvroute: a KV handle holds a value vLLM cannot read correctly; it is refused (see Stats.InvalidHandles)",
+		slog.String("phase", string(phase)), slog.String("endpoint", endpoint), slog.String("err", err.Error()))
 }

@@ -28,7 +28,7 @@ const (
 	// pipeline and the public API; concerns that keep their own state
 	// (the engine client, the /metrics page, ...) live in internal
 	// packages.
-	maxTopFiles = 59
+	maxTopFiles = 35
 )
 
 // structureEnforced turns the limits from a report into failures (false

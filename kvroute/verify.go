@@ -106,7 +106,7 @@ type hit struct {
 // verify decides whether the handle f holds may be attached to this
 // request and, for a verified prefix shorter than the handle, cuts it to
 // that prefix. A handle not attached stays taken: the release phase
-// (release.go) releases it or puts it back.
+// (lookup.go) releases it or puts it back.
 func verify(ctx context.Context, t *turn, f *found) hit {
 	if f.key == "" {
 		return hit{}
@@ -168,3 +168,31 @@ func verifyHandle(ctx context.Context, t *turn, f *found) hit {
 	r.stats.partialHits.Add(1)
 	return hit{handle: cut, v: v}
 }
+
+// contentProof is VerifyContent: a handle is attached only when the
+// Identifier's Verify says the request continues what was stored (for
+// ContinuationKeys, that it resends the stored conversation and reply
+// exactly), and then whole; nothing is fingerprinted. The tokens mode
+// falls back to it for a handle without a fingerprint, or when the prompt
+// could not be rendered.
+type contentProof struct{ t *turn }
+
+func newContentProof(t *turn) proof { return contentProof{t} }
+
+func (contentProof) prepare(context.Context, *found) MissReason { return "" }
+
+// check asks the Identifier's Verify, for a handle retained under content
+// rules.
+func (p contentProof) check(f *found) (verified, MissReason) {
+	t := p.t
+	t.rec.Verification = VerifyContent
+	if !f.e.ContentOK {
+		return verified{}, MissUnverified
+	}
+	if !t.r.ident.Verify(t.req, f.cands, f.e.Check) {
+		return verified{}, MissMismatch
+	}
+	return verified{tokens: f.e.Tokens}, ""
+}
+
+func (contentProof) seal(int, tokenIDs) (fingerprint.Fingerprint, wait) { return nil, nil }
