@@ -24,6 +24,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		switch args[0] {
 		case "doctor":
 			return runDoctor(ctx, args[1:], getenv, stdout, stderr)
+		case "sidecar":
+			return runSidecar(ctx, args[1:], getenv, stdout, stderr)
 		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
