@@ -44,7 +44,6 @@ func (sc *sidecar) local(w http.ResponseWriter, r *http.Request, rank int) {
 		writeError(w, r, http.StatusBadRequest, "the request body is not a JSON object: "+err.Error())
 		return
 	}
-	sc.localTurns.WithLabelValues(r.URL.Path).Inc()
 	sc.send(w, r, sc.locals[rank], obj.Edit([]string{sse.HandleKey}))
 }
 

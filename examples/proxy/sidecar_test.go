@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -227,6 +229,18 @@ func TestSidecarPodsShareRedis(t *testing.T) {
 	}
 }
 
+// apiRequests are an engine's requests on the chat API (no render, no
+// capability probe).
+func apiRequests(e *kvroutetest.Engine) []kvroutetest.RequestRecord {
+	var out []kvroutetest.RequestRecord
+	for _, r := range e.Requests() {
+		if r.Path == "/v1/chat/completions" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // roles counts an engine's completion requests by role.
 func roles(e *kvroutetest.Engine) map[string]int {
 	out := map[string]int{}
@@ -279,4 +293,168 @@ func readAll(t *testing.T, resp *http.Response) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// A request without x-prefiller-host-port is served by the local engine
+// alone, as llm-d's sidecar serves it: no prefill engine sees it, the
+// answer is the single engine's with no handle, and the conversation's
+// next turn with the header runs P then D.
+func TestSidecarWithoutHeader(t *testing.T) {
+	pods := newSidecarPods(t, "")
+	pods.pick.noHeader = true
+	body := plainChat(reuseSystem, "Which file should I read first?")
+	for range 2 {
+		resp, err := pods.client.Post("http://picker/v1/chat/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		raw := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, raw)
+		assert.Equal(t, reference(t, []byte(body)), chatAnswer(t, raw))
+		assert.NotContains(t, raw, "kv_transfer_params")
+		assert.Empty(t, resp.Header.Get("X-Bidikv-Reuse"), "no turn of the router")
+	}
+	for i, e := range pods.cl.Prefill {
+		got := roles(e)
+		assert.Zero(t, got["plain"]+got["prefill"]+got["decode"], "prefill engine %d: %v", i, got)
+	}
+	for i, e := range pods.cl.Decode {
+		got := roles(e)
+		assert.Equal(t, []int{1, 0, 0}, []int{got["plain"], got["prefill"], got["decode"]}, "decode engine %d: %v", i, got)
+		for _, r := range e.Requests() {
+			assert.NotContains(t, string(r.Body), "kv_transfer_params", "a plain request")
+		}
+	}
+	for _, s := range pods.sidecars {
+		assert.Equal(t, "1", s.metric(t, `bidikv_sidecar_local_turns_total{path="/v1/chat/completions",reason="no_prefill_header"}`))
+	}
+
+	// A client's own kv_transfer_params never reach the engine.
+	status, _, raw := pods.sidecars[0].do(t, http.MethodPost, "/v1/chat/completions",
+		`{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1]}}`)
+	require.Equal(t, http.StatusOK, status, raw)
+	reqs := pods.cl.Decode[0].Requests()
+	assert.NotContains(t, string(reqs[len(reqs)-1].Body), "kv_transfer_params")
+
+	// x-data-parallel-host-port naming no rank of the pod: 400, as llm-d.
+	status, _, raw = pods.sidecars[0].do(t, http.MethodPost, "/v1/chat/completions", body, "X-Data-Parallel-Host-Port", "10.9.9.9:8000")
+	assert.Equal(t, http.StatusBadRequest, status, raw)
+
+	// With the header: P then D.
+	pods.pick.noHeader = false
+	resp, err := pods.client.Post("http://picker/v1/chat/completions", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	raw = readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, raw)
+	assert.Equal(t, "miss", resp.Header.Get("X-Bidikv-Reuse"))
+	assert.Equal(t, reference(t, []byte(body)), chatAnswer(t, raw))
+}
+
+// The sidecar's other routes: GET /health answers 200 itself; GET
+// /metrics is the local engine's page followed by the sidecar's figures;
+// any other path reaches the local engine (its /v1/models).
+func TestSidecarRoutes(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	s := startSidecar(t, cl.Decode[0].URL())
+	status, _, body := s.do(t, http.MethodGet, "/health", "")
+	assert.Equal(t, http.StatusOK, status, body)
+	status, _, body = s.do(t, http.MethodGet, "/metrics", "")
+	require.Equal(t, http.StatusOK, status, body)
+	assert.Contains(t, body, "vllm:", "the local engine's metrics")
+	for _, name := range []string{"bidikv_sidecar_held_tokens", "bidikv_sidecar_reclaimable_ratio", "bidikv_sidecar_budget_pressure"} {
+		assert.Contains(t, body, "\n"+name+" ", name)
+	}
+	status, _, body = s.do(t, http.MethodGet, "/v1/models", "")
+	assert.Equal(t, http.StatusOK, status, body)
+	assert.Contains(t, body, "sim-model")
+}
+
+// --secure-proxy is on by default, as llm-d's: the sidecar serves TLS with
+// a self-signed certificate.
+func TestSidecarSecureByDefault(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	s := startSidecar(t, cl.Decode[0].URL(), "--secure-proxy=true")
+	require.True(t, strings.HasPrefix(s.url, "https://"), s.url)
+	s.client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the self-signed certificate
+	status, _, body := s.do(t, http.MethodPost, "/v1/chat/completions", plainChat(reuseSystem, "hi"), "x-prefiller-host-port", hostPort(t, cl.Prefill[0].URL()))
+	require.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, reference(t, []byte(plainChat(reuseSystem, "hi"))), chatAnswer(t, body))
+}
+
+// --enable-ssrf-protection: a header naming an engine outside the
+// allowlist gets 403 with llm-d's words, and no engine sees the request;
+// one inside it is served.
+func TestSidecarSSRF(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 2, 1)
+	s := startSidecar(t, cl.Decode[0].URL(), "--enable-ssrf-protection", "--inference-pool", "ns/pool",
+		"--prefill", cl.Prefill[0].URL())
+	body := plainChat(reuseSystem, "hi")
+	status, _, raw := s.do(t, http.MethodPost, "/v1/chat/completions", body, "x-prefiller-host-port", "10.1.2.3:8000")
+	assert.Equal(t, http.StatusForbidden, status, raw)
+	assert.Contains(t, raw, "Forbidden: prefill target not allowed by SSRF protection")
+	assert.Empty(t, apiRequests(cl.Decode[0]))
+	assert.Equal(t, "1", s.metric(t, "bidikv_sidecar_ssrf_denied_total"))
+	status, _, raw = s.do(t, http.MethodPost, "/v1/chat/completions", body, "x-prefiller-host-port", hostPort(t, cl.Prefill[1].URL()))
+	require.Equal(t, http.StatusOK, status, raw, "the pool's hosts are allowed: the check is on hosts, as llm-d's")
+}
+
+// A prefill leg that fails with 503 is retried on the same engine up to
+// --prefill-max-retries times; without retries the client gets the
+// failure, naming the prefill phase.
+func TestSidecarPrefillRetries(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 2, 1)
+	p := hostPort(t, cl.Prefill[0].URL())
+	body := plainChat(reuseSystem, "hi")
+
+	s := startSidecar(t, cl.Decode[0].URL(), "--prefill-max-retries", "2", "--prefill-retry-backoff", "10ms")
+	cl.Prefill[0].FailNext(2, http.StatusServiceUnavailable)
+	status, _, raw := s.do(t, http.MethodPost, "/v1/chat/completions", body, "x-prefiller-host-port", p)
+	require.Equal(t, http.StatusOK, status, raw)
+	assert.Len(t, apiRequests(cl.Prefill[0]), 3, "two failures and the retry that worked, on the header's engine")
+	assert.Empty(t, apiRequests(cl.Prefill[1]), "never another engine")
+
+	s0 := startSidecar(t, cl.Decode[0].URL())
+	cl.Prefill[0].FailNext(1, http.StatusServiceUnavailable)
+	status, _, raw = s0.do(t, http.MethodPost, "/v1/chat/completions", body, "x-prefiller-host-port", p)
+	assert.Contains(t, []int{http.StatusBadGateway, http.StatusServiceUnavailable}, status, raw)
+	assert.Contains(t, raw, "prefill")
+	assert.Empty(t, apiRequests(cl.Prefill[1]), "never another engine")
+}
+
+// The answer's usage.prompt_tokens_details.cached_tokens is the prefill
+// engine's count, as llm-d's sidecar rewrites it. vLLM (and the simulated
+// engines) answer prompt_tokens_details null unless run with
+// --enable-prompt-tokens-details, which llm-d counts as 0: the client gets
+// 0 where D's own answer had null.
+func TestSidecarCachedTokens(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	s := startSidecar(t, cl.Decode[0].URL())
+	p := hostPort(t, cl.Prefill[0].URL())
+	status, _, raw := s.do(t, http.MethodPost, "/v1/chat/completions", plainChat(reuseSystem, "hi"), "x-prefiller-host-port", p)
+	require.Equal(t, http.StatusOK, status, raw)
+	assert.Contains(t, raw, `"prompt_tokens_details":{"cached_tokens":0}`)
+	status, _, raw = s.do(t, http.MethodPost, "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":4}`, "x-prefiller-host-port", p)
+	require.Equal(t, http.StatusOK, status, raw)
+	assert.NotContains(t, raw, `"prompt_tokens_details"`, "Responses answers keep their own usage")
+
+	// P's count, in a body and in a stream's usage chunk.
+	rt := &legs{}
+	rt.cached.Store(307)
+	for _, tc := range []struct{ ct, in, want string }{
+		{"application/json", `{"id":"x","usage":{"prompt_tokens":312,"prompt_tokens_details":null}}`,
+			`{"id":"x","usage":{"prompt_tokens":312,"prompt_tokens_details":{"cached_tokens":307}}}`},
+		{"application/json", `{"id":"x","usage":{"prompt_tokens":312,"prompt_tokens_details":{"cached_tokens":5,"audio_tokens":0}}}`,
+			`{"id":"x","usage":{"prompt_tokens":312,"prompt_tokens_details":{"cached_tokens":307,"audio_tokens":0}}}`},
+		{"text/event-stream", "data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":312}}\n\ndata: [DONE]\n\n",
+			"data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":312,\"prompt_tokens_details\":{\"cached_tokens\":307}}}\n\ndata: [DONE]\n\n"},
+	} {
+		rec := httptest.NewRecorder()
+		w, finish := newCachedWriter(rec, rt, "/v1/chat/completions")
+		w.Header().Set("Content-Type", tc.ct)
+		w.WriteHeader(http.StatusOK)
+		for _, part := range strings.SplitAfter(tc.in, "p") { // in pieces, lines cut anywhere
+			_, err := w.Write([]byte(part))
+			require.NoError(t, err)
+		}
+		finish()
+		assert.Equal(t, tc.want, rec.Body.String())
+	}
 }
