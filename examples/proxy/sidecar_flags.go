@@ -194,7 +194,12 @@ func (s *sidecarConfig) flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&s.zap.stack, "zap-stacktrace-level", "", "llm-d: accepted, no effect (bidikv logs carry no stack traces)")
 	fs.StringVar(&s.zap.timeEn, "zap-time-encoding", "", "llm-d: accepted, no effect (bidikv logs RFC 3339 times)")
 	for _, m := range moriioFlags {
-		fs.String(m.name, m.def, "llm-d: MoRI-IO WRITE mode (P pushes KV into D): refused at any value but its default")
+		usage := "llm-d: MoRI-IO WRITE mode (P pushes KV into D): refused at any value but its default"
+		if m.def == "false" {
+			fs.Bool(m.name, false, usage) // llm-d's booleans: --moriio-write-mode alone sets it
+			continue
+		}
+		fs.String(m.name, m.def, usage)
 	}
 	fs.StringVar(&s.localHost, "local-host", getenv("POD_IP"), "the local engine's host as the other pods reach it (POD_IP, from the downward API): retained handles name their decode engine by it, so another pod's sidecar can attach them; default localhost when POD_IP is unset (one pod only)")
 	fs.Var(&listFlag{vals: &s.ssrfAllow}, "ssrf-allowlist", "with --enable-ssrf-protection: hosts (names or IP addresses) and CIDR ranges the header may name, besides the pools' hosts")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -456,5 +457,58 @@ func TestSidecarCachedTokens(t *testing.T) {
 		}
 		finish()
 		assert.Equal(t, tc.want, rec.Body.String())
+	}
+}
+
+// llm-d's sidecar command line: accepted flags take llm-d's defaults and
+// meanings; flags of features bidikv does not run, and flags neither
+// sidecar knows, stop the start with an error naming them.
+func TestSidecarFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	s, err := parseSidecar(nil, noEnv, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []any{8000, 8200, 1, "nixlv2", true, 0, 200 * time.Millisecond, "", "localhost"},
+		[]any{s.port, s.modelServerPort, s.dpSize, s.kvConnector, s.secure, s.prefillRetries, s.prefillBackoff, s.host, s.localHost})
+	assert.Equal(t, []string{"http://localhost:8200"}, s.localURLs())
+	assert.True(t, s.localFallback, "P without a handle: D prefills, as llm-d sends D null kv_transfer_params")
+
+	s, err = parseSidecar([]string{"--vllm-port", "9000", "--data-parallel-size", "2", "--enable-tls", "decoder"}, env(map[string]string{"POD_IP": "10.0.0.7"}), io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"https://10.0.0.7:9000", "https://10.0.0.7:9001"}, s.localURLs(), "--vllm-port alone sets the port, POD_IP the host")
+
+	s, err = parseSidecar([]string{"--model-server-port", "8300", "--configuration", "port: 9100\nmodel-server-port: 8400\nprefill-max-retries: 2\nenable-prefiller-sampling: true"}, noEnv, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []any{9100, 8300, 2, true}, []any{s.port, s.modelServerPort, s.prefillRetries, s.samplePrefill}, "the command line wins over the configuration")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--no-such-flag"}, "unknown flag --no-such-flag"},
+		{[]string{"--kv-connector", "mooncake"}, "--kv-connector mooncake: bidikv's sidecar speaks NixlConnector's pull protocol (nixlv2) only"},
+		{[]string{"--kv-connector", "lmcache"}, "--kv-connector must be one of: nixlv2, shared-storage, sglang, mooncake, offloading"},
+		{[]string{"--ec-connector", "ec-nixl"}, "--ec-connector ec-nixl: bidikv's sidecar runs no encoder stage"},
+		{[]string{"--enable-p2p-pull"}, "--enable-p2p-pull: bidikv's sidecar does not pull"},
+		{[]string{"--decode-chunk-size", "64"}, "--decode-chunk-size 64"},
+		{[]string{"--moriio-write-mode"}, "--moriio-write-mode true: MoRI-IO WRITE mode"},
+		{[]string{"--enable-ssrf-protection"}, "--inference-pool flag or INFERENCE_POOL environment variable is required"},
+		{[]string{"--enable-ssrf-protection", "--inference-pool", "p"}, "llm-d's sidecar watches the InferencePool \"p\" through the Kubernetes API"},
+		{[]string{"--configuration", "no-such-key: 1"}, "field no-such-key not found"},
+		{[]string{"--data-parallel-size", "0"}, "--data-parallel-size must be a positive integer"},
+		{[]string{"--enable-tls", "router"}, "--enable-tls stages must be one of: prefiller, decoder, encoder"},
+		{[]string{"--decode-local"}, "--decode-local: in the sidecar"},
+	} {
+		_, err := parseSidecar(tc.args, noEnv, io.Discard)
+		require.ErrorIs(t, err, errUsage, "%v", tc.args)
+		assert.ErrorContains(t, err, tc.want, "%v", tc.args)
+	}
+
+	var help strings.Builder
+	_, err = parseSidecar([]string{"--help"}, noEnv, &help)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	for _, name := range []string{"--port", "--model-server-port", "--vllm-port", "--kv-connector", "--secure-proxy", "--cert-path", "--enable-tls",
+		"--tls-insecure-skip-verify", "--data-parallel-size", "--enable-ssrf-protection", "--inference-pool", "--metrics-port", "--tracing",
+		"--configuration", "--configuration-file", "--enable-prefiller-sampling", "--prefill-max-retries", "--redis-url"} {
+		assert.Regexp(t, "\n  "+name+"[ \n]", help.String(), name)
 	}
 }
