@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,6 +24,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 {
 		switch args[0] {
 		case "doctor":
+			if slices.ContainsFunc(args[1:], func(a string) bool { return a == "--sidecar" || a == "-sidecar" || a == "--sidecar=true" }) {
+				return runSidecarDoctor(ctx, args[1:], getenv, stdout)
+			}
 			return runDoctor(ctx, args[1:], getenv, stdout, stderr)
 		case "sidecar":
 			return runSidecar(ctx, args[1:], getenv, stdout, stderr)

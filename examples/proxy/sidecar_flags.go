@@ -85,6 +85,7 @@ type sidecarConfig struct {
 	inline, file              string
 	zap                       zapFlags
 	localHost                 string // bidikv: how other pods name the local engine
+	doctor                    sidecarDoctor // doctor --sidecar's own flags
 	podIP                     string // POD_IP, as llm-d's data-parallel handler reads it
 
 	// set names the flags given on the command line.
@@ -226,14 +227,28 @@ func envBool(v string) bool {
 
 // parseSidecar reads the sidecar's command line.
 func parseSidecar(args []string, getenv func(string) string, help io.Writer) (*sidecarConfig, error) {
+	return parseSidecarCommand("bidikv-proxy sidecar", sidecarSynopsis, nil, args, getenv, help)
+}
+
+// parseSidecarCommand reads the command line of the sidecar, or of a
+// command that takes its flags and adds its own (extra, listed first in
+// --help under group): `doctor --sidecar`.
+func parseSidecarCommand(name, head string, group *cli.Group, args []string, getenv func(string) string, help io.Writer) (*sidecarConfig, error) {
 	s := &sidecarConfig{set: map[string]bool{}, podIP: getenv("POD_IP")}
 	var fs *flag.FlagSet
-	cfg, err := parseCommand("bidikv-proxy sidecar", sidecarSynopsis, args, getenv, io.Discard, func(f *flag.FlagSet) {
+	cfg, err := parseCommand(name, head, args, getenv, io.Discard, func(f *flag.FlagSet) {
 		fs = f
 		s.flags(f, getenv)
+		if group != nil {
+			s.extra(f)
+		}
 	})
 	if errors.Is(err, flag.ErrHelp) {
-		cli.WriteHelp(help, fs, sidecarSynopsis, sidecarGroups(), flagValue)
+		groups := sidecarGroups()
+		if group != nil {
+			groups = append([]cli.Group{*group}, groups...)
+		}
+		cli.WriteHelp(help, fs, head, groups, flagValue)
 		return nil, err
 	}
 	if err != nil {
