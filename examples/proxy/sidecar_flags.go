@@ -84,9 +84,9 @@ type sidecarConfig struct {
 	tracing                   bool
 	inline, file              string
 	zap                       zapFlags
-	localHost                 string // bidikv: how other pods name the local engine
+	localHost                 string        // bidikv: how other pods name the local engine
 	doctor                    sidecarDoctor // doctor --sidecar's own flags
-	podIP                     string // POD_IP, as llm-d's data-parallel handler reads it
+	podIP                     string        // POD_IP, as llm-d's data-parallel handler reads it
 
 	// set names the flags given on the command line.
 	set map[string]bool
