@@ -101,6 +101,9 @@ func (p *picker) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.URL.Host = p.sidecars[i%len(p.sidecars)]
 	req.Host = req.URL.Host
+	// Each request's id names it, so that the engines' records show
+	// which request each leg belongs to.
+	req.Header.Set("X-Request-Id", fmt.Sprintf("pick-%d", i))
 	if !p.noHeader {
 		req.Header.Set("x-prefiller-host-port", p.prefills[(i/2)%len(p.prefills)])
 	}
@@ -225,8 +228,30 @@ func TestSidecarPodsShareRedis(t *testing.T) {
 		assert.Positive(t, roles(e)["decode"], "decode engine %d", i)
 		assert.Zero(t, roles(e)["prefill"], "decode engine %d", i)
 	}
+	// Each leg went to the engine its request named: the prefill leg of
+	// request i to the prefill engine of its header, its decode leg to the
+	// local engine of the sidecar the picker sent it to.
+	legs := 0
+	for k, e := range append(pods.cl.Prefill, pods.cl.Decode...) {
+		for _, r := range e.Requests() {
+			var i int
+			if _, err := fmt.Sscanf(r.RequestID, "pick-%d", &i); err != nil || (r.Role != "prefill" && r.Role != "decode") {
+				continue
+			}
+			legs++
+			if r.Role == "prefill" {
+				assert.Equal(t, pods.pick.prefills[(i/2)%2], hostPort(t, e.URL()), "request %d's prefill leg", i)
+			} else {
+				assert.Equal(t, i%2, k-len(pods.cl.Prefill), "request %d's decode leg on its sidecar's engine", i)
+			}
+		}
+	}
+	assert.Greater(t, legs, 40)
 	for _, e := range append(pods.cl.Prefill, pods.cl.Decode...) {
 		assert.Zero(t, e.Stats().WrongOutputs)
+		for _, r := range e.Requests() {
+			assert.Empty(t, r.Header.Get("X-Prefiller-Host-Port"), "the picker's header is removed before any engine sees it")
+		}
 	}
 }
 
