@@ -194,6 +194,9 @@ func TestSidecarPodsShareRedis(t *testing.T) {
 		hits   bool
 	}{
 		{"chat", agentClient{path: "/v1/chat/completions", base: chatAgentBody()}, true},
+		// vLLM's chat streams carry no handle without PR #40186 (nor do
+		// the simulated engines', by default): answered, not reused.
+		{"chat stream", agentClient{path: "/v1/chat/completions", stream: true, base: chatAgentBody()}, false},
 		{"responses", agentClient{path: "/v1/responses", base: codexBody("sidecar-codex")}, true},
 		{"responses stream", agentClient{path: "/v1/responses", stream: true, base: codexBody("sidecar-codex-stream")}, true},
 		{"messages", agentClient{path: "/v1/messages", base: claudeBody("sidecar")}, true},
