@@ -45,7 +45,9 @@ func routeOf(ctx context.Context) *legs {
 // candidates (it failed this turn and is excluded), it says so with
 // kvroute.ErrNoEndpoint, and the router tries the excluded engines again:
 // so a prefill retry goes to the same engine, as llm-d's. A pick without a
-// route (none is made today) is LeastLoaded's.
+// route (the background release of a decode hold, which needs a prefill
+// engine) is LeastLoaded's, over the prefill pool and the engines the
+// header named lately.
 type pinned struct{ other kvroute.LeastLoaded }
 
 var _ kvroute.Selector = (*pinned)(nil)
