@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,13 +8,10 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/bidikv/bidikv/internal/cli"
 )
