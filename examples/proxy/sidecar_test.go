@@ -387,7 +387,7 @@ func TestSidecarRoutes(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status, body)
 	status, _, body = s.do(t, http.MethodGet, "/metrics", "")
 	require.Equal(t, http.StatusOK, status, body)
-	assert.Contains(t, body, "vllm:", "the local engine's metrics")
+	assert.Regexp(t, `(?m)^vllm:`, body, "the local engine's metrics")
 	for _, name := range []string{"bidikv_sidecar_held_tokens", "bidikv_sidecar_reclaimable_ratio", "bidikv_sidecar_budget_pressure"} {
 		assert.Contains(t, body, "\n"+name+" ", name)
 	}
@@ -539,4 +539,49 @@ func TestSidecarFlags(t *testing.T) {
 		"--configuration", "--configuration-file", "--enable-prefiller-sampling", "--prefill-max-retries", "--redis-url"} {
 		assert.Regexp(t, "\n  "+name+"[ \n]", help.String(), name)
 	}
+}
+
+// x-prefiller-host-port as llm-d reads it: one value, a comma-separated
+// list or repeated headers; the first entry, or the sampled one with
+// --enable-prefiller-sampling; removed from the request either way.
+func TestSidecarPrefillHeader(t *testing.T) {
+	for _, tc := range []struct {
+		values []string
+		sample bool
+		want   string
+	}{
+		{nil, false, ""},
+		{[]string{"10.0.0.1:8000"}, false, "10.0.0.1:8000"},
+		{[]string{" 10.0.0.1:8000 , 10.0.0.2:8000"}, false, "10.0.0.1:8000"},
+		{[]string{"10.0.0.1:8000", "10.0.0.2:8000"}, false, "10.0.0.1:8000"},
+		{[]string{"10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"}, true, "10.0.0.3:8000"},
+		{[]string{"10.0.0.1:8000", "10.0.0.2:8000"}, true, "10.0.0.2:8000"},
+	} {
+		sc := &sidecar{cfg: &sidecarConfig{samplePrefill: tc.sample}, sample: func(n int) int { return n - 1 }}
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		for _, v := range tc.values {
+			r.Header.Add("X-Prefiller-Host-Port", v)
+		}
+		assert.Equal(t, tc.want, sc.prefillTarget(r), "%q sample %v", tc.values, tc.sample)
+		assert.Empty(t, r.Header.Values("X-Prefiller-Host-Port"))
+	}
+}
+
+// --metrics-port serves the sidecar's own registry on a listener of its
+// own, as llm-d's sidecar serves its metrics there.
+func TestSidecarMetricsPort(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	require.NoError(t, ln.Close())
+	s := startSidecar(t, cl.Decode[0].URL(), "--metrics-port", port)
+	require.Eventually(t, func() bool { return strings.Contains(s.stdout.String(), "sidecar: serving http://127.0.0.1:"+port+" metrics") },
+		5*time.Second, 10*time.Millisecond, s.stdout.String())
+	resp, err := s.client.Get("http://127.0.0.1:" + port + "/metrics")
+	require.NoError(t, err)
+	page := readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, page, "bidikv_sidecar_held_tokens ")
+	assert.NotRegexp(t, `(?m)^vllm:`, page, "bidikv's registry alone")
 }
