@@ -576,7 +576,9 @@ func TestSidecarMetricsPort(t *testing.T) {
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	require.NoError(t, ln.Close())
 	s := startSidecar(t, cl.Decode[0].URL(), "--metrics-port", port)
-	require.Eventually(t, func() bool { return strings.Contains(s.stdout.String(), "sidecar: serving http://127.0.0.1:"+port+" metrics") },
+	require.Eventually(t, func() bool {
+		return strings.Contains(s.stdout.String(), "sidecar: serving http://127.0.0.1:"+port+" metrics")
+	},
 		5*time.Second, 10*time.Millisecond, s.stdout.String())
 	resp, err := s.client.Get("http://127.0.0.1:" + port + "/metrics")
 	require.NoError(t, err)
