@@ -587,3 +587,13 @@ func TestSidecarMetricsPort(t *testing.T) {
 	assert.Contains(t, page, "bidikv_sidecar_held_tokens ")
 	assert.NotRegexp(t, `(?m)^vllm:`, page, "bidikv's registry alone")
 }
+
+// With --decode-stream buffered (a proxy flag the sidecar takes), streamed
+// Messages turns, whose vLLM streams never carry a handle, reuse across the
+// pods too. (A chat stream is buffered once its decode engine's streams
+// were seen to carry none: each sidecar learns it of its own engine.)
+func TestSidecarBufferedStreams(t *testing.T) {
+	pods := newSidecarPods(t, redisServer(t), "--decode-stream", "buffered")
+	c := agentClient{path: "/v1/messages", stream: true, base: claudeBody("buffered"), session: "buffered-messages"}
+	runAgentTurns(t, &c, pods.client, "http://picker", c.session, 4, true)
+}
