@@ -650,6 +650,7 @@ func TestDifferential(t *testing.T) {
 			a := llmd.run(t, newDiffClient(sc))
 			b := ours.run(t, newDiffClient(sc))
 			require.Equal(t, len(a), len(b), "turns answered")
+			checkDiffFacts(t, sc, a)
 			for i := range a {
 				keys := map[string]bool{}
 				for k := range a[i] {
@@ -693,6 +694,46 @@ func TestDifferential(t *testing.T) {
 	for _, r := range diffRules {
 		t.Logf("deliberate difference %-40q matched %3d facts: %s", r.name, used[r.name], r.reason)
 	}
+}
+
+// checkDiffFacts checks that the setup exercises what the comparison
+// relies on, on llm-d's side (bidikv's equal facts then hold too): a
+// header's turn has a prefill leg on the first engine it names and none
+// on the other, the decode leg carries P's answered handle, chat and
+// completions answers carry P's cached_tokens, no engine sees the
+// picker's header, and a turn without the header has no prefill leg.
+func checkDiffFacts(t *testing.T, sc diffScenario, turns []diffTurn) {
+	t.Helper()
+	for i, f := range turns {
+		for k, v := range f {
+			if strings.HasSuffix(k, " leg headers") {
+				require.NotContains(t, v, "X-Prefiller-Host-Port", "turn %d: %s", i+1, k)
+			}
+		}
+		require.Empty(t, f["P2 API legs"], "turn %d: only the header's first engine prefills", i+1)
+		if !sc.header {
+			require.Empty(t, f["P API legs"], "turn %d: without the header no prefill leg", i+1)
+			require.Equal(t, "absent", f["D first leg kv_transfer_params"], "turn %d", i+1)
+			continue
+		}
+		require.NotEmpty(t, f["P API legs"], "turn %d", i+1)
+		if f["answer status"] != "200" {
+			require.Equal(t, "(none)", valueOr(f, "D API legs"), "turn %d: no decode leg after a failed prefill", i+1)
+			continue
+		}
+		require.Equal(t, "P's answered handle", f["D first leg kv_transfer_params"], "turn %d", i+1)
+		require.Equal(t, "miss handle", f["P first leg kv_transfer_params"], "turn %d", i+1)
+		if sc.path == "/v1/chat/completions" || sc.path == "/v1/completions" {
+			require.Equal(t, "32", f["answer cached_tokens"], "turn %d: P's count", i+1)
+		}
+	}
+}
+
+func valueOr(f diffTurn, k string) string {
+	if v, ok := f[k]; ok && v != "" {
+		return v
+	}
+	return "(none)"
 }
 
 // diffRules are the deliberate differences, each with its reason (the
