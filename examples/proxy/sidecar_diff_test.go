@@ -370,7 +370,9 @@ func (s *diffSide) run(t *testing.T, c *diffClient) []diffTurn {
 		req, err := http.NewRequest(http.MethodPost, s.url+s.scenario.path, bytes.NewReader(body))
 		require.NoError(t, err)
 		req.Header = hdr
-		req.Header.Set("X-Request-Id", fmt.Sprintf("client-%s-%d", s.scenario.name, i))
+		if i != 1 { // turn 2 comes without an id
+			req.Header.Set("X-Request-Id", fmt.Sprintf("client-%s-%d", strings.ReplaceAll(s.scenario.name, " ", "_"), i))
+		}
 		req.Header.Set("X-Client-Custom", "kept")
 		if s.scenario.header {
 			req.Header.Set("x-prefiller-host-port", s.prefillHdr)
@@ -388,9 +390,11 @@ func (s *diffSide) run(t *testing.T, c *diffClient) []diffTurn {
 		d, nd = s.d.since(nd)
 		f := diffTurn{}
 		answerFacts(f, resp, answer)
-		legFacts(f, "P", p, body, nil)
-		legFacts(f, "P2", q, body, nil)
-		legFacts(f, "D", d, body, lastHandle(p))
+		id := req.Header.Get("X-Request-Id")
+		legFacts(f, "P", p, body, id, nil)
+		legFacts(f, "P2", q, body, id, nil)
+		legFacts(f, "D", d, body, id, lastHandle(p))
+		f["P and D legs share their x-request-id"] = strconv.FormatBool(sharedID(p, d))
 		out = append(out, f)
 		if resp.StatusCode != http.StatusOK {
 			break
@@ -398,6 +402,23 @@ func (s *diffSide) run(t *testing.T, c *diffClient) []diffTurn {
 		c.answered(t, answer)
 	}
 	return out
+}
+
+// sharedID reports whether the last prefill API leg and the decode API
+// leg carry the same X-Request-Id values (false without both).
+func sharedID(p, d []recLeg) bool {
+	var pid, did []string
+	for _, l := range p {
+		if slices.Contains(diffAPIPaths, l.path) {
+			pid = l.header.Values("X-Request-Id")
+		}
+	}
+	for _, l := range d {
+		if slices.Contains(diffAPIPaths, l.path) {
+			did = l.header.Values("X-Request-Id")
+		}
+	}
+	return len(pid) > 0 && slices.Equal(pid, did)
 }
 
 // lastHandle is the kv_transfer_params of the last successful API answer
@@ -477,7 +498,7 @@ var diffHeaderNoise = []string{"Content-Length", "Accept-Encoding", "User-Agent"
 // many API legs with their statuses, the other POSTs, and the first and
 // last API legs' bodies and headers as compared with the client's body.
 // handle is P's answered handle, which the D leg should carry.
-func legFacts(f diffTurn, role string, legs []recLeg, client []byte, handle json.RawMessage) {
+func legFacts(f diffTurn, role string, legs []recLeg, client []byte, clientID string, handle json.RawMessage) {
 	var api []recLeg
 	var other []string
 	for _, l := range legs {
@@ -531,10 +552,17 @@ func legFacts(f diffTurn, role string, legs []recLeg, client []byte, handle json
 			}
 		}
 		ids := l.header.Values("X-Request-Id")
-		idf := strconv.Itoa(len(ids)) + " value(s)"
+		idf := strconv.Itoa(len(ids)) + " value(s):"
 		for _, id := range ids {
-			if strings.HasPrefix(id, "client-") {
-				idf += ", the client's"
+			switch {
+			case clientID == "":
+				idf += " another"
+			case id == clientID:
+				idf += " the client's"
+			case strings.HasPrefix(id, clientID):
+				idf += " the client's with a suffix"
+			default:
+				idf += " another"
 			}
 		}
 		f[k+"x-request-id"] = idf
@@ -781,9 +809,13 @@ var diffRules = []diffRule{
 		match: func(_ diffScenario, _ int, key, llmd, bidikv string) bool {
 			return key == "answer kv_transfer_params" && llmd == "present" && bidikv == "absent"
 		}},
-	{name: "request ids", reason: "bidikv sends one X-Request-Id on both legs (the client's, made unique per turn); llm-d adds a fresh UUID to the client's (two values)",
-		match: func(_ diffScenario, _ int, key, llmd, bidikv string) bool {
-			return strings.HasSuffix(key, " leg x-request-id") && strings.HasPrefix(llmd, "2 value(s)") && strings.HasPrefix(bidikv, "1 value(s)")
+	{name: "request ids", reason: "bidikv sends one X-Request-Id on every leg, the client's with a random suffix (unique per turn on the engines) or its own; llm-d adds a fresh UUID to the client's, so each leg carries two values, and forwards a turn without the header as it came, with no id when the client sent none",
+		match: func(sc diffScenario, _ int, key, llmd, bidikv string) bool {
+			if !strings.HasSuffix(key, " leg x-request-id") {
+				return false
+			}
+			return llmd == "2 value(s): the client's another" && bidikv == "1 value(s): the client's with a suffix" ||
+				!sc.header && llmd == "0 value(s):" && bidikv == "1 value(s): another"
 		}},
 	{name: "X-Forwarded-For", reason: "llm-d's legs go through httputil.ReverseProxy, which adds X-Forwarded-For; bidikv's legs are its own requests",
 		match: func(_ diffScenario, _ int, key, llmd, bidikv string) bool {
