@@ -239,14 +239,12 @@ type diffScenario struct {
 // diffSide is one sidecar with its engines: the prefill engine the header
 // names first, the other one it names, the local decode engine.
 type diffSide struct {
-	name        string
-	url         string
-	p, q, d     *recorder
-	client      *http.Client
-	scenario    diffScenario
-	prefillHdr  string
-	retryFlags  []string
-	sidecarDone func()
+	name       string
+	url        string
+	p, q, d    *recorder
+	client     *http.Client
+	scenario   diffScenario
+	prefillHdr string
 }
 
 func newDiffSide(t *testing.T, name, bin string, sc diffScenario) *diffSide {
@@ -644,24 +642,47 @@ type diffRule struct {
 	match  func(sc diffScenario, turn int, key, llmd, bidikv string) bool
 }
 
+// TestDifferential runs diffScenarios through llm-d's sidecar and
+// bidikv's and fails on every difference no rule of diffRules matches.
 func TestDifferential(t *testing.T) {
 	bin := os.Getenv("BIDIKV_LLMD_SIDECAR")
 	if bin == "" {
 		t.Skip("BIDIKV_LLMD_SIDECAR is not set: `make sidecar-diff` builds llm-d's pd-sidecar and runs this test")
 	}
-	var scenarios []diffScenario
+	used := map[string]int{}
+	for _, sc := range diffScenarios() {
+		t.Run(sc.name, func(t *testing.T) {
+			llmd := newDiffSide(t, "llm-d", bin, sc)
+			ours := newDiffSide(t, "bidikv", "", sc)
+			a := llmd.run(t, newDiffClient(sc))
+			b := ours.run(t, newDiffClient(sc))
+			require.Equal(t, len(a), len(b), "turns answered")
+			checkDiffFacts(t, sc, a)
+			for i := range a {
+				compareTurn(t, sc, i, a[i], b[i], used)
+			}
+		})
+	}
+	for _, r := range diffRules {
+		t.Logf("deliberate difference %-40q matched %3d facts: %s", r.name, used[r.name], r.reason)
+	}
+}
+
+// diffScenarios are the request sequences: each API streamed and not, with
+// and without the header; prefill failures; a client's own handle.
+func diffScenarios() []diffScenario {
+	var out []diffScenario
+	name := func(path string, stream bool) string {
+		n := strings.ReplaceAll(strings.TrimPrefix(path, "/v1/"), "/", "-")
+		if stream {
+			n += " stream"
+		}
+		return n
+	}
 	for _, path := range diffAPIPaths {
 		for _, stream := range []bool{false, true} {
-			for _, header := range []bool{true, false} {
-				name := strings.TrimPrefix(path, "/v1/")
-				if stream {
-					name += " stream"
-				}
-				if !header {
-					name += " no header"
-				}
-				scenarios = append(scenarios, diffScenario{name: strings.ReplaceAll(name, "/", "-"), path: path, stream: stream, header: header, turns: 3})
-			}
+			out = append(out, diffScenario{name: name(path, stream), path: path, stream: stream, header: true, turns: 3},
+				diffScenario{name: name(path, stream) + " no header", path: path, stream: stream, turns: 3})
 		}
 	}
 	once := func(n int) int {
@@ -673,70 +694,58 @@ func TestDifferential(t *testing.T) {
 	always := func(int) int { return http.StatusServiceUnavailable }
 	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
 		for _, stream := range []bool{false, true} {
-			n := strings.TrimPrefix(path, "/v1/")
-			if stream {
-				n += " stream"
-			}
-			scenarios = append(scenarios,
-				diffScenario{name: strings.ReplaceAll(n, "/", "-") + " P 503 then 200", path: path, stream: stream, header: true, turns: 2, fail: once},
-				diffScenario{name: strings.ReplaceAll(n, "/", "-") + " P 503 always", path: path, stream: stream, header: true, turns: 1, fail: always})
+			out = append(out,
+				diffScenario{name: name(path, stream) + " P 503 then 200", path: path, stream: stream, header: true, turns: 2, fail: once},
+				diffScenario{name: name(path, stream) + " P 503 always", path: path, stream: stream, header: true, turns: 1, fail: always})
 		}
 	}
-	scenarios = append(scenarios,
+	return append(out,
 		diffScenario{name: "chat client kv_transfer_params", path: "/v1/chat/completions", header: true, turns: 1, clientKV: true},
 		diffScenario{name: "chat client kv_transfer_params no header", path: "/v1/chat/completions", turns: 1, clientKV: true})
-	used := map[string]int{}
-	for _, sc := range scenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			llmd := newDiffSide(t, "llm-d", bin, sc)
-			ours := newDiffSide(t, "bidikv", "", sc)
-			a := llmd.run(t, newDiffClient(sc))
-			b := ours.run(t, newDiffClient(sc))
-			require.Equal(t, len(a), len(b), "turns answered")
-			checkDiffFacts(t, sc, a)
-			for i := range a {
-				keys := map[string]bool{}
-				for k := range a[i] {
-					keys[k] = true
-				}
-				for k := range b[i] {
-					keys[k] = true
-				}
-				sorted := make([]string, 0, len(keys))
-				for k := range keys {
-					sorted = append(sorted, k)
-				}
-				sort.Strings(sorted)
-				for _, k := range sorted {
-					x, okx := a[i][k]
-					y, oky := b[i][k]
-					if !okx {
-						x = "(none)"
-					}
-					if !oky {
-						y = "(none)"
-					}
-					if x == y {
-						continue
-					}
-					matched := false
-					for _, r := range diffRules {
-						if r.match(sc, i, k, x, y) {
-							used[r.name]++
-							matched = true
-							break
-						}
-					}
-					if !matched {
-						t.Errorf("turn %d: %s: llm-d %q, bidikv %q: a difference no rule lists", i+1, k, x, y)
-					}
-				}
+}
+
+// compareTurn fails on each fact of turn i that differs between llm-d's
+// sidecar (a) and bidikv's (b) and that no rule matches; used counts each
+// rule's matches.
+func compareTurn(t *testing.T, sc diffScenario, i int, a, b diffTurn, used map[string]int) {
+	t.Helper()
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	for _, k := range sorted {
+		x, y := valueOrNone(a, k), valueOrNone(b, k)
+		if x == y {
+			continue
+		}
+		matched := false
+		for _, r := range diffRules {
+			if r.match(sc, i, k, x, y) {
+				used[r.name]++
+				matched = true
+				break
 			}
-		})
+		}
+		if !matched {
+			t.Errorf("turn %d: %s: llm-d %q, bidikv %q: a difference no rule lists", i+1, k, x, y)
+		}
 	}
-	for _, r := range diffRules {
-		t.Logf("deliberate difference %-40q matched %3d facts: %s", r.name, used[r.name], r.reason)
+}
+
+// valueOrNone is fact k of f, "(none)" when f has none.
+func valueOrNone(f diffTurn, k string) string {
+	if v, ok := f[k]; ok {
+		return v
 	}
+	return "(none)"
 }
 
 // checkDiffFacts checks that the setup exercises what the comparison
