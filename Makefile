@@ -2,7 +2,7 @@
 MODULES := $(shell find . -name go.mod -not -path './.git/*' -exec dirname {} \; | sort)
 GO ?= go
 
-.PHONY: test vet race fuzz fuzz-smoke bench demo
+.PHONY: test vet race fuzz fuzz-smoke bench demo sidecar-diff
 
 # test is what README and .ci/run use: vet and race-enabled tests in every
 # module, then every fuzz target for a few seconds from its seed corpus.
@@ -40,3 +40,35 @@ bench:
 
 demo:
 	$(GO) run ./examples/demo
+
+# sidecar-diff runs the differential test of `bidikv-proxy sidecar` against
+# llm-d's own P/D sidecar (examples/proxy/sidecar_diff_test.go; not part of
+# test). It builds llm-d-router's cmd/pd-sidecar into a temporary directory
+# from LLMD_ROUTER_SRC, a checkout of llm-d-router (the test was written
+# against commit LLMD_ROUTER_COMMIT), or, without it, from a shallow clone
+# of LLMD_ROUTER_REPO at that commit in the temporary directory (which needs
+# the network). llm-d's dependencies come from the Go module proxy; nothing
+# of llm-d's is kept.
+LLMD_ROUTER_REPO ?= https://github.com/llm-d/llm-d-router
+LLMD_ROUTER_COMMIT ?= ebab687927f5331c1b39defcb579a07951bce56c
+LLMD_ROUTER_SRC ?=
+sidecar-diff:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	src="$(LLMD_ROUTER_SRC)"; \
+	if [ -z "$$src" ]; then \
+	  src="$$tmp/llm-d-router"; \
+	  echo "== cloning $(LLMD_ROUTER_REPO) at $(LLMD_ROUTER_COMMIT)"; \
+	  if ! { git init -q "$$src" && git -C "$$src" fetch -q --depth 1 "$(LLMD_ROUTER_REPO)" "$(LLMD_ROUTER_COMMIT)" && \
+	         git -C "$$src" checkout -q FETCH_HEAD; }; then \
+	    echo "sidecar-diff: cannot fetch $(LLMD_ROUTER_REPO) at $(LLMD_ROUTER_COMMIT) (offline?): pass a checkout of llm-d-router, e.g. make sidecar-diff LLMD_ROUTER_SRC=/path/to/llm-d-router" >&2; \
+	    exit 1; \
+	  fi; \
+	fi; \
+	if [ ! -d "$$src/cmd/pd-sidecar" ]; then \
+	  echo "sidecar-diff: $$src has no cmd/pd-sidecar: LLMD_ROUTER_SRC must be a checkout of $(LLMD_ROUTER_REPO)" >&2; exit 1; \
+	fi; \
+	rev=$$(git -C "$$src" rev-parse HEAD 2>/dev/null || echo "unknown (not a git checkout)"); \
+	echo "== building llm-d's cmd/pd-sidecar from $$src at $$rev (the test was written against $(LLMD_ROUTER_COMMIT))"; \
+	(cd "$$src" && GOWORK=off $(GO) build -o "$$tmp/pd-sidecar" ./cmd/pd-sidecar); \
+	echo "== go test -tags sidecardiff -run TestDifferential (examples/proxy)"; \
+	cd examples/proxy && BIDIKV_LLMD_SIDECAR="$$tmp/pd-sidecar" $(GO) test -race -tags 'sidecardiff bidikv_bufcheck' -count=1 -run TestDifferential -v .

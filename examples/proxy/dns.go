@@ -155,10 +155,11 @@ func resolveDNS(ctx context.Context, c *config, r discovery.Resolver, log *slog.
 	return nil
 }
 
-// watchDNS keeps the router's and the health prober's engines in step with
-// DNS until ctx ends or the returned function is called, which waits for
-// the watchers to stop.
-func watchDNS(parent context.Context, c *config, r discovery.Resolver, router *kvroute.Router, h *health, m *metrics, log *slog.Logger) (func(), error) {
+// watchDNS keeps the router's (through set: Router.SetEndpoints, or the
+// sidecar's pools) and the health prober's engines in step with DNS until
+// ctx ends or the returned function is called, which waits for the
+// watchers to stop.
+func watchDNS(parent context.Context, c *config, r discovery.Resolver, set func(kvroute.Phase, ...transport.Endpoint) error, h *health, m *metrics, log *slog.Logger) (func(), error) {
 	ctx, cancel := context.WithCancel(parent)
 	var wg sync.WaitGroup
 	stop := func() { cancel(); wg.Wait() }
@@ -169,7 +170,7 @@ func watchDNS(parent context.Context, c *config, r discovery.Resolver, router *k
 			return nil, err
 		}
 		apply := func(eps []transport.Endpoint) error {
-			if err := router.SetEndpoints(p.phase, eps...); err != nil {
+			if err := set(p.phase, eps...); err != nil {
 				return err
 			}
 			for _, e := range h.setEngines(p.role, baseURLs(eps)) {

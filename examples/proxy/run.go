@@ -6,8 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,18 +15,24 @@ import (
 
 	"github.com/bidikv/bidikv/internal/turnfields"
 	"github.com/bidikv/bidikv/kvroute"
-	"github.com/bidikv/bidikv/kvroute/capability"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/redisstore"
-	"github.com/bidikv/bidikv/transport"
 )
 
 // run serves until ctx is done, then drains: the listener closes at once,
 // requests in flight get up to --shutdown-grace to finish, and whatever is
 // left is then cut.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "doctor" {
-		return runDoctor(ctx, args[1:], getenv, stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "doctor":
+			if slices.ContainsFunc(args[1:], func(a string) bool { return a == "--sidecar" || a == "-sidecar" || a == "--sidecar=true" }) {
+				return runSidecarDoctor(ctx, args[1:], getenv, stdout)
+			}
+			return runDoctor(ctx, args[1:], getenv, stdout, stderr)
+		case "sidecar":
+			return runSidecar(ctx, args[1:], getenv, stdout, stderr)
+		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
 	if err != nil {
@@ -39,69 +45,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := resolveDNS(ctx, cfg, nil, log); err != nil {
 		return err
 	}
-	tel, err := newTelemetry(getenv, stdout, log) // OpenTelemetry, from OTEL_* (otel.go)
+	st, err := newStack(ctx, cfg, getenv, stdout, log, stackHooks{})
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown(log) // after the drain: flushes the last turns' spans
-
-	store, closeStore, err := newStore(cfg, log)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-
-	tr, err := transport.NewTransport()
-	if err != nil {
-		return err
-	}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-
-	m := newMetrics()
-	m.watchStore(store)
-	adm := newAdmission(limits{conns: cfg.maxConns, transit: cfg.maxTransit, clientTransit: cfg.maxClientTransit,
-		turns: cfg.maxTurns, bytes: cfg.maxBufferedBytes, minBodyRate: cfg.minBodyRate}, nil)
-	cfg.chargeAnswer = adm.chargeAnswer
-	obs := kvroute.ObserverFunc(func(rec *kvroute.TurnRecord) {
-		m.observe(rec)
-		logTurn(ctx, log, rec)
-	})
-	opts := append(cfg.routerOptions(),
-		kvroute.WithStore(store), kvroute.WithObserver(obs), kvroute.WithTransport(tr),
-		kvroute.WithLogger(log.With(slog.String("component", "kvroute"))))
-	opts = append(opts, tel.options()...)
-	router, err := kvroute.New(opts...)
-	if err != nil {
-		return flagError(err)
-	}
-	defer router.Close()
-	m.watchRouter(router)
-	m.watchMemory(router, cfg.memory.ledger, cfg.retentionTTL)
-
-	h := newHealth(client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
-	h.onChange = m.setUp
-	if cfg.upstreamAPIKey != "" {
-		h.capOpts = append(h.capOpts, capability.WithAPIKey(cfg.upstreamAPIKey))
-	}
-	h.onCaps = cfg.warnGaps(ctx, log)
-	h.status = routerStatus(router)
-	m.watchEngines(h)
-	waitDNS, err := watchDNS(ctx, cfg, nil, router, h, m, log)
+	defer st.close()
+	waitDNS, err := watchDNS(ctx, cfg, nil, st.router.SetEndpoints, st.health, st.metrics, log)
 	if err != nil {
 		return err
 	}
 	defer waitDNS()
-	s := &server{
-		router: router, health: h, metrics: m, client: client, upstream: cfg.upstreamAPIKey, log: log,
-		maxHeaderBytes: cfg.maxHeaderBytes, maxBodyBytes: cfg.maxBodyBytes, readBodyTimeout: cfg.readBodyTimeout,
-		writeTimeout: cfg.writeTimeout, metricsKey: cfg.metricsKey,
-		adm: adm, open: newOpenTurns(),
-	}
-	m.watchAdmission(s.adm)
-	for _, k := range cfg.apiKeys {
-		s.keys = append(s.keys, newInboundKey(k))
-	}
+	s := st.server
 
 	if cfg.debugAddr != "" {
 		stopDebug, err := serveDebug(cfg.debugAddr, cfg.debugRemote, stdout, log)
@@ -115,27 +69,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	// No ReadTimeout or WriteTimeout: they would cut long streams. The
-	// body has its own deadline (--read-body-timeout, set per request).
-	srv := &http.Server{
-		Handler:           s.routes(),
-		ReadHeaderTimeout: cfg.readHeaderTimeout,
-		IdleTimeout:       cfg.idleConnTimeout,
-		MaxHeaderBytes:    cfg.maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		BaseContext:       s.open.baseContext, // the drain cuts turns through it
-		ConnContext:       connContext,        // requests find their connection (admit.go)
-		ConnState:         s.adm.connState,    // the admission learns which connections wait
-	}
+	srv := st.httpServer(s.routes())
 	defer s.open.close()
-
-	pollCtx, stopPoll := context.WithCancel(context.WithoutCancel(ctx))
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		h.run(pollCtx, cfg.healthInterval)
-	}()
-	defer func() { stopPoll(); <-polled }()
+	defer st.poll()()
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(newAdmitListener(ln, s.adm)) }()
