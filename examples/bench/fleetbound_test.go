@@ -1,0 +1,57 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// The bound on a hand-made engine: two holds of 80 tokens over the same
+// minute with 100 tokens free can keep one whole (worth 80) and a quarter
+// of the other (worth 15 of its 60): the relaxation's optimum is 95, and
+// the bound is at least that and at most what both are worth; the
+// feasible schedule keeps the more valuable one. Running legs take their
+// room: with a leg of 30 tokens over the minute, 70 are free, no hold
+// fits whole and the optimum is 70 of the first's value.
+func TestEngineBound(t *testing.T) {
+	items := []boundItem{{start: 10, end: 70, size: 80, value: 80}, {start: 10, end: 70, size: 80, value: 60}}
+	bound, schedule := engineBound(items, nil, 100)
+	assert.Equal(t, 80.0, schedule)
+	assert.GreaterOrEqual(t, bound, 95.0-1e-6)
+	assert.Less(t, bound, 100.0, "the subgradient steps bring it near the optimum")
+	bound, schedule = engineBound(items, []boundLeg{{start: 0, end: 80, size: 30}}, 100)
+	assert.Zero(t, schedule)
+	assert.GreaterOrEqual(t, bound, 70.0-1e-6)
+	assert.Less(t, bound, 80.0)
+	// holds in sequence do not compete: both fit
+	items[1].start, items[1].end = 80, 140
+	bound, schedule = engineBound(items, nil, 100)
+	assert.Equal(t, 140.0, schedule)
+	assert.InDelta(t, 140.0, bound, 1e-6)
+}
+
+// The bound on recorded turns: a hold is worth the larger of the arm's
+// and the unlimited arm's pull of the next turn, held from the answer to
+// the next turn's send on the engine that decoded it; the common system
+// prompt's blocks are free.
+func TestOfflineBoundItems(t *testing.T) {
+	plan := []sessionPlan{{shared: true}, {}}
+	turn := func(s, k int, sent, answered time.Duration, reused int) fleetTurn {
+		return fleetTurn{session: s, turn: k, sent: sent, answered: answered, reused: reused, decode: 0,
+			decodeTime: time.Second, dPrompt: 10000, dCompletion: 200}
+	}
+	arm := armResult{turns: []fleetTurn{turn(0, 0, 0, 2*time.Second, 0), turn(0, 1, 30*time.Second, 32*time.Second, 0),
+		turn(1, 0, 0, 2*time.Second, 0), turn(1, 1, 30*time.Second, 32*time.Second, 9000)}}
+	unl := armResult{turns: []fleetTurn{turn(0, 1, 0, 0, 5000), turn(1, 1, 0, 0, 8000)}}
+	b := offlineBound(arm, unl, plan, 1<<20)
+	assert.Equal(t, 2, b.holds)
+	assert.Equal(t, int64(5000+9000), b.reusable)
+	assert.Equal(t, b.reusable, b.schedule, "everything fits")
+	assert.InDelta(t, b.reusable, b.bound, 1)
+	// room for the private hold (10,192 tokens less its last block) but
+	// not for both: the shared session's costs 4,176 tokens less
+	b = offlineBound(arm, unl, plan, 16000)
+	assert.Less(t, b.bound, b.reusable)
+	assert.GreaterOrEqual(t, b.bound, int64(9000))
+}
