@@ -139,7 +139,9 @@ func printFleet(w io.Writer, rep fleetReport) int {
 		fmt.Fprintln(tw)
 	}
 	row("", func(i int, a armResult, _ armFigures) string { return armLabel(a, i == 0) })
-	row("turns answered (failed)", func(_ int, _ armResult, f armFigures) string { return fmt.Sprintf("%d (%d)", f.turns-f.failed, f.failed) })
+	row("turns answered (failed)", func(_ int, _ armResult, f armFigures) string {
+		return fmt.Sprintf("%d (%d)", f.turns-f.failed, f.failed)
+	})
 	row("wrong answers", func(_ int, _ armResult, f armFigures) string { return fmt.Sprint(f.wrong) })
 	row("TTFT p50 / p99", func(_ int, _ armResult, f armFigures) string {
 		return fms(percentile(f.ttft, 50)) + " / " + fms(percentile(f.ttft, 99))

@@ -81,10 +81,10 @@ type armResult struct {
 	samples      []kvSample
 	prefill      []engineCounters
 	decode       []engineCounters
-	router       []kvroute.Stats // a replica's each
-	elapsed      time.Duration // first arrival to the last answer, virtual
-	budgetTokens int           // the managed arm's budget per engine, 0 when none
-	unsettled    int           // turns whose releases did not settle (settle)
+	router       []kvroute.Stats   // a replica's each
+	elapsed      time.Duration     // first arrival to the last answer, virtual
+	budgetTokens int               // the managed arm's budget per engine, 0 when none
+	unsettled    int               // turns whose releases did not settle (settle)
 	gaps         []budget.Snapshot // a managed replica's ledger's each
 	real         time.Duration
 }
