@@ -46,13 +46,10 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	return m, ledger, nil
 }
 
-// budgetTokens is the managed arm's budget per decode engine, in tokens;
-// 0 for hold everything.
-func budgetTokens(c fleetConfig, a armSpec) int {
-	if !a.managed {
-		return 0
-	}
-	return int(c.budget * float64(a.capacity))
+// budgetTokens is the managed arm's budget per decode engine of capacity
+// tokens, in tokens.
+func (c fleetConfig) budgetTokens(capacity int) int {
+	return int(c.budget * float64(capacity))
 }
 
 func sortTurns(ts []fleetTurn) {

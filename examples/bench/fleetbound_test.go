@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -54,4 +55,40 @@ func TestOfflineBoundItems(t *testing.T) {
 	b = offlineBound(arm, unl, plan, 16000)
 	assert.Less(t, b.bound, b.reusable)
 	assert.GreaterOrEqual(t, b.bound, int64(9000))
+}
+
+// The plan's world: about the asked share of sessions share the common
+// system prompt, verbatim; a tool call is always answered (a session ends
+// after a call only at its last planned turn, sent with tool_choice none).
+func TestPlanWorld(t *testing.T) {
+	plan := planFleet(1, 400, time.Minute, 40, 120000, 0.5)
+	shared := 0
+	for _, sp := range plan {
+		last := len(sp.turns) - 1
+		for k := range sp.turns {
+			assert.Equal(t, k == last, sp.ends(k, true), "a call ends the session only at its last turn")
+			assert.Equal(t, k == last, toolChoice(k, len(sp.turns)) == "none")
+		}
+		if sp.shared {
+			shared++
+			assert.Equal(t, sharedSystemTokens, sp.system)
+		}
+	}
+	assert.InDelta(t, 200, shared, 30)
+	a, b := newSession(1, sessionPlan{id: 1, shared: true}), newSession(1, sessionPlan{id: 2, shared: true})
+	assert.Equal(t, a.messages[0], b.messages[0], "one common system prompt")
+	assert.NotEqual(t, a.messages[0], newSession(1, sessionPlan{id: 1, system: 100}).messages[0])
+}
+
+// --quick sizes a small fleet; a flag given explicitly wins.
+func TestQuickFlags(t *testing.T) {
+	c, err := parseFleetFlags([]string{"--fleet", "--quick", "--sessions", "5"}, io.Discard)
+	assert.NoError(t, err)
+	assert.Equal(t, 5, c.sessions)
+	assert.Equal(t, 2*time.Minute, c.window)
+	assert.Equal(t, 1, c.prefill)
+	assert.Equal(t, 4, c.replicas)
+	assert.True(t, c.spread)
+	_, err = parseFleetFlags([]string{"--fleet", "--replica-routing", "sticky"}, io.Discard)
+	assert.ErrorContains(t, err, "want spread or pinned")
 }

@@ -168,7 +168,7 @@ func printFleet(w io.Writer, rep fleetReport) int {
 		return ktok(maxOf(f.heldPeak)) + " / " + ktok(maxOf(f.heldMean))
 	})
 	row("D KV in use: peak (max engine)", func(_ int, _ armResult, f armFigures) string { return ktok(maxOf(f.usedPeak)) })
-	budget := int(c.budget * float64(rep.capacity))
+	budget := c.budgetTokens(rep.capacity)
 	row(fmt.Sprintf("samples in use over budget (%s)", ktok(budget)), func(i int, a armResult, _ armFigures) string {
 		if i == 0 {
 			return "-"

@@ -76,17 +76,16 @@ type engineCounters struct {
 
 // armResult is everything one arm measured.
 type armResult struct {
-	spec         armSpec
-	turns        []fleetTurn
-	samples      []kvSample
-	prefill      []engineCounters
-	decode       []engineCounters
-	router       []kvroute.Stats   // a replica's each
-	elapsed      time.Duration     // first arrival to the last answer, virtual
-	budgetTokens int               // the managed arm's budget per engine, 0 when none
-	unsettled    int               // turns whose releases did not settle (settle)
-	gaps         []budget.Snapshot // a managed replica's ledger's each
-	real         time.Duration
+	spec      armSpec
+	turns     []fleetTurn
+	samples   []kvSample
+	prefill   []engineCounters
+	decode    []engineCounters
+	router    []kvroute.Stats   // a replica's each
+	elapsed   time.Duration     // first arrival to the last answer, virtual
+	unsettled int               // turns whose releases did not settle (settle)
+	gaps      []budget.Snapshot // a managed replica's ledger's each
+	real      time.Duration
 }
 
 // fleetRig is one arm's engines, router and clock.
@@ -220,7 +219,7 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 		return armResult{}, err
 	}
 	defer rig.close()
-	res := armResult{spec: a, budgetTokens: budgetTokens(c, a)}
+	res := armResult{spec: a}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 

@@ -75,7 +75,7 @@ func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult, names []string) {
 	capY := float64(rep.capacity*c.decode) / 1e6
 	doc.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="black" stroke-dasharray="1 2"/>`, left.x, left.Y(capY), left.x+left.w, left.Y(capY))
 	doc.text(float64(left.x+left.w), left.Y(capY)-4, `text-anchor="end" font-size="10"`, "capacity")
-	if b := int(c.budget*float64(rep.capacity)) * c.decode; b > 0 {
+	if b := c.budgetTokens(rep.capacity) * c.decode; b > 0 {
 		by := float64(b) / 1e6
 		doc.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-dasharray="1 2"/>`, left.x, left.Y(by), left.x+left.w, left.Y(by), armColors[2])
 		doc.text(float64(left.x+left.w), left.Y(by)-4, `text-anchor="end" font-size="10"`, "managed budget")

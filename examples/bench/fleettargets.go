@@ -64,7 +64,7 @@ func printTargets(w io.Writer, rep fleetReport, figs []armFigures) int {
 		check(false, within(float64(h.reused), float64(m.reused)), "ample capacity: "+name+" reused tokens within 2% of hold everything's",
 			fmt.Sprintf("%s vs %s (%+.1f%%)", ktok(int(m.reused)), ktok(int(h.reused)), change(float64(m.reused), float64(h.reused))))
 	} else {
-		budget := int(rep.cfg.budget * float64(rep.capacity))
+		budget := rep.cfg.budgetTokens(rep.capacity)
 		a := arms[mi]
 		over := overBudget(a.samples, budget, true)
 		check(false, over == 0 && m.dPreempt == 0, fmt.Sprintf("%s: every engine's KV in use within the budget (%s) at every sample, 0 preemptions", name, ktok(budget)),
