@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/durflag"
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -267,7 +268,7 @@ func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetRepo
 		}
 	}
 	for _, a := range rep.arms {
-		rep.bounds = append(rep.bounds, offlineBound(a, rep.unlimited, rep.plan, rep.capacity))
+		rep.bounds = append(rep.bounds, offlineBound(a, rep.plan, rep.capacity, retentionTTL))
 	}
 	return rep, nil
 }
@@ -278,6 +279,9 @@ func plural(n int, s string) string {
 	}
 	return s + "s"
 }
+
+// retentionTTL is the routers' retention TTL (kvroute's default).
+var retentionTTL = kvroute.Defaults().TTLs.Retention
 
 // meanDemand is a run's KV tokens in use (holds and running requests) per
 // decode engine, averaged over the samples (taken at a fixed modelled

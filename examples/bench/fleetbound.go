@@ -30,13 +30,14 @@ import (
 //     each hold's last block;
 //   - a running leg takes only its prompt's blocks, and only while it
 //     decodes (not while it waits, is prefilled or grows);
-//   - a hold is worth the larger of what its pull saved in this arm and
-//     in the unlimited arm, where every hold is kept (P's prefix cache,
-//     whose contents do not depend on D's holds, serves the rest); a
-//     hold used in neither is worth nothing (its next turn came after the
-//     retention TTL, or never).
+//   - a hold is worth what its pull would save: the next turn's prompt
+//     tokens it covers beyond what P found in its prefix cache for that
+//     turn (as recorded: P's cache holds what P computed or pulled, so
+//     its contents do not depend on which holds D kept), or what the pull
+//     did save, if more; a hold whose next turn came after the retention
+//     TTL, or never, is worth nothing.
 //
-// Placement (which engine decodes each turn) and timing are the arm's as
+// Placement (which engines serve each turn) and timing are the arm's as
 // recorded: the bound is on release policies, not on placement or
 // queueing. The relaxation is a linear program over intervals; its
 // capacity constraints are summed over one-second slots (implied by the
@@ -61,7 +62,7 @@ const boundIterations = 1000
 type fleetBound struct {
 	bound    int64 // an upper bound on the tokens any release policy reuses
 	schedule int64 // what a feasible clairvoyant schedule of whole holds reuses
-	reusable int64 // every hold's value: what unlimited memory reuses at most
+	reusable int64 // every hold's value: what unlimited memory would reuse on this placement
 	holds    int   // holds worth something
 }
 
@@ -79,14 +80,10 @@ type boundLeg struct {
 	size       float64
 }
 
-// offlineBound computes the bound on arm a's recorded arrivals, with the
-// unlimited arm's pulls as the holds' values where larger.
-func offlineBound(a, unlimited armResult, plan []sessionPlan, capacity int) fleetBound {
+// offlineBound computes the bound on arm a's recorded arrivals; ttl is
+// the routers' retention TTL.
+func offlineBound(a armResult, plan []sessionPlan, capacity int, ttl time.Duration) fleetBound {
 	type key struct{ s, t int }
-	unl := map[key]int{}
-	for _, t := range unlimited.turns {
-		unl[key{t.session, t.turn}] = t.reused
-	}
 	next := map[key]fleetTurn{}
 	for _, t := range a.turns {
 		next[key{t.session, t.turn}] = t
@@ -120,8 +117,11 @@ func offlineBound(a, unlimited armResult, plan []sessionPlan, capacity int) flee
 		if !ok {
 			continue
 		}
-		v := max(n.reused, unl[key{t.session, t.turn + 1}])
-		if v == 0 {
+		v := n.reused
+		if n.err == "" && n.sent-t.answered <= ttl {
+			v = max(v, min(t.dPrompt+t.dCompletion, n.prompt)-n.cached)
+		}
+		if v <= 0 {
 			continue
 		}
 		out.holds++

@@ -32,27 +32,28 @@ func TestEngineBound(t *testing.T) {
 	assert.InDelta(t, 140.0, bound, 1e-6)
 }
 
-// The bound on recorded turns: a hold is worth the larger of the arm's
-// and the unlimited arm's pull of the next turn, held from the answer to
-// the next turn's send on the engine that decoded it; the common system
-// prompt's blocks are free.
+// The bound on recorded turns: a hold is worth the next turn's prompt
+// tokens it covers beyond P's prefix cache hit (or the pull, if more),
+// nothing when the next turn comes after the retention TTL; it is held
+// from the answer to the next turn's send on the engine that decoded it;
+// the common system prompt's blocks are free.
 func TestOfflineBoundItems(t *testing.T) {
 	plan := []sessionPlan{{shared: true}, {}}
-	turn := func(s, k int, sent, answered time.Duration, reused int) fleetTurn {
-		return fleetTurn{session: s, turn: k, sent: sent, answered: answered, reused: reused, decode: 0,
-			decodeTime: time.Second, dPrompt: 10000, dCompletion: 200}
+	turn := func(s, k int, sent, answered time.Duration, reused, cached int) fleetTurn {
+		return fleetTurn{session: s, turn: k, sent: sent, answered: answered, reused: reused, cached: cached, decode: 0,
+			decodeTime: time.Second, prompt: 10500, dPrompt: 10000, dCompletion: 200}
 	}
-	arm := armResult{turns: []fleetTurn{turn(0, 0, 0, 2*time.Second, 0), turn(0, 1, 30*time.Second, 32*time.Second, 0),
-		turn(1, 0, 0, 2*time.Second, 0), turn(1, 1, 30*time.Second, 32*time.Second, 9000)}}
-	unl := armResult{turns: []fleetTurn{turn(0, 1, 0, 0, 5000), turn(1, 1, 0, 0, 8000)}}
-	b := offlineBound(arm, unl, plan, 1<<20)
-	assert.Equal(t, 2, b.holds)
-	assert.Equal(t, int64(5000+9000), b.reusable)
+	arm := armResult{turns: []fleetTurn{turn(0, 0, 0, 2*time.Second, 0, 0), turn(0, 1, 30*time.Second, 32*time.Second, 0, 5200),
+		turn(1, 0, 0, 2*time.Second, 0, 0), turn(1, 1, 30*time.Second, 32*time.Second, 9000, 0),
+		turn(1, 2, 600*time.Second, 602*time.Second, 0, 0)}}
+	b := offlineBound(arm, plan, 1<<20, 450*time.Second)
+	assert.Equal(t, 2, b.holds, "the third turn came after the TTL")
+	assert.Equal(t, int64(5000+10200), b.reusable)
 	assert.Equal(t, b.reusable, b.schedule, "everything fits")
 	assert.InDelta(t, b.reusable, b.bound, 1)
 	// room for the private hold (10,192 tokens less its last block) but
 	// not for both: the shared session's costs 4,176 tokens less
-	b = offlineBound(arm, unl, plan, 16000)
+	b = offlineBound(arm, plan, 16000, 450*time.Second)
 	assert.Less(t, b.bound, b.reusable)
 	assert.GreaterOrEqual(t, b.bound, int64(9000))
 }

@@ -38,6 +38,7 @@ type fleetTurn struct {
 	ttft          time.Duration // modelled: render + prefill leg + D's first token
 	reused        int           // tokens P pulled from D's hold
 	computed      int           // prompt tokens P computed
+	cached        int           // prompt tokens P found in its prefix cache
 	hit           bool
 	tool          bool          // the reply called the tool
 	pause         time.Duration // the pause after the answer (0 after the last turn)
@@ -410,6 +411,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 			if r.Role == "prefill" {
 				ft.reused += r.PulledTokens
 				ft.computed += r.ComputedTokens
+				ft.cached += r.CachedTokens
 			}
 		}
 	}
