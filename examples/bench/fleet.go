@@ -1,27 +1,31 @@
 package main
 
-// Fleet mode: bench --fleet runs hundreds of agent sessions through a
-// kvroute router on simulated engines (kvroutetest, with KV capacity) on
-// an event clock (kvroutetest.EventClock: modelled time, repeatable for a
-// seed), in two arms with the same sessions: hold everything (every
-// retained handle held on D for the TTL, the router without decode memory
+// Fleet mode: bench --fleet runs hundreds of agent sessions through
+// kvroute router replicas sharing one Store, on simulated engines
+// (kvroutetest, with KV capacity and vLLM's defaults: prefix caching on)
+// on an event clock (kvroutetest.EventClock: modelled time, repeatable for
+// a seed), in arms with the same sessions: unlimited decode memory (the
+// reference for what reuse can save), hold everything (every retained
+// handle held on D for the TTL, the router without decode memory
 // management) and managed (kvroute.DecodeMemory's budget, releases and
-// placement).
+// placement), each with --replicas routers and, for comparison, with one;
+// and the offline bound (fleetbound.go): the most any release policy could
+// reuse at this memory, knowing every future arrival.
 //
-//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--clairvoyant]
+//	go run ./examples/bench --fleet [--replicas 4] [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--quick]
 //
-// --capacity half (the default) first runs hold everything with ample
-// capacity (the profile's node) to measure its mean KV demand on each
-// decode engine (holds and running requests, time-averaged over the run),
-// then runs both arms with half of it per decode engine: holding
-// everything for the TTL does not fit. --capacity ample runs both arms
-// with the node's capacity, where managed must change nothing. The
-// decode memory targets are printed as PASS/FAIL lines; a FAIL makes the
-// command exit non-zero.
+// --capacity half (the default) sizes the decode engines at half of the
+// unlimited arm's mean KV demand on each decode engine (holds and running
+// requests, time-averaged over the run): holding everything for the TTL
+// does not fit. --capacity ample runs every arm with the node's capacity,
+// where managed must change nothing. The targets are printed as met / NOT
+// MET lines; a wrong answer or a failed turn makes the command exit
+// non-zero, and so does a target not met with --check.
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -30,6 +34,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/durflag"
+	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
@@ -49,13 +54,23 @@ type fleetConfig struct {
 	svg             string
 	check           bool
 	metrics         bool
-	clairvoyant     bool
 	toolShare       float64
+	sharedShare     float64 // sessions with the common system prompt
+	noPrefixCache   bool    // prefill engines without prefix caching
+	replicas        int
+	spread          bool // a session's turns spread over the replicas; else pinned
+	compareOne      bool // also run hold everything and managed with one replica
 	timeout         time.Duration
 }
 
+// quickFlags are --quick's sizes: a run of seconds exercising every arm
+// and the bound (flags given explicitly win).
+var quickFlags = map[string]string{"sessions": "24", "window": "2m", "max-turns": "8", "max-prompt": "30000", "prefill": "1"}
+
 func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	var c fleetConfig
+	var routing string
+	var quick bool
 	fs := newFlagSet("bench --fleet")
 	fs.Bool("fleet", true, "fleet mode")
 	fs.IntVar(&c.sessions, "sessions", 300, "agent sessions")
@@ -63,7 +78,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.prefill, "prefill", 2, "prefill engines")
 	fs.IntVar(&c.decode, "decode", 2, "decode engines")
 	fs.StringVar(&c.profileName, "profile", "qwen3-32b", "engine profile (qwen3-32b or glm-5-fp8)")
-	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of hold everything's mean demand, measured by a first run), ample (the profile's node), or tokens")
+	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of the unlimited arm's mean demand), ample (the profile's node), or tokens")
 	fs.Float64Var(&c.budget, "budget", defaultBudget, "managed arm: the share of each decode engine's capacity its holds may take")
 	fs.Float64Var(&c.headroom, "headroom", 0, "managed arm: the share of each decode engine's capacity kept free of holds when a decode leg arrives (kvroute.DecodeMemory.Headroom; 0: its default, negative: no room made on arrival)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the sessions")
@@ -71,13 +86,39 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.maxTurns, "max-turns", 40, "turns per session at most")
 	fs.IntVar(&c.maxPrompt, "max-prompt", 120000, "a session ends before its prompt passes this many tokens")
 	fs.StringVar(&c.svg, "svg", "", "write the chart (KV held over time, TTFT distribution) here")
-	fs.BoolVar(&c.metrics, "metrics", false, "managed arm: the router reads the decode engines' /metrics (placement by pressure); the run then no longer repeats exactly")
+	fs.BoolVar(&c.metrics, "metrics", false, "managed arm: the routers read the decode engines' /metrics in real time (placement by pressure); the run then no longer repeats exactly")
 	fs.Float64Var(&c.toolShare, "tool-share", toolShare, "the simulated model's tool call rate: the share of the replies under tool_choice auto that call the tool, decided from each reply (their next turn comes after seconds; the others are read by a person)")
-	fs.BoolVar(&c.clairvoyant, "clairvoyant", false, "managed arm: release the holds whose next turn comes last (known from the plan, as no router can): an upper bound on the choice of victims")
-	fs.BoolVar(&c.check, "check", true, "exit non-zero when a target FAILs (always; accepted for older command lines)")
+	fs.Float64Var(&c.sharedShare, "shared-system", sharedShare, fmt.Sprintf("the share of sessions whose system prompt is one common prompt of %d tokens", sharedSystemTokens))
+	fs.BoolVar(&c.noPrefixCache, "no-prefix-caching", false, "prefill engines without prefix caching (vLLM's --no-enable-prefix-caching; the default is vLLM's: on)")
+	fs.IntVar(&c.replicas, "replicas", 4, "router replicas sharing one Store")
+	fs.StringVar(&routing, "replica-routing", "spread", "how sessions reach the replicas: spread (each turn to the next replica) or pinned (a session to one)")
+	fs.BoolVar(&c.compareOne, "compare-one", true, "with --replicas above 1, also run hold everything and managed with one router")
+	fs.BoolVar(&quick, "quick", false, "a small fleet (24 sessions over 2 minutes, 8 turns, 30k-token prompts, 1 prefill engine): seconds, every arm and the bound")
+	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target is not met (a wrong answer always does)")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
 	if err := fs.Parse(args); err != nil {
 		return c, flagError(fs, err, help)
+	}
+	if quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, v := range quickFlags {
+			if !set[name] {
+				if err := fs.Set(name, v); err != nil {
+					return c, err
+				}
+			}
+		}
+	}
+	c.spread = routing == "spread"
+	if routing != "spread" && routing != "pinned" {
+		return c, fmt.Errorf("--replica-routing %q: want spread or pinned", routing)
+	}
+	if c.replicas < 1 || c.replicas > 64 {
+		return c, errors.New("--replicas must be in [1, 64]")
+	}
+	if !(c.sharedShare >= 0 && c.sharedShare <= 1) {
+		return c, errors.New("--shared-system must be in [0, 1]")
 	}
 	if err := durflag.Check(fs, args, "sample", "timeout"); err != nil {
 		return c, err
@@ -110,14 +151,26 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 
 // fleetReport is a fleet run's arms.
 type fleetReport struct {
-	cfg      fleetConfig
-	plan     []sessionPlan
-	first    *armResult // hold everything with ample capacity (--capacity half)
-	demand   int        // its mean KV tokens in use per decode engine
-	capacity int        // per decode engine, in the arms
-	ample    bool
-	hold     armResult
-	managed  armResult
+	cfg       fleetConfig
+	plan      []sessionPlan
+	unlimited armResult // hold everything with the node's capacity: the reference
+	demand    int       // its mean KV tokens in use per decode engine
+	capacity  int       // per decode engine, in the other arms
+	ample     bool
+	// arms: hold everything and managed with cfg.replicas routers, then
+	// (compareOne) with one
+	arms   []armResult
+	bounds []fleetBound // the offline bound on each arm's recorded arrivals
+}
+
+// arm returns the arm of that kind and replica count, nil when not run.
+func (r *fleetReport) arm(managed bool, replicas int) *armResult {
+	for i := range r.arms {
+		if a := &r.arms[i]; a.spec.managed == managed && a.spec.replicas == replicas {
+			return a
+		}
+	}
+	return nil
 }
 
 func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -132,8 +185,9 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return reportFleet(stdout, rep)
 }
 
-// reportFleet prints the run and writes its chart; a FAIL is an error
-// (the command exits non-zero).
+// reportFleet prints the run and writes its chart; a wrong answer, or
+// with --check a target not met, is an error (the command exits
+// non-zero).
 func reportFleet(stdout io.Writer, rep fleetReport) error {
 	c := rep.cfg
 	fails := printFleet(stdout, rep)
@@ -159,10 +213,11 @@ func reportFleet(stdout io.Writer, rep fleetReport) error {
 
 // fleetRun runs the arms the configuration asks for.
 func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetReport, error) {
-	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt)}
+	rep := fleetReport{cfg: c, plan: planFleet(c.seed, c.sessions, c.window, c.maxTurns, c.maxPrompt, c.sharedShare)}
 	ample := c.prof.KVCapacityTokens / kvroutetest.DefaultBlockSize * kvroutetest.DefaultBlockSize
-	run := func(name string, managed bool, capacity int) (armResult, error) {
-		spec := armSpec{name: name, managed: managed, capacity: capacity, done: new(atomic.Int64)}
+	run := func(name string, managed bool, capacity, replicas int) (armResult, error) {
+		name = fmt.Sprintf("%s, %d %s", name, replicas, plural(replicas, "replica"))
+		spec := armSpec{name: name, managed: managed, capacity: capacity, replicas: replicas, done: new(atomic.Int64)}
 		start := time.Now()
 		stop := every(progress, progressInterval, func() string {
 			return fmt.Sprintf("fleet: %s: %d of %d sessions done, %s real time", name, spec.done.Load(), len(rep.plan),
@@ -176,30 +231,57 @@ func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetRepo
 		}
 		return a, err
 	}
+	var err error
+	if rep.unlimited, err = run("unlimited memory (hold everything, the node's capacity)", false, ample, c.replicas); err != nil {
+		return rep, err
+	}
+	rep.demand = meanDemand(rep.unlimited)
 	switch c.capacity {
 	case "ample":
 		rep.ample, rep.capacity = true, ample
 	case "half":
-		first, err := run("hold everything (first run, ample capacity)", false, ample)
-		if err != nil {
-			return rep, err
-		}
-		rep.first = &first
-		rep.demand = meanDemand(first)
 		rep.capacity = max(rep.demand/2/kvroutetest.DefaultBlockSize*kvroutetest.DefaultBlockSize,
 			c.maxPrompt+replyMax+callRoom+kvroutetest.DefaultBlockSize)
 	default:
 		rep.capacity, _ = strconv.Atoi(c.capacity)
 	}
-	var err error
-	if rep.hold, err = run("hold everything", false, rep.capacity); err != nil {
-		return rep, err
+	counts := []int{c.replicas}
+	if c.replicas > 1 && c.compareOne {
+		counts = append(counts, 1)
 	}
-	if rep.managed, err = run("managed", true, rep.capacity); err != nil {
-		return rep, err
+	for _, n := range counts {
+		for _, managed := range []bool{false, true} {
+			if !managed && rep.ample && n == c.replicas {
+				h := rep.unlimited // the same arm: hold everything with the node's capacity
+				rep.arms = append(rep.arms, h)
+				continue
+			}
+			name := "hold everything"
+			if managed {
+				name = "managed"
+			}
+			a, err := run(name, managed, rep.capacity, n)
+			if err != nil {
+				return rep, err
+			}
+			rep.arms = append(rep.arms, a)
+		}
+	}
+	for _, a := range rep.arms {
+		rep.bounds = append(rep.bounds, offlineBound(a, rep.plan, rep.capacity, retentionTTL))
 	}
 	return rep, nil
 }
+
+func plural(n int, s string) string {
+	if n == 1 {
+		return s
+	}
+	return s + "s"
+}
+
+// retentionTTL is the routers' retention TTL (kvroute's default).
+var retentionTTL = kvroute.Defaults().TTLs.Retention
 
 // meanDemand is a run's KV tokens in use (holds and running requests) per
 // decode engine, averaged over the samples (taken at a fixed modelled

@@ -9,7 +9,7 @@ import (
 	"github.com/bidikv/bidikv/retention/budget"
 )
 
-// The two arms' router options. Hold everything is the router without
+// The arms' router options. Hold everything is the router without
 // decode memory management: every retained handle held on D for the TTL. Managed
 // is the router's decode memory management (kvroute.DecodeMemory).
 
@@ -19,26 +19,24 @@ var defaultBudget = kvroute.Defaults().DecodeMemory.Budget
 
 // decodeMemory is an arm's decode memory options, and the managed arm's
 // ledger (nil for hold everything).
-func decodeMemory(c fleetConfig, a armSpec, cv *clairvoyant) (kvroute.DecodeMemory, *budget.Budget, error) {
+func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budget, error) {
 	m := kvroute.DecodeMemory{KVBytesPerToken: c.prof.KVBytesPerToken, Budget: -1}
 	if !a.managed {
 		return m, nil, nil
 	}
 	// The budget and the capacity as an operator gives them, in a ledger
 	// of the bench's own (to settle on, and to report the gap model it
-	// learned).
-	opts := []budget.Option{budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity))}
-	if cv != nil {
-		opts = append(opts, budget.WithValue(cv.value))
-	}
-	ledger, err := budget.New(opts...)
+	// learned), one a replica: each replica budgets its own holds against
+	// whole engines, as kvroute does today.
+	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
 	if err != nil {
 		return m, nil, err
 	}
 	m.Budget, m.Ledger, m.Headroom = 0, ledger, c.headroom
-	// No /metrics reads: the router makes them in the background in real
-	// time, beside the event clock, which would make the run unrepeatable
-	// (--metrics turns them on).
+	// No /metrics reads: the router makes them in the background on a
+	// real-time ticker, beside the event clock, so what a read sees (and
+	// which holds placement then avoids) would depend on the machine's
+	// speed and the run would not repeat (--metrics turns them on).
 	if !c.metrics {
 		m.MetricsInterval = -1
 	}
@@ -48,13 +46,10 @@ func decodeMemory(c fleetConfig, a armSpec, cv *clairvoyant) (kvroute.DecodeMemo
 	return m, ledger, nil
 }
 
-// budgetTokens is the managed arm's budget per decode engine, in tokens;
-// 0 for hold everything.
-func budgetTokens(c fleetConfig, a armSpec) int {
-	if !a.managed {
-		return 0
-	}
-	return int(c.budget * float64(a.capacity))
+// budgetTokens is the managed arm's budget per decode engine of capacity
+// tokens, in tokens.
+func (c fleetConfig) budgetTokens(capacity int) int {
+	return int(c.budget * float64(capacity))
 }
 
 func sortTurns(ts []fleetTurn) {
@@ -74,9 +69,24 @@ type release struct {
 	n      int64
 }
 
-// routerReleases are the router's releases by reason, and their
-// failures.
-func routerReleases(s kvroute.Stats) []release {
+// routerReleases are the routers' releases by reason, and their
+// failures, summed over the replicas.
+func routerReleases(ss []kvroute.Stats) []release {
+	var s kvroute.Stats
+	for _, r := range ss {
+		s.ReleasedSuperseded += r.ReleasedSuperseded
+		s.ReleasedUnusable += r.ReleasedUnusable
+		s.ReleasedBudget += r.ReleasedBudget
+		s.ReleasedRoom += r.ReleasedRoom
+		s.ReleasedNChoices += r.ReleasedNChoices
+		s.ReleasedRefused += r.ReleasedRefused
+		s.ReleasedStoreError += r.ReleasedStoreError
+		s.ReleasedOverwritten += r.ReleasedOverwritten
+		s.Unreleasable += r.Unreleasable
+		s.ReleaseFailures += r.ReleaseFailures
+		s.ReleaseSkipped += r.ReleaseSkipped
+		s.ReleaseGone += r.ReleaseGone
+	}
 	var out []release
 	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
 		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},

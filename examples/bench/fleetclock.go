@@ -65,28 +65,39 @@ func (s clockStore) Take(ctx context.Context, key string) ([]byte, bool, error) 
 	return v, ok, err
 }
 
-// Put implements kvroute.Store.
+// Put implements kvroute.Store. A release's Put puts back what its Take
+// found and is not its to release (a later hold under the key, which
+// another replica sharing the Store retained): that release sends
+// nothing, and leaves the clock here, in the goroutine that took it.
 func (s clockStore) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	return s.Store.Put(ctx, key, value, ttl)
+	err := s.Store.Put(ctx, key, value, ttl)
+	if !isSession(ctx) && s.joined.Add(-1) >= 0 {
+		s.clk.Leave()
+	} else if !isSession(ctx) {
+		s.joined.Add(1)
+	}
+	return err
 }
 
 // settleWait bounds a session's wait for the releases its turn started.
 const settleWait = time.Second
 
-// settle waits until the releases the ledger chose have all taken their
+// settle waits until the releases the ledgers chose have all taken their
 // handles and no engine is over budget; it reports false when it gave
 // up after settleWait.
 func (r *fleetRig) settle() bool {
-	if r.ledger == nil {
+	if len(r.ledgers) == 0 {
 		return true
 	}
 	deadline := time.Now().Add(settleWait)
 	for {
 		now := r.clk.Now()
-		ok := r.ledger.Stats().Released == r.takes.Load()
-		for _, e := range r.d {
-			if held, b := r.ledger.Held(e.URL(), now); b > 0 && held > b {
-				ok = false
+		ok := r.released() == r.takes.Load()
+		for _, l := range r.ledgers {
+			for _, e := range r.d {
+				if held, b := l.Held(e.URL(), now); b > 0 && held > b {
+					ok = false
+				}
 			}
 		}
 		if ok {
@@ -103,17 +114,26 @@ func (r *fleetRig) settle() bool {
 // has been taken (the release joined the clock), without the budget
 // check; false when it gave up after settleWait.
 func (r *fleetRig) taken() bool {
-	if r.ledger == nil {
+	if len(r.ledgers) == 0 {
 		return true
 	}
 	deadline := time.Now().Add(settleWait)
-	for r.ledger.Stats().Released != r.takes.Load() {
+	for r.released() != r.takes.Load() {
 		if time.Now().After(deadline) {
 			return false
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
 	return true
+}
+
+// released is the holds every replica's ledger chose to release.
+func (r *fleetRig) released() int64 {
+	var n int64
+	for _, l := range r.ledgers {
+		n += l.Stats().Released
+	}
+	return n
 }
 
 // clockTransport ends a release's participation once its response is

@@ -12,23 +12,34 @@ import (
 )
 
 // The fleet's agent sessions, drawn from the seed before any arm runs, so
-// that both arms see the same arrivals, inputs and pauses (the replies are
+// that every arm sees the same arrivals, inputs and pauses (the replies are
 // the engines' and, answers being right, the same too).
 //
 // Every request carries the agent's one tool with tool_choice auto, as
 // agents send it; the model decides which replies call it (the simulated
 // engines' tool call rate, --tool-share: the share of replies that call a
-// tool, decided from each reply's KV, so both arms and the reference see
-// the same calls). The plan therefore draws both continuations of every
-// turn, and the reply picks one: after a tool call, the tool's result
-// comes back after a log-normal pause of median 6 s; after text, a person
-// reads it and answers after a log-normal pause of median 123 s and sigma
-// 1.06, whose p90 is 480 s and p99 1,457 s (the Mooncake trace's gaps,
-// BENCHMARKS.md section 8: p50 123 s, p90 480 s, p99 1,470 s). A session
-// ends after its first turn with probability 0.4 and after a later one
-// with probability 0.1 (a conversation on its second turn comes back twice
-// as often as a first request, as in the trace), or before its prompt
-// could pass maxPrompt (counting each turn's larger input).
+// tool, decided from each reply's KV, so every arm and the reference see
+// the same calls; a call finishes as "tool_calls", as vLLM answers auto).
+// The plan therefore draws both continuations of every turn, and the reply
+// picks one: after a tool call, the tool's result comes back after a
+// log-normal pause of median 6 s; after text, a person reads it and
+// answers after a log-normal pause of median 123 s and sigma 1.06, whose
+// p90 is 480 s and p99 1,457 s (the Mooncake trace's gaps, BENCHMARKS.md
+// section 8: p50 123 s, p90 480 s, p99 1,470 s).
+//
+// Every tool call is answered: an agent sends the tool's result back, so a
+// session ends only after a reply that did not call the tool, with
+// probability endFirst after its first turn and endLater after a later one
+// (with half the replies calling the tool, 0.4 and 0.1 a turn). A session
+// also ends at maxTurns or before its prompt could pass maxPrompt
+// (counting each turn's larger input); that last turn is sent with
+// tool_choice "none", as an agent out of steps asks for its final answer,
+// so that no call is left unanswered.
+//
+// A share of the sessions (--shared-system, default 0.5) starts with one
+// common system prompt of sharedSystemTokens (4,096 tokens: one agent
+// product's instructions and tool descriptions, which every session of it
+// sends verbatim); the others have their own of 2k-8k tokens.
 const (
 	gapHumanMedian = 123 * time.Second
 	gapHumanSigma  = 1.06
@@ -36,10 +47,14 @@ const (
 	gapToolSigma   = 0.7
 	// toolShare is the default share of the replies that call a tool.
 	toolShare = 0.5
-	// continueFirst and continueLater: the chance a session has a next
-	// turn after its first turn and after a later one.
-	continueFirst = 0.6
-	continueLater = 0.9
+	// endFirst and endLater: the chance a session ends after a text
+	// reply of its first turn and of a later one.
+	endFirst = 0.8
+	endLater = 0.2
+	// sharedShare is the default share of the sessions with the common
+	// system prompt, of sharedSystemTokens.
+	sharedShare        = 0.5
+	sharedSystemTokens = 4096
 	// a tool result's tokens: log-normal, median 2,000, sigma 0.9, clipped
 	toolMedian, toolSigma = 2000, 0.9
 	toolMin, toolMax      = 100, 16000
@@ -55,6 +70,7 @@ type sessionPlan struct {
 	id      int
 	arrival time.Duration // from the run's start
 	system  int           // tokens of the system prompt (tools, instructions)
+	shared  bool          // the system prompt is the common one
 	turns   []turnPlan
 }
 
@@ -69,6 +85,9 @@ type turnPlan struct {
 	// the pause after this turn's answer when its reply calls the tool
 	// (the tool runs) or not (a person reads it); 0 after the last turn
 	toolPause, humanPause time.Duration
+	// endText: the session ends after this turn when its reply does not
+	// call the tool
+	endText bool
 }
 
 // pause is the pause after the turn, whose reply called the tool or not.
@@ -79,12 +98,16 @@ func (tp turnPlan) pause(called bool) time.Duration {
 	return tp.humanPause
 }
 
-// planFleet draws n sessions arriving uniformly over window.
-func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int) []sessionPlan {
+// planFleet draws n sessions arriving uniformly over window, share of them
+// with the common system prompt.
+func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int, share float64) []sessionPlan {
 	out := make([]sessionPlan, n)
 	for i := range out {
 		rng := rand.New(rand.NewPCG(seed, uint64(i)))
 		s := sessionPlan{id: i, arrival: time.Duration(rng.Int64N(int64(window) + 1)), system: 2000 + rng.IntN(6000)}
+		if rng.Float64() < share {
+			s.shared, s.system = true, sharedSystemTokens
+		}
 		prompt := s.system
 		for t := 0; t < maxTurns; t++ {
 			tp := turnPlan{minTokens: replyMin + rng.IntN(replyMax-replyMin+1), input: 30 + rng.IntN(370),
@@ -97,24 +120,28 @@ func planFleet(seed uint64, n int, window time.Duration, maxTurns, maxPrompt int
 				break
 			}
 			prompt += in + tp.minTokens + callRoom
-			s.turns = append(s.turns, tp)
-			cont := continueLater
+			end := endLater
 			if t == 0 {
-				cont = continueFirst
+				end = endFirst
 			}
-			if rng.Float64() >= cont {
-				break
-			}
+			tp.endText = rng.Float64() < end
 			// the pause after this turn: the tool's result, or a person
-			last := &s.turns[len(s.turns)-1]
-			last.toolPause = time.Duration(clip(logNormal(rng, float64(gapToolMedian), gapToolSigma), float64(time.Second), float64(time.Minute)-1))
-			last.humanPause = time.Duration(clip(logNormal(rng, float64(gapHumanMedian), gapHumanSigma), float64(5*time.Second), float64(time.Hour)))
+			tp.toolPause = time.Duration(clip(logNormal(rng, float64(gapToolMedian), gapToolSigma), float64(time.Second), float64(time.Minute)-1))
+			tp.humanPause = time.Duration(clip(logNormal(rng, float64(gapHumanMedian), gapHumanSigma), float64(5*time.Second), float64(time.Hour)))
+			s.turns = append(s.turns, tp)
 		}
 		// the last turn has no pause after it
 		s.turns[len(s.turns)-1].toolPause, s.turns[len(s.turns)-1].humanPause = 0, 0
 		out[i] = s
 	}
 	return out
+}
+
+// ends reports whether the session ends after turn t, whose reply called
+// the tool or not: a call is always answered, except after the plan's last
+// turn (sent with tool_choice none, so it calls nothing).
+func (sp sessionPlan) ends(t int, called bool) bool {
+	return t == len(sp.turns)-1 || (!called && sp.turns[t].endText)
 }
 
 func logNormal(rng *rand.Rand, median, sigma float64) float64 {
@@ -162,8 +189,18 @@ type session struct {
 
 func newSession(seed uint64, p sessionPlan) *session {
 	s := &session{plan: p, rng: rand.New(rand.NewPCG(seed^0x5eed, uint64(p.id)))}
-	s.messages = []chatMessage{{Role: "system", Content: fmt.Sprintf("You are agent %d. Tools:", p.id) + s.words(p.system)}}
+	if p.shared {
+		s.messages = []chatMessage{{Role: "system", Content: sharedSystem(seed)}}
+	} else {
+		s.messages = []chatMessage{{Role: "system", Content: fmt.Sprintf("You are agent %d. Tools:", p.id) + s.words(p.system)}}
+	}
 	return s
+}
+
+// sharedSystem is the common system prompt of the seed's fleet.
+func sharedSystem(seed uint64) string {
+	s := session{rng: rand.New(rand.NewPCG(seed^0x5a4ed, 0))}
+	return "You are a coding agent. Tools:" + s.words(sharedSystemTokens)
 }
 
 // words returns n tokens of text: " word" is one token.
@@ -180,7 +217,8 @@ func (s *session) words(n int) string {
 // body appends turn t's input (the task, the tool's result after a reply
 // that called it, or a person's next message) and returns the request
 // body: the tool offered with tool_choice auto, the reply's text at least
-// the plan's length (min_tokens), then the model ends or calls the tool.
+// the plan's length (min_tokens), then the model ends or calls the tool
+// (on the plan's last turn the tool is offered with tool_choice none).
 func (s *session) body(t int) ([]byte, error) {
 	tp := s.plan.turns[t]
 	switch {
@@ -196,11 +234,20 @@ func (s *session) body(t int) ([]byte, error) {
 		"model":       kvroutetest.DefaultModel,
 		"messages":    s.messages,
 		"tools":       fleetTools,
-		"tool_choice": "auto",
+		"tool_choice": toolChoice(t, len(s.plan.turns)),
 		"min_tokens":  tp.minTokens,
 		"max_tokens":  tp.minTokens + callRoom,
 	}
 	return json.Marshal(body)
+}
+
+// toolChoice is turn t's tool_choice: auto, but none on the plan's last
+// turn, so that every call is answered.
+func toolChoice(t, turns int) string {
+	if t == turns-1 {
+		return "none"
+	}
+	return "auto"
 }
 
 // hear appends the reply message (its text and tool calls), as a client

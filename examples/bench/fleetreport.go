@@ -5,7 +5,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 )
 
 // ctxBuckets are the context-length buckets TTFT is reported by: a
@@ -26,6 +25,7 @@ type armFigures struct {
 	samples                             int
 	dQueued, dPreempt, dRecomp, pQueued int
 	pPreempt, waitingPeak               int
+	unanswered                          int // replies that called the tool, left without the tool's result
 	turnsPerSec                         float64
 }
 
@@ -42,6 +42,9 @@ func figures(a armResult) armFigures {
 		}
 		if t.hit {
 			f.hits++
+		}
+		if t.tool && t.last {
+			f.unanswered++
 		}
 		f.prompt += int64(t.prompt)
 		f.reused += int64(t.reused)
@@ -107,54 +110,107 @@ func ktok(n int) string {
 func printFleet(w io.Writer, rep fleetReport) int {
 	c := rep.cfg
 	printFleetPlan(w, rep)
-	if rep.first != nil {
-		ff := figures(*rep.first)
-		fmt.Fprintf(w, "first run, hold everything with ample capacity (%s tokens per decode engine): mean KV in use per decode engine %s tokens (peak %s), %d preemptions on D\n",
-			ktok(c.prof.KVCapacityTokens), ktok(rep.demand), ktok(maxOf(ff.usedPeak)), ff.dPreempt)
+	uf := figures(rep.unlimited)
+	fmt.Fprintf(w, "unlimited memory (hold everything, %s tokens per decode engine): mean KV in use per decode engine %s tokens (peak %s), %d preemptions on D\n",
+		ktok(rep.unlimited.spec.capacity), ktok(rep.demand), ktok(maxOf(uf.usedPeak)), uf.dPreempt)
+	if c.capacity == "half" {
 		fmt.Fprintf(w, "decode capacity: half of that, %s tokens per engine (%.1f GiB at %d KiB a token)\n",
 			ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken), c.prof.KVBytesPerToken>>10)
 	} else {
 		fmt.Fprintf(w, "decode capacity: %s tokens per engine (%.1f GiB)\n", ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken))
 	}
-	h, m := figures(rep.hold), figures(rep.managed)
-	fmt.Fprintln(w)
+	routing := "each turn to the next replica"
+	if !c.spread {
+		routing = "each session pinned to one replica"
+	}
+	fmt.Fprintf(w, "router replicas share one Store (%s); each managed replica budgets with its own ledger\n\n", routing)
+	arms := append([]armResult{rep.unlimited}, rep.arms...)
+	figs := make([]armFigures, len(arms))
+	for i, a := range arms {
+		figs[i] = figures(a)
+	}
+	bounds := append([]fleetBound{{}}, rep.bounds...)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\t\n", name, a, b) }
-	mname := "managed"
-	if c.clairvoyant {
-		mname = "managed, clairvoyant"
+	row := func(name string, cell func(i int, a armResult, f armFigures) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for i, a := range arms {
+			fmt.Fprintf(tw, "%s\t", cell(i, a, figs[i]))
+		}
+		fmt.Fprintln(tw)
 	}
-	row("", "hold everything", mname)
-	row("turns answered (failed)", fmt.Sprintf("%d (%d)", h.turns-h.failed, h.failed), fmt.Sprintf("%d (%d)", m.turns-m.failed, m.failed))
-	row("wrong answers", fmt.Sprint(h.wrong), fmt.Sprint(m.wrong))
-	row("modelled time to the last answer", rep.hold.elapsed.Round(time.Second).String(), rep.managed.elapsed.Round(time.Second).String())
-	row("turns per second (modelled)", fmt.Sprintf("%.3f", h.turnsPerSec), fmt.Sprintf("%.3f", m.turnsPerSec))
-	row("TTFT p50 / p95 / p99", ttftString(h.ttft), ttftString(m.ttft))
-	for i, b := range ctxBuckets {
-		row(fmt.Sprintf("  prompt %s (turns)", b.name), fmt.Sprintf("%s (%d)", ttftString(h.byCtx[i]), len(h.byCtx[i])),
-			fmt.Sprintf("%s (%d)", ttftString(m.byCtx[i]), len(m.byCtx[i])))
-	}
-	row("hit rate", pct(float64(h.hits), float64(h.turns)), pct(float64(m.hits), float64(m.turns)))
-	row("reused prompt tokens", ktok(int(h.reused)), ktok(int(m.reused)))
-	row("prompt tokens recomputed", pct(float64(h.computed), float64(h.prompt)), pct(float64(m.computed), float64(m.prompt)))
-	for i := range h.heldPeak {
-		row(fmt.Sprintf("D%d KV held: peak / mean", i), ktok(h.heldPeak[i])+" / "+ktok(h.heldMean[i]), ktok(m.heldPeak[i])+" / "+ktok(m.heldMean[i]))
-	}
-	budget := rep.managed.budgetTokens
-	row(fmt.Sprintf("held within budget (%s) at every sample", ktok(budget)), withinString(budget, rep.hold.samples), withinString(budget, rep.managed.samples))
-	row("D: requests queued / preemptions", fmt.Sprintf("%d / %d", h.dQueued, h.dPreempt), fmt.Sprintf("%d / %d", m.dQueued, m.dPreempt))
-	row("D: tokens recomputed after preemption", ktok(h.dRecomp), ktok(m.dRecomp))
-	row("D: most requests waiting at a sample", fmt.Sprint(h.waitingPeak), fmt.Sprint(m.waitingPeak))
-	row("P: requests queued / preemptions", fmt.Sprintf("%d / %d", h.pQueued, h.pPreempt), fmt.Sprintf("%d / %d", m.pQueued, m.pPreempt))
-	row("releases by reason (router)", releasesString(rep.hold), releasesString(rep.managed))
+	row("", func(i int, a armResult, _ armFigures) string { return armLabel(a, i == 0) })
+	row("turns answered (failed)", func(_ int, _ armResult, f armFigures) string {
+		return fmt.Sprintf("%d (%d)", f.turns-f.failed, f.failed)
+	})
+	row("wrong answers", func(_ int, _ armResult, f armFigures) string { return fmt.Sprint(f.wrong) })
+	row("TTFT p50 / p99", func(_ int, _ armResult, f armFigures) string {
+		return fms(percentile(f.ttft, 50)) + " / " + fms(percentile(f.ttft, 99))
+	})
+	row("turns per second (modelled)", func(_ int, _ armResult, f armFigures) string { return fmt.Sprintf("%.3f", f.turnsPerSec) })
+	row("prompt tokens recomputed", func(_ int, _ armResult, f armFigures) string {
+		return fmt.Sprintf("%s (%.2fx)", pct(float64(f.computed), float64(f.prompt)), ratio(f.computed, uf.computed))
+	})
+	row("hit rate", func(_ int, _ armResult, f armFigures) string { return pct(float64(f.hits), float64(f.turns)) })
+	row("reused tokens (pulled from D)", func(_ int, _ armResult, f armFigures) string { return ktok(int(f.reused)) })
+	row("offline bound at this memory", func(i int, _ armResult, _ armFigures) string {
+		if i == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%s (schedule %s)", ktok(int(bounds[i].bound)), ktok(int(bounds[i].schedule)))
+	})
+	row("reused, of the offline bound", func(i int, _ armResult, f armFigures) string {
+		if i == 0 {
+			return "-"
+		}
+		return pct(float64(f.reused), float64(bounds[i].bound))
+	})
+	row("D KV held: peak / mean (max engine)", func(_ int, _ armResult, f armFigures) string {
+		return ktok(maxOf(f.heldPeak)) + " / " + ktok(maxOf(f.heldMean))
+	})
+	row("D KV in use: peak (max engine)", func(_ int, _ armResult, f armFigures) string { return ktok(maxOf(f.usedPeak)) })
+	budget := c.budgetTokens(rep.capacity)
+	row(fmt.Sprintf("samples in use over budget (%s)", ktok(budget)), func(i int, a armResult, _ armFigures) string {
+		if i == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%d of %d", overBudget(a.samples, budget, true), len(a.samples))
+	})
+	row("samples held over budget", func(i int, a armResult, _ armFigures) string {
+		if i == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%d of %d", overBudget(a.samples, budget, false), len(a.samples))
+	})
+	row("D: legs queued / preemptions", func(_ int, _ armResult, f armFigures) string { return fmt.Sprintf("%d / %d", f.dQueued, f.dPreempt) })
+	row("P: requests queued / preemptions", func(_ int, _ armResult, f armFigures) string { return fmt.Sprintf("%d / %d", f.pQueued, f.pPreempt) })
+	row("tool calls unanswered", func(_ int, _ armResult, f armFigures) string { return fmt.Sprint(f.unanswered) })
+	row("releases by reason (routers)", func(_ int, a armResult, _ armFigures) string { return releasesString(a) })
 	tw.Flush()
-	if c.clairvoyant {
-		fmt.Fprintln(w, "managed, clairvoyant: the victims chosen by when each conversation's next turn comes (known from the plan, as no router can): a bound on any choice of victims with this budget")
-	}
-	printGapModel(w, rep.managed)
+	printGapModels(w, rep)
 	fmt.Fprintln(w, "TTFT is modelled: the router's render call and prefill leg (P's queue, pull and prefill) and D's time to its first token (its queue, read of P's blocks, preemptions, first step).")
-	fmt.Fprintln(w, "KV held: D's blocks pinned for holds (vLLM's decoder_kv_blocks_ttl), sampled every", c.sample, "of modelled time; recomputed: prompt tokens P computed rather than pulled.")
-	return printTargets(w, rep, h, m)
+	fmt.Fprintln(w, "recomputed: prompt tokens P computed (neither in its prefix cache nor pulled from D), and as a ratio to unlimited memory's; preemptions on D: unlimited memory has none, so at this memory they are the holds'.")
+	fmt.Fprintln(w, "in use: D's blocks allocated (holds and running legs: the engine's kv_cache_usage_perc x capacity), held: pinned for holds; sampled every", c.sample, "of modelled time.")
+	fmt.Fprintln(w, "offline bound: the most any release policy could reuse at this memory knowing every arrival, on this arm's recorded arrivals and placement (BENCHMARKS.md section 10); schedule: whole holds a clairvoyant policy keeps, the optimum lies between.")
+	return printTargets(w, rep, figs)
+}
+
+// armLabel names an arm's column.
+func armLabel(a armResult, unlimited bool) string {
+	n := fmt.Sprintf("%d %s", a.spec.replicas, plural(a.spec.replicas, "replica"))
+	switch {
+	case unlimited:
+		return "unlimited, " + n
+	case a.spec.managed:
+		return "managed, " + n
+	}
+	return "hold everything, " + n
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }
 
 // printFleetPlan prints the sessions as the arms ran them (both the same:
@@ -165,7 +221,7 @@ func printFleetPlan(w io.Writer, rep fleetReport) {
 	tools, over50 := 0, 0
 	var pauses []float64
 	longest := map[int]int{} // session → its last prompt and reply
-	for _, t := range rep.hold.turns {
+	for _, t := range rep.unlimited.turns {
 		if t.tool {
 			tools++
 		}
@@ -181,9 +237,21 @@ func printFleetPlan(w io.Writer, rep fleetReport) {
 			over50++
 		}
 	}
-	turns := len(rep.hold.turns)
-	fmt.Fprintf(w, "Fleet: %d agent sessions (seed %d) arriving over %s, %d turns (%.1f a session), %dP%dD %s engines\n",
-		len(rep.plan), c.seed, c.window, turns, float64(turns)/float64(len(rep.plan)), c.prefill, c.decode, c.profileName)
+	turns := len(rep.unlimited.turns)
+	shared := 0
+	for _, sp := range rep.plan {
+		if sp.shared {
+			shared++
+		}
+	}
+	caching := "on"
+	if c.noPrefixCache {
+		caching = "off"
+	}
+	fmt.Fprintf(w, "Fleet: %d agent sessions (seed %d) arriving over %s, %d turns (%.1f a session), %dP%dD %s engines, prefix caching on P %s\n",
+		len(rep.plan), c.seed, c.window, turns, float64(turns)/float64(len(rep.plan)), c.prefill, c.decode, c.profileName, caching)
+	fmt.Fprintf(w, "%d sessions (%.0f%%) share one %d-token system prompt; the others have their own of 2k-8k tokens\n",
+		shared, 100*float64(shared)/float64(max(len(rep.plan), 1)), sharedSystemTokens)
 	fmt.Fprintf(w, "pauses between turns: p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f%% of the replies called the tool under tool_choice auto); %d sessions reach 50k+ tokens (longest %s)\n",
 		percentile(pauses, 50), percentile(pauses, 90), percentile(pauses, 99), 100*float64(tools)/float64(max(turns, 1)), over50, ktok(maxP))
 }
@@ -214,12 +282,16 @@ func fms(ms float64) string {
 	return fmt.Sprintf("%.0f ms", ms)
 }
 
-// overBudget counts the samples at which some engine's holds were over
-// budget tokens.
-func overBudget(samples []kvSample, budget int) int {
+// overBudget counts the samples at which some engine's KV in use (used)
+// or held for holds (!used) was over budget tokens.
+func overBudget(samples []kvSample, budget int, used bool) int {
 	over := 0
 	for _, s := range samples {
-		for _, v := range s.held {
+		vs := s.held
+		if used {
+			vs = s.used
+		}
+		for _, v := range vs {
 			if v > budget {
 				over++
 				break
@@ -227,17 +299,6 @@ func overBudget(samples []kvSample, budget int) int {
 		}
 	}
 	return over
-}
-
-func withinString(budget int, samples []kvSample) string {
-	if budget <= 0 {
-		return "-"
-	}
-	over := overBudget(samples, budget)
-	if over == 0 {
-		return "yes"
-	}
-	return fmt.Sprintf("no (%d of %d samples over)", over, len(samples))
 }
 
 func releasesString(a armResult) string {
@@ -251,15 +312,20 @@ func releasesString(a armResult) string {
 	return strings.Join(parts, ", ")
 }
 
-// printGapModel prints the pauses between turns the managed arm's ledger
-// learned, and the turns whose releases did not settle in time.
-func printGapModel(w io.Writer, a armResult) {
-	if len(a.gaps.Classes) > 0 {
-		g := a.gaps.Classes[0]
-		fmt.Fprintf(w, "managed: gap model learned online: next turn within %v %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f observations)\n",
-			a.gaps.Horizon, g.Return, g.P50.Seconds(), g.P90.Seconds(), g.P99.Seconds(), g.Observations)
-	}
-	if a.unsettled > 0 {
-		fmt.Fprintf(w, "managed: %d turns' releases did not join the clock within %v of real time: the run may not repeat exactly\n", a.unsettled, settleWait)
+// printGapModels prints the pauses between turns each managed replica's
+// ledger learned, and the turns whose releases did not settle in time.
+func printGapModels(w io.Writer, rep fleetReport) {
+	for _, a := range rep.arms {
+		for k, g := range a.gaps {
+			if len(g.Classes) == 0 {
+				continue
+			}
+			cl := g.Classes[0]
+			fmt.Fprintf(w, "%s, replica %d: gap model learned: next turn within %v %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f observations)\n",
+				armLabel(a, false), k, g.Horizon, cl.Return, cl.P50.Seconds(), cl.P90.Seconds(), cl.P99.Seconds(), cl.Observations)
+		}
+		if a.unsettled > 0 {
+			fmt.Fprintf(w, "%s: %d turns' releases did not join the clock within %v of real time: the run may not repeat exactly\n", armLabel(a, false), a.unsettled, settleWait)
+		}
 	}
 }

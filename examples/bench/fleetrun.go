@@ -21,12 +21,13 @@ import (
 // fleetEpoch is where every arm's event clock starts.
 var fleetEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// armSpec is one arm of a fleet run: the router's decode memory options
-// and the decode engines' capacity.
+// armSpec is one arm of a fleet run: the router's decode memory options,
+// the decode engines' capacity and the router replicas.
 type armSpec struct {
 	name     string
 	managed  bool
 	capacity int           // tokens per decode engine
+	replicas int           // kvroute routers sharing one Store
 	done     *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
 }
 
@@ -37,9 +38,19 @@ type fleetTurn struct {
 	ttft          time.Duration // modelled: render + prefill leg + D's first token
 	reused        int           // tokens P pulled from D's hold
 	computed      int           // prompt tokens P computed
+	cached        int           // prompt tokens P found in its prefix cache
 	hit           bool
 	tool          bool          // the reply called the tool
 	pause         time.Duration // the pause after the answer (0 after the last turn)
+	last          bool          // the session's last turn
+	replica       int           // the router replica that served it
+	// the decode leg: its engine (index into the rig's decode engines, -1
+	// when none), its modelled decode time (to its last token) and its
+	// prompt and completion tokens (the hold it leaves on D)
+	decode               int
+	decodeTime           time.Duration
+	dPrompt, dCompletion int
+	sent                 time.Duration // from the run's start, when the client sent it
 	// dWaited: the decode leg waited for blocks on D, in modelled time (a
 	// leg D queues at the very moment a release frees the blocks waits
 	// none; counting it would depend on which the goroutines ran first)
@@ -66,33 +77,35 @@ type engineCounters struct {
 
 // armResult is everything one arm measured.
 type armResult struct {
-	spec         armSpec
-	turns        []fleetTurn
-	samples      []kvSample
-	prefill      []engineCounters
-	decode       []engineCounters
-	router       kvroute.Stats
-	elapsed      time.Duration // first arrival to the last answer, virtual
-	budgetTokens int           // the managed arm's budget per engine, 0 when none
-	unsettled    int           // turns whose releases did not settle (settle)
-	gaps         budget.Snapshot
-	real         time.Duration
+	spec      armSpec
+	turns     []fleetTurn
+	samples   []kvSample
+	prefill   []engineCounters
+	decode    []engineCounters
+	router    []kvroute.Stats   // a replica's each
+	elapsed   time.Duration     // first arrival to the last answer, virtual
+	unsettled int               // turns whose releases did not settle (settle)
+	gaps      []budget.Snapshot // a managed replica's ledger's each
+	real      time.Duration
 }
 
 // fleetRig is one arm's engines, router and clock.
 type fleetRig struct {
-	clk    *kvroutetest.EventClock
-	p, d   []*kvroutetest.Engine
-	byURL  map[string]*kvroutetest.Engine
-	router *kvroute.Router
-	obs    *kvroutetest.Records
-	// ledger is the managed arm's ledger (nil for hold everything) and
-	// takes the releases' Takes (settle)
-	ledger    *budget.Budget
+	clk   *kvroutetest.EventClock
+	p, d  []*kvroutetest.Engine
+	byURL map[string]*kvroutetest.Engine
+	dIdx  map[string]int // decode engine URL → index in d
+	// routers are the replicas, sharing one Store (store)
+	routers []*kvroute.Router
+	store   kvroute.Store
+	obs     *kvroutetest.Records
+	// ledgers are the managed arm's, one a replica (none for hold
+	// everything); takes counts the releases' Takes (settle)
+	ledgers   []*budget.Budget
 	takes     atomic.Int64
 	joined    atomic.Int64 // releases that joined the clock at their Take, not yet sent
 	unsettled atomic.Int64 // turns whose releases did not settle in time
-	cv        *clairvoyant // the managed arm's with --clairvoyant
+	spread    bool         // a session's turns go to replicas in turn; else pinned
 	closers   []func()
 }
 
@@ -102,47 +115,24 @@ func (r *fleetRig) close() {
 	}
 }
 
-func startRig(c fleetConfig, plan []sessionPlan, a armSpec) (*fleetRig, error) {
-	r := &fleetRig{clk: kvroutetest.NewEventClock(fleetEpoch), byURL: map[string]*kvroutetest.Engine{}}
+func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
+	r := &fleetRig{clk: kvroutetest.NewEventClock(fleetEpoch), byURL: map[string]*kvroutetest.Engine{},
+		dIdx: map[string]int{}, spread: c.spread}
 	ok := false
 	defer func() {
 		if !ok {
 			r.close()
 		}
 	}()
-	reg := kvroutetest.NewRegistry()
-	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithClock(r.clk),
-		kvroutetest.WithProfile(c.prof), kvroutetest.WithToolCallRate(c.toolShare)}
-	// P: no prefix caching (a miss recomputes the whole prompt), the
-	// node's capacity, and a read P declines near the handle's expiry
-	// (its request waited) is recomputed rather than failed.
-	for range c.prefill {
-		e, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(false),
-			kvroutetest.WithNumBlocks(c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)),
-			kvroutetest.WithKVLoadFailurePolicy("recompute"))...)
-		if err != nil {
-			return nil, err
-		}
-		r.closers = append(r.closers, e.Close)
-		r.p = append(r.p, e)
-	}
-	for range c.decode {
-		e, err := kvroutetest.StartEngine(append(common,
-			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize))...)
-		if err != nil {
-			return nil, err
-		}
-		r.closers = append(r.closers, e.Close)
-		r.d = append(r.d, e)
+	if err := r.startEngines(c, a); err != nil {
+		return nil, err
 	}
 	var pu, du []string
 	for _, e := range r.p {
 		pu = append(pu, e.URL())
-		r.byURL[e.URL()] = e
 	}
 	for _, e := range r.d {
 		du = append(du, e.URL())
-		r.byURL[e.URL()] = e
 	}
 	r.obs = &kvroutetest.Records{}
 	rt, err := transport.NewTransport()
@@ -150,45 +140,87 @@ func startRig(c fleetConfig, plan []sessionPlan, a armSpec) (*fleetRig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, rt.CloseIdleConnections)
+	// One Store for every replica: a handle one retains, another finds.
 	store, err := retention.NewMemory()
 	if err != nil {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = store.Close() })
-	if a.managed && c.clairvoyant {
-		r.cv = &clairvoyant{plan: plan}
+	r.store = clockStore{Store: store, clk: r.clk, takes: &r.takes, joined: &r.joined}
+	for range max(a.replicas, 1) {
+		mem, ledger, err := decodeMemory(c, a)
+		if err != nil {
+			return nil, err
+		}
+		if ledger != nil {
+			r.ledgers = append(r.ledgers, ledger)
+		}
+		router, err := kvroute.New(kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
+			kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
+			kvroute.WithStore(r.store), kvroute.WithDecodeMemory(mem))
+		if err != nil {
+			return nil, err
+		}
+		r.routers = append(r.routers, router)
+		r.closers = append(r.closers, func() { _ = router.Close() })
 	}
-	mem, ledger, err := decodeMemory(c, a, r.cv)
-	if err != nil {
-		return nil, err
-	}
-	r.ledger = ledger
-	opts := []kvroute.Option{kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
-		kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
-		kvroute.WithStore(clockStore{Store: store, clk: r.clk, takes: &r.takes, joined: &r.joined})}
-	opts = append(opts, kvroute.WithDecodeMemory(mem))
-	if r.cv != nil {
-		opts = append(opts, kvroute.WithIdentifier(keyRecorder{Identifier: kvroute.ContinuationKeys{}, cv: r.cv}))
-	}
-	router, err := kvroute.New(opts...)
-	if err != nil {
-		return nil, err
-	}
-	r.router = router
-	r.closers = append(r.closers, func() { _ = router.Close() })
 	ok = true
 	return r, nil
+}
+
+// startEngines starts the prefill and decode engines: vLLM's defaults
+// (prefix caching on), P with the node's capacity and a read it declines
+// near the handle's expiry (its request waited) recomputed rather than
+// failed, D with the arm's capacity.
+func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
+	reg := kvroutetest.NewRegistry()
+	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithClock(r.clk),
+		kvroutetest.WithProfile(c.prof), kvroutetest.WithToolCallRate(c.toolShare)}
+	for range c.prefill {
+		e, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(!c.noPrefixCache),
+			kvroutetest.WithNumBlocks(c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)),
+			kvroutetest.WithKVLoadFailurePolicy("recompute"))...)
+		if err != nil {
+			return err
+		}
+		r.closers = append(r.closers, e.Close)
+		r.p = append(r.p, e)
+		r.byURL[e.URL()] = e
+	}
+	for range c.decode {
+		e, err := kvroutetest.StartEngine(append(common,
+			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize))...)
+		if err != nil {
+			return err
+		}
+		r.closers = append(r.closers, e.Close)
+		r.dIdx[e.URL()] = len(r.d)
+		r.d = append(r.d, e)
+		r.byURL[e.URL()] = e
+	}
+	return nil
+}
+
+// router is the replica that serves turn t of session id: pinned, the
+// session's; spread, the next one at each turn.
+func (r *fleetRig) router(id, t int) (int, *kvroute.Router) {
+	k := id
+	if r.spread {
+		k += t
+	}
+	k %= len(r.routers)
+	return k, r.routers[k]
 }
 
 // runArm runs every session of plan through one arm.
 func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (armResult, error) {
 	start := time.Now()
-	rig, err := startRig(c, plan, a)
+	rig, err := startRig(c, a)
 	if err != nil {
 		return armResult{}, err
 	}
 	defer rig.close()
-	res := armResult{spec: a, budgetTokens: budgetTokens(c, a)}
+	res := armResult{spec: a}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
@@ -244,13 +276,15 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	res.samples = append(res.samples, sample(rig))
 	res.elapsed = rig.clk.Now().Sub(fleetEpoch)
 	res.prefill, res.decode = counters(rig.p), counters(rig.d)
-	// Close waits for the router's background work: a release whose
+	// Close waits for the routers' background work: a release whose
 	// request has answered counts its outcome after it left the clock.
-	_ = rig.router.Close()
-	res.router = rig.router.Stats()
+	for _, rt := range rig.routers {
+		_ = rt.Close()
+		res.router = append(res.router, rt.Stats())
+	}
 	res.unsettled = int(rig.unsettled.Load())
-	if rig.ledger != nil {
-		res.gaps = rig.ledger.Snapshot(rig.clk.Now(), kvroutetest.DefaultDecoderBlocksTTL)
+	for _, l := range rig.ledgers {
+		res.gaps = append(res.gaps, l.Snapshot(rig.clk.Now(), kvroutetest.DefaultDecoderBlocksTTL))
 	}
 	res.real = time.Since(start)
 	sortTurns(res.turns)
@@ -294,10 +328,16 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 			return out, fmt.Errorf("session %d turn %d: %w", sp.id, t, err)
 		}
 		s.hear(reply)
-		ft.tool, ft.pause = s.called, tp.pause(s.called)
+		ft.tool, ft.last = s.called, sp.ends(t, s.called)
+		if !ft.last {
+			ft.pause = tp.pause(s.called)
+		}
 		out = append(out, ft)
 		if !rig.settle() {
 			rig.unsettled.Add(1)
+		}
+		if ft.last {
+			break
 		}
 		if err := rig.clk.Sleep(ctx, ft.pause); err != nil {
 			return out, err
@@ -310,7 +350,7 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 // record and the engines' records; it returns the reply message, as the
 // client sends it back.
 func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session, t int) (fleetTurn, chatMessage, error) {
-	ft := fleetTurn{session: s.plan.id, turn: t}
+	ft := fleetTurn{session: s.plan.id, turn: t, decode: -1}
 	body, err := s.body(t)
 	if err != nil {
 		return ft, chatMessage{}, err
@@ -324,7 +364,10 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", id)
 	w := httptest.NewRecorder()
-	rig.router.ServeHTTP(w, req)
+	var router *kvroute.Router
+	ft.replica, router = rig.router(s.plan.id, t)
+	ft.sent = rig.clk.Now().Sub(fleetEpoch)
+	router.ServeHTTP(w, req)
 	ft.answered = rig.clk.Now().Sub(fleetEpoch)
 	ft.prompt = ref.PromptTokens
 	if w.Code != http.StatusOK {
@@ -358,6 +401,8 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 			if r.Role == "decode" || r.Role == "plain" {
 				ft.ttft += r.FirstToken
 				ft.dWaited = ft.dWaited || r.Queued > 0
+				ft.decode, ft.decodeTime = rig.dIdx[rec.DecodeEndpoint], r.Decode
+				ft.dPrompt, ft.dCompletion = r.PromptTokens, r.CompletionTokens
 			}
 		}
 	}
@@ -366,6 +411,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 			if r.Role == "prefill" {
 				ft.reused += r.PulledTokens
 				ft.computed += r.ComputedTokens
+				ft.cached += r.CachedTokens
 			}
 		}
 	}

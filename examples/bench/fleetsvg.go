@@ -19,7 +19,7 @@ const (
 	ftopY        = 80
 )
 
-var armColors = [2]string{"#d62728", "#1f77b4"} // hold everything, managed
+var armColors = [3]string{"#2ca02c", "#d62728", "#1f77b4"} // unlimited, hold everything, managed
 
 func writeFleetSVG(w io.Writer, rep fleetReport) error {
 	c := rep.cfg
@@ -28,18 +28,21 @@ func writeFleetSVG(w io.Writer, rep fleetReport) error {
 		fmt.Sprintf("Decode memory under pressure: %d agent sessions, %dP%dD %s", len(rep.plan), c.prefill, c.decode, c.profileName))
 	doc.text(fleftX, 42, `fill="#555"`, fmt.Sprintf("Decode capacity %s tokens per engine (%.0f GiB); managed budget %.0f%% of it. Seed %d; modelled time on an event clock.",
 		ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken), 100*c.budget, c.seed))
-	arms := []armResult{rep.hold, rep.managed}
-	heldPanel(doc, rep, arms)
-	ttftPanel(doc, arms)
+	arms := []armResult{rep.unlimited}
+	names := []string{armLabel(rep.unlimited, true)}
+	for _, managed := range []bool{false, true} {
+		if a := rep.arm(managed, c.replicas); a != nil {
+			arms, names = append(arms, *a), append(names, armLabel(*a, false))
+		}
+	}
+	heldPanel(doc, rep, arms, names)
+	ttftPanel(doc, arms, names)
 	return doc.close()
 }
 
-var armNames = [2]string{"hold everything", "managed"}
-
 // heldPanel draws the KV held over time, summed over the decode engines.
-func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult) {
+func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult, names []string) {
 	c := rep.cfg
-	names := armNames
 	maxT, maxV := 1.0, float64(rep.capacity*c.decode)
 	for _, a := range arms {
 		for _, s := range a.samples {
@@ -72,9 +75,9 @@ func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult) {
 	capY := float64(rep.capacity*c.decode) / 1e6
 	doc.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="black" stroke-dasharray="1 2"/>`, left.x, left.Y(capY), left.x+left.w, left.Y(capY))
 	doc.text(float64(left.x+left.w), left.Y(capY)-4, `text-anchor="end" font-size="10"`, "capacity")
-	if b := rep.managed.budgetTokens * c.decode; b > 0 {
+	if b := c.budgetTokens(rep.capacity) * c.decode; b > 0 {
 		by := float64(b) / 1e6
-		doc.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-dasharray="1 2"/>`, left.x, left.Y(by), left.x+left.w, left.Y(by), armColors[1])
+		doc.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s" stroke-dasharray="1 2"/>`, left.x, left.Y(by), left.x+left.w, left.Y(by), armColors[2])
 		doc.text(float64(left.x+left.w), left.Y(by)-4, `text-anchor="end" font-size="10"`, "managed budget")
 	}
 	doc.legend(fleftX, ftopY+fpanelH+50, ss)
@@ -82,8 +85,7 @@ func heldPanel(doc *svgDoc, rep fleetReport, arms []armResult) {
 
 // ttftPanel draws the TTFT distribution: the share of turns whose TTFT is
 // at most x, on a log scale.
-func ttftPanel(doc *svgDoc, arms []armResult) {
-	names := armNames
+func ttftPanel(doc *svgDoc, arms []armResult, names []string) {
 	lo, hi := 100.0, 1000.0 // ms
 	for _, a := range arms {
 		for _, t := range a.turns {

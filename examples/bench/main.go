@@ -33,14 +33,17 @@
 //
 //	go run ./examples/bench --replay-trace [FILE] [--budgets 0.2,0.5,1] [--svg bidikv-replay.svg]
 //
-// With --fleet it runs hundreds of agent sessions through a kvroute router
-// on simulated engines with KV capacity, in modelled time on an event
-// clock (fleet.go): hold everything (every retained handle held on D for
-// the TTL) and managed (kvroute.DecodeMemory's budget and releases) side
-// by side with the same sessions, and prints the decode memory targets as
-// PASS/FAIL lines (a FAIL: exit status 1):
+// With --fleet it runs hundreds of agent sessions through kvroute router
+// replicas sharing one Store on simulated engines with KV capacity (prefix
+// caching on, as vLLM's default), in modelled time on an event clock
+// (fleet.go): unlimited memory, hold everything (every retained handle
+// held on D for the TTL) and managed (kvroute.DecodeMemory's budget and
+// releases) with the same sessions, with --replicas routers and with one,
+// beside an offline bound on any release policy; it prints the decode
+// memory targets as met / NOT MET lines (a wrong answer: exit status 1;
+// a target not met too with --check):
 //
-//	go run ./examples/bench --fleet [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg]
+//	go run ./examples/bench --fleet [--replicas 4] [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--quick]
 //
 // bench --help lists the modes, one line each, and bench MODE --help a
 // mode's flags. A run in which every request failed prints its first error

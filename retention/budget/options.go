@@ -145,8 +145,7 @@ type ValueFunc func(h Held, waited time.Duration, model float64) float64
 // WithValue makes Victims rank holds by f instead of the gap model: for a
 // caller that knows more of its conversations than their pauses (an agent
 // framework that knows a session ended or a tool is running), or to
-// measure a policy against one that knows the future (the fleet
-// benchmark's --clairvoyant). nil keeps the gap model's value. Budget
+// measure a policy against one that knows the future. nil keeps the gap model's value. Budget
 // only. It is kvroute's decode-memory release order: a Budget built with
 // it and given as kvroute.DecodeMemory.Ledger releases the holds over
 // the budget in f's order (kvroute's ExampleDecodeMemory).
