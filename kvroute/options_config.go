@@ -134,12 +134,11 @@ type DecodeMemory struct {
 	// released but to make room for live work (Headroom): with free
 	// memory, holding costs nothing. The default is 0.9: since room is
 	// made for each decode leg on arrival, the budget only bounds what
-	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10)
-	// reuses 57–59% of hold-everything's tokens at 0.9 (a clairvoyant
-	// choice of victims: 71.6%); before its tool calls were real, 43.5% at
-	// 0.5, 57.6% at 0.9 and 59.0% at 1 (with Headroom about 0), with
-	// requests waiting on D 5 times at 0.9 and 109 at 1 (a leg the engine
-	// admits before the release lands). It must be at most 1. It applies to
+	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10:
+	// prefix caching on, decode capacity half of the mean demand) reuses
+	// 75% of what an offline bound on any release policy reaches with one
+	// router, 74% with four sharing a store, and recomputes 1.24x the
+	// prompt tokens of unlimited memory. It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL.
