@@ -417,7 +417,9 @@ func TestPauseCrossesTTL(t *testing.T) {
 	assert.Zero(t, above.reused)
 	assert.Equal(t, above.later, above.expired)
 	assert.Zero(t, below.wrong+above.wrong)
-	assert.Greater(t, above.ttft[0], below.ttft[0], "plain prefills are slower")
+	// Modelled engine time: the router's measured overhead follows the
+	// machine's load (-race, other tests), not the path.
+	assert.Greater(t, above.modelled, below.modelled, "plain prefills are slower")
 	assert.Positive(t, below.heldPeak)
 	var out bytes.Buffer
 	s.printPauses(&out)

@@ -20,7 +20,8 @@ type pauseRow struct {
 	reused    int // of those, hits and decode-local turns
 	expired   int // misses on an expired handle: the plain-prefill fallback
 	ttft      [3]time.Duration
-	heldMean  int // KV tokens D held for retained handles, mean over the turns
+	modelled  time.Duration // median TTFT of the later turns without the router's measured overhead
+	heldMean  int           // KV tokens D held for retained handles, mean over the turns
 	heldPeak  int
 	ledger    int // the most KV the router counted for its live handles (Router.DecodeKV)
 	wrong     int
@@ -103,13 +104,14 @@ func runPause(ctx context.Context, c config, pause time.Duration, tick func()) (
 	if err := join(&res, b.p, b.d, c.profile); err != nil {
 		return pauseRow{}, err
 	}
-	var ds []time.Duration
+	var ds, ms []time.Duration
 	for _, t := range res.turns {
 		if t.index == 0 {
 			continue
 		}
 		row.later++
 		ds = append(ds, t.ttft())
+		ms = append(ms, t.engines()+t.render)
 		if reused(t) {
 			row.reused++
 		}
@@ -118,6 +120,7 @@ func runPause(ctx context.Context, c config, pause time.Duration, tick func()) (
 		}
 	}
 	row.ttft = percentiles(ds)
+	row.modelled = percentiles(ms)[0]
 	for _, h := range held {
 		row.heldMean += h / max(len(held), 1)
 	}
