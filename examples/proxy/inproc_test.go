@@ -32,13 +32,20 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 	if getenv == nil {
 		getenv = noEnv
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
 	base := []string{"--host", "127.0.0.1", "--port", "0", "--health-interval", "1h"}
 	if !slices.Contains(args, "--prefill") {
 		base = append(base, "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:1")
 	}
-	args = append(base, args...)
+	return runInProcess(t, append(base, args...), getenv, proxyReady, "proxy")
+}
+
+// runInProcess runs the command line args in this process, waits for the
+// ready line (its first group: the URL) and stops it when the test ends;
+// what names it in failures.
+func runInProcess(t *testing.T, args []string, getenv func(string) string, ready *regexp.Regexp, what string) *inproc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, getenv, stdout, stderr) }()
 	p := &inproc{stdout: stdout, stderr: stderr, client: &http.Client{Transport: &http.Transport{}}}
@@ -48,14 +55,14 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
-			t.Error("the proxy did not stop")
+			t.Errorf("the %s did not stop", what)
 		}
 		if t.Failed() {
-			t.Logf("proxy stderr:\n%s", stderr.String())
+			t.Logf("%s stderr:\n%s", what, stderr.String())
 		}
 	})
 	for range 1000 {
-		if m := proxyReady.FindStringSubmatch(stdout.String()); m != nil {
+		if m := ready.FindStringSubmatch(stdout.String()); m != nil {
 			p.url = m[1]
 			p.addr = strings.TrimPrefix(p.url, "http://")
 			return p
@@ -63,11 +70,11 @@ func startInProcess(t *testing.T, getenv func(string) string, args ...string) *i
 		select {
 		case err := <-done:
 			done <- err // for the cleanup
-			require.FailNow(t, "the proxy stopped", "%v\n%s", err, stderr.String())
+			require.FailNow(t, "the "+what+" stopped", "%v\n%s", err, stderr.String())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	require.FailNow(t, "the proxy did not print its ready line")
+	require.FailNow(t, "the "+what+" did not print its ready line")
 	return nil
 }
 

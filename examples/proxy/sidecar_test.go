@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"flag"
@@ -35,40 +34,9 @@ func startSidecar(t *testing.T, local string, args ...string) *inproc {
 	t.Helper()
 	u, err := url.Parse(local)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
 	base := []string{"sidecar", "--host", "127.0.0.1", "--port", "0", "--health-interval", "1h",
 		"--secure-proxy=false", "--local-host", u.Hostname(), "--model-server-port", u.Port()}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, append(base, args...), noEnv, stdout, stderr) }()
-	p := &inproc{stdout: stdout, stderr: stderr, client: &http.Client{Transport: &http.Transport{}}}
-	t.Cleanup(func() {
-		p.client.CloseIdleConnections()
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("the sidecar did not stop")
-		}
-		if t.Failed() {
-			t.Logf("sidecar stderr:\n%s", stderr.String())
-		}
-	})
-	for range 1000 {
-		if m := sidecarReady.FindStringSubmatch(stdout.String()); m != nil {
-			p.url = m[1]
-			p.addr = strings.TrimPrefix(p.url, "http://")
-			return p
-		}
-		select {
-		case err := <-done:
-			done <- err
-			require.FailNow(t, "the sidecar stopped", "%v\n%s", err, stderr.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	require.FailNow(t, "the sidecar did not print its ready line")
-	return nil
+	return runInProcess(t, append(base, args...), noEnv, sidecarReady, "sidecar")
 }
 
 // hostPort is an engine's host:port, as the endpoint picker names it.
