@@ -142,8 +142,10 @@ type Stats struct {
 	// decode engine still held them. ReleasedBudget counts holds over
 	// their engine's budget, worth least, released by release requests;
 	// ReleasedRoom those released the same way to make room for a decode
-	// leg arriving at their engine (DecodeMemory's Headroom and RoomRate).
-	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget, ReleasedRoom int64
+	// leg arriving at their engine (DecodeMemory's Headroom and RoomRate);
+	// ReleasedExpired those whose retention TTL ended without a next turn,
+	// released then rather than left pinned until the engine's own TTL.
+	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget, ReleasedRoom, ReleasedExpired int64
 	// Orphans: decode handles the router received and did not keep,
 	// released at once by release requests rather than left pinned to the
 	// engine's TTL. ReleasedNChoices counts those of answers of n > 1
@@ -184,7 +186,7 @@ type counters struct {
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	buffered                                                                             atomic.Int64
-	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom                   atomic.Int64
+	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired  atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
@@ -238,6 +240,7 @@ func (c *counters) snapshot() Stats {
 		ReleasedUnusable:   c.releasedUnusable.Load(),
 		ReleasedBudget:     c.releasedBudget.Load(),
 		ReleasedRoom:       c.releasedRoom.Load(),
+		ReleasedExpired:    c.releasedExpired.Load(),
 
 		ReleasedNChoices:    c.releasedN.Load(),
 		ReleasedRefused:     c.releasedRefused.Load(),
@@ -264,6 +267,8 @@ func (c *counters) released(why releaseReason) {
 		c.releasedBudget.Add(1)
 	case releaseRoom:
 		c.releasedRoom.Add(1)
+	case releaseExpired:
+		c.releasedExpired.Add(1)
 	case releaseNChoices:
 		c.releasedN.Add(1)
 	case releaseRefused:

@@ -111,7 +111,7 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 		h.restore(ctx, key, later, requestID)
 		return
 	}
-	if err := h.store.Put(ctx, key, e.Raw, left); err != nil {
+	if err := h.store.Put(ctx, key, e.Raw, h.mem.storeTTL(left)); err != nil {
 		h.storeFailed(ctx, "put-back", requestID, err)
 		return
 	}
@@ -126,7 +126,7 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 func (h *handles) restore(ctx context.Context, key string, e entry.Entry, requestID string) {
 	left := h.ttl - h.clock().Sub(e.Created)
 	if left > 0 {
-		err := h.store.Put(ctx, key, e.Raw, left)
+		err := h.store.Put(ctx, key, e.Raw, h.mem.storeTTL(left))
 		if err == nil {
 			return
 		}
@@ -156,7 +156,7 @@ func (h *handles) retain(values context.Context, key, tenant string, e entry.Ent
 	if took {
 		h.mem.rel.orphan(prev, releaseOverwritten)
 	}
-	if err := h.store.Put(ctx, key, val, h.ttl); err != nil {
+	if err := h.store.Put(ctx, key, val, h.mem.storeTTL(h.ttl)); err != nil {
 		if took {
 			// The ledger's hold under key went with what supersede took.
 			h.mem.ledger.End(key, h.clock())
