@@ -39,9 +39,9 @@ type decodeMemory struct {
 	ledger *budget.Budget
 	// saved estimates the prefill time a hit on a hold of tokens saves:
 	// the cost model's, else one microsecond a token.
-	saved  func(tokens int) time.Duration
-	clock  func() time.Time
-	ttl    time.Duration // the retention TTL: how long a hold can be attached
+	saved func(tokens int) time.Duration
+	clock func() time.Time
+	ttl   time.Duration // the retention TTL: how long a hold can be attached
 	// linger is how long the Store keeps an entry past ttl, for the
 	// release of its hold when its retention ends (sweep, below).
 	linger time.Duration
