@@ -89,63 +89,8 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	m.rel = releaser{mem: m, store: r.handles.store, prefill: r.prefill, decode: r.decode, bufs: &r.bufs.bytes,
 		timeout: c.prefillTimeout, sem: make(chan struct{}, max(c.memory.releases, 1)),
 		running: map[string]bool{}, again: map[string]bool{}}
-	if c.memory.on {
-		m.bg.run(m.sweep)
-	}
 	return m, nil
 }
-
-// Holds past their retention. The Store drops a retained entry at the
-// retention TTL and no turn attaches one older, but the decode engine pins
-// its blocks until its decoder_kv_blocks_ttl (30 s more by default). So
-// the ledger counts a hold until the engine's TTL (budget.WithGrace), and
-// with the management on the router releases it when its retention ends:
-// every sweepInterval it takes the holds past it on each managed engine
-// from the ledger (budget.Budget.Expired) and sends their release
-// requests, as for holds over the budget (releaser.go), counted in
-// Stats.ReleasedExpired. The Store keeps each entry linger past the
-// retention TTL for that take (a turn that finds it then does not attach
-// it: MissExpired). A hold the sweep does not release (an engine of
-// unknown capacity) stays counted until the engine's TTL; one whose
-// entry is gone from the Store (a turn or another router took it) is
-// counted in Stats.ReleaseGone.
-
-// sweepInterval is how often, in wall time, the holds past their
-// retention are looked for.
-const sweepInterval = time.Second
-
-// sweep releases the holds past their retention, every sweepInterval,
-// until ctx ends.
-func (m *decodeMemory) sweep(ctx context.Context) {
-	tick := time.NewTicker(sweepInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		now := m.clock()
-		for _, e := range m.rel.decode.list() {
-			if !m.managed(e.url) {
-				continue
-			}
-			victims := m.rel.chosen.choose(func() []budget.Victim {
-				var v []budget.Victim
-				for _, h := range m.ledger.Expired(e.url, now) {
-					v = append(v, budget.Victim{Held: h})
-				}
-				return v
-			})
-			if !m.rel.releaseAll(ctx, victims, releaseExpired) {
-				return
-			}
-		}
-	}
-}
-
-// storeTTL is the Store's TTL of an entry with left of its retention.
-func (m *decodeMemory) storeTTL(left time.Duration) time.Duration { return left + m.linger }
 
 // estimator is a cost model that estimates each path of a turn
 // (threshold.CostModel).

@@ -133,6 +133,13 @@ type Stats struct {
 	// 0 to 1, a process start in the future. The value is ignored and the
 	// last plausible one kept; each metric is logged once per engine.
 	ImplausibleMetrics int64
+	// CapacityUnknown counts decode engines whose /metrics answered
+	// without a KV capacity (no vllm:cache_config_info, or not 200) while
+	// none is configured (DecodeMemory's Capacity): decode memory
+	// management is off for them (EndpointStatus.NoCapacity), logged once
+	// per engine. Counted again only for an engine whose capacity was known
+	// in between.
+	CapacityUnknown int64
 
 	// Decode memory (WithDecodeMemory; docs/kvroute.md, Decode memory).
 	// ReleasedSuperseded counts retained handles a turn took and did not
@@ -190,7 +197,7 @@ type counters struct {
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics, unvalidatedHandles                                               atomic.Int64
+	implausibleMetrics, unvalidatedHandles, capacityUnknown                              atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -234,6 +241,7 @@ func (c *counters) snapshot() Stats {
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 		BufferedStreams:          c.buffered.Load(),
 		ImplausibleMetrics:       c.implausibleMetrics.Load(),
+		CapacityUnknown:          c.capacityUnknown.Load(),
 		UnvalidatedHandles:       c.unvalidatedHandles.Load(),
 
 		ReleasedSuperseded: c.releasedSuperseded.Load(),
