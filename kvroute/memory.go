@@ -343,7 +343,9 @@ func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.T
 
 // DecodeKV is the KV one decode engine holds for the live handles this
 // Router retained (stored, not yet attached to a prefill request nor
-// released, and not past the retention TTL), with its budget and the
+// released; one past the retention TTL and not released is counted until
+// the engine's decoder_kv_blocks_ttl, TTLs' DecoderBlocks, as the engine
+// still pins it), with its budget and the
 // pressure the router last read (WithDecodeMemory). It is the memory the
 // retention TTL trades against the hit rate. A handle the Store dropped
 // early (evicted, or replaced by a later turn of the same conversation)

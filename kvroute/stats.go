@@ -179,8 +179,8 @@ type Stats struct {
 	// release request did not succeed, or the entry could not be sent):
 	// the hold lapses at its TTL. ReleaseSkipped counts holds not
 	// released because their decode engine restarted since (their blocks
-	// are gone) or is no longer listed (SetEndpoints). ReleaseGone counts holds over the budget whose handle was
-	// no longer in the store when their release came (another router's
+	// are gone) or is no longer listed (SetEndpoints). ReleaseGone counts holds over the budget (or past their
+	// retention) whose handle was no longer in the store when their release came (another router's
 	// turn or release took it, or it expired): nothing to release.
 	ReleaseFailures, ReleaseSkipped, ReleaseGone int64
 }
