@@ -282,6 +282,9 @@ func (r *Router) Endpoints(phase Phase) []EndpointStatus {
 			Learned: r.learned.facts(e.url, r.renders.caps.missingOn(e.url)),
 		})
 		r.shapes.status(e, &out[len(out)-1])
+		if phase == PhaseDecode && r.mem.cfg.on {
+			out[len(out)-1].NoCapacity = e.mem.NoCapacity()
+		}
 	}
 	return out
 }
@@ -344,6 +347,12 @@ type EndpointStatus struct {
 	// UnvalidatedHandles), so its turns run as plain requests on the
 	// decode engine until it reports another size or a minute passes.
 	NoReuse string
+	// NoCapacity says why a decode engine's KV capacity is unknown ("" when
+	// it is known, not read yet, or the management is off): its /metrics
+	// answered without vllm:cache_config_info, or not with 200. Decode
+	// memory management is then off for it (Stats.CapacityUnknown); the
+	// fix is DecodeMemory's Capacity (bidikv-proxy: --decode-kv-capacity).
+	NoCapacity string
 }
 
 // healthPolicy is the router-wide part of health tracking.

@@ -39,9 +39,12 @@ type decodeMemory struct {
 	ledger *budget.Budget
 	// saved estimates the prefill time a hit on a hold of tokens saves:
 	// the cost model's, else one microsecond a token.
-	saved  func(tokens int) time.Duration
-	clock  func() time.Time
-	ttl    time.Duration // the retention TTL: how long a hold can be attached
+	saved func(tokens int) time.Duration
+	clock func() time.Time
+	ttl   time.Duration // the retention TTL: how long a hold can be attached
+	// linger is how long the Store keeps an entry past ttl, for the
+	// release of its hold when its retention ends (sweep, below).
+	linger time.Duration
 	client *upstream.Client
 	meter  *meter // the one reader of /metrics (pressure.go)
 	stats  *counters
@@ -58,7 +61,13 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
 		client: r.client.Client, meter: &r.meter, stats: &r.stats, log: &r.log,
 		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}}
-	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity)}
+	// The ledger counts a hold until the engine's own TTL unless it is
+	// released (sweep, below).
+	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity),
+		budget.WithGrace(max(c.decoderTTL-c.retentionTTL, 0))}
+	if c.memory.on {
+		m.linger = expiryGuard
+	}
 	if c.blockSize > 0 {
 		opts = append(opts, budget.WithBlockSize(c.blockSize))
 	}
@@ -334,7 +343,9 @@ func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.T
 
 // DecodeKV is the KV one decode engine holds for the live handles this
 // Router retained (stored, not yet attached to a prefill request nor
-// released, and not past the retention TTL), with its budget and the
+// released; one past the retention TTL and not released is counted until
+// the engine's decoder_kv_blocks_ttl, TTLs' DecoderBlocks, as the engine
+// still pins it), with its budget and the
 // pressure the router last read (WithDecodeMemory). It is the memory the
 // retention TTL trades against the hit rate. A handle the Store dropped
 // early (evicted, or replaced by a later turn of the same conversation)

@@ -177,7 +177,11 @@ type DecodeMemory struct {
 	RoomRate float64
 	// Capacity is the KV capacity, in tokens, of a decode engine whose
 	// /metrics do not report one (vllm:cache_config_info: num_gpu_blocks
-	// × block_size). Default 0: unknown. Negative is an error.
+	// × block_size). Default 0: unknown. Negative is an error. The router
+	// reads each decode engine's /metrics at New (in the background); an
+	// engine whose capacity stays unknown has the management off, which is
+	// logged once per engine with this fix, counted (Stats.CapacityUnknown)
+	// and shown (EndpointStatus.NoCapacity).
 	Capacity int64
 	// HighWatermark is the share of a decode engine's KV memory in use
 	// (vllm:kv_cache_usage_perc, holds included, corrected by the holds
@@ -317,7 +321,8 @@ type TTLs struct {
 	// DecoderBlocks.
 	Retention time.Duration
 	// DecoderBlocks is the decode engines' decoder_kv_blocks_ttl (vLLM's
-	// default, 480 s), used only to validate Retention.
+	// default, 480 s): Retention is validated against it, and a hold past
+	// its retention that is not released is counted (DecodeKV) until it.
 	DecoderBlocks time.Duration
 	// PrefillLease is the prefill engines' kv_lease_duration (vLLM's
 	// default, 30 s): a decode leg is sent with P's handle only while at

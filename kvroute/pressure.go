@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,6 +99,26 @@ func (m *decodeMemory) record(e *endpoint, now time.Time, held int64, page *metr
 	}
 }
 
+// capacityUnknown records, after a reading of e's /metrics that answered,
+// whether the engine's KV capacity is known, and else why not (why: what
+// its /metrics did). Without it the management is off for the engine: its
+// holds are kept for the retention TTL and placement ignores its pressure.
+// That is counted (Stats.CapacityUnknown), shown (EndpointStatus.
+// NoCapacity) and logged once per engine with the fix. An engine that did
+// not answer is down, not unknown: its status says so.
+func (m *decodeMemory) capacityUnknown(e *endpoint, why string) {
+	if m.ledger.Capacity(e.url) > 0 {
+		e.mem.SetNoCapacity("")
+		return
+	}
+	why = "its /metrics " + why
+	if e.mem.SetNoCapacity(why) {
+		m.stats.capacityUnknown.Add(1)
+	}
+	m.log.once(context.Background(), "no_capacity:"+e.url, "kvroute: a decode engine's KV capacity is unknown: decode memory management is off for it (its holds are kept for the retention TTL, none released for memory); run it with vllm:cache_config_info on its /metrics (log stats on), or set DecodeMemory's Capacity (bidikv-proxy: --decode-kv-capacity) to its KV capacity in tokens (logged once per engine)",
+		slog.String("endpoint", e.url), slog.String("reason", why))
+}
+
 // One reader of /metrics. Restart detection (pressure.go), pressure (above)
 // and block sizes (shape.go) each ask for a reading when theirs is stale;
 // the meter reads the engine's /metrics once (the reads of one engine
@@ -148,6 +169,9 @@ func (m *meter) read(ctx context.Context, e *endpoint) error {
 			if e.phase == PhaseDecode {
 				m.restarts.answered(e, now, nil)
 			}
+			if press {
+				m.mem.capacityUnknown(e, "could not be read (status "+strconv.Itoa(status)+")")
+			}
 			return nil, nil
 		}
 		if e.phase != PhaseDecode {
@@ -159,6 +183,7 @@ func (m *meter) read(ctx context.Context, e *endpoint) error {
 		m.restarts.answered(e, now, &page)
 		if press {
 			m.mem.record(e, now, held, &page)
+			m.mem.capacityUnknown(e, "carry no KV capacity (vllm:cache_config_info)")
 		}
 		return nil, nil
 	})

@@ -51,6 +51,9 @@ const (
 	// releaseRoom: a hold in the way of a decode leg arriving at its
 	// engine, worth least (memory.go, arrive).
 	releaseRoom
+	// releaseExpired: a hold whose retention TTL ended without a next
+	// turn (memory.go, sweep).
+	releaseExpired
 	// Orphans (below): decode handles the router received and does
 	// not keep. releaseNChoices: an answer of n > 1 choices;
 	// releaseRefused: a turn not retained; releaseStoreError: a Put that
@@ -231,7 +234,7 @@ func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, boo
 		// the store (this one's would have replaced the victim in its
 		// ledger): not this router's to release. It goes back as taken.
 		if left := rl.mem.ttl - rl.mem.clock().Sub(e.Created); left > 0 {
-			_ = rl.store.Put(sctx, v.Key, e.Raw, left)
+			_ = rl.store.Put(sctx, v.Key, e.Raw, rl.mem.storeTTL(left))
 		}
 		rl.mem.stats.releaseGone.Add(1)
 		return entry.Entry{}, false
@@ -412,7 +415,7 @@ func (rl *releaser) unstored(key string, e entry.Entry, val []byte) {
 		case ok && !bytes.Equal(v, val):
 			if other, err := entry.Decode(v, nil); err == nil {
 				if left := rl.mem.ttl - rl.mem.clock().Sub(other.Created); left > 0 {
-					_ = rl.store.Put(sctx, key, v, left)
+					_ = rl.store.Put(sctx, key, v, rl.mem.storeTTL(left))
 				}
 			}
 		}

@@ -133,6 +133,13 @@ type Stats struct {
 	// 0 to 1, a process start in the future. The value is ignored and the
 	// last plausible one kept; each metric is logged once per engine.
 	ImplausibleMetrics int64
+	// CapacityUnknown counts decode engines whose /metrics answered
+	// without a KV capacity (no vllm:cache_config_info, or not 200) while
+	// none is configured (DecodeMemory's Capacity): decode memory
+	// management is off for them (EndpointStatus.NoCapacity), logged once
+	// per engine. Counted again only for an engine whose capacity was known
+	// in between.
+	CapacityUnknown int64
 
 	// Decode memory (WithDecodeMemory; docs/kvroute.md, Decode memory).
 	// ReleasedSuperseded counts retained handles a turn took and did not
@@ -142,8 +149,10 @@ type Stats struct {
 	// decode engine still held them. ReleasedBudget counts holds over
 	// their engine's budget, worth least, released by release requests;
 	// ReleasedRoom those released the same way to make room for a decode
-	// leg arriving at their engine (DecodeMemory's Headroom and RoomRate).
-	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget, ReleasedRoom int64
+	// leg arriving at their engine (DecodeMemory's Headroom and RoomRate);
+	// ReleasedExpired those whose retention TTL ended without a next turn,
+	// released then rather than left pinned until the engine's own TTL.
+	ReleasedSuperseded, ReleasedUnusable, ReleasedBudget, ReleasedRoom, ReleasedExpired int64
 	// Orphans: decode handles the router received and did not keep,
 	// released at once by release requests rather than left pinned to the
 	// engine's TTL. ReleasedNChoices counts those of answers of n > 1
@@ -170,8 +179,8 @@ type Stats struct {
 	// release request did not succeed, or the entry could not be sent):
 	// the hold lapses at its TTL. ReleaseSkipped counts holds not
 	// released because their decode engine restarted since (their blocks
-	// are gone) or is no longer listed (SetEndpoints). ReleaseGone counts holds over the budget whose handle was
-	// no longer in the store when their release came (another router's
+	// are gone) or is no longer listed (SetEndpoints). ReleaseGone counts holds over the budget (or past their
+	// retention) whose handle was no longer in the store when their release came (another router's
 	// turn or release took it, or it expired): nothing to release.
 	ReleaseFailures, ReleaseSkipped, ReleaseGone int64
 }
@@ -184,11 +193,11 @@ type counters struct {
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
 	buffered                                                                             atomic.Int64
-	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom                   atomic.Int64
+	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired  atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics, unvalidatedHandles                                               atomic.Int64
+	implausibleMetrics, unvalidatedHandles, capacityUnknown                              atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -232,12 +241,14 @@ func (c *counters) snapshot() Stats {
 		AvoidedEngineTurns:       c.avoidedEngineTurns.Load(),
 		BufferedStreams:          c.buffered.Load(),
 		ImplausibleMetrics:       c.implausibleMetrics.Load(),
+		CapacityUnknown:          c.capacityUnknown.Load(),
 		UnvalidatedHandles:       c.unvalidatedHandles.Load(),
 
 		ReleasedSuperseded: c.releasedSuperseded.Load(),
 		ReleasedUnusable:   c.releasedUnusable.Load(),
 		ReleasedBudget:     c.releasedBudget.Load(),
 		ReleasedRoom:       c.releasedRoom.Load(),
+		ReleasedExpired:    c.releasedExpired.Load(),
 
 		ReleasedNChoices:    c.releasedN.Load(),
 		ReleasedRefused:     c.releasedRefused.Load(),
@@ -264,6 +275,8 @@ func (c *counters) released(why releaseReason) {
 		c.releasedBudget.Add(1)
 	case releaseRoom:
 		c.releasedRoom.Add(1)
+	case releaseExpired:
+		c.releasedExpired.Add(1)
 	case releaseNChoices:
 		c.releasedN.Add(1)
 	case releaseRefused:

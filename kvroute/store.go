@@ -12,6 +12,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
 	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
 )
 
 // Store retains decode handles between turns. Package retention has an
@@ -111,7 +112,7 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 		h.restore(ctx, key, later, requestID)
 		return
 	}
-	if err := h.store.Put(ctx, key, e.Raw, left); err != nil {
+	if err := h.store.Put(ctx, key, e.Raw, h.mem.storeTTL(left)); err != nil {
 		h.storeFailed(ctx, "put-back", requestID, err)
 		return
 	}
@@ -126,7 +127,7 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 func (h *handles) restore(ctx context.Context, key string, e entry.Entry, requestID string) {
 	left := h.ttl - h.clock().Sub(e.Created)
 	if left > 0 {
-		err := h.store.Put(ctx, key, e.Raw, left)
+		err := h.store.Put(ctx, key, e.Raw, h.mem.storeTTL(left))
 		if err == nil {
 			return
 		}
@@ -156,7 +157,7 @@ func (h *handles) retain(values context.Context, key, tenant string, e entry.Ent
 	if took {
 		h.mem.rel.orphan(prev, releaseOverwritten)
 	}
-	if err := h.store.Put(ctx, key, val, h.ttl); err != nil {
+	if err := h.store.Put(ctx, key, val, h.mem.storeTTL(h.ttl)); err != nil {
 		if took {
 			// The ledger's hold under key went with what supersede took.
 			h.mem.ledger.End(key, h.clock())
@@ -291,3 +292,63 @@ func (r *Router) invalidHandle(phase Phase, endpoint string, err error) {
 		"kvroute: a KV handle holds a value vLLM cannot read correctly; it is refused (see Stats.InvalidHandles)",
 		slog.String("phase", string(phase)), slog.String("endpoint", endpoint), slog.String("err", err.Error()))
 }
+
+// Holds past their retention. The Store drops a retained entry at the
+// retention TTL and no turn attaches one older, but the decode engine pins
+// its blocks until its decoder_kv_blocks_ttl (30 s more by default). So
+// the ledger counts a hold until the engine's TTL (budget.WithGrace), and
+// with the management on the router releases it when its retention ends:
+// every sweepInterval it takes the holds past it on each managed engine
+// from the ledger (budget.Budget.Expired) and sends their release
+// requests, as for holds over the budget (releaser.go), counted in
+// Stats.ReleasedExpired. The Store keeps each entry linger past the
+// retention TTL for that take (a turn that finds it then does not attach
+// it: MissExpired). A hold the sweep does not release (an engine of
+// unknown capacity) stays counted until the engine's TTL; one whose
+// entry is gone from the Store (a turn or another router took it) is
+// counted in Stats.ReleaseGone.
+
+// sweepInterval is how often, in wall time, the holds past their
+// retention are looked for.
+const sweepInterval = time.Second
+
+// sweep reads the capacity of the decode engines that have none
+// configured, then releases the holds past their retention, every
+// sweepInterval, until ctx ends.
+func (m *decodeMemory) sweep(ctx context.Context) {
+	tick := time.NewTicker(sweepInterval)
+	defer tick.Stop()
+	// At start, each decode engine's capacity is read (pressure.go:
+	// capacityUnknown warns of one unknown), not at the first turn.
+	for _, e := range m.rel.decode.list() {
+		if m.ledger.Capacity(e.url) <= 0 {
+			m.refresh(e, m.clock())
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := m.clock()
+		for _, e := range m.rel.decode.list() {
+			if !m.managed(e.url) {
+				continue
+			}
+			victims := m.rel.chosen.choose(func() []budget.Victim {
+				var v []budget.Victim
+				for _, h := range m.ledger.Expired(e.url, now) {
+					v = append(v, budget.Victim{Held: h})
+				}
+				return v
+			})
+			if !m.rel.releaseAll(ctx, victims, releaseExpired) {
+				return
+			}
+		}
+	}
+}
+
+// storeTTL is the Store's TTL of an entry with left of its retention.
+func (m *decodeMemory) storeTTL(left time.Duration) time.Duration { return left + m.linger }

@@ -159,6 +159,16 @@ func (c *config) gaps(engines []engineFacts) []gap {
 		}
 	}
 
+	// Decode memory management needs each decode engine's KV capacity.
+	if c.memory.budget >= 0 && c.memory.capacity == 0 {
+		for _, e := range decode {
+			if e.rep.KVCacheTokens <= 0 {
+				add(gapWarn, "--decode-kv-capacity <the engine's KV capacity in tokens>, or run the engine with vllm:cache_config_info on /metrics (no --disable-log-stats)",
+					"decode engine %s: KV capacity unknown (%s): decode memory management is off for it: its holds are kept for --retention-ttl, none released for memory", e.url, e.rep.Metrics.Why)
+			}
+		}
+	}
+
 	// Decode-local turns compute on the decode engine from its prefix cache.
 	if c.decodeLocal {
 		for _, e := range decode {

@@ -174,12 +174,13 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 // watchMemory exports the decode memory's releases, holds, pressure and
 // learned pauses.
 func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
-	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once).",
+	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), expired (a hold whose --retention-ttl ended without a next turn, released then rather than at the engine's decoder_kv_blocks_ttl), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once).",
 		"reason", []labeledStat{
 			{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
 			{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
 			{"budget", func(s kvroute.Stats) int64 { return s.ReleasedBudget }},
 			{"room", func(s kvroute.Stats) int64 { return s.ReleasedRoom }},
+			{"expired", func(s kvroute.Stats) int64 { return s.ReleasedExpired }},
 			{"n_gt_1", func(s kvroute.Stats) int64 { return s.ReleasedNChoices }},
 			{"refused", func(s kvroute.Stats) int64 { return s.ReleasedRefused }},
 			{"store_error", func(s kvroute.Stats) int64 { return s.ReleasedStoreError }},

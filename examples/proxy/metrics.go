@@ -175,6 +175,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.RestartChecksUnavailable }),
 		stat("implausible_engine_metrics_total", "Readings of a decode engine's /metrics (pressure, restart checks) with a value no real engine reports (an overflowed count, a capacity below one block, a usage outside 0 to 1, a process start in the future): ignored, the last plausible value kept; logged once per engine and metric.",
 			func(s kvroute.Stats) int64 { return s.ImplausibleMetrics }),
+		stat("decode_kv_capacity_unknown_total", "Decode engines whose /metrics answered without a KV capacity (no vllm:cache_config_info, or not 200) while --decode-kv-capacity is 0: decode memory management is off for them (named in /ready's no_capacity); logged once per engine. Set --decode-kv-capacity to their KV capacity in tokens.",
+			func(s kvroute.Stats) int64 { return s.CapacityUnknown }),
 		stat("render_breaks_total", "Openings of a prefill engine's render circuit breaker (consecutive failures, or a call that ran out of --render-timeout).",
 			func(s kvroute.Stats) int64 { return s.RenderBreaks }),
 		stat("render_skipped_total", "Turns that went on without a render because every prefill engine's renderer was behind an open breaker or distrusted.",

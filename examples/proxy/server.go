@@ -280,6 +280,10 @@ type engineState struct {
 	// NoReuse says why the engine serves without reuse now: its handles
 	// did not fit its block size (bidikv_unvalidated_handles_total).
 	NoReuse string `json:"no_reuse,omitempty"`
+	// NoCapacity says why decode memory management is off for a decode
+	// engine, and the fix: its KV capacity is unknown
+	// (bidikv_decode_kv_capacity_unknown_total).
+	NoCapacity string `json:"no_capacity,omitempty"`
 	// Capabilities is the last capability probe's report (null before
 	// the first that reached the engine).
 	Capabilities *capability.Report `json:"capabilities"`
@@ -300,6 +304,9 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 		es := engineState{Role: e.role, Endpoint: e.url, Up: e.up.Load(), Reason: e.down(), Capabilities: e.caps.Load()}
 		if st := routed(e.role, e.url); st != nil {
 			es.BlockSize, es.BlockSizeSource, es.KVGroups, es.NoReuse = st.BlockSize, st.BlockSizeSource, st.KVGroups, st.NoReuse
+			if st.NoCapacity != "" {
+				es.NoCapacity = noCapacityFix(st.NoCapacity)
+			}
 		}
 		engines = append(engines, es)
 	}
@@ -312,6 +319,12 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// noCapacityFix says that decode memory management is off for an engine
+// whose KV capacity is unknown (why), and the fix.
+func noCapacityFix(why string) string {
+	return "decode memory management off: KV capacity unknown (" + why + "); set --decode-kv-capacity to its KV capacity in tokens, or run the engine with vllm:cache_config_info on /metrics (no --disable-log-stats)"
 }
 
 // pathCountTokens is Anthropic's token count (vLLM serves it): Claude Code

@@ -15,7 +15,9 @@ import (
 // [Budget.Add] when a turn stores a handle, [Budget.Return] when a later
 // turn looks its key up (whether or not it attaches it), [Budget.End]
 // when the hold goes without one (the store evicted it, or the caller
-// released it itself); expiry is seen from each hold's Expires. A Budget
+// released it itself); expiry is seen from each hold's Expires (and
+// [Budget.Expired] hands the holds past it to a caller that releases
+// them: [WithGrace]). A Budget
 // only knows, and only releases, the holds its caller added: with several
 // router replicas sharing a store, each releases only holds it took from
 // the store.
@@ -141,7 +143,7 @@ func (b *Budget) Add(h Hold) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire(now)
-	if l, ok := b.live[h.Key]; ok {
+	if l, ok := b.live[h.Key]; ok && !b.endOverdue(l, now) {
 		b.removeAt(l)
 		b.stats.Replaced++
 	}
@@ -189,7 +191,7 @@ func (b *Budget) Return(key string, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire(n)
-	if l, ok := b.live[key]; ok {
+	if l, ok := b.live[key]; ok && !b.endOverdue(l, n) {
 		r := b.removeAt(l)
 		b.observe(int(r.cell), r.created, n-r.created, true)
 		b.stats.Returned++
@@ -233,9 +235,51 @@ func (b *Budget) End(key string, now time.Time) bool {
 	if !ok {
 		return false
 	}
-	b.bury(b.removeAt(l), n)
-	b.stats.Ended++
+	if !b.endOverdue(l, n) {
+		b.bury(b.removeAt(l), n)
+		b.stats.Ended++
+	}
 	return true
+}
+
+// endOverdue ends the hold at l as an expired one if it is past its
+// Expires at now (kept for WithGrace), and reports whether it was. b.mu
+// held.
+func (b *Budget) endOverdue(l loc, now int64) bool {
+	if b.engines[l.eng].recs[l.slot].expires > now {
+		return false
+	}
+	r := b.removeAt(l)
+	b.bury(r, r.expires)
+	b.stats.Expired++
+	return true
+}
+
+// Expired ends and returns engine's holds past their Expires at now, kept
+// in the ledger for [WithGrace] while the engine still pins them: the
+// caller takes each one's key from the store and releases it. They end
+// as expired holds do (counted in [Stats.Expired], watched for their
+// conversation's next turn from their Expires). It costs a look at the
+// engine's earliest expiry when none is past it.
+func (b *Budget) Expired(engine string, now time.Time) []Held {
+	n := now.UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expire(n)
+	i, ok := b.byName[engine]
+	if !ok {
+		return nil
+	}
+	e := b.engines[i]
+	var out []Held
+	for {
+		slot, ok := e.next()
+		if !ok || e.recs[slot].expires > n {
+			return out
+		}
+		out = append(out, e.held(&e.recs[slot]))
+		b.endOverdue(loc{eng: i, slot: slot}, n)
+	}
 }
 
 // bury remembers an ended hold for the horizon from end. b.mu held.
@@ -256,13 +300,13 @@ func (b *Budget) observe(cell int, created, age int64, returned bool) {
 	b.model.mu.Unlock()
 }
 
-// expire ends the holds past their Expires and censors the tombstones
+// expire ends the holds past their Expires (and WithGrace) and censors the tombstones
 // past their deadline, as of now. b.mu held.
 func (b *Budget) expire(now int64) {
 	for i, e := range b.engines {
 		for {
 			slot, ok := e.next()
-			if !ok || e.recs[slot].expires > now {
+			if !ok || e.recs[slot].expires+int64(b.cfg.grace) > now {
 				break
 			}
 			r := b.removeAt(loc{eng: uint32(i), slot: slot})

@@ -19,8 +19,9 @@ type Hold struct {
 	Tokens int
 	// Created is when the turn ended and the hold began.
 	Created time.Time
-	// Expires is when the engine frees the blocks by itself: Created plus
-	// its TTL (vLLM's decoder_kv_blocks_ttl, 480 s).
+	// Expires is when the hold ends: Created plus the engine's TTL (vLLM's
+	// decoder_kv_blocks_ttl, 480 s), or the caller's shorter retention,
+	// with [WithGrace] for the rest of the engine's TTL.
 	Expires time.Time
 	// Features predict whether and when the conversation comes back.
 	Features Features

@@ -200,3 +200,41 @@ func TestCapacity(t *testing.T) {
 	c.SetCapacity("d0", budget.Capacity{})
 	require.EqualValues(t, 1000, c.Capacity("d0"), "unknown again: the option's")
 }
+
+// WithGrace: a hold past its Expires stays counted for the grace, while
+// its engine still pins it; Expired hands it to the caller once and ends
+// it; one nobody releases ends at the grace's end; either way it is
+// observed as a hold that ended at its Expires.
+func TestGraceKeepsOverdueHolds(t *testing.T) {
+	const ttl, grace = 450 * time.Second, 30 * time.Second
+	b, err := budget.New(budget.WithGrace(grace), budget.WithCapacity(10_000))
+	require.NoError(t, err)
+	add := func(key string, at time.Time) {
+		require.NoError(t, b.Add(budget.Hold{Key: key, Engine: "d", Tokens: 32, Created: at, Expires: at.Add(ttl), Saved: time.Millisecond}))
+	}
+	add("a", t0)
+	add("b", t0.Add(time.Second))
+	add("c", t0.Add(time.Minute))
+	at := t0.Add(ttl + 2*time.Second)
+	held, _ := b.Held("d", at)
+	require.EqualValues(t, 3*32, held, "past their Expires, a and b are still counted")
+	got := b.Expired("d", at)
+	require.Len(t, got, 2)
+	require.ElementsMatch(t, []string{"a", "b"}, []string{got[0].Key, got[1].Key})
+	require.Empty(t, b.Expired("d", at), "handed out once")
+	held, _ = b.Held("d", at)
+	require.EqualValues(t, 32, held)
+	require.False(t, b.Return("a", at), "a returning turn finds it ended")
+	s := b.Stats()
+	require.EqualValues(t, 2, s.Expired)
+	require.EqualValues(t, 1, s.ReturnedAfterEnd)
+	// c is never handed out: it ends at its Expires plus the grace.
+	held, _ = b.Held("d", t0.Add(time.Minute+ttl+grace-time.Second))
+	require.EqualValues(t, 32, held)
+	held, _ = b.Held("d", t0.Add(time.Minute+ttl+grace))
+	require.Zero(t, held)
+	require.EqualValues(t, 3, b.Stats().Expired)
+
+	_, err = budget.New(budget.WithGrace(-time.Second))
+	require.ErrorIs(t, err, budget.ErrInvalidConfig)
+}

@@ -48,6 +48,7 @@ type config struct {
 	maxClasses int
 	refresh    time.Duration
 	value      ValueFunc
+	grace      time.Duration
 	budgetOnly []string // budget-only options given, for NewModel's error
 }
 
@@ -153,6 +154,18 @@ func WithValue(f ValueFunc) Option {
 	return budgetOption("WithValue", func(c *config) { c.value = f })
 }
 
+// WithGrace keeps a hold in the ledger, counted against its engine,
+// for up to d past its Expires: the time between the end of the hold's
+// use (the router's retention TTL) and the end of the engine's own hold
+// (vLLM's decoder_kv_blocks_ttl), during which the engine still pins the
+// blocks. [Budget.Expired] hands such overdue holds to the caller to
+// release; one it never releases ends d after its Expires. Either way it
+// is observed as a hold that ended at its Expires. The default, 0, ends a
+// hold at its Expires; negative is invalid. Budget only.
+func WithGrace(d time.Duration) Option {
+	return budgetOption("WithGrace", func(c *config) { c.grace = d })
+}
+
 // validate reports the first out-of-range option, naming it and its
 // default.
 func (c config) validate() error {
@@ -171,12 +184,15 @@ func (c config) validate() error {
 		return fmt.Errorf("%w: WithMaxClasses(%d): must be positive (default %d)", ErrInvalidConfig, c.maxClasses, DefaultMaxClasses)
 	case c.refresh <= 0:
 		return fmt.Errorf("%w: WithRefresh(%v): must be positive (default %v)", ErrInvalidConfig, c.refresh, DefaultRefresh)
+	case c.grace < 0:
+		return fmt.Errorf("%w: WithGrace(%v): must not be negative (default 0: a hold ends at its Expires)", ErrInvalidConfig, c.grace)
 	}
 	return nil
 }
 
 // Given reports whether b's maker gave the Budget option named name
-// ("WithFraction", "WithCapacity", "WithBlockSize" or "WithValue") to
+// ("WithFraction", "WithCapacity", "WithBlockSize", "WithValue" or
+// "WithGrace") to
 // [New] or [Budget.Inherit], rather than leaving its default.
 func (b *Budget) Given(name string) bool {
 	b.mu.Lock()
@@ -185,7 +201,7 @@ func (b *Budget) Given(name string) bool {
 }
 
 // Inherit gives b each Budget option of opts ([WithFraction],
-// [WithCapacity], [WithBlockSize], [WithValue]) that it was not given
+// [WithCapacity], [WithBlockSize], [WithValue], [WithGrace]) that it was not given
 // ([Budget.Given]), and keeps those it was: a program that builds a Budget
 // to read it and hands it to a router has the router's settings fill in
 // what it left at the defaults (kvroute's DecodeMemory.Ledger inherits the
@@ -202,7 +218,7 @@ func (b *Budget) Inherit(opts ...Option) error {
 		probe := defaultConfig()
 		o.apply(&probe)
 		if len(probe.budgetOnly) != 1 {
-			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue)", ErrInvalidConfig)
+			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue, WithGrace)", ErrInvalidConfig)
 		}
 		if !slices.Contains(c.budgetOnly, probe.budgetOnly[0]) {
 			o.apply(&c)

@@ -125,7 +125,7 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 	// Remove after choosing: removal moves records between slots.
 	for _, v := range out {
 		r := b.removeAt(b.live[v.Key])
-		b.bury(r, n)
+		b.bury(r, min(n, r.expires)) // one past its Expires (WithGrace) ended there
 		b.stats.Released++
 	}
 	return out, limited

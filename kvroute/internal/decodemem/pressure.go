@@ -28,6 +28,10 @@ type Pressure struct {
 	// unknown), read when its process started at lenStart.
 	maxModelLen int64
 	lenStart    time.Time
+	// noCapacity says why no KV capacity is known for the engine (its
+	// /metrics could not be read, or carry no vllm:cache_config_info);
+	// empty when one is, or before the first reading.
+	noCapacity string
 
 	// Reading: a read of its /metrics is running (started for pressure).
 	Reading atomic.Bool
@@ -125,4 +129,23 @@ func (p *Pressure) SetModelLen(n int64, start time.Time) {
 	p.mu.Lock()
 	p.maxModelLen, p.lenStart = n, start
 	p.mu.Unlock()
+}
+
+// SetNoCapacity records why no KV capacity is known for the engine (""
+// once one is), and reports whether that is news: the reason was empty
+// before and is not now.
+func (p *Pressure) SetNoCapacity(why string) (news bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	news = p.noCapacity == "" && why != ""
+	p.noCapacity = why
+	return news
+}
+
+// NoCapacity says why no KV capacity is known for the engine, "" when one
+// is (or before the first reading).
+func (p *Pressure) NoCapacity() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.noCapacity
 }
