@@ -233,3 +233,16 @@ func TestReadStream(t *testing.T) {
 	_, _, err = readStream(strings.NewReader("data: [DONE]\n\n"), time.Now())
 	assert.Error(t, err, "no content")
 }
+
+// TestCannedPoolBlocks: the canned engines' pool holds four times the
+// handles of the largest run (16 conversations of 400 KB, about 6,400
+// blocks each, fill the canned engines' default 100,000), and never less
+// than the default.
+func TestCannedPoolBlocks(t *testing.T) {
+	c, err := parseOverheadFlags([]string{"--hist", "100KB,400KB", "--conc", "1,16"}, io.Discard)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, cannedPoolBlocks(c), 4*16*(400<<10)/64)
+	c, err = parseOverheadFlags([]string{"--hist", "1KB", "--conc", "1"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 100000, cannedPoolBlocks(c))
+}

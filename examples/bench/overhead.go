@@ -12,7 +12,10 @@ package main
 // reply and a short user message) against each proxy and against a direct
 // P-then-D chain: the client itself sends the prefill leg to P and the
 // decode leg with P's handle to D, the same two round trips with no router,
-// the zero-overhead baseline. For each history size and concurrency the
+// the zero-overhead baseline. The canned engines report a KV pool large
+// enough for every conversation's handles (cannedPoolBlocks), so that no
+// build's hit rate depends on releases for room. For each history size and
+// concurrency the
 // three targets run one after the other, in a rotating order, --repeats
 // times, and the table gives the median over repeats of:
 //
@@ -64,6 +67,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bidikv/bidikv/internal/toytok"
 )
 
 type ovhConfig struct {
@@ -137,6 +142,17 @@ func parseOverheadFlags(args []string, help io.Writer) (ovhConfig, error) {
 	return c, nil
 }
 
+// cannedPoolBlocks is the KV pool the canned engines report: room for
+// four times the handles of the largest run's conversations (a history of
+// h bytes is about h/4 toy tokens, h/64 blocks of 16, plus the turns'
+// growth), and never below the canned handles' id range. A router releases
+// held handles for room when its engines' pool is full; a pool too small
+// for the run would make the hit rate depend on how the builds' turns
+// interleave rather than on the router, and skew the comparison.
+func cannedPoolBlocks(c ovhConfig) int {
+	return max(toytok.PoolBlocks, 4*slices.Max(c.concs)*(slices.Max(c.hists)/64+1024))
+}
+
 // runOverhead is bench --overhead.
 func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parseOverheadFlags(args, stdout)
@@ -193,11 +209,12 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return p, err
 	}
-	pe, err := start("vllmsim", "--canned", "prefill", "--port", "0")
+	pool := strconv.Itoa(cannedPoolBlocks(c))
+	pe, err := start("vllmsim", "--canned", "prefill", "--port", "0", "--num-gpu-blocks-override", pool)
 	if err != nil {
 		return err
 	}
-	de, err := start("vllmsim", "--canned", "decode", "--port", "0")
+	de, err := start("vllmsim", "--canned", "decode", "--port", "0", "--num-gpu-blocks-override", pool)
 	if err != nil {
 		return err
 	}

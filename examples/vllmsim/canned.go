@@ -40,11 +40,15 @@ const (
 )
 
 // cannedKV is the canned engines' KV layout: the block size and KV groups
-// of their handles.
-type cannedKV struct{ blockSize, groups int }
+// of their handles,
+// and the pool's size they report (num_gpu_blocks, the router's capacity).
+type cannedKV struct{ blockSize, groups, poolBlocks int }
 
 // cannedHandler returns the canned engine of role "prefill" or "decode".
 func cannedHandler(role, model string, kv cannedKV) (http.Handler, error) {
+	if kv.poolBlocks == 0 {
+		kv.poolBlocks = toytok.PoolBlocks
+	}
 	if kv.blockSize < 1 || kv.groups < 1 {
 		return nil, fmt.Errorf("canned engine: block size %d and KV groups %d must be at least 1", kv.blockSize, kv.groups)
 	}
@@ -57,7 +61,7 @@ func cannedHandler(role, model string, kv cannedKV) (http.Handler, error) {
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		fmt.Fprintf(w, "process_start_time_seconds %d\n", start)
-		fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n", kv.blockSize, toytok.PoolBlocks)
+		fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n", kv.blockSize, kv.poolBlocks)
 	})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

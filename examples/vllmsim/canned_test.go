@@ -24,9 +24,9 @@ import (
 func TestCannedThroughRouter(t *testing.T) {
 	for _, mode := range []kvroute.VerificationMode{kvroute.VerifyContent, kvroute.VerifyTokens} {
 		t.Run(string(mode), func(t *testing.T) {
-			p, err := cannedHandler("prefill", "sim-model", cannedKV{16, 1})
+			p, err := cannedHandler("prefill", "sim-model", cannedKV{16, 1, 0})
 			require.NoError(t, err)
-			d, err := cannedHandler("decode", "sim-model", cannedKV{16, 1})
+			d, err := cannedHandler("decode", "sim-model", cannedKV{16, 1, 0})
 			require.NoError(t, err)
 			ps, ds := httptest.NewServer(p), httptest.NewServer(d)
 			defer ps.Close()
@@ -63,7 +63,7 @@ func TestCannedThroughRouter(t *testing.T) {
 }
 
 func TestCannedRole(t *testing.T) {
-	_, err := cannedHandler("both", "m", cannedKV{16, 1})
+	_, err := cannedHandler("both", "m", cannedKV{16, 1, 0})
 	assert.Error(t, err)
 	_, err = parseFlags([]string{"--canned", "both"}, io.Discard)
 	assert.Error(t, err)
@@ -79,7 +79,7 @@ func TestCannedHandleSizes(t *testing.T) {
 	msgs := []toytok.Message{{Role: "system", Content: "You are a coding agent."}, {Role: "user", Content: strings.Repeat("Fix the build, please. ", 400)}}
 	prompt := len(toytok.Chat(msgs))
 	held := prompt + len(toytok.Reply(cannedReply)) - 1
-	for _, kv := range []cannedKV{{16, 1}, {64, 2}} {
+	for _, kv := range []cannedKV{{16, 1, 0}, {64, 2, 0}} {
 		for _, c := range []struct {
 			role   string
 			extra  string
@@ -110,4 +110,28 @@ func TestCannedHandleSizes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestCannedPoolBlocks: a canned engine reports a pool of 100,000 blocks
+// as num_gpu_blocks, or --num-gpu-blocks-override when it is larger (a
+// router over it then holds more handles before releasing some for room);
+// a smaller pool than its handles' ids is refused.
+func TestCannedPoolBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--canned", "decode"}, `num_gpu_blocks="100000"`},
+		{[]string{"--canned", "decode", "--num-gpu-blocks-override", "2000000"}, `num_gpu_blocks="2000000"`},
+	} {
+		o, err := parseFlags(tc.args, io.Discard)
+		require.NoError(t, err)
+		h, err := cannedHandler(o.canned, "m", cannedKV{16, 1, o.cannedBlocks})
+		require.NoError(t, err)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		assert.Contains(t, w.Body.String(), tc.want, "%v", tc.args)
+	}
+	_, err := parseFlags([]string{"--canned", "prefill", "--num-gpu-blocks-override", "5000"}, io.Discard)
+	assert.ErrorContains(t, err, "at least 100000")
 }

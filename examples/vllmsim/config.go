@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bidikv/bidikv/internal/sim"
+	"github.com/bidikv/bidikv/internal/toytok"
 )
 
 // options are the parsed command line.
@@ -19,6 +20,7 @@ type options struct {
 	cfg            sim.Config
 	verbose        bool
 	canned         string // "prefill" or "decode": canned.go's fixed answers
+	cannedBlocks   int    // --num-gpu-blocks-override for a canned engine (0: toytok.PoolBlocks)
 	warnings       []string
 }
 
@@ -211,8 +213,11 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	switch {
 	case *gpuBlocks == 1 || *gpuBlocks < 0:
 		return nil, fmt.Errorf("--num-gpu-blocks-override %d: must be at least 2 (block 0 is vLLM's null block)", *gpuBlocks)
+	case *gpuBlocks > 1 && o.canned != "" && *gpuBlocks < toytok.PoolBlocks:
+		return nil, fmt.Errorf("--num-gpu-blocks-override %d with --canned: must be at least %d (the canned handles' block ids are below it)", *gpuBlocks, toytok.PoolBlocks)
 	case *gpuBlocks > 1:
 		o.cfg.NumBlocks = *gpuBlocks - 1
+		o.cannedBlocks = *gpuBlocks
 	}
 	return o, nil
 }

@@ -69,8 +69,10 @@
 // return_token_ids), for router overhead runs only (examples/bench
 // --overhead); its handles are the size vLLM's are (one block id per
 // --block-size tokens of the prompt, and for D of the reply, in each of
-// --kv-groups lists); its ready line is "vllmsim: serving http://ADDR
-// canned ROLE".
+// --kv-groups lists, ids below 100,000); it reports a pool of 100,000
+// blocks, or --num-gpu-blocks-override (at least 100,000), as
+// num_gpu_blocks; its ready line is "vllmsim: serving http://ADDR canned
+// ROLE".
 //
 // It stops on SIGINT or SIGTERM.
 package main

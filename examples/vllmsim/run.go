@@ -131,7 +131,7 @@ func listenRun(host string, port, n int) ([]net.Listener, error) {
 
 // runCanned serves the canned engine (canned.go) until ctx is done.
 func runCanned(ctx context.Context, o *options, ln net.Listener, stdout io.Writer) error {
-	h, err := cannedHandler(o.canned, o.cfg.Model, cannedKV{blockSize: o.cfg.BlockSize, groups: o.cfg.KVGroups})
+	h, err := cannedHandler(o.canned, o.cfg.Model, cannedKV{blockSize: o.cfg.BlockSize, groups: o.cfg.KVGroups, poolBlocks: o.cannedBlocks})
 	if err != nil {
 		return err
 	}
