@@ -140,7 +140,7 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64), decoder_kv_blocks_ttl (480), kv_lease_duration (30)} (default: none, no KV connector: kv_transfer_params are ignored)`)
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
-	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193)")
+	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193; with --canned, at least 100000: the pool the canned engine reports)")
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", o.cfg.MaxNumSeqs, "requests a rank runs at once; the others wait (0: no limit)")
 	fs.StringVar(&o.cfg.Version, "sim-version", o.cfg.Version, "the vLLM version GET /version reports (empty: no /version route, 404)")
 	noTokenize := fs.Bool("no-tokenize", false, "no POST /tokenize route (404), as a server without it")
