@@ -174,6 +174,11 @@ type Stats struct {
 	// no longer in the store when their release came (another router's
 	// turn or release took it, or it expired): nothing to release.
 	ReleaseFailures, ReleaseSkipped, ReleaseGone int64
+	// PrefixUnshared counts holds whose blocks the ledger could not match
+	// with other holds' (token verification): the decode engine's block
+	// size, as its /metrics report it, was not the one its handle was
+	// fingerprinted with; each of its blocks was counted as its own.
+	PrefixUnshared int64
 }
 
 type counters struct {
@@ -188,7 +193,7 @@ type counters struct {
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics, unvalidatedHandles                                               atomic.Int64
+	implausibleMetrics, unvalidatedHandles, prefixUnshared                               atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -250,6 +255,7 @@ func (c *counters) snapshot() Stats {
 		ReleaseFailures: c.releaseFailures.Load(),
 		ReleaseSkipped:  c.releaseSkipped.Load(),
 		ReleaseGone:     c.releaseGone.Load(),
+		PrefixUnshared:  c.prefixUnshared.Load(),
 	}
 }
 

@@ -40,7 +40,8 @@ type Hold struct {
 	// counted once, as the engine stores them once, and releasing one
 	// frees only the blocks no other hold references. The last, partial
 	// block is always the hold's own (the engine caches full blocks
-	// only). Blocks past the hold's full blocks are not read.
+	// only). Blocks past the hold's full blocks are not read; the
+	// sequence is read during [Budget.Add] only, never kept.
 	Prefix iter.Seq[uint64]
 	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
 	// is not the engine's block size at Add, Prefix is not used (counted

@@ -78,6 +78,18 @@ func (b *Budget) Held(engine string, now time.Time) (held, budget int64) {
 	return e.blocks * int64(b.blockSize(e)), b.budgetTokens(e)
 }
 
+// BlockSize returns engine's tokens per block as the ledger counts them
+// (its [Budget.SetCapacity], else [WithBlockSize]): the block size a
+// [Hold.Prefix] must be of.
+func (b *Budget) BlockSize(engine string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i, ok := b.byName[engine]; ok {
+		return b.blockSize(b.engines[i])
+	}
+	return b.cfg.blockSize
+}
+
 // Capacity returns engine's KV capacity in tokens as the ledger knows it
 // (its [Budget.SetCapacity], else [WithCapacity]; 0: unknown). It costs a
 // map lookup, for a caller that asks on every turn.
