@@ -130,7 +130,9 @@ func TestBudgetReleasesOverBudget(t *testing.T) {
 func testBudgetReleases(t *testing.T, opts ...kvroute.Option) {
 	c, r, srv, front := budgetRig(t, "", opts...)
 	d := c.Decode[0]
-	convs := oneTurns(t, r, srv, 8, true)
+	// Twelve: their shared system prompt is counted once, as D stores it
+	// (eight fit the budget).
+	convs := oneTurns(t, r, srv, 12, true)
 	settle(t, r, func(s kvroute.Stats) bool {
 		kv := r.DecodeKV()[0]
 		return kv.HeldTokens <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && front.releases.Load() > 0
@@ -487,7 +489,7 @@ func TestGapModelSeesReturnsAfterRelease(t *testing.T) {
 	resolved := func(s kvroute.Stats) bool {
 		return requested(s)+s.ReleaseFailures+s.ReleaseGone+s.ReleaseSkipped >= l.Stats().Released
 	}
-	convs := oneTurns(t, r, srv, 8, true)
+	convs := oneTurns(t, r, srv, 12, true) // eight fit the budget
 	settle(t, r, func(s kvroute.Stats) bool {
 		return front.releases.Load() > 0 && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && resolved(s)
 	})
