@@ -393,7 +393,9 @@ type DecodeKV struct {
 	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
 	// HeldTokens is the memory they pin, in whole blocks × the engine's
-	// block size: what counts against the budget.
+	// block size: what counts against the budget. In token verification
+	// a block several holds share (a common prompt, stored once by the
+	// engine's prefix cache) is counted once.
 	HeldTokens int64
 	// Capacity is the engine's KV capacity in tokens (its /metrics, or
 	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it

@@ -17,7 +17,9 @@ func AgeBounds() []time.Duration { return slices.Clone(ageBuckets[:]) }
 type Usage struct {
 	// Engine is the decode engine.
 	Engine string
-	// Holds, Tokens and Blocks are its live holds and what they pin.
+	// Holds, Tokens and Blocks are its live holds and what they pin:
+	// Tokens summed over the holds, Blocks distinct (a block holds share
+	// through [Hold.Prefix] once).
 	Holds  int
 	Tokens int64
 	Blocks int64
