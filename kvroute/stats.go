@@ -179,6 +179,10 @@ type Stats struct {
 	// size, as its /metrics report it, was not the one its handle was
 	// fingerprinted with; each of its blocks was counted as its own.
 	PrefixUnshared int64
+	// ReleasedFinal counts holds released after the turn that ended their
+	// session (a request with X-Dynamo-Session-Final: true): the turn's
+	// handle released at once instead of retained for the TTL.
+	ReleasedFinal int64
 }
 
 type counters struct {
@@ -193,7 +197,7 @@ type counters struct {
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
 	roomRejected, roomLimited                                                            atomic.Int64
 	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics, unvalidatedHandles, prefixUnshared                               atomic.Int64
+	implausibleMetrics, unvalidatedHandles, prefixUnshared, releasedFinal                atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -256,6 +260,7 @@ func (c *counters) snapshot() Stats {
 		ReleaseSkipped:  c.releaseSkipped.Load(),
 		ReleaseGone:     c.releaseGone.Load(),
 		PrefixUnshared:  c.prefixUnshared.Load(),
+		ReleasedFinal:   c.releasedFinal.Load(),
 	}
 }
 
@@ -278,5 +283,7 @@ func (c *counters) released(why releaseReason) {
 		c.releasedStoreError.Add(1)
 	case releaseOverwritten:
 		c.releasedOverwritten.Add(1)
+	case releaseFinal:
+		c.releasedFinal.Add(1)
 	}
 }
