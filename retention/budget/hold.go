@@ -41,7 +41,9 @@ type Hold struct {
 	// frees only the blocks no other hold references. The last, partial
 	// block is always the hold's own (the engine caches full blocks
 	// only). Blocks past the hold's full blocks are not read; the
-	// sequence is read during [Budget.Add] only, never kept.
+	// sequence is read during [Budget.Add] only, never kept. It costs a
+	// map update per block at Add and at the hold's end; the ledger keeps
+	// a node per distinct block, not the holds' sequences.
 	Prefix iter.Seq[uint64]
 	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
 	// is not the engine's block size at Add, Prefix is not used (counted
