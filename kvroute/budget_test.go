@@ -98,11 +98,26 @@ func settle(t *testing.T, r *kvroute.Router, want func(kvroute.Stats) bool) {
 func requested(s kvroute.Stats) int64 { return s.ReleasedBudget + s.ReleasedRoom }
 
 // oneTurns runs n single-turn conversations and checks every answer
-// against a single engine's.
+// against a single engine's. They share their system prompt, which D
+// stores, and the ledger counts, once.
 func oneTurns(t *testing.T, r *kvroute.Router, srv string, n int, managed bool) []*conversation {
+	return turnsOf(t, r, srv, n, managed, false)
+}
+
+// distinctTurns is oneTurns with conversations that share no block: each
+// system prompt begins with the conversation's number.
+func distinctTurns(t *testing.T, r *kvroute.Router, srv string, n int) []*conversation {
+	return turnsOf(t, r, srv, n, true, true)
+}
+
+func turnsOf(t *testing.T, r *kvroute.Router, srv string, n int, managed, distinct bool) []*conversation {
 	var convs []*conversation
 	for i := range n {
-		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+		system := systemPrompt
+		if distinct {
+			system = fmt.Sprintf("Conversation %d. %s", i, systemPrompt)
+		}
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: system}}}
 		conv.say(fmt.Sprintf("Conversation %d. %s", i, userText(i)))
 		conv.hear(releaseTurn(t, srv, conv.path, conv.body(), nil))
 		convs = append(convs, conv)
