@@ -204,6 +204,8 @@ func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window t
 			func(s kvroute.Stats) int64 { return s.ReleaseGone }),
 		stat("decode_unreleasable_total", "Decode handles the proxy did not keep and could not release either (one vLLM would misread, of push mode, or whose store write failed while the store could not say it does not hold it): they lapse at the engines' TTL.",
 			func(s kvroute.Stats) int64 { return s.Unreleasable }),
+		stat("decode_prefix_unshared_total", "Holds whose blocks the ledger could not match with other holds' (token verification): the decode engine's block size, as its /metrics report it, was not the one the handle was fingerprinted with, so each block was counted as the hold's own.",
+			func(s kvroute.Stats) int64 { return s.PrefixUnshared }),
 		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now},
 	)
 }
