@@ -18,7 +18,7 @@ type pauseRow struct {
 	pause     time.Duration
 	later     int // turns after the first
 	reused    int // of those, hits and decode-local turns
-	expired   int // misses on an expired handle: the plain-prefill fallback
+	expired   int // misses on a handle past its retention TTL (found expired, or released when its TTL ended): the plain-prefill fallback
 	ttft      [3]time.Duration
 	modelled  time.Duration // median TTFT of the later turns without the router's measured overhead
 	heldMean  int           // KV tokens D held for retained handles, mean over the turns
@@ -115,7 +115,9 @@ func runPause(ctx context.Context, c config, pause time.Duration, tick func()) (
 		if reused(t) {
 			row.reused++
 		}
-		if t.missReason == kvroute.MissExpired {
+		// A handle past its retention TTL is found expired, or is gone:
+		// the router released it on D when its TTL ended.
+		if t.missReason == kvroute.MissExpired || t.missReason == kvroute.MissNotFound {
 			row.expired++
 		}
 	}
@@ -146,5 +148,5 @@ func (s summary) printPauses(w io.Writer) {
 			ms(r.ttft[0]), ms(r.ttft[1]), ms(r.ttft[2]), s.heldString(r.heldMean), peak, s.heldString(r.ledger), r.wrong, r.answered)
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "hit rate and TTFT over the turns after the first; expired: turns whose handle had outlived the retention TTL and ran as plain prefills")
+	fmt.Fprintln(w, "hit rate and TTFT over the turns after the first; expired: turns whose handle had outlived the retention TTL (found expired, or released by the router when its TTL ended) and ran as plain prefills")
 }
