@@ -85,12 +85,25 @@ func releaseCases() []releaseCase {
 		c.say(userText(2))
 		return c.body()
 	}
+	// edited: the conversation's earlier user message edited, a new
+	// question after the reply.
+	edited := func(c *conversation, reply string) []byte {
+		c.hear(reply)
+		c.messages[1].Content = "Edited: " + userText(9)
+		c.say(userText(2))
+		return c.body()
+	}
+	tokensByID := []kvroute.Option{kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true})}
 	superseded := func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }
 	return []releaseCase{
 		{name: "conversation id, another prompt (chat)", opts: byID, header: session, first: chat(systemPrompt),
 			second: another(otherPrompt), miss: kvroute.MissMismatch, reason: superseded},
 		{name: "conversation id, compacted history", opts: byID, header: session, first: chat("Be terse."),
 			second: compacted, miss: kvroute.MissMismatch, reason: superseded},
+		{name: "conversation id, earlier message edited (tokens)", opts: tokensByID, header: session, first: chat("Be terse."),
+			second: edited, miss: kvroute.MissThreshold, reason: superseded},
+		{name: "session hint, earlier message edited, below the threshold", opts: []kvroute.Option{kvroute.WithThreshold(4096)},
+			header: session, first: chat(systemPrompt), second: edited, miss: kvroute.MissThreshold, reason: superseded},
 		{name: "verified prefix below the threshold", opts: []kvroute.Option{kvroute.WithThreshold(4096)},
 			first: chat(systemPrompt), second: continued, miss: kvroute.MissThreshold, reason: superseded},
 		{name: "verified prefix below the threshold (completions)", opts: []kvroute.Option{kvroute.WithThreshold(4096)},
