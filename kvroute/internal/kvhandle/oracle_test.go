@@ -210,25 +210,10 @@ func knownBlocks(raw []byte, hi Info) string {
 
 // cutElements is the former Cut: a callback per group and per block id.
 func cutElements(raw []byte, tokens, blockSize int) ([]byte, error) {
-	obj, err := jsonraw.Parse(raw)
+	obj, blocks, c, err := cutStart(raw, tokens, blockSize)
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
-		if n, ok := jsonraw.Int(v); !ok || n > 1 {
-			return nil, ErrPartialDCP
-		}
-	}
-	rv, _ := obj.Get("remote_num_tokens")
-	r, ok := jsonraw.Int(rv)
-	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
-		return nil, ErrUnusable
-	}
-	blocks, ok := obj.Get("remote_block_ids")
-	if !ok || len(blocks) == 0 || blocks[0] != '[' {
-		return nil, ErrPartialFlat
-	}
-	c := cutter{want: int((r + int64(blockSize) - 1) / int64(blockSize)), keep: (tokens + blockSize - 1) / blockSize}
 	nested := false
 	_ = jsonraw.Elements(blocks, func(e []byte) error {
 		nested = len(e) > 0 && e[0] == '['

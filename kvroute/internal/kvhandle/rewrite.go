@@ -88,25 +88,10 @@ var (
 // ceil(remote_num_tokens/blockSize), which catches a block size that
 // differs from the engine's.
 func Cut(raw []byte, tokens, blockSize int) ([]byte, error) {
-	obj, err := jsonraw.Parse(raw)
+	obj, blocks, c, err := cutStart(raw, tokens, blockSize)
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
-		if n, ok := jsonraw.Int(v); !ok || n > 1 {
-			return nil, ErrPartialDCP
-		}
-	}
-	rv, _ := obj.Get("remote_num_tokens")
-	r, ok := jsonraw.Int(rv)
-	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
-		return nil, ErrUnusable
-	}
-	blocks, ok := obj.Get("remote_block_ids")
-	if !ok || len(blocks) == 0 || blocks[0] != '[' {
-		return nil, ErrPartialFlat
-	}
-	c := cutter{want: int((r + int64(blockSize) - 1) / int64(blockSize)), keep: (tokens + blockSize - 1) / blockSize}
 	out, err := c.blocks(make([]byte, 0, len(blocks)), blocks)
 	if err != nil {
 		return nil, err
@@ -114,6 +99,33 @@ func Cut(raw []byte, tokens, blockSize int) ([]byte, error) {
 	return obj.Edit(nil,
 		jsonraw.Member{Key: "remote_num_tokens", Value: strconv.AppendInt(nil, int64(tokens), 10)},
 		jsonraw.Member{Key: "remote_block_ids", Value: out}), nil
+}
+
+// cutStart checks that raw's blocks can be cut to tokens at blockSize
+// (dcp_size 1 or absent, 0 < tokens <= remote_num_tokens, a list of
+// block ids) and returns the parsed handle, its remote_block_ids and the
+// cutter for them.
+func cutStart(raw []byte, tokens, blockSize int) (jsonraw.Object, []byte, cutter, error) {
+	obj, err := jsonraw.Parse(raw)
+	if err != nil {
+		return obj, nil, cutter{}, err
+	}
+	if v, ok := obj.Get("dcp_size"); ok && !jsonraw.IsNull(v) {
+		if n, ok := jsonraw.Int(v); !ok || n > 1 {
+			return obj, nil, cutter{}, ErrPartialDCP
+		}
+	}
+	rv, _ := obj.Get("remote_num_tokens")
+	r, ok := jsonraw.Int(rv)
+	if !ok || r <= 0 || tokens <= 0 || int64(tokens) > r {
+		return obj, nil, cutter{}, ErrUnusable
+	}
+	blocks, ok := obj.Get("remote_block_ids")
+	if !ok || len(blocks) == 0 || blocks[0] != '[' {
+		return obj, nil, cutter{}, ErrPartialFlat
+	}
+	c := cutter{want: int((r + int64(blockSize) - 1) / int64(blockSize)), keep: (tokens + blockSize - 1) / blockSize}
+	return obj, blocks, c, nil
 }
 
 // cutter cuts remote_block_ids groups of want blocks to their first keep.
