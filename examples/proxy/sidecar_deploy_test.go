@@ -110,20 +110,7 @@ func TestSidecarDeployLLMD(t *testing.T) {
 		assert.True(t, found, "%s is defined by the overlay", m[2])
 	}
 
-	var epp struct {
-		Plugins []struct {
-			Type       string `yaml:"type"`
-			Parameters struct {
-				EngineConfigs []struct {
-					CustomMetrics []struct {
-						AttributeKey string `yaml:"attributeKey"`
-						MetricSpec   string `yaml:"metricSpec"`
-					} `yaml:"customMetrics"`
-				} `yaml:"engineConfigs"`
-				AttributeKey string `yaml:"attributeKey"`
-			} `yaml:"parameters"`
-		} `yaml:"plugins"`
-	}
+	var epp pickerConfig
 	read("epp-config.yaml", &epp)
 	cl := kvroutetest.NewCluster(t, 1, 1)
 	sc := startSidecar(t, cl.Decode[0].URL())

@@ -202,21 +202,7 @@ func (s *sidecarConfig) checkPicker() []check {
 	if err != nil {
 		return []check{{"FAIL", "picker config: " + err.Error(), ""}}
 	}
-	var cfg struct {
-		Plugins []struct {
-			Type       string `yaml:"type"`
-			Name       string `yaml:"name"`
-			Parameters struct {
-				EngineConfigs []struct {
-					CustomMetrics []struct {
-						AttributeKey string `yaml:"attributeKey"`
-						MetricSpec   string `yaml:"metricSpec"`
-					} `yaml:"customMetrics"`
-				} `yaml:"engineConfigs"`
-				AttributeKey string `yaml:"attributeKey"`
-			} `yaml:"parameters"`
-		} `yaml:"plugins"`
-	}
+	var cfg pickerConfig
 	if err := yaml.Unmarshal(b, &cfg); err != nil {
 		return []check{{"FAIL", "picker config: " + err.Error(), ""}}
 	}
@@ -246,4 +232,23 @@ func (s *sidecarConfig) checkPicker() []check {
 		out = append(out, check{"ok", "picker config: reads " + plural(len(keys), "sidecar figure"), ""})
 	}
 	return out
+}
+
+// pickerConfig is what doctor --sidecar (and the deploy test) read of an
+// llm-d EndpointPickerConfig: its plugins, their custom metrics and the
+// attribute each scores.
+type pickerConfig struct {
+	Plugins []struct {
+		Type       string `yaml:"type"`
+		Name       string `yaml:"name"`
+		Parameters struct {
+			EngineConfigs []struct {
+				CustomMetrics []struct {
+					AttributeKey string `yaml:"attributeKey"`
+					MetricSpec   string `yaml:"metricSpec"`
+				} `yaml:"customMetrics"`
+			} `yaml:"engineConfigs"`
+			AttributeKey string `yaml:"attributeKey"`
+		} `yaml:"parameters"`
+	} `yaml:"plugins"`
 }
