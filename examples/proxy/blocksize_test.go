@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"testing"
 
@@ -123,15 +121,7 @@ func TestEngineBlockSizesThroughProxy(t *testing.T) {
 // vLLM run with --disable-log-stats serves it: no vllm:cache_config_info,
 // so no block size.
 func noVLLMMetrics(t *testing.T, e *kvroutetest.Engine) string {
-	t.Helper()
-	u, err := url.Parse(e.URL())
-	require.NoError(t, err)
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/metrics" {
-			proxy.ServeHTTP(w, r)
-			return
-		}
+	return metricsFront(t, e, func(w http.ResponseWriter) {
 		resp, err := http.Get(e.URL() + "/metrics")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
@@ -145,9 +135,7 @@ func noVLLMMetrics(t *testing.T, e *kvroutetest.Engine) string {
 				_, _ = io.WriteString(w, sc.Text()+"\n")
 			}
 		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
+	})
 }
 
 // Issue 29.1: engines of block size 64 that report none. With the default

@@ -18,9 +18,9 @@ import (
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 )
 
-// hostileMetricsFront fronts an engine whose /metrics reports a process
-// start a day ahead and a block count whose capacity overflows int64.
-func hostileMetricsFront(t *testing.T, e *kvroutetest.Engine) string {
+// metricsFront fronts engine e: every path reaches e, but /metrics is
+// answered by page (what the test wants the router to read).
+func metricsFront(t *testing.T, e *kvroutetest.Engine, page func(w http.ResponseWriter)) string {
 	t.Helper()
 	u, err := url.Parse(e.URL())
 	require.NoError(t, err)
@@ -30,11 +30,19 @@ func hostileMetricsFront(t *testing.T, e *kvroutetest.Engine) string {
 			rp.ServeHTTP(w, r)
 			return
 		}
-		fmt.Fprintf(w, "process_start_time_seconds %d\n", time.Now().Add(24*time.Hour).Unix())
-		fmt.Fprintln(w, `vllm:cache_config_info{block_size="8",enable_prefix_caching="True",engine="0",num_gpu_blocks="2305843009213693954"} 1.0`)
+		page(w)
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// hostileMetricsFront fronts an engine whose /metrics reports a process
+// start a day ahead and a block count whose capacity overflows int64.
+func hostileMetricsFront(t *testing.T, e *kvroutetest.Engine) string {
+	return metricsFront(t, e, func(w http.ResponseWriter) {
+		fmt.Fprintf(w, "process_start_time_seconds %d\n", time.Now().Add(24*time.Hour).Unix())
+		fmt.Fprintln(w, `vllm:cache_config_info{block_size="8",enable_prefix_caching="True",engine="0",num_gpu_blocks="2305843009213693954"} 1.0`)
+	})
 }
 
 // An engine's implausible /metrics values are reported, not acted on: the
