@@ -350,3 +350,46 @@ func TestToolCallTurnsReuse(t *testing.T) {
 		})
 	}
 }
+
+// A buffered Messages stream is D's non-streamed answer written as the
+// API's stream, so a tool call cut by max_tokens, which the engine's own
+// stream would have begun (its name, the arguments so far), is left out as
+// the body leaves it out, and the stream says stop_reason max_tokens. The
+// agent's next turn then carries the history of the non-streamed answer.
+// Every max_tokens from 1 to 40 is tried; some cut the call (the streamed
+// and non-streamed references differ there) and each answer is the
+// non-streamed one.
+func TestBufferedStreamCutToolCall(t *testing.T) {
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithToolCallRate(1))
+	url := serve(t, newRouter(t, c, kvroute.WithDecodeMemory(kvroute.DecodeMemory{BufferStreams: []string{kvroute.PathMessages}})))
+	ref := []kvroutetest.Option{kvroutetest.WithToolCallRate(1)}
+	cut := 0
+	for maxTokens := 1; maxTokens <= 40; maxTokens++ {
+		client := &toolClient{path: kvroute.PathMessages, stream: true}
+		client.next(nil, 0)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(client.body(), &m))
+		m["max_tokens"] = maxTokens
+		streamed, err := json.Marshal(m)
+		require.NoError(t, err)
+		m["stream"] = false
+		plain, err := json.Marshal(m)
+		require.NoError(t, err)
+
+		res := send(t, url, kvroute.PathMessages, streamed, nil)
+		require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+		got := client.read(t, res.raw)
+		want, err := kvroutetest.Reference(kvroute.PathMessages, plain, ref...)
+		require.NoError(t, err)
+		wantStream, err := kvroutetest.Reference(kvroute.PathMessages, streamed, ref...)
+		require.NoError(t, err)
+		if len(wantStream.ToolCalls) != len(want.ToolCalls) {
+			cut++
+			assert.Equal(t, "length", want.FinishReason, "max_tokens %d: a cut call", maxTokens)
+		}
+		assert.Equal(t, want.Text, got.text, "max_tokens %d", maxTokens)
+		sameCalls(t, want.ToolCalls, got.calls)
+		assert.Equal(t, map[string]string{"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}[want.FinishReason], got.finish, "max_tokens %d", maxTokens)
+	}
+	assert.NotZero(t, cut, "some max_tokens cut the call inside it")
+}
