@@ -1,6 +1,8 @@
 package kvhandle
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -86,6 +88,47 @@ func BenchmarkCheckKnown(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := CheckKnown(h, defaultBlockSize, hi.Blocks); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAnswerParse parses an engine's answer carrying a real-size D
+// handle: plain is the validating parse alone (jsonraw.Object.Reset, which
+// any router must do to read the answer), validated is what the router
+// does, the parse that also reads the block list's shape (ResetAnswer)
+// followed by the handle's checks (CheckKnown). validated - plain is what
+// validating the handle costs on top of parsing the answer.
+//
+//	go test -run '^$' -bench AnswerParse -count 10 ./kvroute/internal/kvhandle
+func BenchmarkAnswerParse(b *testing.B) {
+	for _, c := range benchHandles {
+		h := toytok.Handle(7, c.tokens, defaultBlockSize)
+		body := []byte(`{"id":"cmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,` +
+			`"message":{"role":"assistant","content":"` + strings.Repeat("word ", 400) + `"},"finish_reason":"stop"}],` +
+			`"usage":{"prompt_tokens":` + strconv.Itoa(c.tokens) + `,"completion_tokens":400,"total_tokens":` + strconv.Itoa(c.tokens+400) + `},` +
+			`"kv_transfer_params":` + string(h) + `}`)
+		b.Run("plain/"+c.name, func(b *testing.B) {
+			var obj jsonraw.Object
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if err := obj.Reset(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("validated/"+c.name, func(b *testing.B) {
+			var obj jsonraw.Object
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				known, err := ResetAnswer(&obj, body)
+				if err != nil || known.End == 0 {
+					b.Fatal(err, known)
+				}
+				v, _ := obj.Get(Key)
+				if _, err := CheckKnown(v, defaultBlockSize, known); err != nil {
 					b.Fatal(err)
 				}
 			}
