@@ -143,7 +143,11 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 	if !grew || !m.cfg.on {
 		return
 	}
-	if held, b := m.ledger.Held(h.Engine, m.clock()); b > 0 && held > b {
+	var unseen int64
+	if ep := m.rel.decode.find(h.Engine); ep != nil {
+		unseen = ep.mem.Snapshot().Unseen
+	}
+	if held, b := m.ledger.Held(h.Engine, m.clock()); b > 0 && held+unseen > b {
 		m.rel.nudge(h.Engine)
 	}
 }
@@ -194,7 +198,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 		return tokens
 	}
 	now := m.clock()
-	if held, _ := m.ledger.Held(ep.url, now); held+live > m.limit(c) {
+	if held, _ := m.ledger.Held(ep.url, now); held+live+ep.mem.Snapshot().Unseen > m.limit(c) {
 		// The victims are chosen now (a walk of the engine's holds,
 		// no I/O), their release requests sent in the background.
 		t.roomMade = true
@@ -209,19 +213,24 @@ func (m *decodeMemory) limit(capacity int64) int64 {
 }
 
 // room is the incoming tokens the ledger's Victims is asked to make room
-// for on ep: Victims frees held + incoming − budget, and
-// room wants held + live − limit freed, so incoming = live − limit +
-// budget (0: the budget alone rules).
+// for on ep: Victims frees held + incoming − budget; the budget wants
+// held + unseen − budget freed (unseen KV counts as used: pressure.go),
+// and room held + live + unseen − limit, so incoming is the larger of
+// unseen and live + unseen − limit + budget (0: the budget alone rules).
 func (m *decodeMemory) room(ep *endpoint) int {
-	if m.cfg.headroom < 0 || ep == nil {
+	if ep == nil {
 		return 0
 	}
 	c := m.ledger.Capacity(ep.url)
 	if c <= 0 {
 		return 0
 	}
+	unseen := ep.mem.Snapshot().Unseen
+	if m.cfg.headroom < 0 {
+		return int(unseen)
+	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(ep.mem.Live.Load()-m.limit(c)+budget, 0))
+	return int(max(ep.mem.Live.Load()+unseen-m.limit(c)+budget, unseen, 0))
 }
 
 // returned records that a turn looked key up: its conversation came
@@ -368,6 +377,13 @@ type DecodeKV struct {
 	// this Router's holds may take (WithDecodeMemory's Budget), 0 when
 	// there is none.
 	Capacity, Budget int64
+	// Unseen is the KV in use on the engine, at the last reading of its
+	// /metrics, beyond this Router's holds and live decode legs
+	// (vllm:kv_cache_usage_perc × Capacity, less both; 0 when unknown):
+	// other routers' holds and requests, holds of streams whose answers
+	// carry no handle, orphaned holds. The management counts it as used:
+	// this Router's holds yield to it.
+	Unseen int64
 	// MaxModelLen is the engine's max_model_len (its GET /v1/models, read
 	// beside its /metrics), 0 when unknown: the most a request may take
 	// there, prompt and max_tokens together.
@@ -396,7 +412,7 @@ func (r *Router) DecodeKV() []DecodeKV {
 		d := DecodeKV{Endpoint: e.url}
 		p := e.mem.Snapshot()
 		if !p.At.IsZero() {
-			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead = p.Usage, p.Waiting, int64(p.Preemptions), p.At
+			d.KVUsage, d.Waiting, d.Preemptions, d.MetricsRead, d.Unseen = p.Usage, p.Waiting, int64(p.Preemptions), p.At, p.Unseen
 		}
 		d.MaxModelLen = p.MaxModelLen
 		out = append(out, d)

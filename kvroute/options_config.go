@@ -141,7 +141,9 @@ type DecodeMemory struct {
 	// prompt tokens of unlimited memory. It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
-	// for the retention TTL.
+	// for the retention TTL. KV the engine reports in use beyond this
+	// Router's holds and live legs (DecodeKV.Unseen: other routers' holds,
+	// streams without a handle, orphans) counts against the budget too.
 	//
 	// A negative Budget turns the management off: no handle is released,
 	// no engine's /metrics is read for it, placement ignores pressure: the

@@ -98,6 +98,8 @@ var (
 		"Live retained handles per decode engine by age: at most le seconds old (le +Inf: all).", []string{"endpoint", "le"}, nil)
 	kvUsageDesc = prometheus.NewDesc(namespace+"_decode_kv_usage",
 		"Each decode engine's vllm:kv_cache_usage_perc (0 to 1, holds included) at the proxy's last reading (-1: not reported).", []string{"endpoint"}, nil)
+	kvUnseenDesc = prometheus.NewDesc(namespace+"_decode_kv_unseen_tokens",
+		"Each decode engine's KV in use, at the proxy's last reading of its /metrics, beyond this proxy's holds and live decode legs (vllm:kv_cache_usage_perc × capacity, less both): other routers' holds and requests, holds of streams without a handle, orphaned holds; counted as used by the decode memory management.", []string{"endpoint"}, nil)
 	kvWaitingDesc = prometheus.NewDesc(namespace+"_decode_waiting_requests",
 		"Each decode engine's vllm:num_requests_waiting at the proxy's last reading.", []string{"endpoint"}, nil)
 	kvPreemptDesc = prometheus.NewDesc(namespace+"_decode_preemptions",
@@ -122,7 +124,7 @@ type memoryCollector struct {
 // Describe implements prometheus.Collector.
 func (c memoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{kvHeldBlocksDesc, kvCapacityDesc, kvBudgetDesc, kvAgesDesc, kvUsageDesc,
-		kvWaitingDesc, kvPreemptDesc, gapDesc, returnDesc, withinDesc} {
+		kvUnseenDesc, kvWaitingDesc, kvPreemptDesc, gapDesc, returnDesc, withinDesc} {
 		ch <- d
 	}
 }
@@ -148,6 +150,7 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if !kv.MetricsRead.IsZero() {
 			gauge(kvUsageDesc, kv.KVUsage, kv.Endpoint)
+			gauge(kvUnseenDesc, float64(kv.Unseen), kv.Endpoint)
 			gauge(kvWaitingDesc, float64(kv.Waiting), kv.Endpoint)
 			gauge(kvPreemptDesc, float64(kv.Preemptions), kv.Endpoint)
 		}

@@ -24,6 +24,12 @@ type Pressure struct {
 	preemptions float64 // the counter
 	preempted   bool    // the counter grew since the reading before
 	held        int64   // the ledger's held tokens on the engine when read
+	// unseen is what the engine's usage showed beyond the ledger's holds
+	// and this router's live legs when read: KV this router does not
+	// account for (another router's holds or legs, streams whose holds
+	// carry no handle, orphaned holds); 0 when usage or capacity is
+	// unknown.
+	unseen int64
 	// maxModelLen is the engine's max_model_len (its GET /v1/models; 0
 	// unknown), read when its process started at lenStart.
 	maxModelLen int64
@@ -53,6 +59,10 @@ type Reading struct {
 	Capacity    int64 // KV tokens; 0 unknown
 	BlockSize   int
 	Held        int64 // the ledger's held tokens on the engine when read
+	// Unseen is the KV in use on the engine beyond the ledger's holds and
+	// the router's live legs at the reading (usage × capacity − Held −
+	// live, at least 0; 0 unknown): KV the router does not account for.
+	Unseen      int64
 	MaxModelLen int64 // 0 unknown
 }
 
@@ -65,7 +75,7 @@ func (p *Pressure) Snapshot() Reading {
 		last = p.tried
 	}
 	return Reading{At: p.at, Last: last, Usage: p.usage, Waiting: p.waiting, Preemptions: p.preemptions, Preempted: p.preempted,
-		Capacity: p.capacity, BlockSize: p.blockSize, Held: p.held, MaxModelLen: p.maxModelLen}
+		Capacity: p.capacity, BlockSize: p.blockSize, Held: p.held, Unseen: p.unseen, MaxModelLen: p.maxModelLen}
 }
 
 // Try records that a read is tried at now.
@@ -83,10 +93,11 @@ func (p *Pressure) ReadSince(now time.Time) bool {
 }
 
 // Record records what page, a reading begun at now with the ledger
-// holding held tokens on the engine, tells; a figure the page refused
-// keeps its last value. It returns the engine's capacity and the block
-// size its handles follow (0: unknown).
-func (p *Pressure) Record(now time.Time, held int64, page *metricspage.Page) (capacity int64, blockSize int) {
+// holding held tokens on the engine and the router's decode legs live
+// tokens, tells; a figure the page refused keeps its last value. It
+// returns the engine's capacity and the block size its handles follow
+// (0: unknown).
+func (p *Pressure) Record(now time.Time, held, live int64, page *metricspage.Page) (capacity int64, blockSize int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.at.IsZero() {
@@ -111,6 +122,10 @@ func (p *Pressure) Record(now time.Time, held int64, page *metricspage.Page) (ca
 		if size := page.Size(); size > 0 {
 			p.blockSize = size // the size its handles' blocks follow
 		}
+	}
+	p.unseen = 0
+	if p.usage >= 0 && p.capacity > 0 {
+		p.unseen = max(int64(p.usage*float64(p.capacity)+0.5)-held-live, 0)
 	}
 	return p.capacity, p.blockSize
 }

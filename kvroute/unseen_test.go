@@ -1,0 +1,87 @@
+package kvroute_test
+
+import (
+	"fmt"
+	"net/http/httputil"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/retention"
+)
+
+// The engine is the truth: two routers in front of one decode engine,
+// each with its own store and ledger (two processes), as replicas of a
+// router that shares no ledger or a second router of another team. B's
+// holds are invisible to A's ledger, but not to the engine: A reads them
+// in the engine's vllm:kv_cache_usage_perc as unseen KV (DecodeKV.Unseen)
+// and counts it as used, so A's holds yield to it and the engine's own
+// usage stays within A's budget. Before, A budgeted its holds against the
+// whole engine as if nothing else were there: the engine pinned B's holds
+// and A's up to A's whole budget on top. Every answer is a single
+// engine's.
+func TestUnseenKVCountsAsUsed(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+		kvroutetest.WithNumBlocks(budgetBlocks))
+	d := c.Decode[0]
+	u, err := url.Parse(c.Prefill[0].URL())
+	require.NoError(t, err)
+	front := &releaseFront{proxy: httputil.NewSingleHostReverseProxy(u)}
+	pURL := newServer(t, front)
+	router := func(budget float64) (*kvroute.Router, string) {
+		store, err := retention.NewMemory()
+		require.NoError(t, err)
+		r, err := kvroute.New(kvroute.WithPrefill(pURL), kvroute.WithDecode(d.URL()), kvroute.WithClock(clk.Now),
+			kvroute.WithStore(store), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: budget}))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = r.Close() })
+		return r, serve(t, r)
+	}
+	turn := func(srv string, i int) {
+		// Prompts that share no prefix: D's prefix cache shares no block
+		// between the holds, and the ledgers count them as D does.
+		own := fmt.Sprintf("Conversation %d. %s", i, systemPrompt)
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: own}}}
+		conv.say(userText(i))
+		conv.hear(releaseTurn(t, srv, conv.path, conv.body(), nil))
+	}
+
+	// B holds two conversations' KV on the engine, within its own budget.
+	b, bSrv := router(1)
+	knowCapacity(t, b)
+	for i := range 2 {
+		turn(bSrv, i)
+	}
+	blockSize := int64(16)
+	bPinned := int64(d.Stats().BlocksPinned) * blockSize
+	require.Positive(t, bPinned)
+	require.Zero(t, b.Stats().ReleasedBudget+b.Stats().ReleasedRoom, "B keeps its holds")
+
+	// A starts, reads the engine, and sees B's holds as unseen KV.
+	a, aSrv := router(0.75)
+	knowCapacity(t, a)
+	kv := a.DecodeKV()[0]
+	assert.InDelta(t, bPinned, kv.Unseen, float64(blockSize), "A sees what B holds as unseen: %+v", kv)
+	for i := 2; i < 10; i++ {
+		turn(aSrv, i)
+	}
+	// The releases run in the background: wait, boundedly, until A's
+	// holds fit beside the unseen KV and every release sent has ended.
+	settle(t, a, func(s kvroute.Stats) bool {
+		kv := a.DecodeKV()[0]
+		return kv.HeldTokens+kv.Unseen <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
+	})
+	kv = a.DecodeKV()[0]
+	assert.Positive(t, requested(a.Stats()), "A released holds of its own")
+	assert.LessOrEqual(t, kv.HeldTokens+kv.Unseen, kv.Budget, "A's holds and the unseen KV within A's budget: %+v", kv)
+	pinned := int64(d.Stats().BlocksPinned) * blockSize
+	assert.LessOrEqual(t, pinned, kv.Budget+blockSize, "the engine's holds, as it counts them, within A's budget: %d tokens pinned", pinned)
+	assert.Zero(t, b.Stats().ReleasedBudget+b.Stats().ReleasedRoom, "A released none of B's holds")
+	assert.Zero(t, d.Stats().WrongOutputs)
+}
