@@ -18,9 +18,13 @@ import (
 // released it itself); expiry is seen from each hold's Expires (and
 // [Budget.Expired] hands the holds past it to a caller that releases
 // them: [WithGrace]). A Budget
-// only knows, and only releases, the holds its caller added: with several
-// router replicas sharing a store, each releases only holds it took from
-// the store.
+// only knows, and only releases, the holds its callers added. Several
+// callers may share one (router replicas in one process sharing a store:
+// kvroute's DecodeMemory.Ledger): each adds its holds, a return through
+// any of them ends the hold once, Victims chooses among every caller's
+// holds of the engine, and the gap model learns from every return; each
+// releases only what it took from the store. Callers in other processes
+// keep their own Budgets.
 //
 // Time is the caller's: every method that needs it takes now, and holds
 // carry their own times. A Budget is safe for concurrent use.
