@@ -194,7 +194,8 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 	if tokens <= 0 {
 		return 0
 	}
-	live := ep.mem.Live.Add(tokens)
+	ep.mem.Live.Add(tokens)
+	live := m.ledger.Running(ep.url, tokens) // every Router's sharing the ledger
 	if m.cfg.headroom < 0 || t.roomMade || c <= 0 {
 		return tokens
 	}
@@ -226,7 +227,15 @@ func (m *decodeMemory) room(ep *endpoint) int {
 		return 0
 	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(ep.mem.Live.Load()-m.limit(c)+budget, 0))
+	return int(max(m.ledger.Running(ep.url, 0)-m.limit(c)+budget, 0))
+}
+
+// depart ends the count of a decode leg's tokens live on ep (arrive's).
+func (m *decodeMemory) depart(ep *endpoint, tokens int64) {
+	if tokens != 0 {
+		ep.mem.Live.Add(-tokens)
+		m.ledger.Running(ep.url, -tokens)
+	}
 }
 
 // returned records that a turn looked key up: its conversation came

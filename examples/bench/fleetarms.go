@@ -26,8 +26,9 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	}
 	// The budget and the capacity as an operator gives them, in a ledger
 	// of the bench's own (to settle on, and to report the gap model it
-	// learned), one a replica: each replica budgets its own holds against
-	// whole engines, as kvroute does today.
+	// learned): startRig gives it to every replica (--ledger shared), or
+	// makes one a replica (per-replica: each budgets its own holds
+	// against whole engines).
 	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
 	if err != nil {
 		return m, nil, err

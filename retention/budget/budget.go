@@ -37,8 +37,9 @@ type Budget struct {
 	byName  map[string]uint32
 	tombs   tombstones
 	stats   Stats
-	cands   []cand       // scratch for Victims
-	seed    maphash.Seed // of the owners' hashes
+	cands   []cand           // scratch for Victims
+	seed    maphash.Seed     // of the owners' hashes
+	running map[string]int64 // Running's tokens, by engine
 }
 
 // Stats counts what a Budget has seen since it was made.
@@ -368,6 +369,27 @@ func (b *Budget) Snapshot(now time.Time, window time.Duration) Snapshot {
 	b.expire(n)
 	b.refresh(n, true)
 	return b.model.Snapshot(window)
+}
+
+// Running adds delta to the tokens of the requests running on engine, as
+// its callers count them (kvroute counts a decode leg from its arrival
+// until its answer is whole), and returns the sum: callers sharing the
+// Budget see one another's. Holds do not count in it, nor it in Held or
+// the budget; a caller that makes room for running requests passes what
+// they need to [Budget.Victims] as incoming. It costs a map lookup.
+func (b *Budget) Running(engine string, delta int64) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.running[engine] + delta
+	switch {
+	case n != 0 && b.running == nil:
+		b.running = map[string]int64{engine: n}
+	case n != 0:
+		b.running[engine] = n
+	case delta != 0:
+		delete(b.running, engine)
+	}
+	return n
 }
 
 // Stats returns the counters and sizes, as of the last call that took a
