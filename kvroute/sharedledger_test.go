@@ -1,7 +1,11 @@
 package kvroute_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"testing"
@@ -31,6 +35,12 @@ type replicas struct {
 // newReplicas starts n replicas over a decode engine of blocks blocks of
 // 16 tokens, each with a budget of half of it.
 func newReplicas(t *testing.T, n, blocks int) *replicas {
+	return startReplicas(t, n, blocks, kvroute.DecodeMemory{Budget: 0.5}, nil)
+}
+
+// startReplicas is newReplicas with the replicas' DecodeMemory (given the
+// shared Ledger) and, when gate is not nil, the decode engine behind it.
+func startReplicas(t *testing.T, n, blocks int, mem kvroute.DecodeMemory, gate *legGate) *replicas {
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := kvroutetest.NewCluster(t, 1, 1, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
 		kvroutetest.WithNumBlocks(blocks))
@@ -41,9 +51,17 @@ func newReplicas(t *testing.T, n, blocks int) *replicas {
 	store := newClockStore(t, clk)
 	g.ledger, err = budget.New()
 	require.NoError(t, err)
+	mem.Ledger = g.ledger
+	d := g.d.URL()
+	if gate != nil {
+		u, err := url.Parse(d)
+		require.NoError(t, err)
+		gate.proxy = httputil.NewSingleHostReverseProxy(u)
+		d = newServer(t, gate)
+	}
 	for range n {
-		r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(g.d.URL()), kvroute.WithClock(clk.Now),
-			kvroute.WithStore(store), kvroute.WithObserver(g.rec), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5, Ledger: g.ledger}))
+		r, err := kvroute.New(kvroute.WithPrefill(p), kvroute.WithDecode(d), kvroute.WithClock(clk.Now),
+			kvroute.WithStore(store), kvroute.WithObserver(g.rec), kvroute.WithDecodeMemory(mem))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = r.Close() })
 		g.routers, g.srvs = append(g.routers, r), append(g.srvs, serve(t, r))
@@ -86,7 +104,7 @@ func (g *replicas) settled() bool {
 		return requested(s) + s.ReleasedExpired + s.ReleaseFailures + s.ReleaseGone + s.ReleaseSkipped
 	})
 	chosen := g.ledger.Stats()
-	held, b := g.ledger.Held(g.d.URL(), g.c.Clock.Now())
+	held, b := g.ledger.Held(g.routers[0].DecodeKV()[0].Endpoint, g.c.Clock.Now())
 	return resolved >= chosen.Released+chosen.Expired && (b == 0 || held <= b)
 }
 
@@ -254,4 +272,90 @@ func TestSharedLedgerSettingsAgree(t *testing.T) {
 	l.SetCapacity("d", budget.Capacity{Tokens: 1000})
 	_, b := l.Held("d", time.Now())
 	assert.EqualValues(t, 500, b, "the first replica's Budget")
+}
+
+// legGate fronts a decode engine and holds the answer to the one request
+// whose body contains match until open is closed: the router counts that
+// decode leg in flight meanwhile. arrived is closed when D has answered it.
+type legGate struct {
+	proxy   *httputil.ReverseProxy
+	match   []byte
+	arrived chan struct{}
+	open    chan struct{}
+}
+
+func (f *legGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if !bytes.Contains(body, f.match) {
+		f.proxy.ServeHTTP(w, r)
+		return
+	}
+	rec := httptest.NewRecorder()
+	f.proxy.ServeHTTP(rec, r)
+	close(f.arrived)
+	<-f.open
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// Replicas sharing one Ledger count one another's decode legs in flight:
+// a leg through replica 1 arriving while replica 0's long leg runs on the
+// engine makes room for both (the holds and both legs would pass the
+// capacity less the headroom; replica 1's leg and the holds alone would
+// not), and every leg leaves the shared count when it ends.
+func TestSharedLedgerCountsLegsInFlight(t *testing.T) {
+	gate := &legGate{match: []byte("Agent 3. "), arrived: make(chan struct{}), open: make(chan struct{})}
+	g := startReplicas(t, 2, budgetBlocks, kvroute.DecodeMemory{Budget: 1}, gate)
+	for i := range 3 {
+		g.turn(t, i%2, g.conv(i), 0)
+	}
+	g.settle(t)
+	kv := g.routers[0].DecodeKV()[0]
+	limit := kv.Capacity * 95 / 100 // the default Headroom, 0.05
+	// Replica 0's leg: the holds and it fit under limit, by 24 tokens.
+	long := g.conv(3)
+	long.say(userText(0))
+	ref, err := kvroutetest.Reference(long.path, long.body())
+	require.NoError(t, err)
+	long.maxTok = int(limit - kv.HeldTokens - int64(ref.PromptTokens) - 24)
+	require.Positive(t, long.maxTok)
+	done := make(chan string, 1)
+	go func() { done <- post(t, g.srvs[0], long.path, long.body(), nil).text }()
+	select {
+	case <-gate.arrived:
+	case <-time.After(20 * time.Second): // a hang detector
+		close(gate.open)
+		t.Fatal("the long leg never reached D")
+	}
+	live := kvroute.LiveTokens(g.routers[0])[0]
+	require.Positive(t, live)
+	assert.LessOrEqual(t, kv.HeldTokens+live, limit, "replica 0's leg made no room")
+	assert.Equal(t, live, g.ledger.Running(kv.Endpoint, 0), "the ledger counts replica 0's leg")
+	assert.Zero(t, requested(g.routers[0].Stats()))
+
+	// Replica 1's leg: with the holds alone it fits; with replica 0's leg
+	// it does not, and room is made for both.
+	short := g.conv(4)
+	short.say(userText(0))
+	roomTurn(t, g.c, g.srvs[1], short) // fails, after a bound, if the leg waited on D behind the holds
+	close(gate.open)
+	want, err := kvroutetest.Reference(long.path, long.body())
+	require.NoError(t, err)
+	assert.Equal(t, want.Text, <-done)
+	g.settle(t)
+	s := g.routers[1].Stats()
+	assert.Positive(t, s.ReleasedRoom, "replica 1 made room counting replica 0's leg")
+	assert.Zero(t, s.ReleaseGone+s.ReleaseFailures)
+	assert.Zero(t, g.ledger.Running(kv.Endpoint, 0), "every leg left the shared count")
+	assert.Equal(t, []int64{0}, kvroute.LiveTokens(g.routers[0]))
+	assert.Zero(t, g.d.Stats().WrongOutputs)
+	assert.Zero(t, g.d.Stats().StaleNotifies)
 }
