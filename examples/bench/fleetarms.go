@@ -79,6 +79,7 @@ func routerReleases(ss []kvroute.Stats) []release {
 		s.ReleasedUnusable += r.ReleasedUnusable
 		s.ReleasedBudget += r.ReleasedBudget
 		s.ReleasedRoom += r.ReleasedRoom
+		s.ReleasedExpired += r.ReleasedExpired
 		s.ReleasedNChoices += r.ReleasedNChoices
 		s.ReleasedRefused += r.ReleasedRefused
 		s.ReleasedStoreError += r.ReleasedStoreError
@@ -90,7 +91,7 @@ func routerReleases(ss []kvroute.Stats) []release {
 	}
 	var out []release
 	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
-		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},
+		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"expired", s.ReleasedExpired}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},
 		{"store_error", s.ReleasedStoreError}, {"overwritten", s.ReleasedOverwritten}, {"unreleasable", s.Unreleasable},
 		{"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
 		if r.n > 0 {

@@ -55,8 +55,10 @@ type Stats struct {
 	// released) but within the horizon.
 	Returned, ReturnedAfterEnd int64
 	// Expired, Released and Ended count holds that went without a next
-	// turn: past their Expires, chosen by Victims, or by End.
-	Expired, Released, Ended int64
+	// turn: past their Expires, chosen by Victims, or by End. Overdue
+	// counts those of Expired that [Budget.Expired] handed to a caller to
+	// release.
+	Expired, Released, Ended, Overdue int64
 	// Censored counts ended holds whose conversation had not come back
 	// within the horizon.
 	Censored int64
@@ -284,6 +286,7 @@ func (b *Budget) Expired(engine string, now time.Time) []Held {
 		}
 		out = append(out, e.held(&e.recs[slot]))
 		b.endOverdue(loc{eng: i, slot: slot}, n)
+		b.stats.Overdue++
 	}
 }
 
