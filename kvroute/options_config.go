@@ -137,8 +137,8 @@ type DecodeMemory struct {
 	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10:
 	// prefix caching on, decode capacity half of the mean demand) reuses
 	// 75% of what an offline bound on any release policy reaches with one
-	// router, 74% with four sharing a store, and recomputes 1.24x the
-	// prompt tokens of unlimited memory. It must be at most 1. It applies to
+	// router, 77% with four sharing a store and a Ledger, and recomputes
+	// 1.22–1.24x the prompt tokens of unlimited memory. It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL.
