@@ -155,13 +155,14 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 
 // Making room on arrival. The budget caps what holds may take; under it
 // they also yield to live work. Each decode leg counts its live tokens on
-// its engine while it runs (liveTokens, below: its prompt and what it
-// may generate, within the engine's max_model_len), and when the engine's
-// holds and live legs pass its capacity less DecodeMemory's Headroom, the
-// releaser releases the holds worth least until the live legs fit (room;
-// other tenants' within the principal's RoomRate), in the background: the
-// leg is sent at once, and the engine admits it as soon as the blocks are
-// freed.
+// its engine while it runs (liveTokens, below: its prompt and what it may
+// generate, within the engine's max_model_len), in the ledger
+// (budget.Budget.Running: every Router sharing the ledger sees them), and
+// when the engine's holds and live legs pass its capacity less
+// DecodeMemory's Headroom, the releaser releases the holds worth least
+// until the live legs fit (room; other tenants' within the principal's
+// RoomRate), in the background: the leg is sent at once, and the engine
+// admits it as soon as the blocks are freed.
 
 // defaultGeneration is the tokens a decode leg is counted to generate
 // when its request names no limit (max_tokens and its kin).

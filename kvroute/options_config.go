@@ -224,9 +224,10 @@ type DecodeMemory struct {
 	// (the Store's Take is single-use); a release chooses among every
 	// replica's holds on the engine and takes the handle from the Store
 	// first, so a hold used through another replica is never released
-	// (Stats.ReleaseGone counts a take that finds it gone); capacities
-	// read by any replica serve all, and the pauses between turns are
-	// learned from every replica's turns. The first Router's settings
+	// (Stats.ReleaseGone counts a take that finds it gone); room on
+	// arrival (Headroom) counts every replica's decode legs in flight
+	// (budget.Budget.Running); capacities read by any replica serve all,
+	// and the pauses between turns are learned from every replica's turns. The first Router's settings
 	// fill in what the Ledger's maker left (above); a later Router whose
 	// Budget, Capacity, TTLs or block size differ is an error naming
 	// both. A Router's Close stops its own work only: the holds it
