@@ -227,7 +227,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled
 	resp, err := r.client.do(hreq, PhaseDecode, ep, dl)
 	if err != nil {
 		ep.inflight.Add(-1)
-		ep.mem.Live.Add(-live)
+		r.mem.depart(ep, live)
 		return nil, err
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)

@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -18,8 +19,9 @@ import (
 // Decode memory). A vLLM decode engine keeps every finished request's
 // blocks for decoder_kv_blocks_ttl, pinned, whether or not a next turn
 // comes. The Router keeps a ledger of the holds its retained handles pin
-// on each engine (retention/budget), learns from the pauses between turns
-// which conversations come back, and:
+// on each engine (retention/budget; one ledger may serve every Router
+// replica of a process: DecodeMemory.Ledger), learns from the pauses
+// between turns which conversations come back, and:
 //
 //   - releases a handle a turn took and does not attach, when the turn
 //     replaces it, through the turn's own prefill leg (lookup.go);
@@ -73,9 +75,12 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	}
 	if m.ledger != nil {
 		// A given ledger keeps what its maker set, and takes the
-		// router's settings for the rest (DecodeMemory.Ledger).
+		// router's settings for the rest (DecodeMemory.Ledger); a ledger
+		// shared by several Routers takes them from the first, and a
+		// later one's that differ are an error naming both.
 		if err := m.ledger.Inherit(opts...); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("Ledger: %v (a Ledger shared by several Routers takes the first one's settings and a later one's "+
+				"must agree: Budget is budget.WithFraction, Capacity WithCapacity, TTLs' DecoderBlocks - Retention WithGrace, WithBlockSize WithBlockSize)", err)
 		}
 	} else {
 		l, err := budget.New(opts...)
@@ -154,13 +159,14 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 
 // Making room on arrival. The budget caps what holds may take; under it
 // they also yield to live work. Each decode leg counts its live tokens on
-// its engine while it runs (liveTokens, below: its prompt and what it
-// may generate, within the engine's max_model_len), and when the engine's
-// holds and live legs pass its capacity less DecodeMemory's Headroom, the
-// releaser releases the holds worth least until the live legs fit (room;
-// other tenants' within the principal's RoomRate), in the background: the
-// leg is sent at once, and the engine admits it as soon as the blocks are
-// freed.
+// its engine while it runs (liveTokens, below: its prompt and what it may
+// generate, within the engine's max_model_len), in the ledger
+// (budget.Budget.Running: every Router sharing the ledger sees them), and
+// when the engine's holds and live legs pass its capacity less
+// DecodeMemory's Headroom, the releaser releases the holds worth least
+// until the live legs fit (room; other tenants' within the principal's
+// RoomRate), in the background: the leg is sent at once, and the engine
+// admits it as soon as the blocks are freed.
 
 // defaultGeneration is the tokens a decode leg is counted to generate
 // when its request names no limit (max_tokens and its kin).
@@ -193,7 +199,8 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 	if tokens <= 0 {
 		return 0
 	}
-	live := ep.mem.Live.Add(tokens)
+	ep.mem.Live.Add(tokens)
+	live := m.ledger.Running(ep.url, tokens) // every Router's sharing the ledger
 	if m.cfg.headroom < 0 || t.roomMade || c <= 0 {
 		return tokens
 	}
@@ -230,7 +237,15 @@ func (m *decodeMemory) room(ep *endpoint) int {
 		return int(unseen)
 	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(ep.mem.Live.Load()+unseen-m.limit(c)+budget, unseen, 0))
+	return int(max(m.ledger.Running(ep.url, 0)+unseen-m.limit(c)+budget, unseen, 0))
+}
+
+// depart ends the count of a decode leg's tokens live on ep (arrive's).
+func (m *decodeMemory) depart(ep *endpoint, tokens int64) {
+	if tokens != 0 {
+		ep.mem.Live.Add(-tokens)
+		m.ledger.Running(ep.url, -tokens)
+	}
 }
 
 // returned records that a turn looked key up: its conversation came
@@ -350,16 +365,17 @@ func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.T
 	return victims
 }
 
-// DecodeKV is the KV one decode engine holds for the live handles this
-// Router retained (stored, not yet attached to a prefill request nor
+// DecodeKV is the KV one decode engine holds for the live handles in this
+// Router's ledger (retained by it, or by any Router sharing its
+// DecodeMemory.Ledger; stored, not yet attached to a prefill request nor
 // released; one past the retention TTL and not released is counted until
 // the engine's decoder_kv_blocks_ttl, TTLs' DecoderBlocks, as the engine
 // still pins it), with its budget and the
 // pressure the router last read (WithDecodeMemory). It is the memory the
 // retention TTL trades against the hit rate. A handle the Store dropped
 // early (evicted, or replaced by a later turn of the same conversation)
-// is counted until its TTL; other Router replicas' handles are not
-// counted.
+// is counted until its TTL. Router replicas with ledgers of their own
+// (in other processes) count only their own handles.
 type DecodeKV struct {
 	// Endpoint is the decode endpoint (its URL).
 	Endpoint string
@@ -374,7 +390,7 @@ type DecodeKV struct {
 	HeldTokens int64
 	// Capacity is the engine's KV capacity in tokens (its /metrics, or
 	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it
-	// this Router's holds may take (WithDecodeMemory's Budget), 0 when
+	// the holds in the ledger may take (WithDecodeMemory's Budget), 0 when
 	// there is none.
 	Capacity, Budget int64
 	// Unseen is the KV in use on the engine, at the last reading of its
@@ -402,8 +418,8 @@ type DecodeKV struct {
 	MetricsRead time.Time
 }
 
-// DecodeKV returns, for every decode endpoint, the KV it holds for this
-// Router's live retained handles, in the endpoints' order. Endpoints that
+// DecodeKV returns, for every decode endpoint, the KV it holds for the
+// live retained handles in this Router's ledger, in the endpoints' order. Endpoints that
 // were removed but still hold handles follow.
 func (r *Router) DecodeKV() []DecodeKV {
 	now := r.cfg.clock()

@@ -137,8 +137,8 @@ type DecodeMemory struct {
 	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10:
 	// prefix caching on, decode capacity half of the mean demand) reuses
 	// 75% of what an offline bound on any release policy reaches with one
-	// router, 74% with four sharing a store, and recomputes 1.24x the
-	// prompt tokens of unlimited memory. It must be at most 1. It applies to
+	// router, 77% with four sharing a store and a Ledger, and recomputes
+	// 1.22–1.24x the prompt tokens of unlimited memory. It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL. KV the engine reports in use beyond this
@@ -217,9 +217,28 @@ type DecodeMemory struct {
 	// Budget and Capacity (their defaults when 0) as if it had been built
 	// with them (budget.Budget.Inherit), so budget.New() alone keeps the
 	// Router's 0.9, not the package's 0.5; a Ledger built with its own
-	// keeps it, and Budget or Capacity set here as well is an error. A
-	// Ledger serves one Router. Default nil: a ledger of
-	// budget.WithFraction(Budget) and budget.WithCapacity(Capacity).
+	// keeps it, and Budget or Capacity set here as well is an error.
+	//
+	// One Ledger may serve several Routers in one process (replicas
+	// sharing a Store, each given the same Ledger): they budget against
+	// the same holds, each added once, whichever replica retained it; a
+	// turn through any replica that finds its handle ends its hold once
+	// (the Store's Take is single-use); a release chooses among every
+	// replica's holds on the engine and takes the handle from the Store
+	// first, so a hold used through another replica is never released
+	// (Stats.ReleaseGone counts a take that finds it gone); room on
+	// arrival (Headroom) counts every replica's decode legs in flight
+	// (budget.Budget.Running); capacities read by any replica serve all,
+	// and the pauses between turns are learned from every replica's turns. The first Router's settings
+	// fill in what the Ledger's maker left (above); a later Router whose
+	// Budget, Capacity, TTLs or block size differ is an error naming
+	// both. A Router's Close stops its own work only: the holds it
+	// retained stay counted, and the other replicas use or release them.
+	// Replicas in other processes cannot share one: each keeps its own,
+	// as does each Router given none, and budgets its own holds against
+	// the whole engine. Default nil: a ledger of
+	// budget.WithFraction(Budget) and budget.WithCapacity(Capacity), this
+	// Router's alone.
 	Ledger *budget.Budget
 }
 

@@ -88,7 +88,7 @@ func (m *decodeMemory) refresh(e *endpoint, now time.Time) {
 // its pressure. The ledger's holds are those before the engine was asked:
 // those retained while it answered are counted on top of its usage
 // (press), perhaps twice, never missed. What the engine uses beyond the
-// ledger's holds and the live legs is unseen KV (unseen, below).
+// ledger's holds and the live legs is unseen KV (below).
 func (m *decodeMemory) record(e *endpoint, now time.Time, held, live int64, page *metricspage.Page) {
 	if start := page.Start; e.mem.LenReading.CompareAndSwap(false, true) &&
 		!m.bg.run(func(ctx context.Context) { defer e.mem.LenReading.Store(false); readModelLen(ctx, m, e, start) }) {
@@ -98,7 +98,17 @@ func (m *decodeMemory) record(e *endpoint, now time.Time, held, live int64, page
 	if capacity > 0 {
 		m.ledger.SetCapacity(e.url, budget.Capacity{Tokens: capacity, BlockSize: bs})
 	}
-	m.unseen(e, capacity)
+	// Unseen KV (below): over the budget with the ledger's holds, the
+	// releaser is nudged; large, it is logged once.
+	if u := e.mem.Snapshot().Unseen; u > 0 && capacity > 0 {
+		if held, b := m.ledger.Held(e.url, m.clock()); b > 0 && held > 0 && held+u > b {
+			m.rel.nudge(e.url)
+		}
+		if float64(u) >= unseenWarn*float64(capacity) {
+			m.log.once(context.Background(), "unseen:"+e.url, "kvroute: a decode engine uses KV memory this router does not account for (another router's holds or requests, streams whose holds carry no handle, orphaned holds): counted as used, so this router's holds yield to it (logged once per engine)",
+				slog.String("endpoint", e.url), slog.Int64("unseen_tokens", u), slog.Int64("capacity_tokens", capacity))
+		}
+	}
 }
 
 // unseenWarn is the share of an engine's capacity in unseen KV from which
@@ -107,30 +117,13 @@ const unseenWarn = 0.1
 
 // The engine is the truth. What a decode engine reports in use
 // (vllm:kv_cache_usage_perc × its capacity) beyond the ledger's holds and
-// this router's live legs at the reading is KV the router does not
+// the live legs of every Router sharing it at the reading is KV the router does not
 // account for: other routers' holds and legs, the holds of streams whose
 // answers carry no handle, orphaned holds. It is counted as used where
-// the budget and room are decided (unseenOf: arrive, room, added), so
+// the budget and room are decided (memory.go: arrive, room, added), so
 // the engine's own usage, not only the ledger, stays within them: the
 // router's holds yield to it. DecodeKV.Unseen shows it; from unseenWarn
-// of the capacity it is logged, once per engine.
-
-// unseen acts on a reading's unseen KV on e, an engine of capacity
-// tokens: over the budget with the ledger's holds, the releaser is
-// nudged; large, it is logged once.
-func (m *decodeMemory) unseen(e *endpoint, capacity int64) {
-	u := e.mem.Snapshot().Unseen
-	if u <= 0 || capacity <= 0 {
-		return
-	}
-	if held, b := m.ledger.Held(e.url, m.clock()); b > 0 && held > 0 && held+u > b {
-		m.rel.nudge(e.url)
-	}
-	if float64(u) >= unseenWarn*float64(capacity) {
-		m.log.once(context.Background(), "unseen:"+e.url, "kvroute: a decode engine uses KV memory this router does not account for (another router's holds or requests, streams whose holds carry no handle, orphaned holds): counted as used, so this router's holds yield to it (logged once per engine)",
-			slog.String("endpoint", e.url), slog.Int64("unseen_tokens", u), slog.Int64("capacity_tokens", capacity))
-	}
-}
+// of the capacity it is logged, once per engine (record, above).
 
 // capacityUnknown records, after a reading of e's /metrics that answered,
 // whether the engine's KV capacity is known, and else why not (why: what
@@ -187,7 +180,7 @@ func (m *meter) read(ctx context.Context, e *endpoint) error {
 		press := m.mem != nil && m.mem.cfg.on && m.mem.cfg.interval >= 0 && e.phase == PhaseDecode // DecodeMemory's readings on
 		if press {
 			held, _ = m.mem.ledger.Held(e.url, now)
-			live = e.mem.Live.Load()
+			live = m.mem.ledger.Running(e.url, 0) // every Router's sharing the ledger
 		}
 		var page metricspage.Page
 		call := upstream.Call{Path: "/metrics", Timeout: metricsTimeout, Limit: maxMetricsBytes}

@@ -167,9 +167,10 @@ func (rl *releaser) release(ctx context.Context, engine string) bool {
 	}), releaseBudget)
 }
 
-// held reports whether this Router knows of a handle of its own under key
-// in the Store: a live hold in the ledger, or a victim whose handle its
-// release has not taken yet (store.go, supersede).
+// held reports whether this Router knows of a handle under key in the
+// Store: a live hold in the ledger (of any Router sharing it), or a
+// victim whose handle its own release has not taken yet (store.go,
+// supersede).
 func (rl *releaser) held(key string) bool {
 	if _, live := rl.mem.ledger.Lookup(key); live {
 		return true
@@ -230,9 +231,9 @@ func (rl *releaser) take(ctx context.Context, v budget.Victim) (entry.Entry, boo
 		return entry.Entry{}, false
 	}
 	if e.Endpoint != v.Engine || e.Created.After(v.Created) {
-		// A later hold under the key, stored by another router sharing
-		// the store (this one's would have replaced the victim in its
-		// ledger): not this router's to release. It goes back as taken.
+		// A later hold under the key, stored since the victim was chosen
+		// (by a turn of another router sharing the store, or of one with
+		// a ledger of its own): not this release's. It goes back as taken.
 		if left := rl.mem.ttl - rl.mem.clock().Sub(e.Created); left > 0 {
 			_ = rl.store.Put(sctx, v.Key, e.Raw, rl.mem.storeTTL(left))
 		}

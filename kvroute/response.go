@@ -303,7 +303,7 @@ func (r *Response) release() {
 // what it still holds of it is the hold the retain adds to the ledger, not
 // live work), or when the Response is released.
 func (r *Response) leave() {
-	r.left.Do(func() { r.ep.mem.Live.Add(-r.live) })
+	r.left.Do(func() { r.t.r.mem.depart(r.ep, r.live) })
 }
 
 // stop ends a stream and with it the turn: whole (err nil; its answer was

@@ -8,11 +8,12 @@ package main
 // reference for what reuse can save), hold everything (every retained
 // handle held on D for the TTL, the router without decode memory
 // management) and managed (kvroute.DecodeMemory's budget, releases and
-// placement), each with --replicas routers and, for comparison, with one;
+// placement; the replicas share one ledger, or keep one each with --ledger
+// per-replica), each with --replicas routers and, for comparison, with one;
 // and the offline bound (fleetbound.go): the most any release policy could
 // reuse at this memory, knowing every future arrival.
 //
-//	go run ./examples/bench --fleet [--replicas 4] [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--quick]
+//	go run ./examples/bench --fleet [--replicas 4] [--ledger shared|per-replica] [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--quick]
 //
 // --capacity half (the default) sizes the decode engines at half of the
 // unlimited arm's mean KV demand on each decode engine (holds and running
@@ -59,6 +60,7 @@ type fleetConfig struct {
 	noPrefixCache   bool    // prefill engines without prefix caching
 	replicas        int
 	spread          bool // a session's turns spread over the replicas; else pinned
+	perReplica      bool // each managed replica keeps a ledger of its own; else one for all
 	compareOne      bool // also run hold everything and managed with one replica
 	timeout         time.Duration
 }
@@ -69,7 +71,7 @@ var quickFlags = map[string]string{"sessions": "24", "window": "2m", "max-turns"
 
 func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	var c fleetConfig
-	var routing string
+	var routing, ledger string
 	var quick bool
 	fs := newFlagSet("bench --fleet")
 	fs.Bool("fleet", true, "fleet mode")
@@ -92,6 +94,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.BoolVar(&c.noPrefixCache, "no-prefix-caching", false, "prefill engines without prefix caching (vLLM's --no-enable-prefix-caching; the default is vLLM's: on)")
 	fs.IntVar(&c.replicas, "replicas", 4, "router replicas sharing one Store")
 	fs.StringVar(&routing, "replica-routing", "spread", "how sessions reach the replicas: spread (each turn to the next replica) or pinned (a session to one)")
+	fs.StringVar(&ledger, "ledger", "shared", "managed arm: the replicas' decode memory ledger: shared (one kvroute.DecodeMemory.Ledger for every replica) or per-replica (each its own, budgeting its own holds against whole engines)")
 	fs.BoolVar(&c.compareOne, "compare-one", true, "with --replicas above 1, also run hold everything and managed with one router")
 	fs.BoolVar(&quick, "quick", false, "a small fleet (24 sessions over 2 minutes, 8 turns, 30k-token prompts, 1 prefill engine): seconds, every arm and the bound")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target is not met (a wrong answer always does)")
@@ -113,6 +116,10 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	c.spread = routing == "spread"
 	if routing != "spread" && routing != "pinned" {
 		return c, fmt.Errorf("--replica-routing %q: want spread or pinned", routing)
+	}
+	c.perReplica = ledger == "per-replica"
+	if ledger != "shared" && ledger != "per-replica" {
+		return c, fmt.Errorf("--ledger %q: want shared or per-replica", ledger)
 	}
 	if c.replicas < 1 || c.replicas > 64 {
 		return c, errors.New("--replicas must be in [1, 64]")

@@ -79,6 +79,7 @@ func TestFleetSmall(t *testing.T) {
 		}
 	}
 	assert.Positive(t, crossHits)
+	assert.Len(t, rep.arm(true, 2).gaps, 1, "the managed replicas share one ledger")
 
 	var out bytes.Buffer
 	printFleet(&out, rep)
@@ -86,7 +87,8 @@ func TestFleetSmall(t *testing.T) {
 		"TTFT p50 / p99", "prompt tokens recomputed", "reused, of the offline bound", "offline bound at this memory",
 		"samples in use over budget", "D: legs queued / preemptions", "tool calls unanswered", "releases by reason",
 		"met      every answer in every arm equals a single engine's", "reused tokens at least 85% of the offline bound's",
-		"within 3% of 1 replica on reused tokens", "share one 4096-token system prompt", "prefix caching on P on"} {
+		"within 3% of 1 replica on reused tokens", "share one 4096-token system prompt", "prefix caching on P on",
+		"the managed replicas share one ledger", "managed, 2 replicas, one ledger: gap model learned"} {
 		assert.Contains(t, out.String(), want)
 	}
 	t.Log(out.String())

@@ -26,8 +26,9 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	}
 	// The budget and the capacity as an operator gives them, in a ledger
 	// of the bench's own (to settle on, and to report the gap model it
-	// learned), one a replica: each replica budgets its own holds against
-	// whole engines, as kvroute does today.
+	// learned): startRig gives it to every replica (--ledger shared), or
+	// makes one a replica (per-replica: each budgets its own holds
+	// against whole engines).
 	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
 	if err != nil {
 		return m, nil, err
@@ -78,6 +79,7 @@ func routerReleases(ss []kvroute.Stats) []release {
 		s.ReleasedUnusable += r.ReleasedUnusable
 		s.ReleasedBudget += r.ReleasedBudget
 		s.ReleasedRoom += r.ReleasedRoom
+		s.ReleasedExpired += r.ReleasedExpired
 		s.ReleasedNChoices += r.ReleasedNChoices
 		s.ReleasedRefused += r.ReleasedRefused
 		s.ReleasedStoreError += r.ReleasedStoreError
@@ -89,7 +91,7 @@ func routerReleases(ss []kvroute.Stats) []release {
 	}
 	var out []release
 	for _, r := range []release{{"superseded", s.ReleasedSuperseded}, {"unusable", s.ReleasedUnusable},
-		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},
+		{"budget", s.ReleasedBudget}, {"room", s.ReleasedRoom}, {"expired", s.ReleasedExpired}, {"n_gt_1", s.ReleasedNChoices}, {"refused", s.ReleasedRefused},
 		{"store_error", s.ReleasedStoreError}, {"overwritten", s.ReleasedOverwritten}, {"unreleasable", s.Unreleasable},
 		{"failed", s.ReleaseFailures}, {"skipped", s.ReleaseSkipped}, {"gone", s.ReleaseGone}} {
 		if r.n > 0 {

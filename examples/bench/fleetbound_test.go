@@ -90,6 +90,12 @@ func TestQuickFlags(t *testing.T) {
 	assert.Equal(t, 1, c.prefill)
 	assert.Equal(t, 4, c.replicas)
 	assert.True(t, c.spread)
+	assert.False(t, c.perReplica, "one ledger for every replica")
+	c, err = parseFleetFlags([]string{"--fleet", "--ledger", "per-replica"}, io.Discard)
+	assert.NoError(t, err)
+	assert.True(t, c.perReplica)
+	_, err = parseFleetFlags([]string{"--fleet", "--ledger", "redis"}, io.Discard)
+	assert.ErrorContains(t, err, "want shared or per-replica")
 	_, err = parseFleetFlags([]string{"--fleet", "--replica-routing", "sticky"}, io.Discard)
 	assert.ErrorContains(t, err, "want spread or pinned")
 }

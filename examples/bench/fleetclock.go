@@ -127,11 +127,14 @@ func (r *fleetRig) taken() bool {
 	return true
 }
 
-// released is the holds every replica's ledger chose to release.
+// released is the holds the ledgers chose to release: over the budget or
+// to make room (Victims), and past their retention (Expired, which the
+// routers' sweep calls every second of real time).
 func (r *fleetRig) released() int64 {
 	var n int64
 	for _, l := range r.ledgers {
-		n += l.Stats().Released
+		s := l.Stats()
+		n += s.Released + s.Overdue
 	}
 	return n
 }

@@ -123,7 +123,11 @@ func printFleet(w io.Writer, rep fleetReport) int {
 	if !c.spread {
 		routing = "each session pinned to one replica"
 	}
-	fmt.Fprintf(w, "router replicas share one Store (%s); each managed replica budgets with its own ledger\n\n", routing)
+	ledger := "the managed replicas share one ledger (kvroute.DecodeMemory.Ledger)"
+	if c.perReplica {
+		ledger = "each managed replica budgets with its own ledger (--ledger per-replica)"
+	}
+	fmt.Fprintf(w, "router replicas share one Store (%s); %s\n\n", routing, ledger)
 	arms := append([]armResult{rep.unlimited}, rep.arms...)
 	figs := make([]armFigures, len(arms))
 	for i, a := range arms {
@@ -312,8 +316,9 @@ func releasesString(a armResult) string {
 	return strings.Join(parts, ", ")
 }
 
-// printGapModels prints the pauses between turns each managed replica's
-// ledger learned, and the turns whose releases did not settle in time.
+// printGapModels prints the pauses between turns each managed ledger (one
+// for every replica, or one a replica) learned, and the turns whose
+// releases did not settle in time.
 func printGapModels(w io.Writer, rep fleetReport) {
 	for _, a := range rep.arms {
 		for k, g := range a.gaps {
@@ -321,8 +326,12 @@ func printGapModels(w io.Writer, rep fleetReport) {
 				continue
 			}
 			cl := g.Classes[0]
-			fmt.Fprintf(w, "%s, replica %d: gap model learned: next turn within %v %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f observations)\n",
-				armLabel(a, false), k, g.Horizon, cl.Return, cl.P50.Seconds(), cl.P90.Seconds(), cl.P99.Seconds(), cl.Observations)
+			whose := fmt.Sprintf("replica %d", k)
+			if len(a.gaps) == 1 && a.spec.replicas > 1 {
+				whose = "one ledger"
+			}
+			fmt.Fprintf(w, "%s, %s: gap model learned: next turn within %v %.2f; gap p50 %.0f s, p90 %.0f s, p99 %.0f s (%.0f observations)\n",
+				armLabel(a, false), whose, g.Horizon, cl.Return, cl.P50.Seconds(), cl.P90.Seconds(), cl.P99.Seconds(), cl.Observations)
 		}
 		if a.unsettled > 0 {
 			fmt.Fprintf(w, "%s: %d turns' releases did not join the clock within %v of real time: the run may not repeat exactly\n", armLabel(a, false), a.unsettled, settleWait)

@@ -99,8 +99,9 @@ type fleetRig struct {
 	routers []*kvroute.Router
 	store   kvroute.Store
 	obs     *kvroutetest.Records
-	// ledgers are the managed arm's, one a replica (none for hold
-	// everything); takes counts the releases' Takes (settle)
+	// ledgers are the managed arm's: one for every replica, or one a
+	// replica with --ledger per-replica (none for hold everything); takes
+	// counts the releases' Takes (settle)
 	ledgers   []*budget.Budget
 	takes     atomic.Int64
 	joined    atomic.Int64 // releases that joined the clock at their Take, not yet sent
@@ -140,20 +141,25 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, rt.CloseIdleConnections)
-	// One Store for every replica: a handle one retains, another finds.
+	// One Store for every replica: a handle one retains, another finds;
+	// one ledger for every managed replica unless --ledger per-replica.
 	store, err := retention.NewMemory()
 	if err != nil {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = store.Close() })
 	r.store = clockStore{Store: store, clk: r.clk, takes: &r.takes, joined: &r.joined}
-	for range max(a.replicas, 1) {
-		mem, ledger, err := decodeMemory(c, a)
-		if err != nil {
-			return nil, err
-		}
-		if ledger != nil {
-			r.ledgers = append(r.ledgers, ledger)
+	var mem kvroute.DecodeMemory
+	for k := range max(a.replicas, 1) {
+		if k == 0 || c.perReplica {
+			m, ledger, err := decodeMemory(c, a)
+			if err != nil {
+				return nil, err
+			}
+			if ledger != nil {
+				r.ledgers = append(r.ledgers, ledger)
+			}
+			mem = m
 		}
 		router, err := kvroute.New(kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
 			kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),

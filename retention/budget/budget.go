@@ -18,9 +18,13 @@ import (
 // released it itself); expiry is seen from each hold's Expires (and
 // [Budget.Expired] hands the holds past it to a caller that releases
 // them: [WithGrace]). A Budget
-// only knows, and only releases, the holds its caller added: with several
-// router replicas sharing a store, each releases only holds it took from
-// the store.
+// only knows, and only releases, the holds its callers added. Several
+// callers may share one (router replicas in one process sharing a store:
+// kvroute's DecodeMemory.Ledger): each adds its holds, a return through
+// any of them ends the hold once, Victims chooses among every caller's
+// holds of the engine, and the gap model learns from every return; each
+// releases only what it took from the store. Callers in other processes
+// keep their own Budgets.
 //
 // Time is the caller's: every method that needs it takes now, and holds
 // carry their own times. A Budget is safe for concurrent use.
@@ -33,8 +37,9 @@ type Budget struct {
 	byName  map[string]uint32
 	tombs   tombstones
 	stats   Stats
-	cands   []cand       // scratch for Victims
-	seed    maphash.Seed // of the owners' hashes
+	cands   []cand           // scratch for Victims
+	seed    maphash.Seed     // of the owners' hashes
+	running map[string]int64 // Running's tokens, by engine
 }
 
 // Stats counts what a Budget has seen since it was made.
@@ -50,8 +55,10 @@ type Stats struct {
 	// released) but within the horizon.
 	Returned, ReturnedAfterEnd int64
 	// Expired, Released and Ended count holds that went without a next
-	// turn: past their Expires, chosen by Victims, or by End.
-	Expired, Released, Ended int64
+	// turn: past their Expires, chosen by Victims, or by End. Overdue
+	// counts those of Expired that [Budget.Expired] handed to a caller to
+	// release.
+	Expired, Released, Ended, Overdue int64
 	// Censored counts ended holds whose conversation had not come back
 	// within the horizon.
 	Censored int64
@@ -279,6 +286,7 @@ func (b *Budget) Expired(engine string, now time.Time) []Held {
 		}
 		out = append(out, e.held(&e.recs[slot]))
 		b.endOverdue(loc{eng: i, slot: slot}, n)
+		b.stats.Overdue++
 	}
 }
 
@@ -364,6 +372,27 @@ func (b *Budget) Snapshot(now time.Time, window time.Duration) Snapshot {
 	b.expire(n)
 	b.refresh(n, true)
 	return b.model.Snapshot(window)
+}
+
+// Running adds delta to the tokens of the requests running on engine, as
+// its callers count them (kvroute counts a decode leg from its arrival
+// until its answer is whole), and returns the sum: callers sharing the
+// Budget see one another's. Holds do not count in it, nor it in Held or
+// the budget; a caller that makes room for running requests passes what
+// they need to [Budget.Victims] as incoming. It costs a map lookup.
+func (b *Budget) Running(engine string, delta int64) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.running[engine] + delta
+	switch {
+	case n != 0 && b.running == nil:
+		b.running = map[string]int64{engine: n}
+	case n != 0:
+		b.running[engine] = n
+	case delta != 0:
+		delete(b.running, engine)
+	}
+	return n
 }
 
 // Stats returns the counters and sizes, as of the last call that took a

@@ -50,6 +50,7 @@ type config struct {
 	value      ValueFunc
 	grace      time.Duration
 	budgetOnly []string // budget-only options given, for NewModel's error
+	inherited  []string // those of budgetOnly an Inherit gave, not the maker
 }
 
 func defaultConfig() config {
@@ -192,36 +193,50 @@ func (c config) validate() error {
 
 // Given reports whether b's maker gave the Budget option named name
 // ("WithFraction", "WithCapacity", "WithBlockSize", "WithValue" or
-// "WithGrace") to
-// [New] or [Budget.Inherit], rather than leaving its default.
+// "WithGrace") to [New], rather than leaving its default; an option
+// [Budget.Inherit] gave is not the maker's.
 func (b *Budget) Given(name string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Contains(b.cfg.budgetOnly, name)
+	return slices.Contains(b.cfg.budgetOnly, name) && !slices.Contains(b.cfg.inherited, name)
 }
 
 // Inherit gives b each Budget option of opts ([WithFraction],
-// [WithCapacity], [WithBlockSize], [WithValue], [WithGrace]) that it was not given
-// ([Budget.Given]), and keeps those it was: a program that builds a Budget
-// to read it and hands it to a router has the router's settings fill in
-// what it left at the defaults (kvroute's DecodeMemory.Ledger inherits the
-// router's Budget and Capacity so). What Inherit gives counts as given.
-// Holds already added keep the block count of their time. An option out
-// of range or a [Model] option fails, wrapping [ErrInvalidConfig], and
-// changes nothing.
+// [WithCapacity], [WithBlockSize], [WithValue], [WithGrace]) that its
+// maker did not give ([Budget.Given]), and keeps those it did: a program
+// that builds a Budget to read it and hands it to a router has the
+// router's settings fill in what it left at the defaults (kvroute's
+// DecodeMemory.Ledger inherits the router's Budget and Capacity so).
+//
+// A Budget may be shared by several callers (router replicas in one
+// process, each calling Inherit with its own settings): an option an
+// earlier Inherit gave is kept when a later one agrees, and a later one
+// that gives it another value fails, wrapping [ErrInvalidConfig] and
+// naming both values (two [WithValue] functions agree when they are the
+// same function). Holds already added keep the block count of their time.
+// An option out of range or a [Model] option fails, wrapping
+// [ErrInvalidConfig]. A failing Inherit changes nothing.
 func (b *Budget) Inherit(opts ...Option) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := b.cfg
-	c.budgetOnly = slices.Clone(c.budgetOnly)
+	c.budgetOnly, c.inherited = slices.Clone(c.budgetOnly), slices.Clone(c.inherited)
 	for _, o := range opts {
 		probe := defaultConfig()
 		o.apply(&probe)
 		if len(probe.budgetOnly) != 1 {
 			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue, WithGrace)", ErrInvalidConfig)
 		}
-		if !slices.Contains(c.budgetOnly, probe.budgetOnly[0]) {
+		name := probe.budgetOnly[0]
+		switch {
+		case slices.Contains(c.inherited, name):
+			if have, want := c.setting(name), probe.setting(name); have != want {
+				return fmt.Errorf("%w: Inherit: %s conflicts with %s, which an earlier Inherit gave: the callers sharing a Budget must agree", ErrInvalidConfig, want, have)
+			}
+		case slices.Contains(c.budgetOnly, name): // the maker's
+		default:
 			o.apply(&c)
+			c.inherited = append(c.inherited, name)
 		}
 	}
 	if err := c.validate(); err != nil {
@@ -229,4 +244,25 @@ func (b *Budget) Inherit(opts ...Option) error {
 	}
 	b.cfg = c
 	return nil
+}
+
+// setting is the Budget option named name as c has it, for Inherit's
+// comparison and error.
+func (c config) setting(name string) string {
+	switch name {
+	case "WithFraction":
+		return fmt.Sprintf("WithFraction(%v)", c.fraction)
+	case "WithCapacity":
+		return fmt.Sprintf("WithCapacity(%d)", c.capacity)
+	case "WithBlockSize":
+		return fmt.Sprintf("WithBlockSize(%d)", c.blockSize)
+	case "WithGrace":
+		return fmt.Sprintf("WithGrace(%v)", c.grace)
+	case "WithValue":
+		if c.value == nil {
+			return "WithValue(nil)"
+		}
+		return fmt.Sprintf("WithValue(func %p)", c.value)
+	}
+	return name
 }

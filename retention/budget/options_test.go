@@ -105,9 +105,26 @@ func TestInherit(t *testing.T) {
 	assert.False(t, b.Given("WithFraction"))
 	require.NoError(t, b.Inherit(budget.WithFraction(0.9), budget.WithCapacity(1000)))
 	assert.Equal(t, int64(900), budgetOf(b), "the default fraction (0.5) gives way")
-	assert.True(t, b.Given("WithFraction"), "what Inherit gave counts as given")
-	require.NoError(t, b.Inherit(budget.WithFraction(0.2)))
+	assert.False(t, b.Given("WithFraction"), "what Inherit gave is not the maker's")
+	// A second caller sharing the Budget: the same settings are accepted,
+	// other ones fail naming both, and change nothing.
+	require.NoError(t, b.Inherit(budget.WithFraction(0.9), budget.WithCapacity(1000)))
+	err = b.Inherit(budget.WithCapacity(1000), budget.WithFraction(0.2))
+	require.ErrorIs(t, err, budget.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "WithFraction(0.2)")
+	assert.Contains(t, err.Error(), "WithFraction(0.9)")
 	assert.Equal(t, int64(900), budgetOf(b))
+	err = b.Inherit(budget.WithGrace(time.Second), budget.WithCapacity(2000))
+	require.ErrorIs(t, err, budget.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "WithCapacity(2000) conflicts with WithCapacity(1000)")
+	assert.Equal(t, int64(900), budgetOf(b))
+	require.NoError(t, b.Inherit(budget.WithGrace(time.Second)), "the failed Inherit gave no WithGrace")
+	require.NoError(t, b.Inherit(budget.WithGrace(time.Second)))
+	require.Error(t, b.Inherit(budget.WithGrace(0)))
+	value := func(budget.Held, time.Duration, float64) float64 { return 0 }
+	require.NoError(t, b.Inherit(budget.WithValue(value)))
+	require.NoError(t, b.Inherit(budget.WithValue(value)), "the same function")
+	require.Error(t, b.Inherit(budget.WithValue(nil)))
 
 	b, err = budget.New(budget.WithFraction(0.5))
 	require.NoError(t, err)
