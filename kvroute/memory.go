@@ -2,6 +2,9 @@ package kvroute
 
 import (
 	"context"
+	"hash/maphash"
+	"iter"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -52,6 +55,7 @@ type decodeMemory struct {
 	bg     background
 	rel    releaser
 	limits decodemem.RoomLimits // DecodeMemory's RoomRate, by principal
+	seed   maphash.Seed         // of the holds' prefix scopes (prefixOf)
 }
 
 // newDecodeMemory makes the Router's decode memory management (off:
@@ -60,7 +64,7 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	c := &r.cfg
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
 		client: r.client.Client, meter: &r.meter, stats: &r.stats, log: &r.log,
-		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}}
+		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}, seed: maphash.MakeSeed()}
 	// The ledger counts a hold until the engine's own TTL unless it is
 	// released (sweep, below).
 	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity),
@@ -128,9 +132,41 @@ func (m *decodeMemory) managed(engine string) bool {
 // next turn; it is held from created until the entry's retention ends,
 // for the tenant (its Owner: makeRoom, below).
 func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Time) budget.Hold {
-	return budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
+	h := budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
 		Features: budget.Features{Class: tenant + "\x00" + e.Model, Turn: e.Turn, ToolCalls: e.ToolCalls},
 		Saved:    m.saved(e.Tokens), Owner: tenant}
+	h.PrefixBlockSize, h.Prefix = prefixOf(m.seed, tenant, e)
+	return h
+}
+
+// prefixOf names the full blocks D holds for e, as its prefix cache does,
+// when token verification fingerprinted them (e.FP; nil in content
+// verification, which knows no tokens: each hold's blocks are counted as
+// its own). D's block hash is its tokens chained over every token before
+// it, plus the request's LoRA and cache_salt (hash_block_tokens and
+// generate_block_hash_extra_keys in vllm/v1/core/kv_cache_utils.py); the fingerprint's block hashes
+// are the chain, and the tenant (which includes cache_salt) and model
+// are mixed in, so holds share blocks only within one tenant and model:
+// tenants that send one prompt unsalted share D's blocks but are counted
+// apart (an overcount). The sequence reads e.FP, during Add only.
+func prefixOf(seed maphash.Seed, tenant string, e *entry.Entry) (int, iter.Seq[uint64]) {
+	bs, blocks := e.FP.Blocks()
+	if blocks == nil {
+		return 0, nil
+	}
+	var ns maphash.Hash
+	ns.SetSeed(seed)
+	ns.WriteString(tenant)
+	ns.WriteByte(0)
+	ns.WriteString(e.Model)
+	scope := ns.Sum64()
+	return bs, func(yield func(uint64) bool) {
+		for b := range blocks {
+			if !yield(b ^ scope) {
+				return
+			}
+		}
+	}
 }
 
 // added records a hold that a turn retained (or put back); over the
@@ -138,6 +174,13 @@ func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Tim
 func (m *decodeMemory) added(h budget.Hold, grew bool) {
 	if h.Tokens <= 0 || h.Engine == "" || !h.Expires.After(h.Created) {
 		return // nothing the ledger can count (a handle of 0 tokens)
+	}
+	if h.Prefix != nil && h.PrefixBlockSize != m.ledger.BlockSize(h.Engine) {
+		// The ledger counts each block as the hold's own.
+		m.stats.prefixUnshared.Add(1)
+		m.log.once(context.Background(), "prefix_block_size:"+h.Engine,
+			"kvroute: a decode engine's block size is not the one its handles were fingerprinted with; its holds' shared prefixes are counted once per hold",
+			slog.String("endpoint", h.Engine), slog.Int("fingerprint_block_size", h.PrefixBlockSize))
 	}
 	_ = m.ledger.Add(h)
 	if !grew || !m.cfg.on {
@@ -361,7 +404,9 @@ type DecodeKV struct {
 	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
 	// HeldTokens is the memory they pin, in whole blocks × the engine's
-	// block size: what counts against the budget.
+	// block size: what counts against the budget. In token verification
+	// a block several holds share (a common prompt, stored once by the
+	// engine's prefix cache) is counted once.
 	HeldTokens int64
 	// Capacity is the engine's KV capacity in tokens (its /metrics, or
 	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it

@@ -63,6 +63,9 @@ const (
 	releaseRefused
 	releaseStoreError
 	releaseOverwritten
+	// releaseFinal: the handle of a turn whose request ended its session
+	// (retain.go, sessionFinal).
+	releaseFinal
 )
 
 // releaser sends the release requests of the holds over budget.

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"time"
 )
@@ -29,6 +30,26 @@ type Hold struct {
 	// caller's cost model (recomputing the tokens minus pulling them).
 	// Zero means nothing: such a hold is released first.
 	Saved time.Duration
+	// Prefix, when the caller knows the hold's tokens, yields an identity
+	// for each of its full blocks, first to last (a hash of the block's
+	// tokens, and of anything else the engine mixes into its prefix
+	// cache's block hash: LoRA, cache salt); nil when it does not, and
+	// every block of the hold is counted as its own. The ledger chains
+	// them, as vLLM's prefix cache chains block hashes (a block is the
+	// same only when its tokens and every token before it are): holds
+	// on one engine whose first k blocks match share those k blocks,
+	// counted once, as the engine stores them once, and releasing one
+	// frees only the blocks no other hold references. The last, partial
+	// block is always the hold's own (the engine caches full blocks
+	// only). Blocks past the hold's full blocks are not read; the
+	// sequence is read during [Budget.Add] only, never kept. It costs a
+	// map update per block at Add and at the hold's end; the ledger keeps
+	// a node per distinct block, not the holds' sequences.
+	Prefix iter.Seq[uint64]
+	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
+	// is not the engine's block size at Add, Prefix is not used (counted
+	// in [Stats.PrefixIgnored]).
+	PrefixBlockSize int
 	// Owner is who the hold is for (the router's principal of the turn
 	// that made it), an opaque string kept as a 64-bit hash:
 	// [Budget.VictimsFor] limits what one owner releases of the others'
@@ -61,6 +82,9 @@ type Held struct {
 	Engine string
 	// Tokens and Blocks are what the hold pins.
 	Tokens, Blocks int
+	// Shared is how many of Blocks other live holds on the engine also
+	// reference ([Hold.Prefix]): releasing the hold frees Blocks − Shared.
+	Shared int
 	// Created and Expires are the hold's.
 	Created, Expires time.Time
 }

@@ -6,6 +6,7 @@ package fingerprint
 import (
 	"encoding/binary"
 	"errors"
+	"iter"
 	"slices"
 )
 
@@ -79,6 +80,25 @@ func (f Fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
 		return 0, 0, nil, ErrMalformed
 	}
 	return int(bs), int(n), hashes, nil
+}
+
+// Blocks returns the block size and, first to last, the hash of each full
+// block: chained over every token up to the block's end, so that two
+// sequences' blocks hash equal only when their tokens up to there are
+// equal. It returns 0 and nil for a malformed fingerprint.
+func (f Fingerprint) Blocks() (blockSize int, blocks iter.Seq[uint64]) {
+	bs, n, hashes, err := f.parse()
+	if err != nil {
+		return 0, nil
+	}
+	full := hashes[:8*(n/bs)]
+	return bs, func(yield func(uint64) bool) {
+		for i := 0; i < len(full); i += 8 {
+			if !yield(binary.LittleEndian.Uint64(full[i:])) {
+				return
+			}
+		}
+	}
 }
 
 // CommonPrefix returns how many leading tokens of prompt are verified equal

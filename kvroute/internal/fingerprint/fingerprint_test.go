@@ -339,3 +339,29 @@ func fuzzIDs(p []byte) []uint32 {
 	}
 	return s
 }
+
+// Blocks names each full block by its tokens and every token before it:
+// two sequences share exactly the full blocks of their common prefix.
+func TestFingerprintBlocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	a := seqOf(rng, 100)
+	b := slices.Clone(a)
+	b[40] ^= 1 // the third block differs, and every one after it
+	bsA, blocksA := New(a, nil, 100, 16).Blocks()
+	bsB, blocksB := New(b, nil, 100, 16).Blocks()
+	require.Equal(t, 16, bsA)
+	require.Equal(t, 16, bsB)
+	ha, hb := slices.Collect(blocksA), slices.Collect(blocksB)
+	require.Len(t, ha, 6, "full blocks only")
+	require.Len(t, hb, 6)
+	assert.Equal(t, ha[:2], hb[:2])
+	for i := 2; i < 6; i++ {
+		assert.NotEqual(t, ha[i], hb[i])
+	}
+	// The first blocks of a longer sequence are the shorter one's.
+	_, blocksC := New(a, seqOf(rng, 30), 130, 16).Blocks()
+	assert.Equal(t, ha, slices.Collect(blocksC)[:6])
+	bs, none := Fingerprint{1, 2}.Blocks()
+	assert.Zero(t, bs)
+	assert.Nil(t, none)
+}
