@@ -1,7 +1,9 @@
 package budget_test
 
 import (
+	"encoding/binary"
 	"fmt"
+	"iter"
 	"runtime"
 	"strconv"
 	"testing"
@@ -137,4 +139,65 @@ func BenchmarkRetained(b *testing.B) {
 	}
 	b.ReportMetric(perHold, "B/hold")
 	b.ReportMetric(perTomb, "B/ended")
+}
+
+// fpBlocks is n block hashes laid out as a token fingerprint keeps them
+// (8 bytes little endian each): the first shared ones common to every
+// sequence, the rest of its own (named by own).
+func fpBlocks(n, shared int, own uint64) []byte {
+	out := make([]byte, 0, 8*n)
+	for i := range n {
+		h := uint64(i+1) * 0x9e3779b97f4a7c15
+		if i >= shared {
+			h ^= own << 32
+		}
+		out = binary.LittleEndian.AppendUint64(out, h)
+	}
+	return out
+}
+
+// fpPrefix is a Hold.Prefix reading the hashes of fpBlocks.
+func fpPrefix(hashes []byte) iter.Seq[uint64] {
+	return func(yield func(uint64) bool) {
+		for i := 0; i+8 <= len(hashes); i += 8 {
+			if !yield(binary.LittleEndian.Uint64(hashes[i:])) {
+				return
+			}
+		}
+	}
+}
+
+// BenchmarkAddReturnPrefix adds and returns a hold of 100,000 tokens with
+// its Prefix (token verification), on an engine that holds 16 other
+// conversations of 25,000 tokens, all sharing a 4,096-token system prompt:
+// a turn's ledger work at 400 KB of history.
+func BenchmarkAddReturnPrefix(b *testing.B) {
+	const bs = 16
+	bu, err := budget.New(budget.WithCapacity(1<<40), budget.WithBlockSize(bs))
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := t0
+	for i := range 16 {
+		h := fpBlocks(25_000/bs, 4096/bs, uint64(i+1))
+		if err := bu.Add(budget.Hold{Key: keyOf(i), Engine: "d0", Tokens: 25_000, Created: now, Expires: now.Add(ttl),
+			Saved: time.Second, Prefix: fpPrefix(h), PrefixBlockSize: bs}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	hashes := fpBlocks(100_000/bs, 4096/bs, 99)
+	key := keyOf(99)
+	f := budget.Features{Class: "acme/qwen3", Turn: 2}
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Millisecond)
+		if err := bu.Add(budget.Hold{Key: key, Engine: "d0", Tokens: 100_000, Created: now, Expires: now.Add(ttl), Features: f,
+			Saved: time.Second, Prefix: fpPrefix(hashes), PrefixBlockSize: bs}); err != nil {
+			b.Fatal(err)
+		}
+		bu.Return(key, now.Add(time.Second))
+	}
+	if u := bu.Usage(now)[0]; u.Holds != 16 {
+		b.Fatal(u.Holds)
+	}
 }
