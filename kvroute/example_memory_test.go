@@ -19,8 +19,10 @@ func largestFirst(h budget.Held, waited time.Duration, model float64) float64 {
 
 // A release order of one's own is a value function of the ledger
 // (budget.WithValue) given to the Router (WithDecodeMemory's Ledger). The
-// decode engine's holds may take half of its 360 tokens (their shared
-// system prompt counted once, as the engine stores it): the third
+// decode engine's holds may take half of its 360 tokens (a system prompt
+// they share is counted once, as the engine stores it, by granules of
+// budget.PrefixGranule tokens: this one, shorter, is counted per hold,
+// an overcount): the third
 // conversation's hold takes them over, and the largest hold, the second
 // conversation's, is released; its next turn is a miss.
 func ExampleDecodeMemory() {
@@ -67,7 +69,7 @@ func ExampleDecodeMemory() {
 		fmt.Printf("conversation %d, turn 2: %s\n", i+1, reuse)
 	}
 	// Output:
-	// released: 1 hold; the engine holds 128 tokens of a budget of 180
+	// released: 1 hold; the engine holds 160 tokens of a budget of 180
 	// conversation 1, turn 2: hit
 	// conversation 2, turn 2: miss
 	// conversation 3, turn 2: hit

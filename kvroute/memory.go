@@ -3,7 +3,6 @@ package kvroute
 import (
 	"context"
 	"hash/maphash"
-	"iter"
 	"log/slog"
 	"slices"
 	"sync"
@@ -148,10 +147,9 @@ func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Tim
 // are the chain, and the tenant (which includes cache_salt) and model
 // are mixed in, so holds share blocks only within one tenant and model:
 // tenants that send one prompt unsalted share D's blocks but are counted
-// apart (an overcount). The sequence reads e.FP, during Add only.
-func prefixOf(seed maphash.Seed, tenant string, e *entry.Entry) (int, iter.Seq[uint64]) {
-	bs, blocks := e.FP.Blocks()
-	if blocks == nil {
+// apart (an overcount). The blocks read e.FP, during Add only.
+func prefixOf(seed maphash.Seed, tenant string, e *entry.Entry) (int, budget.Blocks) {
+	if len(e.FP) == 0 {
 		return 0, nil
 	}
 	var ns maphash.Hash
@@ -159,14 +157,11 @@ func prefixOf(seed maphash.Seed, tenant string, e *entry.Entry) (int, iter.Seq[u
 	ns.WriteString(tenant)
 	ns.WriteByte(0)
 	ns.WriteString(e.Model)
-	scope := ns.Sum64()
-	return bs, func(yield func(uint64) bool) {
-		for b := range blocks {
-			if !yield(b ^ scope) {
-				return
-			}
-		}
+	bs, blocks, ok := e.FP.Blocks(ns.Sum64())
+	if !ok {
+		return 0, nil
 	}
+	return bs, blocks
 }
 
 // added records a hold that a turn retained (or put back); over the

@@ -3,7 +3,6 @@ package budget_test
 import (
 	"encoding/binary"
 	"fmt"
-	"iter"
 	"runtime"
 	"strconv"
 	"testing"
@@ -157,15 +156,10 @@ func fpBlocks(n, shared int, own uint64) []byte {
 }
 
 // fpPrefix is a Hold.Prefix reading the hashes of fpBlocks.
-func fpPrefix(hashes []byte) iter.Seq[uint64] {
-	return func(yield func(uint64) bool) {
-		for i := 0; i+8 <= len(hashes); i += 8 {
-			if !yield(binary.LittleEndian.Uint64(hashes[i:])) {
-				return
-			}
-		}
-	}
-}
+type fpPrefix []byte
+
+func (f fpPrefix) Len() int        { return len(f) / 8 }
+func (f fpPrefix) At(i int) uint64 { return binary.LittleEndian.Uint64(f[8*i:]) }
 
 // BenchmarkAddReturnPrefix adds and returns a hold of 100,000 tokens with
 // its Prefix (token verification), on an engine that holds 16 other

@@ -164,7 +164,7 @@ func (b *Budget) Add(h Hold) error {
 		prefix = nil
 		b.stats.PrefixIgnored++
 	}
-	slot := e.push(prefix, h.Tokens/bs, rec{
+	slot := e.push(prefix, h.Tokens/bs, bs, rec{
 		key:     key,
 		created: now,
 		expires: h.Expires.UnixNano(),

@@ -2,7 +2,6 @@ package budget
 
 import (
 	"fmt"
-	"iter"
 	"math"
 	"time"
 )
@@ -30,22 +29,22 @@ type Hold struct {
 	// caller's cost model (recomputing the tokens minus pulling them).
 	// Zero means nothing: such a hold is released first.
 	Saved time.Duration
-	// Prefix, when the caller knows the hold's tokens, yields an identity
-	// for each of its full blocks, first to last (a hash of the block's
-	// tokens, and of anything else the engine mixes into its prefix
-	// cache's block hash: LoRA, cache salt); nil when it does not, and
-	// every block of the hold is counted as its own. The ledger chains
-	// them, as vLLM's prefix cache chains block hashes (a block is the
-	// same only when its tokens and every token before it are): holds
-	// on one engine whose first k blocks match share those k blocks,
-	// counted once, as the engine stores them once, and releasing one
-	// frees only the blocks no other hold references. The last, partial
-	// block is always the hold's own (the engine caches full blocks
-	// only). Blocks past the hold's full blocks are not read; the
-	// sequence is read during [Budget.Add] only, never kept. It costs a
-	// map update per block at Add and at the hold's end; the ledger keeps
-	// a node per distinct block, not the holds' sequences.
-	Prefix iter.Seq[uint64]
+	// Prefix, when the caller knows the hold's tokens, names its full
+	// blocks (nil when it does not: every block of the hold is counted as
+	// its own). Holds on one engine whose first blocks match share them,
+	// counted once, as the engine's prefix cache stores them once, and
+	// releasing one frees only the blocks no other hold references; the
+	// last, partial block is always the hold's own (the engine caches
+	// full blocks only). Sharing is counted by granules of
+	// [PrefixGranule] tokens: where two holds part within a granule, its
+	// blocks they have in common are counted for each, as are the blocks
+	// after a hold's last whole granule; the ledger's blocks are never
+	// fewer than the engine's distinct blocks and at most a granule less
+	// one block more per hold after the first. The ledger reads one block
+	// per granule (At) during [Budget.Add] only, never keeps Prefix, and
+	// keeps a node per distinct granule held: a map update per granule at
+	// Add and at the hold's end.
+	Prefix Blocks
 	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
 	// is not the engine's block size at Add, Prefix is not used (counted
 	// in [Stats.PrefixIgnored]).
@@ -55,6 +54,21 @@ type Hold struct {
 	// [Budget.VictimsFor] limits what one owner releases of the others'
 	// holds. Empty is an owner too.
 	Owner string
+}
+
+// Blocks names a hold's full blocks, first to last, as the engine's
+// prefix cache does ([Hold.Prefix]).
+type Blocks interface {
+	// Len is how many blocks are named: blocks past the hold's full
+	// blocks are not read, and blocks past Len are counted as its own.
+	Len() int
+	// At returns block i's identity (0 ≤ i < Len()): a hash of its tokens
+	// and of every token before it in the hold, so that two holds' block
+	// i are equal only when their first i+1 blocks are (vLLM's
+	// hash_block_tokens chains its block hashes the same way), and of
+	// anything else the engine mixes into its prefix cache's block hash
+	// (LoRA, cache salt).
+	At(i int) uint64
 }
 
 // validate reports what is wrong with h.

@@ -6,7 +6,6 @@ package fingerprint
 import (
 	"encoding/binary"
 	"errors"
-	"iter"
 	"slices"
 )
 
@@ -82,23 +81,30 @@ func (f Fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
 	return int(bs), int(n), hashes, nil
 }
 
-// Blocks returns the block size and, first to last, the hash of each full
-// block: chained over every token up to the block's end, so that two
-// sequences' blocks hash equal only when their tokens up to there are
-// equal. It returns 0 and nil for a malformed fingerprint.
-func (f Fingerprint) Blocks() (blockSize int, blocks iter.Seq[uint64]) {
+// Blocks names the full blocks of a fingerprinted sequence by their
+// hashes, each mixed with a scope (xor): the hash of block i is chained
+// over every token up to its end, so that two sequences' block i hash
+// equal (with one scope) only when their tokens up to there are equal.
+// At reads one hash; nothing is copied.
+type Blocks struct {
+	hashes []byte // 8 bytes (little endian) per full block
+	scope  uint64
+}
+
+// Len returns how many full blocks are named.
+func (b Blocks) Len() int { return len(b.hashes) / 8 }
+
+// At returns block i's hash, mixed with the scope (0 ≤ i < Len()).
+func (b Blocks) At(i int) uint64 { return binary.LittleEndian.Uint64(b.hashes[8*i:]) ^ b.scope }
+
+// Blocks returns the block size and the full blocks' hashes, mixed with
+// scope; false for a malformed fingerprint. The Blocks read f.
+func (f Fingerprint) Blocks(scope uint64) (blockSize int, blocks Blocks, ok bool) {
 	bs, n, hashes, err := f.parse()
 	if err != nil {
-		return 0, nil
+		return 0, Blocks{}, false
 	}
-	full := hashes[:8*(n/bs)]
-	return bs, func(yield func(uint64) bool) {
-		for i := 0; i < len(full); i += 8 {
-			if !yield(binary.LittleEndian.Uint64(full[i:])) {
-				return
-			}
-		}
-	}
+	return bs, Blocks{hashes: hashes[:8*(n/bs)], scope: scope}, true
 }
 
 // CommonPrefix returns how many leading tokens of prompt are verified equal
