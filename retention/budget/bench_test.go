@@ -195,3 +195,37 @@ func BenchmarkAddReturnPrefix(b *testing.B) {
 		b.Fatal(u.Holds)
 	}
 }
+
+// BenchmarkTurnPrefix is the ledger's work for one turn of 64 live
+// conversations of 100,000 tokens (400 KB of history) on one engine just
+// over its budget, all sharing a 4,096-token system prompt, in token
+// verification: the conversation's hold returned, its next one added (its
+// tokens extended by a turn's 512), and the victims chosen to make room.
+func BenchmarkTurnPrefix(b *testing.B) {
+	const bs, convs, tokens = 16, 64, 100_000
+	bu, err := budget.New(budget.WithCapacity(convs*tokens), budget.WithBlockSize(bs), budget.WithFraction(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := t0
+	hashes := make([][]byte, convs)
+	for i := range convs {
+		hashes[i] = fpBlocks((tokens+2048)/bs, 4096/bs, uint64(i+1))
+		if err := bu.Add(budget.Hold{Key: keyOf(i), Engine: "d0", Tokens: tokens, Created: now, Expires: now.Add(ttl),
+			Saved: time.Second, Prefix: fpPrefix(hashes[i]), PrefixBlockSize: bs}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		c := i % convs
+		now = now.Add(time.Millisecond)
+		bu.Return(keyOf(c+convs*(i/convs)), now)
+		n := tokens + 512*(1+i/convs%4)
+		if err := bu.Add(budget.Hold{Key: keyOf(c + convs*(i/convs+1)), Engine: "d0", Tokens: n, Created: now, Expires: now.Add(ttl),
+			Saved: time.Second, Prefix: fpPrefix(hashes[c]), PrefixBlockSize: bs}); err != nil {
+			b.Fatal(err)
+		}
+		bu.Victims("d0", 0, now)
+	}
+}

@@ -13,23 +13,15 @@ type engine struct {
 	heap      []uint32 // indices in recs, ordered by rec.expires
 	tokens    int64
 	blocks    int64 // distinct: each shared block once (to a granule, link)
-	// nodes are the holds' prefixes, sampled: one node per granule of
-	// blocks (link), keyed by the hash of the granule's last block, a
-	// tree (each node's parent is the granule before it) whose paths
-	// from the first granules are the holds' linked prefixes, with how
-	// many holds pass through each. It has at most one entry per
-	// granule held: the engine's distinct held blocks / the granule.
+	// nodes are the holds' prefixes, sampled (link, prefix.go): at most
+	// one entry per distinct block held, about one per granule.
 	nodes map[uint64]node
+	// shares counts the changes of a node between one hold and more
+	// (rec.owned is valid while it has not changed since).
+	shares uint32
 }
 
-// node is one granule of the holds' prefixes: 16 bytes.
-type node struct {
-	parent uint64 // the granule before it (none for a first one: walks count spans)
-	refs   uint32 // the holds whose prefix passes through it
-	span   uint32 // its blocks
-}
-
-// rec is one live hold: 72 bytes, and the key's bytes (shared with the
+// rec is one live hold: 80 bytes, and the key's bytes (shared with the
 // index's map key).
 type rec struct {
 	key     string
@@ -43,117 +35,8 @@ type rec struct {
 	saved   float32 // seconds
 	cell    uint32  // the gap model's cell of its features
 	heap    uint32  // its position in engine.heap
-}
-
-// PrefixGranule is the tokens of prefix the ledger counts shared or not
-// as one (the granule of [Hold.Prefix]'s sharing): PrefixGranule /
-// block size blocks, at least one.
-const PrefixGranule = 256
-
-// granule is the blocks of a node for blocks of bs tokens.
-func granule(bs int) int { return max(1, PrefixGranule/max(bs, 1)) }
-
-// link references, for one hold, the first n blocks of p, one node per
-// granule of g = granule(bs) blocks, and returns its last node, the
-// blocks its nodes span and how many of them were new to e.
-//
-// Why sampled, and what it costs in accuracy: a node per block costs a
-// map update per block at Add and at the hold's end (1,563 of each for a
-// 25,000-token history at blocks of 16: 0.3 ms of a turn's 0.9 ms in
-// token verification). p's hashes are chained over every token up to
-// their block's end (two holds' block i hash equal only when their first
-// i+1 blocks are equal), so one block's hash names the whole prefix
-// before it and needs no chaining here: the node of a granule is the
-// hash of its last block, at the same positions (blocks g-1, 2g-1, ...)
-// for every hold on the engine, so that holds with a common prefix meet
-// on the same nodes. Two holds whose first k blocks match share the
-// floor(k/g) granules of them; the k mod g blocks of the granule where
-// they part are counted for each, as are the blocks after a hold's last
-// full granule (fewer than g). The count is never below the engine's
-// distinct blocks (every held block is counted at least once) and over
-// it by at most g-1 blocks per hold after the first on the engine: an
-// overcount, never an undercount, so that a ledger within its budget
-// has the engine within it too. A node per granule of 256 tokens is 16
-// times fewer map updates at blocks of 16 (98 at 25,000 tokens). Denser
-// sampling for the first blocks (system prompts, tools) would make the
-// granule vary with the position, and so the stated bound.
-func (e *engine) link(p Blocks, n, bs int) (leaf uint64, linked uint32, fresh int64) {
-	if p == nil {
-		return 0, 0, 0
-	}
-	g := granule(bs)
-	n = min(n, p.Len())
-	if n < g {
-		return 0, 0, 0
-	}
-	if e.nodes == nil {
-		e.nodes = map[uint64]node{}
-	}
-	// Nodes of another block size never meet these (the engine's block
-	// size changed between holds): their positions differ.
-	salt := uint64(bs) * 0x9e3779b97f4a7c15
-	for i := g - 1; i < n; i += g {
-		id := p.At(i) ^ salt
-		nd, ok := e.nodes[id]
-		if !ok {
-			nd = node{parent: leaf, span: uint32(g)}
-			fresh += int64(g)
-		}
-		nd.refs++
-		e.nodes[id] = nd
-		leaf = id
-		linked += uint32(g)
-	}
-	return leaf, linked, fresh
-}
-
-// unlink drops one hold's reference to its nodes, from leaf back to the
-// first (linked blocks), and returns the blocks no hold references any
-// more (those the engine frees with it).
-func (e *engine) unlink(leaf uint64, linked uint32) (freed int64) {
-	for id, k := leaf, int64(linked); k > 0; {
-		nd, ok := e.nodes[id]
-		if !ok || nd.refs == 0 {
-			return freed // not the tree link built: a hash collision
-		}
-		if nd.refs--; nd.refs == 0 {
-			delete(e.nodes, id)
-			freed += int64(nd.span)
-		} else {
-			e.nodes[id] = nd
-		}
-		k -= int64(nd.span)
-		id = nd.parent
-	}
-	return freed
-}
-
-// own is how many of r's blocks no other hold references: its unlinked
-// blocks (those after its last granule, with the partial last one, or
-// all of a hold without Prefix) and the nodes at the end of its prefix
-// that only it passes through.
-func (e *engine) own(r *rec) int64 {
-	n := int64(r.blocks - r.linked)
-	for id, k := r.leaf, int64(r.linked); k > 0; {
-		nd, ok := e.nodes[id]
-		if !ok || nd.refs != 1 {
-			break
-		}
-		n += int64(nd.span)
-		k -= int64(nd.span)
-		id = nd.parent
-	}
-	return n
-}
-
-// release unlinks r's prefix ahead of its removal (Victims counts what
-// each victim frees as it chooses it) and returns the blocks freed.
-func (e *engine) release(r *rec) int64 {
-	freed := int64(r.blocks-r.linked) + e.unlink(r.leaf, r.linked)
-	e.blocks -= freed
-	e.tokens -= int64(r.tokens)
-	r.blocks, r.tokens, r.linked, r.leaf = 0, 0, 0, 0
-	return freed
+	owned   uint32  // engine.own(r), when ownedAt is engine.shares+1
+	ownedAt uint32
 }
 
 // loc is where a live hold's record is.

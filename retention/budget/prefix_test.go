@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -145,15 +146,26 @@ func TestSharedPrefixGranule(t *testing.T) {
 
 // The ledger's blocks, under random adds, ends, returns and victims of
 // holds that share prefixes of any length (families of a common system
-// prompt, forks of live holds), at block sizes whose granule is 16, 5, 4
-// and 1 blocks: never fewer than the engine's distinct blocks (a plain
-// set of every live hold's block hashes, chained), never more than those
-// plus granule-1 blocks per hold after the first, and exactly the sampled
-// count link describes; its nodes are the distinct sampled blocks.
+// prompt, forks of live holds) up to 100 granules, at block sizes whose
+// granule is 16, 5, 4 and 1 blocks: never fewer than the engine's
+// distinct blocks (a set of every live hold's block hashes, chained),
+// never more than those plus, per hold but one, the span of a node at
+// its length less a block; exactly the count of the nodes the positions
+// read (each granule up to PrefixDense, then one in 2, 4, ...: j with no
+// bits set below its 5 highest) and of the blocks after each hold's last
+// one; its nodes are those positions' distinct blocks.
 func TestSharedPrefixSampledBounds(t *testing.T) {
 	for _, bs := range []int{16, 48, 64, 256} {
 		t.Run(fmt.Sprint(bs), func(t *testing.T) { sampledBounds(t, bs) })
 	}
+}
+
+// sampledRead reports whether the ledger reads granule j (1-based).
+func sampledRead(j int) bool {
+	if j <= budget.PrefixDense {
+		return true
+	}
+	return j%(1<<(bits.Len(uint(j))-5)) == 0
 }
 
 func sampledBounds(t *testing.T, bs int) {
@@ -161,7 +173,7 @@ func sampledBounds(t *testing.T, bs int) {
 	rng := rand.New(rand.NewPCG(3, uint64(bs)))
 	b, err := budget.New(budget.WithBlockSize(bs), budget.WithFraction(1))
 	require.NoError(t, err)
-	b.SetCapacity("d", budget.Capacity{Tokens: int64(600 * bs)})
+	b.SetCapacity("d", budget.Capacity{Tokens: int64(20 * 50 * g * bs)})
 	next := uint64(0)
 	fresh := func(n int) []uint64 { // n blocks no other sequence has
 		out := make([]uint64, n)
@@ -171,14 +183,50 @@ func sampledBounds(t *testing.T, bs int) {
 		}
 		return out
 	}
-	families := [][]uint64{fresh(200), fresh(200), fresh(200)}
+	families := [][]uint64{fresh(100 * g), fresh(100 * g), fresh(100 * g)}
+	// The positions read: granule j's last block, spanning the blocks
+	// from the one before.
+	span := map[int]int{}
+	last := 0
+	for j := 1; j <= 200; j++ {
+		if sampledRead(j) {
+			span[j*g-1] = (j - last) * g
+			last = j
+		}
+	}
 	type live struct {
 		blocks []uint64
 		tokens int
+		read   int   // the blocks up to its last node read
+		tail   int64 // the blocks after it
+		bound  int64 // what it may be counted over by
 	}
 	ref := map[string]live{}
+	held := map[uint64]int{}    // each live full block: its holds
+	sampled := map[uint64]int{} // each node read: its span
+	refs := map[uint64]int{}    // and its holds
+	count := func(h live, d int) {
+		for i, id := range h.blocks {
+			if held[id] += d; held[id] == 0 {
+				delete(held, id)
+			}
+			if sp, ok := span[i]; ok {
+				sampled[id] = sp
+				if refs[id] += d; refs[id] == 0 {
+					delete(refs, id)
+					delete(sampled, id)
+				}
+			}
+		}
+	}
+	drop := func(key string) {
+		if h, ok := ref[key]; ok {
+			count(h, -1)
+			delete(ref, key)
+		}
+	}
 	now := t0
-	for step := range 1500 {
+	for step := range 600 {
 		key := fmt.Sprint("k", rng.IntN(40))
 		switch op := rng.IntN(10); {
 		case op < 5:
@@ -190,8 +238,8 @@ func sampledBounds(t *testing.T, bs int) {
 					break
 				}
 			}
-			common := rng.IntN(min(len(base), 3*g+30) + 1)
-			blocks := append(slices.Clone(base[:common]), fresh(rng.IntN(4*g+20))...)
+			common := rng.IntN(len(base) + 1)
+			blocks := append(slices.Clone(base[:common]), fresh(rng.IntN(20*g+5))...)
 			tokens := len(blocks)*bs + rng.IntN(bs)
 			if tokens == 0 {
 				continue
@@ -199,49 +247,76 @@ func sampledBounds(t *testing.T, bs int) {
 			h := budget.Hold{Key: key, Engine: "d", Tokens: tokens, Created: now, Expires: now.Add(ttl),
 				Saved: time.Second, Prefix: seq(blocks), PrefixBlockSize: bs}
 			require.NoError(t, b.Add(h))
-			ref[key] = live{blocks, tokens}
-		case op < 7:
-			b.End(key, now)
-			delete(ref, key)
-		case op < 8:
-			b.Return(key, now)
-			delete(ref, key)
-		default:
-			for _, v := range b.Victims("d", rng.IntN(300*bs), now) {
-				_, ok := ref[v.Key]
-				require.True(t, ok)
-				delete(ref, v.Key)
-			}
-		}
-		// The engine's distinct blocks (each hold's partial one its own),
-		// and the sampled count: a node per distinct granule end, the rest
-		// of each hold its own.
-		distinct, sampled := map[uint64]bool{}, map[uint64]bool{}
-		var want, model int64
-		for _, h := range ref {
-			for i, id := range h.blocks {
-				distinct[id] = true
-				if (i+1)%g == 0 {
-					sampled[id] = true
+			drop(key)
+			l := live{blocks: blocks, tokens: tokens}
+			read, gap := 0, g // its last node read; the span after it
+			for j := 1; j*g <= len(blocks); j++ {
+				if sampledRead(j) {
+					read = j * g
 				}
 			}
-			all := int64((h.tokens + bs - 1) / bs)
-			want += all - int64(len(h.blocks))
-			model += all - int64(len(h.blocks)/g*g)
+			for j := read/g + 1; ; j++ {
+				if sampledRead(j) {
+					gap = j*g - read
+					break
+				}
+			}
+			l.read, l.tail = read, int64((tokens+bs-1)/bs-read)
+			l.bound = int64(gap - 1)
+			ref[key] = l
+			count(l, 1)
+		case op < 7:
+			b.End(key, now)
+			drop(key)
+		case op < 8:
+			b.Return(key, now)
+			drop(key)
+		default:
+			for _, v := range b.Victims("d", rng.IntN(10*50*g*bs), now) {
+				_, ok := ref[v.Key]
+				require.True(t, ok)
+				drop(v.Key)
+			}
 		}
-		want += int64(len(distinct))
-		model += int64(len(sampled) * g)
+		want := int64(len(held)) // the engine's distinct blocks
+		model := int64(0)        // the nodes read, and the rest
+		var over, most int64
+		for _, h := range ref {
+			want += int64((h.tokens+bs-1)/bs - len(h.blocks))
+			model += h.tail
+			over += h.bound
+			most = max(most, h.bound)
+		}
+		for _, sp := range sampled {
+			model += int64(sp)
+		}
 		var got int64
 		if u := b.Usage(now); len(u) > 0 {
 			got = u[0].Blocks
 			require.Equal(t, len(ref), u[0].Holds, "step %d", step)
 		}
 		require.GreaterOrEqual(t, got, want, "step %d: never fewer than the engine's distinct blocks", step)
-		require.LessOrEqual(t, got, want+int64((g-1)*max(len(ref)-1, 0)), "step %d: over by less than a granule a hold", step)
+		require.LessOrEqual(t, got, want+over-most, "step %d: over by less than a node's span a hold", step)
 		require.Equal(t, model, got, "step %d", step)
 		require.Equal(t, len(sampled), b.Nodes("d"), "step %d", step)
-		if g == 1 {
-			require.Equal(t, want, got, "step %d: exact at a granule of one block", step)
+		// What each hold's release would free: the blocks after its last
+		// node, and its last nodes no other hold passes through.
+		for key, h := range ref {
+			own := h.tail
+			for i := h.read - 1; i >= 0; i-- {
+				if _, ok := span[i]; ok {
+					if refs[h.blocks[i]] != 1 {
+						break
+					}
+					own += int64(span[i])
+				}
+			}
+			l, ok := b.Lookup(key)
+			require.True(t, ok)
+			require.Equal(t, int64(l.Blocks)-own, int64(l.Shared), "step %d: %s", step, key)
+		}
+		if g == 1 && len(ref) > 0 && most == 0 {
+			require.Equal(t, want, got, "step %d: exact where every block is read", step)
 		}
 		now = now.Add(time.Millisecond)
 	}
