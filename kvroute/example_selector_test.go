@@ -31,9 +31,10 @@ func (f *fewestHeld) Select(ctx context.Context, s *kvroute.Selection) (int, err
 
 // A custom Selector (WithSelector) sees each decode engine's held tokens.
 // Three conversations open on two decode engines: each goes where fewer
-// tokens are held (the system prompt they share counted once on an
-// engine, as the engine stores it), and a conversation's next turn stays
-// where its KV is.
+// tokens are held, and a conversation's next turn stays where its KV is.
+// (A system prompt they share is counted once on an engine, as the engine
+// stores it, by granules of budget.PrefixGranule tokens: this one,
+// shorter, is counted per conversation.)
 func ExampleSelector() {
 	p, d, stop := startEngines(2)
 	defer stop()
@@ -72,6 +73,6 @@ func ExampleSelector() {
 	// Output:
 	// conversation 1: D1; D1 holds 80 tokens, D2 0
 	// conversation 2: D2; D1 holds 80 tokens, D2 96
-	// conversation 3: D1; D1 holds 128 tokens, D2 96
+	// conversation 3: D1; D1 holds 160 tokens, D2 96
 	// conversation 1, turn 2: hit on D1
 }
