@@ -6,7 +6,7 @@ func (b *Budget) Nodes(engine string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if i, ok := b.byName[engine]; ok {
-		return len(b.engines[i].nodes)
+		return b.engines[i].nodes.n
 	}
 	return 0
 }

@@ -15,7 +15,7 @@ type engine struct {
 	blocks    int64 // distinct: each shared block once (to a granule, link)
 	// nodes are the holds' prefixes, sampled (link, prefix.go): at most
 	// one entry per distinct block held, about one per granule.
-	nodes map[uint64]node
+	nodes nodes
 	// shares counts the changes of a node between one hold and more
 	// (rec.owned is valid while it has not changed since).
 	shares uint32

@@ -17,13 +17,6 @@ const PrefixGranule = 256
 // reads each of; after them it reads 16 per doubling of the prefix.
 const PrefixDense = 32
 
-// node is a sampled block of the holds' prefixes: 16 bytes.
-type node struct {
-	parent uint64 // the node before it (none for a first one: walks count spans)
-	refs   uint32 // the holds whose prefix passes through it
-	span   uint32 // the blocks from the node before it to its end
-}
-
 // granule is the blocks of a granule for blocks of bs tokens.
 func granule(bs int) int { return max(1, PrefixGranule/max(bs, 1)) }
 
@@ -75,23 +68,20 @@ func (e *engine) link(p Blocks, n, bs int) (leaf uint64, linked uint32, fresh in
 	if n < g {
 		return 0, 0, 0
 	}
-	if e.nodes == nil {
-		e.nodes = map[uint64]node{}
-	}
 	// Nodes of another block size never meet these (the engine's block
 	// size changed between holds): their positions differ.
 	salt := uint64(bs) * 0x9e3779b97f4a7c15
 	for j := 1; j*g <= n; j += step(j) {
 		id := p.At(j*g-1) ^ salt
-		nd, ok := e.nodes[id]
-		if !ok {
-			nd = node{parent: leaf, span: uint32(j*g) - linked}
+		nd := e.nodes.find(id)
+		if nd == nil {
+			nd = e.nodes.add(id)
+			nd.parent, nd.span = leaf, uint32(j*g)-linked
 			fresh += int64(nd.span)
 		} else if nd.refs == 1 {
 			e.reshared() // its hold's own count changes
 		}
 		nd.refs++
-		e.nodes[id] = nd
 		leaf = id
 		linked = uint32(j * g)
 	}
@@ -103,22 +93,19 @@ func (e *engine) link(p Blocks, n, bs int) (leaf uint64, linked uint32, fresh in
 // more (those the engine frees with it).
 func (e *engine) unlink(leaf uint64, linked uint32) (freed int64) {
 	for id, k := leaf, int64(linked); k > 0; {
-		nd, ok := e.nodes[id]
-		if !ok || nd.refs == 0 {
+		nd := e.nodes.find(id)
+		if nd == nil {
 			return freed // not the tree link built: a hash collision
-		}
-		switch nd.refs--; nd.refs {
-		case 0:
-			delete(e.nodes, id)
-			freed += int64(nd.span)
-		case 1:
-			e.reshared() // its other hold's own count changes
-			fallthrough
-		default:
-			e.nodes[id] = nd
 		}
 		k -= int64(nd.span)
 		id = nd.parent
+		switch nd.refs--; nd.refs {
+		case 0:
+			freed += int64(nd.span)
+			e.nodes.remove(nd)
+		case 1:
+			e.reshared() // its other hold's own count changes
+		}
 	}
 	return freed
 }
@@ -136,8 +123,8 @@ func (e *engine) own(r *rec) int64 {
 	}
 	n := int64(r.blocks - r.linked)
 	for id, k := r.leaf, int64(r.linked); k > 0; {
-		nd, ok := e.nodes[id]
-		if !ok || nd.refs != 1 {
+		nd := e.nodes.find(id)
+		if nd == nil || nd.refs != 1 {
 			break
 		}
 		n += int64(nd.span)
