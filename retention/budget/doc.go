@@ -8,7 +8,8 @@
 // ([Budget.Add], [Budget.Return], [Budget.End]; [Budget.Usage] reports
 // tokens, blocks and ages; blocks that holds share, named by their
 // [Hold.Prefix], are counted once, as the engine's prefix cache stores
-// them), a learned [Model] of the pause before a
+// them, to [PrefixGranule] tokens and never fewer than the engine
+// holds), a learned [Model] of the pause before a
 // conversation's next turn, and the choice of what to release when an
 // engine's holds go over its budget ([Budget.Victims]): the holds worth
 // least, where a hold is worth the prefill time a hit would save × the

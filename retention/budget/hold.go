@@ -35,15 +35,18 @@ type Hold struct {
 	// counted once, as the engine's prefix cache stores them once, and
 	// releasing one frees only the blocks no other hold references; the
 	// last, partial block is always the hold's own (the engine caches
-	// full blocks only). Sharing is counted by granules of
-	// [PrefixGranule] tokens: where two holds part within a granule, its
-	// blocks they have in common are counted for each, as are the blocks
-	// after a hold's last whole granule; the ledger's blocks are never
-	// fewer than the engine's distinct blocks and at most a granule less
-	// one block more per hold after the first. The ledger reads one block
-	// per granule (At) during [Budget.Add] only, never keeps Prefix, and
-	// keeps a node per distinct granule held: a map update per granule at
-	// Add and at the hold's end.
+	// full blocks only). The ledger reads a block per [PrefixGranule]
+	// tokens for the first [PrefixDense] of them, then 16 per doubling of
+	// the prefix, at the same positions for every hold: holds share the
+	// blocks up to the last position they have in common, and their
+	// blocks in common after it are counted for each, as are a hold's
+	// blocks after its last position. The ledger's blocks are never fewer
+	// than the engine's distinct blocks, and more by less than a granule
+	// per hold after the first where the holds part within the first
+	// PrefixDense granules, by less than 1/16 of the prefix they share
+	// beyond. Prefix is read during [Budget.Add] only, never kept; the
+	// ledger keeps a node per position read of the holds' distinct
+	// prefixes, and probes them at Add and at the hold's end.
 	Prefix Blocks
 	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
 	// is not the engine's block size at Add, Prefix is not used (counted

@@ -10,7 +10,7 @@ import (
 // blocks of PrefixGranule / block size (at least one): where holds part
 // within their first [PrefixDense] granules, fewer than a granule of
 // their blocks in common are counted for each; further on, fewer than
-// 1/16 of the blocks before.
+// 1/16 of the prefix they share.
 const PrefixGranule = 256
 
 // PrefixDense is how many granules from a prefix's start the ledger
@@ -57,8 +57,8 @@ func step(j int) int {
 // than the same after a hold's last node. An overcount, never an
 // undercount: a ledger within its budget has the engine within it too.
 // The nodes are 56 for a 25,000-token hold and 88 for 100,000 (a node
-// per granule: 97 and 390); the map holds at most one per distinct
-// block held.
+// per granule: 97 and 390), each a probe of e.nodes at Add and at the
+// hold's end; e.nodes holds at most one per distinct block held.
 func (e *engine) link(p Blocks, n, bs int) (leaf uint64, linked uint32, fresh int64) {
 	if p == nil {
 		return 0, 0, 0

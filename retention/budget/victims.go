@@ -44,10 +44,11 @@ func (c cand) before(d cand) bool {
 // by a turn or another replica, needs no release) and releases what it
 // took. Victims costs a walk of the engine's holds when the engine is over
 // its budget: the gap model's probability for each and a heap, about
-// 20 µs for 1,000 holds and 0.35 ms for 10,000 (BenchmarkVictims), and
-// for holds with a [Hold.Prefix] a map lookup per block only they
-// reference (at most the engine's distinct blocks); an engine under its
-// budget costs a comparison.
+// 20 µs for 1,000 holds and 0.35 ms for 10,000 (BenchmarkVictims); for
+// a hold with a [Hold.Prefix] what its release frees is walked once, and
+// again only after another hold came to share or stopped sharing its
+// blocks (BenchmarkVictimsPrefix); an engine under its budget costs a
+// comparison.
 func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 	v, _ := b.victims(engine, incoming, 0, false, -1, now)
 	return v
