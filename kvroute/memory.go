@@ -401,7 +401,8 @@ type DecodeKV struct {
 	// HeldTokens is the memory they pin, in whole blocks × the engine's
 	// block size: what counts against the budget. In token verification
 	// a block several holds share (a common prompt, stored once by the
-	// engine's prefix cache) is counted once.
+	// engine's prefix cache) is counted once, to budget.PrefixGranule
+	// tokens: never less than the engine holds.
 	HeldTokens int64
 	// Capacity is the engine's KV capacity in tokens (its /metrics, or
 	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it
