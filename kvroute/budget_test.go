@@ -98,11 +98,26 @@ func settle(t *testing.T, r *kvroute.Router, want func(kvroute.Stats) bool) {
 func requested(s kvroute.Stats) int64 { return s.ReleasedBudget + s.ReleasedRoom }
 
 // oneTurns runs n single-turn conversations and checks every answer
-// against a single engine's.
+// against a single engine's. They share their system prompt, which D
+// stores, and the ledger counts, once.
 func oneTurns(t *testing.T, r *kvroute.Router, srv string, n int, managed bool) []*conversation {
+	return turnsOf(t, r, srv, n, managed, false)
+}
+
+// distinctTurns is oneTurns with conversations that share no block: each
+// system prompt begins with the conversation's number.
+func distinctTurns(t *testing.T, r *kvroute.Router, srv string, n int) []*conversation {
+	return turnsOf(t, r, srv, n, true, true)
+}
+
+func turnsOf(t *testing.T, r *kvroute.Router, srv string, n int, managed, distinct bool) []*conversation {
 	var convs []*conversation
 	for i := range n {
-		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+		system := systemPrompt
+		if distinct {
+			system = fmt.Sprintf("Conversation %d. %s", i, systemPrompt)
+		}
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: system}}}
 		conv.say(fmt.Sprintf("Conversation %d. %s", i, userText(i)))
 		conv.hear(releaseTurn(t, srv, conv.path, conv.body(), nil))
 		convs = append(convs, conv)
@@ -130,10 +145,16 @@ func TestBudgetReleasesOverBudget(t *testing.T) {
 func testBudgetReleases(t *testing.T, opts ...kvroute.Option) {
 	c, r, srv, front := budgetRig(t, "", opts...)
 	d := c.Decode[0]
-	convs := oneTurns(t, r, srv, 8, true)
+	// Twelve: their shared system prompt is counted once, as D stores it
+	// (eight fit the budget).
+	convs := oneTurns(t, r, srv, 12, true)
 	settle(t, r, func(s kvroute.Stats) bool {
 		kv := r.DecodeKV()[0]
-		return kv.HeldTokens <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && front.releases.Load() > 0
+		// Every hold the ledger let go (each a victim: no turn took
+		// one) has its release's outcome counted.
+		victims := int64(len(convs) - kv.Handles)
+		return kv.HeldTokens <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && front.releases.Load() > 0 &&
+			requested(s)+s.ReleaseFailures+s.ReleaseGone >= victims
 	})
 	kv := r.DecodeKV()[0]
 	require.EqualValues(t, budgetBlocks*16, kv.Capacity)
@@ -487,7 +508,7 @@ func TestGapModelSeesReturnsAfterRelease(t *testing.T) {
 	resolved := func(s kvroute.Stats) bool {
 		return requested(s)+s.ReleaseFailures+s.ReleaseGone+s.ReleaseSkipped >= l.Stats().Released
 	}
-	convs := oneTurns(t, r, srv, 8, true)
+	convs := oneTurns(t, r, srv, 12, true) // eight fit the budget
 	settle(t, r, func(s kvroute.Stats) bool {
 		return front.releases.Load() > 0 && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) && resolved(s)
 	})

@@ -361,6 +361,10 @@ const (
 	// refuseFinishPrefix prefixes a finish reason that is not a normal
 	// finish (finishedNormally): "finish_abort", "finish_error".
 	refuseFinishPrefix Refusal = "finish_"
+	// refuseSessionFinal is TurnRecord.StoreRefusal of a turn whose
+	// request ended its session (X-Dynamo-Session-Final: true): its
+	// handle is released, not retained (retain.go).
+	refuseSessionFinal Refusal = "session_final"
 )
 
 // Where the tokens of a new prompt came from (TurnRecord.TokenSource).

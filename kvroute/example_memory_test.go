@@ -10,16 +10,19 @@ import (
 )
 
 // largestFirst is a decode-memory release order: over an engine's budget,
-// the holds that pin the most blocks go first (the ledger releases least
-// value first), whatever the learned chance that their conversations come
-// back.
+// the holds whose release frees the most blocks (those no other hold
+// shares) go first (the ledger releases least value first), whatever the
+// learned chance that their conversations come back.
 func largestFirst(h budget.Held, waited time.Duration, model float64) float64 {
-	return -float64(h.Blocks)
+	return -float64(h.Blocks - h.Shared)
 }
 
 // A release order of one's own is a value function of the ledger
 // (budget.WithValue) given to the Router (WithDecodeMemory's Ledger). The
-// decode engine's holds may take half of its 400 tokens: the third
+// decode engine's holds may take half of its 360 tokens (a system prompt
+// they share is counted once, as the engine stores it, by granules of
+// budget.PrefixGranule tokens: this one, shorter, is counted per hold,
+// an overcount): the third
 // conversation's hold takes them over, and the largest hold, the second
 // conversation's, is released; its next turn is a miss.
 func ExampleDecodeMemory() {
@@ -34,7 +37,7 @@ func ExampleDecodeMemory() {
 		kvroute.WithDecodeMemory(kvroute.DecodeMemory{
 			Ledger:   ledger, // the registration line; it takes Budget and Capacity
 			Budget:   0.5,
-			Capacity: 400,
+			Capacity: 360,
 			// The capacity is the one above, not the engine's /metrics.
 			MetricsInterval: -1,
 		}))
@@ -66,7 +69,7 @@ func ExampleDecodeMemory() {
 		fmt.Printf("conversation %d, turn 2: %s\n", i+1, reuse)
 	}
 	// Output:
-	// released: 1 hold; the engine holds 160 tokens of a budget of 200
+	// released: 1 hold; the engine holds 160 tokens of a budget of 180
 	// conversation 1, turn 2: hit
 	// conversation 2, turn 2: miss
 	// conversation 3, turn 2: hit

@@ -32,6 +32,9 @@ func (f *fewestHeld) Select(ctx context.Context, s *kvroute.Selection) (int, err
 // A custom Selector (WithSelector) sees each decode engine's held tokens.
 // Three conversations open on two decode engines: each goes where fewer
 // tokens are held, and a conversation's next turn stays where its KV is.
+// (A system prompt they share is counted once on an engine, as the engine
+// stores it, by granules of budget.PrefixGranule tokens: this one,
+// shorter, is counted per conversation.)
 func ExampleSelector() {
 	p, d, stop := startEngines(2)
 	defer stop()

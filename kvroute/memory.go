@@ -3,8 +3,9 @@ package kvroute
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
+	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -54,6 +55,7 @@ type decodeMemory struct {
 	bg     background
 	rel    releaser
 	limits decodemem.RoomLimits // DecodeMemory's RoomRate, by principal
+	seed   maphash.Seed         // of the holds' prefix scopes (prefixOf)
 }
 
 // newDecodeMemory makes the Router's decode memory management (off:
@@ -62,7 +64,7 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	c := &r.cfg
 	m := &decodeMemory{cfg: c.memory, ledger: c.memory.ledger, clock: c.clock, ttl: c.retentionTTL,
 		client: r.client.Client, meter: &r.meter, stats: &r.stats, log: &r.log,
-		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}}
+		limits: decodemem.RoomLimits{Rate: c.memory.roomRate}, seed: maphash.MakeSeed()}
 	// The ledger counts a hold until the engine's own TTL unless it is
 	// released (sweep, below).
 	opts := []budget.Option{budget.WithFraction(c.memory.fraction), budget.WithCapacity(c.memory.capacity),
@@ -133,9 +135,37 @@ func (m *decodeMemory) managed(engine string) bool {
 // next turn; it is held from created until the entry's retention ends,
 // for the tenant (its Owner: makeRoom, below).
 func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Time) budget.Hold {
-	return budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
+	h := budget.Hold{Key: key, Engine: e.Endpoint, Tokens: e.Tokens, Created: created, Expires: e.Created.Add(m.ttl),
 		Features: budget.Features{Class: tenant + "\x00" + e.Model, Turn: e.Turn, ToolCalls: e.ToolCalls},
 		Saved:    m.saved(e.Tokens), Owner: tenant}
+	h.PrefixBlockSize, h.Prefix = prefixOf(m.seed, tenant, e)
+	return h
+}
+
+// prefixOf names the full blocks D holds for e, as its prefix cache does,
+// when token verification fingerprinted them (e.FP; nil in content
+// verification, which knows no tokens: each hold's blocks are counted as
+// its own). D's block hash is its tokens chained over every token before
+// it, plus the request's LoRA and cache_salt (hash_block_tokens and
+// generate_block_hash_extra_keys in vllm/v1/core/kv_cache_utils.py); the fingerprint's block hashes
+// are the chain, and the tenant (which includes cache_salt) and model
+// are mixed in, so holds share blocks only within one tenant and model:
+// tenants that send one prompt unsalted share D's blocks but are counted
+// apart (an overcount). The blocks read e.FP, during Add only.
+func prefixOf(seed maphash.Seed, tenant string, e *entry.Entry) (int, budget.Blocks) {
+	if len(e.FP) == 0 {
+		return 0, nil
+	}
+	var ns maphash.Hash
+	ns.SetSeed(seed)
+	ns.WriteString(tenant)
+	ns.WriteByte(0)
+	ns.WriteString(e.Model)
+	bs, blocks, ok := e.FP.Blocks(ns.Sum64())
+	if !ok {
+		return 0, nil
+	}
+	return bs, blocks
 }
 
 // added records a hold that a turn retained (or put back); over the
@@ -143,6 +173,13 @@ func (m *decodeMemory) hold(key, tenant string, e *entry.Entry, created time.Tim
 func (m *decodeMemory) added(h budget.Hold, grew bool) {
 	if h.Tokens <= 0 || h.Engine == "" || !h.Expires.After(h.Created) {
 		return // nothing the ledger can count (a handle of 0 tokens)
+	}
+	if h.Prefix != nil && h.PrefixBlockSize != m.ledger.BlockSize(h.Engine) {
+		// The ledger counts each block as the hold's own.
+		m.stats.prefixUnshared.Add(1)
+		m.log.once(context.Background(), "prefix_block_size:"+h.Engine,
+			"kvroute: a decode engine's block size is not the one its handles were fingerprinted with; its holds' shared prefixes are counted once per hold",
+			slog.String("endpoint", h.Engine), slog.Int("fingerprint_block_size", h.PrefixBlockSize))
 	}
 	_ = m.ledger.Add(h)
 	if !grew || !m.cfg.on {
@@ -259,36 +296,6 @@ func (m *decodeMemory) close() error {
 	return nil
 }
 
-// background runs the management's work off the turns' paths, and stops
-// it once.
-type background struct {
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-// run runs f in a goroutine unless the work was stopped; it reports
-// whether it did.
-func (b *background) run(f func(ctx context.Context)) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return false
-	}
-	b.wg.Go(func() { f(b.ctx) })
-	return true
-}
-
-func (b *background) stop() {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	b.cancel()
-	b.wg.Wait()
-}
-
 // What room a decode leg may make on arrival (memory.go, arrive). A leg
 // is counted as what it can really take on its engine: its prompt and
 // what it may generate, clipped to the engine's max_model_len (read from
@@ -386,7 +393,10 @@ type DecodeKV struct {
 	// Bytes is Tokens × WithDecodeMemory's KVBytesPerToken, 0 when that is unset.
 	Bytes int64
 	// HeldTokens is the memory they pin, in whole blocks × the engine's
-	// block size: what counts against the budget.
+	// block size: what counts against the budget. In token verification
+	// a block several holds share (a common prompt, stored once by the
+	// engine's prefix cache) is counted once, to budget.PrefixGranule
+	// tokens: never less than the engine holds.
 	HeldTokens int64
 	// Capacity is the engine's KV capacity in tokens (its /metrics, or
 	// WithDecodeMemory's Capacity), 0 when unknown; Budget the share of it

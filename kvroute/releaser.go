@@ -63,6 +63,9 @@ const (
 	releaseRefused
 	releaseStoreError
 	releaseOverwritten
+	// releaseFinal: the handle of a turn whose request ended its session
+	// (retain.go, sessionFinal).
+	releaseFinal
 )
 
 // releaser sends the release requests of the holds over budget.
@@ -451,4 +454,34 @@ func (rl *releaser) queue(why releaseReason, get func(ctx context.Context) (entr
 	}) {
 		rl.waiting.Add(-1)
 	}
+}
+
+// background runs the management's work off the turns' paths, and stops
+// it once.
+type background struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// run runs f in a goroutine unless the work was stopped; it reports
+// whether it did.
+func (b *background) run(f func(ctx context.Context)) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.wg.Go(func() { f(b.ctx) })
+	return true
+}
+
+func (b *background) stop() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
 }

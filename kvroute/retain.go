@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"strings"
 	"time"
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
@@ -98,6 +100,12 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 			return RefuseN, false
 		}
 	}
+	if r.mem.cfg.on && sessionFinal(t.req.Header) {
+		// The client ended the session: no next turn will attach the
+		// hold, so D's blocks are released now, not kept for the TTL.
+		orphaned(t, a.decode, a.handle, releaseFinal)
+		return refuseSessionFinal, false
+	}
 	ids := a.ids
 	ids.blockSize, ids.prefill = r.shapes.known(r.decode.find(a.decode)), rt.prefill
 	fp, later := t.proof.seal(hi.Tokens, ids)
@@ -144,6 +152,14 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 		t.lacks(missingRenderRoute)
 	}
 	return refusal, stored
+}
+
+// sessionFinal reports whether a request ends its session: Dynamo's
+// X-Dynamo-Session-Final: true (any case). Its turn runs as any other,
+// with the conversation's handle; what it leaves on D is released after
+// it, with decode memory management on (off: retained, as every handle).
+func sessionFinal(h http.Header) bool {
+	return strings.EqualFold(strings.TrimSpace(h.Get("X-Dynamo-Session-Final")), "true")
 }
 
 // retainable checks D's handle before anything is keyed: it returns what

@@ -149,7 +149,9 @@ func TestFinishedLegLeavesLiveBeforeRetain(t *testing.T) {
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			c, r, srv, front := budgetRig(t, "")
-			oneTurns(t, r, srv, 3, true)
+			// Four conversations that share no block (a shared prompt
+			// is counted once, and four would fit the budget).
+			distinctTurns(t, r, srv, 3)
 			// The three holds wait: worth less than a new one.
 			c.Clock.Advance(2 * time.Minute)
 			kv := r.DecodeKV()[0]
@@ -159,7 +161,7 @@ func TestFinishedLegLeavesLiveBeforeRetain(t *testing.T) {
 			// A new conversation whose leg may take what the holds leave
 			// under capacity less the headroom: no room made on arrival.
 			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 1,
-				messages: []message{{Role: "system", Content: systemPrompt}}}
+				messages: []message{{Role: "system", Content: "Conversation 3. " + systemPrompt}}}
 			// (a longer prompt than theirs: its hold is larger than any of
 			// them)
 			conv.say("Conversation 3. " + userText(3) + " " + userText(4))

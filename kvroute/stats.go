@@ -183,21 +183,30 @@ type Stats struct {
 	// retention) whose handle was no longer in the store when their release came (another router's
 	// turn or release took it, or it expired): nothing to release.
 	ReleaseFailures, ReleaseSkipped, ReleaseGone int64
+	// PrefixUnshared counts holds whose blocks the ledger could not match
+	// with other holds' (token verification): the decode engine's block
+	// size, as its /metrics report it, was not the one its handle was
+	// fingerprinted with; each of its blocks was counted as its own.
+	PrefixUnshared int64
+	// ReleasedFinal counts holds released after the turn that ended their
+	// session (a request with X-Dynamo-Session-Final: true): the turn's
+	// handle released at once instead of retained for the TTL.
+	ReleasedFinal int64
 }
 
 type counters struct {
-	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures atomic.Int64
-	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks       atomic.Int64
-	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                  atomic.Int64
-	chosePull, choseLocal, choseRecompute, localBusy, localFailures                      atomic.Int64
-	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable           atomic.Int64
-	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns atomic.Int64
-	buffered                                                                             atomic.Int64
-	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired  atomic.Int64
-	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable    atomic.Int64
-	roomRejected, roomLimited                                                            atomic.Int64
-	releaseFailures, releaseSkipped, releaseGone                                         atomic.Int64
-	implausibleMetrics, unvalidatedHandles, capacityUnknown                              atomic.Int64
+	stored, noStreamHandle, noPrefillHandle, hitRetries, storeErrors, refusals, failures   atomic.Int64
+	renders, renderFailures, tokenFallbacks, partialHits, partialRefused, putBacks         atomic.Int64
+	noDecodeHandle, unconfirmedHits, pushHandles, tooLarge, goneHandles                    atomic.Int64
+	chosePull, choseLocal, choseRecompute, localBusy, localFailures                        atomic.Int64
+	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable             atomic.Int64
+	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns   atomic.Int64
+	buffered                                                                               atomic.Int64
+	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired    atomic.Int64
+	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable      atomic.Int64
+	roomRejected, roomLimited                                                              atomic.Int64
+	releaseFailures, releaseSkipped, releaseGone                                           atomic.Int64
+	implausibleMetrics, unvalidatedHandles, capacityUnknown, prefixUnshared, releasedFinal atomic.Int64
 	// renderedPromptIDs counts turns whose decode answer's prompt ids were
 	// taken as the rendered ones (same text), not parsed; not exported in
 	// Stats (a measure of the router's own work, for its tests).
@@ -261,6 +270,8 @@ func (c *counters) snapshot() Stats {
 		ReleaseFailures: c.releaseFailures.Load(),
 		ReleaseSkipped:  c.releaseSkipped.Load(),
 		ReleaseGone:     c.releaseGone.Load(),
+		PrefixUnshared:  c.prefixUnshared.Load(),
+		ReleasedFinal:   c.releasedFinal.Load(),
 	}
 }
 
@@ -285,5 +296,7 @@ func (c *counters) released(why releaseReason) {
 		c.releasedStoreError.Add(1)
 	case releaseOverwritten:
 		c.releasedOverwritten.Add(1)
+	case releaseFinal:
+		c.releasedFinal.Add(1)
 	}
 }

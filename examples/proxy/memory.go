@@ -177,7 +177,7 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 // watchMemory exports the decode memory's releases, holds, pressure and
 // learned pauses.
 func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
-	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), expired (a hold whose --retention-ttl ended without a next turn, released then rather than at the engine's decoder_kv_blocks_ttl), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once).",
+	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), expired (a hold whose --retention-ttl ended without a next turn, released then rather than at the engine's decoder_kv_blocks_ttl), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once), session_final (a turn whose request ended its session with X-Dynamo-Session-Final: true).",
 		"reason", []labeledStat{
 			{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
 			{"unusable", func(s kvroute.Stats) int64 { return s.ReleasedUnusable }},
@@ -188,6 +188,7 @@ func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window t
 			{"refused", func(s kvroute.Stats) int64 { return s.ReleasedRefused }},
 			{"store_error", func(s kvroute.Stats) int64 { return s.ReleasedStoreError }},
 			{"overwritten", func(s kvroute.Stats) int64 { return s.ReleasedOverwritten }},
+			{"session_final", func(s kvroute.Stats) int64 { return s.ReleasedFinal }},
 		})
 	m.statsByLabel(r, "decode_room_limited_total", "Decode legs that made less room on arrival than their engine's holds and live legs called for, by reason: rejected (the engine will reject the request: max_tokens over its max_model_len, alone or with the prompt), rate_limited (its client released --decode-memory-room-rate of other tenants' holds already).",
 		"reason", []labeledStat{
@@ -207,6 +208,8 @@ func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window t
 			func(s kvroute.Stats) int64 { return s.ReleaseGone }),
 		stat("decode_unreleasable_total", "Decode handles the proxy did not keep and could not release either (one vLLM would misread, of push mode, or whose store write failed while the store could not say it does not hold it): they lapse at the engines' TTL.",
 			func(s kvroute.Stats) int64 { return s.Unreleasable }),
+		stat("decode_prefix_unshared_total", "Holds whose blocks the ledger could not match with other holds' (token verification): the decode engine's block size, as its /metrics report it, was not the one the handle was fingerprinted with, so each block was counted as the hold's own.",
+			func(s kvroute.Stats) int64 { return s.PrefixUnshared }),
 		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now},
 	)
 }

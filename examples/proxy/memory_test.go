@@ -35,7 +35,15 @@ func TestDecodeMemoryBudgetFlag(t *testing.T) {
 				assert.Equal(t, ref.Text, chatAnswer(t, body), "differs from a single engine's")
 			}
 			for i := range 8 {
-				ask(plainChat(reuseSystem, fmt.Sprintf("Conversation %d: list the failing tests.", i)))
+				system := reuseSystem
+				if budget != "-1" {
+					// Managed, the shared prompt is counted once, as D
+					// stores it: conversations that share no block take
+					// the holds over the budget. (Unmanaged, eight of
+					// them would not fit D.)
+					system = fmt.Sprintf("Conversation %d. %s", i, reuseSystem)
+				}
+				ask(plainChat(system, fmt.Sprintf("Conversation %d: list the failing tests.", i)))
 				if i == 0 && budget != "-1" {
 					// The engine's capacity is read in the background after
 					// the first turn that considered it.

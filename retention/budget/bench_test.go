@@ -1,6 +1,7 @@
 package budget_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -137,4 +138,121 @@ func BenchmarkRetained(b *testing.B) {
 	}
 	b.ReportMetric(perHold, "B/hold")
 	b.ReportMetric(perTomb, "B/ended")
+}
+
+// fpBlocks is n block hashes laid out as a token fingerprint keeps them
+// (8 bytes little endian each): the first shared ones common to every
+// sequence, the rest of its own (named by own).
+func fpBlocks(n, shared int, own uint64) []byte {
+	out := make([]byte, 0, 8*n)
+	for i := range n {
+		h := uint64(i+1) * 0x9e3779b97f4a7c15
+		if i >= shared {
+			h ^= own << 32
+		}
+		out = binary.LittleEndian.AppendUint64(out, h)
+	}
+	return out
+}
+
+// fpPrefix is a Hold.Prefix reading the hashes of fpBlocks.
+type fpPrefix []byte
+
+func (f fpPrefix) Len() int        { return len(f) / 8 }
+func (f fpPrefix) At(i int) uint64 { return binary.LittleEndian.Uint64(f[8*i:]) }
+
+// famBlocks names n blocks as fpBlocks does, without storing them.
+type famBlocks struct {
+	n, shared int
+	own       uint64
+}
+
+func (f famBlocks) Len() int { return f.n }
+
+func (f famBlocks) At(i int) uint64 {
+	h := uint64(i+1) * 0x9e3779b97f4a7c15
+	if i >= f.shared {
+		h ^= f.own << 32
+	}
+	return h
+}
+
+// prefixEngine is a ledger with convs holds of 100,000 tokens in blocks
+// of 16 on engine d0 (400 KB of history each), with their Prefix (token
+// verification): they share a 4,096-token system prompt and part after
+// it. It returns the ledger and the next hold's blocks.
+func prefixEngine(b *testing.B, convs int, opts ...budget.Option) (*budget.Budget, []byte) {
+	const bs, tokens = 16, 100_000
+	bu, err := budget.New(append([]budget.Option{budget.WithCapacity(1 << 40), budget.WithBlockSize(bs)}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range convs {
+		c := t0.Add(time.Duration(i) * time.Second)
+		if err := bu.Add(budget.Hold{Key: keyOf(i), Engine: "d0", Tokens: tokens, Created: c, Expires: c.Add(ttl),
+			Features: budget.Features{Turn: 1 + i%7}, Saved: time.Second,
+			Prefix: fpPrefix(fpBlocks(tokens/bs, 4096/bs, uint64(i+1))), PrefixBlockSize: bs}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return bu, fpBlocks(tokens/bs, 4096/bs, 1<<20)
+}
+
+// BenchmarkAddReturnPrefix adds and returns a hold of 100,000 tokens with
+// its Prefix (token verification, blocks of 16: 6,250 of them) on an
+// engine that holds 64 other conversations of that size, all sharing a
+// 4,096-token system prompt: the ledger's work for a turn at 400 KB of
+// history. Warm runs it again and again on one ledger, whose nodes stay
+// in the caches; cold takes 64 such ledgers in turn (tens of megabytes),
+// so that each finds its own out of the caches, as a router does after a
+// turn's other work.
+func BenchmarkAddReturnPrefix(b *testing.B) {
+	for _, ledgers := range []int{1, 64} {
+		name := map[int]string{1: "warm", 64: "cold"}[ledgers]
+		b.Run(name, func(b *testing.B) {
+			var bus []*budget.Budget
+			var hashes [][]byte
+			for range ledgers {
+				bu, h := prefixEngine(b, 64)
+				bus, hashes = append(bus, bu), append(hashes, h)
+			}
+			now := t0.Add(time.Minute)
+			key := keyOf(1 << 20)
+			f := budget.Features{Class: "acme/qwen3", Turn: 2}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				bu, h := bus[i%ledgers], hashes[i%ledgers]
+				now = now.Add(time.Microsecond)
+				if err := bu.Add(budget.Hold{Key: key, Engine: "d0", Tokens: 100_000, Created: now, Expires: now.Add(ttl), Features: f,
+					Saved: time.Second, Prefix: fpPrefix(h), PrefixBlockSize: 16}); err != nil {
+					b.Fatal(err)
+				}
+				bu.Return(key, now.Add(time.Second))
+			}
+			if u := bus[0].Usage(now)[0]; u.Holds != 64 {
+				b.Fatal(u.Holds)
+			}
+		})
+	}
+}
+
+// BenchmarkVictimsPrefix chooses a victim among 64 holds of 100,000
+// tokens with their Prefix on an engine just over its budget (as
+// BenchmarkVictims): each hold's value is per block its release frees.
+func BenchmarkVictimsPrefix(b *testing.B) {
+	const convs = 64
+	// Room for the distinct blocks of convs holds: one more goes over.
+	bu, _ := prefixEngine(b, convs, budget.WithFraction(1), budget.WithCapacity(convs*(100_000-4096)+4096+convs*16))
+	now := t0.Add(time.Minute)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now = now.Add(time.Microsecond)
+		if err := bu.Add(budget.Hold{Key: keyOf(convs + i), Engine: "d0", Tokens: 100_000, Created: now, Expires: now.Add(ttl),
+			Saved: time.Second, Prefix: famBlocks{100_000 / 16, 4096 / 16, uint64(convs + i + 1)}, PrefixBlockSize: 16}); err != nil {
+			b.Fatal(err)
+		}
+		if vs := bu.Victims("d0", 0, now); len(vs) != 1 {
+			b.Fatal(len(vs))
+		}
+	}
 }

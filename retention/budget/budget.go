@@ -65,6 +65,10 @@ type Stats struct {
 	// ClassesOverflow counts holds of classes past WithMaxClasses,
 	// learned only in the overall figures.
 	ClassesOverflow int64
+	// PrefixIgnored counts holds added with a [Hold.Prefix] of another
+	// block size than their engine's: each of their blocks was counted as
+	// its own.
+	PrefixIgnored int64
 }
 
 // Capacity is a decode engine's KV memory, from its /metrics
@@ -162,7 +166,12 @@ func (b *Budget) Add(h Hold) error {
 	b.stats.ClassesOverflow += b.model.overflow - before
 	b.model.mu.Unlock()
 	key := strings.Clone(h.Key)
-	slot := e.push(rec{
+	prefix := h.Prefix
+	if prefix != nil && h.PrefixBlockSize != bs {
+		prefix = nil
+		b.stats.PrefixIgnored++
+	}
+	slot := e.push(prefix, h.Tokens/bs, bs, rec{
 		key:     key,
 		created: now,
 		expires: h.Expires.UnixNano(),

@@ -6,7 +6,10 @@
 // trace, holding everything for 480 s holds 8.8x the memory that ends in a
 // reuse. A [Budget] is the router's ledger of those holds by engine
 // ([Budget.Add], [Budget.Return], [Budget.End]; [Budget.Usage] reports
-// tokens, blocks and ages), a learned [Model] of the pause before a
+// tokens, blocks and ages; blocks that holds share, named by their
+// [Hold.Prefix], are counted once, as the engine's prefix cache stores
+// them, to [PrefixGranule] tokens and never fewer than the engine
+// holds), a learned [Model] of the pause before a
 // conversation's next turn, and the choice of what to release when an
 // engine's holds go over its budget ([Budget.Victims]): the holds worth
 // least, where a hold is worth the prefill time a hit would save × the

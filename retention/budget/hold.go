@@ -29,11 +29,49 @@ type Hold struct {
 	// caller's cost model (recomputing the tokens minus pulling them).
 	// Zero means nothing: such a hold is released first.
 	Saved time.Duration
+	// Prefix, when the caller knows the hold's tokens, names its full
+	// blocks (nil when it does not: every block of the hold is counted as
+	// its own). Holds on one engine whose first blocks match share them,
+	// counted once, as the engine's prefix cache stores them once, and
+	// releasing one frees only the blocks no other hold references; the
+	// last, partial block is always the hold's own (the engine caches
+	// full blocks only). The ledger reads a block per [PrefixGranule]
+	// tokens for the first [PrefixDense] of them, then 16 per doubling of
+	// the prefix, at the same positions for every hold: holds share the
+	// blocks up to the last position they have in common, and their
+	// blocks in common after it are counted for each, as are a hold's
+	// blocks after its last position. The ledger's blocks are never fewer
+	// than the engine's distinct blocks, and more by less than a granule
+	// per hold after the first where the holds part within the first
+	// PrefixDense granules, by less than 1/16 of the prefix they share
+	// beyond. Prefix is read during [Budget.Add] only, never kept; the
+	// ledger keeps a node per position read of the holds' distinct
+	// prefixes, and probes them at Add and at the hold's end.
+	Prefix Blocks
+	// PrefixBlockSize is the tokens per block of Prefix's blocks: when it
+	// is not the engine's block size at Add, Prefix is not used (counted
+	// in [Stats.PrefixIgnored]).
+	PrefixBlockSize int
 	// Owner is who the hold is for (the router's principal of the turn
 	// that made it), an opaque string kept as a 64-bit hash:
 	// [Budget.VictimsFor] limits what one owner releases of the others'
 	// holds. Empty is an owner too.
 	Owner string
+}
+
+// Blocks names a hold's full blocks, first to last, as the engine's
+// prefix cache does ([Hold.Prefix]).
+type Blocks interface {
+	// Len is how many blocks are named: blocks past the hold's full
+	// blocks are not read, and blocks past Len are counted as its own.
+	Len() int
+	// At returns block i's identity (0 ≤ i < Len()): a hash of its tokens
+	// and of every token before it in the hold, so that two holds' block
+	// i are equal only when their first i+1 blocks are (vLLM's
+	// hash_block_tokens chains its block hashes the same way), and of
+	// anything else the engine mixes into its prefix cache's block hash
+	// (LoRA, cache salt).
+	At(i int) uint64
 }
 
 // validate reports what is wrong with h.
@@ -61,6 +99,9 @@ type Held struct {
 	Engine string
 	// Tokens and Blocks are what the hold pins.
 	Tokens, Blocks int
+	// Shared is how many of Blocks other live holds on the engine also
+	// reference ([Hold.Prefix]): releasing the hold frees Blocks − Shared.
+	Shared int
 	// Created and Expires are the hold's.
 	Created, Expires time.Time
 }

@@ -3,7 +3,8 @@ package budget
 import "time"
 
 // engine is one decode engine's holds: a dense array of records, a
-// min-heap of them by expiry, and their totals.
+// min-heap of them by expiry, the blocks they share (Hold.Prefix) and
+// their totals.
 type engine struct {
 	name      string
 	capacity  int64 // tokens as reported; 0: the budget's WithCapacity
@@ -11,21 +12,31 @@ type engine struct {
 	recs      []rec
 	heap      []uint32 // indices in recs, ordered by rec.expires
 	tokens    int64
-	blocks    int64
+	blocks    int64 // distinct: each shared block once (to a granule, link)
+	// nodes are the holds' prefixes, sampled (link, prefix.go): at most
+	// one entry per distinct block held, about one per granule.
+	nodes nodes
+	// shares counts the changes of a node between one hold and more
+	// (rec.owned is valid while it has not changed since).
+	shares uint32
 }
 
-// rec is one live hold: 64 bytes, and the key's bytes (shared with the
+// rec is one live hold: 80 bytes, and the key's bytes (shared with the
 // index's map key).
 type rec struct {
 	key     string
 	created int64  // UnixNano
 	expires int64  // UnixNano
 	owner   uint64 // Hold.Owner's hash
+	leaf    uint64 // its prefix's last node in engine.nodes
+	linked  uint32 // the blocks of its nodes, of blocks (the rest its own)
 	tokens  uint32
 	blocks  uint32
 	saved   float32 // seconds
 	cell    uint32  // the gap model's cell of its features
 	heap    uint32  // its position in engine.heap
+	owned   uint32  // engine.own(r), when ownedAt is engine.shares+1
+	ownedAt uint32
 }
 
 // loc is where a live hold's record is.
@@ -33,15 +44,18 @@ type loc struct {
 	eng, slot uint32
 }
 
-// push adds r and returns its slot.
-func (e *engine) push(r rec) uint32 {
+// push adds r, with the first n blocks of prefix (of blocks of bs tokens)
+// linked, and returns its slot.
+func (e *engine) push(prefix Blocks, n, bs int, r rec) uint32 {
+	var fresh int64
+	r.leaf, r.linked, fresh = e.link(prefix, n, bs)
 	slot := uint32(len(e.recs))
 	r.heap = uint32(len(e.heap))
 	e.recs = append(e.recs, r)
 	e.heap = append(e.heap, slot)
 	e.up(int(r.heap))
 	e.tokens += int64(r.tokens)
-	e.blocks += int64(r.blocks)
+	e.blocks += int64(r.blocks-r.linked) + fresh
 	return slot
 }
 
@@ -69,8 +83,8 @@ func (e *engine) remove(slot uint32) (gone rec, moved *rec) {
 	}
 	e.recs[lr] = rec{}
 	e.recs = e.recs[:lr]
-	e.tokens -= int64(gone.tokens)
-	e.blocks -= int64(gone.blocks)
+	g := gone
+	e.release(&g)
 	return gone, moved
 }
 
@@ -126,6 +140,6 @@ func (e *engine) down(i int) {
 func (e *engine) held(r *rec) Held {
 	return Held{
 		Key: r.key, Engine: e.name, Tokens: int(r.tokens), Blocks: int(r.blocks),
-		Created: time.Unix(0, r.created), Expires: time.Unix(0, r.expires),
+		Shared: int(int64(r.blocks) - e.own(r)), Created: time.Unix(0, r.created), Expires: time.Unix(0, r.expires),
 	}
 }

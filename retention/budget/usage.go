@@ -17,7 +17,9 @@ func AgeBounds() []time.Duration { return slices.Clone(ageBuckets[:]) }
 type Usage struct {
 	// Engine is the decode engine.
 	Engine string
-	// Holds, Tokens and Blocks are its live holds and what they pin.
+	// Holds, Tokens and Blocks are its live holds and what they pin:
+	// Tokens summed over the holds, Blocks distinct (a block holds share
+	// through [Hold.Prefix] once).
 	Holds  int
 	Tokens int64
 	Blocks int64
@@ -76,6 +78,18 @@ func (b *Budget) Held(engine string, now time.Time) (held, budget int64) {
 	}
 	e := b.engines[i]
 	return e.blocks * int64(b.blockSize(e)), b.budgetTokens(e)
+}
+
+// BlockSize returns engine's tokens per block as the ledger counts them
+// (its [Budget.SetCapacity], else [WithBlockSize]): the block size a
+// [Hold.Prefix] must be of.
+func (b *Budget) BlockSize(engine string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i, ok := b.byName[engine]; ok {
+		return b.blockSize(b.engines[i])
+	}
+	return b.cfg.blockSize
 }
 
 // Capacity returns engine's KV capacity in tokens as the ledger knows it

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"hash/maphash"
+	"math"
 	"time"
 )
 
@@ -32,7 +33,10 @@ func (c cand) before(d cand) bool {
 // It returns nothing while the engine fits its budget (with free memory,
 // holding costs nothing), nor for an engine whose capacity is unknown.
 // Memory is counted in whole blocks (a hold of n tokens takes
-// ceil(n/block size) × block size tokens). When even releasing every hold
+// ceil(n/block size) × block size tokens), a block holds share through
+// their [Hold.Prefix] once; a hold's value is per block its release
+// frees, and a hold whose every block other holds share (its release
+// frees nothing) is not chosen. When even releasing every hold
 // would not make room for incoming, it releases them all. Equal values go
 // oldest first.
 //
@@ -40,8 +44,11 @@ func (c cand) before(d cand) bool {
 // by a turn or another replica, needs no release) and releases what it
 // took. Victims costs a walk of the engine's holds when the engine is over
 // its budget: the gap model's probability for each and a heap, about
-// 20 µs for 1,000 holds and 0.35 ms for 10,000 (BenchmarkVictims); an
-// engine under its budget costs a comparison.
+// 20 µs for 1,000 holds and 0.35 ms for 10,000 (BenchmarkVictims); for
+// a hold with a [Hold.Prefix] what its release frees is walked once, and
+// again only after another hold came to share or stopped sharing its
+// blocks (BenchmarkVictimsPrefix); an engine under its budget costs a
+// comparison.
 func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 	v, _ := b.victims(engine, incoming, 0, false, -1, now)
 	return v
@@ -86,7 +93,12 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		r := &e.recs[i]
 		waited := float64(n-r.created) / 1e9
 		p := b.model.probability(int(r.cell), waited, float64(r.expires-r.created)/1e9)
-		value := float64(r.saved) * p / float64(r.blocks)
+		// Per block its release would free: a hold that shares every
+		// block frees none, and goes last.
+		value := math.Inf(1)
+		if own := e.own(r); own > 0 {
+			value = float64(r.saved) * p / float64(own)
+		}
 		if b.cfg.value != nil {
 			value = b.cfg.value(e.held(r), time.Duration(n-r.created), value)
 		}
@@ -110,6 +122,9 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		cands = cands[:last]
 		siftDown(cands, 0)
 		r := &e.recs[c.slot]
+		if e.own(r) == 0 {
+			continue // frees nothing while other holds share its blocks
+		}
 		other := byOwner && r.owner != owner
 		if other && others >= 0 {
 			if taken+int64(r.tokens) > others {
@@ -119,7 +134,9 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 			taken += int64(r.tokens)
 		}
 		out = append(out, Victim{Held: e.held(r), Probability: c.prob, Value: c.value, Other: other})
-		freed += int64(r.blocks) * bs
+		// Unlinked now, so that a later victim sharing its blocks
+		// counts them as its own.
+		freed += e.release(r) * bs
 	}
 	b.cands = cands[:0]
 	// Remove after choosing: removal moves records between slots.

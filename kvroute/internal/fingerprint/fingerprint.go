@@ -81,6 +81,32 @@ func (f Fingerprint) parse() (blockSize, tokens int, hashes []byte, err error) {
 	return int(bs), int(n), hashes, nil
 }
 
+// Blocks names the full blocks of a fingerprinted sequence by their
+// hashes, each mixed with a scope (xor): the hash of block i is chained
+// over every token up to its end, so that two sequences' block i hash
+// equal (with one scope) only when their tokens up to there are equal.
+// At reads one hash; nothing is copied.
+type Blocks struct {
+	hashes []byte // 8 bytes (little endian) per full block
+	scope  uint64
+}
+
+// Len returns how many full blocks are named.
+func (b Blocks) Len() int { return len(b.hashes) / 8 }
+
+// At returns block i's hash, mixed with the scope (0 ≤ i < Len()).
+func (b Blocks) At(i int) uint64 { return binary.LittleEndian.Uint64(b.hashes[8*i:]) ^ b.scope }
+
+// Blocks returns the block size and the full blocks' hashes, mixed with
+// scope; false for a malformed fingerprint. The Blocks read f.
+func (f Fingerprint) Blocks(scope uint64) (blockSize int, blocks Blocks, ok bool) {
+	bs, n, hashes, err := f.parse()
+	if err != nil {
+		return 0, Blocks{}, false
+	}
+	return bs, Blocks{hashes: hashes[:8*(n/bs)], scope: scope}, true
+}
+
 // CommonPrefix returns how many leading tokens of prompt are verified equal
 // to the fingerprinted sequence: all R when prompt begins with the whole
 // sequence, else the tokens of the full blocks that match (a multiple of the

@@ -339,3 +339,46 @@ func fuzzIDs(p []byte) []uint32 {
 	}
 	return s
 }
+
+// blockHashes collects what Blocks names.
+func blockHashes(b Blocks) []uint64 {
+	out := make([]uint64, b.Len())
+	for i := range out {
+		out[i] = b.At(i)
+	}
+	return out
+}
+
+// Blocks names each full block by its tokens and every token before it:
+// two sequences share exactly the full blocks of their common prefix, and
+// within one scope only.
+func TestFingerprintBlocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	a := seqOf(rng, 100)
+	b := slices.Clone(a)
+	b[40] ^= 1 // the third block differs, and every one after it
+	bsA, blocksA, okA := New(a, nil, 100, 16).Blocks(5)
+	bsB, blocksB, okB := New(b, nil, 100, 16).Blocks(5)
+	require.True(t, okA && okB)
+	require.Equal(t, 16, bsA)
+	require.Equal(t, 16, bsB)
+	ha, hb := blockHashes(blocksA), blockHashes(blocksB)
+	require.Len(t, ha, 6, "full blocks only")
+	require.Len(t, hb, 6)
+	assert.Equal(t, ha[:2], hb[:2])
+	for i := 2; i < 6; i++ {
+		assert.NotEqual(t, ha[i], hb[i])
+	}
+	// The first blocks of a longer sequence are the shorter one's.
+	_, blocksC, _ := New(a, seqOf(rng, 30), 130, 16).Blocks(5)
+	assert.Equal(t, ha, blockHashes(blocksC)[:6])
+	// Another scope: no block in common.
+	_, blocksD, _ := New(a, nil, 100, 16).Blocks(6)
+	for i, h := range blockHashes(blocksD) {
+		assert.NotEqual(t, ha[i], h)
+	}
+	bs, none, ok := Fingerprint{1, 2}.Blocks(5)
+	assert.Zero(t, bs)
+	assert.False(t, ok)
+	assert.Zero(t, none.Len())
+}
