@@ -77,9 +77,11 @@ func TestDecodeMemoryBudgetFlag(t *testing.T) {
 			assert.Equal(t, "512", metricValue(page, fmt.Sprintf(`bidikv_decode_kv_budget_tokens{endpoint=%q}`, d)))
 			assert.Positive(t, released)
 			assert.LessOrEqual(t, pinned, 512, "within the budget")
-			assert.NotEmpty(t, metricValue(page, fmt.Sprintf(`bidikv_decode_kv_usage{endpoint=%q}`, d)))
-			assert.NotEmpty(t, metricValue(page, fmt.Sprintf(`bidikv_decode_kv_held_handles_by_age{endpoint=%q,le="+Inf"}`, d)))
-			assert.NotEmpty(t, metricValue(page, "bidikv_turn_return_probability"))
+			for _, sample := range []string{fmt.Sprintf(`bidikv_decode_kv_usage{endpoint=%q}`, d),
+				fmt.Sprintf(`bidikv_decode_kv_unseen_tokens{endpoint=%q}`, d),
+				fmt.Sprintf(`bidikv_decode_kv_held_handles_by_age{endpoint=%q,le="+Inf"}`, d), "bidikv_turn_return_probability"} {
+				assert.NotEqual(t, "absent", metricValue(page, sample), sample) // metricValue's answer for a missing sample
+			}
 			assert.Zero(t, cl.Decode[0].Stats().WrongOutputs)
 		})
 	}
