@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 )
 
@@ -112,8 +113,19 @@ type LeastLoaded struct {
 	// MaxInFlight is the number of in-flight requests at which an affinity
 	// or hinted endpoint is passed over; 0 means no limit.
 	MaxInFlight int
-	// HashHints pins legs without affinity by their conversation hint.
+	// HashHints pins legs without affinity by their conversation hint,
+	// else by the agent session id the request's headers carry
+	// (SessionHeaders).
 	HashHints bool
+	// SessionHeaders are the headers in which agents name their session,
+	// read in order when a request carries no conversation hint: for
+	// placement only (with HashHints), never to find a handle, so a
+	// session's first turns, and its turns whose hold was released, go to
+	// the engines whose prefix caches hold its history. nil means
+	// x-claude-code-session-id (Claude Code), session_id and session-id
+	// (Codex), x-session-affinity and x-dynamo-session-id; an empty,
+	// non-nil slice reads none.
+	SessionHeaders []string
 
 	next atomic.Uint64
 }
@@ -126,9 +138,11 @@ func (l *LeastLoaded) Select(_ context.Context, s *Selection) (int, error) {
 			return i, nil
 		}
 	}
-	if l.HashHints && s.Hint != "" && s.Affinity == "" {
-		if i := rendezvous(s.Candidates, s.Hint); l.under(s.Candidates[i]) && !s.Candidates[i].Crowded {
-			return i, nil
+	if l.HashHints && s.Affinity == "" {
+		if hint := l.hint(s); hint != "" {
+			if i := rendezvous(s.Candidates, hint); l.under(s.Candidates[i]) && !s.Candidates[i].Crowded {
+				return i, nil
+			}
 		}
 	}
 	if s.Phase == PhasePrefill && len(s.Candidates) > 2 {
@@ -184,6 +198,25 @@ func weight(c Candidate) int {
 		return 1
 	}
 	return c.Weight
+}
+
+// hint is what s is pinned by: its conversation hint, else the first of
+// l's session headers its request carries.
+func (l *LeastLoaded) hint(s *Selection) string {
+	if s.Hint != "" || s.Request == nil {
+		return s.Hint
+	}
+	defaults := [...]string{"X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Session-Affinity", "X-Dynamo-Session-Id"}
+	names := l.SessionHeaders
+	if names == nil {
+		names = defaults[:]
+	}
+	for _, n := range names {
+		if v := strings.TrimSpace(s.Request.Header.Get(n)); v != "" {
+			return "session\x00" + v
+		}
+	}
+	return ""
 }
 
 // rendezvous returns the candidate with the lowest hash of key and its

@@ -83,6 +83,55 @@ func TestLeastLoadedHints(t *testing.T) {
 	}
 }
 
+// Agents name their session in headers (Claude Code's
+// x-claude-code-session-id, Codex's session_id, ...): with HashHints, a
+// request without a conversation hint is pinned by its session, both legs
+// to one place, for placement only; a conversation hint goes first, and
+// SessionHeaders chooses which headers are read (empty: none).
+func TestLeastLoadedSessionHeaders(t *testing.T) {
+	ctx := context.Background()
+	four := cands(0, 0, 0, 0)
+	req := func(name, value string) *kvroute.Request {
+		h := http.Header{}
+		h.Set(name, value) // as a server canonicalises it
+		return &kvroute.Request{Path: kvroute.PathMessages, Header: h}
+	}
+	sel := &kvroute.LeastLoaded{HashHints: true}
+	for _, name := range []string{"x-claude-code-session-id", "session_id", "Session-Id", "X-Session-Affinity", "X-Dynamo-Session-ID"} {
+		spread := map[int]int{}
+		for k := range 100 {
+			r := req(name, fmt.Sprintf("sess-%d", k))
+			i, err := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Request: r})
+			require.NoError(t, err)
+			for range 3 {
+				j, _ := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhasePrefill, Candidates: four, Request: req(name, fmt.Sprintf("sess-%d", k))})
+				assert.Equal(t, i, j, "%s: one session, one place for both legs", name)
+			}
+			spread[i]++
+		}
+		assert.Len(t, spread, 4, "%s: sessions spread over every engine", name)
+	}
+	// Without any session header, or with the headers turned off, turns
+	// rotate over idle engines as before.
+	for _, s := range []*kvroute.LeastLoaded{{HashHints: true}, {HashHints: true, SessionHeaders: []string{}}, {SessionHeaders: []string{"X-Claude-Code-Session-Id"}}} {
+		seen := map[int]bool{}
+		for range 8 {
+			r := req("X-Other", "x")
+			if s.SessionHeaders != nil {
+				r = req("X-Claude-Code-Session-Id", "one-session")
+			}
+			i, _ := s.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Request: r})
+			seen[i] = true
+		}
+		assert.Greater(t, len(seen), 1, "%+v: not pinned", s)
+	}
+	// A conversation hint goes before the session.
+	r := req("X-Claude-Code-Session-Id", "one-session")
+	byHint, _ := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Hint: "conv-7"})
+	both, _ := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Hint: "conv-7", Request: r})
+	assert.Equal(t, byHint, both)
+}
+
 func TestRoundRobin(t *testing.T) {
 	var rr kvroutetest.RoundRobin
 	var got []int

@@ -44,6 +44,8 @@ type config struct {
 	verification      string
 	blockSize         int
 	localFallback     bool
+	sessionAffinity   bool
+	sessionHeaders    string
 	decodeLocal       bool
 	bufferStreams     []string // --decode-stream buffered: the paths (decodestream.go)
 	bufferedTimeout   time.Duration
@@ -288,6 +290,8 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight streams may run before connections are closed")
 	fs.DurationVar(&c.healthInterval, "health-interval", 5*time.Second, "how often engines' /health is polled for metrics and /v1/models")
 	fs.DurationVar(&c.healthTimeout, "health-timeout", 2*time.Second, "bound on one engine health probe")
+	fs.BoolVar(&c.sessionAffinity, "session-affinity", false, "place each turn that attaches no handle (a conversation's first turn, a turn whose hold was released) on the prefill and decode engines its conversation id or agent session header hashes to (rendezvous hashing; an engine over 64 requests in flight or crowded is passed over), so their prefix caches hold its history; a session id never finds a handle")
+	fs.StringVar(&c.sessionHeaders, "session-headers", "", "with --session-affinity: the headers agents name their session in, comma-separated, read in order when a request has no conversation id; none: no header; default: x-claude-code-session-id, session_id, session-id, x-session-affinity, x-dynamo-session-id")
 	fs.StringVar(&c.debugAddr, "debug-addr", "", "host:port for Go's profiler (net/http/pprof under /debug/pprof/, without cmdline) on a listener of its own, for profiling only: a loopback address such as 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&c.debugRemote, "debug-allow-remote", false, "let --debug-addr listen on an address other than loopback (the profiler has no authentication)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -514,6 +518,19 @@ func (c *config) routerOptions() []kvroute.Option {
 	}
 	if c.keyMode == keyConversationID {
 		opts = append(opts, kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}))
+	}
+	if c.sessionAffinity {
+		var headers []string // nil: kvroute's list
+		if c.sessionHeaders == "none" {
+			headers = []string{}
+		}
+		for h := range strings.SplitSeq(c.sessionHeaders, ",") {
+			if h = strings.TrimSpace(h); h != "" && h != "none" {
+				headers = append(headers, h)
+			}
+		}
+		// kvroute's default selector (an in-flight limit of 64), with hints.
+		opts = append(opts, kvroute.WithSelector(&kvroute.LeastLoaded{MaxInFlight: 64, HashHints: true, SessionHeaders: headers}))
 	}
 	return opts
 }

@@ -36,7 +36,7 @@ var helpGroups = []struct {
 }{
 	{"Engines", []string{"prefill", "decode", "prefiller-hosts,prefiller-host", "prefiller-ports,prefiller-port",
 		"decoder-hosts,decoder-host", "decoder-ports,decoder-port", "prefill-dns", "decode-dns", "dns-refresh",
-		"prefill-dp-size", "decode-dp-size", "health-interval", "health-timeout"}},
+		"prefill-dp-size", "decode-dp-size", "health-interval", "health-timeout", "session-affinity", "session-headers"}},
 	{"Reuse and verification", []string{"reuse", "verification", "key-mode", "block-size", "recompute-threshold",
 		"retention-ttl", "decoder-kv-blocks-ttl", "decode-local", "decode-stream", "local-prefill-fallback", "restart-check",
 		"render-timeout", "kv-bytes-per-token"}},
