@@ -251,6 +251,9 @@ func (r *Router) SetEndpoints(phase Phase, eps ...transport.Endpoint) error {
 	for _, ev := range events {
 		r.hp.notify(ev)
 	}
+	if phase == PhaseDecode {
+		forgetLeft(r.mem, r.cfg.clock())
+	}
 	return nil
 }
 

@@ -347,7 +347,17 @@ func (m *decodeMemory) sweep(ctx context.Context) {
 				return
 			}
 		}
+		forgetLeft(m, now)
 	}
+}
+
+// forgetLeft drops from the ledger the decode engines that left the Router's
+// pool (SetEndpoints) once they hold and run nothing, so that the ledger
+// follows the engines in use (budget.Budget.Forget): every sweepInterval,
+// and at each SetEndpoints of the decode phase (with the management off
+// too).
+func forgetLeft(m *decodeMemory, now time.Time) {
+	m.ledger.Forget(now, func(engine string) bool { return m.rel.decode.find(engine) != nil })
 }
 
 // storeTTL is the Store's TTL of an entry with left of its retention.

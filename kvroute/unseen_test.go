@@ -13,6 +13,8 @@ import (
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/retention"
+	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // The engine is the truth: two routers in front of one decode engine,
@@ -84,4 +86,52 @@ func TestUnseenKVCountsAsUsed(t *testing.T) {
 	assert.LessOrEqual(t, pinned, kv.Budget+blockSize, "the engine's holds, as it counts them, within A's budget: %d tokens pinned", pinned)
 	assert.Zero(t, b.Stats().ReleasedBudget+b.Stats().ReleasedRoom, "A released none of B's holds")
 	assert.Zero(t, d.Stats().WrongOutputs)
+}
+
+// Engines that leave the pool leave the ledger: decode engines come and
+// go under new addresses (pods), each holding KV while it served; once an
+// engine is no longer among the Router's decode endpoints and its holds
+// ended, the ledger drops it, so the ledger follows the engines in use,
+// not every engine the Router ever saw. Before, every engine stayed.
+func TestLedgerForgetsEnginesThatLeft(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := kvroutetest.NewCluster(t, 1, 3, kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+		kvroutetest.WithNumBlocks(budgetBlocks))
+	ledger, err := budget.New()
+	require.NoError(t, err)
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(c.Decode[0].URL()), kvroute.WithClock(clk.Now),
+		kvroute.WithDecodeMemory(kvroute.DecodeMemory{Ledger: ledger}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	srv := serve(t, r)
+	engines := func() []string {
+		var out []string
+		for _, u := range ledger.Usage(clk.Now()) {
+			out = append(out, u.Engine)
+		}
+		return out
+	}
+	for i, d := range c.Decode {
+		// The pool is this one engine now (a rollout replaced the last).
+		ep, err := transport.ParseEndpoint(d.URL())
+		require.NoError(t, err)
+		require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, ep))
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
+			messages: []message{{Role: "system", Content: fmt.Sprintf("Conversation %d. %s", i, systemPrompt)}}}
+		conv.say(userText(i))
+		conv.hear(releaseTurn(t, srv, conv.path, conv.body(), nil))
+		assert.Contains(t, engines(), d.URL(), "the engine holds the turn's KV")
+		if i > 0 {
+			assert.Contains(t, engines(), c.Decode[i-1].URL(), "an engine that left is kept while it holds")
+		}
+	}
+	assert.Len(t, engines(), 3, "the engines that left still hold")
+	clk.Advance(10 * time.Minute) // every hold ended (past both TTLs)
+	require.NoError(t, r.SetEndpoints(kvroute.PhaseDecode, func() transport.Endpoint {
+		ep, err := transport.ParseEndpoint(c.Decode[2].URL())
+		require.NoError(t, err)
+		return ep
+	}()))
+	assert.Equal(t, []string{c.Decode[2].URL()}, engines(), "only the engine in the pool is left")
+	assert.Zero(t, c.Decode[2].Stats().WrongOutputs)
 }

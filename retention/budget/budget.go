@@ -404,6 +404,66 @@ func (b *Budget) Running(engine string, delta int64) int64 {
 	return n
 }
 
+// Forget drops from the ledger every engine that keep rejects and that
+// holds nothing now and runs nothing ([Budget.Running]): what the ledger
+// knew of it (its capacity, block size, prefix table) goes with it, and a
+// later Add or SetCapacity for it starts afresh. It returns how many it
+// dropped; keep is called without the Budget's lock held. Engines come and go (a Kubernetes pod's address is new each
+// time), so a caller forgets those that left its pool (kvroute does, every
+// second, with the engines its Router no longer lists): the ledger's size
+// then follows the engines in use, not all that ever were. An engine
+// that still holds is kept until its holds end (returned, released or
+// expired). It costs a pass over the engines.
+func (b *Budget) Forget(now time.Time, keep func(engine string) bool) int {
+	idle := func() (names []string) {
+		for _, e := range b.engines {
+			if len(e.recs) == 0 && b.running[e.name] == 0 {
+				names = append(names, e.name)
+			}
+		}
+		return names
+	}
+	b.mu.Lock()
+	b.expire(now.UnixNano())
+	names := idle()
+	b.mu.Unlock()
+	// keep is asked without the lock: it may take locks of its own that
+	// are held while the ledger is called.
+	gone := map[string]bool{}
+	for _, n := range names {
+		if !keep(n) {
+			gone[n] = true
+		}
+	}
+	if len(gone) == 0 {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	dropped := 0
+	for i := 0; i < len(b.engines); {
+		e := b.engines[i]
+		if !gone[e.name] || len(e.recs) > 0 || b.running[e.name] != 0 {
+			i++ // kept, or busy again since
+			continue
+		}
+		last := len(b.engines) - 1
+		delete(b.byName, e.name)
+		if i != last {
+			moved := b.engines[last]
+			b.engines[i] = moved
+			b.byName[moved.name] = uint32(i)
+			for slot, r := range moved.recs {
+				b.live[r.key] = loc{eng: uint32(i), slot: uint32(slot)}
+			}
+		}
+		b.engines[last] = nil
+		b.engines = b.engines[:last]
+		dropped++
+	}
+	return dropped
+}
+
 // Stats returns the counters and sizes, as of the last call that took a
 // time.
 func (b *Budget) Stats() Stats {
