@@ -19,12 +19,12 @@ func largestFirst(h budget.Held, waited time.Duration, model float64) float64 {
 
 // A release order of one's own is a value function of the ledger
 // (budget.WithValue) given to the Router (WithDecodeMemory's Ledger). The
-// decode engine's holds may take half of its 360 tokens (a system prompt
-// they share is counted once, as the engine stores it, by granules of
-// budget.PrefixGranule tokens: this one, shorter, is counted per hold,
-// an overcount): the third
-// conversation's hold takes them over, and the largest hold, the second
-// conversation's, is released; its next turn is a miss.
+// decode engine's holds and live work may take half of its 400 tokens (a
+// system prompt they share is counted once, as the engine stores it, by
+// granules of budget.PrefixGranule tokens: this one, shorter, is counted
+// per hold, an overcount): the third conversation's decode leg would take
+// them over, so room is made on its arrival, and the largest hold, the
+// second conversation's, is released; its next turn is a miss.
 func ExampleDecodeMemory() {
 	p, d, stop := startEngines(1)
 	defer stop()
@@ -37,7 +37,7 @@ func ExampleDecodeMemory() {
 		kvroute.WithDecodeMemory(kvroute.DecodeMemory{
 			Ledger:   ledger, // the registration line; it takes Budget and Capacity
 			Budget:   0.5,
-			Capacity: 360,
+			Capacity: 400,
 			// The capacity is the one above, not the engine's /metrics.
 			MetricsInterval: -1,
 		}))
@@ -59,17 +59,18 @@ func ExampleDecodeMemory() {
 			map[string]string{"role": "user", "content": "Go on."}))
 	}
 	// The release request goes in the background.
-	for start := time.Now(); router.Stats().ReleasedBudget < 1 && time.Since(start) < 5*time.Second; {
+	released := func() int64 { s := router.Stats(); return s.ReleasedRoom + s.ReleasedBudget }
+	for start := time.Now(); released() < 1 && time.Since(start) < 5*time.Second; {
 		time.Sleep(time.Millisecond)
 	}
 	kv := router.DecodeKV()[0]
-	fmt.Printf("released: %d hold; the engine holds %d tokens of a budget of %d\n", router.Stats().ReleasedBudget, kv.HeldTokens, kv.Budget)
+	fmt.Printf("released: %d hold; the engine holds %d tokens of a budget of %d\n", released(), kv.HeldTokens, kv.Budget)
 	for i, messages := range convs {
 		_, reuse, _ := ask(router, messages, 8)
 		fmt.Printf("conversation %d, turn 2: %s\n", i+1, reuse)
 	}
 	// Output:
-	// released: 1 hold; the engine holds 160 tokens of a budget of 180
+	// released: 1 hold; the engine holds 160 tokens of a budget of 200
 	// conversation 1, turn 2: hit
 	// conversation 2, turn 2: miss
 	// conversation 3, turn 2: hit

@@ -242,7 +242,7 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 		return tokens
 	}
 	now := m.clock()
-	if held, _ := m.ledger.Held(ep.url, now); held+live+ep.mem.Snapshot().Unseen > m.limit(c) {
+	if held, budget := m.ledger.Held(ep.url, now); held+live+ep.mem.Snapshot().Unseen > m.limit(c, budget) {
 		// The victims are chosen now (a walk of the engine's holds,
 		// no I/O), their release requests sent in the background.
 		t.roomMade = true
@@ -251,9 +251,16 @@ func (m *decodeMemory) arrive(t *turn, ep *endpoint, prompt int) int64 {
 	return tokens
 }
 
-// limit is what holds and live legs may take of capacity.
-func (m *decodeMemory) limit(capacity int64) int64 {
-	return int64(float64(capacity) * (1 - max(m.cfg.headroom, 0)))
+// limit is what holds and live legs may take of an engine of capacity
+// tokens whose holds may take budget (0: no budget): capacity less the
+// headroom, and at most the budget, so that the engine's own usage, live
+// work included, stays within the budget.
+func (m *decodeMemory) limit(capacity, budget int64) int64 {
+	l := int64(float64(capacity) * (1 - max(m.cfg.headroom, 0)))
+	if budget > 0 {
+		l = min(l, budget)
+	}
+	return l
 }
 
 // room is the incoming tokens the ledger's Victims is asked to make room
@@ -274,7 +281,7 @@ func (m *decodeMemory) room(ep *endpoint) int {
 		return int(unseen)
 	}
 	_, budget := m.ledger.Held(ep.url, m.clock())
-	return int(max(m.ledger.Running(ep.url, 0)+unseen-m.limit(c)+budget, unseen, 0))
+	return int(max(m.ledger.Running(ep.url, 0)+unseen-m.limit(c, budget)+budget, unseen, 0))
 }
 
 // depart ends the count of a decode leg's tokens live on ep (arrive's).

@@ -156,9 +156,12 @@ type DecodeMemory struct {
 	// its max_tokens) take more than (1 − Headroom) × capacity, the holds
 	// worth least are released, in the background, so that the engine
 	// admits the leg as soon as their blocks are freed, instead of
-	// queueing it behind holds that would lapse only at the TTL. Holds
-	// then yield to live work at any Budget: with free memory they cost
-	// nothing, and Budget bounds them. Default 0.05; it must be below 1;
+	// queueing it behind holds that would lapse only at the TTL; Budget
+	// bounds holds and legs together the same way when it is the lower
+	// (the default 0.9 is), so that the engine's own usage, live work
+	// included, stays within Budget. Holds then yield to live work at any
+	// Budget: with free memory they cost nothing, and Budget bounds them.
+	// Default 0.05; it must be below 1;
 	// negative: no room is made on arrival (holds are released only above
 	// Budget).
 	Headroom float64

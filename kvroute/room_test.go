@@ -136,30 +136,31 @@ func roomTurn(t *testing.T, c *kvroutetest.Cluster, srv string, conv *conversati
 
 // A decode leg counts live on its engine while D works on it, and no
 // longer once its answer is whole: what D still holds of it is then the
-// hold its retain adds to the ledger. A retain that takes the engine over
-// its budget has the holds worth least released for the budget alone.
-// Before, the leg still counted live until its Response was released, and
-// the release its retain started, in the background, made room for the
-// leg that had just ended as well: it released more holds, or not, as its
-// goroutine ran before or after the turn's end (the fleet benchmark's
-// managed arm then printed one budget release more in some runs than in
-// others). A streamed answer held open after its last event shows it
+// hold its retain adds to the ledger. A leg that fits beside the holds
+// (within capacity less the headroom and within the budget) makes no room
+// and, retained, releases nothing. Before, the leg still counted live
+// until its Response was released, and a release started meanwhile made
+// room for the leg that had just ended as well: it released more holds,
+// or not, as its goroutine ran before or after the turn's end (the fleet
+// benchmark's managed arm then printed one release more in some runs than
+// in others). A streamed answer held open after its last event shows it
 // every time; a non-streamed one showed it in some runs.
 func TestFinishedLegLeavesLiveBeforeRetain(t *testing.T) {
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			c, r, srv, front := budgetRig(t, "")
-			// Four conversations that share no block (a shared prompt
-			// is counted once, and four would fit the budget).
-			distinctTurns(t, r, srv, 3)
-			// The three holds wait: worth less than a new one.
+			// Conversations that share no block (a shared prompt is
+			// counted once).
+			distinctTurns(t, r, srv, 2)
+			// The two holds wait: worth less than a new one.
 			c.Clock.Advance(2 * time.Minute)
 			kv := r.DecodeKV()[0]
 			require.Zero(t, r.Stats().ReleasedBudget)
 			held := kv.HeldTokens
-			require.Less(t, held, kv.Budget, "three holds fit the budget")
+			require.Less(t, held, kv.Budget, "two holds fit the budget")
 			// A new conversation whose leg may take what the holds leave
-			// under capacity less the headroom: no room made on arrival.
+			// under capacity less the headroom, within the budget: no
+			// room made on arrival.
 			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 1,
 				messages: []message{{Role: "system", Content: "Conversation 3. " + systemPrompt}}}
 			// (a longer prompt than theirs: its hold is larger than any of
@@ -167,10 +168,9 @@ func TestFinishedLegLeavesLiveBeforeRetain(t *testing.T) {
 			conv.say("Conversation 3. " + userText(3) + " " + userText(4))
 			probe, err := kvroutetest.Reference(conv.path, conv.body())
 			require.NoError(t, err)
-			limit := int64(float64(kv.Capacity) * (1 - kvroute.Defaults().DecodeMemory.Headroom))
+			limit := min(int64(float64(kv.Capacity)*(1-kvroute.Defaults().DecodeMemory.Headroom)), kv.Budget)
 			conv.maxTok = int(limit - held - int64(probe.PromptTokens))
-			require.Greater(t, int64(probe.PromptTokens+conv.maxTok), limit-kv.Budget,
-				"the leg, counted live, would ask the budget's release for room")
+			require.Positive(t, conv.maxTok, "the leg fits beside the holds")
 			body := conv.body()
 			want, err := kvroutetest.Reference(conv.path, body)
 			require.NoError(t, err)
@@ -191,18 +191,16 @@ func TestFinishedLegLeavesLiveBeforeRetain(t *testing.T) {
 			}
 			assert.Greater(t, r.DecodeKV()[0].HeldTokens+requested(r.Stats()), int64(0), "retained")
 			assert.Equal(t, []int64{0}, kvroute.LiveTokens(r), "the finished leg no longer counts live")
-			// The ledger drops the victims when it chooses them: once the
-			// holds fit the budget, the four less the holds left were
-			// chosen; then their releases end.
+			// Any release chosen ends (none is due).
 			settle(t, r, func(s kvroute.Stats) bool {
-				kv := r.DecodeKV()[0]
-				return kv.HeldTokens <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(4-kv.Handles)
+				return requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
 			})
 			s := r.Stats()
 			assert.Zero(t, s.ReleasedRoom, "no room made on arrival")
-			assert.EqualValues(t, 1, s.ReleasedBudget, "one hold released: the budget needs no more")
+			assert.Zero(t, s.ReleasedBudget, "the holds fit the budget")
 			assert.Equal(t, 3, r.DecodeKV()[0].Handles)
-			assert.EqualValues(t, 1, front.releases.Load())
+			assert.LessOrEqual(t, r.DecodeKV()[0].HeldTokens, kv.Budget)
+			assert.Zero(t, front.releases.Load())
 			_, err = resp.WriteTo(&out)
 			require.NoError(t, err)
 			require.NoError(t, resp.Close())
