@@ -136,9 +136,10 @@ type DecodeMemory struct {
 	// made for each decode leg on arrival, the budget only bounds what
 	// holds may take; the fleet benchmark (BENCHMARKS.md, section 10:
 	// prefix caching on, decode capacity half of the mean demand) reuses
-	// 75% of what an offline bound on any release policy reaches with one
-	// router, 77% with four sharing a store and a Ledger, and recomputes
-	// 1.22–1.24x the prompt tokens of unlimited memory. It must be at most 1. It applies to
+	// 76% of what an offline bound on any release policy reaches with one
+	// router and with four sharing a store and a Ledger, recomputes 1.23x
+	// the prompt tokens of unlimited memory, and keeps every engine's usage
+	// within the budget with no preemption. It must be at most 1. It applies to
 	// an engine whose capacity is known (its /metrics, or Capacity); an
 	// engine of unknown capacity is treated as before: every handle held
 	// for the retention TTL. KV the engine reports in use beyond this
