@@ -63,8 +63,14 @@ func FuzzCheckHandle(f *testing.F) {
 		// verdict (ResetAnswer, then CheckKnown).
 		answer := append(append([]byte(`{"id":"x","kv_transfer_params":`), raw...), '}')
 		var obj jsonraw.Object
+		// (Only where the answer's handle is raw itself: a raw that
+		// closes the object early, {...},"k":v, makes an answer whose
+		// handle is another value.)
 		if known, aerr := ResetAnswer(&obj, answer); aerr == nil {
 			h, _ := obj.Get(Key)
+			if !bytes.Equal(h, bytes.TrimSpace(raw)) {
+				return
+			}
 			ahi, aerr := CheckKnown(h, blockSize, known)
 			if diff := sameVerdict(raw, ahi, aerr, hi, err); diff != "" {
 				t.Fatalf("the answer's Known %+v gives another verdict (%s) on %s: %v; Check %v", known, diff, raw, aerr, err)
