@@ -189,8 +189,15 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 	if ep := m.rel.decode.find(h.Engine); ep != nil {
 		unseen = ep.mem.Snapshot().Unseen
 	}
-	if held, b := m.ledger.Held(h.Engine, m.clock()); b > 0 && held+unseen > b {
-		m.rel.nudge(h.Engine)
+	nudgeOver(m, h.Engine, unseen)
+}
+
+// nudgeOver has the releaser release holds on engine when they and the
+// unseen KV there (pressure.go) pass its budget: after a retain (added)
+// and after a reading that found unseen KV (record).
+func nudgeOver(m *decodeMemory, engine string, unseen int64) {
+	if held, b := m.ledger.Held(engine, m.clock()); b > 0 && held > 0 && held+unseen > b {
+		m.rel.nudge(engine)
 	}
 }
 

@@ -101,9 +101,7 @@ func (m *decodeMemory) record(e *endpoint, now time.Time, held, live int64, page
 	// Unseen KV (below): over the budget with the ledger's holds, the
 	// releaser is nudged; large, it is logged once.
 	if u := e.mem.Snapshot().Unseen; u > 0 && capacity > 0 {
-		if held, b := m.ledger.Held(e.url, m.clock()); b > 0 && held > 0 && held+u > b {
-			m.rel.nudge(e.url)
-		}
+		nudgeOver(m, e.url, u)
 		if float64(u) >= unseenWarn*float64(capacity) {
 			m.log.once(context.Background(), "unseen:"+e.url, "kvroute: a decode engine uses KV memory this router does not account for (another router's holds or requests, streams whose holds carry no handle, orphaned holds): counted as used, so this router's holds yield to it (logged once per engine)",
 				slog.String("endpoint", e.url), slog.Int64("unseen_tokens", u), slog.Int64("capacity_tokens", capacity))
