@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"context"
+	"encoding/json"
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
@@ -123,8 +124,11 @@ type LeastLoaded struct {
 	// session's first turns, and its turns whose hold was released, go to
 	// the engines whose prefix caches hold its history. nil means
 	// x-claude-code-session-id (Claude Code), session_id and session-id
-	// (Codex), x-session-affinity and x-dynamo-session-id; an empty,
-	// non-nil slice reads none.
+	// (Codex), x-codex-turn-metadata (Codex: a JSON object, whose
+	// session_id, else thread_id, is read; a turn_id alone names no
+	// session), x-session-affinity and x-dynamo-session-id; an empty,
+	// non-nil slice reads none. A header whose value is a JSON object is
+	// read the same way; one without either field is skipped.
 	SessionHeaders []string
 
 	next atomic.Uint64
@@ -206,17 +210,43 @@ func (l *LeastLoaded) hint(s *Selection) string {
 	if s.Hint != "" || s.Request == nil {
 		return s.Hint
 	}
-	defaults := [...]string{"X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Session-Affinity", "X-Dynamo-Session-Id"}
+	defaults := [...]string{"X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Codex-Turn-Metadata",
+		"X-Session-Affinity", "X-Dynamo-Session-Id"}
 	names := l.SessionHeaders
 	if names == nil {
 		names = defaults[:]
 	}
 	for _, n := range names {
-		if v := strings.TrimSpace(s.Request.Header.Get(n)); v != "" {
+		if v := sessionIn(s.Request.Header.Get(n)); v != "" {
 			return "session\x00" + v
 		}
 	}
 	return ""
+}
+
+// maxSessionJSON bounds the header value sessionIn decodes as JSON.
+const maxSessionJSON = 16 << 10
+
+// sessionIn returns the session a header value names: the value itself,
+// or, when it is a JSON object (Codex's x-codex-turn-metadata), its
+// session_id, else its thread_id, else "" (a turn_id changes every turn
+// and names no session).
+func sessionIn(v string) string {
+	v = strings.TrimSpace(v)
+	if !strings.HasPrefix(v, "{") {
+		return v
+	}
+	var meta struct {
+		SessionID string `json:"session_id"`
+		ThreadID  string `json:"thread_id"`
+	}
+	if len(v) > maxSessionJSON || json.Unmarshal([]byte(v), &meta) != nil {
+		return ""
+	}
+	if id := strings.TrimSpace(meta.SessionID); id != "" {
+		return id
+	}
+	return strings.TrimSpace(meta.ThreadID)
 }
 
 // rendezvous returns the candidate with the lowest hash of key and its

@@ -125,6 +125,35 @@ func TestLeastLoadedSessionHeaders(t *testing.T) {
 		}
 		assert.Greater(t, len(seen), 1, "%+v: not pinned", s)
 	}
+	// Codex's x-codex-turn-metadata is a JSON object: its session_id,
+	// else thread_id, pins the turn; its turn_id, which changes every
+	// turn, does not, nor does a value that is not JSON of that shape.
+	meta := func(v string) int {
+		i, err := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Request: req("X-Codex-Turn-Metadata", v)})
+		require.NoError(t, err)
+		return i
+	}
+	plain := func(v string) int {
+		i, err := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Request: req("Session-Id", v)})
+		require.NoError(t, err)
+		return i
+	}
+	moved := 0
+	for k := range 40 {
+		id := fmt.Sprintf("codex-%d", k)
+		assert.Equal(t, plain(id), meta(fmt.Sprintf(`{"turn_id":"t%d","session_id":%q,"sandbox":"none"}`, k, id)), "session_id read")
+		assert.Equal(t, plain(id), meta(fmt.Sprintf(`{"thread_id":%q,"turn_id":"t%d"}`, id, 2*k)), "thread_id read without session_id")
+		// Turn ids alone: not pinned, so one session's turns rotate.
+		seen := map[int]bool{}
+		for j := range 8 {
+			seen[meta(fmt.Sprintf(`{"turn_id":"%s-%d"}`, id, j))] = true
+			seen[meta(`{"session_id":` + id)] = true // not JSON: not read
+		}
+		if len(seen) > 1 {
+			moved++
+		}
+	}
+	assert.Equal(t, 40, moved, "a metadata header without a session pins nothing")
 	// A conversation hint goes before the session.
 	r := req("X-Claude-Code-Session-Id", "one-session")
 	byHint, _ := sel.Select(ctx, &kvroute.Selection{Phase: kvroute.PhaseDecode, Candidates: four, Hint: "conv-7"})
