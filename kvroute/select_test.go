@@ -147,7 +147,7 @@ func TestLeastLoadedSessionHeaders(t *testing.T) {
 		seen := map[int]bool{}
 		for j := range 8 {
 			seen[meta(fmt.Sprintf(`{"turn_id":"%s-%d"}`, id, j))] = true
-			seen[meta(`{"session_id":` + id)] = true // not JSON: not read
+			seen[meta(`{"session_id":`+id)] = true // not JSON: not read
 		}
 		if len(seen) > 1 {
 			moved++
