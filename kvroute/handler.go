@@ -1,12 +1,14 @@
 package kvroute
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +29,10 @@ import (
 // or Anthropic's `event: error`) and the connection is closed without the
 // stream's final event.
 func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
+	if id, ok := strings.CutPrefix(hr.URL.Path, pathConversations); ok {
+		r.endConversation(w, hr, id)
+		return
+	}
 	a, ok := apiFor(hr.URL.Path)
 	if !ok {
 		b := ErrorBody(hr.URL.Path, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
@@ -91,6 +97,55 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 			_ = sse.NewWriter(w).WriteRaw(resp.ErrorEvent(err))
 		}
 	}
+}
+
+// pathConversations is where the OpenAI Conversations API names a
+// conversation: DELETE /v1/conversations/{id} ends one.
+const pathConversations = "/v1/conversations/"
+
+// endConversation serves DELETE /v1/conversations/{id}: a client that is
+// done with a conversation it keys by id (ContinuationKeys.ByConversationID:
+// the id as a turn's conversation_id, session_id, prompt_cache_key or
+// X-Session-ID names it) ends it, for the principal asking (its tenant, as
+// a turn without cache_salt has): the stored handle is dropped and, with
+// DecodeMemory on, its hold released on the decode engine now instead of
+// pinning it until the TTL; the ledger counts the conversation as ended.
+// The answer is the Conversations API's deleted object, "deleted" telling
+// whether a handle was held. A router that keys conversations by content
+// has no id to end: 404.
+func (r *Router) endConversation(w http.ResponseWriter, hr *http.Request, id string) {
+	shape := shapeFor(PathResponses)
+	keys, byID := r.ident.(ContinuationKeys)
+	switch {
+	case hr.Method != http.MethodDelete:
+		w.Header().Set("Allow", http.MethodDelete)
+		writeAPIError(w, shape, http.StatusMethodNotAllowed, errors.New("kvroute: "+pathConversations+"{id} takes DELETE"))
+		return
+	case id == "" || strings.Contains(id, "/"):
+		writeAPIError(w, shape, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
+		return
+	case !byID || !keys.ByConversationID:
+		writeAPIError(w, shape, http.StatusNotFound, errors.New("kvroute: conversations are keyed by their content here, "+
+			"not by an id: there is none to delete (ContinuationKeys.ByConversationID; the proxy's --key-mode conversation-id)"))
+		return
+	}
+	body, _ := json.Marshal(map[string]string{"conversation_id": id})
+	req := &Request{Path: PathResponses, Header: hr.Header, Body: body}
+	req.setPrincipal(hr.Context())
+	req.tenant = r.tenant(req)
+	held, err := r.handles.drop(hr.Context(), explicitKey(req))
+	if err != nil {
+		writeAPIError(w, shape, http.StatusServiceUnavailable, fmt.Errorf("kvroute: retention store: %w", err))
+		return
+	}
+	out, _ := json.Marshal(struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Deleted bool   `json:"deleted"`
+	}{id, "conversation.deleted", held})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	_, _ = w.Write(out)
 }
 
 func isJSONObject(b []byte) bool {

@@ -1,6 +1,7 @@
 package kvroute_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 
@@ -47,4 +48,85 @@ func TestSessionFinalReleasesHold(t *testing.T) {
 	rec, ok = recs.Take("after")
 	require.True(t, ok)
 	assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
+}
+
+// A client done with a conversation it keys by id ends it with DELETE
+// /v1/conversations/{id} (the OpenAI Conversations API's shape): the
+// stored handle goes, its hold on D is released at once instead of
+// pinning D until the TTL, the ledger counts the conversation as ended,
+// and a turn that comes anyway is a miss answered as a single engine's.
+// Only the principal whose conversation it is reaches it; a router keying
+// conversations by content has no id to end.
+func TestDeleteConversationReleasesHold(t *testing.T) {
+	recs := &kvroutetest.Records{}
+	c, r, srv, front := budgetRig(t, "", kvroute.WithObserver(recs), kvroute.WithDecodeMemory(kvroute.DecodeMemory{}),
+		kvroute.WithIdentifier(kvroute.ContinuationKeys{ByConversationID: true}))
+	d := c.Decode[0]
+	owner := http.Header{"Authorization": {"Bearer key-a"}, "X-Session-Id": {"conv-a"}}
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: systemPrompt}}}
+	conv.say(userText(0))
+	conv.hear(releaseTurn(t, srv, conv.path, conv.body(), owner))
+	knowCapacity(t, r)
+	require.Equal(t, 1, r.DecodeKV()[0].Handles)
+	require.NotZero(t, d.Stats().BlocksPinned)
+
+	del := func(id, key string) (int, map[string]any) {
+		req, err := http.NewRequest(http.MethodDelete, srv+"/v1/conversations/"+id, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+		return res.StatusCode, out
+	}
+	// Another principal's DELETE of the same id reaches nothing of A's.
+	status, out := del("conv-a", "key-b")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, map[string]any{"id": "conv-a", "object": "conversation.deleted", "deleted": false}, out)
+	assert.Equal(t, 1, r.DecodeKV()[0].Handles, "another tenant's delete leaves the hold")
+
+	status, out = del("conv-a", "key-a")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, map[string]any{"id": "conv-a", "object": "conversation.deleted", "deleted": true}, out)
+	settle(t, r, func(s kvroute.Stats) bool { return s.ReleasedFinal == 1 })
+	assert.Zero(t, r.DecodeKV()[0].Handles, "nothing held for the conversation")
+	assert.EqualValues(t, 1, front.releases.Load(), "one release request")
+	assert.Zero(t, d.Stats().BlocksPinned, "D holds nothing after the conversation's end")
+	assert.Zero(t, d.Stats().WrongOutputs)
+
+	status, out = del("conv-a", "key-a")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, false, out["deleted"], "a second delete finds nothing")
+
+	conv.say(userText(1))
+	h := owner.Clone()
+	h.Set("X-Request-Id", "after")
+	conv.hear(releaseTurn(t, srv, conv.path, conv.body(), h))
+	rec, ok := recs.Take("after")
+	require.True(t, ok)
+	assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
+
+	// Only DELETE, on one id, and only where conversations have ids.
+	res, err := http.Post(srv+"/v1/conversations/conv-a", "application/json", nil)
+	require.NoError(t, err)
+	_ = res.Body.Close()
+	assert.Equal(t, http.StatusMethodNotAllowed, res.StatusCode)
+	assert.Equal(t, http.MethodDelete, res.Header.Get("Allow"))
+	status, out = del("a/b", "key-a")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.Contains(t, out, "error")
+	_, _, srv2, _ := budgetRig(t, "")
+	req, err := http.NewRequest(http.MethodDelete, srv2+"/v1/conversations/conv-a", nil)
+	require.NoError(t, err)
+	res, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var e struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&e))
+	_ = res.Body.Close()
+	assert.Equal(t, http.StatusNotFound, res.StatusCode)
+	assert.Contains(t, e.Error.Message, "ByConversationID")
 }

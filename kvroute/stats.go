@@ -190,7 +190,9 @@ type Stats struct {
 	PrefixUnshared int64
 	// ReleasedFinal counts holds released after the turn that ended their
 	// session (a request with X-Dynamo-Session-Final: true): the turn's
-	// handle released at once instead of retained for the TTL.
+	// handle released at once instead of retained for the TTL; and the
+	// holds of conversations their client deleted (DELETE
+	// /v1/conversations/{id}, ServeHTTP).
 	ReleasedFinal int64
 }
 

@@ -121,6 +121,32 @@ func (h *handles) putBack(ctx context.Context, key, tenant string, e *entry.Entr
 	h.mem.added(h.mem.hold(key, tenant, e, h.clock()), false)
 }
 
+// drop ends the conversation stored under key: it takes the entry, ends
+// its hold in the ledger (the conversation will not come back) and has the
+// hold released (releaseFinal). It reports whether the Store held one.
+func (h *handles) drop(values context.Context, key string) (bool, error) {
+	ctx, cancel := context.WithTimeout(values, storeTimeout)
+	defer cancel()
+	defer h.locks.lock(key)()
+	v, ok, err := h.store.Take(ctx, key)
+	if err != nil {
+		h.storeFailed(ctx, "take", "", err)
+		return false, err
+	}
+	h.storeOK(ctx)
+	if !ok {
+		return false, nil
+	}
+	h.mem.ledger.End(key, h.clock())
+	e, err := entry.Decode(v, nil)
+	if err != nil {
+		h.stats.unreleasable.Add(1)
+		return true, nil
+	}
+	h.mem.rel.orphan(e, releaseFinal)
+	return true, nil
+}
+
 // restore puts e, which supersede took from under key, back for the rest
 // of its retention time; when the Store does not keep it, its hold is
 // released.

@@ -184,3 +184,43 @@ func TestRenderTimeoutFlag(t *testing.T) {
 	assert.NotEqual(t, "0", metricValue(page, "bidikv_render_skipped_total"))
 	assert.Zero(t, cl.Decode[0].Stats().WrongOutputs)
 }
+
+// Through the proxy's flags: with --key-mode conversation-id, DELETE
+// /v1/conversations/{id} (the Conversations API's shape, behind the
+// inbound keys) ends the caller's conversation: its next turn is a miss
+// with a single engine's answer; another key's delete of the same id
+// reaches nothing, and no key reaches none.
+func TestDeleteConversationFlag(t *testing.T) {
+	cl := kvroutetest.NewCluster(t, 1, 1)
+	p := startInProcess(t, nil, "--prefill", cl.Prefill[0].URL(), "--decode", cl.Decode[0].URL(),
+		"--key-mode", "conversation-id", "--api-key", "key-a,key-b")
+	msgs := []map[string]string{{"role": "system", "content": reuseSystem}}
+	ask := func(text string) string {
+		t.Helper()
+		msgs = append(msgs, map[string]string{"role": "user", "content": text})
+		b, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 16, "messages": msgs})
+		status, hdr, body := p.do(t, http.MethodPost, "/v1/chat/completions", string(b),
+			"Content-Type", "application/json", "Authorization", "Bearer key-a", "X-Session-ID", "c1")
+		require.Equal(t, http.StatusOK, status, body)
+		ref, err := kvroutetest.Reference("/v1/chat/completions", b)
+		require.NoError(t, err)
+		answer := chatAnswer(t, body)
+		assert.Equal(t, ref.Text, answer, "differs from a single engine's")
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": answer})
+		return hdr.Get("X-Bidikv-Reuse")
+	}
+	ask("Turn 1: list the failing tests.")
+	status, _, body := p.do(t, http.MethodDelete, "/v1/conversations/c1", "")
+	assert.Equal(t, http.StatusUnauthorized, status, body)
+	status, _, body = p.do(t, http.MethodDelete, "/v1/conversations/c1", "", "Authorization", "Bearer key-b")
+	require.Equal(t, http.StatusOK, status, body)
+	assert.JSONEq(t, `{"id":"c1","object":"conversation.deleted","deleted":false}`, body)
+	require.Equal(t, "hit", ask("Turn 2: fix the first one."), "another key's delete left it")
+	status, _, body = p.do(t, http.MethodDelete, "/v1/conversations/c1", "", "Authorization", "Bearer key-a")
+	require.Equal(t, http.StatusOK, status, body)
+	assert.JSONEq(t, `{"id":"c1","object":"conversation.deleted","deleted":true}`, body)
+	assert.NotEqual(t, "hit", ask("Turn 3: and the second."), "the deleted conversation's turn is a miss")
+	status, hdr, _ := p.do(t, http.MethodGet, "/v1/conversations/c1", "", "Authorization", "Bearer key-a")
+	assert.Equal(t, http.StatusMethodNotAllowed, status)
+	assert.Equal(t, http.MethodDelete, hdr.Get("Allow"))
+}

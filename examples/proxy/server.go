@@ -80,6 +80,11 @@ func (s *server) routes() http.Handler {
 			return
 		}
 		rt, ok := table[r.URL.Path]
+		if strings.HasPrefix(r.URL.Path, pathConversations) {
+			// DELETE /v1/conversations/{id}: the router ends a
+			// conversation keyed by id (kvroute.Router.ServeHTTP).
+			rt, ok = route{[]string{http.MethodDelete}, s.auth(s.router)}, true
+		}
 		switch {
 		case r.ProtoMajor != 1 || r.Method == "PRI":
 			// HTTP/2 with prior knowledge (h2c): its preface parses as
@@ -330,6 +335,11 @@ func noCapacityFix(why string) string {
 // pathCountTokens is Anthropic's token count (vLLM serves it): Claude Code
 // asks it before long requests.
 const pathCountTokens = "/v1/messages/count_tokens"
+
+// pathConversations is where a client deletes a conversation it keys by id
+// (--key-mode conversation-id): the router drops its handle and releases
+// its decode hold.
+const pathConversations = "/v1/conversations/"
 
 // models forwards GET /v1/models to the first engine that answers.
 func (s *server) models(w http.ResponseWriter, r *http.Request) {
