@@ -280,3 +280,23 @@ func TestCPUTierMetrics(t *testing.T) {
 	plain := start(t, sim.NewRegistry(), nil, nil)
 	require.NotContains(t, metricsPage(t, plain), "vllm:kv_offload_")
 }
+
+// MultiConnector(NixlConnector, OffloadingConnector) lets the first child
+// with a positive count load a request alone (MultiConnector.
+// get_num_new_matched_tokens): a decode leg carrying P's handle reads from
+// P by NIXL even when D's own CPU tier holds the prompt.
+func TestCPUTierNIXLLoadsFirst(t *testing.T) {
+	reg := sim.NewRegistry()
+	p := start(t, reg, nil, nil)
+	d := tiered(t, reg, 256, false, nil)
+	body := chat(msg{"user", words("nixl", 90)})
+	checkAnswer(t, d, body, post(t, d.url, "/v1/chat/completions", body)) // D's tier holds the prompt
+	rp := post(t, p.url, "/v1/chat/completions", with(body, "max_tokens", 1, "kv_transfer_params", missHandle()))
+	require.Equal(t, http.StatusOK, rp.Status, string(rp.Body))
+	rd := post(t, d.url, "/v1/chat/completions", with(body, "kv_transfer_params", rp.KV))
+	checkAnswer(t, d, body, rd)
+	rec := lastRecord(d)
+	require.Equal(t, sim.PullRead, rec.Pull)
+	require.Zero(t, rec.TierTokens, "NIXL answered first: the CPU tier does not load")
+	require.Equal(t, rd.Prompt, rec.PulledTokens)
+}
