@@ -3,7 +3,6 @@ package sim_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 
@@ -243,15 +242,7 @@ func TestCPUTierLoadTiersFilter(t *testing.T) {
 	require.Zero(t, lastRecord(other).TierTokens)
 }
 
-func metricsPage(t *testing.T, n *node) string {
-	t.Helper()
-	resp, err := http.Get(n.url + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return string(b)
-}
+func metricsPage(t *testing.T, n *node) string { t.Helper(); return getBody(t, n.url+"/metrics") }
 
 // /metrics carries the vllm:kv_offload_* series of offloading/metrics.py
 // and CPUOffloadingMetrics; cpu_cache_usage_perc is the pinned fraction,
