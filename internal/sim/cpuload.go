@@ -69,10 +69,10 @@ type p2pHello struct {
 // tierSource is a peer tier's server side as a puller reaches it through
 // the registry.
 type tierSource interface {
-	hello() (p2pHello, error)
+	hello(ctx context.Context) (p2pHello, error)
 	// fetch answers each key HIT (with the chunk's KV, copied) or MISS
 	// (ServerRole._process_inbound_lookup), by index in keys.
-	fetch(keys []uint64) (map[int][]uint64, error)
+	fetch(ctx context.Context, keys []uint64) (map[int][]uint64, error)
 }
 
 // p2pEndpoint is rank k's peer-tier side channel. It speaks no NIXL: the
@@ -94,7 +94,7 @@ func (p *p2pEndpoint) Notify(context.Context, string, string) error { return err
 
 func (p *p2pEndpoint) Heartbeat(context.Context, string, string) error { return errNotNIXL }
 
-func (p *p2pEndpoint) hello() (p2pHello, error) {
+func (p *p2pEndpoint) hello(context.Context) (p2pHello, error) {
 	p.e.mu.Lock()
 	defer p.e.mu.Unlock()
 	if p.e.closed {
@@ -105,7 +105,7 @@ func (p *p2pEndpoint) hello() (p2pHello, error) {
 
 // fetch copies the chunks rank k's tier holds among keys. The source
 // needs no request of its own; its LRU order is not touched.
-func (p *p2pEndpoint) fetch(keys []uint64) (map[int][]uint64, error) {
+func (p *p2pEndpoint) fetch(_ context.Context, keys []uint64) (map[int][]uint64, error) {
 	p.e.mu.Lock()
 	defer p.e.mu.Unlock()
 	if p.e.closed {
@@ -146,7 +146,7 @@ var errRejected = errors.New("sim: peer tier rejected the handshake")
 // chunks found are promoted at admission (tierLoad). A dead peer or a
 // rejected handshake leaves nothing: every lookup misses and the request
 // computes what its tiers lack. e.mu not held.
-func (e *Engine) peerPrefetch(t *turn) {
+func (e *Engine) peerPrefetch(ctx context.Context, t *turn) {
 	op := t.offload
 	if op == nil || op.source == nil || !e.cfg.CPUTier.P2P || !op.tiers.allowsPeer() {
 		return
@@ -163,14 +163,14 @@ func (e *Engine) peerPrefetch(t *turn) {
 		if !ok {
 			return ErrUnreachable
 		}
-		theirs, err := src.hello()
+		theirs, err := src.hello(ctx)
 		if err != nil {
 			return err
 		}
 		if theirs != mine {
 			return errRejected
 		}
-		t.peerKV, err = src.fetch(keys)
+		t.peerKV, err = src.fetch(ctx, keys)
 		return err
 	}()
 	if err != nil {
@@ -214,7 +214,7 @@ func (e *Engine) tierLoad(r *rank, t *turn, toks []uint32) {
 		ch, ok := tier.chunks[keys[i]]
 		if !ok {
 			kv, peer := t.peerKV[i]
-			if !peer {
+			if !peer || len(kv) != ct {
 				break
 			}
 			if _, ok := tier.store(keys[i:i+1], [][]uint64{kv}, nil); !ok {

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -290,4 +293,33 @@ func TestCPUTierNIXLLoadsFirst(t *testing.T) {
 	require.Equal(t, sim.PullRead, rec.Pull)
 	require.Zero(t, rec.TierTokens, "NIXL answered first: the CPU tier does not load")
 	require.Equal(t, rd.Prompt, rec.PulledTokens)
+}
+
+// Engines in separate processes pull over the HTTP stand-in of the peer
+// tier (RankP2PHandler and HTTPDialer): the same pull, the same answer.
+func TestCPUTierPeerPullOverHTTP(t *testing.T) {
+	var srcEngine *sim.Engine
+	p2p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sim.RankP2PHandler(srcEngine, 0).ServeHTTP(w, r)
+	}))
+	t.Cleanup(p2p.Close)
+	u, err := url.Parse(p2p.URL)
+	require.NoError(t, err)
+	port, err := strconv.Atoi(u.Port())
+	require.NoError(t, err)
+	src := tiered(t, sim.NewRegistry(), 256, true, func(c *sim.Config) {
+		c.SideHost, c.SidePort, c.CPUTier.P2PPort = "127.0.0.1", 1, port
+	})
+	srcEngine = src.Engine
+	reg := sim.NewRegistry()
+	reg.Dial = sim.HTTPDialer(http.DefaultClient)
+	dst := tiered(t, reg, 256, true, nil)
+
+	body := chat(msg{"user", words("http", 80)})
+	res := post(t, src.url, "/v1/chat/completions", body)
+	checkAnswer(t, src, body, res)
+	res = post(t, dst.url, "/v1/chat/completions", with(body, "kv_transfer_params", source(t, src)))
+	checkAnswer(t, dst, body, res)
+	require.Equal(t, res.Prompt/16*16, lastRecord(dst).PeerTokens)
+	require.Zero(t, dst.Stats().CPUPeerMisses)
 }

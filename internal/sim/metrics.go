@@ -150,7 +150,7 @@ func (c *Config) cacheConfigInfo() []string {
 		"num_gpu_blocks_override", "None",
 		"sliding_window", window,
 		"enable_prefix_caching", py(c.PrefixCaching),
-		"prefix_caching_hash_algo", "sha256",
+		"prefix_caching_hash_algo", c.CPUTier.algo(),
 		"attn_group_size", "None",
 		"prefix_cache_retention_interval", "0",
 		"kv_cache_dtype_skip_layers", "[]",

@@ -293,7 +293,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 
 	ctx := r.Context()
-	e.peerPrefetch(t)
+	e.peerPrefetch(ctx, t)
 	if err := e.admit(ctx, t); err != nil {
 		e.gaveUp(w, t, err)
 		return
