@@ -211,10 +211,12 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 // # CPU tier
 //
 // HostToDevicePerToken, PeerFixed and PeerPerToken are an ASSUMPTION, not a
-// measurement: KVBytesPerToken over the node's aggregate bandwidth, 8 GPUs
-// each with a 50 GB/s host link (PCIe 5 x16) and a 400 Gb/s RDMA NIC
-// (qwen3-32b 256 KiB a token: 0.66 µs; glm-5-fp8 480 KiB: 1.23 µs), and
-// 2 ms for a peer pull's lookup, fetch and done messages.
+// measurement. Host-to-device: KVBytesPerToken over the node's aggregate
+// host links, 8 GPUs each with 50 GB/s (PCIe 5 x16): qwen3-32b 256 KiB a
+// token, 0.66 µs; glm-5-fp8 480 KiB, 1.23 µs. A peer pull crosses the
+// same network as a NIXL read, so it is priced as the calibrated KV read
+// (TransferFixed, TransferPerToken), then loads host-to-device: never
+// cheaper than pulling the same tokens from a GPU hold.
 //
 // # Render
 //
@@ -243,8 +245,8 @@ var profiles = []Profile{
 		KVCapacityTokens: qwen3Capacity,
 
 		HostToDevicePerToken: 655 * time.Nanosecond,
-		PeerFixed:            2 * time.Millisecond,
-		PeerPerToken:         655 * time.Nanosecond,
+		PeerFixed:            19805 * time.Microsecond,
+		PeerPerToken:         6000 * time.Nanosecond,
 	},
 	{
 		Name:              "glm-5-fp8",
@@ -264,8 +266,8 @@ var profiles = []Profile{
 		KVCapacityTokens: glm5Capacity,
 
 		HostToDevicePerToken: 1229 * time.Nanosecond,
-		PeerFixed:            2 * time.Millisecond,
-		PeerPerToken:         1229 * time.Nanosecond,
+		PeerFixed:            22037 * time.Microsecond,
+		PeerPerToken:         5133 * time.Nanosecond,
 	},
 }
 
