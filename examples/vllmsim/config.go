@@ -19,8 +19,9 @@ type options struct {
 	port, sidePort int
 	cfg            sim.Config
 	verbose        bool
-	canned         string // "prefill" or "decode": canned.go's fixed answers
-	cannedBlocks   int    // --num-gpu-blocks-override for a canned engine (0: toytok.PoolBlocks)
+	offload        offloadConfig // a MultiConnector's OffloadingConnector child
+	canned         string        // "prefill" or "decode": canned.go's fixed answers
+	cannedBlocks   int           // --num-gpu-blocks-override for a canned engine (0: toytok.PoolBlocks)
 	warnings       []string
 }
 
@@ -63,7 +64,7 @@ var kvRoles = []string{"kv_producer", "kv_consumer", "kv_both"}
 // NixlConnector. Settings vLLM reads only from kv_connector_extra_config
 // are ignored at the top level, as vLLM ignores them; each is reported in
 // the returned warnings.
-func parseKVTransferConfig(raw string, c *sim.Config) (warnings []string, err error) {
+func parseKVTransferConfig(raw string, c *sim.Config, off *offloadConfig) (warnings []string, err error) {
 	var k kvTransferConfig
 	if err := json.Unmarshal([]byte(raw), &k); err != nil {
 		return nil, fmt.Errorf("--kv-transfer-config: %w", err)
@@ -71,6 +72,27 @@ func parseKVTransferConfig(raw string, c *sim.Config) (warnings []string, err er
 	var top, extra map[string]json.RawMessage
 	_ = json.Unmarshal([]byte(raw), &top)
 	_ = json.Unmarshal(top["kv_connector_extra_config"], &extra)
+	if k.KVConnector != nil && *k.KVConnector == "MultiConnector" && off != nil {
+		// MultiConnector(NixlConnector, OffloadingConnector): the NIXL
+		// child's settings as a plain NIXL config's; engine_id and
+		// kv_load_failure_policy from the top level (MultiConnector passes
+		// its engine_id to the children; the scheduler reads the policy
+		// from the top-level config)
+		nixl, o, err := parseMultiConnector(extra)
+		if err != nil {
+			return nil, err
+		}
+		if warnings, err = parseKVTransferConfig(string(nixl), c, nil); err != nil {
+			return nil, err
+		}
+		*off = o
+		c.EngineID = k.EngineID
+		c.KVLoadFailurePolicy = sim.PolicyFail
+		if k.KVLoadFailurePolicy != nil {
+			c.KVLoadFailurePolicy = *k.KVLoadFailurePolicy
+		}
+		return warnings, nil
+	}
 	switch {
 	case k.KVConnector == nil:
 		return nil, errors.New("--kv-transfer-config: kv_connector is not set (the simulator models the NixlConnector)")
@@ -137,7 +159,8 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	fs.IntVar(&o.port, "port", 8000, "port to serve the OpenAI API on (0: any)")
 	fs.StringVar(&o.cfg.Model, "model", o.cfg.Model, "served model name")
 	fs.StringVar(&o.cfg.Model, "served-model-name", o.cfg.Model, "alias of --model")
-	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64), decoder_kv_blocks_ttl (480), kv_lease_duration (30)} (default: none, no KV connector: kv_transfer_params are ignored)`)
+	fs.StringVar(&o.cfg.CPUTier.HashAlgo, "prefix-caching-hash-algo", sim.HashSHA256, "prefix-cache block hash: sha256 or xxhash (with the CPU tier: keys agree across engines only with one algorithm and one PYTHONHASHSEED, read from the environment)")
+	kvc := fs.String("kv-transfer-config", "", `vLLM KV transfer config JSON: kv_connector "NixlConnector", kv_role, engine_id, kv_load_failure_policy (default fail), kv_connector_extra_config {bidirectional_kv_xfer (default false), kv_recompute_threshold (default 64), decoder_kv_blocks_ttl (480), kv_lease_duration (30)}; or kv_connector "MultiConnector" with kv_connector_extra_config.connectors [that NIXL config, an "OffloadingConnector" config whose kv_connector_extra_config has cpu_bytes_to_use (needs --profile) or num_cpu_blocks, block_size or blocks_per_chunk, offload_prompt_only (default true), and with spec_name "TieringOffloadingSpec" secondary_tiers [{"type": "p2p", "port": 5710}]]: the CPU tier (default: none, no KV connector: kv_transfer_params are ignored)`)
 	noCache := fs.Bool("no-enable-prefix-caching", false, "disable prefix caching")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", o.cfg.BlockSize, "KV block size in tokens")
 	gpuBlocks := fs.Int("num-gpu-blocks-override", 0, "num_gpu_blocks: the KV pool's blocks per data-parallel rank, vLLM's null block included, so one fewer usable (default: the --profile's capacity on one 8xH200 node, else 8193; with --canned, at least 100000: the pool the canned engine reports)")
@@ -188,7 +211,7 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	o.cfg.PrefixCaching = !*noCache
 	o.cfg.NoTokenize, o.cfg.NoResponsesKV, o.cfg.NoMessagesKV = *noTokenize, *noResponsesKV, *noMessagesKV
 	if *kvc != "" {
-		warnings, err := parseKVTransferConfig(*kvc, &o.cfg)
+		warnings, err := parseKVTransferConfig(*kvc, &o.cfg, &o.offload)
 		if err != nil {
 			return nil, err
 		}
@@ -209,6 +232,9 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 		if n := p.NumGPUBlocks(o.cfg.BlockSize); n > 0 {
 			o.cfg.NumBlocks = n
 		}
+	}
+	if err := o.offload.cpuTier(&o.cfg); err != nil {
+		return nil, err
 	}
 	switch {
 	case *gpuBlocks == 1 || *gpuBlocks < 0:

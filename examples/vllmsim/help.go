@@ -26,7 +26,7 @@ glm-5-fp8 models the engine's times, and --speed 1 sleeps them in real time.
 var helpGroups = []cli.Group{
 	{Title: "Serving", Flags: []string{"host", "port", "model,served-model-name", "side-channel-host", "side-channel-port",
 		"data-parallel-size", "strict-rank", "tensor-parallel-size", "verbose"}},
-	{Title: "KV cache and transfer", Flags: []string{"kv-transfer-config", "block-size", "kv-groups", "kv-group-block-size", "sliding-window", "num-gpu-blocks-override",
+	{Title: "KV cache and transfer", Flags: []string{"kv-transfer-config", "block-size", "prefix-caching-hash-algo", "kv-groups", "kv-group-block-size", "sliding-window", "num-gpu-blocks-override",
 		"max-num-seqs", "no-enable-prefix-caching", "decode-recompute", "prefill-handle-on-length-only"}},
 	{Title: "Cost model", Flags: []string{"profile", "speed"}},
 	{Title: "Model and answers", Flags: []string{"template", "chat-template-content-format", "reasoning", "inline-reasoning",

@@ -64,6 +64,17 @@
 // --side-channel-port + k and the line ends with
 // " data-parallel n side ports P-Q"; the engine printed is rank 0's.
 //
+// With a MultiConnector --kv-transfer-config (NixlConnector, then
+// OffloadingConnector) the engine has vLLM's CPU tier (docs/simulator.md):
+// write-through of whole chunks, LRU eviction, reloads after the GPU
+// prefix-cache hit, and with a "p2p" secondary tier pulls from the peer a
+// request's kv_transfer_params.remote_kv_source names; it serves its own
+// tier to peers over HTTP on --side-channel-host and the tier's port
+// (+ rank), and the ready line ends with " p2p HOST:PORT". Chunk keys
+// agree across engines only with one --block-size, chunk,
+// --prefix-caching-hash-algo and PYTHONHASHSEED (read from the
+// environment).
+//
 // With --canned prefill or --canned decode it simulates nothing: it answers
 // at once with fixed bytes (and a toy tokenizer for render calls and
 // return_token_ids), for router overhead runs only (examples/bench

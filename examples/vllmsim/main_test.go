@@ -54,6 +54,7 @@ var ready = regexp.MustCompile(`serving (http://\S+) side channel (\S+) engine (
 
 type proc struct {
 	url, side, engine string
+	line              string // the ready line
 	cmd               *exec.Cmd
 }
 
@@ -76,7 +77,7 @@ func spawn(t *testing.T, args ...string) *proc {
 	go func() { _, _ = io.Copy(io.Discard, out) }()
 	m := ready.FindStringSubmatch(line)
 	require.NotNil(t, m, line)
-	return &proc{url: m[1], side: m[2], engine: m[3], cmd: cmd}
+	return &proc{url: m[1], side: m[2], engine: m[3], line: line, cmd: cmd}
 }
 
 func call(t *testing.T, url string, body map[string]any) (string, json.RawMessage) {

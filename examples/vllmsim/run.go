@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -47,6 +48,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	reg.Dial = sim.HTTPDialer(&http.Client{Transport: transport})
 	o.cfg.Registry = reg
 	o.cfg.SideHost, o.cfg.SidePort = o.sideHost, sideLns[0].Addr().(*net.TCPAddr).Port
+	if o.cfg.CPUTier.HashSeed == "" {
+		o.cfg.CPUTier.HashSeed = os.Getenv("PYTHONHASHSEED")
+	}
+	var p2pLns []net.Listener
+	if o.cfg.CPUTier.P2P {
+		// the peer tier's port run (VLLM_P2P_SIDE_CHANNEL_PORT + rank)
+		if p2pLns, err = listenRun(o.sideHost, o.cfg.CPUTier.P2PPort, o.cfg.DPSize); err != nil {
+			return err
+		}
+		defer func() {
+			for _, ln := range p2pLns {
+				_ = ln.Close()
+			}
+		}()
+		o.cfg.CPUTier.P2PPort = p2pLns[0].Addr().(*net.TCPAddr).Port
+	}
 	if o.verbose {
 		o.cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
@@ -58,15 +75,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	api := &http.Server{Handler: e, ReadHeaderTimeout: 30 * time.Second}
 	sides := make([]*http.Server, len(sideLns))
-	errc := make(chan error, 1+len(sideLns))
+	errc := make(chan error, 1+len(sideLns)+len(p2pLns))
 	go func() { errc <- api.Serve(apiLn) }()
 	for k, ln := range sideLns {
 		sides[k] = &http.Server{Handler: sim.RankSideChannelHandler(e, k), ReadHeaderTimeout: 30 * time.Second}
 		go func() { errc <- sides[k].Serve(ln) }()
 	}
+	for k, ln := range p2pLns {
+		srv := &http.Server{Handler: sim.RankP2PHandler(e, k), ReadHeaderTimeout: 30 * time.Second}
+		sides = append(sides, srv)
+		go func() { errc <- srv.Serve(ln) }()
+	}
 	dp := ""
 	if n := e.DPSize(); n > 1 {
 		dp = fmt.Sprintf(" data-parallel %d side ports %d-%d", n, o.cfg.SidePort, o.cfg.SidePort+n-1)
+	}
+	if host, port, ok := e.RankP2PAddr(0); ok {
+		dp += " p2p " + net.JoinHostPort(host, strconv.Itoa(port))
 	}
 	fmt.Fprintf(stdout, "vllmsim: serving http://%s side channel %s engine %s%s\n",
 		apiLn.Addr(), net.JoinHostPort(o.cfg.SideHost, strconv.Itoa(o.cfg.SidePort)), e.EngineID(), dp)

@@ -37,6 +37,29 @@ type Profile struct {
 	// 0.9; capacity.go has the arithmetic). 0: unknown (the zero profile).
 	KVBytesPerToken  int64
 	KVCapacityTokens int
+	// HostToDevicePerToken prices moving one token of KV between the
+	// engine's GPUs and its CPU tier (Config.CPUTier), either way: a
+	// CPU→GPU load delays the request (Record.Transfer), a GPU→CPU store
+	// is asynchronous and only counted (vllm:kv_offload_store_time).
+	// PeerFixed and PeerPerToken price a pull from a peer's CPU tier into
+	// this engine's: the lookup and fetch round trips and the network
+	// copy (the chunks then load as HostToDevicePerToken prices). 0: free.
+	HostToDevicePerToken    time.Duration
+	PeerFixed, PeerPerToken time.Duration
+}
+
+// HostToDevice models moving n tokens of KV between GPU and CPU memory.
+func (p Profile) HostToDevice(n int) time.Duration {
+	return time.Duration(max(n, 0)) * p.HostToDevicePerToken
+}
+
+// PeerPull models copying n tokens of KV from a peer's CPU tier into this
+// engine's (0 when nothing moves).
+func (p Profile) PeerPull(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return p.PeerFixed + time.Duration(n)*p.PeerPerToken
 }
 
 // Render models rendering and tokenizing a prompt of n tokens.
@@ -185,6 +208,16 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 //	qwen3-32b 24k, 4000 new:  local 20 + 2×143 = 306 ms   (pull path ~430 ms)
 //	glm-5-fp8 20k, 4000 new:  local 60 + 2×369 = 799 ms   (pull path ~790 ms)
 //
+// # CPU tier
+//
+// HostToDevicePerToken, PeerFixed and PeerPerToken are an ASSUMPTION, not a
+// measurement. Host-to-device: KVBytesPerToken over the node's aggregate
+// host links, 8 GPUs each with 50 GB/s (PCIe 5 x16): qwen3-32b 256 KiB a
+// token, 0.66 µs; glm-5-fp8 480 KiB, 1.23 µs. A peer pull crosses the
+// same network as a NIXL read, so it is priced as the calibrated KV read
+// (TransferFixed, TransferPerToken), then loads host-to-device: never
+// cheaper than pulling the same tokens from a GPU hold.
+//
 // # Render
 //
 // RenderOverhead 1 ms and RenderPerToken 300 ns (8.2 ms for 24k tokens) are
@@ -210,6 +243,10 @@ var profiles = []Profile{
 
 		KVBytesPerToken:  qwen3KVBytes,
 		KVCapacityTokens: qwen3Capacity,
+
+		HostToDevicePerToken: 655 * time.Nanosecond,
+		PeerFixed:            19805 * time.Microsecond,
+		PeerPerToken:         6000 * time.Nanosecond,
 	},
 	{
 		Name:              "glm-5-fp8",
@@ -227,6 +264,10 @@ var profiles = []Profile{
 
 		KVBytesPerToken:  glm5KVBytes,
 		KVCapacityTokens: glm5Capacity,
+
+		HostToDevicePerToken: 1229 * time.Nanosecond,
+		PeerFixed:            22037 * time.Microsecond,
+		PeerPerToken:         5133 * time.Nanosecond,
 	},
 }
 

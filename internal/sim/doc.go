@@ -22,6 +22,8 @@
 // requests grow, the last scheduled request preempted and recomputed,
 // holds pinned), the clocks it passes modelled time on (clock.go), the
 // cost model (cost.go) and the profiles' KV capacity (capacity.go),
+// the CPU tier of vLLM's OffloadingConnector and its peer tier
+// (cputier.go, cpuload.go; Config.CPUTier),
 // vLLM's /metrics (metrics.go), logprobs (logprobs.go), the render and
 // tokenize endpoints (render.go),
 // chat messages and reasoning fields (message.go), OpenAI's Responses API

@@ -172,9 +172,13 @@ type Config struct {
 	// vllm:gpu_cache_usage_perc) or UsageMetricBoth (0.9 and 0.10 wrote
 	// both).
 	UsageMetric string
-	Clock       Clock     // nil: real time
-	Registry    *Registry // nil: a private registry
-	Logger      *slog.Logger
+	// CPUTier adds vLLM's OffloadingConnector behind the NixlConnector
+	// (MultiConnector, NIXL first), with its optional peer tier
+	// (cputier.go, cpuload.go). The zero value: no CPU tier.
+	CPUTier  CPUTier
+	Clock    Clock     // nil: real time
+	Registry *Registry // nil: a private registry
+	Logger   *slog.Logger
 }
 
 // DefaultVersion is the vLLM version an engine reports by default.
@@ -283,6 +287,14 @@ func (c *Config) validate() error {
 		return bad("content format %q must be %q or %q", c.ContentFormat, ContentFormatString, ContentFormatOpenAI)
 	case !oneOf(c.ReasoningField, ReasoningFieldReasoning, ReasoningFieldContent, ReasoningFieldBoth):
 		return bad("reasoning field %q must be %q, %q or %q", c.ReasoningField, ReasoningFieldReasoning, ReasoningFieldContent, ReasoningFieldBoth)
+	case c.CPUTier.Chunks < 0 || c.CPUTier.BlocksPerChunk < 0:
+		return bad("cpu tier chunks %d and blocks per chunk %d must be >= 0", c.CPUTier.Chunks, c.CPUTier.BlocksPerChunk)
+	case !oneOf(c.CPUTier.HashAlgo, HashSHA256, HashXXHash):
+		return bad("prefix caching hash algo %q must be %q or %q", c.CPUTier.HashAlgo, HashSHA256, HashXXHash)
+	case c.CPUTier.P2P && !c.CPUTier.enabled():
+		return bad("a peer tier needs a CPU tier (CPUTier.Chunks > 0)")
+	case c.CPUTier.P2PPort < 0 || c.CPUTier.p2pPort()+c.dp()-1 > 65535:
+		return bad("peer-tier ports %d to %d out of range", c.CPUTier.p2pPort(), c.CPUTier.p2pPort()+c.dp()-1)
 	case c.Render != "" && c.Render != RenderEnabled && c.Render != RenderDisabled && c.Render != RenderAbsent:
 		return bad("render mode %q must be %q, %q or %q", c.Render, RenderEnabled, RenderDisabled, RenderAbsent)
 	}
@@ -345,6 +357,19 @@ type Stats struct {
 	// notifications for a hold unknown or already freed, which change
 	// nothing.
 	Holds, NotifiedHolds, NotifiedBlocks, TTLBlocks, LeaseBlocks, StaleNotifies int
+	// The CPU tier (Config.CPUTier), summed over ranks: chunks written
+	// through (CPUChunksStored), evicted, and store batches skipped for
+	// want of room (CPUStoreFailures, vllm:kv_offload_allocation_failure);
+	// chunks loaded to the GPU (CPUChunksLoaded), of them promoted from a
+	// peer (CPUChunksFromPeer); requests that asked a peer (CPUPeerPulls),
+	// of them those whose lookup ended on a miss before the prompt's last
+	// whole chunk (CPUPeerMisses), and handshakes rejected
+	// (CPUPeerRejects); chunks resident now and the capacity; as a source,
+	// chunks peers fetched (CPUChunksServed).
+	CPUChunksStored, CPUChunksEvicted, CPUStoreFailures   int
+	CPUChunksLoaded, CPUChunksFromPeer                    int
+	CPUPeerPulls, CPUPeerMisses, CPUPeerRejects           int
+	CPUChunksResident, CPUChunksCapacity, CPUChunksServed int
 	// ModelsCompute is whether the engine's answers take its cost
 	// profile's modelled time in real time (a profile, a speed above 0,
 	// the real clock). False: what a client measures of its answers holds
@@ -393,6 +418,10 @@ type Record struct {
 	// scaled real time).
 	Queued, Requeued, Recompute, FirstToken time.Duration
 	Preemptions                             int
+	// TierTokens are the prompt tokens loaded from the CPU tier after the
+	// GPU prefix-cache hit, PeerTokens those of them promoted from a
+	// peer's CPU tier (both priced in Transfer).
+	TierTokens, PeerTokens int
 
 	finished bool // finish ran: the record no longer changes (e.mu)
 }
@@ -424,7 +453,8 @@ type Engine struct {
 	reg   *Registry
 	log   *slog.Logger
 
-	peers []Peer // rank k's side channel; peers[0] is e
+	peers []Peer         // rank k's side channel; peers[0] is e
+	p2p   []*p2pEndpoint // rank k's peer-tier port (CPUTier.P2P)
 
 	mu         sync.Mutex
 	ranks      []*rank
@@ -474,6 +504,12 @@ func New(cfg Config) (*Engine, error) {
 			return nil, err
 		}
 	}
+	if err := e.registerP2P(); err != nil {
+		for k, p := range e.peers {
+			e.reg.Unregister(e.cfg.SideHost, e.cfg.SidePort+k, p)
+		}
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -506,6 +542,7 @@ func (e *Engine) reset() {
 		}
 	}
 	e.ranks = make([]*rank, e.cfg.dp())
+	seed := noneHashSeed(e.cfg.CPUTier)
 	for k := range e.ranks {
 		id := base
 		if len(e.ranks) > 1 {
@@ -514,6 +551,10 @@ func (e *Engine) reset() {
 		}
 		e.ranks[k] = &rank{id: id, pool: newPool(e.cfg.NumBlocks, e.cfg.BlockSize, e.cfg.PrefixCaching),
 			held: map[string]*held{}, active: map[string]*held{}}
+		if e.cfg.CPUTier.enabled() {
+			// the process's pinned CPU memory and its hash seed die with it
+			e.ranks[k].tier = newCPUTier(e.cfg.CPUTier, e.cfg.BlockSize, seed)
+		}
 	}
 }
 
@@ -536,6 +577,9 @@ func (e *Engine) Close() {
 	e.mu.Unlock()
 	for k, p := range e.peers {
 		e.reg.Unregister(e.cfg.SideHost, e.cfg.SidePort+k, p)
+	}
+	for k, p := range e.p2p {
+		e.reg.Unregister(e.cfg.SideHost, e.cfg.CPUTier.p2pPort()+k, p)
 	}
 }
 
@@ -609,6 +653,19 @@ func (e *Engine) Stats() Stats {
 			}
 		}
 		s.BlocksPinned += len(pinned)
+		if c := r.tier; c != nil {
+			s.CPUChunksStored += c.stored
+			s.CPUChunksEvicted += c.evicted
+			s.CPUStoreFailures += c.failures
+			s.CPUChunksLoaded += c.loadedLocal
+			s.CPUChunksFromPeer += c.loadedPeer
+			s.CPUPeerPulls += c.peerPulls
+			s.CPUPeerMisses += c.peerMisses
+			s.CPUPeerRejects += c.peerRejects
+			s.CPUChunksResident += len(c.chunks)
+			s.CPUChunksCapacity += c.capacity
+			s.CPUChunksServed += c.servedChunks
+		}
 	}
 	return s
 }

@@ -97,3 +97,18 @@ func (e *Engine) DebugQueues() string {
 	}
 	return b.String()
 }
+
+// DropCPUChunk deletes chunk i of toks from rank 0's CPU tier, as an
+// eviction of that one chunk would; it reports whether it was there.
+func (e *Engine) DropCPUChunk(toks []uint32, i int) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.ranks[0].tier
+	keys := c.keys(toks, e.cfg.CPUTier.algo(), "")
+	ch, ok := c.chunks[keys[i]]
+	if ok {
+		c.lru.Remove(ch.elem)
+		delete(c.chunks, ch.key)
+	}
+	return ok
+}

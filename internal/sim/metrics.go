@@ -46,12 +46,13 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 	type rankMetrics struct {
 		running, waiting, preemptions int
 		usage                         float64
+		tier                          tierMetrics
 	}
 	ranks := make([]rankMetrics, len(e.ranks))
 	for k, r := range e.ranks {
 		size := r.pool.size()
 		ranks[k] = rankMetrics{running: r.slots(), waiting: len(r.waiting) + len(r.loaded) + r.pulls, preemptions: r.preemptions,
-			usage: float64(size-r.pool.freeCount()) / float64(size)}
+			usage: float64(size-r.pool.freeCount()) / float64(size), tier: e.tierMetrics(r)}
 	}
 	e.mu.Unlock()
 
@@ -104,6 +105,11 @@ func (e *Engine) serveMetrics(w http.ResponseWriter) {
 		func(r rankMetrics) float64 { return float64(r.preemptions) })
 	perRank("vllm:num_preemptions_created", "gauge", "Cumulative number of preemption from the engine.",
 		func(rankMetrics) float64 { return start })
+	if e.cfg.CPUTier.enabled() {
+		for _, s := range tierSeries {
+			perRank(s.name, s.typ, s.help, func(r rankMetrics) float64 { return s.value(r.tier) })
+		}
+	}
 	metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
 	for k := range ranks {
 		sample("vllm:cache_config_info", 1, append(e.cfg.cacheConfigInfo(), "engine", strconv.Itoa(k))...)
@@ -144,7 +150,7 @@ func (c *Config) cacheConfigInfo() []string {
 		"num_gpu_blocks_override", "None",
 		"sliding_window", window,
 		"enable_prefix_caching", py(c.PrefixCaching),
-		"prefix_caching_hash_algo", "sha256",
+		"prefix_caching_hash_algo", c.CPUTier.algo(),
 		"attn_group_size", "None",
 		"prefix_cache_retention_interval", "0",
 		"kv_cache_dtype_skip_layers", "[]",

@@ -20,6 +20,7 @@ const RankHeader = "X-data-parallel-rank"
 type rank struct {
 	id     string
 	pool   *pool
+	tier   *cpuTier         // the CPU tier (nil: none)
 	held   map[string]*held // by request id, ended ones too (a late read names them)
 	active map[string]*held // the holds that keep blocks
 	holds  uint64           // holds made

@@ -176,7 +176,7 @@ func (e *Engine) schedule(r *rank) {
 		if t.state == stateQueued {
 			t.state = stateLoading
 			r.loading++
-			if _, plan := e.pullPlan(t); plan == PullRead {
+			if _, plan := e.pullPlan(t); plan == PullRead || t.tierTokens > 0 {
 				// get_num_new_matched_tokens: load_kv_async
 				t.pulling = true
 				r.pulls++
@@ -217,6 +217,7 @@ func (e *Engine) allocate(r *rank, t *turn) bool {
 	t.pool = p
 	t.seq = &seq{pool: p, blocks: append(hits, fresh...)}
 	t.hit = len(hits) * p.bs
+	e.tierLoad(r, t, toks)
 	if t.started {
 		// recomputed: the same KV the request held before
 		for pos := t.hit; pos < len(toks); pos++ {
@@ -413,6 +414,7 @@ func (e *Engine) commitDone(t *turn) {
 		s.kv, s.tok = t.allKV[pos], t.allToks[pos]
 	}
 	t.pool.commit(t.seq.blocks, t.allToks[:upto])
+	e.offload(t, t.allToks, upto)
 }
 
 // work waits d of modelled work for t (e.mu held, released while it
@@ -528,6 +530,7 @@ func (e *Engine) finishTurn(t *turn, keep bool) {
 		r.unqueue(t)
 	}
 	t.state = stateDone
+	e.unpinTier(t)
 	if !keep && t.seq != nil {
 		t.seq.release()
 	}

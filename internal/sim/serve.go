@@ -230,11 +230,17 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		// an engine whose request model has no such field ignores it
 		req.KVParams = nil
 	}
+	var offload *offloadParams
+	if e.cfg.CPUTier.enabled() {
+		// the offloading connector reads its keys of kv_transfer_params
+		// (alone when the engine has no NixlConnector)
+		offload = parseOffloadParams(req)
+	}
 	if e.cfg.NoKVConnector {
 		// no connector: the scheduler never looks at the params
 		req.KVParams = nil
 	}
-	t := &turn{rec: rec, req: req, toks: ids(req.Prompt)}
+	t := &turn{rec: rec, req: req, toks: ids(req.Prompt), offload: offload}
 	if req.KVParams != nil {
 		if t.params, err = ParseParams(req.KVParams); err != nil {
 			e.fail(w, rec, http.StatusBadRequest, err.Error())
@@ -287,6 +293,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 
 	ctx := r.Context()
+	e.peerPrefetch(ctx, t)
 	if err := e.admit(ctx, t); err != nil {
 		e.gaveUp(w, t, err)
 		return
@@ -299,6 +306,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	// prefill and whatever preemptions cost, then any stall.
 	e.mu.Lock()
 	err = e.work(ctx, t, rec.Transfer)
+	e.unpinTier(t) // the CPU→GPU load is done
 	if err == nil {
 		err = e.prefill(ctx, t)
 	}

@@ -52,6 +52,17 @@ type turn struct {
 	phase     int
 	phaseAt   time.Time
 	chunk     int // decode steps of the current wait
+
+	// The CPU tier (cpuload.go): the request's offloading keys, the
+	// chunks prefetched from a peer (by chunk index), what it loaded at
+	// admission and the chunks it has written through.
+	offload      *offloadParams
+	peerAsked    bool
+	peerKV       map[int][]uint64
+	tierPins     []*cpuChunk
+	tierTokens   int
+	peerTokens   int
+	storedChunks int
 }
 
 // apiError is an error answered in vLLM's shape.
@@ -158,6 +169,9 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 			}
 		}
 		start = min(t.hit+t.count, n-1)
+	} else if t.tierTokens > 0 {
+		// loaded from the CPU tier at admission (tierLoad)
+		start = min(t.hit+t.tierTokens, n-1)
 	}
 	prev := Seed(e.cfg.Model)
 	if start > 0 {
@@ -169,6 +183,7 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 		s.kv, s.tok = prev, t.toks[pos]
 	}
 	t.pool.commit(t.seq.blocks, t.toks)
+	e.offload(t, t.toks, n)
 	computed := n - start
 
 	t.gens = make([]Generated, t.req.N)
@@ -200,7 +215,8 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	if t.role == RolePlain {
 		r.Prefill = p.LocalPrefill(computed, start)
 	}
-	r.Transfer = p.Transfer(t.count)
+	r.TierTokens, r.PeerTokens = t.tierTokens, t.peerTokens
+	r.Transfer = p.Transfer(t.count) + p.PeerPull(t.peerTokens) + p.HostToDevice(t.tierTokens)
 	r.Decode = p.Decode(len(g.Tokens))
 	e.stats.TokensComputed += computed
 	e.stats.TokensPulledIn += t.count

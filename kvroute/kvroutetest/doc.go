@@ -187,6 +187,21 @@
 // WithFingerprint makes responses carry vLLM's system_fingerprint (on the
 // final message only, in streams).
 //
+// # The CPU tier
+//
+// WithCPUTier gives an engine vLLM's OffloadingConnector behind its
+// NixlConnector (MultiConnector): whole chunks written through to an LRU
+// CPU tier (prompt chunks only unless OffloadGenerated), reloaded after
+// the GPU prefix-cache hit up to the first missing chunk, and with P2P
+// pulled from the peer a request's kv_transfer_params.remote_kv_source
+// names ({"kv_request_id", "remote_host", "remote_port"}: the peer's
+// RankP2PChannel), unless its kv_load_tiers excludes the peer. A peer of
+// another hash seed, block size, chunk, model or TP size is rejected and
+// every chunk misses: the request recomputes, its answer still
+// Reference's. RequestRecord.TierTokens and PeerTokens, the Stats CPU*
+// counters and the vllm:kv_offload_* series on GET /metrics show it;
+// docs/simulator.md lists the rules and their vLLM sources.
+//
 // # Hostile engines
 //
 // HostileEngine is a decode engine that answers with one of

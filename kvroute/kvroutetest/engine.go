@@ -99,6 +99,12 @@ func (e *Engine) RankEngineID(k int) string { return e.sim.RankEngineID(k) }
 // data-parallel rank k: SideChannel's host and its port plus k.
 func (e *Engine) RankSideChannel(k int) (host string, port int) { return e.sim.RankSideChannel(k) }
 
+// RankP2PChannel returns data-parallel rank k's peer-tier address
+// (WithCPUTier with P2P: SideChannel's host, the P2P port plus k), what a
+// request's kv_transfer_params.remote_kv_source names as remote_host and
+// remote_port; ok is false without a peer tier.
+func (e *Engine) RankP2PChannel(k int) (host string, port int, ok bool) { return e.sim.RankP2PAddr(k) }
+
 // Fingerprint returns the system_fingerprint the engine writes and whether it
 // writes the key at all (see WithFingerprint); "" with ok true is null.
 func (e *Engine) Fingerprint() (fp string, ok bool) {

@@ -378,3 +378,51 @@ func WithFingerprint(mode, value string) Option {
 // restart names blocks that now hold other content. Default: a random id
 // at every start, as vLLM draws one.
 func WithEngineID(id string) Option { return optionFunc(func(c *config) { c.sim.EngineID = id }) }
+
+// CPUTier configures an engine's CPU tier: vLLM's OffloadingConnector
+// behind the NixlConnector (MultiConnector, NIXL first), with its
+// optional peer tier (TieringOffloadingSpec with a "p2p" secondary tier),
+// as docs/cpu-tier.md describes them. The zero value is no tier.
+type CPUTier struct {
+	// Chunks is the capacity in chunks per data-parallel rank
+	// (cpu_bytes_to_use over the bytes of one chunk); 0: no tier.
+	Chunks int
+	// BlocksPerChunk is the chunk in GPU blocks (the connector's
+	// block_size over --block-size); 0 means 1.
+	BlocksPerChunk int
+	// OffloadGenerated is offload_prompt_only false: generated chunks
+	// are written through too. false (vLLM's default): prompt chunks only.
+	OffloadGenerated bool
+	// HashSeed is PYTHONHASHSEED ("" unset: sha256 uses a fixed default
+	// seed, xxhash a random one per process).
+	HashSeed string
+	// HashAlgo is --prefix-caching-hash-algo: "sha256" (default; "" means
+	// the same) or "xxhash".
+	HashAlgo string
+	// P2P adds the peer tier: the engine serves its CPU tier at
+	// RankP2PChannel and pulls from the peer a request's
+	// kv_transfer_params.remote_kv_source names (engines in the same
+	// Registry).
+	P2P bool
+	// P2PPort is the peer tier's base port (0: 5710,
+	// VLLM_P2P_SIDE_CHANNEL_PORT's default).
+	P2PPort int
+}
+
+// WithCPUTier gives the engine a CPU tier (default none). Whole chunks are
+// written through as they are computed (prompt chunks only unless
+// OffloadGenerated; a partial last chunk stays on the GPU), deduplicated
+// by key, into an LRU that evicts a request's tail before its head and
+// never a chunk being loaded; a batch that cannot be stored is skipped
+// and counted (Stats.CPUStoreFailures, vllm:kv_offload_allocation_failure).
+// A later request loads, after its GPU prefix-cache hit, the consecutive
+// whole chunks the tier (then the peer named by remote_kv_source, unless
+// kv_load_tiers excludes it) holds, up to the first miss, priced by the
+// profile's HostToDevicePerToken and PeerFixed/PeerPerToken. A peer whose
+// hash seed, block size, chunk, model or TP size differs is rejected:
+// every lookup misses and the request recomputes. When the NixlConnector
+// reads (a usable handle), it loads the request alone. Chunks < 0 is
+// invalid.
+func WithCPUTier(t CPUTier) Option {
+	return optionFunc(func(c *config) { c.sim.CPUTier = sim.CPUTier(t) })
+}

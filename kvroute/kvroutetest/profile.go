@@ -38,6 +38,13 @@ type Profile struct {
 	// capacity from the profile: WithNumBlocks(p.NumGPUBlocks(16)) does.
 	KVBytesPerToken  int64
 	KVCapacityTokens int
+	// HostToDevicePerToken prices moving one token of KV between the GPUs
+	// and the CPU tier (WithCPUTier): loads delay the request (its
+	// Transfer), stores are asynchronous. PeerFixed and PeerPerToken price
+	// a pull from a peer's CPU tier. The named profiles' values are an
+	// assumption (internal/sim/cost.go). 0: free.
+	HostToDevicePerToken    time.Duration
+	PeerFixed, PeerPerToken time.Duration
 }
 
 // NumGPUBlocks is the profile's capacity in blocks of bs tokens, for

@@ -80,6 +80,22 @@ type Stats struct {
 	// StaleNotifies counts notifications for holds unknown, expired or
 	// already freed: harmless, they change nothing.
 	Holds, NotifiedHolds, NotifiedBlocks, TTLBlocks, LeaseBlocks, StaleNotifies int
+	// The CPU tier (WithCPUTier). CPUChunksStored counts chunks written
+	// through, CPUChunksEvicted those evicted, CPUStoreFailures store
+	// batches skipped for want of room (each retry counts again).
+	// CPUChunksLoaded counts chunks loaded to the GPU after a prefix-cache
+	// hit, CPUChunksFromPeer those of them pulled from a peer's tier.
+	// CPUPeerPulls counts requests that asked a peer, CPUPeerMisses those
+	// whose lookup ended on a miss before the prompt's last whole chunk
+	// (rejected handshakes included), CPUPeerRejects handshakes rejected
+	// for a configuration mismatch. CPUChunksResident and
+	// CPUChunksCapacity are the tier's fill now (not exported on /metrics,
+	// as vLLM exports none); CPUChunksServed counts chunks peers pulled
+	// from this engine.
+	CPUChunksStored, CPUChunksEvicted, CPUStoreFailures   int
+	CPUChunksLoaded, CPUChunksFromPeer                    int
+	CPUPeerPulls, CPUPeerMisses, CPUPeerRejects           int
+	CPUChunksResident, CPUChunksCapacity, CPUChunksServed int
 }
 
 // RequestRecord is what an engine saw and did for one request.
@@ -131,6 +147,10 @@ type RequestRecord struct {
 	// Times are on the engine's clock.
 	Queued, Requeued, Recompute, FirstToken time.Duration
 	Preemptions                             int
+	// TierTokens are the prompt tokens loaded from the CPU tier after the
+	// GPU prefix-cache hit (WithCPUTier), PeerTokens those of them pulled
+	// from a peer's tier; both are priced in Transfer.
+	TierTokens, PeerTokens int
 }
 
 func fromSimStats(s sim.Stats) Stats {
@@ -147,6 +167,10 @@ func fromSimStats(s sim.Stats) Stats {
 		Waiting: s.Waiting, Queued: s.Queued, Preemptions: s.Preemptions, TokensRecomputed: s.TokensRecomputed,
 		Holds: s.Holds, NotifiedHolds: s.NotifiedHolds, NotifiedBlocks: s.NotifiedBlocks, TTLBlocks: s.TTLBlocks,
 		LeaseBlocks: s.LeaseBlocks, StaleNotifies: s.StaleNotifies,
+		CPUChunksStored: s.CPUChunksStored, CPUChunksEvicted: s.CPUChunksEvicted, CPUStoreFailures: s.CPUStoreFailures,
+		CPUChunksLoaded: s.CPUChunksLoaded, CPUChunksFromPeer: s.CPUChunksFromPeer, CPUPeerPulls: s.CPUPeerPulls,
+		CPUPeerMisses: s.CPUPeerMisses, CPUPeerRejects: s.CPUPeerRejects, CPUChunksResident: s.CPUChunksResident,
+		CPUChunksCapacity: s.CPUChunksCapacity, CPUChunksServed: s.CPUChunksServed,
 	}
 }
 
@@ -158,6 +182,6 @@ func fromSimRecord(r sim.Record) RequestRecord {
 		Transfer: r.Transfer, Decode: r.Decode, Status: r.Status, Finish: r.Finish, Aborted: r.Aborted,
 		Wrong: r.Wrong, Poisoned: r.Poisoned, Handle: r.Handle, Error: r.Error, Rank: r.Rank,
 		Queued: r.Queued, Requeued: r.Requeued, Recompute: r.Recompute, FirstToken: r.FirstToken,
-		Preemptions: r.Preemptions,
+		Preemptions: r.Preemptions, TierTokens: r.TierTokens, PeerTokens: r.PeerTokens,
 	}
 }
