@@ -23,7 +23,9 @@ import (
 // any of them ends the hold once, Victims chooses among every caller's
 // holds of the engine, and the gap model learns from every return; each
 // releases only what it took from the store. Callers in other processes
-// keep their own Budgets.
+// share their Budgets' state through a [Journal] ([WithJournal],
+// [Budget.Sync]): each process's Budget then holds every process's holds,
+// capacities, running requests and learned pauses, a sync interval late.
 //
 // Time is the caller's: every method that needs it takes now, and holds
 // carry their own times. A Budget is safe for concurrent use.
@@ -256,10 +258,11 @@ func (b *Budget) returnAt(key string, n, want, upTo int64) (live bool, created i
 }
 
 // named reports whether a hold created at c is the one named by want
-// (its creation time; 0: any created at or before upTo).
+// (its creation time; 0: any created before upTo, the time of the return
+// or end that names it).
 func named(c, want, upTo int64) bool {
 	if want == 0 {
-		return c <= upTo
+		return c < upTo
 	}
 	return c == want
 }

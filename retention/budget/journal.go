@@ -96,8 +96,8 @@ type journal struct {
 	remote map[string]remoteRunning
 	sum    map[string]int64
 	// sent is the running tokens last reported, at sentAt.
-	sent   map[string]int64
-	sentAt int64
+	sent    map[string]int64
+	sentAt  int64
 	scratch []byte
 }
 

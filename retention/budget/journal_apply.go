@@ -50,15 +50,12 @@ func (b *Budget) applyAdd(rc record) {
 	}
 	c := h.Created.UnixNano()
 	newer := b.newer(h.Key, c-1)
-	if pe, ok := b.jr.pending.get(h.Key); ok {
-		switch {
-		case named(c, pe.want, pe.upTo):
-			b.jr.pending.del(h.Key)
-			b.addEnded(h, rc.owner, pe, newer)
-			return
-		case c > pe.upTo:
-			b.jr.pending.del(h.Key) // of an older hold, whose addition never came
-		}
+	// A pending end waits past additions of later holds (the turn that
+	// returned a hold retains the next under its key).
+	if pe, ok := b.jr.pending.get(h.Key); ok && named(c, pe.want, pe.upTo) {
+		b.jr.pending.del(h.Key)
+		b.addEnded(h, rc.owner, pe, newer)
+		return
 	}
 	if newer {
 		b.stats.Journal.Stale++

@@ -169,12 +169,12 @@ func (r *reader) uint64() uint64 {
 type record struct {
 	kind    byte
 	source  string
-	hold    Hold    // kindAdd (Owner empty: owner holds its hash)
-	owner   uint64  // kindAdd
-	key     string  // kindReturn, kindEnd
-	created int64   // kindReturn, kindEnd
-	at      int64   // kindReturn, kindEnd; kindRunning: until
-	engine  string  // kindCapacity
+	hold    Hold   // kindAdd (Owner empty: owner holds its hash)
+	owner   uint64 // kindAdd
+	key     string // kindReturn, kindEnd
+	created int64  // kindReturn, kindEnd
+	at      int64  // kindReturn, kindEnd; kindRunning: until
+	engine  string // kindCapacity
 	cap     Capacity
 	running map[string]int64
 }
