@@ -75,6 +75,9 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	if c.blockSize > 0 {
 		opts = append(opts, budget.WithBlockSize(c.blockSize))
 	}
+	if c.memory.journal != nil {
+		opts = append(opts, budget.WithJournal(c.memory.journal, ""))
+	}
 	if m.ledger != nil {
 		// A given ledger keeps what its maker set, and takes the
 		// router's settings for the rest (DecodeMemory.Ledger); a ledger
