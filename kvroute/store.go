@@ -368,7 +368,7 @@ func syncLedger(ctx context.Context, m *decodeMemory) {
 
 // syncLoop syncs the ledger every sweepInterval until ctx ends: the
 // sweep does it with the management on.
-func (m *decodeMemory) syncLoop(ctx context.Context) {
+func syncLoop(ctx context.Context, m *decodeMemory) {
 	tick := time.NewTicker(sweepInterval)
 	defer tick.Stop()
 	for {
