@@ -75,6 +75,9 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 	if c.blockSize > 0 {
 		opts = append(opts, budget.WithBlockSize(c.blockSize))
 	}
+	if c.memory.journal != nil {
+		opts = append(opts, budget.WithJournal(c.memory.journal, ""))
+	}
 	if m.ledger != nil {
 		// A given ledger keeps what its maker set, and takes the
 		// router's settings for the rest (DecodeMemory.Ledger); a ledger
@@ -396,7 +399,8 @@ func makeRoom(m *decodeMemory, t *turn, ep *endpoint, capacity int64, now time.T
 // retention TTL trades against the hit rate. A handle the Store dropped
 // early (evicted, or replaced by a later turn of the same conversation)
 // is counted until its TTL. Router replicas with ledgers of their own
-// (in other processes) count only their own handles.
+// (in other processes) count only their own handles, unless their ledgers
+// share a DecodeMemory.Journal.
 type DecodeKV struct {
 	// Endpoint is the decode endpoint (its URL).
 	Endpoint string

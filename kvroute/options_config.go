@@ -238,12 +238,27 @@ type DecodeMemory struct {
 	// Budget, Capacity, TTLs or block size differ is an error naming
 	// both. A Router's Close stops its own work only: the holds it
 	// retained stay counted, and the other replicas use or release them.
-	// Replicas in other processes cannot share one: each keeps its own,
-	// as does each Router given none, and budgets its own holds against
-	// the whole engine. Default nil: a ledger of
-	// budget.WithFraction(Budget) and budget.WithCapacity(Capacity), this
-	// Router's alone.
+	// Replicas in other processes share theirs through a Journal (below).
+	// Default nil: a ledger of budget.WithFraction(Budget) and
+	// budget.WithCapacity(Capacity), this Router's alone.
 	Ledger *budget.Budget
+	// Journal shares the ledger with Routers in other processes
+	// (budget.WithJournal; retention/redisstore's Store.Journal beside a
+	// Redis Store they share): every process's ledger then holds every
+	// process's holds, the engines' capacities any of them read, their
+	// decode legs in flight and the pauses learned from all their turns,
+	// so that each budgets against the same holds and releases any of
+	// them (taking the handle from the Store first, as between replicas of
+	// one process). The Router's background work syncs the ledger with it
+	// every second (budget.Budget.Sync), never on a turn's path: the
+	// others' changes are seen up to about two seconds late. A process that
+	// stops leaves its holds counted until they are used, released or
+	// expire, and its legs in flight counted for budget.JournalLease. A
+	// failed sync is counted (the ledger's Stats().Journal) and logged
+	// once. With a Ledger given, the Ledger's own budget.WithJournal
+	// takes precedence; Routers of one process sharing a Ledger give the
+	// same Journal or none. Default nil: the ledger is this process's.
+	Journal budget.Journal
 }
 
 // Defaults of DecodeMemory's management (Defaults().DecodeMemory).
@@ -299,7 +314,7 @@ func resolveDecodeMemory(c *config) {
 	case m.Ledger != nil && m.Capacity != 0 && m.Ledger.Given("WithCapacity"):
 		c.fail("WithDecodeMemory", "Capacity %d and the Ledger's own budget.WithCapacity are both set; set one of them (a Ledger built without it takes Capacity)", m.Capacity)
 	}
-	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger,
+	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger, journal: m.Journal,
 		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,
 		roomRate: m.RoomRate}
 	if mem.roomRate == 0 {
@@ -329,6 +344,7 @@ type memoryConfig struct {
 	fraction  float64 // Budget, resolved
 	capacity  int64
 	ledger    *budget.Budget
+	journal   budget.Journal
 	watermark float64       // negative: never crowded
 	interval  time.Duration // negative: no reads
 	releases  int

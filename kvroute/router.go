@@ -118,6 +118,8 @@ func New(opts ...Option) (*Router, error) {
 	if r.mem.cfg.on {
 		r.decode.press = r.mem.press
 		r.mem.bg.run(r.mem.sweep) // the start-up reading, then the holds past their retention (store.go)
+	} else if r.cfg.memory.journal != nil || r.mem.ledger.Given("WithJournal") {
+		r.mem.bg.run(func(ctx context.Context) { syncLoop(ctx, r.mem) }) // the sweep's sync, alone (store.go)
 	}
 	r.closers = append([]func() error{r.renders.close, r.mem.close}, r.closers...)
 	if stop := startProbes(r.hp, r.client.Client, r.prefill, r.decode); stop != nil {

@@ -374,6 +374,36 @@ func (m *decodeMemory) sweep(ctx context.Context) {
 			}
 		}
 		forgetLeft(m, now)
+		syncLedger(ctx, m)
+	}
+}
+
+// syncLedger syncs the ledger with the other processes' through its
+// journal (DecodeMemory.Journal), every sweepInterval, within
+// storeTimeout; a failure is logged once (the ledger counts each one).
+// With the management off it runs alone (syncLoop).
+func syncLedger(ctx context.Context, m *decodeMemory) {
+	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	if err := m.ledger.Sync(sctx, m.clock()); err != nil && ctx.Err() == nil {
+		m.log.once(ctx, "ledger_journal",
+			"kvroute: the decode-memory ledger's journal failed; the router processes' ledgers drift apart until it is back (the ledger's Stats().Journal counts the failures)",
+			slog.String("err", err.Error()))
+	}
+}
+
+// syncLoop syncs the ledger every sweepInterval until ctx ends: the
+// sweep does it with the management on.
+func syncLoop(ctx context.Context, m *decodeMemory) {
+	tick := time.NewTicker(sweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			syncLedger(ctx, m)
+		}
 	}
 }
 

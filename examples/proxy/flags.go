@@ -41,7 +41,7 @@ var helpGroups = []struct {
 		"retention-ttl", "decoder-kv-blocks-ttl", "decode-local", "decode-stream", "local-prefill-fallback", "restart-check",
 		"render-timeout", "kv-bytes-per-token"}},
 	{"Decode memory", []string{"decode-memory-budget", "decode-memory-headroom", "decode-memory-room-rate", "decode-kv-capacity", "decode-high-watermark",
-		"decode-metrics-interval", "decode-memory-releases"}},
+		"decode-metrics-interval", "decode-memory-releases", "decode-memory-journal"}},
 	{"Limits", []string{"max-body-bytes", "max-buffered-bytes", "max-object-members", "max-header-bytes",
 		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit", "min-body-rate"}},
 	{"Timeouts", []string{"prefill-timeout", "first-byte-timeout", "idle-timeout", "buffered-timeout", "read-header-timeout",

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/retention/budget"
+	"github.com/bidikv/bidikv/retention/redisstore"
 )
 
 // memoryConfig is decode memory as a managed budget (kvroute's
@@ -24,8 +25,12 @@ type memoryConfig struct {
 	watermark float64
 	interval  time.Duration
 	releases  int
+	journal   bool // --decode-memory-journal
 
 	ledger *budget.Budget // made by decodeMemory
+	// shared is the Redis journal the ledger shares with the other
+	// proxies of --redis-url (newStack sets it; nil: none).
+	shared budget.Journal
 }
 
 // flags adds the decode memory flags to fs.
@@ -38,6 +43,17 @@ func (m *memoryConfig) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&m.watermark, "decode-high-watermark", d.HighWatermark, "KV usage (0 to 1, holds included) at or above which a decode engine takes no new conversation and its own conversations move while another engine has room (negative: never)")
 	fs.DurationVar(&m.interval, "decode-metrics-interval", d.MetricsInterval, "how often each decode engine's /metrics (capacity, KV usage, waiting requests, preemptions) is read, in the background (0: never)")
 	fs.IntVar(&m.releases, "decode-memory-releases", d.Releases, "release requests in flight at most")
+	fs.BoolVar(&m.journal, "decode-memory-journal", true, "with --redis-url and the decode memory managed, share the ledger of holds, engine capacities, decode legs in flight and learned pauses with the other proxies of the same Redis, through a stream beside the handles (synced every second), so that every proxy budgets against every proxy's holds; false: each proxy keeps its own and sees the others' only as unseen KV in the engines' /metrics")
+}
+
+// journalOf is the journal the ledger shares through store: the Redis
+// store's with --decode-memory-journal and the management on, else none.
+func (m *memoryConfig) journalOf(store kvroute.Store) budget.Journal {
+	rs, ok := store.(*redisstore.Store)
+	if !ok || !m.journal || m.budget < 0 {
+		return nil
+	}
+	return rs.Journal(0)
 }
 
 // check validates the decode memory flags.
@@ -81,6 +97,7 @@ func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize
 		m.ledger = l
 	}
 	dm.Ledger = m.ledger
+	dm.Journal = m.shared
 	if m.budget < 0 {
 		dm.Budget = -1
 	}

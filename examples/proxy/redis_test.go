@@ -42,3 +42,32 @@ func TestRedisFlags(t *testing.T) {
 		})
 	}
 }
+
+// With --redis-url and the decode memory managed, the ledger shares
+// Redis's journal (--decode-memory-journal, on by default); not when the
+// flag is false, the management off, or the store in memory.
+func TestDecodeMemoryJournal(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		args []string
+		on   bool
+	}{
+		{[]string{"--redis-url", "redis://127.0.0.1:6379/0"}, true},
+		{[]string{"--redis-url", "redis://127.0.0.1:6379/0", "--decode-memory-journal=false"}, false},
+		{[]string{"--redis-url", "redis://127.0.0.1:6379/0", "--decode-memory-budget", "-1"}, false},
+		{nil, false},
+	} {
+		cfg, err := parseConfig(tc.args, noEnv, io.Discard)
+		require.NoError(t, err)
+		store, closeStore, err := newStore(cfg, log)
+		require.NoError(t, err)
+		cfg.memory.shared = cfg.memory.journalOf(store)
+		dm := cfg.decodeMemory()
+		closeStore()
+		if !tc.on {
+			assert.Nil(t, dm.Journal, "%v", tc.args)
+			continue
+		}
+		assert.IsType(t, &redisstore.Journal{}, dm.Journal, "%v", tc.args)
+	}
+}

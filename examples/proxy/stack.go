@@ -59,6 +59,7 @@ func newStack(ctx context.Context, cfg *config, getenv func(string) string, stdo
 		return nil, err
 	}
 	st.closers = append([]func(){closeStore}, st.closers...)
+	cfg.memory.shared = cfg.memory.journalOf(store)
 
 	tr, err := transport.NewTransport(hooks.transport...)
 	if err != nil {

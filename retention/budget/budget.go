@@ -1,7 +1,6 @@
 package budget
 
 import (
-	"hash/maphash"
 	"math"
 	"strings"
 	"sync"
@@ -24,7 +23,9 @@ import (
 // any of them ends the hold once, Victims chooses among every caller's
 // holds of the engine, and the gap model learns from every return; each
 // releases only what it took from the store. Callers in other processes
-// keep their own Budgets.
+// share their Budgets' state through a [Journal] ([WithJournal],
+// [Budget.Sync]): each process's Budget then holds every process's holds,
+// capacities, running requests and learned pauses, a sync interval late.
 //
 // Time is the caller's: every method that needs it takes now, and holds
 // carry their own times. A Budget is safe for concurrent use.
@@ -38,8 +39,8 @@ type Budget struct {
 	tombs   tombstones
 	stats   Stats
 	cands   []cand           // scratch for Victims
-	seed    maphash.Seed     // of the owners' hashes
-	running map[string]int64 // Running's tokens, by engine
+	running map[string]int64 // Running's tokens, by engine, of this process
+	jr      *journal         // WithJournal's; nil without
 }
 
 // Stats counts what a Budget has seen since it was made.
@@ -69,6 +70,9 @@ type Stats struct {
 	// block size than their engine's: each of their blocks was counted as
 	// its own.
 	PrefixIgnored int64
+	// Journal counts the ledger's exchange through [WithJournal]'s
+	// journal (all zero without one).
+	Journal JournalStats
 }
 
 // Capacity is a decode engine's KV memory, from its /metrics
@@ -97,7 +101,7 @@ func New(opts ...Option) (*Budget, error) {
 		live:   map[string]loc{},
 		byName: map[string]uint32{},
 		tombs:  newTombstones(),
-		seed:   maphash.MakeSeed(),
+		jr:     newJournal(c),
 	}, nil
 }
 
@@ -132,9 +136,13 @@ func (b *Budget) budgetTokens(e *engine) int64 {
 // Holds already added keep the block count of their time.
 func (b *Budget) SetCapacity(engine string, c Capacity) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	e := b.engine(engine)
-	e.capacity, e.blockSize = max(c.Tokens, 0), max(c.BlockSize, 0)
-	b.mu.Unlock()
+	tokens, bs := max(c.Tokens, 0), max(c.BlockSize, 0)
+	if e.capacity != tokens || e.blockSize != bs {
+		e.capacity, e.blockSize = tokens, bs
+		b.emitCapacity(e)
+	}
 }
 
 // Add records a hold. A hold already recorded under its key is replaced
@@ -150,9 +158,18 @@ func (b *Budget) Add(h Hold) error {
 	if err := h.validate(); err != nil {
 		return err
 	}
-	now := h.Created.UnixNano()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	prefix, bs := b.insert(h, ownerHash(h.Owner))
+	b.emitAdd(h, prefix, bs)
+	return nil
+}
+
+// insert records h, a valid hold of the owner of that hash, replacing the
+// hold under its key, and returns the prefix it linked (nil: none) and
+// its engine's block size. b.mu held.
+func (b *Budget) insert(h Hold, owner uint64) (Blocks, int) {
+	now := h.Created.UnixNano()
 	b.expire(now)
 	if l, ok := b.live[h.Key]; ok && !b.endOverdue(l, now) {
 		b.removeAt(l)
@@ -179,11 +196,11 @@ func (b *Budget) Add(h Hold) error {
 		blocks:  uint32((h.Tokens + bs - 1) / bs),
 		saved:   float32(h.Saved.Seconds()),
 		cell:    uint32(cell),
-		owner:   maphash.String(b.seed, h.Owner),
+		owner:   owner,
 	})
 	b.live[key] = loc{eng: b.byName[e.name], slot: slot}
 	b.stats.Added++
-	return nil
+	return prefix, bs
 }
 
 // removeAt deletes the live hold at l and returns its record. b.mu held.
@@ -207,13 +224,27 @@ func (b *Budget) Return(key string, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire(n)
-	if l, ok := b.live[key]; ok && !b.endOverdue(l, n) {
-		r := b.removeAt(l)
-		b.observe(int(r.cell), r.created, n-r.created, true)
-		b.stats.Returned++
-		return true
+	live, created := b.returnAt(key, n, 0, math.MaxInt64)
+	b.emitReturn(key, created, n)
+	return live
+}
+
+// returnAt observes key's return at n: of its live hold, or of its
+// tombstone, when the hold's creation time is want (0: any created at or
+// before upTo). It reports whether the hold was live and the creation
+// time of the hold or tombstone it found (0: none). b.mu held.
+func (b *Budget) returnAt(key string, n, want, upTo int64) (live bool, created int64) {
+	if l, ok := b.live[key]; ok && named(b.recAt(l).created, want, upTo) {
+		c := b.recAt(l).created
+		if !b.endOverdue(l, n) {
+			r := b.removeAt(l)
+			b.observe(int(r.cell), r.created, n-r.created, true)
+			b.stats.Returned++
+			return true, c
+		}
 	}
-	if tb, ok := b.tombs.take(key); ok {
+	if tb, ok := b.tombs.peek(key); ok && named(tb.created, want, upTo) {
+		b.tombs.take(key)
 		if n <= tb.deadline {
 			b.observe(int(tb.cell), tb.created, n-tb.created, true)
 			b.stats.ReturnedAfterEnd++
@@ -221,9 +252,23 @@ func (b *Budget) Return(key string, now time.Time) bool {
 			b.observe(int(tb.cell), tb.created, tb.deadline-tb.created, false)
 			b.stats.Censored++
 		}
+		return false, tb.created
 	}
-	return false
+	return false, 0
 }
+
+// named reports whether a hold created at c is the one named by want
+// (its creation time; 0: any created before upTo, the time of the return
+// or end that names it).
+func named(c, want, upTo int64) bool {
+	if want == 0 {
+		return c < upTo
+	}
+	return c == want
+}
+
+// recAt is the live hold at l. b.mu held.
+func (b *Budget) recAt(l loc) *rec { return &b.engines[l.eng].recs[l.slot] }
 
 // Lookup returns key's live hold, as of the last call that took a time
 // (a hold past its Expires may still be listed until then).
@@ -251,10 +296,13 @@ func (b *Budget) End(key string, now time.Time) bool {
 	if !ok {
 		return false
 	}
+	r := b.recAt(l)
+	created, at := r.created, min(n, r.expires)
 	if !b.endOverdue(l, n) {
 		b.bury(b.removeAt(l), n)
 		b.stats.Ended++
 	}
+	b.emitEnd(key, created, at)
 	return true
 }
 
@@ -293,7 +341,9 @@ func (b *Budget) Expired(engine string, now time.Time) []Held {
 		if !ok || e.recs[slot].expires > n {
 			return out
 		}
-		out = append(out, e.held(&e.recs[slot]))
+		r := &e.recs[slot]
+		out = append(out, e.held(r))
+		b.emitEnd(r.key, r.created, r.expires)
 		b.endOverdue(loc{eng: i, slot: slot}, n)
 		b.stats.Overdue++
 	}
@@ -401,7 +451,7 @@ func (b *Budget) Running(engine string, delta int64) int64 {
 	case delta != 0:
 		delete(b.running, engine)
 	}
-	return n
+	return n + b.jr.running(engine)
 }
 
 // Forget drops from the ledger every engine that keep rejects and that
@@ -417,7 +467,7 @@ func (b *Budget) Running(engine string, delta int64) int64 {
 func (b *Budget) Forget(now time.Time, keep func(engine string) bool) int {
 	idle := func() (names []string) {
 		for _, e := range b.engines {
-			if len(e.recs) == 0 && b.running[e.name] == 0 {
+			if len(e.recs) == 0 && b.running[e.name] == 0 && b.jr.running(e.name) == 0 {
 				names = append(names, e.name)
 			}
 		}
@@ -443,7 +493,7 @@ func (b *Budget) Forget(now time.Time, keep func(engine string) bool) int {
 	dropped := 0
 	for i := 0; i < len(b.engines); {
 		e := b.engines[i]
-		if !gone[e.name] || len(e.recs) > 0 || b.running[e.name] != 0 {
+		if !gone[e.name] || len(e.recs) > 0 || b.running[e.name] != 0 || b.jr.running(e.name) != 0 {
 			i++ // kept, or busy again since
 			continue
 		}
@@ -471,5 +521,8 @@ func (b *Budget) Stats() Stats {
 	defer b.mu.Unlock()
 	s := b.stats
 	s.Holds, s.Tombstones = len(b.live), b.tombs.len()
+	if b.jr != nil {
+		s.Journal.Pending, s.Journal.Sources = b.jr.pending.len(), len(b.jr.remote)
+	}
 	return s
 }

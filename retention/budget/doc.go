@@ -34,7 +34,9 @@
 // The package does no I/O: the caller takes a victim's handle from its
 // store (single use, as for a hit: among router replicas sharing a store,
 // only the one that takes it releases it), releases it on the engine, and
-// passes every time in. examples/bench --replay-trace replays the
+// passes every time in. Budgets in several processes share one ledger
+// through a [Journal] (retention/redisstore's, beside the store), which
+// the caller's [Budget.Sync] reads and appends to. examples/bench --replay-trace replays the
 // Mooncake trace with it against dropping the oldest hold first and a
 // shorter fixed TTL.
 package budget

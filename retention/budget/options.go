@@ -49,6 +49,8 @@ type config struct {
 	refresh    time.Duration
 	value      ValueFunc
 	grace      time.Duration
+	journal    Journal // WithJournal's
+	source     string
 	budgetOnly []string // budget-only options given, for NewModel's error
 	inherited  []string // those of budgetOnly an Inherit gave, not the maker
 }
@@ -167,6 +169,28 @@ func WithGrace(d time.Duration) Option {
 	return budgetOption("WithGrace", func(c *config) { c.grace = d })
 }
 
+// WithJournal shares the ledger with the Budgets of other processes
+// through j (retention/redisstore's Journal beside a Redis store; a
+// [MemoryJournal] in tests): router replicas in separate processes then
+// budget against the same holds, capacities and learned pauses, and see
+// one another's running requests ([Budget.Running]). Every change a
+// caller makes (Add, Return, End, the victims and overdue holds ended,
+// SetCapacity) is queued, never sent on the caller's path: [Budget.Sync]
+// appends the queue to j and applies the other processes' changes, and
+// its caller calls it every second or so (kvroute's background runner
+// does), so the others' changes are seen that much later. The queue
+// keeps at most [JournalQueue] changes; more are dropped (counted in
+// [JournalStats.Dropped]).
+//
+// source names this process in the journal, unique among the processes
+// sharing it; empty: a random one, different for each Budget (a process
+// that restarts is another source). Its own changes read back are
+// skipped. The default is no journal: the Budget is its process's own.
+// Budget only.
+func WithJournal(j Journal, source string) Option {
+	return budgetOption("WithJournal", func(c *config) { c.journal, c.source = j, source })
+}
+
 // validate reports the first out-of-range option, naming it and its
 // default.
 func (c config) validate() error {
@@ -192,8 +216,8 @@ func (c config) validate() error {
 }
 
 // Given reports whether b's maker gave the Budget option named name
-// ("WithFraction", "WithCapacity", "WithBlockSize", "WithValue" or
-// "WithGrace") to [New], rather than leaving its default; an option
+// ("WithFraction", "WithCapacity", "WithBlockSize", "WithValue",
+// "WithGrace" or "WithJournal") to [New], rather than leaving its default; an option
 // [Budget.Inherit] gave is not the maker's.
 func (b *Budget) Given(name string) bool {
 	b.mu.Lock()
@@ -202,8 +226,8 @@ func (b *Budget) Given(name string) bool {
 }
 
 // Inherit gives b each Budget option of opts ([WithFraction],
-// [WithCapacity], [WithBlockSize], [WithValue], [WithGrace]) that its
-// maker did not give ([Budget.Given]), and keeps those it did: a program
+// [WithCapacity], [WithBlockSize], [WithValue], [WithGrace],
+// [WithJournal]) that its maker did not give ([Budget.Given]), and keeps those it did: a program
 // that builds a Budget to read it and hands it to a router has the
 // router's settings fill in what it left at the defaults (kvroute's
 // DecodeMemory.Ledger inherits the router's Budget and Capacity so).
@@ -225,7 +249,7 @@ func (b *Budget) Inherit(opts ...Option) error {
 		probe := defaultConfig()
 		o.apply(&probe)
 		if len(probe.budgetOnly) != 1 {
-			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue, WithGrace)", ErrInvalidConfig)
+			return fmt.Errorf("%w: Inherit takes Budget options only (WithFraction, WithCapacity, WithBlockSize, WithValue, WithGrace, WithJournal)", ErrInvalidConfig)
 		}
 		name := probe.budgetOnly[0]
 		switch {
@@ -241,6 +265,9 @@ func (b *Budget) Inherit(opts ...Option) error {
 	}
 	if err := c.validate(); err != nil {
 		return err
+	}
+	if c.journal != nil && b.jr == nil {
+		b.jr = newJournal(c)
 	}
 	b.cfg = c
 	return nil
@@ -263,6 +290,8 @@ func (c config) setting(name string) string {
 			return "WithValue(nil)"
 		}
 		return fmt.Sprintf("WithValue(func %p)", c.value)
+	case "WithJournal":
+		return fmt.Sprintf("WithJournal(%s, %q)", journalName(c.journal), c.source)
 	}
 	return name
 }

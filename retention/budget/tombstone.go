@@ -44,6 +44,12 @@ func (t *tombstones) add(key string, tb tomb) (tomb, bool) {
 	return old, ok
 }
 
+// peek returns key's tomb.
+func (t *tombstones) peek(key string) (tomb, bool) {
+	tb, ok := t.m[t.hash(key)]
+	return tb, ok
+}
+
 // take removes and returns key's tomb.
 func (t *tombstones) take(key string) (tomb, bool) {
 	h := t.hash(key)

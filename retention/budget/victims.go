@@ -1,7 +1,6 @@
 package budget
 
 import (
-	"hash/maphash"
 	"math"
 	"time"
 )
@@ -61,7 +60,7 @@ func (b *Budget) Victims(engine string, incoming int, now time.Time) []Victim {
 // limit. limited reports that a hold was passed over: the victims free
 // less than Victims' would. A negative others is no limit (Victims).
 func (b *Budget) VictimsFor(engine string, incoming int, owner string, others int64, now time.Time) (victims []Victim, limited bool) {
-	return b.victims(engine, incoming, maphash.String(b.seed, owner), true, others, now)
+	return b.victims(engine, incoming, ownerHash(owner), true, others, now)
 }
 
 // victims is Victims, limited to others tokens of holds not of owner
@@ -144,6 +143,7 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		r := b.removeAt(b.live[v.Key])
 		b.bury(r, min(n, r.expires)) // one past its Expires (WithGrace) ended there
 		b.stats.Released++
+		b.emitEnd(r.key, r.created, min(n, r.expires))
 	}
 	return out, limited
 }
