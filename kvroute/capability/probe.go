@@ -389,15 +389,21 @@ func (r *Report) readMetrics(a answer) {
 	case a.status == http.StatusOK:
 	case routeMissing(a):
 		r.Metrics = absent(a.String(), "")
-		r.PrefixCaching = unknown(a.String())
+		r.PrefixCaching, r.KVOffload = unknown(a.String()), unknown(a.String())
 		return
 	default:
 		r.Metrics = otherStatus(a)
-		r.PrefixCaching = unknown(r.Metrics.Why)
+		r.PrefixCaching, r.KVOffload = unknown(r.Metrics.Why), unknown(r.Metrics.Why)
 		return
 	}
 	m := metricspage.Parse(bytes.NewReader(a.body), -1, r.ProbedAt)
 	r.Implausible = m.Absurd
+	r.OffloadStoreBytes, r.OffloadLoadBytes = m.StoreBytes, m.LoadBytes
+	if m.Offload {
+		r.KVOffload = present(a.what + ": vllm:kv_offload_* series (an offloading connector)")
+	} else {
+		r.KVOffload = absent(a.what+": no vllm:kv_offload_* series (no offloading connector)", "")
+	}
 	if !m.Start.IsZero() || len(m.Absurd) == 0 {
 		r.ProcessStart = m.Start // else the last plausible one (Refresh) stays
 		if !m.Start.IsZero() {
@@ -422,6 +428,7 @@ func (r *Report) readMetrics(a answer) {
 	r.Metrics = present(a.what + ": vllm:cache_config_info" + note)
 	// The block size the engine's handles follow, its first rank's.
 	r.BlockSize, r.NumGPUBlocks, r.KVCacheTokens, r.DataParallel = c.Size, c.GPUBlocks, c.KVTokens, len(m.Caches)
+	r.HashAlgo = c.HashAlgo
 	if r.KVCacheTokens == 0 && r.BlockSize > 0 && r.NumGPUBlocks > 1 {
 		r.KVCacheTokens = int64(r.NumGPUBlocks-1) * int64(r.BlockSize) // num_gpu_blocks counts the null block
 	}

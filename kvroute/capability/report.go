@@ -59,6 +59,24 @@ type Report struct {
 	// DataParallel is the number of data-parallel ranks reporting a
 	// cache configuration (0 when unknown).
 	DataParallel int `json:"data_parallel_ranks,omitempty"`
+	// HashAlgo is vllm:cache_config_info's prefix_caching_hash_algo (the
+	// block hash the prefix cache and the CPU tier key chunks by); "" when
+	// unknown.
+	HashAlgo string `json:"prefix_caching_hash_algo,omitempty"`
+	// KVOffload is an offloading connector on the engine (vLLM's
+	// OffloadingConnector, alone or in a MultiConnector): Present when
+	// /metrics has a vllm:kv_offload_* series or its # TYPE line (vLLM's
+	// stat logger registers the connector's series at start), Absent when
+	// /metrics answers without one, Unknown when /metrics did not answer.
+	// Its configuration (offload_prompt_only, the tiers, the capacity) is
+	// not exported.
+	KVOffload Fact `json:"kv_offload"`
+	// OffloadStoreBytes and OffloadLoadBytes are the bytes the engine's
+	// offloading connector has moved GPU→CPU tier and CPU tier→GPU
+	// (vllm:kv_offload_store_bytes_total and _load_bytes_total, summed over
+	// data-parallel ranks): counters, compared before and after a probe.
+	OffloadStoreBytes float64 `json:"kv_offload_store_bytes,omitempty"`
+	OffloadLoadBytes  float64 `json:"kv_offload_load_bytes,omitempty"`
 	// ProcessStart is process_start_time_seconds: a restart changes it.
 	ProcessStart time.Time `json:"process_start,omitzero"`
 	// Implausible lists the values of /metrics no real engine reports (a

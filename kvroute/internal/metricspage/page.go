@@ -53,6 +53,16 @@ type Page struct {
 	Preempts    bool
 	// Caches are the vllm:cache_config_info samples, in page order.
 	Caches []Cache
+	// Offload: the page has a vllm:kv_offload_* series, or its # TYPE
+	// line (an offloading connector is loaded; an older vLLM registers
+	// the labelled series without samples until the first transfer).
+	Offload bool
+	// StoreBytes and LoadBytes sum vllm:kv_offload_store_bytes_total and
+	// vllm:kv_offload_load_bytes_total (GPU to CPU tier, CPU tier to GPU);
+	// on older engines, which export only the deprecated
+	// vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"|
+	// "CPU_to_GPU"}, those. Negative samples are skipped.
+	StoreBytes, LoadBytes float64
 	// Absurd lists the values refused, as plausible.Reading writes them.
 	Absurd []string
 }
@@ -74,6 +84,9 @@ type Cache struct {
 	// PrefixCaching is enable_prefix_caching as written: "True",
 	// "False" or "".
 	PrefixCaching string
+	// HashAlgo is prefix_caching_hash_algo as written ("sha256",
+	// "xxhash", ...); "" when absent.
+	HashAlgo string
 	// Bad: a value of the sample was refused (Absurd); the sample's
 	// configuration is not to be taken.
 	Bad bool
@@ -160,18 +173,26 @@ func Parse(r io.Reader, rank int, now time.Time) Page {
 	if p.page.Usages == 0 {
 		p.page.Usage, p.page.Usages, p.page.BadUsage = p.legacy.Usage, p.legacy.Usages, p.legacy.BadUsage
 	}
+	if !p.flatBytes {
+		p.page.StoreBytes, p.page.LoadBytes = p.legacy.StoreBytes, p.legacy.LoadBytes
+	}
 	return p.page
 }
 
 type parser struct {
 	page   Page
-	legacy Page // vllm:gpu_cache_usage_perc
-	rank   string
+	legacy Page // vllm:gpu_cache_usage_perc, vllm:kv_offload_total_bytes
+	// flatBytes: the page has vllm:kv_offload_{store,load}_bytes samples.
+	flatBytes bool
+	rank      string
 	all    bool
 	now    time.Time
 }
 
 func (p *parser) line(line []byte) {
+	if bytes.HasPrefix(line, []byte("# TYPE vllm:kv_offload_")) {
+		p.page.Offload = true
+	}
 	name, labels, raw, ok := Sample(line)
 	if !ok {
 		return
@@ -215,6 +236,33 @@ func (p *parser) line(line []byte) {
 		}
 	case "vllm:cache_config_info":
 		pg.Caches = append(pg.Caches, p.cache(labels))
+	default:
+		if bytes.HasPrefix(name, []byte("vllm:kv_offload_")) {
+			p.offload(name, labels, v)
+		}
+	}
+}
+
+// offload reads a vllm:kv_offload_* sample.
+func (p *parser) offload(name, labels []byte, v float64) {
+	p.page.Offload = true
+	if v < 0 {
+		return
+	}
+	switch string(name) {
+	case "vllm:kv_offload_store_bytes_total":
+		p.page.StoreBytes += v
+		p.flatBytes = true
+	case "vllm:kv_offload_load_bytes_total":
+		p.page.LoadBytes += v
+		p.flatBytes = true
+	case "vllm:kv_offload_total_bytes_total":
+		switch t, _ := Label(labels, "transfer_type"); t {
+		case "GPU_to_CPU":
+			p.legacy.StoreBytes += v
+		case "CPU_to_GPU":
+			p.legacy.LoadBytes += v
+		}
 	}
 }
 
@@ -240,6 +288,7 @@ func (p *parser) cache(labels []byte) Cache {
 	c.GPUBlocks = int(num("num_gpu_blocks", plausible.GPUBlocks))
 	c.KVTokens = num("kv_cache_size_tokens", plausible.KVTokens)
 	c.PrefixCaching, _ = Label(labels, "enable_prefix_caching")
+	c.HashAlgo, _ = Label(labels, "prefix_caching_hash_algo")
 	c.Size = c.BlockSize
 	if raw, _ := Label(labels, "effective_attention_block_size"); raw != "" {
 		if v, err := strconv.ParseInt(raw, 10, 64); err == nil && plausible.Check(plausible.BlockSize, float64(v), p.now) == "" {

@@ -123,3 +123,46 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestOffload: the offloading connector's series mark it loaded, a # TYPE
+// line alone too (older engines register their labelled series without
+// samples until the first transfer); the byte counters are summed over
+// ranks, the flat names preferred to the deprecated transfer_type ones
+// (current engines export both), which older engines export alone.
+func TestOffload(t *testing.T) {
+	cases := []struct {
+		name        string
+		lines       []string
+		offload     bool
+		store, load float64
+	}{
+		{name: "no connector", lines: []string{`vllm:kv_cache_usage_perc{engine="0"} 0.1`}},
+		{name: "registered, no transfer yet", lines: []string{
+			"# HELP vllm:kv_offload_total_bytes Number of bytes offloaded by KV connector",
+			"# TYPE vllm:kv_offload_total_bytes counter"}, offload: true},
+		{name: "flat and deprecated", lines: []string{
+			`vllm:kv_offload_store_bytes_total{engine="0"} 100`,
+			`vllm:kv_offload_store_bytes_total{engine="1"} 50`,
+			`vllm:kv_offload_load_bytes_total{engine="0"} 30`,
+			`vllm:kv_offload_load_bytes_created{engine="0"} 1.7e9`,
+			`vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"} 100`,
+			`vllm:kv_offload_total_bytes_total{engine="0",transfer_type="CPU_to_GPU"} 30`,
+		}, offload: true, store: 150, load: 30},
+		{name: "deprecated only", lines: []string{
+			`vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"} 64`,
+			`vllm:kv_offload_total_bytes_total{engine="0",transfer_type="CPU_to_GPU"} 16`,
+			`vllm:kv_offload_load_bytes_total{engine="0"} -5`,
+		}, offload: true, store: 64, load: 16},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Parse(strings.NewReader(strings.Join(tc.lines, "\n")), -1, now)
+			assert.Equal(t, tc.offload, p.Offload)
+			assert.Equal(t, tc.store, p.StoreBytes)
+			assert.Equal(t, tc.load, p.LoadBytes)
+		})
+	}
+	c := Parse(strings.NewReader(`vllm:cache_config_info{block_size="16",prefix_caching_hash_algo="xxhash"} 1`), -1, now)
+	require.Len(t, c.Caches, 1)
+	assert.Equal(t, "xxhash", c.Caches[0].HashAlgo)
+}
