@@ -185,8 +185,8 @@ type parser struct {
 	// flatBytes: the page has vllm:kv_offload_{store,load}_bytes samples.
 	flatBytes bool
 	rank      string
-	all    bool
-	now    time.Time
+	all       bool
+	now       time.Time
 }
 
 func (p *parser) line(line []byte) {
