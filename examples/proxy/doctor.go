@@ -32,6 +32,7 @@ type doctorOptions struct {
 	timeout   time.Duration // one engine's capability probe
 	probeTime time.Duration // all the --probe conversations
 	maxTokens int
+	tier      tierOptions
 }
 
 // doctorUsage is the doctor's synopsis, above its flags in --help.
@@ -57,6 +58,7 @@ func (o *doctorOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
 	fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
 	fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
+	o.tier.flags(fs)
 }
 
 // runDoctor is `bidikv-proxy doctor`.
@@ -90,6 +92,17 @@ func runDoctor(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	rep := cfg.diagnose(engines, runs)
 	rep.noCompute = o.probe && simulatedNoCompute(ctx, tr, engines, o.timeout)
+	if o.tier.on {
+		checks := o.tier.tierChecks(engines)
+		if o.probe {
+			pctx, cancel := context.WithTimeout(ctx, o.probeTime)
+			checks = append(checks, o.tier.tierProbe(pctx, tr, cfg, engines)...)
+			cancel()
+		} else {
+			checks = append(checks, notExported)
+		}
+		rep.addTier(checks)
+	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -97,7 +110,7 @@ func runDoctor(ctx context.Context, args []string, getenv func(string) string, s
 			return err
 		}
 	} else {
-		rep.write(stdout, cfg)
+		rep.write(stdout, cfg, o.tier.port)
 	}
 	switch {
 	case !rep.works:
@@ -145,7 +158,8 @@ type diagnosis struct {
 	// noCompute: every engine is a simulator modelling no compute (its
 	// GET /sim/stats), so the probe's TTFTs hold none.
 	noCompute bool
-	works     bool   // reuse can work on at least one API, and no reused answer differed
+	tier      []tierCheck // --cpu-tier
+	works     bool        // reuse can work on at least one API, and no reused answer differed
 	verdict   string // one line
 }
 
@@ -232,7 +246,7 @@ func mark(s capability.State) string {
 // write prints the report as text: the engines (those with the same facts
 // together), the APIs, the --probe conversations, the gaps with their
 // fixes, and the verdict.
-func (d *diagnosis) write(w io.Writer, c *config) {
+func (d *diagnosis) write(w io.Writer, c *config, tierPort int) {
 	np, nd := 0, 0
 	for _, e := range d.engines {
 		if e.role == rolePrefill {
@@ -303,6 +317,7 @@ func (d *diagnosis) write(w io.Writer, c *config) {
 		writeNotes(w, d.runs, d.noCompute)
 	}
 
+	d.writeTier(w, tierPort)
 	if len(d.gaps) > 0 {
 		fmt.Fprintf(w, "\ngaps and fixes\n")
 		for _, g := range d.gaps {
@@ -467,12 +482,13 @@ func (d *diagnosis) jsonForm() any {
 		APIs    []apiJSON    `json:"apis"`
 		Gaps    []gapJSON    `json:"gaps"`
 		Probe   []runJSON    `json:"probe,omitempty"`
+		CPUTier []tierJSON   `json:"cpu_tier,omitempty"`
 		// NoCompute: every engine is a simulator that models no compute
 		// (GET /sim/stats: ModelsCompute false).
 		NoCompute bool   `json:"ttft_models_no_compute,omitempty"`
 		Works     bool   `json:"reuse_works"`
 		Verdict   string `json:"verdict"`
-	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: d.noCompute}
+	}{Works: d.works, Verdict: d.verdict, Gaps: []gapJSON{}, NoCompute: d.noCompute, CPUTier: d.tierJSON()}
 	for _, e := range d.engines {
 		ej := engineJSON{Role: e.role, Endpoint: e.url, Capabilities: e.rep}
 		if st := e.status; st != nil {

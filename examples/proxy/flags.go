@@ -49,7 +49,7 @@ var helpGroups = []struct {
 	{"Observability", []string{"log-level", "log-format", "metrics-require-key", "debug-addr", "debug-allow-remote"}},
 	{"Deployment", []string{"host", "port", "api-key", "api-key-file", "allow-anonymous-conversation-id",
 		"redis-url", "redis-wait-replicas"}},
-	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens"}},
+	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens", "cpu-tier", "cpu-tier-port", "cpu-tier-tokens"}},
 }
 
 // positiveDurations are the duration flags whose 0 means nothing: they
