@@ -160,7 +160,7 @@ type diagnosis struct {
 	noCompute bool
 	tier      []tierCheck // --cpu-tier
 	works     bool        // reuse can work on at least one API, and no reused answer differed
-	verdict   string // one line
+	verdict   string      // one line
 }
 
 // diagnose weighs the engines' facts (and the --probe runs) against the

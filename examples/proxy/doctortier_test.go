@@ -95,7 +95,9 @@ func TestDoctorCPUTier(t *testing.T) {
 				"not run: the decode engine has no offloading connector"},
 			notOK: []string{"connector", "peer pull"}},
 		{name: "block size mismatch", args: []string{"--probe", "--cpu-tier-tokens", twice},
-			p:    func(*kvroutetest.CPUTier) []kvroutetest.Option { return []kvroutetest.Option{kvroutetest.WithBlockSize(32)} },
+			p: func(*kvroutetest.CPUTier) []kvroutetest.Option {
+				return []kvroutetest.Option{kvroutetest.WithBlockSize(32)}
+			},
 			want: []string{"the engines report different block sizes: 32 (prefill http://", "16 (decode http://", "fix: the same --block-size on every engine (--block-size 16)", "every peer pull missed"},
 			// the static check names it, the pull shows it; NIXL reuse fails too
 			notOK: []string{"block size", "peer pull"}, fail: true},
