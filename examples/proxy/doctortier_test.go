@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,6 +162,57 @@ func TestDoctorCPUTier(t *testing.T) {
 			}
 			_, err, _ = tierDoctor(t, p, d, append(tc.args, "--strict")...)
 			assert.ErrorIs(t, err, errNoReuse, "--strict: exit 1 on a tier gap")
+		})
+	}
+}
+
+// doctor --probe --cpu-tier against vllmsim processes started as vLLM
+// would be: MultiConnector(NixlConnector, OffloadingConnector with a p2p
+// tier) from --kv-transfer-config, PYTHONHASHSEED from the environment,
+// the decode engine's peer port from its ready line. One seed pulls the
+// prompt and the answer; two seeds miss every chunk; a decode engine
+// without offload_prompt_only false keeps its answer off the tier.
+func TestDoctorCPUTierVLLMSim(t *testing.T) {
+	tierKV := func(promptOnly bool) string {
+		return `{"kv_connector":"MultiConnector","kv_role":"kv_both","kv_connector_extra_config":{"connectors":[` +
+			`{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}},` +
+			`{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec",` +
+			`"cpu_bytes_to_use":4294967296,"offload_prompt_only":` + strconv.FormatBool(promptOnly) + `,"secondary_tiers":[{"type":"p2p","port":0}]}}]}}`
+	}
+	p2p := regexp.MustCompile(` p2p \S+:(\d+)`)
+	cases := []struct {
+		name           string
+		pSeed, dSeed   string
+		dPromptOnly    bool
+		severity, want string
+	}{
+		{name: "one seed", pSeed: "1", dSeed: "1", severity: "ok", want: "the prefill engine loaded about 192 of the 200 tokens of the prompt"},
+		{name: "two seeds", pSeed: "1", dSeed: "2", severity: "warn", want: "every peer pull missed"},
+		{name: "prompt-only decode engine", pSeed: "1", dSeed: "1", dPromptOnly: true, severity: "warn",
+			want: "the decode engine stored none of its answer in its CPU tier"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"--port", "0", "--side-channel-port", "0", "--profile", "qwen3-32b"}
+			p := startEnv(t, []string{"PYTHONHASHSEED=" + tc.pSeed}, "vllmsim", simReady, append(args, "--kv-transfer-config", tierKV(false))...)
+			d := startEnv(t, []string{"PYTHONHASHSEED=" + tc.dSeed}, "vllmsim", simReady, append(args, "--kv-transfer-config", tierKV(tc.dPromptOnly))...)
+			m := p2p.FindStringSubmatch(d.line)
+			require.NotNil(t, m, d.line)
+			stdout, stderr := &syncBuffer{}, &syncBuffer{}
+			err := run(context.Background(), []string{"doctor", "--json", "--cpu-tier", "--probe", "--cpu-tier-port", m[1],
+				"--prefill", p.url, "--decode", d.url}, noEnv, stdout, stderr)
+			require.NoError(t, err, stdout.String())
+			var out tierDoctorJSON
+			require.NoError(t, json.Unmarshal([]byte(stdout.String()), &out), "%s\n%s", stdout, stderr)
+			var pull []string
+			for _, c := range out.CPUTier {
+				if c.Check == "peer pull" {
+					pull = append(pull, c.Severity+": "+c.Seen)
+				}
+			}
+			require.Len(t, pull, 1, stdout.String())
+			assert.True(t, strings.HasPrefix(pull[0], tc.severity+": "), pull[0])
+			assert.Contains(t, pull[0], tc.want)
 		})
 	}
 }

@@ -74,6 +74,7 @@ func (s *syncBuffer) String() string {
 // proc is a child process on 127.0.0.1.
 type proc struct {
 	url    string
+	line   string // its ready line
 	cmd    *exec.Cmd
 	stderr *syncBuffer
 	done   chan error // receives Wait's result once
@@ -87,10 +88,16 @@ var (
 // start runs a built binary and waits, bounded, for its ready line.
 func start(t *testing.T, name string, ready *regexp.Regexp, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, name, ready, args...)
+}
+
+// startEnv is start with env ("KEY=value") added to the environment.
+func startEnv(t *testing.T, env []string, name string, ready *regexp.Regexp, args ...string) *proc {
+	t.Helper()
 	dir, err := bins()
 	require.NoError(t, err)
 	p := &proc{cmd: exec.Command(filepath.Join(dir, name), args...), stderr: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd.Env = append(os.Environ(), "OPENAI_API_KEY=") // engines here take no key
+	p.cmd.Env = append(append(os.Environ(), "OPENAI_API_KEY="), env...) // engines here take no key
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -113,7 +120,7 @@ func start(t *testing.T, name string, ready *regexp.Regexp, args ...string) *pro
 	case line := <-lines:
 		m := ready.FindStringSubmatch(line)
 		require.NotNil(t, m, "%s did not start: %q\n%s", name, line, p.stderr.String())
-		p.url = m[1]
+		p.url, p.line = m[1], line
 	case <-time.After(time.Minute):
 		require.FailNow(t, name+" did not print its ready line")
 	}
