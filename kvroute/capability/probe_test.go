@@ -499,3 +499,27 @@ func TestMaxModelLen(t *testing.T) {
 		assert.Equal(t, tc.ok, ok, tc.body)
 	}
 }
+
+// TestProbeCPUTier: an engine with the offloading connector shows it by
+// its vllm:kv_offload_* series, its hash algorithm in cache_config_info,
+// and its byte counters move as it stores; one without shows none.
+func TestProbeCPUTier(t *testing.T) {
+	plain := probe(t, kvroutetest.NewEngine(t).URL())
+	assert.Equal(t, capability.Absent, plain.KVOffload.State, plain.KVOffload.Why)
+	assert.Equal(t, "sha256", plain.HashAlgo)
+
+	e := kvroutetest.NewEngine(t, kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 64, HashAlgo: "xxhash"}),
+		kvroutetest.WithProfile(kvroutetest.Profile{KVBytesPerToken: 100}))
+	before := probe(t, e.URL())
+	assert.Equal(t, capability.Present, before.KVOffload.State, before.KVOffload.Why)
+	assert.Equal(t, "xxhash", before.HashAlgo)
+	assert.Zero(t, before.OffloadStoreBytes)
+	resp, err := http.Post(e.URL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"sim-model","prompt":"`+strings.Repeat("word ", 40)+`","max_tokens":1}`))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	after := probe(t, e.URL())
+	assert.Greater(t, after.OffloadStoreBytes, 0.0, "the prompt's whole blocks were written through")
+	assert.Zero(t, int64(after.OffloadStoreBytes)%(16*100), "whole 16-token blocks of 100 bytes a token")
+	assert.Zero(t, after.OffloadLoadBytes)
+}
