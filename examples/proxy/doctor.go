@@ -47,7 +47,9 @@ tokens) through an in-process router, streaming and not, checks that later
 turns reuse KV and that each reused answer equals the same turn sent with reuse
 off, and reports TTFT with reuse off and on. Exit status: 0 reuse works, 1 it
 cannot (or a reused answer differed), 2 a bad command line; with --strict, 1 on
-any gap. The proxy's flags below are the ones it checks (and --probe uses).
+any gap. With --cpu-tier it also checks the decode engines' CPU tier for peer
+pulls by the prefill engines (with --probe: one pull per decode engine).
+The proxy's flags below are the ones it checks (and --probe uses).
 `
 
 // flags adds the doctor's own flags to fs.
@@ -56,7 +58,7 @@ func (o *doctorOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.BoolVar(&o.strict, "strict", false, "exit 1 on any gap, not only when reuse cannot work at all")
 	fs.DurationVar(&o.timeout, "probe-engine-timeout", capability.DefaultTimeout, "bound on the capability probe of one engine")
-	fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations")
+	fs.DurationVar(&o.probeTime, "probe-timeout", 2*time.Minute, "bound on all the --probe conversations (and on the --cpu-tier pulls)")
 	fs.IntVar(&o.maxTokens, "probe-max-tokens", 12, "max_tokens of each --probe turn")
 	o.tier.flags(fs)
 }
