@@ -51,7 +51,7 @@ type fleetTurn struct {
 	decode               int
 	decodeTime           time.Duration
 	dPrompt, dCompletion int
-	dReq                 string // the decode engine's request id (its handle's remote_request_id)
+	dReq                 string        // the decode engine's request id (its handle's remote_request_id)
 	sent                 time.Duration // from the run's start, when the client sent it
 	// dWaited: the decode leg waited for blocks on D, in modelled time (a
 	// leg D queues at the very moment a release frees the blocks waits
