@@ -40,6 +40,7 @@ type Budget struct {
 	cands   []cand           // scratch for Victims
 	seed    maphash.Seed     // of the owners' hashes
 	running map[string]int64 // Running's tokens, by engine
+	prefill prefilled        // SetPrefilled's records (hints.go)
 }
 
 // Stats counts what a Budget has seen since it was made.
