@@ -210,7 +210,7 @@ func reportFleet(stdout io.Writer, rep fleetReport) error {
 	if c.diagnose {
 		for _, a := range rep.arms {
 			if a.spec.managed {
-				printDiagnosis(stdout, a, rep.plan)
+				printDiagnosis(stdout, a, rep.plan, c.budgetTokens(rep.capacity))
 			}
 		}
 	}

@@ -33,7 +33,7 @@ func (r *fleetRig) noteRelease(body []byte, now time.Time) {
 
 // printDiagnosis classifies what managed lost against every hold's value
 // (the offline bound's items).
-func printDiagnosis(w io.Writer, a armResult, plan []sessionPlan) {
+func printDiagnosis(w io.Writer, a armResult, plan []sessionPlan, budgetTokens int) {
 	type key struct{ s, t int }
 	byKey := map[key]fleetTurn{}
 	for _, t := range a.turns {
@@ -139,6 +139,9 @@ func printDiagnosis(w io.Writer, a armResult, plan []sessionPlan) {
 			ktok(int(x.holdTok)), 100*float64(x.cachedLost)/float64(max(x.promptLost, 1)))
 	}
 	diagMemory(w, a)
+	b := offlineBound(a, plan, budgetTokens, retentionTTL)
+	fmt.Fprintf(w, "  offline bound with the budget (%s) for memory, not the capacity: %s (schedule %s); reused %s of it\n",
+		ktok(budgetTokens), ktok(int(b.bound)), ktok(int(b.schedule)), pct(float64(figures(a).reused), float64(b.bound)))
 }
 
 // diagMemory prints the decode engines' mean KV in use and held, over
