@@ -104,7 +104,9 @@ func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { r
 // unless every candidate is; otherwise the candidate with the fewest
 // in-flight requests per unit of weight among those not crowded (all of
 // them when every one is), ties broken by fewer waiting requests, then
-// lower KV usage, then by rotating the starting point. Prefill: the less loaded of two candidates drawn at random
+// lower KV usage, then by rotating the starting point. Prefill: the
+// affinity endpoint when there is one (Selection.Affinity) and it has
+// fewer than MaxInFlight requests open; otherwise the less loaded of two candidates drawn at random
 // (power of two choices), which spreads load without herding onto the one
 // engine that looked idle. With HashHints, a leg without affinity whose
 // request carries a conversation hint goes to the candidate the hint hashes
