@@ -103,20 +103,22 @@ func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefille
 	return out, nil
 }
 
-// Where a turn without a hold is prefilled. A hold released to make room
-// (or expired) costs its conversation's next turn what the prefill engine
-// serving that turn lacks in its prefix cache: little on the engine that
-// prefilled the turn before, whose cache holds that prompt; the history
-// since it last saw the conversation on any other. So, with the decode
-// memory management on, the ledger records each retained turn's prefill
-// engine with its key (shared by the Routers sharing the ledger:
-// budget.Budget.SetPrefilled, in handles.retain), and a turn that has no
-// hold to attach is prefilled there: the Selection.Affinity of its
-// prefill leg (LeastLoaded passes it over at MaxInFlight).
+// Where a turn whose hold was released is prefilled. A hold released to
+// make room or over the budget costs its conversation's next turn what
+// the prefill engine serving that turn lacks in its prefix cache: little
+// on the engine that prefilled the turn before, whose cache holds that
+// prompt; the history since it last saw the conversation on any other.
+// So, with the decode memory management on, the ledger records each
+// retained turn's prefill engine with its key (shared by the Routers
+// sharing the ledger: budget.Budget.SetPrefilled, in handles.retain), and
+// a turn whose hold the ledger chose to release is prefilled there: the
+// Selection.Affinity of its prefill leg (LeastLoaded passes it over at
+// MaxInFlight). Turns whose hold expired, or that never had one, are
+// placed as without the management.
 
 // prefillFor is, with the management on, the prefill engine that served
-// the turn whose hold was under one of keys (released, expired or never
-// attached): "" when none is recorded.
+// the turn whose hold, under one of keys, the ledger chose to release
+// (budget.Budget.Prefilled): "" when there is none.
 func prefillFor(m *decodeMemory, keys []string) string {
 	if !m.cfg.on {
 		return ""

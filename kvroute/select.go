@@ -70,8 +70,8 @@ type Selection struct {
 	// Affinity is, on the decode leg of a hit, the URL of the decode
 	// endpoint that held the retained KV: its own prefix cache still covers
 	// the conversation, so only the new suffix crosses the network. On the
-	// prefill leg of a turn with no retained KV to attach (its hold was
-	// released or expired), with WithDecodeMemory's management on, it is
+	// prefill leg of a turn whose retained KV WithDecodeMemory's
+	// management released (to make room, or over the budget), it is
 	// the prefill endpoint that served the conversation's last retained
 	// turn: its prefix cache holds that prompt. Empty otherwise, and empty
 	// when that endpoint is not among the Candidates.

@@ -31,12 +31,13 @@ type prefilled struct {
 type prefilledAt struct {
 	endpoint string
 	deadline int64 // UnixNano
+	released bool  // Victims chose the hold
 }
 
 // SetPrefilled records that the turn whose hold is under key was
 // prefilled on endpoint (whose prefix cache then holds its prompt), for
-// [Budget.Prefilled] until the horizon ([WithHorizon]) from now. An empty
-// endpoint records nothing.
+// [Budget.Prefilled] once [Budget.Victims] releases the hold, until the
+// horizon ([WithHorizon]) from now. An empty endpoint records nothing.
 func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
 	if key == "" || endpoint == "" {
 		return
@@ -51,22 +52,38 @@ func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
 		p.m = map[uint64]prefilledAt{}
 	}
 	d := n + int64(b.cfg.horizon)
-	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d}
+	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d} // a later turn's: not released
+
 	p.q = append(p.q, tombRef{h: h, deadline: d})
 }
 
 // Prefilled returns the prefill engine recorded for key's turn
-// ([Budget.SetPrefilled]) within the horizon, "" when none is.
+// ([Budget.SetPrefilled]) within the horizon when [Budget.Victims] (or
+// VictimsFor) released its hold: "" when none is, or the hold was not
+// released so (it was attached, expired or is still live). Only the
+// releases a Budget chooses move its callers' turns: with memory to
+// spare, nothing is placed otherwise than without it.
 func (b *Budget) Prefilled(key string, now time.Time) string {
 	h := maphash.String(b.seed, key)
 	p := &b.prefill
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(now.UnixNano())
-	if at, ok := p.m[h]; ok && at.deadline > now.UnixNano() {
+	if at, ok := p.m[h]; ok && at.released && at.deadline > now.UnixNano() {
 		return at.endpoint
 	}
 	return ""
+}
+
+// released marks key's record, if any, as of a hold Victims released.
+func (p *prefilled) released(seed maphash.Seed, key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := maphash.String(seed, key)
+	if at, ok := p.m[h]; ok {
+		at.released = true
+		p.m[h] = at
+	}
 }
 
 // expire forgets the records whose horizon ended by now. p.mu held.
