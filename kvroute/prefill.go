@@ -103,6 +103,35 @@ func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefille
 	return out, nil
 }
 
+// Where a turn whose hold was released is prefilled. A hold released to
+// make room or over the budget costs its conversation's next turn what
+// the prefill engine serving that turn lacks in its prefix cache: little
+// on the engine that prefilled the turn before, whose cache holds that
+// prompt; the history since it last saw the conversation on any other.
+// So, with the decode memory management on, the ledger records each
+// retained turn's prefill engine with its key (shared by the Routers
+// sharing the ledger: budget.Budget.SetPrefilled, in handles.retain), and
+// a turn whose hold the ledger chose to release is prefilled there: the
+// Selection.Affinity of its prefill leg (LeastLoaded passes it over at
+// MaxInFlight). Turns whose hold expired, or that never had one, are
+// placed as without the management.
+
+// prefillFor is, with the management on, the prefill engine that served
+// the turn whose hold, under one of keys, the ledger chose to release
+// (budget.Budget.Prefilled): "" when there is none.
+func prefillFor(m *decodeMemory, keys []string) string {
+	if !m.cfg.on {
+		return ""
+	}
+	now := m.clock()
+	for _, k := range keys {
+		if p := m.ledger.Prefilled(k, now); p != "" {
+			return p
+		}
+	}
+	return ""
+}
+
 // errReleaseFailed: the prefill attempt that carried a release handle
 // failed; the leg is redone as a plain miss.
 var errReleaseFailed = errors.New("kvroute: the prefill leg that released a hold failed")
@@ -177,10 +206,14 @@ func (p *prefiller) pick(ctx context.Context) (*endpoint, error) {
 	if !p.attached {
 		noReuse = t.r.shapes.avoided(t.r.prefill)
 	}
-	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, slices.Concat(p.tried, noReuse))
+	affinity := "" // a turn with no hold to attach: where its history is cached
+	if !p.attached && p.f != nil {
+		affinity = prefillFor(t.r.mem, p.f.cands.Keys)
+	}
+	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, affinity, t.req.hint, slices.Concat(p.tried, noReuse))
 	if errors.Is(err, ErrNoEndpoint) && len(p.tried) > len(tr.badP) {
 		p.tried = append(p.tried[:0], tr.badP...) // every engine failed once: try them again
-		ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, "", t.req.hint, slices.Concat(p.tried, noReuse))
+		ep, err = t.r.prefill.pick(ctx, t.r.selector, t.req, affinity, t.req.hint, slices.Concat(p.tried, noReuse))
 	}
 	if errors.Is(err, ErrNoEndpoint) && len(noReuse) > 0 {
 		tr.local, t.rec.LocalFallback = true, true

@@ -127,7 +127,7 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 	// The store entry compacts the handle where Check found its list.
 	e := entry.Entry{Created: r.cfg.clock(), Endpoint: a.decode, Tokens: hi.Tokens, Check: ret.Check,
 		ContentOK: ret.Refusal == "", FP: fp, Handle: a.handle, Blocks: hi.Blocks,
-		Turn: max(rt.conv, 1), ToolCalls: toolCalls(a.reply), Model: t.req.model(), API: apiCode(t.req.Path)}
+		Turn: max(rt.conv, 1), ToolCalls: toolCalls(a.reply), Model: t.req.model(), API: apiCode(t.req.Path), Prefill: rt.prefill}
 	tenant := t.req.tenant
 	if later == nil {
 		return r.handles.retain(t.values, ret.Key, tenant, e, t.id)

@@ -70,8 +70,12 @@ type Selection struct {
 	Candidates []Candidate
 	// Affinity is, on the decode leg of a hit, the URL of the decode
 	// endpoint that held the retained KV: its own prefix cache still covers
-	// the conversation, so only the new suffix crosses the network. Empty
-	// otherwise, and empty when that endpoint is not among the Candidates.
+	// the conversation, so only the new suffix crosses the network. On the
+	// prefill leg of a turn whose retained KV WithDecodeMemory's
+	// management released (to make room, or over the budget), it is
+	// the prefill endpoint that served the conversation's last retained
+	// turn: its prefix cache holds that prompt. Empty otherwise, and empty
+	// when that endpoint is not among the Candidates.
 	Affinity string
 	// Hint is the client's conversation id (conversationHint), for
 	// placement only: a hint never unlocks a retained handle.
@@ -101,7 +105,9 @@ func (f SelectorFunc) Select(ctx context.Context, s *Selection) (int, error) { r
 // unless every candidate is; otherwise the candidate with the fewest
 // in-flight requests per unit of weight among those not crowded (all of
 // them when every one is), ties broken by fewer waiting requests, then
-// lower KV usage, then by rotating the starting point. Prefill: the less loaded of two candidates drawn at random
+// lower KV usage, then by rotating the starting point. Prefill: the
+// affinity endpoint when there is one (Selection.Affinity) and it has
+// fewer than MaxInFlight requests open; otherwise the less loaded of two candidates drawn at random
 // (power of two choices), which spreads load without herding onto the one
 // engine that looked idle. With HashHints, a leg without affinity whose
 // request carries a conversation hint goes to the candidate the hint hashes

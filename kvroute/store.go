@@ -199,6 +199,10 @@ func (h *handles) retain(values context.Context, key, tenant string, e entry.Ent
 	h.storeOK(ctx)
 	h.stats.stored.Add(1)
 	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
+	if h.mem.cfg.on {
+		// where the next turn finds the history cached (prefillFor)
+		h.mem.ledger.SetPrefilled(key, e.Prefill, h.clock())
+	}
 	return "", true
 }
 

@@ -63,6 +63,8 @@ type fleetConfig struct {
 	perReplica      bool // each managed replica keeps a ledger of its own; else one for all
 	compareOne      bool // also run hold everything and managed with one replica
 	timeout         time.Duration
+	diagnose        bool // print where managed lost reuse against every hold's value
+	managedOnly     bool // --arms managed: unlimited memory and managed only
 }
 
 // quickFlags are --quick's sizes: a run of seconds exercising every arm
@@ -99,6 +101,9 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.BoolVar(&quick, "quick", false, "a small fleet (24 sessions over 2 minutes, 8 turns, 30k-token prompts, 1 prefill engine): seconds, every arm and the bound")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target is not met (a wrong answer always does)")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
+	fs.BoolVar(&c.diagnose, "diagnose", false, "print where each managed arm lost reuse: its holds by what they waited for, size, pause, prefill engine, and its releases")
+	var arms string
+	fs.StringVar(&arms, "arms", "all", "the arms to run: all, or managed (unlimited memory, which sizes the capacity, and managed only: faster)")
 	if err := fs.Parse(args); err != nil {
 		return c, flagError(fs, err, help)
 	}
@@ -112,6 +117,10 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 				}
 			}
 		}
+	}
+	c.managedOnly = arms == "managed"
+	if arms != "all" && arms != "managed" {
+		return c, fmt.Errorf("--arms %q: want all or managed", arms)
 	}
 	c.spread = routing == "spread"
 	if routing != "spread" && routing != "pinned" {
@@ -198,6 +207,13 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func reportFleet(stdout io.Writer, rep fleetReport) error {
 	c := rep.cfg
 	fails := printFleet(stdout, rep)
+	if c.diagnose {
+		for _, a := range rep.arms {
+			if a.spec.managed {
+				printDiagnosis(stdout, a, rep.plan, c.budgetTokens(rep.capacity))
+			}
+		}
+	}
 	if c.svg != "" {
 		f, err := os.Create(c.svg)
 		if err != nil {
@@ -258,6 +274,9 @@ func fleetRun(ctx context.Context, c fleetConfig, progress io.Writer) (fleetRepo
 	}
 	for _, n := range counts {
 		for _, managed := range []bool{false, true} {
+			if !managed && c.managedOnly {
+				continue
+			}
 			if !managed && rep.ample && n == c.replicas {
 				h := rep.unlimited // the same arm: hold everything with the node's capacity
 				rep.arms = append(rep.arms, h)

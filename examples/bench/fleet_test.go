@@ -147,3 +147,32 @@ func TestFleetTimeout(t *testing.T) {
 	_, err := fleetRun(context.Background(), c, io.Discard)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// --arms managed runs unlimited memory and managed only; --diagnose
+// records the routers' release requests, each matched to the turn whose
+// hold it released, and prints the classification of what managed kept
+// and lost.
+func TestFleetDiagnose(t *testing.T) {
+	c := smallFleet(t, "half", "10", "--arms", "managed", "--diagnose")
+	rep, err := fleetRun(context.Background(), c, io.Discard)
+	require.NoError(t, err)
+	require.Len(t, rep.arms, 2, "managed with 2 replicas and with 1")
+	for _, a := range rep.arms {
+		assert.True(t, a.spec.managed)
+		byReq := map[string]bool{}
+		for _, tn := range a.turns {
+			byReq[tn.dReq] = true
+		}
+		for _, r := range a.releases {
+			assert.True(t, byReq[r.dReq], "a release names a turn's decode request")
+		}
+	}
+	assert.NotEmpty(t, rep.arms[0].releases, "holds released under pressure")
+	var out bytes.Buffer
+	printDiagnosis(&out, rep.arms[0], rep.plan, c.budgetTokens(rep.capacity))
+	assert.Contains(t, out.String(), "diagnosis: managed, 2 replicas")
+	assert.Contains(t, out.String(), "by wait for: ")
+	assert.Contains(t, out.String(), "offline bound with the budget")
+	_, err = parseFleetFlags([]string{"--fleet", "--arms", "some"}, io.Discard)
+	assert.ErrorContains(t, err, "--arms")
+}

@@ -168,6 +168,15 @@ func (t clockTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.clk.Join()
 	}
 	defer t.clk.Leave()
+	if t.rig.diagnose && req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(b))
+		t.rig.noteRelease(b, t.clk.Now())
+	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		return nil, err

@@ -44,12 +44,14 @@ type fleetTurn struct {
 	pause         time.Duration // the pause after the answer (0 after the last turn)
 	last          bool          // the session's last turn
 	replica       int           // the router replica that served it
+	prefill       int           // the prefill engine that served it (index; -1 none)
 	// the decode leg: its engine (index into the rig's decode engines, -1
 	// when none), its modelled decode time (to its last token) and its
 	// prompt and completion tokens (the hold it leaves on D)
 	decode               int
 	decodeTime           time.Duration
 	dPrompt, dCompletion int
+	dReq                 string        // the decode engine's request id (its handle's remote_request_id)
 	sent                 time.Duration // from the run's start, when the client sent it
 	// dWaited: the decode leg waited for blocks on D, in modelled time (a
 	// leg D queues at the very moment a release frees the blocks waits
@@ -86,6 +88,7 @@ type armResult struct {
 	elapsed   time.Duration     // first arrival to the last answer, virtual
 	unsettled int               // turns whose releases did not settle (settle)
 	gaps      []budget.Snapshot // a managed replica's ledger's each
+	releases  []diagRelease     // --diagnose: the routers' release requests
 	real      time.Duration
 }
 
@@ -95,6 +98,7 @@ type fleetRig struct {
 	p, d  []*kvroutetest.Engine
 	byURL map[string]*kvroutetest.Engine
 	dIdx  map[string]int // decode engine URL → index in d
+	pIdx  map[string]int // prefill engine URL → index in p
 	// routers are the replicas, sharing one Store (store)
 	routers []*kvroute.Router
 	store   kvroute.Store
@@ -107,6 +111,9 @@ type fleetRig struct {
 	joined    atomic.Int64 // releases that joined the clock at their Take, not yet sent
 	unsettled atomic.Int64 // turns whose releases did not settle in time
 	spread    bool         // a session's turns go to replicas in turn; else pinned
+	diagnose  bool         // record the release requests (--diagnose)
+	relMu     sync.Mutex
+	releases  []diagRelease
 	closers   []func()
 }
 
@@ -118,7 +125,7 @@ func (r *fleetRig) close() {
 
 func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 	r := &fleetRig{clk: kvroutetest.NewEventClock(fleetEpoch), byURL: map[string]*kvroutetest.Engine{},
-		dIdx: map[string]int{}, spread: c.spread}
+		dIdx: map[string]int{}, pIdx: map[string]int{}, spread: c.spread, diagnose: c.diagnose}
 	ok := false
 	defer func() {
 		if !ok {
@@ -190,6 +197,7 @@ func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
 			return err
 		}
 		r.closers = append(r.closers, e.Close)
+		r.pIdx[e.URL()] = len(r.p)
 		r.p = append(r.p, e)
 		r.byURL[e.URL()] = e
 	}
@@ -292,6 +300,7 @@ func runArm(ctx context.Context, c fleetConfig, plan []sessionPlan, a armSpec) (
 	for _, l := range rig.ledgers {
 		res.gaps = append(res.gaps, l.Snapshot(rig.clk.Now(), kvroutetest.DefaultDecoderBlocksTTL))
 	}
+	res.releases = rig.releases
 	res.real = time.Since(start)
 	sortTurns(res.turns)
 	return res, nil
@@ -356,7 +365,7 @@ func runSession(ctx context.Context, c fleetConfig, rig *fleetRig, sp sessionPla
 // record and the engines' records; it returns the reply message, as the
 // client sends it back.
 func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session, t int) (fleetTurn, chatMessage, error) {
-	ft := fleetTurn{session: s.plan.id, turn: t, decode: -1}
+	ft := fleetTurn{session: s.plan.id, turn: t, decode: -1, prefill: -1}
 	body, err := s.body(t)
 	if err != nil {
 		return ft, chatMessage{}, err
@@ -409,10 +418,12 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 				ft.dWaited = ft.dWaited || r.Queued > 0
 				ft.decode, ft.decodeTime = rig.dIdx[rec.DecodeEndpoint], r.Decode
 				ft.dPrompt, ft.dCompletion = r.PromptTokens, r.CompletionTokens
+				ft.dReq = r.EngineRequestID
 			}
 		}
 	}
 	if p := rig.byURL[rec.PrefillEndpoint]; p != nil {
+		ft.prefill = rig.pIdx[rec.PrefillEndpoint]
 		for _, r := range p.FinishedRequests(rec.EngineRequestID) {
 			if r.Role == "prefill" {
 				ft.reused += r.PulledTokens

@@ -41,6 +41,7 @@ type Budget struct {
 	cands   []cand           // scratch for Victims
 	running map[string]int64 // Running's tokens, by engine, of this process
 	jr      *journal         // WithJournal's; nil without
+	prefill prefilled        // SetPrefilled's records (hints.go)
 }
 
 // Stats counts what a Budget has seen since it was made.

@@ -144,6 +144,7 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		b.bury(r, min(n, r.expires)) // one past its Expires (WithGrace) ended there
 		b.stats.Released++
 		b.emitEnd(r.key, r.created, min(n, r.expires))
+		b.prefill.released(b.tombs.hash(v.Key)) // its next turn goes where its history is (hints.go)
 	}
 	return out, limited
 }

@@ -46,6 +46,10 @@ type Entry struct {
 	// handle's check (kvhandle.CheckKnown) need not read again. Not
 	// stored.
 	Blocks jsonraw.Known
+	// Prefill is the prefill engine that served the turn (its prefix
+	// cache holds the turn's prompt), for the decode memory ledger. Not
+	// stored.
+	Prefill string
 }
 
 // Entry encodings: version 1 had no flags and no fingerprint; version 2

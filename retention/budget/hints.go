@@ -1,0 +1,103 @@
+package budget
+
+import (
+	"sync"
+	"time"
+)
+
+// Where a conversation was prefilled. A hold released to make room costs
+// its conversation's next turn only what the prefill engine that serves
+// that turn lacks in its prefix cache: little on the engine that
+// prefilled the turn before (it cached that prompt), the history since
+// that engine last saw the conversation anywhere else. So the caller
+// records, with each hold, the prefill engine of its turn
+// ([Budget.SetPrefilled]), and a next turn that finds no hold to attach
+// asks where to prefill ([Budget.Prefilled]). Like the holds and the gap
+// model, the record is shared by every caller of the Budget (router
+// replicas sharing one ledger), so a turn served through another replica
+// than the one that released the hold still finds it.
+
+// prefilled remembers, by a 64-bit hash of the hold's key (as tombstones
+// do: about 40 bytes each), the prefill engine of each hold's turn for
+// the horizon.
+type prefilled struct {
+	mu   sync.Mutex
+	m    map[uint64]prefilledAt
+	q    []tombRef // by deadline
+	head int
+}
+
+type prefilledAt struct {
+	endpoint string
+	deadline int64 // UnixNano
+	released bool  // Victims chose the hold
+}
+
+// SetPrefilled records that the turn whose hold is under key was
+// prefilled on endpoint (whose prefix cache then holds its prompt), for
+// [Budget.Prefilled] once [Budget.Victims] releases the hold, until the
+// horizon ([WithHorizon]) from now. An empty endpoint records nothing.
+func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
+	if key == "" || endpoint == "" {
+		return
+	}
+	h := b.tombs.hash(key)
+	n := now.UnixNano()
+	p := &b.prefill
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expire(n)
+	if p.m == nil {
+		p.m = map[uint64]prefilledAt{}
+	}
+	d := n + int64(b.cfg.horizon)
+	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d} // a later turn's: not released
+
+	p.q = append(p.q, tombRef{h: h, deadline: d})
+}
+
+// Prefilled returns the prefill engine recorded for key's turn
+// ([Budget.SetPrefilled]) within the horizon when [Budget.Victims] (or
+// VictimsFor) released its hold: "" when none is, or the hold was not
+// released so (it was attached, expired or is still live). Only the
+// releases a Budget chooses move its callers' turns: with memory to
+// spare, nothing is placed otherwise than without it.
+func (b *Budget) Prefilled(key string, now time.Time) string {
+	h := b.tombs.hash(key)
+	p := &b.prefill
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expire(now.UnixNano())
+	if at, ok := p.m[h]; ok && at.released && at.deadline > now.UnixNano() {
+		return at.endpoint
+	}
+	return ""
+}
+
+// released marks key's record, if any, as of a hold Victims released.
+func (p *prefilled) released(h uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if at, ok := p.m[h]; ok {
+		at.released = true
+		p.m[h] = at
+	}
+}
+
+// expire forgets the records whose horizon ended by now. p.mu held.
+func (p *prefilled) expire(now int64) {
+	for p.head < len(p.q) && p.q[p.head].deadline <= now {
+		r := p.q[p.head]
+		p.q[p.head] = tombRef{}
+		p.head++
+		if at, ok := p.m[r.h]; ok && at.deadline == r.deadline {
+			delete(p.m, r.h)
+		}
+	}
+	if p.head > 1024 && p.head*2 > len(p.q) {
+		k := copy(p.q, p.q[p.head:])
+		clear(p.q[k:])
+		p.q = p.q[:k]
+		p.head = 0
+	}
+}
