@@ -14,8 +14,10 @@ import (
 // ([Budget.SetPrefilled]), and a next turn that finds no hold to attach
 // asks where to prefill ([Budget.Prefilled]). Like the holds and the gap
 // model, the record is shared by every caller of the Budget (router
-// replicas sharing one ledger), so a turn served through another replica
-// than the one that released the hold still finds it.
+// replicas sharing one ledger) and, with [WithJournal], by the other
+// processes' ledgers (the record and the release, a Sync later), so a turn
+// served through another replica than the one that released the hold
+// still finds it.
 
 // prefilled remembers, by a 64-bit hash of the hold's key (as tombstones
 // do: about 40 bytes each), the prefill engine of each hold's turn for
@@ -41,18 +43,26 @@ func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
 	if key == "" || endpoint == "" {
 		return
 	}
-	h := b.tombs.hash(key)
 	n := now.UnixNano()
-	p := &b.prefill
+	b.prefill.set(b.tombs.hash(key), endpoint, n, int64(b.cfg.horizon))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.jr != nil {
+		b.push(encodePrefilled(b.jr.source, key, endpoint, false, n))
+	}
+}
+
+// set records endpoint for the hold hashed h, from n for horizon: a later
+// turn's record, not released.
+func (p *prefilled) set(h uint64, endpoint string, n, horizon int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(n)
 	if p.m == nil {
 		p.m = map[uint64]prefilledAt{}
 	}
-	d := n + int64(b.cfg.horizon)
-	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d} // a later turn's: not released
-
+	d := n + horizon
+	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d}
 	p.q = append(p.q, tombRef{h: h, deadline: d})
 }
 

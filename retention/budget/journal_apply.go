@@ -30,6 +30,13 @@ func (b *Budget) apply(raw []byte, n int64) {
 		b.applyAdd(rc)
 	case kindReturn, kindEnd:
 		b.applyEnd(rc)
+	case kindPrefilled:
+		h := b.tombs.hash(rc.key)
+		if rc.freed {
+			b.prefill.released(h)
+		} else if rc.engine != "" {
+			b.prefill.set(h, rc.engine, rc.at, int64(b.cfg.horizon))
+		}
 	case kindCapacity:
 		e := b.engine(rc.engine)
 		e.capacity, e.blockSize = max(rc.cap.Tokens, 0), max(rc.cap.BlockSize, 0)

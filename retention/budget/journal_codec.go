@@ -23,6 +23,7 @@ const (
 	kindEnd
 	kindCapacity
 	kindRunning
+	kindPrefilled
 )
 
 var errRecord = errors.New("budget: journal record malformed")
@@ -75,6 +76,20 @@ func encodeEnd(kind byte, source, key string, created, at int64) []byte {
 	b := header(kind, source)
 	b = putString(b, key)
 	b = binary.AppendVarint(b, created)
+	return binary.AppendVarint(b, at)
+}
+
+// encodePrefilled encodes that key's turn was prefilled on engine at at
+// (SetPrefilled), or, released, that Victims released key's hold.
+func encodePrefilled(source, key, engine string, released bool, at int64) []byte {
+	b := header(kindPrefilled, source)
+	b = putString(b, key)
+	b = putString(b, engine)
+	rel := byte(0)
+	if released {
+		rel = 1
+	}
+	b = append(b, rel)
 	return binary.AppendVarint(b, at)
 }
 
@@ -171,10 +186,11 @@ type record struct {
 	source  string
 	hold    Hold   // kindAdd (Owner empty: owner holds its hash)
 	owner   uint64 // kindAdd
-	key     string // kindReturn, kindEnd
+	key     string // kindReturn, kindEnd, kindPrefilled
 	created int64  // kindReturn, kindEnd
-	at      int64  // kindReturn, kindEnd; kindRunning: until
-	engine  string // kindCapacity
+	at      int64  // kindReturn, kindEnd, kindPrefilled; kindRunning: until
+	engine  string // kindCapacity, kindPrefilled
+	freed   bool   // kindPrefilled: Victims released the hold
 	cap     Capacity
 	running map[string]int64
 }
@@ -193,6 +209,10 @@ func decode(b []byte) (record, error) {
 		decodeAdd(&r, &rc)
 	case kindReturn, kindEnd:
 		rc.key, rc.created, rc.at = r.string(), r.varint(), r.varint()
+	case kindPrefilled:
+		rc.key, rc.engine = r.string(), r.string()
+		rc.freed = r.byte() == 1
+		rc.at = r.varint()
 	case kindCapacity:
 		rc.engine = r.string()
 		rc.cap = Capacity{Tokens: r.varint(), BlockSize: int(min(r.uvarint(), math.MaxInt32))}

@@ -319,3 +319,35 @@ func TestJournalInvalid(t *testing.T) {
 	require.NoError(t, b.Sync(context.Background(), t0))
 	assert.EqualValues(t, 3, b.Stats().Journal.Invalid)
 }
+
+// Where a turn was prefilled goes through the journal too: a hold A added
+// and recorded, released by B's Victims, sends its conversation's next
+// turn to that prefill engine through either process; one not released
+// sends it nowhere on either.
+func TestJournalPrefilled(t *testing.T) {
+	j := &budget.MemoryJournal{}
+	r := replicas(t, j, 2, budget.WithFraction(1))
+	a, b := r[0], r[1]
+	now := t0
+	for _, l := range r {
+		l.SetCapacity("d", budget.Capacity{Tokens: 4000})
+	}
+	old, fresh := now.Add(-400*time.Second), now.Add(-time.Second)
+	require.NoError(t, a.Add(jhold("old", "d", 1000, old, budget.Features{Class: "c", Turn: 1})))
+	a.SetPrefilled("old", "http://p0", now)
+	require.NoError(t, a.Add(jhold("new", "d", 1000, fresh, budget.Features{Class: "c", Turn: 1})))
+	a.SetPrefilled("new", "http://p1", now)
+	syncAll(t, now, a, b)
+	assert.Empty(t, b.Prefilled("old", now), "not released yet")
+	var got []string
+	for _, v := range b.Victims("d", 2500, now) {
+		got = append(got, v.Key)
+	}
+	require.Equal(t, []string{"old"}, got)
+	later := now.Add(time.Second)
+	syncAll(t, later, a, b)
+	assert.Equal(t, "http://p0", a.Prefilled("old", later), "A reads B's release")
+	assert.Equal(t, "http://p0", b.Prefilled("old", later), "B reads A's record")
+	assert.Empty(t, a.Prefilled("new", later), "live: no record on A")
+	assert.Empty(t, b.Prefilled("new", later), "live: no record on B")
+}
