@@ -51,15 +51,22 @@ type tierCheck struct {
 // tierOK is the severity of a passed check.
 const tierOK = "ok"
 
-// fixTierConnector is the kv-transfer-config that gives an engine the CPU
-// tier with the peer tier (docs/cpu-tier.md, sections 1 to 3): NIXL first,
-// then the OffloadingConnector with TieringOffloadingSpec and a p2p tier.
-const fixTierConnector = `start the engine with --kv-transfer-config '{"kv_connector":"MultiConnector","kv_role":"kv_both",` +
-	`"kv_connector_extra_config":{"connectors":[` +
-	`{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"bidirectional_kv_xfer":true}},` +
-	`{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec",` +
-	`"cpu_bytes_to_use":<bytes, about twice the GPU KV>,"offload_prompt_only":false,"secondary_tiers":[{"type":"p2p"}]}}]}}' ` +
-	`and the same PYTHONHASHSEED on every engine (a routable VLLM_P2P_SIDE_CHANNEL_HOST across hosts)`
+// fixTierConnector is the kv-transfer-config that gives an engine of role
+// the CPU tier with the peer tier (docs/cpu-tier.md, sections 1 to 3): its
+// role's NIXL configuration first (capability.KVTransferPrefill or
+// KVTransferDecode, as docs/engines.md gives them), then the
+// OffloadingConnector with TieringOffloadingSpec and a p2p tier.
+func fixTierConnector(role string) string {
+	nixl := capability.KVTransferPrefill
+	if role == roleDecode {
+		nixl = capability.KVTransferDecode
+	}
+	return `start the ` + role + ` engine with --kv-transfer-config '{"kv_connector":"MultiConnector","kv_role":"kv_both",` +
+		`"kv_connector_extra_config":{"connectors":[` + nixl + `,` +
+		`{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec",` +
+		`"cpu_bytes_to_use":<bytes, about twice the GPU KV>,"offload_prompt_only":false,"secondary_tiers":[{"type":"p2p"}]}}]}}' ` +
+		`and the same PYTHONHASHSEED on every engine (a routable VLLM_P2P_SIDE_CHANNEL_HOST across hosts)`
+}
 
 // tierChecks are the checks of what the engines' /metrics show.
 func (o tierOptions) tierChecks(engines []engineFacts) []tierCheck {
@@ -107,7 +114,7 @@ func connectorChecks(up []engineFacts) []tierCheck {
 		case capability.Absent:
 			out = append(out, tierCheck{check: "connector", severity: gapWarn,
 				seen: fmt.Sprintf("%s engine %s has no offloading connector (%s), and %s", e.role, e.url, f.Why, why),
-				fix:  fixTierConnector})
+				fix:  fixTierConnector(e.role)})
 		default:
 			out = append(out, tierCheck{check: "connector", severity: gapNote,
 				seen: fmt.Sprintf("%s engine %s: offloading connector unknown (%s)", e.role, e.url, orText(f.Why, "/metrics not read")),

@@ -78,7 +78,7 @@ func (tp tierPeer) pull(ctx context.Context) tierCheck {
 	}
 	for _, e := range []engineFacts{tp.d, tp.p} {
 		if e.rep.KVOffload.Is(capability.Absent) {
-			return notRun(fmt.Sprintf("the %s engine has no offloading connector (%s)", e.role, e.rep.KVOffload.Why), fixTierConnector)
+			return notRun(fmt.Sprintf("the %s engine has no offloading connector (%s)", e.role, e.rep.KVOffload.Why), fixTierConnector(e.role))
 		}
 	}
 	dep, err := transport.ParseEndpoint(tp.d.url)
@@ -127,7 +127,7 @@ func (tp tierPeer) pull(ctx context.Context) tierCheck {
 	if storedPrompt <= 0 {
 		return tierCheck{check: "peer pull", severity: gapWarn,
 			seen: fmt.Sprintf("%s: the decode engine stored nothing in its CPU tier for a %d-token prompt (vllm:kv_offload_store_bytes unchanged), so there was nothing to pull: its connector is not the OffloadingConnector, its tier cannot make room (vllm:kv_offload_allocation_failure rising), store_threshold is above 0, or the offloaded block_size is above %d tokens", pair, n, n),
-			fix:  fixTierConnector}
+			fix:  fixTierConnector(roleDecode)}
 	}
 	// D stored the prompt's whole chunks: whole GPU blocks at least.
 	perToken := storedPrompt / float64(max(n/bs*bs, 1))
