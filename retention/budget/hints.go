@@ -23,10 +23,9 @@ import (
 // do: about 40 bytes each), the prefill engine of each hold's turn for
 // the horizon.
 type prefilled struct {
-	mu   sync.Mutex
-	m    map[uint64]prefilledAt
-	q    []tombRef // by deadline
-	head int
+	mu sync.Mutex
+	m  map[uint64]prefilledAt
+	q  deadlineQueue[uint64]
 }
 
 type prefilledAt struct {
@@ -63,7 +62,7 @@ func (p *prefilled) set(h uint64, endpoint string, n, horizon int64) {
 	}
 	d := n + horizon
 	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d}
-	p.q = append(p.q, tombRef{h: h, deadline: d})
+	p.q.push(h, d)
 }
 
 // Prefilled returns the prefill engine recorded for key's turn
@@ -96,18 +95,9 @@ func (p *prefilled) released(h uint64) {
 
 // expire forgets the records whose horizon ended by now. p.mu held.
 func (p *prefilled) expire(now int64) {
-	for p.head < len(p.q) && p.q[p.head].deadline <= now {
-		r := p.q[p.head]
-		p.q[p.head] = tombRef{}
-		p.head++
-		if at, ok := p.m[r.h]; ok && at.deadline == r.deadline {
-			delete(p.m, r.h)
+	p.q.expire(now, func(h uint64, deadline int64) {
+		if at, ok := p.m[h]; ok && at.deadline == deadline {
+			delete(p.m, h)
 		}
-	}
-	if p.head > 1024 && p.head*2 > len(p.q) {
-		k := copy(p.q, p.q[p.head:])
-		clear(p.q[k:])
-		p.q = p.q[:k]
-		p.head = 0
-	}
+	})
 }

@@ -136,9 +136,8 @@ func (b *Budget) endNamed(kind byte, key string, want, at int64) bool {
 // pendingEnds are the returns and ends read before the additions of
 // their holds, by key, until their addition comes or pendingFor passes.
 type pendingEnds struct {
-	m    map[string]pendingEnd
-	q    []pendingRef // by deadline
-	head int
+	m map[string]pendingEnd
+	q deadlineQueue[string]
 }
 
 // pendingFor is how long a return or an end waits for its hold's
@@ -154,11 +153,6 @@ type pendingEnd struct {
 	deadline       int64
 }
 
-type pendingRef struct {
-	key      string
-	deadline int64
-}
-
 func newPendingEnds() pendingEnds { return pendingEnds{m: map[string]pendingEnd{}} }
 
 func (p *pendingEnds) add(key string, pe pendingEnd) {
@@ -167,7 +161,7 @@ func (p *pendingEnds) add(key string, pe pendingEnd) {
 	}
 	pe.deadline = pe.at + int64(pendingFor)
 	p.m[key] = pe
-	p.q = append(p.q, pendingRef{key: key, deadline: pe.deadline})
+	p.q.push(key, pe.deadline)
 }
 
 func (p *pendingEnds) get(key string) (pendingEnd, bool) {
@@ -181,18 +175,9 @@ func (p *pendingEnds) len() int { return len(p.m) }
 
 // due drops the entries past their deadline at now.
 func (p *pendingEnds) due(now int64) {
-	for p.head < len(p.q) && p.q[p.head].deadline <= now {
-		r := p.q[p.head]
-		p.q[p.head] = pendingRef{}
-		p.head++
-		if pe, ok := p.m[r.key]; ok && pe.deadline == r.deadline {
-			delete(p.m, r.key)
+	p.q.expire(now, func(key string, deadline int64) {
+		if pe, ok := p.m[key]; ok && pe.deadline == deadline {
+			delete(p.m, key)
 		}
-	}
-	if p.head > 1024 && p.head*2 > len(p.q) {
-		n := copy(p.q, p.q[p.head:])
-		clear(p.q[n:])
-		p.q = p.q[:n]
-		p.head = 0
-	}
+	})
 }

@@ -13,19 +13,13 @@ import "hash/maphash"
 type tombstones struct {
 	seed maphash.Seed
 	m    map[uint64]tomb
-	q    []tombRef // by deadline, as holds end in time order
-	head int
+	q    deadlineQueue[uint64] // by deadline, as holds end in time order
 }
 
 type tomb struct {
 	created  int64 // UnixNano
 	deadline int64 // UnixNano: end + horizon
 	cell     uint32
-}
-
-type tombRef struct {
-	h        uint64
-	deadline int64
 }
 
 func newTombstones() tombstones {
@@ -40,7 +34,7 @@ func (t *tombstones) add(key string, tb tomb) (tomb, bool) {
 	h := t.hash(key)
 	old, ok := t.m[h]
 	t.m[h] = tb
-	t.q = append(t.q, tombRef{h: h, deadline: tb.deadline})
+	t.q.push(h, tb.deadline)
 	return old, ok
 }
 
@@ -63,21 +57,12 @@ func (t *tombstones) take(key string) (tomb, bool) {
 // due calls f for, and removes, each tomb whose deadline is at or before
 // now (a tomb taken or replaced since is skipped).
 func (t *tombstones) due(now int64, f func(tomb)) {
-	for t.head < len(t.q) && t.q[t.head].deadline <= now {
-		r := t.q[t.head]
-		t.q[t.head] = tombRef{}
-		t.head++
-		if tb, ok := t.m[r.h]; ok && tb.deadline == r.deadline {
-			delete(t.m, r.h)
+	t.q.expire(now, func(h uint64, deadline int64) {
+		if tb, ok := t.m[h]; ok && tb.deadline == deadline {
+			delete(t.m, h)
 			f(tb)
 		}
-	}
-	if t.head > 1024 && t.head*2 > len(t.q) {
-		n := copy(t.q, t.q[t.head:])
-		clear(t.q[n:])
-		t.q = t.q[:n]
-		t.head = 0
-	}
+	})
 }
 
 func (t *tombstones) len() int { return len(t.m) }
