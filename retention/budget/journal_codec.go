@@ -219,8 +219,9 @@ func decode(b []byte) (record, error) {
 	case kindRunning:
 		rc.at = r.varint()
 		n := r.uvarint()
-		if n > uint64(len(r.b)) {
+		if n > uint64(len(r.b))/2 { // each engine takes 2 bytes at least
 			r.fail()
+			break
 		}
 		rc.running = make(map[string]int64, n)
 		for range n {
