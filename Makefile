@@ -15,7 +15,7 @@ race:
 	@set -e; for m in $(MODULES); do echo "== go test -race $$m"; (cd $$m && $(GO) test -race -tags bidikv_bufcheck -count=1 -timeout 15m ./...); done
 
 # fuzz runs each fuzz target briefly (FUZZTIME, default 20s); fuzz-smoke
-# runs each for 30000 executions, as part of test (23 targets, the slowest
+# runs each for 30000 executions, as part of test (37 targets, the slowest
 # about 700 executions a second: CI stays under 20 minutes). The smoke run
 # counts executions rather than time: with a duration, Go 1.26's fuzz coordinator
 # can fail a target with a bare "context deadline exceeded" when -fuzztime
