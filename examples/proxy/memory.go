@@ -125,6 +125,14 @@ var (
 		"The learned pause before a conversation's next turn, among those that come back within the horizon (30 min), over every tenant and model.", []string{"quantile"}, nil)
 	returnDesc = prometheus.NewDesc(namespace+"_turn_return_probability",
 		"The learned chance that a conversation comes back within the horizon (30 min), over every tenant and model.", nil, nil)
+	journalRecordsDesc = prometheus.NewDesc(namespace+"_decode_ledger_journal_records_total",
+		"The decode-memory ledger's journal (--decode-memory-journal), by what happened to a record: appended (this proxy's changes sent), applied (the other proxies' changes read), dropped (changes not sent: the queue full while Redis failed), invalid (records read that could not be decoded), stale (late or repeated changes, applied as nothing).", []string{"outcome"}, nil)
+	journalErrorsDesc = prometheus.NewDesc(namespace+"_decode_ledger_journal_errors_total",
+		"Syncs of the decode-memory ledger's journal that failed (Redis unreachable or slow): the proxies' ledgers drift apart until it answers (logged once per outage).", nil, nil)
+	journalSyncedDesc = prometheus.NewDesc(namespace+"_decode_ledger_journal_last_sync_timestamp_seconds",
+		"When the ledger's journal last synced without error (Unix time; 0: never): more than a few seconds ago means the proxies' ledgers are drifting apart.", nil, nil)
+	journalPeersDesc = prometheus.NewDesc(namespace+"_decode_ledger_journal_peers",
+		"Other proxies whose decode legs in flight this proxy counts now (their last report within the lease).", nil, nil)
 	withinDesc = prometheus.NewDesc(namespace+"_next_turn_probability",
 		"The learned chance of a next turn within --retention-ttl, by the turn number group (first turn of the group) and whether the reply ended in tool calls.", []string{"turn", "tool_calls"}, nil)
 )
@@ -132,16 +140,18 @@ var (
 // memoryCollector exports the decode memory's holds, pressure and learned
 // pauses at each scrape.
 type memoryCollector struct {
-	r      *kvroute.Router
-	ledger *budget.Budget
-	window time.Duration
-	clock  func() time.Time
+	r       *kvroute.Router
+	ledger  *budget.Budget
+	window  time.Duration
+	clock   func() time.Time
+	journal bool // the ledger syncs through a journal: export its figures
 }
 
 // Describe implements prometheus.Collector.
 func (c memoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{kvHeldBlocksDesc, kvCapacityDesc, kvBudgetDesc, kvAgesDesc, kvUsageDesc,
-		kvUnseenDesc, kvWaitingDesc, kvPreemptDesc, gapDesc, returnDesc, withinDesc} {
+		kvUnseenDesc, kvWaitingDesc, kvPreemptDesc, gapDesc, returnDesc, withinDesc,
+		journalRecordsDesc, journalErrorsDesc, journalSyncedDesc, journalPeersDesc} {
 		ch <- d
 	}
 }
@@ -175,6 +185,9 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.ledger == nil {
 		return
 	}
+	if c.journal {
+		c.collectJournal(ch)
+	}
 	snap := c.ledger.Snapshot(c.clock(), c.window)
 	if len(snap.Classes) == 0 {
 		return
@@ -191,9 +204,27 @@ func (c memoryCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// collectJournal exports the ledger's journal figures.
+func (c memoryCollector) collectJournal(ch chan<- prometheus.Metric) {
+	js := c.ledger.Stats().Journal
+	for _, r := range []struct {
+		outcome string
+		n       int64
+	}{{"appended", js.Appended}, {"applied", js.Applied}, {"dropped", js.Dropped}, {"invalid", js.Invalid}, {"stale", js.Stale}} {
+		ch <- prometheus.MustNewConstMetric(journalRecordsDesc, prometheus.CounterValue, float64(r.n), r.outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(journalErrorsDesc, prometheus.CounterValue, float64(js.Errors))
+	synced := 0.0
+	if !js.Synced.IsZero() {
+		synced = float64(js.Synced.UnixNano()) / 1e9
+	}
+	ch <- prometheus.MustNewConstMetric(journalSyncedDesc, prometheus.GaugeValue, synced)
+	ch <- prometheus.MustNewConstMetric(journalPeersDesc, prometheus.GaugeValue, float64(js.Sources))
+}
+
 // watchMemory exports the decode memory's releases, holds, pressure and
 // learned pauses.
-func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration) {
+func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window time.Duration, journal bool) {
 	m.statsByLabel(r, "decode_releases_total", "Decode holds released before their TTL, by reason: superseded (a turn's prefill leg released the handle it replaced), unusable (a handle past --retention-ttl still held), budget (a release request for a hold over its engine's budget), room (one in the way of a decode leg arriving at its engine), expired (a hold whose --retention-ttl ended without a next turn, released then rather than at the engine's decoder_kv_blocks_ttl), and handles the proxy did not keep: n_gt_1 (an answer of n > 1 choices), refused (a turn not retained, or too large for the store), store_error (the store failed to keep it), overwritten (found under the key a turn retained its own handle under: two turns of one conversation at once), session_final (a turn whose request ended its session with X-Dynamo-Session-Final: true, or a conversation its client deleted: DELETE /v1/conversations/{id}).",
 		"reason", []labeledStat{
 			{"superseded", func(s kvroute.Stats) int64 { return s.ReleasedSuperseded }},
@@ -227,6 +258,6 @@ func (m *metrics) watchMemory(r *kvroute.Router, ledger *budget.Budget, window t
 			func(s kvroute.Stats) int64 { return s.Unreleasable }),
 		stat("decode_prefix_unshared_total", "Holds whose blocks the ledger could not match with other holds' (token verification): the decode engine's block size, as its /metrics report it, was not the one the handle was fingerprinted with, so each block was counted as the hold's own.",
 			func(s kvroute.Stats) int64 { return s.PrefixUnshared }),
-		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now},
+		memoryCollector{r: r, ledger: ledger, window: window, clock: time.Now, journal: journal},
 	)
 }

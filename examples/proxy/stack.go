@@ -93,7 +93,7 @@ func newStack(ctx context.Context, cfg *config, getenv func(string) string, stdo
 	st.router = router
 	st.closers = append([]func(){func() { _ = router.Close() }}, st.closers...)
 	m.watchRouter(router)
-	m.watchMemory(router, cfg.memory.ledger, cfg.retentionTTL)
+	m.watchMemory(router, cfg.memory.ledger, cfg.retentionTTL, cfg.memory.shared != nil)
 
 	h := newHealth(st.client, cfg.prefillURLs, cfg.decodeURLs, cfg.healthTimeout, log)
 	h.onChange = m.setUp
