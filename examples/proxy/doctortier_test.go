@@ -120,7 +120,9 @@ func TestDoctorCPUTier(t *testing.T) {
 				`"offload_prompt_only": false in the decode engines' OffloadingConnector`},
 			notOK: []string{"peer pull"}},
 		{name: "prefix caching off on the prefill engine", args: []string{"--cpu-tier-tokens", twice},
-			p:     func(*kvroutetest.CPUTier) []kvroutetest.Option { return []kvroutetest.Option{kvroutetest.WithPrefixCaching(false)} },
+			p: func(*kvroutetest.CPUTier) []kvroutetest.Option {
+				return []kvroutetest.Option{kvroutetest.WithPrefixCaching(false)}
+			},
 			want:  []string{"prefix caching is off on prefill http://", "fix: start every engine without --no-enable-prefix-caching"},
 			notOK: []string{"prefix caching", "not exported"}},
 		{name: "capacity below the GPU KV", args: []string{"--probe", "--cpu-tier-tokens", "100000"},
