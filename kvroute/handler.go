@@ -35,11 +35,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	}
 	a, ok := apiFor(hr.URL.Path)
 	if !ok {
-		b := ErrorBody(hr.URL.Path, http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = w.Write(b)
+		writeAPIError(w, shapeFor(hr.URL.Path), http.StatusNotFound, errors.New("kvroute: no route for "+hr.URL.Path))
 		return
 	}
 	writeError := func(w http.ResponseWriter, status int, err error) { writeAPIError(w, a.errors, status, err) }
@@ -143,9 +139,7 @@ func (r *Router) endConversation(w http.ResponseWriter, hr *http.Request, id str
 		Object  string `json:"object"`
 		Deleted bool   `json:"deleted"`
 	}{id, "conversation.deleted", held})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-	_, _ = w.Write(out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func isJSONObject(b []byte) bool {
@@ -155,7 +149,11 @@ func isJSONObject(b []byte) bool {
 
 // writeAPIError writes err in the API's error shape.
 func writeAPIError(w http.ResponseWriter, a errorShape, status int, err error) {
-	b := a.body(status, err)
+	writeJSON(w, status, a.body(status, err))
+}
+
+// writeJSON writes the JSON body b with status and its length.
+func writeJSON(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
