@@ -466,17 +466,16 @@ func (b *Budget) Running(engine string, delta int64) int64 {
 // that still holds is kept until its holds end (returned, released or
 // expired). It costs a pass over the engines.
 func (b *Budget) Forget(now time.Time, keep func(engine string) bool) int {
-	idle := func() (names []string) {
-		for _, e := range b.engines {
-			if len(e.recs) == 0 && b.running[e.name] == 0 && b.jr.running(e.name) == 0 {
-				names = append(names, e.name)
-			}
-		}
-		return names
-	}
+	// idle: holds and runs nothing, here or in another process. b.mu held.
+	idle := func(e *engine) bool { return len(e.recs) == 0 && b.running[e.name] == 0 && b.jr.running(e.name) == 0 }
+	var names []string
 	b.mu.Lock()
 	b.expire(now.UnixNano())
-	names := idle()
+	for _, e := range b.engines {
+		if idle(e) {
+			names = append(names, e.name)
+		}
+	}
 	b.mu.Unlock()
 	// keep is asked without the lock: it may take locks of its own that
 	// are held while the ledger is called.
@@ -494,7 +493,7 @@ func (b *Budget) Forget(now time.Time, keep func(engine string) bool) int {
 	dropped := 0
 	for i := 0; i < len(b.engines); {
 		e := b.engines[i]
-		if !gone[e.name] || len(e.recs) > 0 || b.running[e.name] != 0 || b.jr.running(e.name) != 0 {
+		if !gone[e.name] || !idle(e) {
 			i++ // kept, or busy again since
 			continue
 		}

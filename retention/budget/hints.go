@@ -46,9 +46,7 @@ func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
 	b.prefill.set(b.tombs.hash(key), endpoint, n, int64(b.cfg.horizon))
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.jr != nil {
-		b.push(encodePrefilled(b.jr.source, key, endpoint, false, n))
-	}
+	b.emitPrefilled(key, endpoint, false, n)
 }
 
 // set records endpoint for the hold hashed h, from n for horizon: a later

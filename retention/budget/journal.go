@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -255,18 +256,10 @@ func (b *Budget) setRemote(source string, rr remoteRunning) {
 // changed since the last or half the lease has passed. b.mu held.
 func (b *Budget) emitRunning(n int64) {
 	jr := b.jr
-	same := len(jr.sent) == len(b.running)
-	for e, t := range b.running {
-		same = same && jr.sent[e] == t
-	}
-	if same && (len(b.running) == 0 || n-jr.sentAt < int64(JournalLease)/2) {
+	if maps.Equal(jr.sent, b.running) && (len(b.running) == 0 || n-jr.sentAt < int64(JournalLease)/2) {
 		return
 	}
-	jr.sent = make(map[string]int64, len(b.running))
-	for e, t := range b.running {
-		jr.sent[e] = t
-	}
-	jr.sentAt = n
+	jr.sent, jr.sentAt = maps.Clone(b.running), n
 	b.push(encodeRunning(jr.source, n+int64(JournalLease), b.running))
 }
 
@@ -296,6 +289,14 @@ func (b *Budget) emitReturn(key string, created, n int64) {
 func (b *Budget) emitEnd(key string, created, at int64) {
 	if b.jr != nil {
 		b.push(encodeEnd(kindEnd, b.jr.source, key, created, at))
+	}
+}
+
+// emitPrefilled queues that key's turn was prefilled on engine at n
+// (SetPrefilled), or, released, that Victims released its hold. b.mu held.
+func (b *Budget) emitPrefilled(key, engine string, released bool, n int64) {
+	if b.jr != nil {
+		b.push(encodePrefilled(b.jr.source, key, engine, released, n))
 	}
 }
 
