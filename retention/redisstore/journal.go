@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,18 +47,19 @@ const JournalKey = "ledger-journal"
 // window of 10 minutes.
 //
 // Every call is bounded by the Store's timeout ([WithTimeout]); a failure
-// is returned (budget.Budget.Sync counts it), logged once per outage
-// through the Store's logger, and its recovery logged once. A Journal is
-// safe for concurrent use.
+// is returned (budget.Budget.Sync counts it) and counts in the Store's
+// outages, as its Puts' and Takes' do: an outage of Redis is logged once
+// when it starts and once when it ends, whichever calls fail in it. A
+// call that fails because the caller's context ended is no outage. A
+// Journal is safe for concurrent use.
 type Journal struct {
 	client  redis.UniversalClient
 	key     string
 	window  time.Duration
 	timeout time.Duration
-	log     *slog.Logger
+	health  *health // the Store's
 	mu      sync.Mutex
 	last    int64 // the newest ID's milliseconds seen (Redis's clock)
-	down    atomic.Bool
 	errors  atomic.Int64
 }
 
@@ -73,7 +73,7 @@ func (s *Store) Journal(window time.Duration) *Journal {
 	if window == 0 {
 		window = DefaultJournalWindow
 	}
-	return &Journal{client: s.client, key: s.prefix + JournalKey, window: window, timeout: s.timeout, log: s.log}
+	return &Journal{client: s.client, key: s.prefix + JournalKey, window: window, timeout: s.timeout, health: &s.health}
 }
 
 // Append adds records to the stream, trimming those older than the
@@ -154,11 +154,12 @@ func (j *Journal) seen(id string) {
 	j.mu.Unlock()
 }
 
+// failed counts and wraps a failed call; one that failed because ctx
+// ended (the caller stopping) is no outage.
 func (j *Journal) failed(ctx context.Context, op string, err error) error {
 	j.errors.Add(1)
-	if !j.down.Swap(true) {
-		j.log.LogAttrs(ctx, slog.LevelWarn, "redisstore: the ledger's journal failed; the router processes' ledgers drift apart until it is back",
-			slog.String("op", op), slog.String("err", err.Error()))
+	if ctx.Err() == nil {
+		j.health.fail(ctx, "journal "+op, err)
 	}
 	if errors.Is(err, redis.Nil) {
 		return err
@@ -166,8 +167,4 @@ func (j *Journal) failed(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("redisstore: journal %s: %w", op, err)
 }
 
-func (j *Journal) ok(ctx context.Context) {
-	if j.down.Swap(false) {
-		j.log.LogAttrs(ctx, slog.LevelInfo, "redisstore: the ledger's journal is back")
-	}
-}
+func (j *Journal) ok(ctx context.Context) { j.health.ok(ctx) }
