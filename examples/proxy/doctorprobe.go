@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -214,7 +215,7 @@ func learn(engines []engineFacts, a capability.API, stream bool, rec kvroute.Tur
 			f := p.Handles.Get(a)
 			p.Learn(capability.HandlesName(a), capability.Fact{State: capability.Absent,
 				Why: "learned: the prefill engine answered a " + apiTitle(a) + " request without a handle",
-				Fix: orFix(f.Fix, "vLLM 0.19.0 or later (PRs #37424, #37535)")})
+				Fix: cmp.Or(f.Fix, "vLLM 0.19.0 or later (PRs #37424, #37535)")})
 		}
 	}
 	rep := find(roleDecode, rec.DecodeEndpoint)
@@ -234,7 +235,7 @@ func learn(engines []engineFacts, a capability.API, stream bool, rec kvroute.Tur
 			fix = "vLLM 0.19.0 or later (PR #37424: response.completed carries the handle; Responses streams are never buffered)"
 		}
 		rep.Learn(capability.StreamHandlesName(a), capability.Fact{State: capability.Absent,
-			Why: "learned: a " + string(a) + " stream ended normally without a handle", Fix: orFix(fix, capability.FixStreamHandles)})
+			Why: "learned: a " + string(a) + " stream ended normally without a handle", Fix: cmp.Or(fix, capability.FixStreamHandles)})
 	case !stream && rec.Stored:
 		rep.Learn(capability.NameBidirectional, capability.Fact{State: capability.Present, Why: "learned: the decode engine returned a handle after a normal finish"})
 	case !stream && (rec.NoHandle == kvroute.PhaseDecode || rec.StoreRefusal == kvroute.RefuseNoHandle) &&
@@ -242,18 +243,11 @@ func learn(engines []engineFacts, a capability.API, stream bool, rec kvroute.Tur
 		f := rep.Handles.Get(a)
 		rep.Learn(capability.HandlesName(a), capability.Fact{State: capability.Absent,
 			Why: "learned: the decode engine answered a " + apiTitle(a) + " request without a handle",
-			Fix: orFix(f.Fix, "vLLM 0.19.0 or later (PRs #37424, #37535)")})
+			Fix: cmp.Or(f.Fix, "vLLM 0.19.0 or later (PRs #37424, #37535)")})
 	case !stream && (rec.NoHandle == kvroute.PhaseDecode || rec.StoreRefusal == kvroute.RefuseNoHandle):
 		rep.Learn(capability.NameBidirectional, capability.Fact{State: capability.Absent,
 			Why: "learned: the decode engine answered a request carrying P's handle without one (bidirectional_kv_xfer off?)", Fix: capability.FixBidirectional})
 	}
-}
-
-func orFix(fix, def string) string {
-	if fix != "" {
-		return fix
-	}
-	return def
 }
 
 // missNote says why a later turn did not reuse.

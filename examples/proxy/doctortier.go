@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -117,7 +118,7 @@ func connectorChecks(up []engineFacts) []tierCheck {
 				fix:  fixTierConnector(e.role)})
 		default:
 			out = append(out, tierCheck{check: "connector", severity: gapNote,
-				seen: fmt.Sprintf("%s engine %s: offloading connector unknown (%s)", e.role, e.url, orText(f.Why, "/metrics not read")),
+				seen: fmt.Sprintf("%s engine %s: offloading connector unknown (%s)", e.role, e.url, cmp.Or(f.Why, "/metrics not read")),
 				fix:  "serve /metrics (no --disable-log-stats): the vllm:kv_offload_* series show the connector"})
 		}
 	}
@@ -239,13 +240,6 @@ func tokensOr(n int64) string {
 		return "unknown"
 	}
 	return strconv.FormatInt(n, 10) + " tokens"
-}
-
-func orText(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
 }
 
 // notExported is the note a run without --probe ends on: what /metrics

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -122,7 +123,7 @@ func (s *sidecarConfig) checkEngines(ctx context.Context, rt http.RoundTripper) 
 				"start vLLM on --model-server-port (each data-parallel rank on the next port) and check --local-host (POD_IP) is its address"})
 		case rep.Handles.Chat.Is(capability.Absent):
 			out = append(out, check{"FAIL", "local engine " + u + ": no KV handles (" + rep.Handles.Chat.Why + ")",
-				orFix(rep.Handles.Chat.Fix, "run vLLM with the NixlConnector (docs/protocol.md)")})
+				cmp.Or(rep.Handles.Chat.Fix, "run vLLM with the NixlConnector (docs/protocol.md)")})
 		default:
 			out = append(out, check{"ok", "local engine " + u + ": answers (model " + rep.Model + ")", ""})
 		}
