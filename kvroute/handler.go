@@ -1,6 +1,7 @@
 package kvroute
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -129,7 +130,9 @@ func (r *Router) endConversation(w http.ResponseWriter, hr *http.Request, id str
 	req := &Request{Path: PathResponses, Header: hr.Header, Body: body}
 	req.setPrincipal(hr.Context())
 	req.tenant = r.tenant(req)
-	held, err := r.handles.drop(hr.Context(), explicitKey(req))
+	// The delete completes once asked, as a turn's retain does, even if
+	// the client leaves: its end is no Store failure.
+	held, err := r.handles.drop(context.WithoutCancel(hr.Context()), explicitKey(req))
 	if err != nil {
 		writeAPIError(w, shape, http.StatusServiceUnavailable, fmt.Errorf("kvroute: retention store: %w", err))
 		return

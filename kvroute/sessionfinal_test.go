@@ -1,8 +1,10 @@
 package kvroute_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -108,6 +110,23 @@ func TestDeleteConversationReleasesHold(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, kvroute.ReuseMiss, rec.Reuse)
 
+	// A client gone before its delete ran (its context ended) still
+	// ends the conversation, and its leaving is no Store failure.
+	conv.say(userText(2))
+	conv.hear(releaseTurn(t, srv, conv.path, conv.body(), owner))
+	require.Equal(t, 1, r.DecodeKV()[0].Handles)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	req, err := http.NewRequestWithContext(gone, http.MethodDelete, "/v1/conversations/conv-a", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer key-a")
+	rw := httptest.NewRecorder()
+	r.ServeHTTP(rw, req)
+	assert.Equal(t, http.StatusOK, rw.Code, rw.Body.String())
+	settle(t, r, func(s kvroute.Stats) bool { return s.ReleasedFinal == 2 })
+	assert.Zero(t, r.DecodeKV()[0].Handles)
+	assert.Zero(t, r.Stats().StoreErrors, "a client's leaving is no Store failure")
+
 	// Only DELETE, on one id, and only where conversations have ids.
 	res, err := http.Post(srv+"/v1/conversations/conv-a", "application/json", nil)
 	require.NoError(t, err)
@@ -118,7 +137,7 @@ func TestDeleteConversationReleasesHold(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, status)
 	assert.Contains(t, out, "error")
 	_, _, srv2, _ := budgetRig(t, "")
-	req, err := http.NewRequest(http.MethodDelete, srv2+"/v1/conversations/conv-a", nil)
+	req, err = http.NewRequest(http.MethodDelete, srv2+"/v1/conversations/conv-a", nil)
 	require.NoError(t, err)
 	res, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
