@@ -26,12 +26,19 @@ type prefilled struct {
 	mu sync.Mutex
 	m  map[uint64]prefilledAt
 	q  deadlineQueue[uint64]
+	// written is, per decode engine, the tokens the turns placed on it
+	// wrote through to its CPU tier (Placement.Written), summed: a
+	// record's LRU age is the difference since its own writes.
+	written map[string]int64
 }
 
 type prefilledAt struct {
 	endpoint string
 	deadline int64 // UnixNano
 	released bool  // Victims chose the hold
+	decode   string
+	tokens   int
+	mark     int64 // written[decode] after the turn's own writes
 }
 
 // SetPrefilled records that the turn whose hold is under key was
@@ -39,27 +46,95 @@ type prefilledAt struct {
 // [Budget.Prefilled] once [Budget.Victims] releases the hold, until the
 // horizon ([WithHorizon]) from now. An empty endpoint records nothing.
 func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
-	if key == "" || endpoint == "" {
-		return
-	}
-	n := now.UnixNano()
-	b.prefill.set(b.tombs.hash(key), endpoint, n, int64(b.cfg.horizon))
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.emitPrefilled(key, endpoint, false, n)
+	b.SetPlaced(key, Placement{Prefill: endpoint}, now)
 }
 
-// set records endpoint for the hold hashed h, from n for horizon: a later
+// Placement is where a retained turn ran: its prefill engine, and its
+// decode engine with what that engine's CPU tier (vLLM's
+// OffloadingConnector, writing every sealed block through) holds of the
+// turn. The decode engine's tier evicts least recently used first, so
+// what a record's turn left there is still resident while the tokens the
+// engine wrote after it ([Budget.Placed]'s after) and its own fit the
+// tier: a released hold's KV stays reachable there (demoted, not
+// dropped) until the engine's later writes push it out.
+type Placement struct {
+	// Prefill is the turn's prefill engine ("" when unknown), as
+	// [Budget.SetPrefilled] records it.
+	Prefill string
+	// Decode is the turn's decode engine ("" when unknown: no tier
+	// record).
+	Decode string
+	// Tokens are the turn's tokens the decode engine's CPU tier holds
+	// once it ends: its prompt and, when the engine writes generated
+	// blocks too, its answer, in whole blocks.
+	Tokens int
+	// Written are those of Tokens the turn wrote anew (the rest the tier
+	// held already: an earlier turn's history on the same engine).
+	Written int
+}
+
+// SetPlaced records p for the turn whose hold is under key, as
+// SetPrefilled does its prefill engine (p.Prefill, for
+// [Budget.Prefilled]), and advances p.Decode's count of tokens written
+// through to its CPU tier by p.Written. Shared by the Budget's callers
+// and, with [WithJournal], the other processes' ledgers. An empty key, or
+// a p with neither engine, records nothing.
+func (b *Budget) SetPlaced(key string, p Placement, now time.Time) {
+	if key == "" || p.Prefill == "" && p.Decode == "" {
+		return
+	}
+	p.Tokens, p.Written = max(p.Tokens, 0), max(p.Written, 0)
+	n := now.UnixNano()
+	b.prefill.set(b.tombs.hash(key), p, n, int64(b.cfg.horizon))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.emitPlaced(key, p, n)
+}
+
+// Placed returns the record [Budget.SetPlaced] made for key's turn within
+// the horizon, and after: the tokens its decode engine wrote through to
+// its CPU tier since the turn's own writes (ok false: none). What the
+// turn left in a tier of C tokens is, for a least-recently-used tier,
+// about min(Tokens, C - after) leading tokens (a request's tail is
+// evicted before its head). Counted from the records of every process
+// sharing the journal; a decode engine's writes no router saw (other
+// clients, turns not retained) are not counted, so the estimate errs
+// toward residency: a pull that then misses loads nothing and costs a
+// recompute, never a wrong token (the tier is addressed by token hashes).
+func (b *Budget) Placed(key string, now time.Time) (p Placement, after int64, ok bool) {
+	h := b.tombs.hash(key)
+	q := &b.prefill
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.expire(now.UnixNano())
+	at, ok := q.m[h]
+	if !ok || at.deadline <= now.UnixNano() {
+		return Placement{}, 0, false
+	}
+	p = Placement{Prefill: at.endpoint, Decode: at.decode, Tokens: at.tokens}
+	if at.decode != "" {
+		after = max(q.written[at.decode]-at.mark, 0)
+	}
+	return p, after, true
+}
+
+// set records pl for the hold hashed h, from n for horizon: a later
 // turn's record, not released.
-func (p *prefilled) set(h uint64, endpoint string, n, horizon int64) {
+func (p *prefilled) set(h uint64, pl Placement, n, horizon int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(n)
 	if p.m == nil {
 		p.m = map[uint64]prefilledAt{}
+		p.written = map[string]int64{}
 	}
 	d := n + horizon
-	p.m[h] = prefilledAt{endpoint: endpoint, deadline: d}
+	at := prefilledAt{endpoint: pl.Prefill, deadline: d, decode: pl.Decode, tokens: pl.Tokens}
+	if pl.Decode != "" {
+		p.written[pl.Decode] += int64(pl.Written)
+		at.mark = p.written[pl.Decode]
+	}
+	p.m[h] = at
 	p.q.push(h, d)
 }
 
@@ -75,7 +150,7 @@ func (b *Budget) Prefilled(key string, now time.Time) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(now.UnixNano())
-	if at, ok := p.m[h]; ok && at.released && at.deadline > now.UnixNano() {
+	if at, ok := p.m[h]; ok && at.released && at.deadline > now.UnixNano() && at.endpoint != "" {
 		return at.endpoint
 	}
 	return ""

@@ -47,3 +47,37 @@ func TestPrefilled(t *testing.T) {
 		b.SetPrefilled(time.Duration(i).String(), "http://p0", now.Add(time.Duration(i)*time.Second))
 	}
 }
+
+// Placed returns a turn's placement and the tokens its decode engine
+// wrote through to its CPU tier since the turn's own writes: the writes of
+// later turns on that engine count, another engine's do not; a record
+// keeps its prefill engine for Prefilled; nothing is returned past the
+// horizon or for a record without engines.
+func TestPlaced(t *testing.T) {
+	b, err := budget.New(budget.WithHorizon(10*time.Minute), budget.WithFraction(1))
+	require.NoError(t, err)
+	now := t0
+	b.SetPlaced("a", budget.Placement{Prefill: "http://p0", Decode: "http://d0", Tokens: 3000, Written: 3000}, now)
+	b.SetPlaced("b", budget.Placement{Decode: "http://d0", Tokens: 5000, Written: 2000}, now)
+	b.SetPlaced("c", budget.Placement{Prefill: "http://p1", Decode: "http://d1", Tokens: 9000, Written: 9000}, now)
+	b.SetPlaced("none", budget.Placement{Tokens: 10}, now)
+	p, after, ok := b.Placed("a", now)
+	require.True(t, ok)
+	assert.Equal(t, budget.Placement{Prefill: "http://p0", Decode: "http://d0", Tokens: 3000}, p)
+	assert.EqualValues(t, 2000, after, "b's writes on d0 came after a's; c's on d1 do not count")
+	_, after, ok = b.Placed("b", now)
+	assert.True(t, ok)
+	assert.Zero(t, after)
+	_, _, ok = b.Placed("none", now)
+	assert.False(t, ok)
+
+	// A record's turn retained again (its conversation's next turn under
+	// the same key) starts a new age.
+	b.SetPlaced("a", budget.Placement{Decode: "http://d0", Tokens: 6000, Written: 500}, now)
+	_, after, _ = b.Placed("a", now)
+	assert.Zero(t, after)
+	_, after, _ = b.Placed("b", now)
+	assert.EqualValues(t, 500, after)
+	_, _, ok = b.Placed("a", now.Add(11*time.Minute))
+	assert.False(t, ok, "past the horizon")
+}

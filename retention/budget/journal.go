@@ -292,11 +292,17 @@ func (b *Budget) emitEnd(key string, created, at int64) {
 	}
 }
 
-// emitPrefilled queues that key's turn was prefilled on engine at n
-// (SetPrefilled), or, released, that Victims released its hold. b.mu held.
-func (b *Budget) emitPrefilled(key, engine string, released bool, n int64) {
+// emitPrefilled queues that Victims released key's hold at n. b.mu held.
+func (b *Budget) emitPrefilled(key string, n int64) {
 	if b.jr != nil {
-		b.push(encodePrefilled(b.jr.source, key, engine, released, n))
+		b.push(encodePrefilled(b.jr.source, key, Placement{}, true, n))
+	}
+}
+
+// emitPlaced queues key's turn's placement at n (SetPlaced). b.mu held.
+func (b *Budget) emitPlaced(key string, p Placement, n int64) {
+	if b.jr != nil {
+		b.push(encodePrefilled(b.jr.source, key, p, false, n))
 	}
 }
 

@@ -34,8 +34,8 @@ func (b *Budget) apply(raw []byte, n int64) {
 		h := b.tombs.hash(rc.key)
 		if rc.freed {
 			b.prefill.released(h)
-		} else if rc.engine != "" {
-			b.prefill.set(h, rc.engine, rc.at, int64(b.cfg.horizon))
+		} else if rc.placed.Prefill != "" || rc.placed.Decode != "" {
+			b.prefill.set(h, rc.placed, rc.at, int64(b.cfg.horizon))
 		}
 	case kindCapacity:
 		e := b.engine(rc.engine)

@@ -79,18 +79,26 @@ func encodeEnd(kind byte, source, key string, created, at int64) []byte {
 	return binary.AppendVarint(b, at)
 }
 
-// encodePrefilled encodes that key's turn was prefilled on engine at at
-// (SetPrefilled), or, released, that Victims released key's hold.
-func encodePrefilled(source, key, engine string, released bool, at int64) []byte {
+// encodePrefilled encodes key's turn's placement p at at (SetPlaced), or,
+// released, that Victims released key's hold. The decode engine and its
+// tier's tokens follow the fields of the first version's record, which
+// readers of that version ignore; a record without them has none.
+func encodePrefilled(source, key string, p Placement, released bool, at int64) []byte {
 	b := header(kindPrefilled, source)
 	b = putString(b, key)
-	b = putString(b, engine)
+	b = putString(b, p.Prefill)
 	rel := byte(0)
 	if released {
 		rel = 1
 	}
 	b = append(b, rel)
-	return binary.AppendVarint(b, at)
+	b = binary.AppendVarint(b, at)
+	if p.Decode == "" {
+		return b
+	}
+	b = putString(b, p.Decode)
+	b = binary.AppendUvarint(b, uint64(p.Tokens))
+	return binary.AppendUvarint(b, uint64(p.Written))
 }
 
 func encodeCapacity(source, engine string, tokens int64, bs int) []byte {
@@ -184,13 +192,14 @@ func (r *reader) uint64() uint64 {
 type record struct {
 	kind    byte
 	source  string
-	hold    Hold   // kindAdd (Owner empty: owner holds its hash)
-	owner   uint64 // kindAdd
-	key     string // kindReturn, kindEnd, kindPrefilled
-	created int64  // kindReturn, kindEnd
-	at      int64  // kindReturn, kindEnd, kindPrefilled; kindRunning: until
-	engine  string // kindCapacity, kindPrefilled
-	freed   bool   // kindPrefilled: Victims released the hold
+	hold    Hold      // kindAdd (Owner empty: owner holds its hash)
+	owner   uint64    // kindAdd
+	key     string    // kindReturn, kindEnd, kindPrefilled
+	created int64     // kindReturn, kindEnd
+	at      int64     // kindReturn, kindEnd, kindPrefilled; kindRunning: until
+	engine  string    // kindCapacity, kindPrefilled
+	freed   bool      // kindPrefilled: Victims released the hold
+	placed  Placement // kindPrefilled
 	cap     Capacity
 	running map[string]int64
 }
@@ -213,6 +222,15 @@ func decode(b []byte) (record, error) {
 		rc.key, rc.engine = r.string(), r.string()
 		rc.freed = r.byte() == 1
 		rc.at = r.varint()
+		rc.placed.Prefill = rc.engine
+		if r.err == nil && len(r.b) > 0 {
+			rc.placed.Decode = r.string()
+			rc.placed.Tokens = int(min(r.uvarint(), math.MaxInt32))
+			rc.placed.Written = int(min(r.uvarint(), math.MaxInt32))
+			if rc.placed.Decode == "" {
+				rc.placed.Tokens, rc.placed.Written = 0, 0
+			}
+		}
 	case kindCapacity:
 		rc.engine = r.string()
 		rc.cap = Capacity{Tokens: r.varint(), BlockSize: int(min(r.uvarint(), math.MaxInt32))}

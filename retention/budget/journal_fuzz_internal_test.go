@@ -26,8 +26,9 @@ func FuzzJournalRecord(f *testing.F) {
 	f.Add(encodeEnd(kindEnd, "a", "k", 0, t0.UnixNano()))
 	f.Add(encodeCapacity("a", "http://d", 200_000, 16))
 	f.Add(encodeRunning("a", t0.Add(10*time.Second).UnixNano(), map[string]int64{"http://d": 4096, "http://e": 1}))
-	f.Add(encodePrefilled("a", "k", "http://p", false, t0.UnixNano()))
-	f.Add(encodePrefilled("a", "k", "", true, t0.UnixNano()))
+	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p"}, false, t0.UnixNano()))
+	f.Add(encodePrefilled("a", "k", Placement{}, true, t0.UnixNano()))
+	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 4096, Written: 1024}, false, t0.UnixNano()))
 	// A count of engines far past the record's bytes: it hung the decoder
 	// (4 billion turns of a loop) before the count was checked.
 	f.Add([]byte{recordVersion, kindRunning, 1, 'a', 2, 0xff, 0xff, 0xff, 0xff, 0x0f})
@@ -41,7 +42,7 @@ func FuzzJournalRecord(f *testing.F) {
 			case kindCapacity:
 				again = encodeCapacity(rc.source, rc.engine, rc.cap.Tokens, rc.cap.BlockSize)
 			case kindPrefilled:
-				again = encodePrefilled(rc.source, rc.key, rc.engine, rc.freed, rc.at)
+				again = encodePrefilled(rc.source, rc.key, rc.placed, rc.freed, rc.at)
 			}
 			if again != nil {
 				rc2, err := decode(again)
@@ -49,7 +50,7 @@ func FuzzJournalRecord(f *testing.F) {
 					t.Fatalf("re-encoded %+v does not decode: %v", rc, err)
 				}
 				if rc2.kind != rc.kind || rc2.source != rc.source || rc2.key != rc.key || rc2.engine != rc.engine ||
-					rc2.created != rc.created || rc2.at != rc.at || rc2.cap != rc.cap || rc2.freed != rc.freed {
+					rc2.created != rc.created || rc2.at != rc.at || rc2.cap != rc.cap || rc2.freed != rc.freed || rc2.placed != rc.placed {
 					t.Fatalf("round trip: %+v became %+v", rc, rc2)
 				}
 			}
@@ -69,6 +70,9 @@ func FuzzJournalRecord(f *testing.F) {
 			b.Victims(e, 1, now)
 		}
 		b.Prefilled(rc.key, now)
+		if _, after, _ := b.Placed(rc.key, now); after < 0 {
+			t.Fatalf("placed after %d", after)
+		}
 		if st := b.Stats(); st.Holds < 0 {
 			t.Fatalf("stats %+v", st)
 		}

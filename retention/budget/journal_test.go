@@ -351,3 +351,23 @@ func TestJournalPrefilled(t *testing.T) {
 	assert.Empty(t, a.Prefilled("new", later), "live: no record on A")
 	assert.Empty(t, b.Prefilled("new", later), "live: no record on B")
 }
+
+// A placement recorded by one process is read by another with its decode
+// engine, and its writes age the other's records of that engine.
+func TestJournalPlaced(t *testing.T) {
+	j := &budget.MemoryJournal{}
+	r := replicas(t, j, 2, budget.WithFraction(1))
+	a, b := r[0], r[1]
+	now := t0
+	b.SetPlaced("first", budget.Placement{Decode: "http://d", Tokens: 4000, Written: 4000}, now)
+	a.SetPlaced("k", budget.Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000, Written: 6000}, now)
+	syncAll(t, now, a, b)
+	p, after, ok := b.Placed("k", now)
+	require.True(t, ok, "B reads A's record")
+	assert.Equal(t, budget.Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000}, p)
+	assert.Zero(t, after)
+	_, after, ok = b.Placed("first", now)
+	require.True(t, ok)
+	assert.EqualValues(t, 6000, after, "A's writes on d age B's record")
+	assert.Empty(t, b.Prefilled("k", now), "not released")
+}

@@ -145,7 +145,7 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		b.stats.Released++
 		b.emitEnd(r.key, r.created, min(n, r.expires))
 		b.prefill.released(b.tombs.hash(v.Key)) // its next turn goes where its history is (hints.go)
-		b.emitPrefilled(v.Key, "", true, n)
+		b.emitPrefilled(v.Key, n)
 	}
 	return out, limited
 }
