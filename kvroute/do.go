@@ -50,8 +50,11 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back
 	w := choosePath(t, &f, h)                 // lookup.go: pull, decode-local or recompute
 	w.rel, w.relWhy = release(lctx, t, &f, w) // lookup.go: a handle not attached, released or put back
+	placedOf(t, &f)                           // lookup.go: what the last decode engine's CPU tier holds of it
+	w = peerPath(t, &f, w)                    // lookup.go: a prefill leg without a GPU hold pulls from it
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose
+	rt.placed, rt.resident = f.placed.Decode, f.resident
 	if w.local != nil {
 		rt.decodeLocal = true
 		resp, err := decodeLocal(ctx, t, w, &rt.tries) // decode.go
@@ -114,6 +117,9 @@ func (rt *retainer) prefilled(p prefilled) {
 		rt.prefill = p.endpoint
 	}
 	rt.took = p.took
+	if p.prompt > 0 {
+		rt.prompt = p.prompt
+	}
 }
 
 // end ends the turn, once, and returns err: what ended it, nil for a whole

@@ -7,6 +7,8 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/peertier"
+	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 )
 
@@ -27,6 +29,11 @@ type found struct {
 	// TTL: never attached, perhaps still held by its decode engine
 	// (lookup.go).
 	expired bool
+	// placed is the ledger's record of the conversation's last retained
+	// turn (DecodeMemory's CPUTierTokens: peerPath), and resident what
+	// its decode engine's CPU tier is estimated to hold of it.
+	placed   budget.Placement
+	resident int
 }
 
 // lookup takes the retained handle the request continues, if any: the
@@ -164,6 +171,16 @@ type way struct {
 	chose  chosen
 	rel    []byte
 	relWhy releaseReason
+	peer   peerPull // the CPU tier the prefill leg pulls from (peerPath); zero: none
+}
+
+// peerPull is a turn's pull from a decode engine's CPU tier: the engine,
+// its peer tier's address, and what the ledger estimates it holds.
+type peerPull struct {
+	decode   string
+	host     string
+	port     int
+	resident int
 }
 
 // chosen is the Chooser's decision for a turn (asked: it was asked) and
@@ -310,4 +327,68 @@ func supersedes(reason MissReason) bool {
 		return true
 	}
 	return false
+}
+
+// The CPU tier path (DecodeMemory's CPUTierTokens, threshold.PathPeer).
+// A decode engine with vLLM's OffloadingConnector writes each turn's
+// sealed blocks through to its CPU tier, where they outlive the GPU hold:
+// the ledger records, with each retained turn, its decode engine and the
+// tokens that tier then holds of it (budget.Placement, in handles.retain),
+// and counts the tokens each engine writes after, from which
+// peertier.Resident estimates what is left (LRU, tail first). A turn that
+// attaches no GPU hold and goes through a prefill leg (the hold was
+// released, expired, superseded, or the Chooser chose to recompute) has
+// that leg carry remote_kv_source naming the engine's peer tier, when the
+// estimate makes the pull cheaper than computing those tokens
+// (threshold.Rates.PeerSaves: the Chooser's rates when it is a
+// threshold.CostModel). The pull is by block hash: the prefill engine
+// loads the chunks the tier still holds up to the first it lacks and
+// computes the rest, so an estimate that is wrong costs a lookup, never a
+// wrong token. A decode engine that is ejected or no longer listed is not
+// asked (a lost peer can hold the pull up to vLLM's load timeout).
+
+// placedOf reads the ledger's record of the conversation's last retained
+// turn into f, under the first of its keys that has one.
+func placedOf(t *turn, f *found) {
+	m := t.r.mem
+	if !m.cfg.on || !m.cfg.tier.On() {
+		return
+	}
+	now := m.clock()
+	for _, k := range f.cands.Keys {
+		p, after, ok := m.ledger.Placed(k, now)
+		if !ok || p.Decode == "" {
+			continue
+		}
+		f.placed = p
+		f.resident = peertier.Resident(m.cfg.tier.Tokens, p, after, t.r.shapes.known(t.r.decode.find(p.Decode)))
+		return
+	}
+}
+
+// peerPath decides whether the turn's prefill leg pulls from the CPU tier
+// of the conversation's last decode engine (f.placed) and returns w with
+// the pull: only a turn that attaches no GPU hold and goes through a
+// prefill leg.
+func peerPath(t *turn, f *found, w way) way {
+	r := t.r
+	if f.placed.Decode == "" || w.h.handle != nil || w.local != nil {
+		return w
+	}
+	rates := threshold.DefaultRates()
+	if cm, ok := r.chooser.(*threshold.CostModel); ok {
+		rates = cm.Rates()
+	}
+	host, port, ok := r.mem.cfg.tier.Addr(f.placed.Decode)
+	if !ok || f.resident <= 0 || r.decode.eligible(f.placed.Decode) == nil || rates.PeerSaves(f.resident, w.prompt) <= 0 {
+		r.stats.peerSkipped.Add(1)
+		return w
+	}
+	r.stats.peerPulls.Add(1)
+	w.peer = peerPull{decode: f.placed.Decode, host: host, port: port, resident: f.resident}
+	t.rec.PeerSource, t.rec.PeerTokens = f.placed.Decode, f.resident
+	if w.chose.Path == "" || w.chose.Path == threshold.PathRecompute {
+		t.rec.Choice = threshold.PathPeer
+	}
+	return w
 }

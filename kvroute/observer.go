@@ -107,6 +107,14 @@ type TurnRecord struct {
 	// did not go there (threshold.RefuseLocalSuffix, RefuseLocalAge,
 	// RefuseLocalBusy).
 	LocalRefusal string `turn:"local_refusal,enum"`
+	// PeerSource is the decode engine whose CPU tier the prefill leg was
+	// told to pull the conversation from (DecodeMemory's CPUTierTokens,
+	// threshold.PathPeer), "" when none; PeerTokens is what the ledger
+	// estimated that tier still held of it. What the pull loaded is the
+	// prefill engine's to say (its cached tokens): a chunk the tier lost
+	// ends the pull, and the engine computes the rest.
+	PeerSource string `turn:"peer_source,id"`
+	PeerTokens int    `turn:"peer_tokens,count"`
 
 	Stored       bool    `turn:"stored,flag,always"`        // D's handle was retained for the next turn
 	StoreRefusal Refusal `turn:"store_refusal,enum,always"` // why nothing was retained, when Stored is false

@@ -3,7 +3,6 @@ package kvroute
 import (
 	"time"
 
-	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/transport"
 )
@@ -259,17 +258,37 @@ type DecodeMemory struct {
 	// takes precedence; Routers of one process sharing a Ledger give the
 	// same Journal or none. Default nil: the ledger is this process's.
 	Journal budget.Journal
-}
 
-// Defaults of DecodeMemory's management (Defaults().DecodeMemory).
-const (
-	defaultHighWatermark   = 0.9
-	defaultMetricsInterval = 5 * time.Second
-	defaultReleases        = 4
-	defaultHeadroom        = 0.05
-	defaultBudget          = 0.9
-	defaultRoomRate        = 0.5
-)
+	// CPUTierTokens is each decode engine's CPU tier, in tokens, when the
+	// engines run vLLM's OffloadingConnector after the NixlConnector
+	// (MultiConnector) with offload_prompt_only false and the peer tier
+	// (docs/cpu-tier.md): a decode engine then writes every turn's sealed
+	// blocks through to CPU memory, where they outlive its GPU hold. A
+	// turn with no GPU hold to attach (released by the budget, expired,
+	// not attached) has its prefill engine pull, by block hash, what the
+	// conversation's last decode engine still holds there
+	// (kv_transfer_params.remote_kv_source), when the ledger's estimate of
+	// it makes the pull cheaper than recomputing (threshold.PathPeer,
+	// TurnRecord.PeerSource): a hold the budget releases is demoted, not
+	// dropped. A chunk the tier lost ends the pull there and the prefill
+	// engine computes the rest: a wrong estimate costs time, never a
+	// wrong token. vLLM exports no tier capacity, so it is given here;
+	// the prefill engines need the tier too (pulled chunks land in their
+	// own CPU tier first). Needs the management on (Budget not negative).
+	// Default 0: no tier.
+	CPUTierTokens int
+	// CPUTierPort is the decode engines' peer tier port
+	// (VLLM_P2P_SIDE_CHANNEL_PORT) on each engine's URL host. Default 5710.
+	CPUTierPort int
+	// CPUTierPeers maps a decode engine's URL to its peer tier's
+	// "host:port" (VLLM_P2P_SIDE_CHANNEL_HOST and port), for engines whose
+	// tier is not on their URL's host at CPUTierPort.
+	CPUTierPeers map[string]string
+	// CPUTierPromptOnly: the decode engines keep offload_prompt_only true
+	// (vLLM's default), so their tiers hold each turn's prompt, not its
+	// answer.
+	CPUTierPromptOnly bool
+}
 
 // WithDecodeMemory sets what the router does with the decode engines' KV
 // memory. A zero field keeps its default; see DecodeMemory for what a
@@ -277,79 +296,6 @@ const (
 // without a synthesized stream is one).
 func WithDecodeMemory(m DecodeMemory) Option {
 	return optionFunc(func(c *config) { c.decodeMemory = m })
-}
-
-func resolveDecodeMemory(c *config) {
-	m := c.decodeMemory
-	c.positive("WithDecodeMemory", "KVBytesPerToken", m.KVBytesPerToken)
-	c.positive("WithDecodeMemory", "Capacity", m.Capacity)
-	c.positive("WithDecodeMemory", "Releases", int64(m.Releases))
-	c.decodeLocal, c.kvBytesPerToken = m.Local, m.KVBytesPerToken
-	c.bufferStreams = nil
-	for _, p := range m.BufferStreams {
-		a, ok := streamsynth.ForPath(p)
-		switch {
-		case p == PathResponses:
-			c.fail("WithDecodeMemory", "BufferStreams: %s streams carry the handle on response.completed (vLLM PR #37424) and are never buffered", p)
-		case !ok:
-			c.fail("WithDecodeMemory", "BufferStreams: %q is not an API with a buffered stream; use %s, %s or %s", p, PathChatCompletions, PathCompletions, PathMessages)
-		default:
-			if c.bufferStreams == nil {
-				c.bufferStreams = map[string]streamsynth.API{}
-			}
-			c.bufferStreams[p] = a
-		}
-	}
-	switch {
-	case m.Budget != m.Budget || m.Budget > 1: // NaN too
-		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, defaultBudget)
-	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
-		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
-	case m.RoomRate != m.RoomRate:
-		c.fail("WithDecodeMemory", "RoomRate is NaN; use a share of the capacity a minute, 0 for the default (%v) or a negative value for no limit", defaultRoomRate)
-	case m.Headroom != m.Headroom || m.Headroom >= 1:
-		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
-	case m.Ledger != nil && m.Budget > 0 && m.Ledger.Given("WithFraction"):
-		c.fail("WithDecodeMemory", "Budget %v and the Ledger's own budget.WithFraction are both set; set one of them (a Ledger built without it takes Budget)", m.Budget)
-	case m.Ledger != nil && m.Capacity != 0 && m.Ledger.Given("WithCapacity"):
-		c.fail("WithDecodeMemory", "Capacity %d and the Ledger's own budget.WithCapacity are both set; set one of them (a Ledger built without it takes Capacity)", m.Capacity)
-	}
-	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger, journal: m.Journal,
-		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,
-		roomRate: m.RoomRate}
-	if mem.roomRate == 0 {
-		mem.roomRate = defaultRoomRate
-	}
-	if mem.headroom == 0 {
-		mem.headroom = defaultHeadroom
-	}
-	if mem.fraction <= 0 {
-		mem.fraction = defaultBudget
-	}
-	if mem.watermark == 0 {
-		mem.watermark = defaultHighWatermark
-	}
-	if mem.interval == 0 {
-		mem.interval = defaultMetricsInterval
-	}
-	if mem.releases == 0 {
-		mem.releases = defaultReleases
-	}
-	c.memory = mem
-}
-
-// memoryConfig is DecodeMemory's management, resolved.
-type memoryConfig struct {
-	on        bool    // Budget not negative
-	fraction  float64 // Budget, resolved
-	capacity  int64
-	ledger    *budget.Budget
-	journal   budget.Journal
-	watermark float64       // negative: never crowded
-	interval  time.Duration // negative: no reads
-	releases  int
-	headroom  float64 // negative: no room made on arrival
-	roomRate  float64 // negative: no limit
 }
 
 // TTLs are how long the KV the legs leave behind lives: what the router

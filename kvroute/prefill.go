@@ -11,6 +11,7 @@ import (
 
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/peertier"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -59,7 +60,7 @@ type prefilled struct {
 // miss, whatever the retry policy.
 func prefill(ctx context.Context, t *turn, f *found, w way, tr *tries) (prefilled, error) {
 	h := w.h
-	p := prefiller{t: t, f: f, h: h, tries: tr, handle: kvhandle.Miss}
+	p := prefiller{t: t, f: f, h: h, tries: tr, handle: kvhandle.Miss, peer: w.peer}
 	if h.handle == nil && w.rel != nil {
 		p.handle, p.releasing, p.why = w.rel, true, w.relWhy
 	}
@@ -149,10 +150,12 @@ type prefiller struct {
 	releasing bool
 	why       releaseReason
 	tried     []string
-	got       []byte // P's handle
-	url       string // the engine that gave it
-	endpoint  string // the engine of the last attempt
-	prompt    int    // the prompt's tokens as the last of P's answers that counted them said (0: none did)
+	got       []byte   // P's handle
+	url       string   // the engine that gave it
+	endpoint  string   // the engine of the last attempt
+	prompt    int      // the prompt's tokens as the last of P's answers that counted them said (0: none did)
+	peer      peerPull // the CPU tier an attempt without the retained handle pulls from (lookup.go, peerPath)
+	peerTries int      // the attempts that named it, for their transaction ids
 }
 
 // attempt is one attempt of transport.Retry.
@@ -176,7 +179,7 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 	// when a handle rides on the leg and the API returns them.
 	check := p.attached && p.h.v.ids != nil && t.req.api.tokenIDs
 	pctx, end := t.trace.phase(ctx, PhasePrefill, ep.url)
-	got, err := p.once(pctx, ep, prefillBody(t.req, p.handle, check), attachedTokens, check)
+	got, err := p.once(pctx, ep, prefillBody(t.req, p.params(), check), attachedTokens, check)
 	end(err)
 	if err == nil {
 		t.r.hp.succeeded(ep)
@@ -188,6 +191,21 @@ func (p *prefiller) attempt(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	return p.failed(ctx, ep, err)
+}
+
+// params is the attempt's kv_transfer_params: its handle, with
+// remote_kv_source naming the CPU tier to pull from when the turn has one
+// and the attempt carries no retained handle (under MultiConnector the
+// NixlConnector's read of that handle would load the request alone). The
+// pull is by block hash and safe to repeat: each attempt names it, under
+// its own transaction id.
+func (p *prefiller) params() []byte {
+	if p.peer.decode == "" || p.attached {
+		return p.handle
+	}
+	p.peerTries++
+	id := fmt.Sprintf("%s-kv%d", p.t.legs.id, p.peerTries)
+	return peertier.WithSource(make([]byte, 0, len(p.handle)+128), p.handle, id, p.peer.host, p.peer.port)
 }
 
 // pick chooses the attempt's engine: the one that rendered the prompt when

@@ -14,6 +14,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/fingerprint"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/retention/budget"
 )
 
 // retainer is the one value Do owns for a turn (do.go builds it): what
@@ -31,7 +32,13 @@ type retainer struct {
 	prefill     string        // the engine of the turn's last prefill attempt
 	took        time.Duration // the last prefill phase, from its first attempt to P's answer
 	chose       chosen        // the Chooser's decision (lookup.go), released when the turn ends
-	resp        *Response     // the answer Do handed on, nil before
+	// placed is the decode engine of the conversation's last retained
+	// turn and resident what its CPU tier was estimated to hold of it
+	// (lookup.go, placedOf); prompt the prompt's tokens (0: unknown): for
+	// the CPU tier's record of this turn (tierPlacement).
+	placed           string
+	resident, prompt int
+	resp             *Response // the answer Do handed on, nil before
 	// retained: kept ran; refusal is why the turn retains nothing ("" when
 	// it stored, or kept has not run).
 	retained bool
@@ -130,12 +137,12 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 		Turn: max(rt.conv, 1), ToolCalls: toolCalls(a.reply), Model: t.req.model(), API: apiCode(t.req.Path), Prefill: rt.prefill}
 	tenant := t.req.tenant
 	if later == nil {
-		return r.handles.retain(t.values, ret.Key, tenant, e, t.id)
+		return r.handles.retain(t.values, ret.Key, tenant, e, rt.tierPlacement(e), t.id)
 	}
 	// The fingerprint comes later, perhaps after the turn: the entry
 	// keeps copies of the turn's buffers.
 	e.Check, e.Handle = bytes.Clone(ret.Check), bytes.Clone(a.handle)
-	key, id, values := ret.Key, t.id, t.values
+	key, id, values, pl := ret.Key, t.id, t.values, rt.tierPlacement(e)
 	refusal, stored, pending := later(func(fp fingerprint.Fingerprint) (Refusal, bool) {
 		if fp == nil {
 			// No render to seal the entry with: not kept, released.
@@ -143,7 +150,7 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 			return RefuseUnrendered, false
 		}
 		e.FP = fp
-		return r.handles.retain(values, key, tenant, e, id)
+		return r.handles.retain(values, key, tenant, e, pl, id)
 	})
 	if pending {
 		return RefuseRenderPending, false
@@ -268,4 +275,25 @@ func finishedNormally(reason string) bool {
 // results, usually follows within seconds.
 func toolCalls(reply *Reply) bool {
 	return len(reply.ToolCalls) > 2 || reply.FinishReason == "tool_calls"
+}
+
+// tierPlacement is the ledger's record of the turn e retains
+// (budget.Placement): its prefill and decode engines and, with a CPU tier
+// (DecodeMemory's CPUTierTokens), what the decode engine's tier holds of
+// the turn once it ends and how much of that it wrote anew: the history
+// its tier held already (the conversation's last turn, decoded there)
+// is not written twice.
+func (rt *retainer) tierPlacement(e entry.Entry) budget.Placement {
+	p := budget.Placement{Prefill: e.Prefill}
+	r := rt.t.r
+	if !r.mem.cfg.tier.On() {
+		return p
+	}
+	bs := r.shapes.known(r.decode.find(e.Endpoint))
+	p.Decode, p.Tokens = e.Endpoint, r.mem.cfg.tier.Held(rt.prompt, e.Tokens, bs)
+	p.Written = p.Tokens
+	if rt.placed == e.Endpoint {
+		p.Written = max(p.Tokens-rt.resident, 0)
+	}
+	return p
 }

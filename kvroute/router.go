@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/bidikv/bidikv/kvroute/internal/distrust"
+	"github.com/bidikv/bidikv/kvroute/internal/peertier"
+	"github.com/bidikv/bidikv/kvroute/internal/streamsynth"
 	"github.com/bidikv/bidikv/kvroute/internal/upstream"
 	"github.com/bidikv/bidikv/retention"
 	"github.com/bidikv/bidikv/retention/budget"
@@ -213,4 +217,98 @@ func (l *logger) once(ctx context.Context, key, msg string, attrs ...slog.Attr) 
 		return
 	}
 	l.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+}
+
+// Defaults of DecodeMemory's management (Defaults().DecodeMemory).
+const (
+	defaultHighWatermark   = 0.9
+	defaultMetricsInterval = 5 * time.Second
+	defaultReleases        = 4
+	defaultHeadroom        = 0.05
+	defaultBudget          = 0.9
+	defaultRoomRate        = 0.5
+)
+
+func resolveDecodeMemory(c *config) {
+	m := c.decodeMemory
+	c.positive("WithDecodeMemory", "KVBytesPerToken", m.KVBytesPerToken)
+	c.positive("WithDecodeMemory", "Capacity", m.Capacity)
+	c.positive("WithDecodeMemory", "Releases", int64(m.Releases))
+	c.decodeLocal, c.kvBytesPerToken = m.Local, m.KVBytesPerToken
+	c.bufferStreams = nil
+	for _, p := range m.BufferStreams {
+		a, ok := streamsynth.ForPath(p)
+		switch {
+		case p == PathResponses:
+			c.fail("WithDecodeMemory", "BufferStreams: %s streams carry the handle on response.completed (vLLM PR #37424) and are never buffered", p)
+		case !ok:
+			c.fail("WithDecodeMemory", "BufferStreams: %q is not an API with a buffered stream; use %s, %s or %s", p, PathChatCompletions, PathCompletions, PathMessages)
+		default:
+			if c.bufferStreams == nil {
+				c.bufferStreams = map[string]streamsynth.API{}
+			}
+			c.bufferStreams[p] = a
+		}
+	}
+	switch {
+	case m.Budget != m.Budget || m.Budget > 1: // NaN too
+		c.fail("WithDecodeMemory", "Budget %v is above 1; use a share of the capacity in (0, 1], 0 for the default (%v) or a negative value to turn the management off", m.Budget, defaultBudget)
+	case m.HighWatermark != m.HighWatermark || m.HighWatermark > 1:
+		c.fail("WithDecodeMemory", "HighWatermark %v is above 1; use a share of the KV memory in (0, 1], 0 for the default (%v) or a negative value for never", m.HighWatermark, defaultHighWatermark)
+	case m.RoomRate != m.RoomRate:
+		c.fail("WithDecodeMemory", "RoomRate is NaN; use a share of the capacity a minute, 0 for the default (%v) or a negative value for no limit", defaultRoomRate)
+	case m.Headroom != m.Headroom || m.Headroom >= 1:
+		c.fail("WithDecodeMemory", "Headroom %v is not below 1; use a share of the capacity in (0, 1), 0 for the default (%v) or a negative value for none", m.Headroom, defaultHeadroom)
+	case m.Ledger != nil && m.Budget > 0 && m.Ledger.Given("WithFraction"):
+		c.fail("WithDecodeMemory", "Budget %v and the Ledger's own budget.WithFraction are both set; set one of them (a Ledger built without it takes Budget)", m.Budget)
+	case m.CPUTierTokens > 0 && m.Budget < 0:
+		c.fail("WithDecodeMemory", "CPUTierTokens needs the management on (its ledger records where each turn's KV is): Budget must not be negative")
+	case m.CPUTierPort < 0 || m.CPUTierPort > 65535:
+		c.fail("WithDecodeMemory", "CPUTierPort %d is not a port; use 0 for the default (%d)", m.CPUTierPort, peertier.DefaultPort)
+	case m.Ledger != nil && m.Capacity != 0 && m.Ledger.Given("WithCapacity"):
+		c.fail("WithDecodeMemory", "Capacity %d and the Ledger's own budget.WithCapacity are both set; set one of them (a Ledger built without it takes Capacity)", m.Capacity)
+	}
+	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger, journal: m.Journal,
+		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,
+		roomRate: m.RoomRate, tier: peertier.Config{Tokens: m.CPUTierTokens, Port: m.CPUTierPort,
+			Peers: maps.Clone(m.CPUTierPeers), PromptOnly: m.CPUTierPromptOnly}}
+	for u, hp := range m.CPUTierPeers {
+		if _, _, ok := mem.tier.Addr(u); !ok {
+			c.fail("WithDecodeMemory", "CPUTierPeers[%q] = %q: want host:port", u, hp)
+		}
+	}
+	if mem.roomRate == 0 {
+		mem.roomRate = defaultRoomRate
+	}
+	if mem.headroom == 0 {
+		mem.headroom = defaultHeadroom
+	}
+	if mem.fraction <= 0 {
+		mem.fraction = defaultBudget
+	}
+	if mem.watermark == 0 {
+		mem.watermark = defaultHighWatermark
+	}
+	if mem.interval == 0 {
+		mem.interval = defaultMetricsInterval
+	}
+	if mem.releases == 0 {
+		mem.releases = defaultReleases
+	}
+	c.memory = mem
+}
+
+// memoryConfig is DecodeMemory's management, resolved.
+type memoryConfig struct {
+	on        bool    // Budget not negative
+	fraction  float64 // Budget, resolved
+	capacity  int64
+	ledger    *budget.Budget
+	journal   budget.Journal
+	watermark float64       // negative: never crowded
+	interval  time.Duration // negative: no reads
+	releases  int
+	headroom  float64 // negative: no room made on arrival
+	roomRate  float64 // negative: no limit
+	tier      peertier.Config
 }

@@ -77,6 +77,12 @@ type Stats struct {
 	// because their decode engine ran its maximum of decode-local
 	// prefills.
 	LocalBusy int64
+	// PeerPulls counts turns whose prefill leg pulled from a decode
+	// engine's CPU tier (TurnRecord.PeerSource); PeerSkipped those with a
+	// tier record that did not: the ledger estimated too little of the
+	// conversation still there to beat a recompute, or its decode engine
+	// was ejected or gone.
+	PeerPulls, PeerSkipped int64
 	// LocalFailures counts decode-local legs that failed before any byte
 	// reached the client; each turn ran again as a plain miss.
 	LocalFailures int64
@@ -203,7 +209,7 @@ type counters struct {
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                        atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable             atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns   atomic.Int64
-	buffered                                                                               atomic.Int64
+	buffered, peerPulls, peerSkipped                                                       atomic.Int64
 	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired    atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable      atomic.Int64
 	roomRejected, roomLimited                                                              atomic.Int64
@@ -240,6 +246,8 @@ func (c *counters) snapshot() Stats {
 		ChoseRecompute:  c.choseRecompute.Load(),
 		LocalBusy:       c.localBusy.Load(),
 		LocalFailures:   c.localFailures.Load(),
+		PeerPulls:       c.peerPulls.Load(),
+		PeerSkipped:     c.peerSkipped.Load(),
 		InvalidHandles:  c.invalidHandles.Load(),
 
 		RestartedHandles:         c.restartedHandles.Load(),

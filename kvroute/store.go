@@ -169,7 +169,7 @@ func (h *handles) restore(ctx context.Context, key string, e entry.Entry, reques
 // Router reuse once Put returns. What the Store held under key (another
 // turn's handle of the conversation) is released, not overwritten; e's
 // own hold is released when the Store does not keep it.
-func (h *handles) retain(values context.Context, key, tenant string, e entry.Entry, requestID string) (Refusal, bool) {
+func (h *handles) retain(values context.Context, key, tenant string, e entry.Entry, placed budget.Placement, requestID string) (Refusal, bool) {
 	val := e.Encode(h.bufs.Get(e.EncodedSize()), h.bufs)
 	defer h.bufs.Put(val)
 	if len(val) > h.maxEntry {
@@ -200,8 +200,9 @@ func (h *handles) retain(values context.Context, key, tenant string, e entry.Ent
 	h.stats.stored.Add(1)
 	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
 	if h.mem.cfg.on {
-		// where the next turn finds the history cached (prefillFor)
-		h.mem.ledger.SetPrefilled(key, e.Prefill, h.clock())
+		// where the next turn finds the history cached: P's prefix cache
+		// (prefillFor), D's CPU tier (lookup.go, placedOf)
+		h.mem.ledger.SetPlaced(key, placed, h.clock())
 	}
 	return "", true
 }

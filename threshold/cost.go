@@ -44,6 +44,29 @@ type Rates struct {
 	// open on the decode engine (its batch slows the prefill). It is a
 	// fixed prior, not learned.
 	InFlightCost time.Duration
+	// PeerFixed and PeerPerToken are the prefill engine's pull of a
+	// decode engine's CPU tier (PathPeer): the lookup round trip, then
+	// the network copy into its own CPU tier and the host-to-device load
+	// per token (priced as the KV read PullFixed and PullPerToken, plus
+	// the host-to-device copy: never cheaper than a GPU hold's pull).
+	// Fixed priors, not learned.
+	PeerFixed    time.Duration
+	PeerPerToken time.Duration
+}
+
+// PeerSaves returns what a prefill of prompt tokens saves by pulling the
+// first resident of them from a decode engine's CPU tier (PathPeer)
+// instead of computing them: the prefill of those tokens (with their
+// attention) less the pull's cost. Negative: the pull costs more.
+func (r Rates) PeerSaves(resident, prompt int) time.Duration {
+	if resident <= 0 {
+		return 0
+	}
+	prompt = max(prompt, resident)
+	rest := prompt - resident
+	computed := float64(r.PrefillPerToken)*float64(resident) +
+		r.PrefillAttention*(pairs(prompt, 0)-pairs(rest, resident))
+	return time.Duration(computed) - r.PeerFixed - time.Duration(resident)*r.PeerPerToken
 }
 
 // DefaultRates are priors for a dense ~30B model on one 8-GPU node, in
@@ -63,6 +86,8 @@ func DefaultRates() Rates {
 		LocalPerToken:      16 * time.Microsecond,
 		LocalAttention:     1,
 		InFlightCost:       time.Millisecond,
+		PeerFixed:          20 * time.Millisecond,
+		PeerPerToken:       7 * time.Microsecond,
 	}
 }
 

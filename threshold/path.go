@@ -23,6 +23,14 @@ const (
 	// PathRecompute is a plain miss: the prefill engine computes the whole
 	// prompt and the decode engine reads what it lacks.
 	PathRecompute Path = "recompute"
+	// PathPeer is a recompute whose prefill engine first pulls, by block
+	// hash, what the decode engine that last held the conversation still
+	// keeps of it in its CPU tier (vLLM's OffloadingConnector with its
+	// peer tier: kv_transfer_params.remote_kv_source), and computes the
+	// rest; a chunk the tier no longer holds ends the pull there. The
+	// router takes it for a turn with no GPU hold to attach (see
+	// [Rates.PeerSaves]).
+	PathPeer Path = "peer"
 )
 
 // Why a Chooser did not take PathLocal although it estimated it cheapest

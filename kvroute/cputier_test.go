@@ -1,0 +1,183 @@
+package kvroute_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bidikv/bidikv/kvroute"
+	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/threshold"
+)
+
+// tierBlocks is the decode engine's KV capacity in the CPU tier tests:
+// 1,024 blocks of 16 tokens, a budget (half) of about two conversations of
+// longSystem.
+const tierBlocks = 1024
+
+// longSystem is a system prompt of about 3,600 tokens: long enough that
+// pulling it from a CPU tier beats computing it (threshold.Rates.PeerSaves).
+var longSystem = strings.Repeat(systemPrompt+" ", 50)
+
+// tierRig is a 1P1D cluster on a virtual clock whose decode engine has
+// tierBlocks blocks (a budget of half of them) and a CPU tier of dChunks
+// one-block chunks, written through with generated blocks and served to
+// peers; the prefill engine's GPU and CPU tier hold about one
+// conversation (so a turn finds little of its history on P); the router
+// is told the decode engine's tier is routerTokens tokens, at peer ("":
+// the engine's own peer tier).
+func tierRig(t *testing.T, dChunks, routerTokens int, peer string) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
+	t.Helper()
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	c := &kvroutetest.Cluster{Registry: kvroutetest.NewRegistry(), Clock: clk}
+	common := []kvroutetest.Option{kvroutetest.WithRegistry(c.Registry), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk)}
+	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300, OffloadGenerated: true, P2P: true}))...))
+	c.Decode = append(c.Decode, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: dChunks, OffloadGenerated: true, P2P: true}))...))
+	d := c.Decode[0]
+	if peer == "" {
+		host, port, ok := d.RankP2PChannel(0)
+		require.True(t, ok)
+		peer = net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	rec := &kvroutetest.Records{}
+	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(rec),
+		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5, CPUTierTokens: routerTokens,
+			CPUTierPeers: map[string]string{d.URL(): peer}}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return c, clk, r, serve(t, r), rec
+}
+
+// tierTurn sends conv's next turn, checks its answer against a single
+// engine's, and returns the router's record and the prefill engine's
+// record of the turn's prefill leg.
+func tierTurn(t *testing.T, c *kvroutetest.Cluster, srv string, rec *kvroutetest.Records, conv *conversation, id string) (kvroute.TurnRecord, kvroutetest.RequestRecord) {
+	t.Helper()
+	h := http.Header{}
+	h.Set("X-Request-Id", id)
+	res := post(t, srv, conv.path, conv.body(), h)
+	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+	want, err := kvroutetest.Reference(conv.path, conv.body())
+	require.NoError(t, err)
+	require.Equal(t, want.Text, res.text, "the answer differs from a single engine's")
+	conv.hear(res.text)
+	tr, ok := rec.Take(id)
+	require.True(t, ok)
+	var pr kvroutetest.RequestRecord
+	for _, r := range c.Prefill[0].FinishedRequests(tr.EngineRequestID) {
+		if r.Role == "prefill" {
+			pr = r
+		}
+	}
+	return tr, pr
+}
+
+// A hold the budget releases is demoted, not dropped: the conversation's
+// next turn has its prefill engine pull the history (prompt and answer)
+// from the decode engine's CPU tier by block hash, and computes only what
+// the tier lacks; the answer is a single engine's. Turns whose hold was
+// kept attach it as before (no tier pull).
+func TestCPUTierDemotedHoldsArePulled(t *testing.T) {
+	c, _, r, srv, rec := tierRig(t, 4096, 4096*16, "")
+	var convs []*conversation
+	first := map[*conversation]int{}
+	for i := range 6 {
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 200,
+			messages: []message{{Role: "system", Content: fmt.Sprintf("Conversation %d. %s", i, longSystem)}}}
+		conv.say(fmt.Sprintf("Conversation %d. %s", i, userText(i)))
+		_, pr := tierTurn(t, c, srv, rec, conv, fmt.Sprintf("c%d-t1", i))
+		first[conv] = pr.PromptTokens
+		convs = append(convs, conv)
+		if i == 0 {
+			knowCapacity(t, r)
+		}
+	}
+	settle(t, r, func(s kvroute.Stats) bool {
+		kv := r.DecodeKV()[0]
+		return kv.HeldTokens <= kv.Budget && requested(s) > 0 && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(len(convs)-kv.Handles)
+	})
+	pulls := 0
+	for i, conv := range convs {
+		conv.say(userText(i + 1))
+		tr, pr := tierTurn(t, c, srv, rec, conv, fmt.Sprintf("c%d-t2", i))
+		if tr.Reuse == kvroute.ReuseHit {
+			assert.Empty(t, tr.PeerSource, "a GPU hold attached: no tier pull")
+			assert.Zero(t, pr.PeerTokens)
+			continue
+		}
+		pulls++
+		assert.Equal(t, c.Decode[0].URL(), tr.PeerSource, "turn %d", i)
+		assert.Equal(t, threshold.PathPeer, tr.Choice)
+		assert.Positive(t, tr.PeerTokens)
+		// P's GPU and tier held one conversation at a time: the history
+		// comes from D's tier, all of its whole blocks.
+		assert.GreaterOrEqual(t, pr.PeerTokens, first[conv]/16*16-16*16, "turn %d: the history came from the decode engine's tier", i)
+		assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, first[conv]/16*16, "turn %d: nothing of the last prompt's whole blocks recomputed", i)
+		t.Logf("turn %d: prompt %d cached %d tier %d peer %d computed %d (history about %d)", i, pr.PromptTokens, pr.CachedTokens, pr.TierTokens, pr.PeerTokens, pr.ComputedTokens, first[conv])
+		assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
+	}
+	require.Positive(t, pulls, "some holds were released")
+	assert.EqualValues(t, pulls, r.Stats().PeerPulls)
+	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
+}
+
+// A turn whose tier pull misses is served correctly at the cost of a
+// recompute: the router's estimate says the history is there but the
+// decode engine's tier lost it (a tier far smaller than the router was
+// told), or the peer address reaches no tier at all. The prefill engine
+// loads nothing from the peer, computes the prompt, and the answer is a
+// single engine's.
+func TestCPUTierPeerMissRecomputes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		chunks int
+		peer   string
+	}{{"tier evicted", 8, ""}, {"unreachable peer", 4096, "10.255.255.1:5710"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk, r, srv, rec := tierRig(t, tc.chunks, 4096*16, tc.peer)
+			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
+				messages: []message{{Role: "system", Content: longSystem}}}
+			conv.say(userText(0))
+			tierTurn(t, c, srv, rec, conv, "t1")
+			// Past the retention TTL and D's own: the GPU hold is gone,
+			// the tier record stays (the ledger's horizon).
+			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
+			conv.say(userText(1))
+			tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+			assert.Equal(t, c.Decode[0].URL(), tr.PeerSource)
+			assert.Zero(t, pr.PeerTokens, "nothing came from the peer")
+			assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
+			assert.Positive(t, pr.ComputedTokens)
+			assert.EqualValues(t, 1, r.Stats().PeerPulls)
+		})
+	}
+}
+
+// Past the TTL the GPU hold is gone but the decode engine's tier still
+// holds the history: the next turn pulls it from there.
+func TestCPUTierAfterTTL(t *testing.T) {
+	c, clk, r, srv, rec := tierRig(t, 4096, 4096*16, "")
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
+	conv.say(userText(0))
+	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
+	other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: "Another. " + longSystem}}}
+	other.say(userText(9))
+	tierTurn(t, c, srv, rec, other, "other") // P now holds the other conversation, not this one
+	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
+	conv.say(userText(1))
+	tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+	assert.Equal(t, kvroute.MissExpired, tr.MissReason)
+	assert.Equal(t, c.Decode[0].URL(), tr.PeerSource)
+	assert.Positive(t, pr.PeerTokens, "what P no longer held came from D's tier")
+	assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, p1.PromptTokens/16*16)
+	assert.EqualValues(t, 1, r.Stats().PeerPulls)
+}
