@@ -13,6 +13,7 @@ package main
 // and the offline bound (fleetbound.go): the most any release policy could
 // reuse at this memory, knowing every future arrival.
 //
+//	go run ./examples/bench --fleet --cpu-tier [--replicas 4] [--capacity half|ample|TOKENS]   (fleettier.go)
 //	go run ./examples/bench --fleet [--replicas 4] [--ledger shared|per-replica] [--capacity half|ample|TOKENS] [--sessions 300] [--seed 1] [--svg fleet.svg] [--quick]
 //
 // --capacity half (the default) sizes the decode engines at half of the
@@ -65,6 +66,7 @@ type fleetConfig struct {
 	timeout         time.Duration
 	diagnose        bool // print where managed lost reuse against every hold's value
 	managedOnly     bool // --arms managed: unlimited memory and managed only
+	cpuTier         bool // --cpu-tier: the CPU tier head-to-head (fleettier.go)
 }
 
 // quickFlags are --quick's sizes: a run of seconds exercising every arm
@@ -102,6 +104,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target is not met (a wrong answer always does)")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
 	fs.BoolVar(&c.diagnose, "diagnose", false, "print where each managed arm lost reuse: its holds by what they waited for, size, pause, prefill engine, and its releases")
+	fs.BoolVar(&c.cpuTier, "cpu-tier", false, "the CPU tier head-to-head: every engine with a CPU tier twice its KV capacity; plain P/D, GPU holds only (a quarter of hold-everything's), the decode engines' CPU tier only, and both, against unlimited memory")
 	var arms string
 	fs.StringVar(&arms, "arms", "all", "the arms to run: all, or managed (unlimited memory, which sizes the capacity, and managed only: faster)")
 	if err := fs.Parse(args); err != nil {
@@ -193,6 +196,16 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	c, err := parseFleetFlags(args, stdout)
 	if err != nil {
 		return err
+	}
+	if c.cpuTier {
+		rep, err := fleetTierRun(ctx, c, progressOut(stderr))
+		if err != nil {
+			return err
+		}
+		if fails := printTier(stdout, rep); fails > 0 {
+			return fmt.Errorf("%d targets FAILed", fails)
+		}
+		return nil
 	}
 	rep, err := fleetRun(ctx, c, progressOut(stderr))
 	if err != nil {

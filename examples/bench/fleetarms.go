@@ -29,7 +29,11 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	// learned): startRig gives it to every replica (--ledger shared), or
 	// makes one a replica (per-replica: each budgets its own holds
 	// against whole engines).
-	ledger, err := budget.New(budget.WithFraction(c.budget), budget.WithCapacity(int64(a.capacity)))
+	fraction := c.budget
+	if a.holdFraction > 0 {
+		fraction = a.holdFraction
+	}
+	ledger, err := budget.New(budget.WithFraction(fraction), budget.WithCapacity(int64(a.capacity)))
 	if err != nil {
 		return m, nil, err
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,11 +26,19 @@ var fleetEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // armSpec is one arm of a fleet run: the router's decode memory options,
 // the decode engines' capacity and the router replicas.
 type armSpec struct {
-	name     string
-	managed  bool
-	capacity int           // tokens per decode engine
-	replicas int           // kvroute routers sharing one Store
-	done     *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
+	name    string
+	managed bool
+	// The CPU tier head-to-head (--cpu-tier, fleettier.go): tier gives
+	// every engine a CPU tier (twice its KV capacity, generated blocks
+	// written through, the peer tier on); peer has the router pull from
+	// the decode engines' tiers (kvroute.DecodeMemory.CPUTierTokens);
+	// plain turns reuse off (plain P/D); holdFraction, when above 0, is
+	// the managed arm's budget as a share of the capacity.
+	tier, peer, plain bool
+	holdFraction      float64
+	capacity          int           // tokens per decode engine
+	replicas          int           // kvroute routers sharing one Store
+	done              *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
 }
 
 // fleetTurn is what one turn measured.
@@ -39,7 +49,9 @@ type fleetTurn struct {
 	reused        int           // tokens P pulled from D's hold
 	computed      int           // prompt tokens P computed
 	cached        int           // prompt tokens P found in its prefix cache
+	tier, peer    int           // prompt tokens P loaded from a CPU tier, and of them from D's (--cpu-tier)
 	hit           bool
+	peerAsked     bool          // the router had P pull from D's CPU tier (--cpu-tier)
 	tool          bool          // the reply called the tool
 	pause         time.Duration // the pause after the answer (0 after the last turn)
 	last          bool          // the session's last turn
@@ -168,9 +180,16 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 			}
 			mem = m
 		}
+		if a.peer {
+			mem.CPUTierTokens, mem.CPUTierPeers = tierTokens(a.capacity), map[string]string{}
+			for _, e := range r.d {
+				host, port, _ := e.RankP2PChannel(0)
+				mem.CPUTierPeers[e.URL()] = net.JoinHostPort(host, strconv.Itoa(port))
+			}
+		}
 		router, err := kvroute.New(kvroute.WithPrefill(pu...), kvroute.WithDecode(du...),
 			kvroute.WithClock(r.clk.Now), kvroute.WithObserver(r.obs), kvroute.WithTransport(clockTransport{base: rt, clk: r.clk, rig: r}),
-			kvroute.WithStore(r.store), kvroute.WithDecodeMemory(mem))
+			kvroute.WithStore(r.store), kvroute.WithDecodeMemory(mem), kvroute.WithReuse(!a.plain))
 		if err != nil {
 			return nil, err
 		}
@@ -188,10 +207,12 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
 	reg := kvroutetest.NewRegistry()
 	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithClock(r.clk),
-		kvroutetest.WithProfile(c.prof), kvroutetest.WithToolCallRate(c.toolShare)}
+		kvroutetest.WithProfile(c.prof), kvroutetest.WithToolCallRate(c.toolShare),
+		kvroutetest.WithBidirectional(!a.plain)} // plain P/D: stock engines, D keeps nothing
+	pBlocks := c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)
 	for range c.prefill {
 		e, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(!c.noPrefixCache),
-			kvroutetest.WithNumBlocks(c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)),
+			kvroutetest.WithNumBlocks(pBlocks), tierOption(a, pBlocks*kvroutetest.DefaultBlockSize),
 			kvroutetest.WithKVLoadFailurePolicy("recompute"))...)
 		if err != nil {
 			return err
@@ -203,7 +224,7 @@ func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
 	}
 	for range c.decode {
 		e, err := kvroutetest.StartEngine(append(common,
-			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize))...)
+			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize), tierOption(a, a.capacity))...)
 		if err != nil {
 			return err
 		}
@@ -410,6 +431,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 		return ft, chatMessage{}, errors.New("no turn record")
 	}
 	ft.hit = rec.Reuse == kvroute.ReuseHit
+	ft.peerAsked = rec.PeerSource != ""
 	ft.ttft = rec.Render + rec.Prefill
 	if d := rig.byURL[rec.DecodeEndpoint]; d != nil {
 		for _, r := range d.FinishedRequests(rec.EngineRequestID) {
@@ -429,6 +451,8 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 				ft.reused += r.PulledTokens
 				ft.computed += r.ComputedTokens
 				ft.cached += r.CachedTokens
+				ft.tier += r.TierTokens
+				ft.peer += r.PeerTokens
 			}
 		}
 	}
