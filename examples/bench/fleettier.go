@@ -53,7 +53,6 @@ func tierOption(a armSpec, capacity int) kvroutetest.Option {
 		OffloadGenerated: true, P2P: true})
 }
 
-
 // tierReport is a --cpu-tier run.
 type tierReport struct {
 	cfg      fleetConfig
