@@ -184,12 +184,19 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 			"kvroute: a decode engine's block size is not the one its handles were fingerprinted with; its holds' shared prefixes are counted once per hold",
 			slog.String("endpoint", h.Engine), slog.Int("fingerprint_block_size", h.PrefixBlockSize))
 	}
-	_ = m.ledger.Add(h)
+	ep := m.rel.decode.find(h.Engine)
+	if !grew || ep == nil {
+		_ = m.ledger.Add(h)
+	} else {
+		// The hold of a leg that ended: readings no longer count the leg
+		// (decodemem.Pressure.Ended).
+		ep.mem.Retained(func() { _ = m.ledger.Add(h) })
+	}
 	if !grew || !m.cfg.on {
 		return
 	}
 	var unseen int64
-	if ep := m.rel.decode.find(h.Engine); ep != nil {
+	if ep != nil {
 		unseen = ep.mem.Snapshot().Unseen
 	}
 	nudgeOver(m, h.Engine, unseen)
@@ -295,10 +302,12 @@ func (m *decodeMemory) room(ep *endpoint) int {
 }
 
 // depart ends the count of a decode leg's tokens live on ep (arrive's).
+// Until its retain adds its hold (added), ep's readings count it as the
+// router's own, not as unseen KV (pressure.go).
 func (m *decodeMemory) depart(ep *endpoint, tokens int64) {
 	if tokens != 0 {
 		ep.mem.Live.Add(-tokens)
-		m.ledger.Running(ep.url, -tokens)
+		ep.mem.Ended(tokens, m.ledger.BlockSize(ep.url), func() { m.ledger.Running(ep.url, -tokens) })
 	}
 }
 
