@@ -185,12 +185,10 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 			slog.String("endpoint", h.Engine), slog.Int("fingerprint_block_size", h.PrefixBlockSize))
 	}
 	ep := m.rel.decode.find(h.Engine)
-	if !grew || ep == nil {
-		_ = m.ledger.Add(h)
+	if add := func() { _ = m.ledger.Add(h) }; grew && ep != nil {
+		ep.mem.Retained(add) // the hold of a leg that ended: readings no longer count the leg (depart)
 	} else {
-		// The hold of a leg that ended: readings no longer count the leg
-		// (decodemem.Pressure.Ended).
-		ep.mem.Retained(func() { _ = m.ledger.Add(h) })
+		add()
 	}
 	if !grew || !m.cfg.on {
 		return
@@ -200,15 +198,6 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 		unseen = ep.mem.Snapshot().Unseen
 	}
 	nudgeOver(m, h.Engine, unseen)
-}
-
-// nudgeOver has the releaser release holds on engine when they and the
-// unseen KV there (pressure.go) pass its budget: after a retain (added)
-// and after a reading that found unseen KV (record).
-func nudgeOver(m *decodeMemory, engine string, unseen int64) {
-	if held, b := m.ledger.Held(engine, m.clock()); b > 0 && held > 0 && held+unseen > b {
-		m.rel.nudge(engine)
-	}
 }
 
 // Making room on arrival. The budget caps what holds may take; under it

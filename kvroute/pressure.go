@@ -109,6 +109,15 @@ func (m *decodeMemory) record(e *endpoint, now time.Time, held, live int64, page
 	}
 }
 
+// nudgeOver has the releaser release holds on engine when they and the
+// unseen KV there (below) pass its budget: after a retain (added)
+// and after a reading that found unseen KV (record).
+func nudgeOver(m *decodeMemory, engine string, unseen int64) {
+	if held, b := m.ledger.Held(engine, m.clock()); b > 0 && held > 0 && held+unseen > b {
+		m.rel.nudge(engine)
+	}
+}
+
 // unseenWarn is the share of an engine's capacity in unseen KV from which
 // the router warns (once per engine).
 const unseenWarn = 0.1
