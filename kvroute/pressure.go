@@ -192,7 +192,7 @@ func (m *meter) read(ctx context.Context, e *endpoint) error {
 		press := m.mem != nil && m.mem.cfg.on && m.mem.cfg.interval >= 0 && e.phase == PhaseDecode // DecodeMemory's readings on
 		if press {
 			// The legs that ended before their holds are in the ledger
-			// count as live: unseen KV (below) is none of them.
+			// count as live: unseen KV (record) is none of them.
 			ended := e.mem.Begin(func() {
 				held, _ = m.mem.ledger.Held(e.url, now)
 				live = m.mem.ledger.Running(e.url, 0) // every Router's sharing the ledger
