@@ -1,6 +1,9 @@
 package kvroute
 
-import "net/http"
+import (
+	"context"
+	"net/http"
+)
 
 // RenderedPromptIDs is, for tests in package kvroute_test, the number of
 // turns whose decode answer's prompt ids were taken as the rendered ones
@@ -24,4 +27,16 @@ func LiveTokens(r *Router) []int64 {
 		out = append(out, e.mem.Live.Load())
 	}
 	return out
+}
+
+// ReadDecodeMetrics is, for tests in package kvroute_test, a reading of
+// every decode engine's /metrics now (the meter's, pressure.go), as a
+// turn's press or the restart check would start one.
+func ReadDecodeMetrics(r *Router) error {
+	for _, e := range r.decode.list() {
+		if err := r.meter.read(context.Background(), e); err != nil {
+			return err
+		}
+	}
+	return nil
 }

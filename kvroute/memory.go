@@ -184,24 +184,20 @@ func (m *decodeMemory) added(h budget.Hold, grew bool) {
 			"kvroute: a decode engine's block size is not the one its handles were fingerprinted with; its holds' shared prefixes are counted once per hold",
 			slog.String("endpoint", h.Engine), slog.Int("fingerprint_block_size", h.PrefixBlockSize))
 	}
-	_ = m.ledger.Add(h)
+	ep := m.rel.decode.find(h.Engine)
+	if add := func() { _ = m.ledger.Add(h) }; grew && ep != nil {
+		ep.mem.Retained(add) // the hold of a leg that ended: readings no longer count the leg (depart)
+	} else {
+		add()
+	}
 	if !grew || !m.cfg.on {
 		return
 	}
 	var unseen int64
-	if ep := m.rel.decode.find(h.Engine); ep != nil {
+	if ep != nil {
 		unseen = ep.mem.Snapshot().Unseen
 	}
 	nudgeOver(m, h.Engine, unseen)
-}
-
-// nudgeOver has the releaser release holds on engine when they and the
-// unseen KV there (pressure.go) pass its budget: after a retain (added)
-// and after a reading that found unseen KV (record).
-func nudgeOver(m *decodeMemory, engine string, unseen int64) {
-	if held, b := m.ledger.Held(engine, m.clock()); b > 0 && held > 0 && held+unseen > b {
-		m.rel.nudge(engine)
-	}
 }
 
 // Making room on arrival. The budget caps what holds may take; under it
@@ -295,10 +291,12 @@ func (m *decodeMemory) room(ep *endpoint) int {
 }
 
 // depart ends the count of a decode leg's tokens live on ep (arrive's).
+// Until its retain adds its hold (added), ep's readings count it as the
+// router's own, not as unseen KV (pressure.go).
 func (m *decodeMemory) depart(ep *endpoint, tokens int64) {
 	if tokens != 0 {
 		ep.mem.Live.Add(-tokens)
-		m.ledger.Running(ep.url, -tokens)
+		ep.mem.Ended(tokens, m.ledger.BlockSize(ep.url), func() { m.ledger.Running(ep.url, -tokens) })
 	}
 }
 

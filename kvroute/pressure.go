@@ -109,6 +109,15 @@ func (m *decodeMemory) record(e *endpoint, now time.Time, held, live int64, page
 	}
 }
 
+// nudgeOver has the releaser release holds on engine when they and the
+// unseen KV there (below) pass its budget: after a retain (added)
+// and after a reading that found unseen KV (record).
+func nudgeOver(m *decodeMemory, engine string, unseen int64) {
+	if held, b := m.ledger.Held(engine, m.clock()); b > 0 && held > 0 && held+unseen > b {
+		m.rel.nudge(engine)
+	}
+}
+
 // unseenWarn is the share of an engine's capacity in unseen KV from which
 // the router warns (once per engine).
 const unseenWarn = 0.1
@@ -117,7 +126,12 @@ const unseenWarn = 0.1
 // (vllm:kv_cache_usage_perc × its capacity) beyond the ledger's holds and
 // the live legs of every Router sharing it at the reading is KV the router does not
 // account for: other routers' holds and legs, the holds of streams whose
-// answers carry no handle, orphaned holds. It is counted as used where
+// answers carry no handle, orphaned holds. A leg of this router's that
+// ended before the reading and whose hold the ledger did not count yet
+// (its retain was running) is neither: it counts as live at the reading
+// (decodemem.Pressure.Begin), since its hold, added after, is counted in
+// the ledger, and as unseen KV too it would be counted twice until the
+// next reading. It is counted as used where
 // the budget and room are decided (memory.go: arrive, room, added), so
 // the engine's own usage, not only the ledger, stays within them: the
 // router's holds yield to it. DecodeKV.Unseen shows it; from unseenWarn
@@ -177,8 +191,13 @@ func (m *meter) read(ctx context.Context, e *endpoint) error {
 		var held, live int64
 		press := m.mem != nil && m.mem.cfg.on && m.mem.cfg.interval >= 0 && e.phase == PhaseDecode // DecodeMemory's readings on
 		if press {
-			held, _ = m.mem.ledger.Held(e.url, now)
-			live = m.mem.ledger.Running(e.url, 0) // every Router's sharing the ledger
+			// The legs that ended before their holds are in the ledger
+			// count as live: unseen KV (record) is none of them.
+			ended := e.mem.Begin(func() {
+				held, _ = m.mem.ledger.Held(e.url, now)
+				live = m.mem.ledger.Running(e.url, 0) // every Router's sharing the ledger
+			})
+			live += ended
 		}
 		var page metricspage.Page
 		call := upstream.Call{Path: "/metrics", Timeout: metricsTimeout, Limit: maxMetricsBytes}

@@ -1,9 +1,11 @@
 package kvroute_test
 
 import (
+	"context"
 	"fmt"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,4 +136,79 @@ func TestLedgerForgetsEnginesThatLeft(t *testing.T) {
 	}()))
 	assert.Equal(t, []string{c.Decode[2].URL()}, engines(), "only the engine in the pool is left")
 	assert.Zero(t, c.Decode[2].Stats().WrongOutputs)
+}
+
+// A reading of the decode engine's /metrics that lands after a turn's
+// decode leg ended (it no longer counts live) and before the retain adds
+// its hold to the ledger finds the leg's blocks on the engine in neither
+// the ledger's holds nor its live legs. Before, it counted them as unseen
+// KV, and that figure stayed until the next reading while the hold was
+// counted too: the next leg's arrival counted the leg's tokens twice and
+// released a hold for room it did not need (Stats.ReleasedRoom). A Store
+// whose Put has the router read the engine first forces that order: leg
+// ends, reading, hold added, next leg arrives. The ended leg is counted
+// as the router's own until its hold is in the ledger: no unseen KV, no
+// room made for a leg that fits beside the holds.
+func TestUnseenKVOmitsLegEndedBeforeItsHold(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			mem, err := retention.NewMemory()
+			require.NoError(t, err)
+			store := &readingStore{Store: mem}
+			_, r, srv, front := budgetRig(t, "", kvroute.WithStore(store))
+			distinctTurns(t, r, srv, 1) // the engine's capacity read, one hold
+			require.Zero(t, r.DecodeKV()[0].Unseen, "%+v", r.DecodeKV()[0])
+			var readErr error
+			unseenThen := int64(-1)
+			store.read = func() {
+				readErr = kvroute.ReadDecodeMetrics(r)
+				unseenThen = r.DecodeKV()[0].Unseen
+			}
+			store.armed.Store(true)
+			conv := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 16,
+				messages: []message{{Role: "system", Content: "Conversation 1. " + systemPrompt}}}
+			conv.say("Conversation 1. " + userText(1))
+			conv.hear(releaseTurn(t, srv, conv.path, conv.body(), nil))
+			require.False(t, store.armed.Load(), "the retain's Put had the engine read")
+			require.NoError(t, readErr)
+			kv := r.DecodeKV()[0]
+			require.Equal(t, 2, kv.Handles)
+			assert.Zero(t, unseenThen, "the ended leg's blocks are not unseen KV at the reading: %+v", kv)
+			assert.Zero(t, kv.Unseen, "the hold is not counted as unseen KV too: %+v", kv)
+
+			// The next leg may take what the holds leave under the limit:
+			// it fits, no room is made.
+			next := &conversation{path: kvroute.PathChatCompletions, stream: stream, maxTok: 1,
+				messages: []message{{Role: "system", Content: "Conversation 2. " + systemPrompt}}}
+			next.say("Conversation 2. " + userText(2))
+			probe, err := kvroutetest.Reference(next.path, next.body())
+			require.NoError(t, err)
+			limit := min(int64(float64(kv.Capacity)*(1-kvroute.Defaults().DecodeMemory.Headroom)), kv.Budget)
+			next.maxTok = int(limit - kv.HeldTokens - int64(probe.PromptTokens))
+			require.Positive(t, next.maxTok, "the leg fits beside the holds")
+			next.hear(releaseTurn(t, srv, next.path, next.body(), nil))
+			settle(t, r, func(s kvroute.Stats) bool {
+				return requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load())
+			})
+			s := r.Stats()
+			assert.Zero(t, s.ReleasedRoom, "no room made for a leg that fits")
+			assert.Zero(t, s.ReleasedBudget, "the holds fit the budget")
+			assert.Zero(t, front.releases.Load())
+			assert.Equal(t, 3, r.DecodeKV()[0].Handles)
+		})
+	}
+}
+
+// readingStore is a Store whose next Put, once armed, first runs read.
+type readingStore struct {
+	kvroute.Store
+	armed atomic.Bool
+	read  func()
+}
+
+func (s *readingStore) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	if s.armed.CompareAndSwap(true, false) {
+		s.read()
+	}
+	return s.Store.Put(ctx, key, value, ttl)
 }

@@ -45,7 +45,30 @@ type Pressure struct {
 	LenReading atomic.Bool
 	// Live is the tokens of the decode legs in flight on the engine.
 	Live atomic.Int64
+
+	// ended: the decode legs that left the live count and whose holds
+	// the ledger may not count yet (Ended, Retained, Begin).
+	ended endedLegs
 }
+
+// endedLegs is what a reading counts of the decode legs that ended on an
+// engine (their answer whole: the engine still holds their blocks) before
+// their retain added the hold to the ledger. Its lock is held across the
+// ledger call each of Ended, Retained and Begin runs, so that a reading's
+// snapshot of the ledger and of the ended legs is of one instant: a leg
+// is in the ledger's live legs, among the ended legs or in its holds,
+// never in none of them and never in two.
+type endedLegs struct {
+	mu sync.Mutex
+	// cur ended since the last reading began; old before it, and were
+	// counted by it. A leg not retained by the reading after (its retain
+	// refused it, the leg broke, the engine failed) is no longer counted:
+	// what it left on the engine is released or freed.
+	cur, old legCount
+}
+
+// legCount is a number of legs and their tokens.
+type legCount struct{ n, tokens int64 }
 
 // Reading is one snapshot of a Pressure.
 type Reading struct {
@@ -94,7 +117,8 @@ func (p *Pressure) ReadSince(now time.Time) bool {
 
 // Record records what page, a reading begun at now with the ledger
 // holding held tokens on the engine and the router's decode legs live
-// tokens, tells; a figure the page refused keeps its last value. It
+// tokens (in flight, and ended with their holds not yet in the ledger:
+// Begin), tells; a figure the page refused keeps its last value. It
 // returns the engine's capacity and the block size its handles follow
 // (0: unknown).
 func (p *Pressure) Record(now time.Time, held, live int64, page *metricspage.Page) (capacity int64, blockSize int) {
@@ -123,11 +147,66 @@ func (p *Pressure) Record(now time.Time, held, live int64, page *metricspage.Pag
 			p.blockSize = size // the size its handles' blocks follow
 		}
 	}
+	// live counts the legs that ended before the reading and whose holds
+	// were not in held yet (Begin): their blocks are on the engine, and
+	// their holds, added after the reading, are counted in the ledger. As
+	// unseen KV they were counted twice until the next reading: the next
+	// leg's arrival made room it did not need.
 	p.unseen = 0
 	if p.usage >= 0 && p.capacity > 0 {
 		p.unseen = max(int64(p.usage*float64(p.capacity)+0.5)-held-live, 0)
 	}
 	return p.capacity, p.blockSize
+}
+
+// Ended records that a decode leg of tokens left the live count (its
+// answer is whole, or the leg is over), while leave takes it off the
+// ledger's live legs: until its hold is added (Retained) readings count it
+// as the router's own (Begin), not as unseen KV, in whole blocks of
+// blockSize tokens (0: unknown) as the engine holds it.
+func (p *Pressure) Ended(tokens int64, blockSize int, leave func()) {
+	if bs := int64(blockSize); bs > 0 {
+		tokens = (tokens + bs - 1) / bs * bs
+	}
+	p.ended.mu.Lock()
+	defer p.ended.mu.Unlock()
+	leave()
+	p.ended.cur.n++
+	p.ended.cur.tokens += tokens
+}
+
+// Retained runs add, which adds the hold of a decode leg that ended on the
+// engine to the ledger, and ends the count of one ended leg (the oldest
+// first; legs are counted by number and tokens, so one of average size).
+func (p *Pressure) Retained(add func()) {
+	p.ended.mu.Lock()
+	defer p.ended.mu.Unlock()
+	add()
+	c := &p.ended.old
+	if c.n == 0 {
+		c = &p.ended.cur
+	}
+	if c.n > 0 {
+		c.tokens -= c.tokens / c.n
+		c.n--
+		if c.n == 0 {
+			c.tokens = 0
+		}
+	}
+}
+
+// Begin begins a reading: it runs snap, which reads the ledger's holds and
+// live legs on the engine, and returns the tokens of the legs that ended
+// and whose holds are not in the ledger yet (Ended): they are on the
+// engine and the router's own. The legs the reading before counted and
+// that were not retained since are counted for the last time.
+func (p *Pressure) Begin(snap func()) (ended int64) {
+	p.ended.mu.Lock()
+	defer p.ended.mu.Unlock()
+	snap()
+	ended = p.ended.old.tokens + p.ended.cur.tokens
+	p.ended.old, p.ended.cur = p.ended.cur, legCount{}
+	return ended
 }
 
 // ModelLenKnown reports whether max_model_len is known for the process
