@@ -34,6 +34,12 @@ var longSystem = strings.Repeat(systemPrompt+" ", 50)
 // is told the decode engine's tier is routerTokens tokens, at peer ("":
 // the engine's own peer tier).
 func tierRig(t *testing.T, dChunks, routerTokens int, peer string) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
+	return tierRigLocal(t, dChunks, routerTokens, peer, false)
+}
+
+// tierRigLocal is tierRig with decode-local turns (DecodeMemory.Local) on
+// or off.
+func tierRigLocal(t *testing.T, dChunks, routerTokens int, peer string, local bool) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
 	t.Helper()
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := &kvroutetest.Cluster{Registry: kvroutetest.NewRegistry(), Clock: clk}
@@ -51,7 +57,7 @@ func tierRig(t *testing.T, dChunks, routerTokens int, peer string) (*kvroutetest
 	rec := &kvroutetest.Records{}
 	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(rec),
 		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5, CPUTierTokens: routerTokens,
-			CPUTierPeers: map[string]string{d.URL(): peer}}))
+			CPUTierPeers: map[string]string{d.URL(): peer}, Local: local}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, clk, r, serve(t, r), rec
@@ -180,4 +186,46 @@ func TestCPUTierAfterTTL(t *testing.T) {
 	assert.Positive(t, pr.PeerTokens, "what P no longer held came from D's tier")
 	assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, p1.PromptTokens/16*16)
 	assert.EqualValues(t, 1, r.Stats().PeerPulls)
+}
+
+// With decode-local turns on, a conversation whose GPU hold is gone but
+// whose history the decode engine's tier holds, coming back with a short
+// suffix, is answered on that decode engine as a plain request: it
+// reloads the history from its own tier (no prefill leg, no network copy)
+// and computes the suffix; the answer is a single engine's.
+func TestCPUTierDecodeLocal(t *testing.T) {
+	c, clk, r, srv, rec := tierRigLocal(t, 4096, 4096*16, "", true)
+	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
+	conv.say(userText(0))
+	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
+	for i := range 5 { // D's GPU prefix cache turns over: the history is only in its tier
+		other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: fmt.Sprintf("Other %d. %s", i, longSystem)}}}
+		other.say(userText(i))
+		tierTurn(t, c, srv, rec, other, fmt.Sprintf("other-%d", i))
+	}
+	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
+	conv.say(userText(1))
+	h := http.Header{}
+	h.Set("X-Request-Id", "t2")
+	res := post(t, srv, conv.path, conv.body(), h)
+	require.Equal(t, http.StatusOK, res.status, "%s", res.raw)
+	want, err := kvroutetest.Reference(conv.path, conv.body())
+	require.NoError(t, err)
+	require.Equal(t, want.Text, res.text)
+	tr, ok := rec.Take("t2")
+	require.True(t, ok)
+	assert.Equal(t, threshold.PathLocal, tr.Choice)
+	assert.Equal(t, kvroute.ReuseLocal, tr.Reuse)
+	assert.Empty(t, tr.PrefillEndpoint, "no prefill leg")
+	var dr kvroutetest.RequestRecord
+	for _, q := range c.Decode[0].FinishedRequests(tr.EngineRequestID) {
+		dr = q
+	}
+	assert.Equal(t, "plain", dr.Role)
+	assert.GreaterOrEqual(t, dr.TierTokens, p1.PromptTokens/16*16-16*16, "the history came from D's own tier")
+	assert.GreaterOrEqual(t, dr.CachedTokens+dr.TierTokens, p1.PromptTokens/16*16)
+	assert.Less(t, dr.ComputedTokens, 200, "only the suffix computed")
+	t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
+	assert.EqualValues(t, 1, r.Stats().ChoseLocal)
+	assert.Zero(t, r.Stats().PeerPulls)
 }

@@ -51,7 +51,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	w := choosePath(t, &f, h)                 // lookup.go: pull, decode-local or recompute
 	w.rel, w.relWhy = release(lctx, t, &f, w) // lookup.go: a handle not attached, released or put back
 	placedOf(t, &f)                           // lookup.go: what the last decode engine's CPU tier holds of it
-	w = peerPath(t, &f, w)                    // lookup.go: a prefill leg without a GPU hold pulls from it
+	w = peerPath(lctx, t, &f, w)              // lookup.go: a prefill leg without a GPU hold pulls from it
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose
 	rt.placed, rt.resident = f.placed.Decode, f.resident

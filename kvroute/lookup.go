@@ -369,26 +369,81 @@ func placedOf(t *turn, f *found) {
 // peerPath decides whether the turn's prefill leg pulls from the CPU tier
 // of the conversation's last decode engine (f.placed) and returns w with
 // the pull: only a turn that attaches no GPU hold and goes through a
-// prefill leg.
-func peerPath(t *turn, f *found, w way) way {
+// prefill leg. With decode-local turns on (a Chooser), a turn that took
+// no handle from the Store may go decode-local instead: the decode engine
+// reloads the history from its own tier and computes the suffix.
+func peerPath(ctx context.Context, t *turn, f *found, w way) way {
 	r := t.r
 	if f.placed.Decode == "" || w.h.handle != nil || w.local != nil {
 		return w
 	}
-	rates := threshold.DefaultRates()
-	if cm, ok := r.chooser.(*threshold.CostModel); ok {
-		rates = cm.Rates()
-	}
 	host, port, ok := r.mem.cfg.tier.Addr(f.placed.Decode)
-	if !ok || f.resident <= 0 || r.decode.eligible(f.placed.Decode) == nil || rates.PeerSaves(f.resident, w.prompt) <= 0 {
+	ep := r.decode.eligible(f.placed.Decode)
+	if !ok || f.resident <= 0 || ep == nil {
+		r.stats.peerSkipped.Add(1)
+		return w
+	}
+	pull := true
+	if r.chooser != nil && w.rel == nil && f.key == "" {
+		w, pull = tierChoice(ctx, t, f, w, ep)
+		if w.local != nil {
+			return w
+		}
+	} else {
+		rates := threshold.DefaultRates()
+		if cm, ok := r.chooser.(*threshold.CostModel); ok {
+			rates = cm.Rates()
+		}
+		pull = rates.PeerSaves(f.resident, w.prompt) > 0
+	}
+	if !pull {
 		r.stats.peerSkipped.Add(1)
 		return w
 	}
 	r.stats.peerPulls.Add(1)
 	w.peer = peerPull{decode: f.placed.Decode, host: host, port: port, resident: f.resident}
 	t.rec.PeerSource, t.rec.PeerTokens = f.placed.Decode, f.resident
-	if w.chose.Path == "" || w.chose.Path == threshold.PathRecompute {
+	if w.chose.Path == "" || w.chose.Path == threshold.PathRecompute || w.chose.Path == threshold.PathPull {
 		t.rec.Choice = threshold.PathPeer
 	}
 	return w
+}
+
+// tierChoice asks the Chooser, for a turn whose history only the decode
+// engine ep's CPU tier holds, whether to pull it to a prefill engine
+// (pull true), go decode-local on ep (w.local), or recompute; the
+// prompt's tokens come from its render (as verification's do). A turn
+// whose prompt cannot be counted pulls.
+func tierChoice(ctx context.Context, t *turn, f *found, w way, ep *endpoint) (way, bool) {
+	r := t.r
+	n := w.prompt
+	if tp, ok := t.proof.(*tokenProof); ok && n <= 0 {
+		if ids, err := tp.promptTokens(ctx); err == nil {
+			n = len(ids)
+		}
+	}
+	if n <= 1 {
+		return w, true
+	}
+	in := threshold.Turn{PromptTokens: n, ReusableTokens: min(f.resident, n-1), Decode: ep.url,
+		DecodeInFlight: int(ep.inflight.Load()), FromCPU: true}
+	c := r.chooser.Choose(in)
+	w.prompt = n
+	t.rec.Choice, t.rec.EstimatedTTFT, t.rec.LocalRefusal = c.Path, c.Estimate, c.Refusal
+	switch c.Path {
+	case threshold.PathLocal:
+		r.stats.choseLocal.Add(1)
+		t.rec.Reuse = ReuseLocal
+		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens}
+		w.local = ep
+		return w, false
+	case threshold.PathRecompute:
+		r.stats.choseRecompute.Add(1)
+		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens}
+		return w, false
+	}
+	// A pull from the tier is no GPU hold's: the learning Chooser is not
+	// told it as one (asked stays false).
+	w.chose = chosen{Choice: c}
+	return w, true
 }

@@ -52,6 +52,10 @@ type Rates struct {
 	// Fixed priors, not learned.
 	PeerFixed    time.Duration
 	PeerPerToken time.Duration
+	// TierLoadPerToken is a decode engine's reload of its own CPU tier
+	// into GPU memory (host to device), per token, before a decode-local
+	// turn of a conversation whose hold was released. A fixed prior.
+	TierLoadPerToken time.Duration
 }
 
 // PeerSaves returns what a prefill of prompt tokens saves by pulling the
@@ -88,6 +92,7 @@ func DefaultRates() Rates {
 		InFlightCost:       time.Millisecond,
 		PeerFixed:          20 * time.Millisecond,
 		PeerPerToken:       7 * time.Microsecond,
+		TierLoadPerToken:   time.Microsecond,
 	}
 }
 
@@ -202,13 +207,19 @@ func NewCostModel(c CostConfig) (*CostModel, error) {
 	if c.Priors == (Rates{}) {
 		c.Priors = DefaultRates()
 	}
+	if d := DefaultRates(); c.Priors.PeerFixed == 0 && c.Priors.PeerPerToken == 0 && c.Priors.TierLoadPerToken == 0 {
+		// Priors from before the CPU tier's rates: a tier pull is priced
+		// as the pull is, plus the host-to-device copy.
+		c.Priors.PeerFixed, c.Priors.TierLoadPerToken = c.Priors.PullFixed, d.TierLoadPerToken
+		c.Priors.PeerPerToken = c.Priors.PullPerToken + d.TierLoadPerToken
+	}
 	p := c.Priors
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidCost}, args...)...))
 	}
 	for _, d := range []time.Duration{p.PrefillFixed, p.PrefillPerToken, p.PullFixed, p.PullPerToken,
-		p.DecodeFirstFixed, p.DecodeReadPerToken, p.LocalFixed, p.LocalPerToken, p.InFlightCost} {
+		p.DecodeFirstFixed, p.DecodeReadPerToken, p.LocalFixed, p.LocalPerToken, p.InFlightCost, p.PeerFixed, p.PeerPerToken, p.TierLoadPerToken} {
 		if d < 0 {
 			bad("negative rate in Priors (%v)", d)
 			break
@@ -309,6 +320,11 @@ func (m *CostModel) Estimate(in Turn) (pull, local, recompute time.Duration) {
 	}
 	local = dur(dot(lc, localX(in))) + time.Duration(max(in.DecodeInFlight, 0))*m.cfg.Priors.InFlightCost
 	m.mu.Unlock()
+	if in.FromCPU {
+		pr, n := m.cfg.Priors, time.Duration(max(in.ReusableTokens, 0))
+		pull += pr.PeerFixed - pr.PullFixed + n*(pr.PeerPerToken-pr.PullPerToken)
+		local += n * pr.TierLoadPerToken
+	}
 	return pull, local, recompute
 }
 
@@ -431,7 +447,8 @@ func (m *CostModel) Rates() Rates {
 		PrefillPerToken: dur(p[3] / tokScale), PrefillAttention: p[4] / msPerNs / pairScale,
 		DecodeFirstFixed: dur(d[0]), DecodeReadPerToken: dur(d[1] / tokScale),
 		LocalFixed: dur(l[0]), LocalPerToken: dur(l[1] / tokScale), LocalAttention: l[2] / msPerNs / pairScale,
-		InFlightCost: m.cfg.Priors.InFlightCost,
+		InFlightCost: m.cfg.Priors.InFlightCost, PeerFixed: m.cfg.Priors.PeerFixed, PeerPerToken: m.cfg.Priors.PeerPerToken,
+		TierLoadPerToken: m.cfg.Priors.TierLoadPerToken,
 	}
 }
 

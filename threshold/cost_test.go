@@ -263,3 +263,37 @@ func TestNewCostModelReportsEveryField(t *testing.T) {
 	assert.Contains(t, err.Error(), "PriorWeight")
 	assert.Contains(t, err.Error(), "Forget")
 }
+
+// A turn whose reusable tokens are in the decode engine's CPU tier costs
+// a peer pull more than a GPU pull (the network copy and the load), a
+// decode-local turn the reload; recomputing is unchanged; PeerSaves is
+// positive for a long history and negative for a short one.
+func TestCostModelFromCPU(t *testing.T) {
+	m, err := threshold.NewCostModel(threshold.CostConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := threshold.Turn{PromptTokens: 30000, ReusableTokens: 29000, Decode: "d"}
+	pull, local, rec := m.Estimate(in)
+	in.FromCPU = true
+	peer, tierLocal, rec2 := m.Estimate(in)
+	r := threshold.DefaultRates()
+	if want := pull + r.PeerFixed - r.PullFixed + 29000*(r.PeerPerToken-r.PullPerToken); peer != want {
+		t.Fatalf("peer %v, want %v", peer, want)
+	}
+	if tierLocal != local+29000*r.TierLoadPerToken || rec2 != rec {
+		t.Fatalf("local %v (GPU %v), recompute %v (%v)", tierLocal, local, rec2, rec)
+	}
+	if r.PeerSaves(29000, 30000) <= 0 || r.PeerSaves(500, 600) >= 0 {
+		t.Fatalf("PeerSaves %v at 29k, %v at 500", r.PeerSaves(29000, 30000), r.PeerSaves(500, 600))
+	}
+	old := threshold.DefaultRates()
+	old.PeerFixed, old.PeerPerToken, old.TierLoadPerToken = 0, 0, 0
+	m2, err := threshold.NewCostModel(threshold.CostConfig{Priors: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m2.Rates(); got.PeerFixed != old.PullFixed || got.PeerPerToken <= old.PullPerToken {
+		t.Fatalf("priors without the tier's rates: %+v", got)
+	}
+}

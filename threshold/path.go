@@ -59,6 +59,13 @@ type Turn struct {
 	// HandleAge is the handle's age and RetentionTTL how long the router
 	// retains a handle; 0 when unknown.
 	HandleAge, RetentionTTL time.Duration
+	// FromCPU: the reusable tokens are in the decode engine's CPU tier,
+	// not a GPU hold (the router released the hold; the tier kept a
+	// copy). PathPull then means PathPeer (the prefill engine pulls them
+	// from that tier: Rates.PeerFixed and PeerPerToken replace the pull's
+	// fixed and per-token cost) and a decode-local turn reloads them from
+	// the tier first (Rates.TierLoadPerToken).
+	FromCPU bool
 }
 
 // Suffix returns the tokens the turn adds to what the decode engine holds:
