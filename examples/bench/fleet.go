@@ -84,7 +84,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.prefill, "prefill", 2, "prefill engines")
 	fs.IntVar(&c.decode, "decode", 2, "decode engines")
 	fs.StringVar(&c.profileName, "profile", "qwen3-32b", "engine profile (qwen3-32b or glm-5-fp8)")
-	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of the unlimited arm's mean demand), ample (the profile's node), or tokens")
+	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of the unlimited arm's mean demand), ample (the profile's node), peak (what unlimited memory uses at its peak; --cpu-tier's default), or tokens")
 	fs.Float64Var(&c.budget, "budget", defaultBudget, "managed arm: the share of each decode engine's capacity its holds may take")
 	fs.Float64Var(&c.headroom, "headroom", 0, "managed arm: the share of each decode engine's capacity kept free of holds when a decode leg arrives (kvroute.DecodeMemory.Headroom; 0: its default, negative: no room made on arrival)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the sessions")
@@ -159,7 +159,15 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	case c.maxPrompt < 20000 || c.maxPrompt > c.prof.KVCapacityTokens:
 		return c, fmt.Errorf("--max-prompt must be in [20000, %d]", c.prof.KVCapacityTokens)
 	}
-	if c.capacity != "half" && c.capacity != "ample" {
+	capSet := false
+	fs.Visit(func(f *flag.Flag) { capSet = capSet || f.Name == "capacity" })
+	if c.cpuTier && !capSet {
+		c.capacity = "peak"
+	}
+	if c.capacity == "peak" && !c.cpuTier {
+		return c, errors.New("--capacity peak: only with --cpu-tier")
+	}
+	if c.capacity != "half" && c.capacity != "ample" && c.capacity != "peak" {
 		n, err := strconv.Atoi(c.capacity)
 		if err != nil || n < c.maxPrompt+replyMax+callRoom+kvroutetest.DefaultBlockSize {
 			return c, fmt.Errorf("--capacity %q: want half, ample, or tokens above --max-prompt", c.capacity)

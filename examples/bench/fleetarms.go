@@ -37,7 +37,7 @@ func decodeMemory(c fleetConfig, a armSpec) (kvroute.DecodeMemory, *budget.Budge
 	if err != nil {
 		return m, nil, err
 	}
-	m.Budget, m.Ledger, m.Headroom = 0, ledger, c.headroom
+	m.Budget, m.Ledger, m.Headroom, m.Local = 0, ledger, c.headroom, a.local
 	// No /metrics reads: the router makes them in the background on a
 	// real-time ticker, beside the event clock, so what a read sees (and
 	// which holds placement then avoids) would depend on the machine's

@@ -36,6 +36,7 @@ type armSpec struct {
 	// the managed arm's budget as a share of the capacity.
 	tier, peer, plain bool
 	holdFraction      float64
+	local             bool          // decode-local turns (kvroute.DecodeMemory.Local): the cost model's other ways
 	capacity          int           // tokens per decode engine
 	replicas          int           // kvroute routers sharing one Store
 	done              *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
@@ -47,11 +48,13 @@ type fleetTurn struct {
 	prompt        int           // prompt tokens
 	ttft          time.Duration // modelled: render + prefill leg + D's first token
 	reused        int           // tokens P pulled from D's hold
-	computed      int           // prompt tokens P computed
+	computed      int           // prompt tokens P computed (D, for a turn it answered alone)
 	cached        int           // prompt tokens P found in its prefix cache
 	tier, peer    int           // prompt tokens P loaded from a CPU tier, and of them from D's (--cpu-tier)
+	dTier         int           // prompt tokens a decode-local turn's D reloaded from its own CPU tier
 	hit           bool
 	peerAsked     bool          // the router had P pull from D's CPU tier (--cpu-tier)
+	local         bool          // a decode-local turn
 	tool          bool          // the reply called the tool
 	pause         time.Duration // the pause after the answer (0 after the last turn)
 	last          bool          // the session's last turn
@@ -432,9 +435,17 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 	}
 	ft.hit = rec.Reuse == kvroute.ReuseHit
 	ft.peerAsked = rec.PeerSource != ""
+	ft.local = rec.Reuse == kvroute.ReuseLocal
 	ft.ttft = rec.Render + rec.Prefill
 	if d := rig.byURL[rec.DecodeEndpoint]; d != nil {
 		for _, r := range d.FinishedRequests(rec.EngineRequestID) {
+			if r.Role == "plain" {
+				// decode-local (or D prefilling by itself): D computed
+				// the prompt, after its prefix cache and its own tier
+				ft.computed += r.ComputedTokens
+				ft.cached += r.CachedTokens
+				ft.dTier += r.TierTokens
+			}
 			if r.Role == "decode" || r.Role == "plain" {
 				ft.ttft += r.FirstToken
 				ft.dWaited = ft.dWaited || r.Queued > 0

@@ -29,8 +29,15 @@ import (
 //     budget released (or that expired) pulls from D's CPU tier, as the
 //     cost model chooses (kvroute.DecodeMemory.CPUTierTokens).
 //
-// The decode engines have the --capacity of the other fleet runs; the
-// targets are the combined arm's: at least 95% of unlimited memory's
+//   - both, decode-local too: the combined arm whose cost model may also
+//     answer a turn on its decode engine (kvroute.DecodeMemory.Local),
+//     which reloads a released hold's history from its own tier: shown,
+//     not a target (a decode-local turn's suffix is computed again by the
+//     next turn's prefill engine, so it trades prefill work for TTFT).
+//
+// The decode engines have, by default (--capacity peak), what holding
+// everything uses on an engine at its peak. The targets are the combined
+// arm's: at least 95% of unlimited memory's
 // prefill savings (prompt tokens plain P/D computes that the arm does
 // not), no preemption on D, no wrong answer, and a TTFT p99 below each
 // single-path arm's.
@@ -69,6 +76,7 @@ const (
 	tierGPU
 	tierCPU
 	tierBoth
+	tierBothLocal
 )
 
 func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierReport, error) {
@@ -96,19 +104,23 @@ func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierR
 		return rep, err
 	}
 	u := rep.arms[0]
-	demand := meanDemand(u)
+	uf := figures(u)
 	switch c.capacity {
 	case "ample":
 		rep.capacity = ample
 	case "half":
-		rep.capacity = max(demand/2/kvroutetest.DefaultBlockSize*kvroutetest.DefaultBlockSize,
+		rep.capacity = max(meanDemand(u)/2/kvroutetest.DefaultBlockSize*kvroutetest.DefaultBlockSize,
 			c.maxPrompt+replyMax+callRoom+kvroutetest.DefaultBlockSize)
+	case "peak":
+		// What holding everything uses on an engine at its peak: hold
+		// everything fits, and the others hold a quarter of it.
+		rep.capacity = maxOf(uf.usedPeak) / kvroutetest.DefaultBlockSize * kvroutetest.DefaultBlockSize
 	default:
 		rep.capacity, _ = strconv.Atoi(c.capacity)
 	}
 	// A quarter of what holding everything holds on an engine at its
 	// peak, within the budget the capacity allows.
-	rep.holds = min(maxOf(figures(u).heldPeak)/4, c.budgetTokens(rep.capacity))
+	rep.holds = min(maxOf(uf.heldPeak)/4, c.budgetTokens(rep.capacity))
 	quarter := float64(rep.holds) / float64(rep.capacity)
 	for _, a := range []armSpec{
 		{name: "plain P/D", plain: true},
@@ -118,6 +130,7 @@ func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierR
 		// D keeps nothing at all, at no release request).
 		{name: "CPU tier only", managed: true, holdFraction: float64(kvroutetest.DefaultBlockSize) / float64(rep.capacity), peer: true},
 		{name: "both (cost model)", managed: true, holdFraction: quarter, peer: true},
+		{name: "both, decode-local too", managed: true, holdFraction: quarter, peer: true, local: true},
 	} {
 		a.capacity = rep.capacity
 		if err := run(a); err != nil {
@@ -132,6 +145,8 @@ func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierR
 type tierFigures struct {
 	peerAsked  int   // turns whose prefill leg named D's tier
 	tier, peer int64 // prompt tokens P loaded from a CPU tier, and of them from D's
+	local      int   // decode-local turns
+	dTier      int64 // tokens their D reloaded from its own tier
 	saved      int64 // prompt tokens plain P/D computed that this arm did not
 }
 
@@ -143,6 +158,10 @@ func tierFiguresOf(a armResult, plain armFigures, f armFigures) tierFigures {
 		}
 		t.tier += int64(tr.tier)
 		t.peer += int64(tr.peer)
+		t.dTier += int64(tr.dTier)
+		if tr.local {
+			t.local++
+		}
 	}
 	t.saved = plain.computed - f.computed
 	return t
@@ -197,6 +216,9 @@ func printTier(w io.Writer, rep tierReport) int {
 		return fmt.Sprintf("%s (%d / %d)", ktok(int(t.peer)), t.peerAsked, skipped)
 	})
 	row("loaded from P's own CPU tier", func(_ int, _ armFigures, t tierFigures) string { return ktok(int(t.tier - t.peer)) })
+	row("decode-local turns (reloaded from D's tier)", func(_ int, _ armFigures, t tierFigures) string {
+		return fmt.Sprintf("%d (%s)", t.local, ktok(int(t.dTier)))
+	})
 	row("D KV held: peak / mean (max engine)", func(_ int, f armFigures, _ tierFigures) string {
 		return ktok(maxOf(f.heldPeak)) + " / " + ktok(maxOf(f.heldMean))
 	})
@@ -206,7 +228,7 @@ func printTier(w io.Writer, rep tierReport) int {
 	row("releases by reason (routers)", func(i int, _ armFigures, _ tierFigures) string { return releasesString(rep.arms[i]) })
 	tw.Flush()
 	fmt.Fprintln(w, "TTFT is modelled (render, P's queue, pull or tier load and prefill, D's first token); the CPU tier's costs (device-to-host writes, the peer pull as a NIXL read, host-to-device loads) are the simulator's assumed prices (internal/sim/cost.go), not measurements.")
-	fmt.Fprintln(w, "prefill savings: prompt tokens plain P/D's prefill engines computed that the arm's did not (from D's GPU holds, D's CPU tier, P's own prefix cache and CPU tier).")
+	fmt.Fprintln(w, "prefill savings: prompt tokens plain P/D computed that the arm did not, on P or (decode-local turns) on D: reused from D's GPU holds, D's CPU tier, the engines' prefix caches and their own CPU tiers.")
 	return tierTargets(w, rep, figs, tf)
 }
 
