@@ -43,9 +43,13 @@ type Profile struct {
 	// is asynchronous and only counted (vllm:kv_offload_store_time).
 	// PeerFixed and PeerPerToken price a pull from a peer's CPU tier into
 	// this engine's: the lookup and fetch round trips and the network
-	// copy (the chunks then load as HostToDevicePerToken prices). 0: free.
+	// copy (the chunks then load as HostToDevicePerToken prices).
+	// PeerLookup prices a peer lookup that found nothing to pull: the
+	// lookup's round trip and the scheduler step it holds the request
+	// (the P2P tier answers RETRY until the peer replies). 0: free.
 	HostToDevicePerToken    time.Duration
 	PeerFixed, PeerPerToken time.Duration
+	PeerLookup              time.Duration
 }
 
 // HostToDevice models moving n tokens of KV between GPU and CPU memory.
@@ -216,7 +220,9 @@ func (p Profile) Decode(n int) time.Duration { return time.Duration(n) * p.Inter
 // token, 0.66 µs; glm-5-fp8 480 KiB, 1.23 µs. A peer pull crosses the
 // same network as a NIXL read, so it is priced as the calibrated KV read
 // (TransferFixed, TransferPerToken), then loads host-to-device: never
-// cheaper than pulling the same tokens from a GPU hold.
+// cheaper than pulling the same tokens from a GPU hold. A lookup that finds
+// nothing the request lacks costs PeerLookup, 5 ms: a control round trip
+// and one scheduler step, also an ASSUMPTION.
 //
 // # Render
 //
@@ -246,6 +252,7 @@ var profiles = []Profile{
 
 		HostToDevicePerToken: 655 * time.Nanosecond,
 		PeerFixed:            19805 * time.Microsecond,
+		PeerLookup:           5 * time.Millisecond,
 		PeerPerToken:         6000 * time.Nanosecond,
 	},
 	{
@@ -267,6 +274,7 @@ var profiles = []Profile{
 
 		HostToDevicePerToken: 1229 * time.Nanosecond,
 		PeerFixed:            22037 * time.Microsecond,
+		PeerLookup:           5 * time.Millisecond,
 		PeerPerToken:         5133 * time.Nanosecond,
 	},
 }

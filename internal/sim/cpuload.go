@@ -215,6 +215,7 @@ func (e *Engine) tierLoad(r *rank, t *turn, toks []uint32) {
 		if !ok {
 			kv, peer := t.peerKV[i]
 			if !peer || len(kv) != ct {
+				t.peerMissed = t.peerAsked
 				break
 			}
 			if _, ok := tier.store(keys[i:i+1], [][]uint64{kv}, nil); !ok {

@@ -189,7 +189,7 @@ func TestCPUTierPeerHandshakeMismatchRecomputes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			reg := sim.NewRegistry()
 			src := tiered(t, reg, 256, true, mod)
-			dst := tiered(t, reg, 256, true, nil)
+			dst := tiered(t, reg, 256, true, func(c *sim.Config) { c.Profile = sim.Profile{PeerLookup: 3000} })
 			body := chat(msg{"user", words("mismatch", 80)})
 			checkAnswer(t, src, body, post(t, src.url, "/v1/chat/completions", body))
 			res := post(t, dst.url, "/v1/chat/completions", with(body, "kv_transfer_params", source(t, src)))
@@ -197,6 +197,7 @@ func TestCPUTierPeerHandshakeMismatchRecomputes(t *testing.T) {
 			rec := lastRecord(dst)
 			require.Zero(t, rec.TierTokens)
 			require.Equal(t, res.Prompt, rec.ComputedTokens)
+			require.EqualValues(t, 3000, rec.Transfer, "the lookup that found nothing costs its round trip")
 			s := dst.Stats()
 			require.Equal(t, 1, s.CPUPeerRejects)
 			require.Equal(t, 1, s.CPUPeerMisses)

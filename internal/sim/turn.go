@@ -58,6 +58,7 @@ type turn struct {
 	// admission and the chunks it has written through.
 	offload      *offloadParams
 	peerAsked    bool
+	peerMissed   bool // the load consulted the peer for a chunk and it had none
 	peerKV       map[int][]uint64
 	tierPins     []*cpuChunk
 	tierTokens   int
@@ -217,6 +218,9 @@ func (e *Engine) execute(ctx context.Context, t *turn) *apiError {
 	}
 	r.TierTokens, r.PeerTokens = t.tierTokens, t.peerTokens
 	r.Transfer = p.Transfer(t.count) + p.PeerPull(t.peerTokens) + p.HostToDevice(t.tierTokens)
+	if t.peerMissed && t.peerTokens == 0 {
+		r.Transfer += p.PeerLookup // the lookup went to the peer and found nothing
+	}
 	r.Decode = p.Decode(len(g.Tokens))
 	e.stats.TokensComputed += computed
 	e.stats.TokensPulledIn += t.count

@@ -41,10 +41,13 @@ type Profile struct {
 	// HostToDevicePerToken prices moving one token of KV between the GPUs
 	// and the CPU tier (WithCPUTier): loads delay the request (its
 	// Transfer), stores are asynchronous. PeerFixed and PeerPerToken price
-	// a pull from a peer's CPU tier. The named profiles' values are an
-	// assumption (internal/sim/cost.go). 0: free.
+	// a pull from a peer's CPU tier; PeerLookup a peer lookup that found
+	// nothing to pull (its round trip and the scheduler step it holds the
+	// request). The named profiles' values are an assumption
+	// (internal/sim/cost.go). 0: free.
 	HostToDevicePerToken    time.Duration
 	PeerFixed, PeerPerToken time.Duration
+	PeerLookup              time.Duration
 }
 
 // NumGPUBlocks is the profile's capacity in blocks of bs tokens, for
