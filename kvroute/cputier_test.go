@@ -15,6 +15,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
 	"github.com/bidikv/bidikv/threshold"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // tierBlocks is the decode engine's KV capacity in the CPU tier tests:
@@ -228,4 +229,50 @@ func TestCPUTierDecodeLocal(t *testing.T) {
 	t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
 	assert.EqualValues(t, 1, r.Stats().ChoseLocal)
 	assert.Zero(t, r.Stats().PeerPulls)
+}
+
+// A data-parallel decode engine serves each rank's tier at the base port
+// plus the rank (vLLM binds them so): a CPUTierPeers entry for the
+// engine's base URL addresses every rank, and each released hold's next
+// turn pulls from the rank that decoded it.
+func TestCPUTierDataParallelRanks(t *testing.T) {
+	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+	reg := kvroutetest.NewRegistry()
+	common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk)}
+	p := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300, OffloadGenerated: true, P2P: true}))...)
+	d := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks), kvroutetest.WithDPSize(2),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 4096, OffloadGenerated: true, P2P: true}))...)
+	host, port, ok := d.RankP2PChannel(0)
+	require.True(t, ok)
+	base, err := transport.ParseEndpoint(d.URL())
+	require.NoError(t, err)
+	r0, r1 := base, base
+	r0.Rank, r1.Rank = 0, 1
+	rec := &kvroutetest.Records{}
+	r, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithEndpoints(kvroute.PhaseDecode, r0, r1), kvroute.WithObserver(rec),
+		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5, CPUTierTokens: 4096 * 16,
+			CPUTierPeers: map[string]string{base.URL.String(): net.JoinHostPort(host, strconv.Itoa(port))}}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	srv := serve(t, r)
+	c := &kvroutetest.Cluster{Prefill: []*kvroutetest.Engine{p}, Decode: []*kvroutetest.Engine{d}, Registry: reg, Clock: clk}
+	var convs []*conversation
+	for i := range 6 {
+		conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
+			messages: []message{{Role: "system", Content: fmt.Sprintf("Conversation %d. %s", i, longSystem)}}}
+		conv.say(userText(i))
+		tierTurn(t, c, srv, rec, conv, fmt.Sprintf("c%d-t1", i))
+		convs = append(convs, conv)
+	}
+	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute) // every GPU hold gone
+	ranks := map[string]bool{}
+	for i, conv := range convs {
+		conv.say(userText(i + 1))
+		tr, pr := tierTurn(t, c, srv, rec, conv, fmt.Sprintf("c%d-t2", i))
+		require.NotEmpty(t, tr.PeerSource, "turn %d", i)
+		ranks[tr.PeerSource] = true
+		assert.Positive(t, pr.PeerTokens, "turn %d: pulled from %s", i, tr.PeerSource)
+	}
+	assert.Len(t, ranks, 2, "conversations on both ranks pulled from their own")
 }

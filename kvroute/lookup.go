@@ -377,9 +377,13 @@ func peerPath(ctx context.Context, t *turn, f *found, w way) way {
 	if f.placed.Decode == "" || w.h.handle != nil || w.local != nil {
 		return w
 	}
-	host, port, ok := r.mem.cfg.tier.Addr(f.placed.Decode)
 	ep := r.decode.eligible(f.placed.Decode)
-	if !ok || f.resident <= 0 || ep == nil {
+	if ep == nil || f.resident <= 0 {
+		r.stats.peerSkipped.Add(1)
+		return w
+	}
+	host, port, ok := r.mem.cfg.tier.Addr(ep.url, ep.ep.URL, ep.ep.Rank)
+	if !ok {
 		r.stats.peerSkipped.Add(1)
 		return w
 	}

@@ -273,7 +273,7 @@ func resolveDecodeMemory(c *config) {
 		roomRate: m.RoomRate, tier: peertier.Config{Tokens: m.CPUTierTokens, Port: m.CPUTierPort,
 			Peers: maps.Clone(m.CPUTierPeers), PromptOnly: m.CPUTierPromptOnly}}
 	for u, hp := range m.CPUTierPeers {
-		if _, _, ok := mem.tier.Addr(u); !ok {
+		if !peertier.ValidPeer(hp) {
 			c.fail("WithDecodeMemory", "CPUTierPeers[%q] = %q: want host:port", u, hp)
 		}
 	}

@@ -38,29 +38,51 @@ type Config struct {
 // On reports whether the decode engines have a tier.
 func (c Config) On() bool { return c.Tokens > 0 }
 
-// Addr returns the peer-tier host and port of the decode engine at
-// engineURL, ok false when neither Peers nor the URL gives a host.
-func (c Config) Addr(engineURL string) (host string, port int, ok bool) {
-	if hp, found := c.Peers[engineURL]; found {
-		h, p, err := net.SplitHostPort(hp)
-		if err != nil {
-			return "", 0, false
-		}
-		n, err := strconv.Atoi(p)
-		if err != nil || n <= 0 || n > 65535 || h == "" {
-			return "", 0, false
-		}
-		return h, n, true
+// Addr returns the peer-tier host and port of a decode engine: Peers'
+// entry for its id (its URL, with " (rank N)" for a data-parallel rank)
+// or, for a rank, for its base URL (the rank's port is that entry's plus
+// the rank, as vLLM binds it); else base's host and Port plus the rank.
+// ok is false when neither gives a host and a port.
+func (c Config) Addr(id string, base *url.URL, rank int) (host string, port int, ok bool) {
+	rank = max(rank, 0)
+	if hp, found := c.Peers[id]; found {
+		return splitHostPort(hp, 0)
 	}
-	u, err := url.Parse(engineURL)
-	if err != nil || u.Hostname() == "" {
+	if base != nil {
+		if hp, found := c.Peers[base.String()]; found {
+			return splitHostPort(hp, rank)
+		}
+	}
+	if base == nil || base.Hostname() == "" {
 		return "", 0, false
 	}
 	port = c.Port
 	if port == 0 {
 		port = DefaultPort
 	}
-	return u.Hostname(), port, true
+	if port+rank > 65535 {
+		return "", 0, false
+	}
+	return base.Hostname(), port + rank, true
+}
+
+// ValidPeer reports whether hp is a Peers value: host:port.
+func ValidPeer(hp string) bool {
+	_, _, ok := splitHostPort(hp, 0)
+	return ok
+}
+
+// splitHostPort parses hp, host:port, and adds rank to the port.
+func splitHostPort(hp string, rank int) (string, int, bool) {
+	h, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n <= 0 || n+rank > 65535 || h == "" {
+		return "", 0, false
+	}
+	return h, n + rank, true
 }
 
 // Resident estimates the leading tokens of p's turn that its decode

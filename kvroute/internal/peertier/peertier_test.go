@@ -2,6 +2,7 @@ package peertier_test
 
 import (
 	"encoding/json"
+	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,22 +13,43 @@ import (
 )
 
 func TestAddr(t *testing.T) {
-	c := peertier.Config{Tokens: 1, Peers: map[string]string{"http://d1:8000": "10.0.0.7:7777", "http://bad": "nohostport"}}
-	h, p, ok := c.Addr("http://d0:8000")
-	assert.True(t, ok)
-	assert.Equal(t, "d0", h)
-	assert.Equal(t, peertier.DefaultPort, p)
-	h, p, ok = c.Addr("http://d1:8000")
-	assert.True(t, ok)
-	assert.Equal(t, "10.0.0.7", h)
-	assert.Equal(t, 7777, p)
-	_, _, ok = c.Addr("http://bad")
-	assert.False(t, ok)
-	_, _, ok = c.Addr("::not a url")
-	assert.False(t, ok)
+	c := peertier.Config{Tokens: 1, Peers: map[string]string{"http://d1:8000": "10.0.0.7:7777",
+		"http://d2:8000 (rank 1)": "10.0.0.8:6000", "http://bad": "nohostport"}}
+	u := func(s string) *url.URL {
+		v, err := url.Parse(s)
+		require.NoError(t, err)
+		return v
+	}
+	for _, tc := range []struct {
+		id, base string
+		rank     int
+		host     string
+		port     int
+		ok       bool
+	}{
+		{"http://d0:8000", "http://d0:8000", -1, "d0", peertier.DefaultPort, true},
+		{"http://d0:8000 (rank 2)", "http://d0:8000", 2, "d0", peertier.DefaultPort + 2, true},
+		{"http://d1:8000", "http://d1:8000", -1, "10.0.0.7", 7777, true},
+		{"http://d1:8000 (rank 3)", "http://d1:8000", 3, "10.0.0.7", 7780, true}, // the base's entry, plus the rank
+		{"http://d2:8000 (rank 1)", "http://d2:8000", 1, "10.0.0.8", 6000, true}, // the rank's own entry
+		{"http://bad", "http://bad", -1, "", 0, false},
+		{"x", "", -1, "", 0, false},
+	} {
+		var base *url.URL
+		if tc.base != "" {
+			base = u(tc.base)
+		}
+		h, p, ok := c.Addr(tc.id, base, tc.rank)
+		assert.Equal(t, tc.ok, ok, tc.id)
+		assert.Equal(t, tc.host, h, tc.id)
+		assert.Equal(t, tc.port, p, tc.id)
+	}
 	c.Port = 6000
-	_, p, _ = c.Addr("http://[::1]:8000")
+	_, p, _ := c.Addr("http://[::1]:8000", u("http://[::1]:8000"), -1)
 	assert.Equal(t, 6000, p)
+	assert.True(t, peertier.ValidPeer("h:1"))
+	assert.False(t, peertier.ValidPeer("h"))
+	assert.False(t, peertier.ValidPeer("h:0"))
 }
 
 func TestResident(t *testing.T) {
