@@ -23,21 +23,16 @@ import (
 // offload_prompt_only, the peer port) only a pull can show: --probe runs
 // one (doctortierprobe.go).
 
-// defaultP2PPort is VLLM_P2P_SIDE_CHANNEL_PORT's default: the peer tier's
-// base port, rank k listening on it + k.
-const defaultP2PPort = 5710
-
-// tierOptions are the doctor's CPU-tier flags.
+// tierOptions are the doctor's CPU-tier options: --cpu-tier, and the tier
+// as the proxy's flags give it (cpuTier, memory.go), which runDoctor copies
+// from the configuration.
 type tierOptions struct {
-	on     bool
-	port   int
-	tokens int64 // the decode engines' CPU tier per data-parallel rank; 0 unknown
+	on bool
+	cpuTier
 }
 
 func (o *tierOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.on, "cpu-tier", false, "also check the decode engines' CPU tier (OffloadingConnector with a p2p tier) for peer pulls by the prefill engines; with --probe, pull once")
-	fs.IntVar(&o.port, "cpu-tier-port", defaultP2PPort, "the peer tier's side-channel base port on the decode engines (VLLM_P2P_SIDE_CHANNEL_PORT; rank k: +k)")
-	fs.Int64Var(&o.tokens, "cpu-tier-tokens", 0, "the decode engines' CPU tier capacity in tokens per data-parallel rank (vLLM exports none; 0: unknown)")
 }
 
 // tierCheck is one line of the doctor's CPU-tier section: what was seen,
