@@ -35,12 +35,13 @@ func TestCPUTierFlagsServe(t *testing.T) {
 	pe := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300),
 		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300, OffloadGenerated: true, P2P: true}))...)
 	de := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(1024),
-		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 4096, OffloadGenerated: true, P2P: true}))...)
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 4096, OffloadGenerated: true, P2P: true, P2PPort: 5799}))...)
 	host, port, ok := de.RankP2PChannel(0)
 	require.True(t, ok)
 	d := de.URL()
-	// The peer's entry names the decode engine as --decode does not
-	// (a trailing slash): the proxy normalizes both alike.
+	// D's peer tier is not at --cpu-tier-port (5710) on its URL's host:
+	// --cpu-tier-peers names it. Its entry names the decode engine as
+	// --decode does not (a trailing slash): the proxy normalizes both alike.
 	p := startInProcess(t, nil, "--prefill", pe.URL(), "--decode", d, "--decode-memory-budget", "0.1",
 		"--cpu-tier-tokens", "65536", "--cpu-tier-peers", d+"/="+net.JoinHostPort(host, strconv.Itoa(port)))
 
@@ -94,8 +95,18 @@ func TestCPUTierFlagsServe(t *testing.T) {
 	}
 	require.Len(t, prefill, 1, "the turn's prefill leg")
 	pr := prefill[0]
-	assert.Contains(t, string(pr.Body), `"remote_kv_source"`, "the prefill leg names the decode engine's tier")
-	assert.Contains(t, string(pr.Body), strconv.Itoa(port), "at --cpu-tier-peers' port")
+	var sent struct {
+		Params struct {
+			Source *struct {
+				Host string `json:"remote_host"`
+				Port int    `json:"remote_port"`
+			} `json:"remote_kv_source"`
+		} `json:"kv_transfer_params"`
+	}
+	require.NoError(t, json.Unmarshal(pr.Body, &sent))
+	require.NotNil(t, sent.Params.Source, "the prefill leg carries remote_kv_source")
+	assert.Equal(t, host, sent.Params.Source.Host, "--cpu-tier-peers' host")
+	assert.Equal(t, port, sent.Params.Source.Port, "--cpu-tier-peers' port")
 	assert.Positive(t, pr.PeerTokens, "the history came from the decode engine's tier")
 	assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
 	t.Logf("prompt %d cached %d tier %d peer %d computed %d", pr.PromptTokens, pr.CachedTokens, pr.TierTokens, pr.PeerTokens, pr.ComputedTokens)
