@@ -87,6 +87,8 @@ func flagValue(f *flag.Flag) string {
 		return "SIZE"
 	case *listFlag:
 		return listValues[f.Name]
+	case *tierPeers:
+		return "URL=HOST:PORT,..."
 	}
 	return ""
 }
