@@ -15,8 +15,9 @@ import (
 // The doctor's CPU-tier checks (--cpu-tier): whether the decode engines'
 // CPU tiers (vLLM's OffloadingConnector in a MultiConnector after the
 // NixlConnector, with the peer tier of PR 48021) would serve peer pulls
-// by the prefill engines, as docs/cpu-tier.md describes them. The router
-// does not route to the tier yet; these checks let an operator fix a
+// by the prefill engines, as docs/cpu-tier.md describes them, with the
+// tier the proxy serves from (--cpu-tier-tokens, --cpu-tier-port,
+// --cpu-tier-peers: cpuTier); these checks let an operator fix a
 // deployment first. What /metrics shows is checked always (the connector,
 // one block size, one hash algorithm, prefix caching, the capacity); what
 // it does not (the hash seed, the offloaded chunk size,
