@@ -97,6 +97,7 @@ type cpuTier struct {
 	promptOnly bool
 }
 
+// flags adds the CPU tier flags to fs (the "Decode memory" group).
 func (t *cpuTier) flags(fs *flag.FlagSet) {
 	fs.Int64Var(&t.tokens, "cpu-tier-tokens", 0, "the decode engines' CPU tier capacity in tokens per data-parallel rank (vLLM exports none): a turn whose decode hold is gone has its prefill engine pull the history from the tier of its conversation's last decode engine, when that is cheaper than recomputing (0: no tier)")
 	fs.IntVar(&t.port, "cpu-tier-port", defaultP2PPort, "the peer tier's side-channel base port on the decode engines (VLLM_P2P_SIDE_CHANNEL_PORT; rank k: +k)")
