@@ -335,6 +335,9 @@ func parseCommand(name, head string, args []string, getenv func(string) string, 
 	if err := c.endpoints(ph.set || pp.set, dh.set || dp.set); err != nil {
 		return nil, err
 	}
+	if c.dns.decode == "" {
+		c.warnings = append(c.warnings, c.memory.tier.unknownPeers(c.decodeURLs)...)
+	}
 	return c, c.validate()
 }
 

@@ -70,6 +70,7 @@ func runDoctor(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
+	o.tier.cpuTier = cfg.memory.tier
 	log := newLogger(cfg, stderr)
 	if len(cfg.dns.pools()) > 0 {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)

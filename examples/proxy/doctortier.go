@@ -15,29 +15,25 @@ import (
 // The doctor's CPU-tier checks (--cpu-tier): whether the decode engines'
 // CPU tiers (vLLM's OffloadingConnector in a MultiConnector after the
 // NixlConnector, with the peer tier of PR 48021) would serve peer pulls
-// by the prefill engines, as docs/cpu-tier.md describes them. The router
-// does not route to the tier yet; these checks let an operator fix a
+// by the prefill engines, as docs/cpu-tier.md describes them, with the
+// tier the proxy serves from (--cpu-tier-tokens, --cpu-tier-port,
+// --cpu-tier-peers: cpuTier); these checks let an operator fix a
 // deployment first. What /metrics shows is checked always (the connector,
 // one block size, one hash algorithm, prefix caching, the capacity); what
 // it does not (the hash seed, the offloaded chunk size,
 // offload_prompt_only, the peer port) only a pull can show: --probe runs
 // one (doctortierprobe.go).
 
-// defaultP2PPort is VLLM_P2P_SIDE_CHANNEL_PORT's default: the peer tier's
-// base port, rank k listening on it + k.
-const defaultP2PPort = 5710
-
-// tierOptions are the doctor's CPU-tier flags.
+// tierOptions are the doctor's CPU-tier options: --cpu-tier, and the tier
+// as the proxy's flags give it (cpuTier, memory.go), which runDoctor copies
+// from the configuration.
 type tierOptions struct {
-	on     bool
-	port   int
-	tokens int64 // the decode engines' CPU tier per data-parallel rank; 0 unknown
+	on bool
+	cpuTier
 }
 
 func (o *tierOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.on, "cpu-tier", false, "also check the decode engines' CPU tier (OffloadingConnector with a p2p tier) for peer pulls by the prefill engines; with --probe, pull once")
-	fs.IntVar(&o.port, "cpu-tier-port", defaultP2PPort, "the peer tier's side-channel base port on the decode engines (VLLM_P2P_SIDE_CHANNEL_PORT; rank k: +k)")
-	fs.Int64Var(&o.tokens, "cpu-tier-tokens", 0, "the decode engines' CPU tier capacity in tokens per data-parallel rank (vLLM exports none; 0: unknown)")
 }
 
 // tierCheck is one line of the doctor's CPU-tier section: what was seen,

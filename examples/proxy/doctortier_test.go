@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,6 +115,12 @@ func TestDoctorCPUTier(t *testing.T) {
 		{name: "wrong peer port", args: []string{"--probe", "--cpu-tier-tokens", twice, "--cpu-tier-port", "5799"},
 			want:  []string{"every peer pull missed", "through remote_kv_source 127.0.0.1:5799", "port 5799 (--cpu-tier-port"},
 			notOK: []string{"peer pull"}},
+		{name: "peer tier named by --cpu-tier-peers", args: []string{"--probe", "--cpu-tier-tokens", twice, "--cpu-tier-peers", "{decode}=127.0.0.1:5799"},
+			d: func(c *kvroutetest.CPUTier) []kvroutetest.Option { c.P2PPort = 5799; return nil }},
+		{name: "wrong port in --cpu-tier-peers", args: []string{"--probe", "--cpu-tier-tokens", twice, "--cpu-tier-peers", "{decode}=127.0.0.1:5798"},
+			d:     func(c *kvroutetest.CPUTier) []kvroutetest.Option { c.P2PPort = 5799; return nil },
+			want:  []string{"every peer pull missed", "through remote_kv_source 127.0.0.1:5798", "port 5798 (--cpu-tier-peers"},
+			notOK: []string{"peer pull"}},
 		{name: "prompt-only decode engine", args: []string{"--probe", "--cpu-tier-tokens", twice},
 			d: func(c *kvroutetest.CPUTier) []kvroutetest.Option { c.OffloadGenerated = false; return nil },
 			want: []string{"prompt tokens through remote_kv_source 127.0.0.1:5710, none of the 65 generated ones: the decode engine stored none of its answer",
@@ -135,7 +142,11 @@ func TestDoctorCPUTier(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p, d := tierEngines(t, tc.p, tc.d)
-			out, err, raw := tierDoctor(t, p, d, tc.args...)
+			args := slices.Clone(tc.args)
+			for i := range args {
+				args[i] = strings.ReplaceAll(args[i], "{decode}", d.URL())
+			}
+			out, err, raw := tierDoctor(t, p, d, args...)
 			if !tc.fail {
 				require.NoError(t, err, "the tier's checks are warnings: reuse through NIXL works\n%s", raw)
 				assert.True(t, out.Works)
@@ -166,7 +177,7 @@ func TestDoctorCPUTier(t *testing.T) {
 				assert.Contains(t, raw, "the prefill engine loaded about 192 of the 200 tokens of the prompt (135) and the answer (65)", "the pull's figures")
 				return
 			}
-			_, err, _ = tierDoctor(t, p, d, append(tc.args, "--strict")...)
+			_, err, _ = tierDoctor(t, p, d, append(args, "--strict")...)
 			assert.ErrorIs(t, err, errNoReuse, "--strict: exit 1 on a tier gap")
 		})
 	}

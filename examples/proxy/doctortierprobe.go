@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/bidikv/bidikv/kvroute/capability"
@@ -35,7 +38,9 @@ const tierProbeBody = 4 << 20
 // tierPeer is the pair a pull is tried between.
 type tierPeer struct {
 	p, d   engineFacts
-	port   int // the decode engine's peer-tier port (rank 0)
+	host   string // the decode engine's peer-tier host ("": its URL's)
+	port   int    // the decode engine's peer-tier port (rank 0)
+	named  string // the flag that gave them
 	key    string
 	rt     http.RoundTripper
 	engOpt []capability.Option
@@ -64,7 +69,12 @@ func (o tierOptions) tierProbe(ctx context.Context, rt http.RoundTripper, c *con
 	}
 	var out []tierCheck
 	for i, d := range decode {
-		tp := tierPeer{p: prefill[i%len(prefill)], d: d, port: o.port, key: c.upstreamAPIKey, rt: rt, engOpt: opts}
+		tp := tierPeer{p: prefill[i%len(prefill)], d: d, port: o.port, named: "--cpu-tier-port", key: c.upstreamAPIKey, rt: rt, engOpt: opts}
+		if hp, ok := o.peers.m[d.url]; ok { // checked by the flag
+			h, port, _ := net.SplitHostPort(hp)
+			tp.host, tp.named = h, "--cpu-tier-peers"
+			tp.port, _ = strconv.Atoi(port)
+		}
 		out = append(out, tp.pull(ctx))
 	}
 	return out
@@ -134,7 +144,8 @@ func (tp tierPeer) pull(ctx context.Context) tierCheck {
 
 	// 3: the prompt and the answer, pulled by the prefill engine.
 	toks := append(append([]int64(nil), first.prompt...), second.answer...)
-	src := map[string]any{"kv_request_id": "bidikv-doctor-" + nonce, "remote_host": dep.URL.Hostname(), "remote_port": tp.port}
+	host := cmp.Or(tp.host, dep.URL.Hostname())
+	src := map[string]any{"kv_request_id": "bidikv-doctor-" + nonce, "remote_host": host, "remote_port": tp.port}
 	if _, err := tp.complete(ctx, tp.p, pep, map[string]any{"prompt": toks, "max_tokens": 1,
 		"kv_transfer_params": map[string]any{"remote_kv_source": src}}); err != nil {
 		return notRun("the prefill engine's request: "+err.Error(), "")
@@ -145,13 +156,13 @@ func (tp tierPeer) pull(ctx context.Context) tierCheck {
 	}
 	loaded := p3.OffloadLoadBytes - p0.OffloadLoadBytes
 	tokens := func(b float64) int { return int(b/perToken + 0.5) }
-	where := fmt.Sprintf("remote_kv_source %s:%d", dep.URL.Hostname(), tp.port)
+	where := fmt.Sprintf("remote_kv_source %s", net.JoinHostPort(host, strconv.Itoa(tp.port)))
 	switch {
 	case loaded <= 0:
 		return tierCheck{check: "peer pull", severity: gapWarn,
 			seen: fmt.Sprintf("%s: every peer pull missed: the decode engine stored about %d of the %d tokens (prompt and answer) in its CPU tier, and the prefill engine loaded none of them through %s. The peer tier shows no error for this: the request computes", pair, tokens(storedPrompt+storedGen), n+len(second.answer), where),
 			fix: "one PYTHONHASHSEED on every engine (required with xxhash and on older vLLM); one --prefix-caching-hash-algo; one --block-size and one offloaded block_size (the handshake rejects a mismatch: the engines log \"rejecting peer connect\"); " +
-				fmt.Sprintf("the decode engine's peer tier at port %d (--cpu-tier-port: its VLLM_P2P_SIDE_CHANNEL_PORT, rank k at +k) reachable from the prefill engine, ", tp.port) +
+				fmt.Sprintf("the decode engine's peer tier at port %d (%s: its VLLM_P2P_SIDE_CHANNEL_PORT, rank k at +k) reachable from the prefill engine, ", tp.port, tp.named) +
 				"with VLLM_P2P_SIDE_CHANNEL_HOST its routable address, not localhost, across hosts; a p2p secondary tier on the prefill engine too"}
 	case loaded <= storedPrompt*1.001:
 		seen := fmt.Sprintf("%s: the prefill engine loaded about %d of the %d prompt tokens through %s, none of the %d generated ones", pair, tokens(loaded), n, where, len(second.answer))

@@ -41,7 +41,8 @@ var helpGroups = []struct {
 		"retention-ttl", "decoder-kv-blocks-ttl", "decode-local", "decode-stream", "local-prefill-fallback", "restart-check",
 		"render-timeout", "kv-bytes-per-token"}},
 	{"Decode memory", []string{"decode-memory-budget", "decode-memory-headroom", "decode-memory-room-rate", "decode-kv-capacity", "decode-high-watermark",
-		"decode-metrics-interval", "decode-memory-releases", "decode-memory-journal"}},
+		"decode-metrics-interval", "decode-memory-releases", "decode-memory-journal",
+		"cpu-tier-tokens", "cpu-tier-port", "cpu-tier-peers", "cpu-tier-prompt-only"}},
 	{"Limits", []string{"max-body-bytes", "max-buffered-bytes", "max-object-members", "max-header-bytes",
 		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit", "min-body-rate"}},
 	{"Timeouts", []string{"prefill-timeout", "first-byte-timeout", "idle-timeout", "buffered-timeout", "read-header-timeout",
@@ -49,7 +50,7 @@ var helpGroups = []struct {
 	{"Observability", []string{"log-level", "log-format", "metrics-require-key", "debug-addr", "debug-allow-remote"}},
 	{"Deployment", []string{"host", "port", "api-key", "api-key-file", "allow-anonymous-conversation-id",
 		"redis-url", "redis-wait-replicas"}},
-	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens", "cpu-tier", "cpu-tier-port", "cpu-tier-tokens"}},
+	{"Doctor", []string{"probe", "json", "strict", "probe-engine-timeout", "probe-timeout", "probe-max-tokens", "cpu-tier"}},
 }
 
 // positiveDurations are the duration flags whose 0 means nothing: they
@@ -86,6 +87,8 @@ func flagValue(f *flag.Flag) string {
 		return "SIZE"
 	case *listFlag:
 		return listValues[f.Name]
+	case *tierPeers:
+		return "URL=HOST:PORT,..."
 	}
 	return ""
 }
@@ -207,7 +210,9 @@ var optionFlags = map[string]string{
 	"WithTimeouts.Idle": "--idle-timeout", "WithTimeouts.Render": "--render-timeout",
 	"WithVerification": "--verification", "WithVerification.Mode": "--verification",
 	"WithVerification.BlockSize": "--block-size", "WithHealth.RestartCheck": "--restart-check",
-	"WithDecodeMemory.Local": "--decode-local", "WithDecodeMemory.KVBytesPerToken": "--kv-bytes-per-token",
+	"WithDecodeMemory.CPUTierTokens": "--cpu-tier-tokens", "WithDecodeMemory.CPUTierPort": "--cpu-tier-port",
+	"WithDecodeMemory.CPUTierPeers": "--cpu-tier-peers",
+	"WithDecodeMemory.Local":        "--decode-local", "WithDecodeMemory.KVBytesPerToken": "--kv-bytes-per-token",
 	"WithPrefill": "--prefill", "WithDecode": "--decode", "WithEndpoints": "--prefill/--decode",
 	"WithUpstreamAPIKey": "OPENAI_API_KEY", "WithIdentifier": "--key-mode",
 }

@@ -4,7 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +15,7 @@ import (
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/retention/redisstore"
+	"github.com/bidikv/bidikv/transport"
 )
 
 // memoryConfig is decode memory as a managed budget (kvroute's
@@ -26,6 +30,7 @@ type memoryConfig struct {
 	interval  time.Duration
 	releases  int
 	journal   bool // --decode-memory-journal
+	tier      cpuTier
 
 	ledger *budget.Budget // made by decodeMemory
 	// shared is the Redis journal the ledger shares with the other
@@ -43,6 +48,7 @@ func (m *memoryConfig) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&m.watermark, "decode-high-watermark", d.HighWatermark, "KV usage (0 to 1, holds included) at or above which a decode engine takes no new conversation and its own conversations move while another engine has room (negative: never)")
 	fs.DurationVar(&m.interval, "decode-metrics-interval", d.MetricsInterval, "how often each decode engine's /metrics (capacity, KV usage, waiting requests, preemptions) is read, in the background (0: never)")
 	fs.IntVar(&m.releases, "decode-memory-releases", d.Releases, "release requests in flight at most")
+	m.tier.flags(fs)
 	fs.BoolVar(&m.journal, "decode-memory-journal", true, "with --redis-url and the decode memory managed, share the ledger of holds, engine capacities, decode legs in flight and learned pauses with the other proxies of the same Redis, through a stream beside the handles (synced every second), so that every proxy budgets against every proxy's holds; false: each proxy keeps its own and sees the others' only as unseen KV in the engines' /metrics")
 }
 
@@ -71,6 +77,100 @@ func (m *memoryConfig) check() error {
 		return fmt.Errorf("%w: --decode-kv-capacity %d is negative", errUsage, m.capacity)
 	case m.releases < 1:
 		return fmt.Errorf("%w: --decode-memory-releases %d: at least 1", errUsage, m.releases)
+	case m.tier.tokens > 0 && m.budget < 0:
+		return fmt.Errorf("%w: --cpu-tier-tokens %d needs the decode memory management (its ledger records where each turn's KV is): --decode-memory-budget must not be negative", errUsage, m.tier.tokens)
+	}
+	return m.tier.check()
+}
+
+// defaultP2PPort is VLLM_P2P_SIDE_CHANNEL_PORT's default: the peer tier's
+// base port, rank k listening on it + k.
+const defaultP2PPort = 5710
+
+// cpuTier is the decode engines' CPU tier (vLLM's OffloadingConnector
+// with a p2p tier, docs/cpu-tier.md): the router serves from it
+// (DecodeMemory's CPUTier fields) and the doctor checks it (--cpu-tier).
+type cpuTier struct {
+	tokens     int64 // per data-parallel rank; 0: no tier (unknown to the doctor)
+	port       int
+	peers      tierPeers
+	promptOnly bool
+}
+
+// flags adds the CPU tier flags to fs (the "Decode memory" group).
+func (t *cpuTier) flags(fs *flag.FlagSet) {
+	fs.Int64Var(&t.tokens, "cpu-tier-tokens", 0, "the decode engines' CPU tier capacity in tokens per data-parallel rank (vLLM exports none): a turn whose decode hold is gone has its prefill engine pull the history from the tier of its conversation's last decode engine, when that is cheaper than recomputing (0: no tier)")
+	fs.IntVar(&t.port, "cpu-tier-port", defaultP2PPort, "the peer tier's side-channel base port on the decode engines (VLLM_P2P_SIDE_CHANNEL_PORT; rank k: +k)")
+	fs.Var(&t.peers, "cpu-tier-peers", "the peer tier's host:port of decode engines whose tier is not at --cpu-tier-port on their URL's host (VLLM_P2P_SIDE_CHANNEL_HOST and _PORT), comma-separated DECODE_URL=HOST:PORT")
+	fs.BoolVar(&t.promptOnly, "cpu-tier-prompt-only", false, "the decode engines keep offload_prompt_only true (vLLM's default): their tiers hold each turn's prompt, not its answer")
+}
+
+// check validates the CPU tier flags.
+func (t *cpuTier) check() error {
+	switch {
+	case t.tokens < 0:
+		return fmt.Errorf("%w: --cpu-tier-tokens %d is negative", errUsage, t.tokens)
+	case t.port < 1 || t.port > 65535:
+		return fmt.Errorf("%w: --cpu-tier-port %d is not a port (1 to 65535)", errUsage, t.port)
+	}
+	return nil
+}
+
+// unknownPeers warns of --cpu-tier-peers entries for no engine of decode
+// (the URLs of --decode, normalized): the router never asks them.
+func (t *cpuTier) unknownPeers(decode []string) []string {
+	var out []string
+	for u := range t.peers.m {
+		if !slices.Contains(decode, u) {
+			out = append(out, fmt.Sprintf("--cpu-tier-peers names %s, which is no decode engine (--decode: %s): its entry is never used", u, strings.Join(decode, ", ")))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// tierPeers is --cpu-tier-peers: decode engine URL (as the proxy
+// normalizes --decode) -> "host:port".
+type tierPeers struct{ m map[string]string }
+
+// String lists the entries as the flag takes them.
+func (p *tierPeers) String() string {
+	if p == nil {
+		return ""
+	}
+	var out []string
+	for u, hp := range p.m {
+		out = append(out, u+"="+hp)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// Set adds the comma-separated DECODE_URL=HOST:PORT entries of s.
+func (p *tierPeers) Set(s string) error {
+	for _, e := range strings.Split(s, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		i := strings.LastIndexByte(e, '=')
+		if i < 0 {
+			return fmt.Errorf("%q: want DECODE_URL=HOST:PORT", e)
+		}
+		ep, err := transport.ParseEndpoint(e[:i])
+		if err != nil {
+			return fmt.Errorf("%q: the decode URL: %v", e, err)
+		}
+		hp := e[i+1:]
+		host, port, err := net.SplitHostPort(hp)
+		n, perr := strconv.Atoi(port)
+		if err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q: want DECODE_URL=HOST:PORT, the peer tier's host and port (1 to 65535) after =", e)
+		}
+		if p.m == nil {
+			p.m = map[string]string{}
+		}
+		p.m[ep.URL.String()] = hp
 	}
 	return nil
 }
@@ -98,6 +198,8 @@ func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize
 	}
 	dm.Ledger = m.ledger
 	dm.Journal = m.shared
+	dm.CPUTierTokens, dm.CPUTierPort = int(m.tier.tokens), m.tier.port
+	dm.CPUTierPeers, dm.CPUTierPromptOnly = m.tier.peers.m, m.tier.promptOnly
 	if m.budget < 0 {
 		dm.Budget = -1
 	}
