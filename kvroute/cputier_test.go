@@ -44,7 +44,8 @@ func tierRigLocal(t *testing.T, dChunks, routerTokens int, peer string, local bo
 	t.Helper()
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := &kvroutetest.Cluster{Registry: kvroutetest.NewRegistry(), Clock: clk}
-	common := []kvroutetest.Option{kvroutetest.WithRegistry(c.Registry), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk)}
+	common := []kvroutetest.Option{kvroutetest.WithRegistry(c.Registry), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+		kvroutetest.WithPromptTokensDetails(true)}
 	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300),
 		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300, OffloadGenerated: true, P2P: true}))...))
 	c.Decode = append(c.Decode, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks),
@@ -155,6 +156,9 @@ func TestCPUTierPeerMissRecomputes(t *testing.T) {
 				messages: []message{{Role: "system", Content: longSystem}}}
 			conv.say(userText(0))
 			tierTurn(t, c, srv, rec, conv, "t1")
+			other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: "Another. " + longSystem}}}
+			other.say(userText(9))
+			tierTurn(t, c, srv, rec, other, "other") // P now holds the other conversation, not this one
 			// Past the retention TTL and D's own: the GPU hold is gone,
 			// the tier record stays (the ledger's horizon).
 			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
@@ -164,7 +168,9 @@ func TestCPUTierPeerMissRecomputes(t *testing.T) {
 			assert.Zero(t, pr.PeerTokens, "nothing came from the peer")
 			assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
 			assert.Positive(t, pr.ComputedTokens)
-			assert.EqualValues(t, 1, r.Stats().PeerPulls)
+			assert.EqualValues(t, 1, r.Stats().PeerPulls, "the other conversation's first turn had no tier record")
+			assert.True(t, tr.PeerShort, "P's cached tokens fall short of the estimate: counted")
+			assert.EqualValues(t, 1, r.Stats().PeerShort)
 		})
 	}
 }

@@ -115,6 +115,10 @@ type TurnRecord struct {
 	// ends the pull, and the engine computes the rest.
 	PeerSource string `turn:"peer_source,id"`
 	PeerTokens int    `turn:"peer_tokens,count"`
+	// PeerShort: the prefill engine reported fewer cached tokens
+	// (usage.prompt_tokens_details, vLLM's --enable-prompt-tokens-details)
+	// than PeerTokens less a block: the pull missed.
+	PeerShort bool `turn:"peer_short,flag"`
 
 	Stored       bool    `turn:"stored,flag,always"`        // D's handle was retained for the next turn
 	StoreRefusal Refusal `turn:"store_refusal,enum,always"` // why nothing was retained, when Stored is false

@@ -162,6 +162,7 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 	}
 	t.rec.CachedTokens = int(cached)
 	if attached <= 0 {
+		p.confirmPeer(cached)
 		return
 	}
 	want := int64(attached)
@@ -176,6 +177,32 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 		t.r.log.once(context.Background(), "unconfirmed", "kvroute: a prefill engine reported fewer cached tokens than the retained handle it was given; it did not read the retained KV",
 			slog.Int("cached_tokens", int(cached)), slog.Int("attached_tokens", attached))
 	}
+}
+
+// confirmPeer checks, for a turn whose prefill leg pulled from a decode
+// engine's CPU tier (and attached no GPU hold), that the engine reports at
+// least the tokens the ledger estimated that tier held, less a block: its
+// cached tokens count its prefix-cache hits and what it loaded, the tier's
+// chunks included. A shortfall is a pull that missed (the tier evicted
+// them, or a misconfiguration makes every pull miss: hash seed, block
+// size, port): counted (Stats.PeerShort, TurnRecord.PeerShort) and
+// logged once per decode engine, with the check to run.
+func (p *prefiller) confirmPeer(cached int64) {
+	t := p.t
+	if p.peer.decode == "" || p.attached || p.peer.resident <= 0 {
+		return
+	}
+	want := int64(p.peer.resident) - int64(max(t.r.shapes.known(t.r.decode.find(p.peer.decode)), 1))
+	if p.prompt > 0 {
+		want = min(want, int64(p.prompt-1))
+	}
+	if cached >= want {
+		return
+	}
+	t.rec.PeerShort = true
+	t.r.stats.peerShort.Add(1)
+	t.r.log.once(context.Background(), "peer_short:"+p.peer.decode, "kvroute: a prefill engine loaded less of a conversation than the decode engine's CPU tier was estimated to hold; if it keeps happening the pulls miss (tier evicted sooner than CPUTierTokens says, or a hash seed, block size or port mismatch): run the proxy's doctor --cpu-tier --probe",
+		slog.String("decode", p.peer.decode), slog.Int64("cached_tokens", cached), slog.Int("estimated_tokens", p.peer.resident))
 }
 
 // noHandle handles a prefill answer without a usable handle: an error, or

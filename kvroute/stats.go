@@ -83,6 +83,12 @@ type Stats struct {
 	// conversation still there to beat a recompute, or its decode engine
 	// was ejected or gone.
 	PeerPulls, PeerSkipped int64
+	// PeerShort counts those pulls whose prefill engine reported fewer
+	// cached tokens than the tier was estimated to hold
+	// (TurnRecord.PeerShort): a tier that evicts sooner than
+	// CPUTierTokens says, or pulls that miss. Only engines that report
+	// prompt_tokens_details count.
+	PeerShort int64
 	// LocalFailures counts decode-local legs that failed before any byte
 	// reached the client; each turn ran again as a plain miss.
 	LocalFailures int64
@@ -209,7 +215,7 @@ type counters struct {
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                        atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable             atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns   atomic.Int64
-	buffered, peerPulls, peerSkipped                                                       atomic.Int64
+	buffered, peerPulls, peerSkipped, peerShort                                            atomic.Int64
 	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired    atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable      atomic.Int64
 	roomRejected, roomLimited                                                              atomic.Int64
@@ -248,6 +254,7 @@ func (c *counters) snapshot() Stats {
 		LocalFailures:   c.localFailures.Load(),
 		PeerPulls:       c.peerPulls.Load(),
 		PeerSkipped:     c.peerSkipped.Load(),
+		PeerShort:       c.peerShort.Load(),
 		InvalidHandles:  c.invalidHandles.Load(),
 
 		RestartedHandles:         c.restartedHandles.Load(),

@@ -165,6 +165,8 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.PeerPulls }),
 		stat("cpu_tier_skipped_total", "Turns with a CPU tier record that did not pull from it: too little of the conversation estimated still there to beat a recompute, or its decode engine ejected or gone.",
 			func(s kvroute.Stats) int64 { return s.PeerSkipped }),
+		stat("cpu_tier_short_total", "CPU tier pulls whose prefill engine reported fewer cached tokens than the tier was estimated to hold (engines with --enable-prompt-tokens-details): the tier evicts sooner than --cpu-tier-tokens says, or pulls miss (hash seed, block size, port: run doctor --cpu-tier --probe).",
+			func(s kvroute.Stats) int64 { return s.PeerShort }),
 		stat("decode_local_failures_total", "Decode-local legs that failed before any byte reached the client; each turn ran again as a plain miss.",
 			func(s kvroute.Stats) int64 { return s.LocalFailures }),
 		stat("invalid_handles_total", "KV handles refused because vLLM could not read them correctly (block ids, port, counts, types, duplicate members).",

@@ -139,6 +139,12 @@ type Config struct {
 	// does (any rank but 0 is out of range). Off by default: a one-rank
 	// engine ignores the header.
 	StrictRank bool
+	// PromptTokensDetails is vLLM's --enable-prompt-tokens-details: chat
+	// and completions usage carries prompt_tokens_details.cached_tokens,
+	// the request's num_cached_tokens (its computed tokens at its first
+	// schedule: prefix-cache hits and what a connector loaded, a pull or
+	// the CPU tier). Off (vLLM's default): prompt_tokens_details is null.
+	PromptTokensDetails bool
 	// Fingerprint is the system_fingerprint mode: FingerprintAbsent
 	// (default; "" means the same: no system_fingerprint key, an engine
 	// older than vLLM's --fingerprint-mode), FingerprintFull (vLLM's

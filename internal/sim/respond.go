@@ -27,12 +27,21 @@ type usage struct {
 	PromptTokens        int       `json:"prompt_tokens"`
 	TotalTokens         int       `json:"total_tokens"`
 	CompletionTokens    int       `json:"completion_tokens"`
-	PromptTokensDetails *struct{} `json:"prompt_tokens_details"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func (o *reply) usage() usage {
-	n, c := o.t.rec.PromptTokens, o.t.rec.CompletionTokens
-	return usage{PromptTokens: n, TotalTokens: n + c, CompletionTokens: c}
+	rec := o.t.rec
+	n, c := rec.PromptTokens, rec.CompletionTokens
+	u := usage{PromptTokens: n, TotalTokens: n + c, CompletionTokens: c}
+	if o.e.cfg.PromptTokensDetails {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: rec.CachedTokens + rec.PulledTokens + rec.TierTokens}
+	}
+	return u
 }
 
 func (o *reply) chat() bool { return chatLike(o.t.req.Path) }

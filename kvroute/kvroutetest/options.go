@@ -350,6 +350,14 @@ func WithDPSize(n int) Option {
 	return optionFunc(func(c *config) { c.sim.DPSize, c.dpSet = n, true })
 }
 
+// WithPromptTokensDetails(true) is vLLM's --enable-prompt-tokens-details:
+// chat and completions usage carries prompt_tokens_details.cached_tokens,
+// the prompt tokens the engine did not compute (prefix-cache hits, pulled
+// or loaded from a CPU tier). Default false, as vLLM's: null.
+func WithPromptTokensDetails(on bool) Option {
+	return optionFunc(func(c *config) { c.sim.PromptTokensDetails = on })
+}
+
 // WithStrictRank(true) makes a one-rank engine check X-data-parallel-rank as
 // vLLM does: any rank but 0 answers 400. Default false: with WithDPSize(1)
 // the header is ignored, so a router pinning ranks works against a one-rank
