@@ -282,3 +282,48 @@ func TestCPUTierDataParallelRanks(t *testing.T) {
 	}
 	assert.Len(t, ranks, 2, "conversations on both ranks pulled from their own")
 }
+
+// With CPUTierFirst, a turn whose GPU hold the decode engine's tier holds
+// whole pulls from the tier without verifying it (no render call on its
+// way) and releases the hold through its prefill leg; without it, the
+// hold is verified and attached.
+func TestCPUTierFirst(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprint(first), func(t *testing.T) {
+			clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
+			reg := kvroutetest.NewRegistry()
+			common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
+				kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 4096, OffloadGenerated: true, P2P: true})}
+			p := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300))...)
+			d := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks))...)
+			host, port, _ := d.RankP2PChannel(0)
+			rec := &kvroutetest.Records{}
+			r, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(rec), kvroute.WithClock(clk.Now),
+				kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.9, CPUTierTokens: 4096 * 16, CPUTierFirst: first,
+					CPUTierPeers: map[string]string{d.URL(): net.JoinHostPort(host, strconv.Itoa(port))}}))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = r.Close() })
+			srv := serve(t, r)
+			c := &kvroutetest.Cluster{Prefill: []*kvroutetest.Engine{p}, Decode: []*kvroutetest.Engine{d}, Registry: reg, Clock: clk}
+			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
+			conv.say(userText(0))
+			tierTurn(t, c, srv, rec, conv, "t1")
+			knowCapacity(t, r)
+			conv.say(userText(1))
+			tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+			if !first {
+				assert.Equal(t, kvroute.ReuseHit, tr.Reuse)
+				assert.Positive(t, tr.VerifiedTokens, "verified by its render")
+				assert.Empty(t, tr.PeerSource)
+				return
+			}
+			assert.Equal(t, kvroute.MissCostModel, tr.MissReason)
+			assert.Zero(t, tr.VerifiedTokens, "not verified: no render on the turn's way")
+			assert.Equal(t, d.URL(), tr.PeerSource)
+			assert.True(t, tr.Released, "the hold released through the prefill leg")
+			assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
+			assert.Less(t, pr.ComputedTokens, 200, "the history came from P's cache and D's tier")
+			assert.EqualValues(t, 1, d.Stats().NotifiedHolds)
+		})
+	}
+}

@@ -47,10 +47,10 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	}
 	lctx, endLookup := t.trace.phase(ctx, PhaseLookup, "")
 	f := lookup(lctx, t)                      // lookup.go: the handle the request continues, taken from the Store
+	placedOf(t, &f)                           // lookup.go: what the last decode engine's CPU tier holds of it
 	h := verify(lctx, t, &f)                  // verify.go: attached (cut to its verified prefix), or put back
 	w := choosePath(t, &f, h)                 // lookup.go: pull, decode-local or recompute
 	w.rel, w.relWhy = release(lctx, t, &f, w) // lookup.go: a handle not attached, released or put back
-	placedOf(t, &f)                           // lookup.go: what the last decode engine's CPU tier holds of it
 	w = peerPath(lctx, t, &f, w)              // lookup.go: a prefill leg without a GPU hold pulls from it
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose

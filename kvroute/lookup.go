@@ -366,6 +366,28 @@ func placedOf(t *turn, f *found) {
 	}
 }
 
+// tierFirst reports whether the found hold is left for the CPU tier
+// (DecodeMemory.CPUTierFirst): its decode engine's tier is estimated to
+// hold all of it and the engine is eligible, so the turn pulls from the
+// tier without verifying (peerPath), and the hold is released.
+func tierFirst(t *turn, f *found) bool {
+	r := t.r
+	if !r.mem.cfg.tierFirst || f.expired || f.placed.Decode == "" || f.placed.Decode != f.e.Endpoint {
+		return false
+	}
+	bs := max(r.shapes.known(r.decode.find(f.e.Endpoint)), 1)
+	return f.resident >= f.e.Tokens-bs && tierRates(r).PeerSaves(f.resident, f.resident) > 0 && r.decode.eligible(f.e.Endpoint) != nil
+}
+
+// tierRates are the rates a pull from a CPU tier is weighed with: the
+// Chooser's when it is a threshold.CostModel, else the defaults.
+func tierRates(r *Router) threshold.Rates {
+	if cm, ok := r.chooser.(*threshold.CostModel); ok {
+		return cm.Rates()
+	}
+	return threshold.DefaultRates()
+}
+
 // peerPath decides whether the turn's prefill leg pulls from the CPU tier
 // of the conversation's last decode engine (f.placed) and returns w with
 // the pull: only a turn that attaches no GPU hold and goes through a
@@ -394,11 +416,7 @@ func peerPath(ctx context.Context, t *turn, f *found, w way) way {
 			return w
 		}
 	} else {
-		rates := threshold.DefaultRates()
-		if cm, ok := r.chooser.(*threshold.CostModel); ok {
-			rates = cm.Rates()
-		}
-		pull = rates.PeerSaves(f.resident, w.prompt) > 0
+		pull = tierRates(r).PeerSaves(f.resident, w.prompt) > 0
 	}
 	if !pull {
 		r.stats.peerSkipped.Add(1)

@@ -284,6 +284,15 @@ type DecodeMemory struct {
 	// "host:port" (VLLM_P2P_SIDE_CHANNEL_HOST and port), for engines whose
 	// tier is not on their URL's host at CPUTierPort.
 	CPUTierPeers map[string]string
+	// CPUTierFirst: a turn whose retained GPU hold the decode engine's
+	// CPU tier is estimated to hold whole pulls it from the tier instead
+	// (the hold is released through the turn's prefill leg, as one the
+	// cost model chose not to attach): a pull by block hash needs no
+	// verification, so the turn skips the render call token verification
+	// makes on its way, and the GPU memory goes back to live work a turn
+	// sooner. The pull costs the host-to-device copy of what the prefill
+	// engine lacks more than the hold's. Default false.
+	CPUTierFirst bool
 	// CPUTierPromptOnly: the decode engines keep offload_prompt_only true
 	// (vLLM's default), so their tiers hold each turn's prompt, not its
 	// answer.

@@ -271,7 +271,7 @@ func resolveDecodeMemory(c *config) {
 	mem := memoryConfig{on: m.Budget >= 0, fraction: m.Budget, capacity: m.Capacity, ledger: m.Ledger, journal: m.Journal,
 		watermark: m.HighWatermark, interval: m.MetricsInterval, releases: m.Releases, headroom: m.Headroom,
 		roomRate: m.RoomRate, tier: peertier.Config{Tokens: m.CPUTierTokens, Port: m.CPUTierPort,
-			Peers: maps.Clone(m.CPUTierPeers), PromptOnly: m.CPUTierPromptOnly}}
+			Peers: maps.Clone(m.CPUTierPeers), PromptOnly: m.CPUTierPromptOnly}, tierFirst: m.CPUTierFirst}
 	for u, hp := range m.CPUTierPeers {
 		if !peertier.ValidPeer(hp) {
 			c.fail("WithDecodeMemory", "CPUTierPeers[%q] = %q: want host:port", u, hp)
@@ -311,4 +311,5 @@ type memoryConfig struct {
 	headroom  float64 // negative: no room made on arrival
 	roomRate  float64 // negative: no limit
 	tier      peertier.Config
+	tierFirst bool // DecodeMemory.CPUTierFirst
 }

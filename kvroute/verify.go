@@ -111,6 +111,10 @@ func verify(ctx context.Context, t *turn, f *found) hit {
 	if f.key == "" {
 		return hit{}
 	}
+	if tierFirst(t, f) {
+		t.miss(MissCostModel) // released through the prefill leg, which pulls from the tier (lookup.go)
+		return hit{miss: MissCostModel}
+	}
 	h := verifyHandle(ctx, t, f)
 	if h.miss != "" {
 		t.miss(h.miss)

@@ -37,6 +37,7 @@ type armSpec struct {
 	tier, peer, plain bool
 	holdFraction      float64
 	local             bool          // decode-local turns (kvroute.DecodeMemory.Local): the cost model's other ways
+	tierFirst         bool          // a hold the tier holds whole is pulled from there (kvroute.DecodeMemory.CPUTierFirst)
 	capacity          int           // tokens per decode engine
 	replicas          int           // kvroute routers sharing one Store
 	done              *atomic.Int64 // sessions ended, for progress lines (nil: not counted)
@@ -184,7 +185,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 			mem = m
 		}
 		if a.peer {
-			mem.CPUTierTokens, mem.CPUTierPeers = tierTokens(a.capacity), map[string]string{}
+			mem.CPUTierTokens, mem.CPUTierPeers, mem.CPUTierFirst = tierTokens(a.capacity), map[string]string{}, a.tierFirst
 			for _, e := range r.d {
 				host, port, _ := e.RankP2PChannel(0)
 				mem.CPUTierPeers[e.URL()] = net.JoinHostPort(host, strconv.Itoa(port))

@@ -27,7 +27,10 @@ import (
 //     prefill engine pulls the history from D's CPU tier;
 //   - both: GPU holds within the quarter, and a turn whose hold the
 //     budget released (or that expired) pulls from D's CPU tier, as the
-//     cost model chooses (kvroute.DecodeMemory.CPUTierTokens).
+//     cost model chooses (kvroute.DecodeMemory.CPUTierTokens); a hold the
+//     tier holds whole is pulled from the tier too, unverified (no render
+//     on the turn's way: kvroute.DecodeMemory.CPUTierFirst), the GPU hold
+//     serving the turns whose history the tier lost;
 //
 //   - both, decode-local too: the combined arm whose cost model may also
 //     answer a turn on its decode engine (kvroute.DecodeMemory.Local),
@@ -129,8 +132,8 @@ func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierR
 		// as it is retained (D keeps nothing for long on its GPU; llm-d's
 		// D keeps nothing at all, at no release request).
 		{name: "CPU tier only", managed: true, holdFraction: float64(kvroutetest.DefaultBlockSize) / float64(rep.capacity), peer: true},
-		{name: "both (cost model)", managed: true, holdFraction: quarter, peer: true},
-		{name: "both, decode-local too", managed: true, holdFraction: quarter, peer: true, local: true},
+		{name: "both (cost model)", managed: true, holdFraction: quarter, peer: true, tierFirst: true},
+		{name: "both, decode-local too", managed: true, holdFraction: quarter, peer: true, tierFirst: true, local: true},
 	} {
 		a.capacity = rep.capacity
 		if err := run(a); err != nil {
