@@ -42,7 +42,7 @@ var helpGroups = []struct {
 		"render-timeout", "kv-bytes-per-token"}},
 	{"Decode memory", []string{"decode-memory-budget", "decode-memory-headroom", "decode-memory-room-rate", "decode-kv-capacity", "decode-high-watermark",
 		"decode-metrics-interval", "decode-memory-releases", "decode-memory-journal",
-		"cpu-tier-tokens", "cpu-tier-port", "cpu-tier-peers", "cpu-tier-prompt-only"}},
+		"cpu-tier-tokens", "cpu-tier-port", "cpu-tier-peers", "cpu-tier-prompt-only", "cpu-tier-first"}},
 	{"Limits", []string{"max-body-bytes", "max-buffered-bytes", "max-object-members", "max-header-bytes",
 		"max-concurrent-turns", "max-connections", "max-bodies-in-transit", "max-client-bodies-in-transit", "min-body-rate"}},
 	{"Timeouts", []string{"prefill-timeout", "first-byte-timeout", "idle-timeout", "buffered-timeout", "read-header-timeout",

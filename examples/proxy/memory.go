@@ -95,6 +95,7 @@ type cpuTier struct {
 	port       int
 	peers      tierPeers
 	promptOnly bool
+	first      bool // --cpu-tier-first
 }
 
 // flags adds the CPU tier flags to fs (the "Decode memory" group).
@@ -103,6 +104,7 @@ func (t *cpuTier) flags(fs *flag.FlagSet) {
 	fs.IntVar(&t.port, "cpu-tier-port", defaultP2PPort, "the peer tier's side-channel base port on the decode engines (VLLM_P2P_SIDE_CHANNEL_PORT; rank k: +k)")
 	fs.Var(&t.peers, "cpu-tier-peers", "the peer tier's host:port of decode engines whose tier is not at --cpu-tier-port on their URL's host (VLLM_P2P_SIDE_CHANNEL_HOST and _PORT), comma-separated DECODE_URL=HOST:PORT")
 	fs.BoolVar(&t.promptOnly, "cpu-tier-prompt-only", false, "the decode engines keep offload_prompt_only true (vLLM's default): their tiers hold each turn's prompt, not its answer")
+	fs.BoolVar(&t.first, "cpu-tier-first", false, "a turn whose decode hold the decode engine's CPU tier is estimated to hold whole pulls it from the tier (by block hash: no render call to verify it) and releases the hold")
 }
 
 // check validates the CPU tier flags.
@@ -199,7 +201,7 @@ func (m *memoryConfig) decodeMemory(local bool, kvBytesPerToken int64, blockSize
 	dm.Ledger = m.ledger
 	dm.Journal = m.shared
 	dm.CPUTierTokens, dm.CPUTierPort = int(m.tier.tokens), m.tier.port
-	dm.CPUTierPeers, dm.CPUTierPromptOnly = m.tier.peers.m, m.tier.promptOnly
+	dm.CPUTierPeers, dm.CPUTierPromptOnly, dm.CPUTierFirst = m.tier.peers.m, m.tier.promptOnly, m.tier.first
 	if m.budget < 0 {
 		dm.Budget = -1
 	}
