@@ -94,6 +94,7 @@ func newDecodeMemory(r *Router) (*decodeMemory, error) {
 		}
 		m.ledger = l
 	}
+	m.ledger.SetCPUTier(c.memory.tier.Tokens) // a hold the tier holds goes first: demoted, not dropped
 	m.saved = savedBy(r.chooser, r.policy)
 	m.bg.ctx, m.bg.cancel = context.WithCancel(context.Background())
 	m.rel = releaser{mem: m, store: r.handles.store, prefill: r.prefill, decode: r.decode, bufs: &r.bufs.bytes,

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,6 +43,7 @@ type Budget struct {
 	running map[string]int64 // Running's tokens, by engine, of this process
 	jr      *journal         // WithJournal's; nil without
 	prefill prefilled        // SetPrefilled's records (hints.go)
+	tier    atomic.Int64     // SetCPUTier's capacity in tokens (hints.go)
 }
 
 // Stats counts what a Budget has seen since it was made.

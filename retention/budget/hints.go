@@ -118,6 +118,55 @@ func (b *Budget) Placed(key string, now time.Time) (p Placement, after int64, ok
 	return p, after, true
 }
 
+// Resident estimates the leading tokens of p's turn its decode engine's
+// CPU tier of capacity tokens still holds after tokens written there since
+// (after, [Budget.Placed]), in whole blocks of blockSize (0 or 1: tokens):
+// the tier evicts least recently used first and a request's tail before
+// its head, so the newer tokens leave capacity - after for the turn's
+// head.
+func (p Placement) Resident(capacity int, after int64, blockSize int) int {
+	if capacity <= 0 || p.Decode == "" || p.Tokens <= 0 {
+		return 0
+	}
+	left := int64(capacity) - after
+	if left <= 0 {
+		return 0
+	}
+	n := int(min(int64(p.Tokens), left))
+	if blockSize > 1 {
+		n -= n % blockSize
+	}
+	return n
+}
+
+// SetCPUTier tells the Budget its decode engines' CPU tier capacity in
+// tokens (0: none). With a tier, a hold whose turn the tier is estimated
+// to hold ([Budget.Placed], [Placement.Resident]) is worth less on the
+// GPU: releasing it demotes the history to the tier (a later turn pulls it
+// from there) rather than dropping it, so [Budget.Victims] releases such
+// holds first. A hold's value keeps tierKeep of what the tier holds of it:
+// what a GPU pull saves over the tier's (the network copy and the
+// host-to-device load) is about a tenth of a prefill's time.
+func (b *Budget) SetCPUTier(tokens int) {
+	b.tier.Store(int64(max(tokens, 0)))
+}
+
+// tierKeep is the share of a hold's value the tier's copy of it leaves.
+const tierKeep = 0.1
+
+// tierShare is the share of the hold hashed h that the decode engines'
+// tier of capacity tokens is estimated to hold, 0 without a record.
+func (p *prefilled) tierShare(h uint64, capacity int, now int64) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.m[h]
+	if !ok || at.decode == "" || at.tokens <= 0 || at.deadline <= now {
+		return 0
+	}
+	pl := Placement{Decode: at.decode, Tokens: at.tokens}
+	return float64(pl.Resident(capacity, max(p.written[at.decode]-at.mark, 0), 0)) / float64(at.tokens)
+}
+
 // set records pl for the hold hashed h, from n for horizon: a later
 // turn's record, not released.
 func (p *prefilled) set(h uint64, pl Placement, n, horizon int64) {

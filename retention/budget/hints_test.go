@@ -81,3 +81,31 @@ func TestPlaced(t *testing.T) {
 	_, _, ok = b.Placed("a", now.Add(11*time.Minute))
 	assert.False(t, ok, "past the horizon")
 }
+
+// With a CPU tier (SetCPUTier), Victims releases first the hold whose
+// turn the tier is estimated to hold (demoted, not dropped), before an
+// equal hold whose turn the tier has evicted; without a tier, the order is
+// the holds' value alone.
+func TestVictimsDemoteFirst(t *testing.T) {
+	for _, tier := range []int{0, 20000} {
+		b, err := budget.New(budget.WithFraction(1))
+		require.NoError(t, err)
+		b.SetCapacity("d", budget.Capacity{Tokens: 4000})
+		b.SetCPUTier(tier)
+		now := t0
+		for _, k := range []string{"evicted", "kept"} {
+			require.NoError(t, b.Add(budget.Hold{Key: k, Engine: "d", Tokens: 1000, Created: now, Expires: now.Add(ttl), Saved: time.Second}))
+		}
+		// evicted's turn was written first, then 25,000 newer tokens
+		// (kept's and others') pushed it out of a 20,000-token tier.
+		b.SetPlaced("evicted", budget.Placement{Decode: "d", Tokens: 1000, Written: 1000}, now)
+		b.SetPlaced("other", budget.Placement{Decode: "d", Tokens: 24000, Written: 24000}, now)
+		b.SetPlaced("kept", budget.Placement{Decode: "d", Tokens: 1000, Written: 1000}, now)
+		got := keys(b.Victims("d", 2500, now))
+		if tier == 0 {
+			assert.Len(t, got, 1)
+			continue
+		}
+		assert.Equal(t, []string{"kept"}, got, "the hold the tier holds goes first")
+	}
+}

@@ -87,6 +87,7 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 	b.refresh(n, false)
 
 	cands := b.cands[:0]
+	tier := int(b.tier.Load())
 	b.model.mu.Lock()
 	for i := range e.recs {
 		r := &e.recs[i]
@@ -97,6 +98,10 @@ func (b *Budget) victims(engine string, incoming int, owner uint64, byOwner bool
 		value := math.Inf(1)
 		if own := e.own(r); own > 0 {
 			value = float64(r.saved) * p / float64(own)
+			if tier > 0 {
+				// demoted, not dropped: the tier's copy keeps most of it
+				value *= 1 - (1-tierKeep)*b.prefill.tierShare(b.tombs.hash(r.key), tier, n)
+			}
 		}
 		if b.cfg.value != nil {
 			value = b.cfg.value(e.held(r), time.Duration(n-r.created), value)

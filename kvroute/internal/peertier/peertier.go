@@ -86,24 +86,9 @@ func splitHostPort(hp string, rank int) (string, int, bool) {
 }
 
 // Resident estimates the leading tokens of p's turn that its decode
-// engine's tier still holds, after tokens written there since (after),
-// in whole blocks of blockSize (0: unknown, 1): the tier evicts least
-// recently used first and a request's tail before its head, so of a tier
-// of capacity tokens the after newer tokens leave capacity-after for the
-// turn's head.
+// engine's tier still holds (budget.Placement.Resident).
 func Resident(capacity int, p budget.Placement, after int64, blockSize int) int {
-	if capacity <= 0 || p.Decode == "" || p.Tokens <= 0 {
-		return 0
-	}
-	left := int64(capacity) - after
-	if left <= 0 {
-		return 0
-	}
-	n := int(min(int64(p.Tokens), left))
-	if blockSize > 1 {
-		n -= n % blockSize
-	}
-	return n
+	return p.Resident(capacity, after, blockSize)
 }
 
 // Held returns the tokens a turn of tokens leaves in its decode engine's
