@@ -176,3 +176,41 @@ func TestFleetDiagnose(t *testing.T) {
 	_, err = parseFleetFlags([]string{"--fleet", "--arms", "some"}, io.Discard)
 	assert.ErrorContains(t, err, "--arms")
 }
+
+// The CPU tier head-to-head on a small fleet: six arms, every answer a
+// single engine's; plain P/D reuses nothing from D and holds nothing;
+// the CPU-tier-only arm holds nothing for long and loads from D's tiers;
+// the combined arm loads from both D's holds and D's tiers; GPU holds
+// only never asks a tier; the table and the targets are printed.
+func TestFleetCPUTier(t *testing.T) {
+	c := smallFleet(t, "peak", "10", "--cpu-tier")
+	rep, err := fleetTierRun(context.Background(), c, io.Discard)
+	require.NoError(t, err)
+	require.Len(t, rep.arms, 6)
+	var figs []armFigures
+	var tf []tierFigures
+	for _, a := range rep.arms {
+		figs = append(figs, figures(a))
+	}
+	for i, a := range rep.arms {
+		tf = append(tf, tierFiguresOf(a, figs[tierPlain], figs[i]))
+		assert.Zero(t, figs[i].wrong, a.spec.name)
+		assert.Zero(t, figs[i].failed, a.spec.name)
+	}
+	assert.Zero(t, figs[tierPlain].reused)
+	assert.Zero(t, maxOf(figs[tierPlain].heldPeak), "stock engines hold nothing")
+	assert.Zero(t, tf[tierGPU].peerAsked, "GPU holds only never asks a tier")
+	assert.Positive(t, tf[tierCPU].peer, "the CPU-tier-only arm loads from D's tiers")
+	assert.Zero(t, figs[tierCPU].reused, "and pulls no GPU hold")
+	assert.Positive(t, figs[tierBoth].reused+tf[tierBoth].peer)
+	assert.Positive(t, rep.holds)
+	assert.LessOrEqual(t, rep.holds, maxOf(figs[tierUnlimited].heldPeak)/4)
+	var out bytes.Buffer
+	printTier(&out, rep)
+	for _, want := range []string{"plain P/D", "GPU holds only", "CPU tier only", "both (cost model)", "prefill savings over plain P/D",
+		"loaded from D's CPU tier", "both: at least 95% of unlimited memory's prefill savings"} {
+		assert.Contains(t, out.String(), want)
+	}
+	_, err = parseFleetFlags([]string{"--fleet", "--capacity", "peak"}, io.Discard)
+	assert.Error(t, err, "--capacity peak only with --cpu-tier")
+}

@@ -237,16 +237,7 @@ func printTier(w io.Writer, rep tierReport) int {
 
 func tierTargets(w io.Writer, rep tierReport, figs []armFigures, tf []tierFigures) int {
 	fails := 0
-	check := func(hard, ok bool, target, got string) {
-		verdict := "met    "
-		if !ok {
-			verdict = "NOT MET"
-			if hard || rep.cfg.check {
-				fails++
-			}
-		}
-		fmt.Fprintf(w, "%s  %s: %s\n", verdict, target, got)
-	}
+	check := targetChecker(w, rep.cfg.check, &fails)
 	fmt.Fprintln(w)
 	wrong, failed := 0, 0
 	for _, f := range figs {
