@@ -279,6 +279,7 @@ func TestCPUTierDataParallelRanks(t *testing.T) {
 		require.NotEmpty(t, tr.PeerSource, "turn %d", i)
 		ranks[tr.PeerSource] = true
 		assert.Positive(t, pr.PeerTokens, "turn %d: pulled from %s", i, tr.PeerSource)
+		assert.Equal(t, tr.PeerSource, tr.DecodeEndpoint, "turn %d: decoded where the history is", i)
 	}
 	assert.Len(t, ranks, 2, "conversations on both ranks pulled from their own")
 }

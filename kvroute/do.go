@@ -76,8 +76,13 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 		}
 		rt.prefilled(p)
 		affinity := ""
-		if p.hit {
+		switch {
+		case p.hit:
 			affinity = f.e.Endpoint
+		case w.peer.decode != "":
+			// the engine whose tier the history came from: its prefix
+			// cache likely still holds it, so it reads only the rest
+			affinity = w.peer.decode
 		}
 		resp, err := decode(ctx, t, p, affinity, &rt.tries) // decode.go
 		if err == nil {

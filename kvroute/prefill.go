@@ -227,6 +227,11 @@ func (p *prefiller) pick(ctx context.Context) (*endpoint, error) {
 	affinity := "" // a turn with no hold to attach: where its history is cached
 	if !p.attached && p.f != nil {
 		affinity = prefillFor(t.r.mem, p.f.cands.Keys)
+		if affinity == "" && p.peer.decode != "" {
+			// a tier pull: the engine that prefilled the history last
+			// has it cached and pulls only what it lacks
+			affinity = p.f.placed.Prefill
+		}
 	}
 	ep, err := t.r.prefill.pick(ctx, t.r.selector, t.req, affinity, t.req.hint, slices.Concat(p.tried, noReuse))
 	if errors.Is(err, ErrNoEndpoint) && len(p.tried) > len(tr.badP) {
