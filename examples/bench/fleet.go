@@ -84,7 +84,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.IntVar(&c.prefill, "prefill", 2, "prefill engines")
 	fs.IntVar(&c.decode, "decode", 2, "decode engines")
 	fs.StringVar(&c.profileName, "profile", "qwen3-32b", "engine profile (qwen3-32b or glm-5-fp8)")
-	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of the unlimited arm's mean demand), ample (the profile's node), peak (what unlimited memory uses at its peak; --cpu-tier's default), or tokens")
+	fs.StringVar(&c.capacity, "capacity", "half", "decode KV capacity per engine: half (of the unlimited arm's mean demand), ample (the profile's node), peak (with --cpu-tier: what unlimited memory uses at its peak), or tokens")
 	fs.Float64Var(&c.budget, "budget", defaultBudget, "managed arm: the share of each decode engine's capacity its holds may take")
 	fs.Float64Var(&c.headroom, "headroom", 0, "managed arm: the share of each decode engine's capacity kept free of holds when a decode leg arrives (kvroute.DecodeMemory.Headroom; 0: its default, negative: no room made on arrival)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the sessions")
@@ -158,11 +158,6 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 		return c, errors.New("--tool-share must be in [0, 1]")
 	case c.maxPrompt < 20000 || c.maxPrompt > c.prof.KVCapacityTokens:
 		return c, fmt.Errorf("--max-prompt must be in [20000, %d]", c.prof.KVCapacityTokens)
-	}
-	capSet := false
-	fs.Visit(func(f *flag.Flag) { capSet = capSet || f.Name == "capacity" })
-	if c.cpuTier && !capSet {
-		c.capacity = "peak"
 	}
 	if c.capacity == "peak" && !c.cpuTier {
 		return c, errors.New("--capacity peak: only with --cpu-tier")

@@ -38,9 +38,11 @@ import (
 //     not a target (a decode-local turn's suffix is computed again by the
 //     next turn's prefill engine, so it trades prefill work for TTFT).
 //
-// The decode engines have, by default (--capacity peak), what holding
-// everything uses on an engine at its peak. The targets are the combined
-// arm's: at least 95% of unlimited memory's
+// The decode engines have the --capacity of the other fleet runs (half of
+// unlimited memory's mean demand by default, where holding everything does
+// not fit; peak: what holding everything uses at its peak, where it just
+// fits), and the GPU holds a quarter of what holding everything holds at
+// that capacity. The targets are the combined arm's: at least 95% of unlimited memory's
 // prefill savings (prompt tokens plain P/D computes that the arm does
 // not), no preemption on D, no wrong answer, and a TTFT p99 below each
 // single-path arm's.
@@ -122,8 +124,8 @@ func fleetTierRun(ctx context.Context, c fleetConfig, progress io.Writer) (tierR
 		rep.capacity, _ = strconv.Atoi(c.capacity)
 	}
 	// A quarter of what holding everything holds on an engine at its
-	// peak, within the budget the capacity allows.
-	rep.holds = min(maxOf(uf.heldPeak)/4, c.budgetTokens(rep.capacity))
+	// peak at this capacity (all of it, when it does not fit).
+	rep.holds = min(maxOf(uf.heldPeak), rep.capacity) / 4
 	quarter := float64(rep.holds) / float64(rep.capacity)
 	for _, a := range []armSpec{
 		{name: "plain P/D", plain: true},
