@@ -64,9 +64,10 @@ type fleetConfig struct {
 	perReplica      bool // each managed replica keeps a ledger of its own; else one for all
 	compareOne      bool // also run hold everything and managed with one replica
 	timeout         time.Duration
-	diagnose        bool // print where managed lost reuse against every hold's value
-	managedOnly     bool // --arms managed: unlimited memory and managed only
-	cpuTier         bool // --cpu-tier: the CPU tier head-to-head (fleettier.go)
+	diagnose        bool    // print where managed lost reuse against every hold's value
+	managedOnly     bool    // --arms managed: unlimited memory and managed only
+	cpuTier         bool    // --cpu-tier: the CPU tier head-to-head (fleettier.go)
+	tierFactor      float64 // --tier-factor: each engine's CPU tier, in multiples of its KV capacity
 }
 
 // quickFlags are --quick's sizes: a run of seconds exercising every arm
@@ -105,6 +106,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
 	fs.BoolVar(&c.diagnose, "diagnose", false, "print where each managed arm lost reuse: its holds by what they waited for, size, pause, prefill engine, and its releases")
 	fs.BoolVar(&c.cpuTier, "cpu-tier", false, "the CPU tier head-to-head: every engine with a CPU tier twice its KV capacity; plain P/D, GPU holds only (a quarter of hold-everything's), the decode engines' CPU tier only, and both, against unlimited memory")
+	fs.Float64Var(&c.tierFactor, "tier-factor", defaultTierFactor, "with --cpu-tier: each engine's CPU tier as a multiple of its KV capacity")
 	var arms string
 	fs.StringVar(&arms, "arms", "all", "the arms to run: all, or managed (unlimited memory, which sizes the capacity, and managed only: faster)")
 	if err := fs.Parse(args); err != nil {
@@ -158,6 +160,9 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 		return c, errors.New("--tool-share must be in [0, 1]")
 	case c.maxPrompt < 20000 || c.maxPrompt > c.prof.KVCapacityTokens:
 		return c, fmt.Errorf("--max-prompt must be in [20000, %d]", c.prof.KVCapacityTokens)
+	}
+	if !(c.tierFactor > 0 && c.tierFactor <= 16) {
+		return c, errors.New("--tier-factor must be in (0, 16]")
 	}
 	if c.capacity == "peak" && !c.cpuTier {
 		return c, errors.New("--capacity peak: only with --cpu-tier")

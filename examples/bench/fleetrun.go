@@ -185,7 +185,7 @@ func startRig(c fleetConfig, a armSpec) (*fleetRig, error) {
 			mem = m
 		}
 		if a.peer {
-			mem.CPUTierTokens, mem.CPUTierPeers, mem.CPUTierFirst = tierTokens(a.capacity), map[string]string{}, a.tierFirst
+			mem.CPUTierTokens, mem.CPUTierPeers, mem.CPUTierFirst = c.tierTokens(a.capacity), map[string]string{}, a.tierFirst
 			for _, e := range r.d {
 				host, port, _ := e.RankP2PChannel(0)
 				mem.CPUTierPeers[e.URL()] = net.JoinHostPort(host, strconv.Itoa(port))
@@ -216,7 +216,7 @@ func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
 	pBlocks := c.prof.NumGPUBlocks(kvroutetest.DefaultBlockSize)
 	for range c.prefill {
 		e, err := kvroutetest.StartEngine(append(common, kvroutetest.WithPrefixCaching(!c.noPrefixCache),
-			kvroutetest.WithNumBlocks(pBlocks), tierOption(a, pBlocks*kvroutetest.DefaultBlockSize),
+			kvroutetest.WithNumBlocks(pBlocks), tierOption(c, a, pBlocks*kvroutetest.DefaultBlockSize),
 			kvroutetest.WithKVLoadFailurePolicy("recompute"))...)
 		if err != nil {
 			return err
@@ -228,7 +228,7 @@ func (r *fleetRig) startEngines(c fleetConfig, a armSpec) error {
 	}
 	for range c.decode {
 		e, err := kvroutetest.StartEngine(append(common,
-			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize), tierOption(a, a.capacity))...)
+			kvroutetest.WithNumBlocks(a.capacity/kvroutetest.DefaultBlockSize), tierOption(c, a, a.capacity))...)
 		if err != nil {
 			return err
 		}

@@ -47,21 +47,20 @@ import (
 // not), no preemption on D, no wrong answer, and a TTFT p99 below each
 // single-path arm's.
 
-// tierFactor is each engine's CPU tier as a multiple of its KV capacity
-// (llm-d's recommendation, from its measured runs).
-const tierFactor = 2
+// defaultTierFactor is each engine's CPU tier as a multiple of its KV
+// capacity (--tier-factor; llm-d's recommendation, from its measured runs).
+const defaultTierFactor = 2.0
 
-// tierTokens is a decode engine's CPU tier for a KV capacity of capacity
-// tokens.
-func tierTokens(capacity int) int { return tierFactor * capacity }
+// tierTokens is an engine's CPU tier for a KV capacity of capacity tokens.
+func (c fleetConfig) tierTokens(capacity int) int { return int(c.tierFactor * float64(capacity)) }
 
 // tierOption is an engine's CPU tier in arm a, for its KV capacity in
 // tokens: none unless the arm runs the head-to-head.
-func tierOption(a armSpec, capacity int) kvroutetest.Option {
+func tierOption(c fleetConfig, a armSpec, capacity int) kvroutetest.Option {
 	if !a.tier {
 		return kvroutetest.WithCPUTier(kvroutetest.CPUTier{})
 	}
-	return kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: tierTokens(capacity) / kvroutetest.DefaultBlockSize,
+	return kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: c.tierTokens(capacity) / kvroutetest.DefaultBlockSize,
 		OffloadGenerated: true, P2P: true})
 }
 
@@ -177,8 +176,8 @@ func tierFiguresOf(a armResult, plain armFigures, f armFigures) tierFigures {
 func printTier(w io.Writer, rep tierReport) int {
 	c := rep.cfg
 	printFleetPlan(w, fleetReport{cfg: c, plan: rep.plan, unlimited: rep.arms[tierUnlimited]})
-	fmt.Fprintf(w, "decode capacity: %s tokens per engine (%.1f GiB); CPU tier %dx the KV capacity on every engine (%s tokens per decode engine); GPU holds: a quarter of hold-everything's peak, %s tokens per decode engine\n\n",
-		ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken), tierFactor, ktok(tierTokens(rep.capacity)), ktok(rep.holds))
+	fmt.Fprintf(w, "decode capacity: %s tokens per engine (%.1f GiB); CPU tier %gx the KV capacity on every engine (%s tokens per decode engine); GPU holds: a quarter of what holding everything holds at this capacity, %s tokens per decode engine\n\n",
+		ktok(rep.capacity), gib(rep.capacity, c.prof.KVBytesPerToken), c.tierFactor, ktok(c.tierTokens(rep.capacity)), ktok(rep.holds))
 	figs := make([]armFigures, len(rep.arms))
 	for i, a := range rep.arms {
 		figs[i] = figures(a)
