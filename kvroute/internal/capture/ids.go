@@ -105,8 +105,14 @@ func (t *tokenIDs) addPrompt(v []byte) {
 		return
 	}
 	buf := t.prompt
-	if t.knownUsed {
+	switch {
+	case t.knownUsed:
 		buf = t.spare // never into the caller's ids
+	case t.sawPrompt:
+		// A second prompt_token_ids (hostile: vLLM sends one): parsed
+		// apart, so that a value that fails to parse leaves the first
+		// one's ids as they were.
+		buf = nil
 	}
 	ids, ok := AppendTokenIDs(buf[:0], v)
 	if !ok {
