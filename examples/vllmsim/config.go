@@ -188,6 +188,7 @@ func parseFlagsWith(args []string, help io.Writer, seen func(*flag.FlagSet)) (*o
 	fs.StringVar(&o.cfg.ContentFormat, "chat-template-content-format", o.cfg.ContentFormat, "how text parts reach the template: string (joined with newlines) or openai (concatenated)")
 	fs.StringVar(&o.cfg.Render, "render-api", sim.RenderEnabled, "render endpoints /v1/chat/completions/render, /v1/completions/render, /v1/responses/render and /v1/messages/render: enabled, disabled (501 NotImplementedError, no renderer) or absent (404, an engine older than the render API)")
 	fs.IntVar(&o.cfg.DPSize, "data-parallel-size", o.cfg.DPSize, "data-parallel ranks, each with its own engine id (<id>_dp<k>), KV pool and side channel at --side-channel-port + k; X-data-parallel-rank pins a request")
+	fs.BoolVar(&o.cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "usage carries prompt_tokens_details.cached_tokens: the prompt tokens not computed (prefix-cache hits, pulled, loaded from a CPU tier), as vLLM's flag")
 	fs.BoolVar(&o.cfg.StrictRank, "strict-rank", false, "with one data-parallel rank, reject X-data-parallel-rank other than 0 as vLLM does (default: ignore the header)")
 	fs.StringVar(&o.cfg.Fingerprint, "fingerprint-mode", sim.FingerprintAbsent, "system_fingerprint: full (vLLM's default), hash, custom (--fingerprint-value), none (null) or absent (no key, engines before the fingerprint)")
 	fs.StringVar(&o.cfg.FingerprintValue, "fingerprint-value", "", "system_fingerprint with --fingerprint-mode custom")

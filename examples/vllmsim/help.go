@@ -31,7 +31,7 @@ var helpGroups = []cli.Group{
 	{Title: "Cost model", Flags: []string{"profile", "speed"}},
 	{Title: "Model and answers", Flags: []string{"template", "chat-template-content-format", "reasoning", "inline-reasoning",
 		"reasoning-field", "tool-call-rate", "drift-rate"}},
-	{Title: "What the engine offers (vLLM versions and PRs)", Flags: []string{"sim-version", "render-api", "stream-handles",
+	{Title: "What the engine offers (vLLM versions and PRs)", Flags: []string{"sim-version", "render-api", "stream-handles", "enable-prompt-tokens-details",
 		"no-tokenize", "no-responses-kv-transfer", "no-messages-kv-transfer", "kv-usage-metric", "fingerprint-mode",
 		"fingerprint-value"}},
 	{Title: "Router overhead runs", Flags: []string{"canned"}},
