@@ -156,9 +156,7 @@ func TestCPUTierPeerMissRecomputes(t *testing.T) {
 				messages: []message{{Role: "system", Content: longSystem}}}
 			conv.say(userText(0))
 			tierTurn(t, c, srv, rec, conv, "t1")
-			other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: "Another. " + longSystem}}}
-			other.say(userText(9))
-			tierTurn(t, c, srv, rec, other, "other") // P now holds the other conversation, not this one
+			anotherTurn(t, c, srv, rec) // P now holds another conversation, not this one
 			// Past the retention TTL and D's own: the GPU hold is gone,
 			// the tier record stays (the ledger's horizon).
 			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
@@ -182,9 +180,7 @@ func TestCPUTierAfterTTL(t *testing.T) {
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
 	conv.say(userText(0))
 	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
-	other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: "Another. " + longSystem}}}
-	other.say(userText(9))
-	tierTurn(t, c, srv, rec, other, "other") // P now holds the other conversation, not this one
+	anotherTurn(t, c, srv, rec) // P now holds another conversation, not this one
 	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
 	conv.say(userText(1))
 	tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
@@ -327,4 +323,13 @@ func TestCPUTierFirst(t *testing.T) {
 			assert.EqualValues(t, 1, d.Stats().NotifiedHolds)
 		})
 	}
+}
+
+// anotherTurn runs the first turn of a conversation of longSystem's size,
+// which turns over tierRig's prefill engine's caches (they hold about one).
+func anotherTurn(t *testing.T, c *kvroutetest.Cluster, srv string, rec *kvroutetest.Records) {
+	t.Helper()
+	other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: "Another. " + longSystem}}}
+	other.say(userText(9))
+	tierTurn(t, c, srv, rec, other, "other")
 }
