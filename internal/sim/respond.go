@@ -24,9 +24,9 @@ type reply struct {
 }
 
 type usage struct {
-	PromptTokens        int       `json:"prompt_tokens"`
-	TotalTokens         int       `json:"total_tokens"`
-	CompletionTokens    int       `json:"completion_tokens"`
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
 	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
 }
 
