@@ -38,11 +38,14 @@ func TestUnseenKVCountsAsUsed(t *testing.T) {
 	require.NoError(t, err)
 	front := &releaseFront{proxy: httputil.NewSingleHostReverseProxy(u)}
 	pURL := newServer(t, front)
-	router := func(budget float64) (*kvroute.Router, string) {
+	var ledger *budget.Budget // the last router's: Stats().Released counts the victims it chose
+	router := func(share float64) (*kvroute.Router, string) {
 		store, err := retention.NewMemory()
 		require.NoError(t, err)
+		ledger, err = budget.New()
+		require.NoError(t, err)
 		r, err := kvroute.New(kvroute.WithPrefill(pURL), kvroute.WithDecode(d.URL()), kvroute.WithClock(clk.Now),
-			kvroute.WithStore(store), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: budget}))
+			kvroute.WithStore(store), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: share, Ledger: ledger}))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = r.Close() })
 		return r, serve(t, r)
@@ -76,12 +79,14 @@ func TestUnseenKVCountsAsUsed(t *testing.T) {
 		turn(aSrv, i)
 	}
 	// The releases run in the background: wait, boundedly, until A's
-	// holds fit beside the unseen KV, every release sent has ended and D
-	// has freed each (P's notification reaches D after P answers: under
-	// load, after the release request has ended).
+	// holds fit beside the unseen KV and the release of every hold A's
+	// ledger chose has ended (a victim leaves the ledger when chosen; under
+	// load its release request may not even be sent yet) and D has freed
+	// each (P's notification reaches D after P answers).
+	aLedger := ledger
 	settle(t, a, func(s kvroute.Stats) bool {
 		kv := a.DecodeKV()[0]
-		return kv.HeldTokens+kv.Unseen <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= int64(front.releases.Load()) &&
+		return kv.HeldTokens+kv.Unseen <= kv.Budget && requested(s)+s.ReleaseFailures+s.ReleaseGone >= aLedger.Stats().Released &&
 			int64(d.Stats().NotifiedHolds) >= requested(s)
 	})
 	kv = a.DecodeKV()[0]
