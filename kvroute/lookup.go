@@ -7,7 +7,6 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
-	"github.com/bidikv/bidikv/kvroute/internal/peertier"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 )
@@ -335,7 +334,7 @@ func supersedes(reason MissReason) bool {
 // the ledger records, with each retained turn, its decode engine and the
 // tokens that tier then holds of it (budget.Placement, in handles.retain),
 // and counts the tokens each engine writes after, from which
-// peertier.Resident estimates what is left (LRU, tail first). A turn that
+// budget.Placement.Resident estimates what is left (LRU, tail first). A turn that
 // attaches no GPU hold and goes through a prefill leg (the hold was
 // released, expired, superseded, or the Chooser chose to recompute) has
 // that leg carry remote_kv_source naming the engine's peer tier, when the
@@ -361,7 +360,7 @@ func placedOf(t *turn, f *found) {
 			continue
 		}
 		f.placed = p
-		f.resident = peertier.Resident(m.cfg.tier.Tokens, p, after, t.r.shapes.known(t.r.decode.find(p.Decode)))
+		f.resident = p.Resident(m.cfg.tier.Tokens, after, t.r.shapes.known(t.r.decode.find(p.Decode)))
 		return
 	}
 }

@@ -107,15 +107,22 @@ func (b *Budget) Placed(key string, now time.Time) (p Placement, after int64, ok
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.expire(now.UnixNano())
-	at, ok := q.m[h]
-	if !ok || at.deadline <= now.UnixNano() {
+	return q.placed(h, now.UnixNano())
+}
+
+// placed is the record of the hold hashed h within its horizon at now and
+// the tokens its decode engine wrote since the record's own writes
+// (Placed). p.mu held.
+func (p *prefilled) placed(h uint64, now int64) (pl Placement, after int64, ok bool) {
+	at, ok := p.m[h]
+	if !ok || at.deadline <= now {
 		return Placement{}, 0, false
 	}
-	p = Placement{Prefill: at.endpoint, Decode: at.decode, Tokens: at.tokens}
+	pl = Placement{Prefill: at.endpoint, Decode: at.decode, Tokens: at.tokens}
 	if at.decode != "" {
-		after = max(q.written[at.decode]-at.mark, 0)
+		after = max(p.written[at.decode]-at.mark, 0)
 	}
-	return p, after, true
+	return pl, after, true
 }
 
 // Resident estimates the leading tokens of p's turn its decode engine's
@@ -159,12 +166,11 @@ const tierKeep = 0.1
 func (p *prefilled) tierShare(h uint64, capacity int, now int64) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	at, ok := p.m[h]
-	if !ok || at.decode == "" || at.tokens <= 0 || at.deadline <= now {
+	pl, after, ok := p.placed(h, now)
+	if !ok || pl.Tokens <= 0 {
 		return 0
 	}
-	pl := Placement{Decode: at.decode, Tokens: at.tokens}
-	return float64(pl.Resident(capacity, max(p.written[at.decode]-at.mark, 0), 0)) / float64(at.tokens)
+	return float64(pl.Resident(capacity, after, 0)) / float64(pl.Tokens)
 }
 
 // set records pl for the hold hashed h, from n for horizon: a later

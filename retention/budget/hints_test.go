@@ -109,3 +109,15 @@ func TestVictimsDemoteFirst(t *testing.T) {
 		assert.Equal(t, []string{"kept"}, got, "the hold the tier holds goes first")
 	}
 }
+
+// Resident is what of a turn a least-recently-used tier still holds after
+// the tokens written since: its head, in whole blocks.
+func TestPlacementResident(t *testing.T) {
+	p := budget.Placement{Decode: "d", Tokens: 10000}
+	assert.Equal(t, 10000, p.Resident(50000, 0, 16))
+	assert.Equal(t, 10000, p.Resident(50000, 40000, 16), "exactly fits")
+	assert.Equal(t, 4992, p.Resident(50000, 45000, 16), "the head survives, in whole blocks")
+	assert.Zero(t, p.Resident(50000, 50000, 16))
+	assert.Zero(t, p.Resident(0, 0, 16), "no tier")
+	assert.Zero(t, budget.Placement{Tokens: 100}.Resident(50000, 0, 16), "no decode engine")
+}

@@ -1,8 +1,9 @@
 // Package peertier is the router's side of a decode engine's CPU tier
 // (vLLM's OffloadingConnector behind the NixlConnector, with the peer tier
 // of TieringOffloadingSpec; docs/cpu-tier.md): where a decode engine's
-// tier answers peer pulls, how much of a turn it still holds, and the
-// remote_kv_source a prefill leg carries to pull it.
+// tier answers peer pulls, what a turn leaves there, and the
+// remote_kv_source a prefill leg carries to pull it (what is still there
+// is budget.Placement.Resident's estimate).
 package peertier
 
 import (
@@ -10,8 +11,6 @@ import (
 	"net"
 	"net/url"
 	"strconv"
-
-	"github.com/bidikv/bidikv/retention/budget"
 )
 
 // DefaultPort is the peer tier's base port (VLLM_P2P_SIDE_CHANNEL_PORT's
@@ -83,12 +82,6 @@ func splitHostPort(hp string, rank int) (string, int, bool) {
 		return "", 0, false
 	}
 	return h, n + rank, true
-}
-
-// Resident estimates the leading tokens of p's turn that its decode
-// engine's tier still holds (budget.Placement.Resident).
-func Resident(capacity int, p budget.Placement, after int64, blockSize int) int {
-	return p.Resident(capacity, after, blockSize)
 }
 
 // Held returns the tokens a turn of tokens leaves in its decode engine's

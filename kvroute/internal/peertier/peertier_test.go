@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bidikv/bidikv/kvroute/internal/peertier"
-	"github.com/bidikv/bidikv/retention/budget"
 )
 
 func TestAddr(t *testing.T) {
@@ -50,16 +49,6 @@ func TestAddr(t *testing.T) {
 	assert.True(t, peertier.ValidPeer("h:1"))
 	assert.False(t, peertier.ValidPeer("h"))
 	assert.False(t, peertier.ValidPeer("h:0"))
-}
-
-func TestResident(t *testing.T) {
-	p := budget.Placement{Decode: "d", Tokens: 10000}
-	assert.Equal(t, 10000, peertier.Resident(50000, p, 0, 16))
-	assert.Equal(t, 10000, peertier.Resident(50000, p, 40000, 16), "exactly fits")
-	assert.Equal(t, 4992, peertier.Resident(50000, p, 45000, 16), "the head survives, in whole blocks")
-	assert.Zero(t, peertier.Resident(50000, p, 50000, 16))
-	assert.Zero(t, peertier.Resident(0, p, 0, 16), "no tier")
-	assert.Zero(t, peertier.Resident(50000, budget.Placement{Tokens: 100}, 0, 16), "no decode engine")
 }
 
 func TestHeld(t *testing.T) {
