@@ -333,3 +333,42 @@ func anotherTurn(t *testing.T, c *kvroutetest.Cluster, srv string, rec *kvroutet
 	other.say(userText(9))
 	tierTurn(t, c, srv, rec, other, "other")
 }
+
+// The ledger ages a turn's record by the tokens later turns touch in the
+// decode engine's CPU tier, not only by those they write: conversations
+// whose histories the tier held already, coming back after A, move ahead
+// of A's chunks in the tier's LRU order while writing little, and the
+// next write pushes A out. A's next turn then finds its estimate at 0 and
+// does not ask for a pull the tier cannot serve (counting only writes, it
+// asked, and the pull came back short).
+func TestCPUTierTouchesAgeHistory(t *testing.T) {
+	const chunks = 480 // about two conversations of longSystem
+	c, clk, r, srv, rec := tierRig(t, chunks, chunks*16, "")
+	conv := func(name string) *conversation {
+		cv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
+			messages: []message{{Role: "system", Content: name + ". " + longSystem}}}
+		cv.say(name + ": " + userText(0))
+		return cv
+	}
+	a, b, cc := conv("A"), conv("B"), conv("C")
+	tierTurn(t, c, srv, rec, b, "b1")
+	tierTurn(t, c, srv, rec, cc, "c1")
+	tierTurn(t, c, srv, rec, a, "a1")
+	for _, x := range []struct {
+		cv *conversation
+		id string
+	}{{cc, "c2"}, {b, "b2"}} {
+		x.cv.say(userText(1))
+		tierTurn(t, c, srv, rec, x.cv, x.id)
+	}
+	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute) // A's GPU hold is gone
+	a.say(userText(1))
+	tr, pr := tierTurn(t, c, srv, rec, a, "a2")
+	assert.NotEqual(t, kvroute.ReuseHit, tr.Reuse)
+	assert.Empty(t, tr.PeerSource, "the estimate says the tier lost A's history: no pull asked")
+	assert.False(t, tr.PeerShort)
+	assert.Zero(t, pr.PeerTokens, "nothing loaded from the peer (counting only writes, a pull was asked and loaded a tenth of the history)")
+	assert.Zero(t, r.Stats().PeerShort)
+	assert.Positive(t, r.Stats().PeerSkipped)
+	assert.Zero(t, c.Decode[0].Stats().WrongOutputs)
+}

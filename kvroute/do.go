@@ -54,7 +54,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	w = peerPath(lctx, t, &f, w)              // lookup.go: a prefill leg without a GPU hold pulls from it
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose
-	rt.placed, rt.resident = f.placed.Decode, f.resident
+	rt.placed, rt.placedKey, rt.resident = f.placed.Decode, f.placedKey, f.resident
 	if w.local != nil {
 		rt.decodeLocal = true
 		resp, err := decodeLocal(ctx, t, w, &rt.tries) // decode.go

@@ -30,9 +30,11 @@ type found struct {
 	expired bool
 	// placed is the ledger's record of the conversation's last retained
 	// turn (DecodeMemory's CPUTierTokens: peerPath), and resident what
-	// its decode engine's CPU tier is estimated to hold of it.
-	placed   budget.Placement
-	resident int
+	// its decode engine's CPU tier is estimated to hold of it; placedKey
+	// the key the record is under.
+	placed    budget.Placement
+	resident  int
+	placedKey string
 }
 
 // lookup takes the retained handle the request continues, if any: the
@@ -333,8 +335,10 @@ func supersedes(reason MissReason) bool {
 // sealed blocks through to its CPU tier, where they outlive the GPU hold:
 // the ledger records, with each retained turn, its decode engine and the
 // tokens that tier then holds of it (budget.Placement, in handles.retain),
-// and counts the tokens each engine writes after, from which
-// budget.Placement.Resident estimates what is left (LRU, tail first). A turn that
+// and counts the tokens the later turns on each engine touch there (the
+// LRU stack distance: a conversation counts once, at its latest turn),
+// from which budget.Placement.Resident estimates what is left (LRU, tail
+// first). A turn that
 // attaches no GPU hold and goes through a prefill leg (the hold was
 // released, expired, superseded, or the Chooser chose to recompute) has
 // that leg carry remote_kv_source naming the engine's peer tier, when the
@@ -359,7 +363,7 @@ func placedOf(t *turn, f *found) {
 		if !ok || p.Decode == "" {
 			continue
 		}
-		f.placed = p
+		f.placed, f.placedKey = p, k
 		f.resident = p.Resident(m.cfg.tier.Tokens, after, t.r.shapes.known(t.r.decode.find(p.Decode)))
 		return
 	}
@@ -455,6 +459,7 @@ func tierChoice(ctx context.Context, t *turn, f *found, w way, ep *endpoint) (wa
 	case threshold.PathLocal:
 		r.stats.choseLocal.Add(1)
 		t.rec.Reuse = ReuseLocal
+		t.rec.PeerTokens = in.ReusableTokens
 		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens}
 		w.local = ep
 		return w, false

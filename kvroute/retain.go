@@ -33,12 +33,13 @@ type retainer struct {
 	took        time.Duration // the last prefill phase, from its first attempt to P's answer
 	chose       chosen        // the Chooser's decision (lookup.go), released when the turn ends
 	// placed is the decode engine of the conversation's last retained
-	// turn and resident what its CPU tier was estimated to hold of it
-	// (lookup.go, placedOf); prompt the prompt's tokens (0: unknown): for
-	// the CPU tier's record of this turn (tierPlacement).
-	placed           string
-	resident, prompt int
-	resp             *Response // the answer Do handed on, nil before
+	// turn, placedKey its record's key and resident what its CPU tier was
+	// estimated to hold of it (lookup.go, placedOf); prompt the prompt's
+	// tokens (0: unknown): for the CPU tier's record of this turn
+	// (tierPlacement).
+	placed, placedKey string
+	resident, prompt  int
+	resp              *Response // the answer Do handed on, nil before
 	// retained: kept ran; refusal is why the turn retains nothing ("" when
 	// it stored, or kept has not run).
 	retained bool
@@ -280,9 +281,9 @@ func toolCalls(reply *Reply) bool {
 // tierPlacement is the ledger's record of the turn e retains
 // (budget.Placement): its prefill and decode engines and, with a CPU tier
 // (DecodeMemory's CPUTierTokens), what the decode engine's tier holds of
-// the turn once it ends and how much of that it wrote anew: the history
-// its tier held already (the conversation's last turn, decoded there)
-// is not written twice.
+// the turn once it ends, and the conversation's last turn's record when
+// it was decoded there too: this turn touched that history again, so the
+// ledger counts it once (budget.Placement.Prior).
 func (rt *retainer) tierPlacement(e entry.Entry) budget.Placement {
 	p := budget.Placement{Prefill: e.Prefill}
 	r := rt.t.r
@@ -291,9 +292,8 @@ func (rt *retainer) tierPlacement(e entry.Entry) budget.Placement {
 	}
 	bs := r.shapes.known(r.decode.find(e.Endpoint))
 	p.Decode, p.Tokens = e.Endpoint, r.mem.cfg.tier.Held(rt.prompt, e.Tokens, bs)
-	p.Written = p.Tokens
 	if rt.placed == e.Endpoint {
-		p.Written = max(p.Tokens-rt.resident, 0)
+		p.Prior = rt.placedKey // this turn touched that one's history again
 	}
 	return p
 }

@@ -199,3 +199,78 @@ func ratioBucket(r float64) string {
 	}
 	return "d >=0.7"
 }
+
+// printTail prints what an arm's slowest turns (TTFT at or above its p99)
+// are made of (--diagnose): their prompts, where P found the history, and
+// the TTFT's parts, as means over those turns, and the slowest few.
+func printTail(w io.Writer, a armResult) {
+	var ttft []float64
+	for _, t := range a.turns {
+		if t.err == "" {
+			ttft = append(ttft, float64(t.ttft)/1e6)
+		}
+	}
+	p99 := time.Duration(percentile(ttft, 99) * 1e6)
+	var tail []fleetTurn
+	for _, t := range a.turns {
+		if t.err == "" && t.ttft >= p99 {
+			tail = append(tail, t)
+		}
+	}
+	if len(tail) == 0 {
+		return
+	}
+	sort.Slice(tail, func(i, j int) bool { return tail[i].ttft > tail[j].ttft })
+	var s struct {
+		prompt, computed, cached, tier, reused, dPulled, hit, peer int
+		render, pLeg, pQueued, dFirst                              time.Duration
+	}
+	for _, t := range tail {
+		s.prompt += t.prompt
+		s.computed += t.computed
+		s.cached += t.cached
+		s.tier += t.tier
+		s.reused += t.reused
+		s.dPulled += t.dPulled
+		s.render += t.render
+		s.pLeg += t.pLeg
+		s.pQueued += t.pQueued
+		s.dFirst += t.dFirst
+		if t.hit {
+			s.hit++
+		}
+		if t.peerAsked {
+			s.peer++
+		}
+	}
+	n := len(tail)
+	dms := func(d time.Duration) string { return fms(float64(d) / 1e6) }
+	ms := func(d time.Duration) string { return dms(d / time.Duration(n)) }
+	fmt.Fprintf(w, "\ntail: %s: %d turns at or above the p99 (%s); means: prompt %s tokens, P computed %s, cached %s, loaded from a CPU tier %s, pulled from a GPU hold %s (%d hits, %d tier pulls); render %s, prefill leg %s (P queued %s), D's first token %s reading %s tokens\n",
+		a.spec.name, n, dms(p99), ktok(s.prompt/n), ktok(s.computed/n), ktok(s.cached/n), ktok(s.tier/n), ktok(s.reused/n),
+		s.hit, s.peer, ms(s.render), ms(s.pLeg), ms(s.pQueued), ms(s.dFirst), ktok(s.dPulled/n))
+	line := func(t fleetTurn) {
+		way := "P"
+		switch {
+		case t.local:
+			way = "local"
+		case t.hit:
+			way = "GPU hold"
+		case t.peerAsked:
+			way = "tier pull"
+		}
+		fmt.Fprintf(w, "  s%04d-t%02d: TTFT %s (%s, D%d): prompt %d, computed %d cached %d tier %d (D's own %d; estimated %d) GPU %d; render %s, leg %s (queued %s), D %s reading %d\n",
+			t.session, t.turn, dms(t.ttft), way, t.decode, t.prompt, t.computed, t.cached, t.tier, t.dTier, t.est, t.reused,
+			dms(t.render), dms(t.pLeg), dms(t.pQueued), dms(t.dFirst), t.dPulled)
+	}
+	for _, t := range tail[:min(5, n)] {
+		line(t)
+	}
+	// the slowest turn's session, turn by turn: how it got there
+	fmt.Fprintf(w, "  session %d:\n", tail[0].session)
+	for _, t := range a.turns {
+		if t.session == tail[0].session {
+			line(t)
+		}
+	}
+}

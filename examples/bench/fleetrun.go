@@ -72,10 +72,15 @@ type fleetTurn struct {
 	// dWaited: the decode leg waited for blocks on D, in modelled time (a
 	// leg D queues at the very moment a release frees the blocks waits
 	// none; counting it would depend on which the goroutines ran first)
-	dWaited  bool
-	wrong    bool
-	err      string
-	answered time.Duration // from the run's start
+	dWaited bool
+	// the TTFT's parts (--diagnose): the router's render, its prefill leg
+	// (P's queue, load and prefill), P's queue in it, D's first token and
+	// the prompt tokens D read from P
+	render, pLeg, pQueued, dFirst time.Duration
+	dPulled, est                  int
+	wrong                         bool
+	err                           string
+	answered                      time.Duration // from the run's start
 }
 
 // kvSample is the decode engines' KV at one moment.
@@ -438,6 +443,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 	ft.peerAsked = rec.PeerSource != ""
 	ft.local = rec.Reuse == kvroute.ReuseLocal
 	ft.ttft = rec.Render + rec.Prefill
+	ft.render, ft.pLeg, ft.est = rec.Render, rec.Prefill, rec.PeerTokens
 	if d := rig.byURL[rec.DecodeEndpoint]; d != nil {
 		for _, r := range d.FinishedRequests(rec.EngineRequestID) {
 			if r.Role == "plain" {
@@ -449,6 +455,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 			}
 			if r.Role == "decode" || r.Role == "plain" {
 				ft.ttft += r.FirstToken
+				ft.dFirst, ft.dPulled = r.FirstToken, r.PulledTokens
 				ft.dWaited = ft.dWaited || r.Queued > 0
 				ft.decode, ft.decodeTime = rig.dIdx[rec.DecodeEndpoint], r.Decode
 				ft.dPrompt, ft.dCompletion = r.PromptTokens, r.CompletionTokens
@@ -465,6 +472,7 @@ func sendFleetTurn(ctx context.Context, c fleetConfig, rig *fleetRig, s *session
 				ft.cached += r.CachedTokens
 				ft.tier += r.TierTokens
 				ft.peer += r.PeerTokens
+				ft.pQueued += r.Queued
 			}
 		}
 	}

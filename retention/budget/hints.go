@@ -1,6 +1,8 @@
 package budget
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -26,10 +28,12 @@ type prefilled struct {
 	mu sync.Mutex
 	m  map[uint64]prefilledAt
 	q  deadlineQueue[uint64]
-	// written is, per decode engine, the tokens the turns placed on it
-	// wrote through to its CPU tier (Placement.Written), summed: a
-	// record's LRU age is the difference since its own writes.
-	written map[string]int64
+	// touched is, per decode engine, the turns placed on it in the order
+	// they were recorded: each read or wrote its whole sequence in the
+	// engine's CPU tier, which moves it to the tier's most recent end. A
+	// record's LRU age is what the later, still current ones touched.
+	touched map[string][]access
+	seq     int64
 }
 
 type prefilledAt struct {
@@ -38,7 +42,17 @@ type prefilledAt struct {
 	released bool  // Victims chose the hold
 	decode   string
 	tokens   int
-	mark     int64 // written[decode] after the turn's own writes
+	seq      int64 // its access in touched[decode]
+}
+
+// access is a turn's touch of its decode engine's CPU tier: tokens from
+// seq on, until deadline; superseded once its conversation's later turn
+// on the same engine touched them again (Placement.Prior): those chunks
+// then count once, at the later place.
+type access struct {
+	seq, deadline int64
+	tokens        int
+	superseded    bool
 }
 
 // SetPrefilled records that the turn whose hold is under key was
@@ -52,11 +66,13 @@ func (b *Budget) SetPrefilled(key, endpoint string, now time.Time) {
 // Placement is where a retained turn ran: its prefill engine, and its
 // decode engine with what that engine's CPU tier (vLLM's
 // OffloadingConnector, writing every sealed block through) holds of the
-// turn. The decode engine's tier evicts least recently used first, so
-// what a record's turn left there is still resident while the tokens the
-// engine wrote after it ([Budget.Placed]'s after) and its own fit the
-// tier: a released hold's KV stays reachable there (demoted, not
-// dropped) until the engine's later writes push it out.
+// turn. The decode engine's tier evicts least recently used first, and
+// every request reads or writes its whole sequence there (a lookup
+// touches what it finds, a store touches what it stored), so what a
+// record's turn left there is still resident while the tokens the later
+// turns on that engine touched ([Budget.Placed]'s after) and its own fit
+// the tier: a released hold's KV stays reachable there (demoted, not
+// dropped) until the engine's later traffic pushes it out.
 type Placement struct {
 	// Prefill is the turn's prefill engine ("" when unknown), as
 	// [Budget.SetPrefilled] records it.
@@ -68,59 +84,75 @@ type Placement struct {
 	// once it ends: its prompt and, when the engine writes generated
 	// blocks too, its answer, in whole blocks.
 	Tokens int
-	// Written are those of Tokens the turn wrote anew (the rest the tier
-	// held already: an earlier turn's history on the same engine).
-	Written int
+	// Prior is the key of the conversation's previous turn's record when
+	// it ran on the same decode engine ("" otherwise): this turn touched
+	// that turn's tokens again (its history), so they count once, here.
+	Prior string
 }
 
 // SetPlaced records p for the turn whose hold is under key, as
 // SetPrefilled does its prefill engine (p.Prefill, for
-// [Budget.Prefilled]), and advances p.Decode's count of tokens written
-// through to its CPU tier by p.Written. Shared by the Budget's callers
+// [Budget.Prefilled]), and counts p.Tokens as touched last on p.Decode's
+// CPU tier. Shared by the Budget's callers
 // and, with [WithJournal], the other processes' ledgers. An empty key, or
 // a p with neither engine, records nothing.
 func (b *Budget) SetPlaced(key string, p Placement, now time.Time) {
 	if key == "" || p.Prefill == "" && p.Decode == "" {
 		return
 	}
-	p.Tokens, p.Written = max(p.Tokens, 0), max(p.Written, 0)
+	p.Tokens = max(p.Tokens, 0)
 	n := now.UnixNano()
-	b.prefill.set(b.tombs.hash(key), p, n, int64(b.cfg.horizon))
+	prior := uint64(0)
+	if p.Prior != "" {
+		prior = b.tombs.hash(p.Prior)
+	}
+	b.prefill.set(b.tombs.hash(key), prior, p, n, int64(b.cfg.horizon))
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.emitPlaced(key, p, n)
 }
 
 // Placed returns the record [Budget.SetPlaced] made for key's turn within
-// the horizon, and after: the tokens its decode engine wrote through to
-// its CPU tier since the turn's own writes (ok false: none). What the
-// turn left in a tier of C tokens is, for a least-recently-used tier,
-// about min(Tokens, C - after) leading tokens (a request's tail is
-// evicted before its head). Counted from the records of every process
-// sharing the journal; a decode engine's writes no router saw (other
-// clients, turns not retained) are not counted, so the estimate errs
-// toward residency: a pull that then misses loads nothing and costs a
-// recompute, never a wrong token (the tier is addressed by token hashes).
+// the horizon, and after: the tokens the later turns placed on its decode
+// engine touched in its CPU tier, each conversation counted once, at its
+// latest turn there (ok false: none). What the turn left in a tier of C
+// tokens is, for a least-recently-used tier, about min(Tokens, C - after)
+// leading tokens (a request's tail is evicted before its head; the LRU
+// stack distance). Counted from the records of every process sharing the
+// journal; a decode engine's traffic no router saw (other clients, turns
+// not retained) is not counted, so the estimate errs toward residency: a
+// pull that then misses loads nothing and costs a recompute, never a
+// wrong token (the tier is addressed by token hashes). With a tier
+// capacity ([Budget.SetCPUTier]) the count stops there.
 func (b *Budget) Placed(key string, now time.Time) (p Placement, after int64, ok bool) {
 	h := b.tombs.hash(key)
 	q := &b.prefill
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.expire(now.UnixNano())
-	return q.placed(h, now.UnixNano())
+	return q.placed(h, now.UnixNano(), b.tier.Load())
 }
 
 // placed is the record of the hold hashed h within its horizon at now and
-// the tokens its decode engine wrote since the record's own writes
-// (Placed). p.mu held.
-func (p *prefilled) placed(h uint64, now int64) (pl Placement, after int64, ok bool) {
+// the tokens the current later accesses on its decode engine touched
+// (Placed), counted up to limit (0: all). p.mu held.
+func (p *prefilled) placed(h uint64, now, limit int64) (pl Placement, after int64, ok bool) {
 	at, ok := p.m[h]
 	if !ok || at.deadline <= now {
 		return Placement{}, 0, false
 	}
 	pl = Placement{Prefill: at.endpoint, Decode: at.decode, Tokens: at.tokens}
-	if at.decode != "" {
-		after = max(p.written[at.decode]-at.mark, 0)
+	if at.decode == "" {
+		return pl, 0, true
+	}
+	log := p.touched[at.decode]
+	for i := len(log) - 1; i >= 0 && log[i].seq > at.seq; i-- {
+		if a := log[i]; !a.superseded && a.deadline > now {
+			after += int64(a.tokens)
+			if limit > 0 && after >= limit {
+				break
+			}
+		}
 	}
 	return pl, after, true
 }
@@ -166,7 +198,7 @@ const tierKeep = 0.1
 func (p *prefilled) tierShare(h uint64, capacity int, now int64) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pl, after, ok := p.placed(h, now)
+	pl, after, ok := p.placed(h, now, int64(capacity))
 	if !ok || pl.Tokens <= 0 {
 		return 0
 	}
@@ -174,20 +206,34 @@ func (p *prefilled) tierShare(h uint64, capacity int, now int64) float64 {
 }
 
 // set records pl for the hold hashed h, from n for horizon: a later
-// turn's record, not released.
-func (p *prefilled) set(h uint64, pl Placement, n, horizon int64) {
+// turn's record, not released; prior is the hash of pl.Prior (0: none),
+// whose access on the same engine this one supersedes.
+func (p *prefilled) set(h, prior uint64, pl Placement, n, horizon int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expire(n)
 	if p.m == nil {
 		p.m = map[uint64]prefilledAt{}
-		p.written = map[string]int64{}
+		p.touched = map[string][]access{}
 	}
 	d := n + horizon
 	at := prefilledAt{endpoint: pl.Prefill, deadline: d, decode: pl.Decode, tokens: pl.Tokens}
 	if pl.Decode != "" {
-		p.written[pl.Decode] += int64(pl.Written)
-		at.mark = p.written[pl.Decode]
+		log := p.touched[pl.Decode]
+		supersede := func(k uint64) {
+			if was, ok := p.m[k]; ok && was.decode == pl.Decode {
+				if i, found := slices.BinarySearchFunc(log, was.seq, func(a access, seq int64) int { return cmp.Compare(a.seq, seq) }); found {
+					log[i].superseded = true
+				}
+			}
+		}
+		supersede(h) // the same turn recorded again
+		if prior != 0 {
+			supersede(prior)
+		}
+		p.seq++
+		at.seq = p.seq
+		p.touched[pl.Decode] = append(log, access{seq: p.seq, deadline: d, tokens: pl.Tokens})
 	}
 	p.m[h] = at
 	p.q.push(h, d)
@@ -228,4 +274,20 @@ func (p *prefilled) expire(now int64) {
 			delete(p.m, h)
 		}
 	})
+	// An access past its deadline counts for no record (every record
+	// older than it is past its own): drop the leading ones.
+	for e, log := range p.touched {
+		i := 0
+		for i < len(log) && log[i].deadline <= now {
+			i++
+		}
+		switch {
+		case i == len(log):
+			delete(p.touched, e)
+		case i > len(log)/2:
+			p.touched[e] = slices.Clone(log[i:])
+		case i > 0:
+			p.touched[e] = log[i:]
+		}
+	}
 }

@@ -48,36 +48,53 @@ func TestPrefilled(t *testing.T) {
 	}
 }
 
-// Placed returns a turn's placement and the tokens its decode engine
-// wrote through to its CPU tier since the turn's own writes: the writes of
-// later turns on that engine count, another engine's do not; a record
-// keeps its prefill engine for Prefilled; nothing is returned past the
-// horizon or for a record without engines.
+// Placed returns a turn's placement and the tokens the later turns on its
+// decode engine touched in its CPU tier (the LRU stack distance): every
+// later turn there counts, whether its tokens were new to the tier or
+// touched again; another engine's do not; a conversation's turns count
+// once, at the latest (Prior); a record keeps its prefill engine for
+// Prefilled; nothing is returned past the horizon or for a record without
+// engines.
 func TestPlaced(t *testing.T) {
 	b, err := budget.New(budget.WithHorizon(10*time.Minute), budget.WithFraction(1))
 	require.NoError(t, err)
 	now := t0
-	b.SetPlaced("a", budget.Placement{Prefill: "http://p0", Decode: "http://d0", Tokens: 3000, Written: 3000}, now)
-	b.SetPlaced("b", budget.Placement{Decode: "http://d0", Tokens: 5000, Written: 2000}, now)
-	b.SetPlaced("c", budget.Placement{Prefill: "http://p1", Decode: "http://d1", Tokens: 9000, Written: 9000}, now)
+	b.SetPlaced("a", budget.Placement{Prefill: "http://p0", Decode: "http://d0", Tokens: 3000}, now)
+	b.SetPlaced("b1", budget.Placement{Decode: "http://d0", Tokens: 5000}, now)
+	b.SetPlaced("c", budget.Placement{Prefill: "http://p1", Decode: "http://d1", Tokens: 9000}, now)
 	b.SetPlaced("none", budget.Placement{Tokens: 10}, now)
 	p, after, ok := b.Placed("a", now)
 	require.True(t, ok)
 	assert.Equal(t, budget.Placement{Prefill: "http://p0", Decode: "http://d0", Tokens: 3000}, p)
-	assert.EqualValues(t, 2000, after, "b's writes on d0 came after a's; c's on d1 do not count")
-	_, after, ok = b.Placed("b", now)
+	assert.EqualValues(t, 5000, after, "b1's turn on d0 came after a's; c's on d1 does not count")
+	_, after, ok = b.Placed("b1", now)
 	assert.True(t, ok)
 	assert.Zero(t, after)
 	_, _, ok = b.Placed("none", now)
 	assert.False(t, ok)
 
-	// A record's turn retained again (its conversation's next turn under
-	// the same key) starts a new age.
-	b.SetPlaced("a", budget.Placement{Decode: "http://d0", Tokens: 6000, Written: 500}, now)
+	// b's next turn on d0 touches b1's 5,000 tokens again and adds 1,000:
+	// they count once, at b2's place.
+	b.SetPlaced("b2", budget.Placement{Decode: "http://d0", Tokens: 6000, Prior: "b1"}, now)
+	_, after, _ = b.Placed("a", now)
+	assert.EqualValues(t, 6000, after, "b's history counted once")
+	// Without Prior (its previous turn was on another engine, or unknown)
+	// a turn counts whole.
+	b.SetPlaced("x", budget.Placement{Decode: "http://d0", Tokens: 2000, Prior: "c"}, now)
+	_, after, _ = b.Placed("a", now)
+	assert.EqualValues(t, 8000, after, "c ran on d1: nothing on d0 superseded")
+
+	// A record's turn retained again starts a new age.
+	b.SetPlaced("a", budget.Placement{Decode: "http://d0", Tokens: 3500}, now)
 	_, after, _ = b.Placed("a", now)
 	assert.Zero(t, after)
-	_, after, _ = b.Placed("b", now)
-	assert.EqualValues(t, 500, after)
+	_, after, _ = b.Placed("x", now)
+	assert.EqualValues(t, 3500, after)
+
+	// With the tier's capacity known, the count stops once past it.
+	b.SetCPUTier(4000)
+	_, after, _ = b.Placed("b2", now)
+	assert.EqualValues(t, 5500, after, "a then x: 3,500 + 2,000, past 4,000")
 	_, _, ok = b.Placed("a", now.Add(11*time.Minute))
 	assert.False(t, ok, "past the horizon")
 }
@@ -96,11 +113,11 @@ func TestVictimsDemoteFirst(t *testing.T) {
 		for _, k := range []string{"evicted", "kept"} {
 			require.NoError(t, b.Add(budget.Hold{Key: k, Engine: "d", Tokens: 1000, Created: now, Expires: now.Add(ttl), Saved: time.Second}))
 		}
-		// evicted's turn was written first, then 25,000 newer tokens
+		// evicted's turn ran first, then 25,000 tokens touched later
 		// (kept's and others') pushed it out of a 20,000-token tier.
-		b.SetPlaced("evicted", budget.Placement{Decode: "d", Tokens: 1000, Written: 1000}, now)
-		b.SetPlaced("other", budget.Placement{Decode: "d", Tokens: 24000, Written: 24000}, now)
-		b.SetPlaced("kept", budget.Placement{Decode: "d", Tokens: 1000, Written: 1000}, now)
+		b.SetPlaced("evicted", budget.Placement{Decode: "d", Tokens: 1000}, now)
+		b.SetPlaced("other", budget.Placement{Decode: "d", Tokens: 24000}, now)
+		b.SetPlaced("kept", budget.Placement{Decode: "d", Tokens: 1000}, now)
 		got := keys(b.Victims("d", 2500, now))
 		if tier == 0 {
 			assert.Len(t, got, 1)

@@ -35,7 +35,11 @@ func (b *Budget) apply(raw []byte, n int64) {
 		if rc.freed {
 			b.prefill.released(h)
 		} else if rc.placed.Prefill != "" || rc.placed.Decode != "" {
-			b.prefill.set(h, rc.placed, rc.at, int64(b.cfg.horizon))
+			prior := uint64(0)
+			if rc.placed.Prior != "" {
+				prior = b.tombs.hash(rc.placed.Prior)
+			}
+			b.prefill.set(h, prior, rc.placed, rc.at, int64(b.cfg.horizon))
 		}
 	case kindCapacity:
 		e := b.engine(rc.engine)

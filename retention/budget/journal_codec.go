@@ -98,7 +98,7 @@ func encodePrefilled(source, key string, p Placement, released bool, at int64) [
 	}
 	b = putString(b, p.Decode)
 	b = binary.AppendUvarint(b, uint64(p.Tokens))
-	return binary.AppendUvarint(b, uint64(p.Written))
+	return putString(b, p.Prior)
 }
 
 func encodeCapacity(source, engine string, tokens int64, bs int) []byte {
@@ -226,9 +226,9 @@ func decode(b []byte) (record, error) {
 		if r.err == nil && len(r.b) > 0 {
 			rc.placed.Decode = r.string()
 			rc.placed.Tokens = int(min(r.uvarint(), math.MaxInt32))
-			rc.placed.Written = int(min(r.uvarint(), math.MaxInt32))
+			rc.placed.Prior = r.string()
 			if rc.placed.Decode == "" {
-				rc.placed.Tokens, rc.placed.Written = 0, 0
+				rc.placed.Tokens, rc.placed.Prior = 0, ""
 			}
 		}
 	case kindCapacity:

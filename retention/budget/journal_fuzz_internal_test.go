@@ -28,7 +28,7 @@ func FuzzJournalRecord(f *testing.F) {
 	f.Add(encodeRunning("a", t0.Add(10*time.Second).UnixNano(), map[string]int64{"http://d": 4096, "http://e": 1}))
 	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p"}, false, t0.UnixNano()))
 	f.Add(encodePrefilled("a", "k", Placement{}, true, t0.UnixNano()))
-	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 4096, Written: 1024}, false, t0.UnixNano()))
+	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 4096, Prior: "j"}, false, t0.UnixNano()))
 	// A count of engines far past the record's bytes: it hung the decoder
 	// (4 billion turns of a loop) before the count was checked.
 	f.Add([]byte{recordVersion, kindRunning, 1, 'a', 2, 0xff, 0xff, 0xff, 0xff, 0x0f})

@@ -359,8 +359,8 @@ func TestJournalPlaced(t *testing.T) {
 	r := replicas(t, j, 2, budget.WithFraction(1))
 	a, b := r[0], r[1]
 	now := t0
-	b.SetPlaced("first", budget.Placement{Decode: "http://d", Tokens: 4000, Written: 4000}, now)
-	a.SetPlaced("k", budget.Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000, Written: 6000}, now)
+	b.SetPlaced("first", budget.Placement{Decode: "http://d", Tokens: 4000}, now)
+	a.SetPlaced("k", budget.Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000, Prior: "first"}, now)
 	syncAll(t, now, a, b)
 	p, after, ok := b.Placed("k", now)
 	require.True(t, ok, "B reads A's record")
@@ -368,6 +368,11 @@ func TestJournalPlaced(t *testing.T) {
 	assert.Zero(t, after)
 	_, after, ok = b.Placed("first", now)
 	require.True(t, ok)
-	assert.EqualValues(t, 6000, after, "A's writes on d age B's record")
+	assert.EqualValues(t, 8000, after, "A's turn on d ages B's record")
+	b.SetPlaced("other", budget.Placement{Decode: "http://d", Tokens: 1000}, now)
+	a.SetPlaced("k2", budget.Placement{Decode: "http://d", Tokens: 9000, Prior: "k"}, now)
+	syncAll(t, now, a, b)
+	_, after, _ = b.Placed("first", now)
+	assert.EqualValues(t, 10000, after, "k's turns count once across processes: k2's 9,000 and other's 1,000")
 	assert.Empty(t, b.Prefilled("k", now), "not released")
 }
