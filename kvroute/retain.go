@@ -38,6 +38,7 @@ type retainer struct {
 	// tokens (0: unknown): for the CPU tier's record of this turn
 	// (tierPlacement).
 	placed, placedKey string
+	lastPrefill       string // its record's prefill engine: a decode-local turn carries it over (placeLocal)
 	resident, prompt  int
 	resp              *Response // the answer Do handed on, nil before
 	// retained: kept ran; refusal is why the turn retains nothing ("" when
@@ -94,6 +95,9 @@ func retain(rt *retainer, a answer) (Refusal, bool) {
 	t := rt.t
 	r := t.r
 	hi, why, ok := retainable(rt, a)
+	if why == RefuseDecodeLocal {
+		rt.placeLocal(a)
+	}
 	if !ok {
 		// D holds whatever handle it answered with: not kept, it is
 		// released (releaser.go, orphans).
@@ -296,4 +300,35 @@ func (rt *retainer) tierPlacement(e entry.Entry) budget.Placement {
 		p.Prior = rt.placedKey // this turn touched that one's history again
 	}
 	return p
+}
+
+// placeLocal records where a decode-local turn's KV is, which leaves no
+// handle and no hold: its decode engine reloaded the history in its CPU
+// tier and wrote the rest there (every request touches its whole sequence
+// in the tier), so the ledger counts the access against the other records
+// of that engine, and the conversation's next turn finds this record
+// (under the turn's key, with the last prefill engine carried over).
+func (rt *retainer) placeLocal(a answer) {
+	t := rt.t
+	r := t.r
+	if !r.mem.cfg.on || !r.mem.cfg.tier.On() || a.reply == nil || !finishedNormally(a.reply.FinishReason) {
+		return
+	}
+	ret, err := r.ident.Key(t.req, rt.cands, a.reply)
+	if err != nil || ret.Key == "" {
+		return
+	}
+	tokens := rt.prompt
+	if a.ids.ok {
+		tokens = max(tokens, len(a.ids.prompt)) + len(a.ids.generated)
+	}
+	if tokens <= 0 {
+		return
+	}
+	bs := r.shapes.known(r.decode.find(a.decode))
+	p := budget.Placement{Prefill: rt.lastPrefill, Decode: a.decode, Tokens: r.mem.cfg.tier.Held(rt.prompt, tokens, bs)}
+	if rt.placed == a.decode {
+		p.Prior = rt.placedKey
+	}
+	r.mem.ledger.SetPlaced(ret.Key, p, r.cfg.clock())
 }
