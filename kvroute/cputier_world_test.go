@@ -255,7 +255,20 @@ func leave(t *testing.T, w *tierWorld, at string) {
 		}
 	}
 	require.NoError(t, resp.Close())
-	w.rec.Take("t2")
+	tr, ok := w.rec.Take("t2")
+	require.True(t, ok)
+	// The decode engine ends the leg on its own goroutine: whether it
+	// finished the request or aborted it, wait until it has, so that a
+	// hold it keeps starts its TTL before the test moves the clock.
+	for range 5000 {
+		for _, q := range w.c.Decode[0].FinishedRequests(tr.EngineRequestID) {
+			if q.Role == "decode" || q.Role == "plain" {
+				return
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the decode engine never ended the leg")
 }
 
 // checkHolds checks, once the router's releases have ended, that the
@@ -263,8 +276,12 @@ func leave(t *testing.T, w *tierWorld, at string) {
 func checkHolds(t *testing.T, w *tierWorld) {
 	t.Helper()
 	d := w.c.Decode[0]
-	settle(t, w.r, func(s kvroute.Stats) bool {
-		kv := w.r.DecodeKV()[0]
-		return int64(d.Stats().BlocksPinned*w.bs) == kv.HeldTokens
-	})
+	for range 5000 {
+		if int64(d.Stats().BlocksPinned*w.bs) == w.r.DecodeKV()[0].HeldTokens {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	kv := w.r.DecodeKV()[0]
+	t.Fatalf("D pins %d blocks, the ledger counts %d tokens in %d holds (D: %+v)", d.Stats().BlocksPinned, kv.HeldTokens, kv.Handles, d.Stats())
 }
