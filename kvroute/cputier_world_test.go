@@ -285,3 +285,42 @@ func checkHolds(t *testing.T, w *tierWorld) {
 	kv := w.r.DecodeKV()[0]
 	t.Fatalf("D pins %d blocks, the ledger counts %d tokens in %d holds (D: %+v)", d.Stats().BlocksPinned, kv.HeldTokens, kv.Handles, d.Stats())
 }
+
+// A completion that continues the last one exactly (its prompt is the
+// last prompt and answer, as a client that asks for more after a length
+// finish sends it), at every block size: when those tokens are whole
+// blocks the tier holds the whole new prompt, yet the router's estimate
+// stays whole blocks no more than the prompt less one token (vLLM
+// computes a prompt's last token).
+func TestCPUTierContinuedCompletion(t *testing.T) {
+	for _, bs := range tierBlockSizes {
+		t.Run(fmt.Sprint(bs), func(t *testing.T) {
+			// A first prompt whose continuation is whole blocks.
+			var conv *conversation
+			for pad := 0; conv == nil; pad++ {
+				require.Less(t, pad, 8*bs, "no continuation of whole blocks")
+				c := &conversation{path: kvroute.PathCompletions, maxTok: 16, prompt: longSystem + strings.Repeat(" x", pad)}
+				c.say(userText(0))
+				first, err := kvroutetest.Reference(c.path, c.body())
+				require.NoError(t, err)
+				next := *c
+				next.hear(first.Text)
+				again, err := kvroutetest.Reference(next.path, next.body())
+				require.NoError(t, err)
+				if again.PromptTokens%bs == 0 {
+					conv = c
+				}
+			}
+			c, clk, _, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16})
+			tierTurn(t, c, srv, rec, conv, "t1")
+			anotherTurn(t, c, srv, rec)
+			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
+			tr, pr := tierTurn(t, c, srv, rec, conv, "t2") // the prompt and answer, nothing more
+			t.Logf("prompt %d, estimate %d, loaded %d", pr.PromptTokens, tr.PeerTokens, pr.PeerTokens)
+			require.Zero(t, pr.PromptTokens%bs)
+			require.NotEmpty(t, tr.PeerSource)
+			checkTierBlocks(t, bs, tr, pr.PeerTokens, pr.PromptTokens)
+			assert.False(t, tr.PeerShort, "what the tier could give was loaded")
+		})
+	}
+}
