@@ -148,7 +148,7 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 		if n, ok := jsonraw.Int(v); ok && n > 0 {
 			p.prompt = int(n) // the decode leg's live tokens (memory.go)
 			if p.peer.decode != "" && !p.attached {
-				t.rec.PeerTokens = peertier.Loadable(t.rec.PeerTokens, p.prompt, t.r.shapes.known(t.r.decode.find(p.peer.decode)))
+				t.rec.PeerTokens = peertier.Loadable(p.peer.resident, p.prompt, t.r.shapes.known(t.r.decode.find(p.peer.decode)))
 			}
 		}
 	}
