@@ -1,6 +1,7 @@
 package kvroute_test
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/http"
@@ -27,42 +28,75 @@ const tierBlocks = 1024
 // pulling it from a CPU tier beats computing it (threshold.Rates.PeerSaves).
 var longSystem = strings.Repeat(systemPrompt+" ", 50)
 
-// tierRig is a 1P1D cluster on a virtual clock whose decode engine has
-// tierBlocks blocks (a budget of half of them) and a CPU tier of dChunks
-// one-block chunks, written through with generated blocks and served to
-// peers; the prefill engine's GPU and CPU tier hold about one
-// conversation (so a turn finds little of its history on P); the router
-// is told the decode engine's tier is routerTokens tokens, at peer ("":
-// the engine's own peer tier).
-func tierRig(t *testing.T, dChunks, routerTokens int, peer string) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
-	return tierRigLocal(t, dChunks, routerTokens, peer, false)
+// tierBlockSizes are the block sizes vLLM engines run (--block-size): the
+// tier tests run at each, on every engine.
+var tierBlockSizes = []int{16, 32, 64}
+
+// tierSpec describes a tierRig: the engines' block size (0: 16); the
+// decode engine's CPU tier in tokens (one-block chunks); the tier size
+// the router is told, in tokens, and its peer address ("": the engine's
+// own); decode-local turns; CPUTierFirst; the budget (0: 0.5); and front,
+// when set, what stands between the router and an engine (it returns the
+// URL the router is given for the engine at url).
+type tierSpec struct {
+	bs, dTokens, routerTokens int
+	peer                      string
+	local, first              bool
+	budget                    float64
+	front                     func(t *testing.T, url string) string
 }
 
-// tierRigLocal is tierRig with decode-local turns (DecodeMemory.Local) on
-// or off.
-func tierRigLocal(t *testing.T, dChunks, routerTokens int, peer string, local bool) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
+// tierRig is a 1P1D cluster on a virtual clock whose decode engine has
+// tierBlocks×16 tokens of KV blocks (a budget of half of them) and a CPU
+// tier of s.dTokens in one-block chunks, written through with generated
+// blocks and served to peers; the prefill engine's GPU and CPU tier hold
+// about one conversation (so a turn finds little of its history on P);
+// the router is told the decode engine's tier is s.routerTokens tokens,
+// at s.peer. It returns the router's URL for the decode engine too.
+func tierRig(t *testing.T, s tierSpec) (*kvroutetest.Cluster, *kvroutetest.VirtualClock, *kvroute.Router, string, *kvroutetest.Records) {
 	t.Helper()
+	bs := cmp.Or(s.bs, kvroutetest.DefaultBlockSize)
 	clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
 	c := &kvroutetest.Cluster{Registry: kvroutetest.NewRegistry(), Clock: clk}
 	common := []kvroutetest.Option{kvroutetest.WithRegistry(c.Registry), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
-		kvroutetest.WithPromptTokensDetails(true)}
-	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300),
-		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300, OffloadGenerated: true, P2P: true}))...))
-	c.Decode = append(c.Decode, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks),
-		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: dChunks, OffloadGenerated: true, P2P: true}))...))
+		kvroutetest.WithPromptTokensDetails(true), kvroutetest.WithBlockSize(bs)}
+	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300*16/bs),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300 * 16 / bs, OffloadGenerated: true, P2P: true}))...))
+	c.Decode = append(c.Decode, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks*16/bs),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: s.dTokens / bs, OffloadGenerated: true, P2P: true}))...))
 	d := c.Decode[0]
+	peer := s.peer
 	if peer == "" {
 		host, port, ok := d.RankP2PChannel(0)
 		require.True(t, ok)
 		peer = net.JoinHostPort(host, strconv.Itoa(port))
 	}
+	pURL, dURL := c.Prefill[0].URL(), d.URL()
+	if s.front != nil {
+		pURL, dURL = s.front(t, pURL), s.front(t, dURL)
+	}
 	rec := &kvroutetest.Records{}
-	r, err := kvroute.New(kvroute.WithPrefill(c.Prefill[0].URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(rec),
-		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.5, CPUTierTokens: routerTokens,
-			CPUTierPeers: map[string]string{d.URL(): peer}, Local: local}))
+	r, err := kvroute.New(kvroute.WithPrefill(pURL), kvroute.WithDecode(dURL), kvroute.WithObserver(rec),
+		kvroute.WithClock(clk.Now), kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: cmp.Or(s.budget, 0.5), CPUTierTokens: s.routerTokens,
+			CPUTierPeers: map[string]string{dURL: peer}, Local: s.local, CPUTierFirst: s.first}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return c, clk, r, serve(t, r), rec
+}
+
+// checkTierBlocks checks a turn's tier tokens at block size bs: what an
+// engine loaded from a CPU tier (loaded) is whole blocks, and the
+// router's estimate of what the tier held (TurnRecord.PeerTokens) is
+// whole blocks and no more than the prompt less one token (vLLM computes
+// a prompt's last token; the tier's chunks are whole blocks: a partial
+// last block stays on the GPU).
+func checkTierBlocks(t *testing.T, bs int, tr kvroute.TurnRecord, loaded, prompt int) {
+	t.Helper()
+	assert.Zero(t, loaded%bs, "loaded %d tokens from a tier: not whole blocks of %d", loaded, bs)
+	assert.Zero(t, tr.PeerTokens%bs, "the estimate %d is not whole blocks of %d", tr.PeerTokens, bs)
+	if tr.PeerTokens > 0 {
+		assert.LessOrEqual(t, tr.PeerTokens, prompt-1, "the estimate exceeds the prompt less one token")
+	}
 }
 
 // tierTurn sends conv's next turn, checks its answer against a single
@@ -95,7 +129,13 @@ func tierTurn(t *testing.T, c *kvroutetest.Cluster, srv string, rec *kvroutetest
 // the tier lacks; the answer is a single engine's. Turns whose hold was
 // kept attach it as before (no tier pull).
 func TestCPUTierDemotedHoldsArePulled(t *testing.T) {
-	c, _, r, srv, rec := tierRig(t, 4096, 4096*16, "")
+	for _, bs := range tierBlockSizes {
+		t.Run(strconv.Itoa(bs), func(t *testing.T) { demotedHoldsArePulled(t, bs) })
+	}
+}
+
+func demotedHoldsArePulled(t *testing.T, bs int) {
+	c, _, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16})
 	var convs []*conversation
 	first := map[*conversation]int{}
 	for i := range 6 {
@@ -117,6 +157,7 @@ func TestCPUTierDemotedHoldsArePulled(t *testing.T) {
 	for i, conv := range convs {
 		conv.say(userText(i + 1))
 		tr, pr := tierTurn(t, c, srv, rec, conv, fmt.Sprintf("c%d-t2", i))
+		checkTierBlocks(t, bs, tr, pr.PeerTokens, pr.PromptTokens)
 		if tr.Reuse == kvroute.ReuseHit {
 			assert.Empty(t, tr.PeerSource, "a GPU hold attached: no tier pull")
 			assert.Zero(t, pr.PeerTokens)
@@ -128,8 +169,8 @@ func TestCPUTierDemotedHoldsArePulled(t *testing.T) {
 		assert.Positive(t, tr.PeerTokens)
 		// P's GPU and tier held one conversation at a time: the history
 		// comes from D's tier, all of its whole blocks.
-		assert.GreaterOrEqual(t, pr.PeerTokens, first[conv]/16*16-16*16, "turn %d: the history came from the decode engine's tier", i)
-		assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, first[conv]/16*16, "turn %d: nothing of the last prompt's whole blocks recomputed", i)
+		assert.GreaterOrEqual(t, pr.PeerTokens, first[conv]/bs*bs-16*bs, "turn %d: the history came from the decode engine's tier", i)
+		assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, first[conv]/bs*bs, "turn %d: nothing of the last prompt's whole blocks recomputed", i)
 		t.Logf("turn %d: prompt %d cached %d tier %d peer %d computed %d (history about %d)", i, pr.PromptTokens, pr.CachedTokens, pr.TierTokens, pr.PeerTokens, pr.ComputedTokens, first[conv])
 		assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
 	}
@@ -145,13 +186,17 @@ func TestCPUTierDemotedHoldsArePulled(t *testing.T) {
 // loads nothing from the peer, computes the prompt, and the answer is a
 // single engine's.
 func TestCPUTierPeerMissRecomputes(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		chunks int
-		peer   string
-	}{{"tier evicted", 8, ""}, {"unreachable peer", 4096, "10.255.255.1:5710"}} {
+	type miss struct {
+		name, peer string
+		bs, tokens int
+	}
+	var cases []miss
+	for _, bs := range tierBlockSizes {
+		cases = append(cases, miss{fmt.Sprint("tier evicted/", bs), "", bs, 8 * 16}, miss{fmt.Sprint("unreachable peer/", bs), "10.255.255.1:5710", bs, 4096 * 16})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, clk, r, srv, rec := tierRig(t, tc.chunks, 4096*16, tc.peer)
+			c, clk, r, srv, rec := tierRig(t, tierSpec{bs: tc.bs, dTokens: tc.tokens, routerTokens: 4096 * 16, peer: tc.peer})
 			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
 				messages: []message{{Role: "system", Content: longSystem}}}
 			conv.say(userText(0))
@@ -162,6 +207,7 @@ func TestCPUTierPeerMissRecomputes(t *testing.T) {
 			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
 			conv.say(userText(1))
 			tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+			checkTierBlocks(t, tc.bs, tr, pr.PeerTokens, pr.PromptTokens)
 			assert.Equal(t, c.Decode[0].URL(), tr.PeerSource)
 			assert.Zero(t, pr.PeerTokens, "nothing came from the peer")
 			assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
@@ -176,7 +222,13 @@ func TestCPUTierPeerMissRecomputes(t *testing.T) {
 // Past the TTL the GPU hold is gone but the decode engine's tier still
 // holds the history: the next turn pulls it from there.
 func TestCPUTierAfterTTL(t *testing.T) {
-	c, clk, r, srv, rec := tierRig(t, 4096, 4096*16, "")
+	for _, bs := range tierBlockSizes {
+		t.Run(strconv.Itoa(bs), func(t *testing.T) { afterTTL(t, bs) })
+	}
+}
+
+func afterTTL(t *testing.T, bs int) {
+	c, clk, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16})
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
 	conv.say(userText(0))
 	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
@@ -184,10 +236,11 @@ func TestCPUTierAfterTTL(t *testing.T) {
 	clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
 	conv.say(userText(1))
 	tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+	checkTierBlocks(t, bs, tr, pr.PeerTokens, pr.PromptTokens)
 	assert.Equal(t, kvroute.MissExpired, tr.MissReason)
 	assert.Equal(t, c.Decode[0].URL(), tr.PeerSource)
 	assert.Positive(t, pr.PeerTokens, "what P no longer held came from D's tier")
-	assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, p1.PromptTokens/16*16)
+	assert.GreaterOrEqual(t, pr.CachedTokens+pr.TierTokens, p1.PromptTokens/bs*bs)
 	assert.EqualValues(t, 1, r.Stats().PeerPulls)
 }
 
@@ -197,7 +250,13 @@ func TestCPUTierAfterTTL(t *testing.T) {
 // reloads the history from its own tier (no prefill leg, no network copy)
 // and computes the suffix; the answer is a single engine's.
 func TestCPUTierDecodeLocal(t *testing.T) {
-	c, clk, r, srv, rec := tierRigLocal(t, 4096, 4096*16, "", true)
+	for _, bs := range tierBlockSizes {
+		t.Run(strconv.Itoa(bs), func(t *testing.T) { decodeLocal(t, bs) })
+	}
+}
+
+func decodeLocal(t *testing.T, bs int) {
+	c, clk, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16, local: true})
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
 	conv.say(userText(0))
 	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
@@ -225,8 +284,9 @@ func TestCPUTierDecodeLocal(t *testing.T) {
 		dr = q
 	}
 	assert.Equal(t, "plain", dr.Role)
-	assert.GreaterOrEqual(t, dr.TierTokens, p1.PromptTokens/16*16-16*16, "the history came from D's own tier")
-	assert.GreaterOrEqual(t, dr.CachedTokens+dr.TierTokens, p1.PromptTokens/16*16)
+	checkTierBlocks(t, bs, tr, dr.TierTokens, dr.PromptTokens)
+	assert.GreaterOrEqual(t, dr.TierTokens, p1.PromptTokens/bs*bs-16*bs, "the history came from D's own tier")
+	assert.GreaterOrEqual(t, dr.CachedTokens+dr.TierTokens, p1.PromptTokens/bs*bs)
 	assert.Less(t, dr.ComputedTokens, 200, "only the suffix computed")
 	t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
 	assert.EqualValues(t, 1, r.Stats().ChoseLocal)
@@ -285,43 +345,33 @@ func TestCPUTierDataParallelRanks(t *testing.T) {
 // way) and releases the hold through its prefill leg; without it, the
 // hold is verified and attached.
 func TestCPUTierFirst(t *testing.T) {
-	for _, first := range []bool{false, true} {
-		t.Run(fmt.Sprint(first), func(t *testing.T) {
-			clk := kvroutetest.NewVirtualClock(time.Unix(1_700_000_000, 0))
-			reg := kvroutetest.NewRegistry()
-			common := []kvroutetest.Option{kvroutetest.WithRegistry(reg), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
-				kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 4096, OffloadGenerated: true, P2P: true})}
-			p := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300))...)
-			d := kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks))...)
-			host, port, _ := d.RankP2PChannel(0)
-			rec := &kvroutetest.Records{}
-			r, err := kvroute.New(kvroute.WithPrefill(p.URL()), kvroute.WithDecode(d.URL()), kvroute.WithObserver(rec), kvroute.WithClock(clk.Now),
-				kvroute.WithDecodeMemory(kvroute.DecodeMemory{Budget: 0.9, CPUTierTokens: 4096 * 16, CPUTierFirst: first,
-					CPUTierPeers: map[string]string{d.URL(): net.JoinHostPort(host, strconv.Itoa(port))}}))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = r.Close() })
-			srv := serve(t, r)
-			c := &kvroutetest.Cluster{Prefill: []*kvroutetest.Engine{p}, Decode: []*kvroutetest.Engine{d}, Registry: reg, Clock: clk}
-			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
-			conv.say(userText(0))
-			tierTurn(t, c, srv, rec, conv, "t1")
-			knowCapacity(t, r)
-			conv.say(userText(1))
-			tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
-			if !first {
-				assert.Equal(t, kvroute.ReuseHit, tr.Reuse)
-				assert.Positive(t, tr.VerifiedTokens, "verified by its render")
-				assert.Empty(t, tr.PeerSource)
-				return
-			}
-			assert.Equal(t, kvroute.MissCostModel, tr.MissReason)
-			assert.Zero(t, tr.VerifiedTokens, "not verified: no render on the turn's way")
-			assert.Equal(t, d.URL(), tr.PeerSource)
-			assert.True(t, tr.Released, "the hold released through the prefill leg")
-			assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
-			assert.Less(t, pr.ComputedTokens, 200, "the history came from P's cache and D's tier")
-			assert.EqualValues(t, 1, d.Stats().NotifiedHolds)
-		})
+	for _, bs := range tierBlockSizes {
+		for _, first := range []bool{false, true} {
+			t.Run(fmt.Sprint(bs, "/", first), func(t *testing.T) {
+				c, _, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16, first: first, budget: 0.9})
+				d := c.Decode[0]
+				conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
+				conv.say(userText(0))
+				tierTurn(t, c, srv, rec, conv, "t1")
+				knowCapacity(t, r)
+				conv.say(userText(1))
+				tr, pr := tierTurn(t, c, srv, rec, conv, "t2")
+				checkTierBlocks(t, bs, tr, pr.PeerTokens, pr.PromptTokens)
+				if !first {
+					assert.Equal(t, kvroute.ReuseHit, tr.Reuse)
+					assert.Positive(t, tr.VerifiedTokens, "verified by its render")
+					assert.Empty(t, tr.PeerSource)
+					return
+				}
+				assert.Equal(t, kvroute.MissCostModel, tr.MissReason)
+				assert.Zero(t, tr.VerifiedTokens, "not verified: no render on the turn's way")
+				assert.Equal(t, d.URL(), tr.PeerSource)
+				assert.True(t, tr.Released, "the hold released through the prefill leg")
+				assert.Equal(t, pr.PromptTokens, pr.CachedTokens+pr.TierTokens+pr.ComputedTokens)
+				assert.Less(t, pr.ComputedTokens, 200, "the history came from P's cache and D's tier")
+				assert.EqualValues(t, 1, d.Stats().NotifiedHolds)
+			})
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute/internal/entry"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/peertier"
 	"github.com/bidikv/bidikv/retention/budget"
 	"github.com/bidikv/bidikv/threshold"
 )
@@ -427,7 +428,7 @@ func peerPath(ctx context.Context, t *turn, f *found, w way) way {
 	}
 	r.stats.peerPulls.Add(1)
 	w.peer = peerPull{decode: f.placed.Decode, host: host, port: port, resident: f.resident}
-	t.rec.PeerSource, t.rec.PeerTokens = f.placed.Decode, f.resident
+	t.rec.PeerSource, t.rec.PeerTokens = f.placed.Decode, peertier.Loadable(f.resident, w.prompt, r.shapes.known(ep))
 	if w.chose.Path == "" || w.chose.Path == threshold.PathRecompute || w.chose.Path == threshold.PathPull {
 		t.rec.Choice = threshold.PathPeer
 	}

@@ -110,7 +110,9 @@ type TurnRecord struct {
 	// PeerSource is the decode engine whose CPU tier the prefill leg was
 	// told to pull the conversation from (DecodeMemory's CPUTierTokens,
 	// threshold.PathPeer), "" when none; PeerTokens is what the ledger
-	// estimated that tier still held of it. What the pull loaded is the
+	// estimated that tier still held of it, at most the whole blocks
+	// short of the prompt's last token (what vLLM can load, once the
+	// prompt's length is known). What the pull loaded is the
 	// prefill engine's to say (its cached tokens): a chunk the tier lost
 	// ends the pull, and the engine computes the rest.
 	PeerSource string `turn:"peer_source,id"`

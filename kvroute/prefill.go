@@ -275,6 +275,16 @@ func (p *prefiller) failed(ctx context.Context, ep *endpoint, err error) (time.D
 		return 0, transport.Permanent(err)
 	}
 	released := p.releasing
+	if released && ctx.Err() != nil {
+		// The caller went away: whether the release reached P is unknown
+		// (the leg may have been cut before it was sent), and the hold is
+		// no longer the ledger's. The releaser releases it again in the
+		// background (releaser.go, orphans): a release of a hold P freed
+		// already is a stale notification, harmless to vLLM.
+		p.handle, p.releasing = kvhandle.Miss, false
+		orphaned(t, p.f.e.Endpoint, p.f.e.Handle, p.why)
+		return 0, transport.Permanent(err)
+	}
 	if released {
 		// The release handle was sent: spent whether or not P acted on it
 		// (a hold not released lapses at its TTL). The leg goes on as a

@@ -10,6 +10,7 @@ import (
 	"github.com/bidikv/bidikv/internal/jsonraw"
 	"github.com/bidikv/bidikv/kvroute/internal/capture"
 	"github.com/bidikv/bidikv/kvroute/internal/kvhandle"
+	"github.com/bidikv/bidikv/kvroute/internal/peertier"
 	"github.com/bidikv/bidikv/transport"
 )
 
@@ -146,6 +147,9 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
 		if n, ok := jsonraw.Int(v); ok && n > 0 {
 			p.prompt = int(n) // the decode leg's live tokens (memory.go)
+			if p.peer.decode != "" && !p.attached {
+				t.rec.PeerTokens = peertier.Loadable(p.peer.resident, p.prompt, t.r.shapes.known(t.r.decode.find(p.peer.decode)))
+			}
 		}
 	}
 	details, ok := jsonraw.Lookup(usage, "prompt_tokens_details")

@@ -97,6 +97,18 @@ func (c Config) Held(prompt, tokens, blockSize int) int {
 	return max(tokens, 0)
 }
 
+// Loadable returns what an engine can load of the resident tokens for a
+// prompt of prompt tokens (0: unknown, resident unchanged): vLLM computes
+// a prompt's last token and a tier's chunks are whole blocks, so at most
+// the whole blocks short of that token.
+func Loadable(resident, prompt, blockSize int) int {
+	if prompt <= 0 {
+		return resident
+	}
+	bs := max(blockSize, 1)
+	return max(min(resident, (prompt-1)/bs*bs), 0)
+}
+
 // WithSource returns params, a kv_transfer_params JSON object, with a
 // remote_kv_source member naming the peer tier at host:port under the
 // transaction id, appended to dst. params must be a JSON object; it is

@@ -67,3 +67,19 @@ func TestWithSource(t *testing.T) {
 	}
 	assert.Equal(t, "null", string(peertier.WithSource(nil, []byte("null"), "a", "h", 1)))
 }
+
+// Loadable is the estimate as vLLM can load it: whole blocks short of the
+// prompt's last token.
+func TestLoadable(t *testing.T) {
+	for _, tc := range []struct{ resident, prompt, bs, want int }{
+		{3616, 3616, 16, 3600}, // the whole prompt resident: its last block stays to compute
+		{3616, 3617, 16, 3616},
+		{3616, 0, 16, 3616}, // prompt unknown
+		{3584, 9000, 64, 3584},
+		{3648, 3648, 64, 3584},
+		{100, 1, 16, 0},
+		{48, 40, 0, 39}, // block size unknown: tokens
+	} {
+		assert.Equal(t, tc.want, peertier.Loadable(tc.resident, tc.prompt, tc.bs), "%+v", tc)
+	}
+}
