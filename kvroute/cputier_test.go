@@ -40,6 +40,7 @@ var tierBlockSizes = []int{16, 32, 64}
 // URL the router is given for the engine at url).
 type tierSpec struct {
 	bs, dTokens, routerTokens int
+	pTokens                   int // the prefill engine's GPU and tier (0: about one conversation, 4,800 tokens)
 	peer                      string
 	local, first              bool
 	budget                    float64
@@ -60,8 +61,9 @@ func tierRig(t *testing.T, s tierSpec) (*kvroutetest.Cluster, *kvroutetest.Virtu
 	c := &kvroutetest.Cluster{Registry: kvroutetest.NewRegistry(), Clock: clk}
 	common := []kvroutetest.Option{kvroutetest.WithRegistry(c.Registry), kvroutetest.WithStreamHandles(true), kvroutetest.WithClock(clk),
 		kvroutetest.WithPromptTokensDetails(true), kvroutetest.WithBlockSize(bs)}
-	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(300*16/bs),
-		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: 300 * 16 / bs, OffloadGenerated: true, P2P: true}))...))
+	pTokens := cmp.Or(s.pTokens, 300*16)
+	c.Prefill = append(c.Prefill, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(pTokens/bs),
+		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: pTokens / bs, OffloadGenerated: true, P2P: true}))...))
 	c.Decode = append(c.Decode, kvroutetest.NewEngine(t, append(common, kvroutetest.WithNumBlocks(tierBlocks*16/bs),
 		kvroutetest.WithCPUTier(kvroutetest.CPUTier{Chunks: s.dTokens / bs, OffloadGenerated: true, P2P: true}))...))
 	d := c.Decode[0]
@@ -256,7 +258,7 @@ func TestCPUTierDecodeLocal(t *testing.T) {
 }
 
 func decodeLocal(t *testing.T, bs int) {
-	c, clk, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16, local: true})
+	c, clk, r, srv, rec := tierRig(t, tierSpec{bs: bs, dTokens: 4096 * 16, routerTokens: 4096 * 16, local: true, pTokens: 800 * 16})
 	conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
 	conv.say(userText(0))
 	_, p1 := tierTurn(t, c, srv, rec, conv, "t1")
@@ -291,6 +293,18 @@ func decodeLocal(t *testing.T, bs int) {
 	t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
 	assert.EqualValues(t, 1, r.Stats().ChoseLocal)
 	assert.Zero(t, r.Stats().PeerPulls)
+	conv.hear(res.text)
+
+	// The decode-local turn left no hold, but its record: the next turn,
+	// whose long suffix (a tool's output) goes through a prefill leg,
+	// pulls the history as the local turn left it in D's tier (prompt and
+	// answer), not only the first turn's.
+	conv.say(strings.Repeat(userText(2)+" ", 200))
+	tr3, p3 := tierTurn(t, c, srv, rec, conv, "t3")
+	require.Equal(t, c.Decode[0].URL(), tr3.PeerSource, "a pull from D's tier")
+	assert.GreaterOrEqual(t, tr3.PeerTokens, dr.PromptTokens/bs*bs, "the estimate is the local turn's record")
+	assert.GreaterOrEqual(t, p3.CachedTokens+p3.TierTokens, dr.PromptTokens/bs*bs, "and the tier held it")
+	assert.False(t, tr3.PeerShort)
 }
 
 // A data-parallel decode engine serves each rank's tier at the base port
@@ -393,7 +407,7 @@ func anotherTurn(t *testing.T, c *kvroutetest.Cluster, srv string, rec *kvroutet
 // asked, and the pull came back short).
 func TestCPUTierTouchesAgeHistory(t *testing.T) {
 	const chunks = 480 // about two conversations of longSystem
-	c, clk, r, srv, rec := tierRig(t, chunks, chunks*16, "")
+	c, clk, r, srv, rec := tierRig(t, tierSpec{dTokens: chunks * 16, routerTokens: chunks * 16})
 	conv := func(name string) *conversation {
 		cv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16,
 			messages: []message{{Role: "system", Content: name + ". " + longSystem}}}

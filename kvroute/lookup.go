@@ -460,7 +460,6 @@ func tierChoice(ctx context.Context, t *turn, f *found, w way, ep *endpoint) (wa
 	case threshold.PathLocal:
 		r.stats.choseLocal.Add(1)
 		t.rec.Reuse = ReuseLocal
-		t.rec.PeerTokens = in.ReusableTokens
 		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens}
 		w.local = ep
 		return w, false
