@@ -198,12 +198,14 @@ func (h *handles) retain(values context.Context, key, tenant string, e entry.Ent
 	}
 	h.storeOK(ctx)
 	h.stats.stored.Add(1)
-	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
 	if h.mem.cfg.on {
 		// where the next turn finds the history cached: P's prefix cache
-		// (prefillFor), D's CPU tier (lookup.go, placedOf)
+		// (prefillFor), D's CPU tier (lookup.go, placedOf); recorded
+		// before the hold is added, so that the budget's release of it
+		// (at once, over the budget) marks the record as released
 		h.mem.ledger.SetPlaced(key, placed, h.clock())
 	}
+	h.mem.added(h.mem.hold(key, tenant, &e, e.Created), true)
 	return "", true
 }
 
