@@ -104,7 +104,7 @@ func parseFleetFlags(args []string, help io.Writer) (fleetConfig, error) {
 	fs.BoolVar(&quick, "quick", false, "a small fleet (24 sessions over 2 minutes, 8 turns, 30k-token prompts, 1 prefill engine): seconds, every arm and the bound")
 	fs.BoolVar(&c.check, "check", false, "exit non-zero when a target is not met (a wrong answer always does)")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "real time limit per arm")
-	fs.BoolVar(&c.diagnose, "diagnose", false, "print where each managed arm lost reuse: its holds by what they waited for, size, pause, prefill engine, and its releases")
+	fs.BoolVar(&c.diagnose, "diagnose", false, "print where each managed arm lost reuse: its holds by what they waited for, size, pause, prefill engine, and its releases; with --cpu-tier, each arm's slowest 1% of turns (the TTFT's parts) and the slowest turn's session")
 	fs.BoolVar(&c.cpuTier, "cpu-tier", false, "the CPU tier head-to-head: every engine with a CPU tier twice its KV capacity; plain P/D, GPU holds only (a quarter of hold-everything's), the decode engines' CPU tier only, and both, against unlimited memory")
 	fs.Float64Var(&c.tierFactor, "tier-factor", defaultTierFactor, "with --cpu-tier: each engine's CPU tier as a multiple of its KV capacity")
 	var arms string

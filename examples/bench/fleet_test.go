@@ -211,6 +211,15 @@ func TestFleetCPUTier(t *testing.T) {
 		"loaded from D's CPU tier", "both: at least 95% of unlimited memory's prefill savings"} {
 		assert.Contains(t, out.String(), want)
 	}
+	assert.NotContains(t, out.String(), "tail: ")
+	// --diagnose: each arm's slowest turns, and what they are made of
+	rep.cfg.diagnose = true
+	out.Reset()
+	printTier(&out, rep)
+	assert.Equal(t, len(rep.arms), strings.Count(out.String(), "\ntail: "), "one tail per arm")
+	assert.Regexp(t, `tail: unlimited memory.*turns at or above the p99 \(\d+ ms\); means: prompt \d+k tokens`, out.String())
+	assert.Regexp(t, `\n  s\d{4}-t\d{2}: TTFT \d+ ms \((P|local|GPU hold|tier pull), D\d\)`, out.String())
+	assert.Contains(t, out.String(), "  session ")
 	_, err = parseFleetFlags([]string{"--fleet", "--capacity", "peak"}, io.Discard)
 	assert.Error(t, err, "--capacity peak only with --cpu-tier")
 }
