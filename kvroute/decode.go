@@ -32,6 +32,7 @@ type decodeLeg struct {
 	body         legBody
 	added, asked bool
 	buf          *buffered // a buffered stream's leg (buffered.go): non-streaming
+	tier         int       // a decode-local leg chosen on a tier estimate: the tokens D should reload (confirmLocal)
 }
 
 // newDecodeLeg builds the decode leg for P's handle; askIDs says the
@@ -125,7 +126,9 @@ func decodeLocal(ctx context.Context, t *turn, w way, tr *tries) (*Response, err
 	defer w.chose.Release()
 	ep := w.local
 	tr.decodeLegs++
-	resp, err := send(ctx, t, ep, newDecodeLeg(t.req, nil, t.askIDs(), nil), prefilled{reuse: ReuseLocal, prompt: w.prompt})
+	leg := newDecodeLeg(t.req, nil, t.askIDs(), nil)
+	leg.tier = w.chose.tier
+	resp, err := send(ctx, t, ep, leg, prefilled{reuse: ReuseLocal, prompt: w.prompt})
 	if err == nil {
 		return resp, nil
 	}
@@ -232,7 +235,7 @@ func open(ctx context.Context, t *turn, ep *endpoint, leg decodeLeg, p prefilled
 	}
 	t.rec.FirstByte = r.cfg.clock().Sub(sent)
 	out := &Response{StatusCode: resp.StatusCode, Header: http.Header{}, t: t, ep: ep, live: live, body: resp.Body,
-		sent: sent, added: leg.added, asked: leg.asked}
+		sent: sent, added: leg.added, asked: leg.asked, tier: leg.tier}
 	transport.CopyHeader(out.Header, resp.Header)
 	dropUnsafeHeaders(out.Header)
 	// The router's two headers in one backing array (canonical names).

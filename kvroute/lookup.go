@@ -192,6 +192,7 @@ type chosen struct {
 	threshold.Choice
 	asked           bool
 	prompt, matched int // the prompt's tokens, and those the handle's match
+	tier            int // a decode-local turn chosen on the tier's estimate (tierChoice): the tokens its engine should reload
 }
 
 // choosePath asks the Chooser (WithDecodeMemory's Local), for a handle verified by
@@ -460,7 +461,8 @@ func tierChoice(ctx context.Context, t *turn, f *found, w way, ep *endpoint) (wa
 	case threshold.PathLocal:
 		r.stats.choseLocal.Add(1)
 		t.rec.Reuse = ReuseLocal
-		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens}
+		w.chose = chosen{Choice: c, asked: true, prompt: n, matched: in.ReusableTokens,
+			tier: peertier.Loadable(in.ReusableTokens, n, r.shapes.known(ep))} // checked against D's cached tokens (confirmLocal)
 		w.local = ep
 		return w, false
 	case threshold.PathRecompute:

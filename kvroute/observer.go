@@ -121,6 +121,11 @@ type TurnRecord struct {
 	// (usage.prompt_tokens_details, vLLM's --enable-prompt-tokens-details)
 	// than PeerTokens less a block: the pull missed.
 	PeerShort bool `turn:"peer_short,flag"`
+	// LocalShort: a decode-local turn chosen because its decode engine's
+	// CPU tier was estimated to hold the conversation, whose engine
+	// reported fewer cached tokens than that estimate less a block: the
+	// reload missed and the decode engine computed the history.
+	LocalShort bool `turn:"local_short,flag"`
 
 	Stored       bool    `turn:"stored,flag,always"`        // D's handle was retained for the next turn
 	StoreRefusal Refusal `turn:"store_refusal,enum,always"` // why nothing was retained, when Stored is false

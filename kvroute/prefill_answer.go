@@ -144,23 +144,13 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 	if !ok {
 		return
 	}
-	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
-		if n, ok := jsonraw.Int(v); ok && n > 0 {
-			p.prompt = int(n) // the decode leg's live tokens (memory.go)
-			if p.peer.decode != "" && !p.attached {
-				t.rec.PeerTokens = peertier.Loadable(p.peer.resident, p.prompt, t.r.shapes.known(t.r.decode.find(p.peer.decode)))
-			}
+	cached, prompt, ok := cachedTokens(usage)
+	if prompt > 0 {
+		p.prompt = prompt // the decode leg's live tokens (memory.go)
+		if p.peer.decode != "" && !p.attached {
+			t.rec.PeerTokens = peertier.Loadable(p.peer.resident, p.prompt, t.r.shapes.known(t.r.decode.find(p.peer.decode)))
 		}
 	}
-	details, ok := jsonraw.Lookup(usage, "prompt_tokens_details")
-	if !ok {
-		return
-	}
-	v, ok := jsonraw.Lookup(details, "cached_tokens")
-	if !ok {
-		return
-	}
-	cached, ok := jsonraw.Int(v)
 	if !ok {
 		return
 	}
@@ -170,10 +160,8 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 		return
 	}
 	want := int64(attached)
-	if v, ok := jsonraw.Lookup(usage, "prompt_tokens"); ok {
-		if p, ok := jsonraw.Int(v); ok && p > 0 && p < want {
-			want = p
-		}
+	if prompt > 0 && int64(prompt) < want {
+		want = int64(prompt)
 	}
 	if cached < want-1 {
 		t.rec.Unconfirmed = true
@@ -182,6 +170,49 @@ func (p *prefiller) confirm(obj jsonraw.Object, attached int) {
 			slog.Int("cached_tokens", int(cached)), slog.Int("attached_tokens", attached))
 	}
 }
+
+// cachedTokens reads an answer's usage object (nil: none): its
+// prompt_tokens (0 when absent) and prompt_tokens_details.cached_tokens
+// (ok false when absent: engines without --enable-prompt-tokens-details
+// send null details). vLLM counts in cached_tokens (num_cached_tokens)
+// what the request found in the prefix cache and what a KV connector
+// loaded for it, a CPU tier's chunks included.
+func cachedTokens(usage []byte) (cached int64, prompt int, ok bool) {
+	if len(usage) == 0 {
+		return 0, 0, false
+	}
+	if v, found := jsonraw.Lookup(usage, "prompt_tokens"); found {
+		if n, isInt := jsonraw.Int(v); isInt && n > 0 {
+			prompt = int(n)
+		}
+	}
+	details, found := jsonraw.Lookup(usage, "prompt_tokens_details")
+	if !found {
+		return 0, prompt, false
+	}
+	v, found := jsonraw.Lookup(details, "cached_tokens")
+	if !found {
+		return 0, prompt, false
+	}
+	cached, ok = jsonraw.Int(v)
+	return cached, prompt, ok
+}
+
+// tierShort reports whether an engine whose prompt is prompt tokens (0:
+// unknown) and that reported cached tokens loaded less than estimated,
+// the tokens a CPU tier was estimated to hold of it, less one block of
+// bs: the tier lacked what the ledger estimated it held.
+func tierShort(estimated, bs, prompt int, cached int64) bool {
+	want := int64(estimated) - int64(max(bs, 1))
+	if prompt > 0 {
+		want = min(want, int64(prompt-1))
+	}
+	return cached < want
+}
+
+// tierAdvice is what the logs of a shortfall (confirmPeer, confirmLocal)
+// advise.
+const tierAdvice = "; if it keeps happening the tier evicts sooner than CPUTierTokens says, or the engines are misconfigured (hash seed, block size, port): run the proxy's doctor --cpu-tier --probe"
 
 // confirmPeer checks, for a turn whose prefill leg pulled from a decode
 // engine's CPU tier (and attached no GPU hold), that the engine reports at
@@ -196,17 +227,31 @@ func (p *prefiller) confirmPeer(cached int64) {
 	if p.peer.decode == "" || p.attached || p.peer.resident <= 0 {
 		return
 	}
-	want := int64(p.peer.resident) - int64(max(t.r.shapes.known(t.r.decode.find(p.peer.decode)), 1))
-	if p.prompt > 0 {
-		want = min(want, int64(p.prompt-1))
-	}
-	if cached >= want {
+	if !tierShort(p.peer.resident, t.r.shapes.known(t.r.decode.find(p.peer.decode)), p.prompt, cached) {
 		return
 	}
 	t.rec.PeerShort = true
 	t.r.stats.peerShort.Add(1)
-	t.r.log.once(context.Background(), "peer_short:"+p.peer.decode, "kvroute: a prefill engine loaded less of a conversation than the decode engine's CPU tier was estimated to hold; if it keeps happening the pulls miss (tier evicted sooner than CPUTierTokens says, or a hash seed, block size or port mismatch): run the proxy's doctor --cpu-tier --probe",
+	t.r.log.once(context.Background(), "peer_short:"+p.peer.decode, "kvroute: a prefill engine loaded less of a conversation than the decode engine's CPU tier was estimated to hold"+tierAdvice,
 		slog.String("decode", p.peer.decode), slog.Int64("cached_tokens", cached), slog.Int("estimated_tokens", p.peer.resident))
+}
+
+// confirmLocal checks, for a decode-local turn chosen on the ledger's
+// estimate that its decode engine ep's CPU tier holds estimated tokens of
+// the conversation (chosen.tier), that the engine's answer (usage, its
+// usage object) reports at least that less a block cached. A shortfall
+// is a reload that missed: the engine recomputed the history itself.
+// Counted (Stats.LocalShort, TurnRecord.LocalShort) and logged once per
+// decode engine; an answer without prompt_tokens_details is not checked.
+func confirmLocal(t *turn, ep *endpoint, estimated int, usage []byte) {
+	cached, prompt, ok := cachedTokens(usage)
+	if !ok || estimated <= 0 || !tierShort(estimated, t.r.shapes.known(ep), prompt, cached) {
+		return
+	}
+	t.rec.LocalShort = true
+	t.r.stats.localShort.Add(1)
+	t.r.log.once(context.Background(), "local_short:"+ep.url, "kvroute: a decode-local turn's decode engine reloaded less of a conversation from its CPU tier than it was estimated to hold, and computed the rest"+tierAdvice,
+		slog.String("decode", ep.url), slog.Int64("cached_tokens", cached), slog.Int("estimated_tokens", estimated))
 }
 
 // noHandle handles a prefill answer without a usable handle: an error, or

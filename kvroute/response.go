@@ -46,6 +46,7 @@ type Response struct {
 	live         int64     // the leg's tokens counted live on ep (memory.go)
 	sent         time.Time // when the leg was sent
 	added, asked bool      // the leg asked D for token ids: on the client's behalf, or the client itself
+	tier         int       // a decode-local leg's tier estimate (decodeLeg.tier), checked against D's usage
 	got          answer    // a body's answer, reported when Do hands on the retainer
 	reported     bool      // a stream's answer was reported (keep)
 	left         sync.Once
@@ -276,6 +277,9 @@ func (r *Response) keep() {
 		r.t.bufs.promptIDs = a.ids.prompt
 	}
 	a.handle, a.blocks, a.reply = r.capture.Handle(), r.capture.HandleBlocks(), r.capture.Reply()
+	if u, ok := r.capture.(interface{ Usage() []byte }); ok && r.tier > 0 {
+		confirmLocal(r.t, r.ep, r.tier, u.Usage()) // the usage chunk, when the client asked for it
+	}
 	r.rt.kept(a)
 	// The capture's handle buffer goes back to the pool once the handle
 	// is retained (the store holds its own encoding). This runs on the
@@ -370,6 +374,10 @@ func (r *Response) readBody(ctx context.Context, buf *buffered, declared int64) 
 	var handle []byte
 	var ids tokenIDs
 	if isObject {
+		if r.tier > 0 { // what D computed, whatever becomes of its answer
+			u, _ := obj.Get("usage")
+			confirmLocal(r.t, r.ep, r.tier, u)
+		}
 		if h, ok := obj.Get(kvKey); ok && !jsonraw.IsNull(h) {
 			handle = append([]byte(nil), h...)
 		}

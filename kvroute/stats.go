@@ -89,6 +89,13 @@ type Stats struct {
 	// CPUTierTokens says, or pulls that miss. Only engines that report
 	// prompt_tokens_details count.
 	PeerShort int64
+	// LocalShort counts decode-local turns chosen on the estimate that
+	// their decode engine's CPU tier held the conversation, whose engine
+	// then reported fewer cached tokens than that estimate less a block
+	// (TurnRecord.LocalShort): the reload missed and the decode engine
+	// computed the history itself. Only engines that report
+	// prompt_tokens_details count.
+	LocalShort int64
 	// LocalFailures counts decode-local legs that failed before any byte
 	// reached the client; each turn ran again as a plain miss.
 	LocalFailures int64
@@ -215,7 +222,7 @@ type counters struct {
 	chosePull, choseLocal, choseRecompute, localBusy, localFailures                        atomic.Int64
 	invalidHandles, restartedHandles, decodeRestarts, restartChecksUnavailable             atomic.Int64
 	renderBreaks, renderSkipped, renderMismatches, uncheckedPrefills, avoidedEngineTurns   atomic.Int64
-	buffered, peerPulls, peerSkipped, peerShort                                            atomic.Int64
+	buffered, peerPulls, peerSkipped, peerShort, localShort                                atomic.Int64
 	releasedSuperseded, releasedUnusable, releasedBudget, releasedRoom, releasedExpired    atomic.Int64
 	releasedN, releasedRefused, releasedStoreError, releasedOverwritten, unreleasable      atomic.Int64
 	roomRejected, roomLimited                                                              atomic.Int64
@@ -255,6 +262,7 @@ func (c *counters) snapshot() Stats {
 		PeerPulls:       c.peerPulls.Load(),
 		PeerSkipped:     c.peerSkipped.Load(),
 		PeerShort:       c.peerShort.Load(),
+		LocalShort:      c.localShort.Load(),
 		InvalidHandles:  c.invalidHandles.Load(),
 
 		RestartedHandles:         c.restartedHandles.Load(),
