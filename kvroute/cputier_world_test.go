@@ -19,6 +19,7 @@ import (
 
 	"github.com/bidikv/bidikv/kvroute"
 	"github.com/bidikv/bidikv/kvroute/kvroutetest"
+	"github.com/bidikv/bidikv/threshold"
 )
 
 // front stands between the router and an engine: it passes every request
@@ -321,6 +322,68 @@ func TestCPUTierContinuedCompletion(t *testing.T) {
 			require.NotEmpty(t, tr.PeerSource)
 			checkTierBlocks(t, bs, tr, pr.PeerTokens, pr.PromptTokens)
 			assert.False(t, tr.PeerShort, "what the tier could give was loaded")
+		})
+	}
+}
+
+// A decode-local turn is chosen on the ledger's estimate that the decode
+// engine's CPU tier holds the conversation. When the tier lost it (a tier
+// far smaller than the router is told), the decode engine recomputes the
+// history itself: the answer is still a single engine's, and the
+// shortfall its cached tokens show is counted (Stats.LocalShort,
+// TurnRecord.LocalShort), from a body or a stream's usage chunk; a stream
+// without usage shows nothing, and a reload that succeeds is not counted.
+func TestCPUTierLocalShort(t *testing.T) {
+	type tc struct {
+		name             string
+		bs, dTokens      int
+		stream, usage    bool
+		short, reportsIt bool
+	}
+	var cases []tc
+	for _, bs := range tierBlockSizes {
+		cases = append(cases, tc{fmt.Sprint("lost/body/", bs), bs, 8 * 16, false, false, true, true})
+	}
+	cases = append(cases, tc{"lost/stream usage", 16, 8 * 16, true, true, true, true},
+		tc{"lost/stream no usage", 16, 8 * 16, true, false, true, false},
+		tc{"kept/body", 16, 4096 * 16, false, false, false, true},
+		tc{"kept/stream usage", 16, 4096 * 16, true, true, false, true})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cl, clk, r, srv, rec := tierRig(t, tierSpec{bs: c.bs, dTokens: c.dTokens, routerTokens: 4096 * 16, local: true, pTokens: 800 * 16})
+			conv := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: longSystem}}}
+			conv.say(userText(0))
+			_, p1 := tierTurn(t, cl, srv, rec, conv, "t1")
+			for i := range 5 { // D's GPU prefix cache turns over: the history is only in its tier, if there
+				other := &conversation{path: kvroute.PathChatCompletions, maxTok: 16, messages: []message{{Role: "system", Content: fmt.Sprintf("Other %d. %s", i, longSystem)}}}
+				other.say(userText(i))
+				tierTurn(t, cl, srv, rec, other, fmt.Sprintf("other-%d", i))
+			}
+			clk.Advance(kvroutetest.DefaultDecoderBlocksTTL + time.Minute)
+			conv.say(userText(1))
+			conv.stream = c.stream
+			if c.usage {
+				conv.extra = map[string]any{"stream_options": map[string]any{"include_usage": true}}
+			}
+			tr, _ := tierTurn(t, cl, srv, rec, conv, "t2") // the answer is a single engine's
+			require.Equal(t, threshold.PathLocal, tr.Choice)
+			assert.Equal(t, kvroute.ReuseLocal, tr.Reuse)
+			assert.Empty(t, tr.PrefillEndpoint, "no prefill leg")
+			assert.Zero(t, tr.PeerTokens, "a decode-local turn's estimate is not a pull's")
+			var dr kvroutetest.RequestRecord
+			for _, q := range cl.Decode[0].FinishedRequests(tr.EngineRequestID) {
+				dr = q
+			}
+			t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
+			if c.short {
+				assert.Less(t, dr.CachedTokens+dr.TierTokens, p1.PromptTokens/2, "D's tier lost the history")
+			} else {
+				assert.GreaterOrEqual(t, dr.CachedTokens+dr.TierTokens, p1.PromptTokens/c.bs*c.bs, "D reloaded the history")
+			}
+			counted := c.short && c.reportsIt
+			assert.Equal(t, counted, tr.LocalShort)
+			assert.EqualValues(t, map[bool]int{true: 1}[counted], r.Stats().LocalShort)
+			assert.False(t, tr.PeerShort)
 		})
 	}
 }
