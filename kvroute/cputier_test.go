@@ -293,6 +293,8 @@ func decodeLocal(t *testing.T, bs int) {
 	t.Logf("D: prompt %d cached %d tier %d computed %d", dr.PromptTokens, dr.CachedTokens, dr.TierTokens, dr.ComputedTokens)
 	assert.EqualValues(t, 1, r.Stats().ChoseLocal)
 	assert.Zero(t, r.Stats().PeerPulls)
+	assert.False(t, tr.LocalShort, "the reload was whole")
+	assert.Zero(t, r.Stats().LocalShort)
 	conv.hear(res.text)
 
 	// The decode-local turn left no hold, but its record: the next turn,
