@@ -113,6 +113,8 @@ func TestCPUTierFlagsServe(t *testing.T) {
 	_, _, page = p.do(t, http.MethodGet, "/metrics", "")
 	assert.Equal(t, "1", metricValue(page, "bidikv_cpu_tier_pulls_total"))
 	assert.Equal(t, "0", metricValue(page, "bidikv_cpu_tier_skipped_total"))
+	assert.Equal(t, "0", metricValue(page, "bidikv_cpu_tier_short_total"))
+	assert.Equal(t, "0", metricValue(page, "bidikv_cpu_tier_local_short_total"))
 	assert.NotEqual(t, "absent", metricValue(page, `bidikv_turn_counts_total{field="peer_tokens"}`), "the turn record's peer_tokens")
 	for _, e := range []*kvroutetest.Engine{pe, de} {
 		assert.Zero(t, e.Stats().WrongOutputs)

@@ -84,4 +84,5 @@ func TestDecodeLocalMetrics(t *testing.T) {
 	assert.Equal(t, "0", metricValue(page, `bidikv_decode_kv_held_tokens{endpoint="http://127.0.0.1:10"}`))
 	assert.Equal(t, "0", metricValue(page, `bidikv_decode_kv_held_bytes{endpoint="http://127.0.0.1:10"}`))
 	assert.Equal(t, "0", metricValue(page, "bidikv_decode_local_busy_total"))
+	assert.Equal(t, "0", metricValue(page, "bidikv_cpu_tier_local_short_total"), "decode-local reloads that fell short")
 }
