@@ -167,7 +167,7 @@ func (m *metrics) watchRouter(r *kvroute.Router) {
 			func(s kvroute.Stats) int64 { return s.PeerSkipped }),
 		stat("cpu_tier_short_total", "CPU tier pulls whose prefill engine reported fewer cached tokens than the tier was estimated to hold (engines with --enable-prompt-tokens-details): the tier evicts sooner than --cpu-tier-tokens says, or pulls miss (hash seed, block size, port: run doctor --cpu-tier --probe).",
 			func(s kvroute.Stats) int64 { return s.PeerShort }),
-		stat("cpu_tier_local_short_total", "Decode-local turns chosen because the decode engine's CPU tier was estimated to hold the conversation whose decode engine reported fewer cached tokens than estimated (engines with --enable-prompt-tokens-details): the reload missed and the decode engine computed the history itself; the tier evicts sooner than --cpu-tier-tokens says (run doctor --cpu-tier --probe).",
+		stat("cpu_tier_local_short_total", "Decode-local turns chosen on the estimate that the decode engine's CPU tier held the conversation, whose decode engine then reported fewer cached tokens than estimated (engines with --enable-prompt-tokens-details): the reload missed and the decode engine computed the history itself; the tier evicts sooner than --cpu-tier-tokens says (run doctor --cpu-tier --probe).",
 			func(s kvroute.Stats) int64 { return s.LocalShort }),
 		stat("decode_local_failures_total", "Decode-local legs that failed before any byte reached the client; each turn ran again as a plain miss.",
 			func(s kvroute.Stats) int64 { return s.LocalFailures }),
