@@ -256,3 +256,34 @@ func BenchmarkVictimsPrefix(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPlaced is a turn's residency lookup on a busy decode engine:
+// 20,000 placements in the horizon (2,000 tokens each, every fourth
+// superseding its conversation's last), a 416k-token tier: the count of
+// what later turns touched stops at the tier's capacity, so a lookup
+// reads at most about capacity / tokens accesses whatever the horizon
+// holds.
+func BenchmarkPlaced(b *testing.B) {
+	l, err := budget.New(budget.WithHorizon(time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	l.SetCPUTier(416_000)
+	const n = 20_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("turn-%d", i)
+		p := budget.Placement{Prefill: "http://p", Decode: "http://d", Tokens: 2000}
+		if i%4 == 3 {
+			p.Prior = keys[i-1]
+		}
+		l.SetPlaced(keys[i], p, t0)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if _, _, ok := l.Placed(keys[i%n], t0); !ok {
+			b.Fatal("no record")
+		}
+	}
+}
