@@ -226,7 +226,16 @@ func decode(b []byte) (record, error) {
 		if r.err == nil && len(r.b) > 0 {
 			rc.placed.Decode = r.string()
 			rc.placed.Tokens = int(min(r.uvarint(), math.MaxInt32))
-			rc.placed.Prior = r.string()
+			// Prior is the last field; a record of the version before it
+			// ends with a count of written tokens there instead, read as
+			// no Prior rather than as an invalid record (a rolling
+			// upgrade loses no placement).
+			if rest := (reader{b: r.b}); len(rest.b) > 0 {
+				if prior := rest.string(); rest.err == nil && len(rest.b) == 0 {
+					rc.placed.Prior = prior
+				}
+				r.b = nil
+			}
 			if rc.placed.Decode == "" {
 				rc.placed.Tokens, rc.placed.Prior = 0, ""
 			}

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"encoding/binary"
 	"testing"
 	"time"
 )
@@ -29,6 +30,7 @@ func FuzzJournalRecord(f *testing.F) {
 	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p"}, false, t0.UnixNano()))
 	f.Add(encodePrefilled("a", "k", Placement{}, true, t0.UnixNano()))
 	f.Add(encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 4096, Prior: "j"}, false, t0.UnixNano()))
+	f.Add(oldPlaced(6000))
 	// A count of engines far past the record's bytes: it hung the decoder
 	// (4 billion turns of a loop) before the count was checked.
 	f.Add([]byte{recordVersion, kindRunning, 1, 'a', 2, 0xff, 0xff, 0xff, 0xff, 0x0f})
@@ -77,4 +79,30 @@ func FuzzJournalRecord(f *testing.F) {
 			t.Fatalf("stats %+v", st)
 		}
 	})
+}
+
+// oldPlaced is a placement record as the version before Prior wrote it:
+// its last field a count of written tokens.
+func oldPlaced(written uint64) []byte {
+	b := encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000}, false, time.Unix(1_700_000_000, 0).UnixNano())
+	return binary.AppendUvarint(b[:len(b)-1], written) // the empty Prior's length byte, replaced
+}
+
+// A placement record of the version before Prior (a process not yet
+// upgraded) keeps its engines and tokens, without a Prior, rather than
+// being refused as invalid.
+func TestDecodeOldPlaced(t *testing.T) {
+	for _, w := range []uint64{0, 5, 6000, 1 << 40} {
+		rc, err := decode(oldPlaced(w))
+		if err != nil {
+			t.Fatalf("written %d: %v", w, err)
+		}
+		if want := (Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000}); rc.placed != want {
+			t.Fatalf("written %d: %+v, want %+v", w, rc.placed, want)
+		}
+	}
+	rc, err := decode(encodePrefilled("a", "k", Placement{Prefill: "http://p", Decode: "http://d", Tokens: 8000, Prior: "j"}, false, 1))
+	if err != nil || rc.placed.Prior != "j" {
+		t.Fatalf("this version's record: %+v, %v", rc.placed, err)
+	}
 }
