@@ -102,11 +102,7 @@ func (b *Budget) SetPlaced(key string, p Placement, now time.Time) {
 	}
 	p.Tokens = max(p.Tokens, 0)
 	n := now.UnixNano()
-	prior := uint64(0)
-	if p.Prior != "" {
-		prior = b.tombs.hash(p.Prior)
-	}
-	b.prefill.set(b.tombs.hash(key), prior, p, n, int64(b.cfg.horizon))
+	b.place(b.tombs.hash(key), p, n)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.emitPlaced(key, p, n)
@@ -158,11 +154,11 @@ func (p *prefilled) placed(h uint64, now, limit int64) (pl Placement, after int6
 }
 
 // Resident estimates the leading tokens of p's turn its decode engine's
-// CPU tier of capacity tokens still holds after tokens written there since
-// (after, [Budget.Placed]), in whole blocks of blockSize (0 or 1: tokens):
-// the tier evicts least recently used first and a request's tail before
-// its head, so the newer tokens leave capacity - after for the turn's
-// head.
+// CPU tier of capacity tokens still holds after the tokens later turns
+// touched there (after, [Budget.Placed]), in whole blocks of blockSize (0
+// or 1: tokens): the tier evicts least recently used first and a
+// request's tail before its head, so the newer tokens leave capacity -
+// after for the turn's head.
 func (p Placement) Resident(capacity int, after int64, blockSize int) int {
 	if capacity <= 0 || p.Decode == "" || p.Tokens <= 0 {
 		return 0
@@ -203,6 +199,16 @@ func (p *prefilled) tierShare(h uint64, capacity int, now int64) float64 {
 		return 0
 	}
 	return float64(pl.Resident(capacity, after, 0)) / float64(pl.Tokens)
+}
+
+// place records p for the hold hashed h at n, for the horizon: from
+// SetPlaced, or from another process's record (the journal).
+func (b *Budget) place(h uint64, p Placement, n int64) {
+	prior := uint64(0)
+	if p.Prior != "" {
+		prior = b.tombs.hash(p.Prior)
+	}
+	b.prefill.set(h, prior, p, n, int64(b.cfg.horizon))
 }
 
 // set records pl for the hold hashed h, from n for horizon: a later

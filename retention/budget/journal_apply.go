@@ -35,11 +35,7 @@ func (b *Budget) apply(raw []byte, n int64) {
 		if rc.freed {
 			b.prefill.released(h)
 		} else if rc.placed.Prefill != "" || rc.placed.Decode != "" {
-			prior := uint64(0)
-			if rc.placed.Prior != "" {
-				prior = b.tombs.hash(rc.placed.Prior)
-			}
-			b.prefill.set(h, prior, rc.placed, rc.at, int64(b.cfg.horizon))
+			b.place(h, rc.placed, rc.at)
 		}
 	case kindCapacity:
 		e := b.engine(rc.engine)
