@@ -54,7 +54,7 @@ func (r *Router) Do(ctx context.Context, req *Request) (*Response, error) {
 	w = peerPath(lctx, t, &f, w)              // lookup.go: a prefill leg without a GPU hold pulls from it
 	endLookup(nil)
 	rt.tries, rt.cands, rt.conv, rt.chose = tries{badP: f.avoid}, f.cands, f.turn, w.chose
-	rt.placed, rt.placedKey, rt.lastPrefill, rt.resident = f.placed.Decode, f.placedKey, f.placed.Prefill, f.resident
+	rt.placed, rt.placedKey = f.placed, f.placedKey
 	if w.local != nil {
 		rt.decodeLocal, rt.prompt = true, max(rt.prompt, w.prompt)
 		resp, err := decodeLocal(ctx, t, w, &rt.tries) // decode.go

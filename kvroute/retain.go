@@ -32,15 +32,14 @@ type retainer struct {
 	prefill     string        // the engine of the turn's last prefill attempt
 	took        time.Duration // the last prefill phase, from its first attempt to P's answer
 	chose       chosen        // the Chooser's decision (lookup.go), released when the turn ends
-	// placed is the decode engine of the conversation's last retained
-	// turn, placedKey its record's key and resident what its CPU tier was
-	// estimated to hold of it (lookup.go, placedOf); prompt the prompt's
-	// tokens (0: unknown): for the CPU tier's record of this turn
-	// (tierPlacement).
-	placed, placedKey string
-	lastPrefill       string // its record's prefill engine: a decode-local turn carries it over (placeLocal)
-	resident, prompt  int
-	resp              *Response // the answer Do handed on, nil before
+	// placed is the ledger's record of the conversation's last retained
+	// turn and placedKey its key (lookup.go, placedOf); prompt the
+	// prompt's tokens (0: unknown): for the CPU tier's record of this
+	// turn (placement).
+	placed    budget.Placement
+	placedKey string
+	prompt    int
+	resp      *Response // the answer Do handed on, nil before
 	// retained: kept ran; refusal is why the turn retains nothing ("" when
 	// it stored, or kept has not run).
 	retained bool
@@ -283,21 +282,26 @@ func toolCalls(reply *Reply) bool {
 }
 
 // tierPlacement is the ledger's record of the turn e retains
-// (budget.Placement): its prefill and decode engines and, with a CPU tier
-// (DecodeMemory's CPUTierTokens), what the decode engine's tier holds of
-// the turn once it ends, and the conversation's last turn's record when
-// it was decoded there too: this turn touched that history again, so the
-// ledger counts it once (budget.Placement.Prior).
+// (budget.Placement): its prefill engine and, with a CPU tier
+// (DecodeMemory's CPUTierTokens), the rest of placement's record.
 func (rt *retainer) tierPlacement(e entry.Entry) budget.Placement {
-	p := budget.Placement{Prefill: e.Prefill}
-	r := rt.t.r
-	if !r.mem.cfg.tier.On() {
-		return p
+	if !rt.t.r.mem.cfg.tier.On() {
+		return budget.Placement{Prefill: e.Prefill}
 	}
-	bs := r.shapes.known(r.decode.find(e.Endpoint))
-	p.Decode, p.Tokens = e.Endpoint, r.mem.cfg.tier.Held(rt.prompt, e.Tokens, bs)
-	if rt.placed == e.Endpoint {
-		p.Prior = rt.placedKey // this turn touched that one's history again
+	return rt.placement(e.Prefill, e.Endpoint, rt.prompt, e.Tokens)
+}
+
+// placement is the ledger's record of this turn, prefilled on prefill and
+// run on decode with tokens (prompt of them its prompt's): what the
+// decode engine's tier holds of it once it ends, and the conversation's
+// last record when that turn ran on decode too: this turn touched that
+// history again, so the ledger counts it once (budget.Placement.Prior).
+func (rt *retainer) placement(prefill, decode string, prompt, tokens int) budget.Placement {
+	r := rt.t.r
+	p := budget.Placement{Prefill: prefill, Decode: decode,
+		Tokens: r.mem.cfg.tier.Held(prompt, tokens, r.shapes.known(r.decode.find(decode)))}
+	if rt.placed.Decode == decode {
+		p.Prior = rt.placedKey
 	}
 	return p
 }
@@ -318,17 +322,13 @@ func (rt *retainer) placeLocal(a answer) {
 	if err != nil || ret.Key == "" {
 		return
 	}
-	tokens := rt.prompt
+	prompt, tokens := rt.prompt, rt.prompt
 	if a.ids.ok {
-		tokens = max(tokens, len(a.ids.prompt)) + len(a.ids.generated)
+		prompt = max(prompt, len(a.ids.prompt))
+		tokens = prompt + len(a.ids.generated)
 	}
 	if tokens <= 0 {
 		return
 	}
-	bs := r.shapes.known(r.decode.find(a.decode))
-	p := budget.Placement{Prefill: rt.lastPrefill, Decode: a.decode, Tokens: r.mem.cfg.tier.Held(rt.prompt, tokens, bs)}
-	if rt.placed == a.decode {
-		p.Prior = rt.placedKey
-	}
-	r.mem.ledger.SetPlaced(ret.Key, p, r.cfg.clock())
+	r.mem.ledger.SetPlaced(ret.Key, rt.placement(rt.placed.Prefill, a.decode, prompt, tokens), r.cfg.clock())
 }
