@@ -277,8 +277,8 @@ func (r *Response) keep() {
 		r.t.bufs.promptIDs = a.ids.prompt
 	}
 	a.handle, a.blocks, a.reply = r.capture.Handle(), r.capture.HandleBlocks(), r.capture.Reply()
-	if u, ok := r.capture.(interface{ Usage() []byte }); ok && r.tier > 0 {
-		confirmLocal(r.t, r.ep, r.tier, u.Usage()) // the usage chunk, when the client asked for it
+	if r.tier > 0 {
+		confirmLocal(r.t, r.ep, r.tier, r.capture.Usage()) // the usage chunk, when the client asked for it
 	}
 	r.rt.kept(a)
 	// The capture's handle buffer goes back to the pool once the handle

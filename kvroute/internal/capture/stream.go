@@ -28,6 +28,9 @@ type Stream interface {
 	// IDs returns the prompt's and the generated token ids, ok when the
 	// engine sent both.
 	IDs() (prompt, generated []uint32, ok bool)
+	// Usage returns the raw JSON of the last usage member of the OpenAI
+	// shape seen (prompt_tokens, prompt_tokens_details), nil when none.
+	Usage() []byte
 }
 
 var (

@@ -46,6 +46,10 @@ func (s *Typed) HandleBlocks() jsonraw.Known { return jsonraw.Known{} }
 // IDs returns no token ids: these APIs' engines send none.
 func (s *Typed) IDs() ([]uint32, []uint32, bool) { return nil, nil, false }
 
+// Usage returns nil: the typed APIs report usage in their own shape
+// (input_tokens), which no caller reads.
+func (s *Typed) Usage() []byte { return nil }
+
 // Reply returns the reply read from the final event.
 func (s *Typed) Reply() *Reply {
 	if s.rep == nil {
