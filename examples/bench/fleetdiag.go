@@ -202,15 +202,10 @@ func ratioBucket(r float64) string {
 
 // printTail prints what an arm's slowest turns (TTFT at or above its p99)
 // are made of (--diagnose): their prompts, where P found the history, and
-// the TTFT's parts, as means over those turns, and the slowest few.
-func printTail(w io.Writer, a armResult) {
-	var ttft []float64
-	for _, t := range a.turns {
-		if t.err == "" {
-			ttft = append(ttft, float64(t.ttft)/1e6)
-		}
-	}
-	p99 := time.Duration(percentile(ttft, 99) * 1e6)
+// the TTFT's parts, as means over those turns, and the slowest few; f is
+// the arm's figures (the p99 its table shows).
+func printTail(w io.Writer, a armResult, f armFigures) {
+	p99 := time.Duration(percentile(f.ttft, 99) * 1e6)
 	var tail []fleetTurn
 	for _, t := range a.turns {
 		if t.err == "" && t.ttft >= p99 {

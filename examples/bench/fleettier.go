@@ -234,8 +234,8 @@ func printTier(w io.Writer, rep tierReport) int {
 	fmt.Fprintln(w, "TTFT is modelled (render, P's queue, pull or tier load and prefill, D's first token); the CPU tier's costs (device-to-host writes, the peer pull as a NIXL read, host-to-device loads) are the simulator's assumed prices (internal/sim/cost.go), not measurements.")
 	fmt.Fprintln(w, "prefill savings: prompt tokens plain P/D computed that the arm did not, on P or (decode-local turns) on D: reused from D's GPU holds, D's CPU tier, the engines' prefix caches and their own CPU tiers.")
 	if c.diagnose {
-		for _, a := range rep.arms {
-			printTail(w, a)
+		for i, a := range rep.arms {
+			printTail(w, a, figs[i])
 		}
 	}
 	return tierTargets(w, rep, figs, tf)
