@@ -139,7 +139,8 @@ func reassembleOpenAI(stream []byte, chat bool) (obj, error) {
 		}
 		if ids, ok := ch["token_ids"].([]any); ok {
 			prev, _ := a["token_ids"].([]any)
-			a["token_ids"] = append(prev, ids...)
+			// a client's list: [] stays an empty list, not null
+			a["token_ids"] = append(append(make([]any, 0, len(prev)+len(ids)), prev...), ids...)
 		}
 		if ids, ok := ch["prompt_token_ids"]; ok {
 			a["prompt_token_ids"] = ids
